@@ -1,0 +1,22 @@
+PY := .venv/bin/python
+# pytest exits 5 when it collected no tests: that is a failure here, never a green run.
+PYTEST = $(PY) -m pytest -q $(1); rc=$$?; [ $$rc -ne 5 ] || { echo "pytest: no tests ran" >&2; exit 1; }; exit $$rc
+
+.PHONY: setup demo test test-fast bench clean
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(PY) -m spark_hooks.demo
+
+test: setup
+	@$(call PYTEST,)
+
+test-fast: setup
+	@$(call PYTEST,-m "not spark")
+
+bench: setup
+	$(PY) -m bench
+
+clean:
+	rm -rf .venv .pytest_cache .hypothesis

@@ -1,0 +1,80 @@
+"""Every error Tidemark raises on purpose: one hierarchy, one module.
+
+Each message says what is wrong and what to do about it; callers catch
+``TidemarkError`` to handle all of them.
+"""
+from __future__ import annotations
+
+
+class TidemarkError(Exception):
+    """Base of every error Tidemark raises on purpose."""
+
+
+class ConfigurationError(TidemarkError):
+    """A setting, a path, a URI or a required program is missing or malformed."""
+
+
+class InvalidName(TidemarkError, ValueError):
+    """A job, table or member name that could not be used safely as a znode name."""
+
+
+class ZooKeeperUnavailable(TidemarkError):
+    """ZooKeeper could not be reached before the operation's deadline."""
+
+
+class CorruptState(TidemarkError):
+    """A znode holds data Tidemark cannot parse; the message names the znode."""
+
+
+class RegistrationError(TidemarkError):
+    """A job registration was refused."""
+
+
+class WriterConflict(RegistrationError):
+    """A table already has another writer job (one table, one writer)."""
+
+    def __init__(self, table: str, owner: str, job: str) -> None:
+        super().__init__(
+            f"table {table!r} is already written by job {owner!r}; job {job!r} cannot write it too "
+            f"(one table, one writer). Unregister {owner!r} first or write a different table."
+        )
+        self.table, self.owner, self.job = table, owner, job
+
+
+class CycleError(RegistrationError):
+    """A registration would close a cycle in the job graph."""
+
+    def __init__(self, cycle: list[str]) -> None:
+        super().__init__(
+            "registration refused: it would close the cycle " + " -> ".join(cycle)
+            + "; a job may not (transitively) read a table it writes"
+        )
+        self.cycle = cycle
+
+
+class JobNotFound(TidemarkError):
+    """The named job is not registered."""
+
+
+class NotLeader(TidemarkError):
+    """This process does not (or no longer) lead the job, or may not commit right now."""
+
+
+class Fenced(NotLeader):
+    """A newer leader (or an operator) has taken over this job: this process is a zombie."""
+
+
+class EpochOrderError(TidemarkError):
+    """An epoch call out of order: duplicate, skipped barrier, or a step of the wrong state."""
+
+
+class PublishConflict(TidemarkError):
+    """A staged snapshot could not be published because the table's main branch moved."""
+
+
+class TableNotFound(TidemarkError):
+    """An Iceberg table named by the caller does not exist in the catalog."""
+
+
+class VersionNotFound(TidemarkError):
+    """No consistent version exists for the requested epoch (expired, or never committed)."""

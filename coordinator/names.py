@@ -1,0 +1,46 @@
+"""Validation of the names that become znode path segments.
+
+A job, table or reader name is checked before any ZooKeeper path is built from
+it, so nothing a user types can escape its znode.
+"""
+from __future__ import annotations
+
+import re
+
+from .errors import InvalidName
+
+MAX_NAME_LENGTH = 200
+# Iceberg identifiers are dotted (catalog.namespace.table); ZooKeeper forbids "/" and
+# reserves "." and ".."; control characters and unicode oddities make unreadable znodes.
+_ALLOWED = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+def validate_name(name: object, kind: str = "name") -> str:
+    """Return ``name`` if it is a safe znode segment, else raise ``InvalidName`` saying why."""
+    if not isinstance(name, str):
+        raise InvalidName(f"{kind} must be a string, got {type(name).__name__}")
+    if not name:
+        raise InvalidName(f"{kind} must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidName(f"{kind} {name[:40]!r}... is {len(name)} characters; the limit is {MAX_NAME_LENGTH}")
+    if ".." in name:
+        raise InvalidName(f"{kind} {name!r} contains '..'; use single dots between identifier parts")
+    if not _ALLOWED.match(name):
+        bad = sorted({c for c in name if not re.match(r"[A-Za-z0-9_.\-]", c)})
+        shown = ", ".join(repr(c) for c in bad) or "its first character"
+        raise InvalidName(
+            f"{kind} {name!r} has characters that cannot be used ({shown}); "
+            "use letters, digits, '_', '-' and '.' (not first)"
+        )
+    return name
+
+
+def validate_names(names: object, kind: str) -> tuple[str, ...]:
+    """Validate a list of names, refusing duplicates; returns them as a sorted tuple."""
+    if isinstance(names, str) or not hasattr(names, "__iter__"):
+        raise InvalidName(f"{kind}s must be a list of names, got {names!r}")
+    checked = [validate_name(n, kind) for n in names]  # type: ignore[union-attr]
+    duplicates = sorted({n for n in checked if checked.count(n) > 1})
+    if duplicates:
+        raise InvalidName(f"{kind}s list {', '.join(duplicates)} more than once")
+    return tuple(sorted(checked))

@@ -1,0 +1,230 @@
+"""Small immutable records stored in znodes or handed to users, each with ``to_json``/``from_json``.
+
+``from_json`` raises ``CorruptState`` naming the znode when the bytes are not the
+record they should be, so a damaged znode is reported, never crash-looped on.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import time
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, Mapping, Optional, TypeVar
+
+from .errors import CorruptState
+
+R = TypeVar("R", bound="JsonRecord")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class JsonRecord:
+    """Mixin: compact JSON encoding of a frozen dataclass, strict decoding."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(self).items()}  # type: ignore[call-overload]
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_dict(cls: type[R], data: Mapping[str, Any], where: str = "value") -> R:
+        if not isinstance(data, Mapping):
+            raise CorruptState(f"{where}: expected a JSON object for {cls.__name__}, got {type(data).__name__}")
+        kwargs = {}
+        for f in fields(cls):  # type: ignore[arg-type]
+            if f.name in data:
+                kwargs[f.name] = data[f.name]
+            elif f.default is MISSING and f.default_factory is MISSING:
+                raise CorruptState(f"{where}: {cls.__name__} lacks the field {f.name!r}; "
+                                   "fix or delete the znode (see `tidemark status`)")
+        try:
+            return cls(**kwargs)  # __post_init__ validates and normalizes types
+        except (TypeError, ValueError) as exc:
+            raise CorruptState(f"{where}: invalid {cls.__name__}: {exc}") from None
+
+    @classmethod
+    def from_json(cls: type[R], raw: Optional[bytes], where: str = "value") -> R:
+        try:
+            data = json.loads(raw or b"")
+        except (ValueError, UnicodeDecodeError):
+            shown = (raw or b"")[:60]
+            raise CorruptState(f"{where}: not valid JSON ({shown!r}); fix or delete the znode") from None
+        return cls.from_dict(data, where)
+
+
+def _int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return value
+
+
+def _opt_int(value: Any, name: str) -> Optional[int]:
+    return None if value is None else _int(value, name)
+
+
+def _str_tuple(value: Any, name: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{name} must be a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _int_map(value: Any, name: str) -> dict[str, int]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be an object, got {value!r}")
+    return {str(k): _int(v, f"{name}[{k!r}]") for k, v in value.items()}
+
+
+def _opt_int_map(value: Any, name: str) -> dict[str, Optional[int]]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be an object, got {value!r}")
+    return {str(k): _opt_int(v, f"{name}[{k!r}]") for k, v in value.items()}
+
+
+@dataclass(frozen=True)
+class TopologyVersion(JsonRecord):
+    version: int = 0
+
+    def __post_init__(self) -> None:
+        _int(self.version, "version")
+
+
+@dataclass(frozen=True)
+class JobRecord(JsonRecord):
+    """``/jobs/<job>``: what a job reads and writes."""
+
+    sources: tuple[str, ...]
+    sinks: tuple[str, ...]
+    created_ms: int = field(default_factory=now_ms)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sources", _str_tuple(self.sources, "sources"))
+        object.__setattr__(self, "sinks", _str_tuple(self.sinks, "sinks"))
+        _int(self.created_ms, "created_ms")
+
+
+@dataclass(frozen=True)
+class TermRecord(JsonRecord):
+    """``/jobs/<job>/term``: the fencing counter; ``fenced_by`` is set when an operator fenced the job."""
+
+    term: int = 0
+    fenced_by: Optional[str] = None
+    changed_ms: int = field(default_factory=now_ms)
+
+    def __post_init__(self) -> None:
+        _int(self.term, "term")
+        _int(self.changed_ms, "changed_ms")
+
+
+@dataclass(frozen=True)
+class LeaderRecord(JsonRecord):
+    """``/jobs/<job>/leader`` (ephemeral): who leads the job, under which term."""
+
+    member: str
+    term: int
+    host: str
+    since_ms: int = field(default_factory=now_ms)
+
+    def __post_init__(self) -> None:
+        _int(self.term, "term")
+        _int(self.since_ms, "since_ms")
+
+
+class EpochState(str, enum.Enum):
+    """The life of one epoch of one job (the state machine lives in ``epochs.py``)."""
+
+    STARTED = "STARTED"            # inputs recorded; sinks being computed and staged
+    PRECOMMITTED = "PRECOMMITTED"  # every sink staged; from here on the epoch must commit
+    COMMITTED = "COMMITTED"        # published and every sink tidemark advanced
+    ABORTED = "ABORTED"            # never precommitted; its staged snapshots are never published
+
+
+@dataclass(frozen=True)
+class EpochRecord(JsonRecord):
+    """``/jobs/<job>/epochs/<T>``: one epoch's inputs, staged snapshots and state."""
+
+    epoch: int
+    state: EpochState
+    term: int
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    staged: Mapping[str, Optional[int]] = field(default_factory=dict)
+    published: Mapping[str, Optional[int]] = field(default_factory=dict)
+    updated_ms: int = field(default_factory=now_ms)
+
+    def __post_init__(self) -> None:
+        _int(self.epoch, "epoch")
+        _int(self.term, "term")
+        object.__setattr__(self, "state", EpochState(self.state))
+        if not isinstance(self.inputs, Mapping):
+            raise ValueError(f"inputs must be an object, got {self.inputs!r}")
+        object.__setattr__(self, "staged", _opt_int_map(self.staged, "staged"))
+        object.__setattr__(self, "published", _opt_int_map(self.published, "published"))
+
+
+@dataclass(frozen=True)
+class TableRecord(JsonRecord):
+    """``/tables/<table>``: the one job allowed to commit to the table."""
+
+    writer: str
+
+
+@dataclass(frozen=True)
+class TableTidemark(JsonRecord):
+    """``/tables/<table>/tidemark``: the highest epoch committed in the table.
+
+    ``epoch`` is None until the writer's first commit; ``snapshot_id`` is None for a
+    table with no snapshot yet (every committed epoch so far was empty).
+    """
+
+    table: str
+    epoch: Optional[int] = None
+    snapshot_id: Optional[int] = None
+    committed_ms: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _opt_int(self.epoch, "epoch")
+        _opt_int(self.snapshot_id, "snapshot_id")
+        _opt_int(self.committed_ms, "committed_ms")
+
+
+class BarrierMode(str, enum.Enum):
+    PROCESSING_TIME = "processing-time"
+    EVENT_TIME = "event-time"
+
+
+@dataclass(frozen=True)
+class BarrierRecord(JsonRecord):
+    """``/barriers/<T>``: barrier T agreed, by the first root job that reached it."""
+
+    proposed_by: str
+    wall_ms: int = field(default_factory=now_ms)
+
+    def __post_init__(self) -> None:
+        _int(self.wall_ms, "wall_ms")
+
+
+class ConsistencyLevel(str, enum.Enum):
+    LATEST = "latest"
+    COMMITTED = "committed"
+    CONSISTENT = "consistent"
+    AS_OF = "as_of"
+
+
+@dataclass(frozen=True)
+class ConsistentVersion(JsonRecord):
+    """One snapshot id per table, all at one logical point (``epoch``) of the data flow.
+
+    ``epoch`` is None for the ``latest`` level (no common epoch) and a table's snapshot id
+    is None when the table has no snapshot at that point (it is empty).
+    """
+
+    epoch: Optional[int]
+    snapshots: Mapping[str, Optional[int]]
+    level: ConsistencyLevel = ConsistencyLevel.CONSISTENT
+
+    def __post_init__(self) -> None:
+        _opt_int(self.epoch, "epoch")
+        object.__setattr__(self, "snapshots", _opt_int_map(self.snapshots, "snapshots"))
+        object.__setattr__(self, "level", ConsistencyLevel(self.level))

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a Debian machine: system packages, the .venv, the Iceberg Spark jars.
+# Fast when everything is already in place (a stamp keyed on pyproject.toml guards the venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEBIAN_PACKAGES=(openjdk-17-jre-headless zookeeper libxerial-sqlite-jdbc-java libjarjar-java
+                 postgresql libpostgresql-jdbc-java)
+VENV=.venv
+
+say() { printf 'setup: %s\n' "$*"; }
+fail() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+missing_packages() {
+    local pkg
+    for pkg in "${DEBIAN_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || echo "$pkg"
+    done
+    if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then echo python3-venv; fi
+}
+
+install_debian_packages() {
+    if ! command -v dpkg-query >/dev/null; then
+        say "not a Debian machine: make sure Java 17, ZooKeeper 3.8 jars (TIDEMARK_ZK_CLASSPATH),"
+        say "the SQLite/PostgreSQL JDBC drivers and jarjar are present (or set TIDEMARK_SPARK_JARS)"
+        return
+    fi
+    local missing
+    missing=$(missing_packages | tr '\n' ' ')
+    [ -z "${missing// }" ] && return
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+        fail "missing Debian packages: $missing; run as root: apt-get update && apt-get install -y $missing"
+    fi
+    say "installing Debian packages: $missing"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+}
+
+install_venv() {
+    local stamp="$VENV/.tidemark-$(sha256sum pyproject.toml | cut -c1-16)"
+    [ -f "$stamp" ] && return
+    command -v python3 >/dev/null || fail "python3 not found: install Python 3.9+ (apt-get install python3 python3-venv)"
+    say "creating $VENV and installing tidemark (editable) with its dev extras"
+    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q -e '.[dev]'
+    rm -f "$VENV"/.tidemark-*
+    touch "$stamp"
+}
+
+[ -n "${TIDEMARK_SKIP_APT:-}" ] || install_debian_packages
+install_venv
+if [ -z "${TIDEMARK_SPARK_JARS:-}" ]; then
+    "$VENV/bin/python" -m spark_hooks.jars install
+fi
+say "ready"

@@ -1,0 +1,64 @@
+"""A SparkSession with Iceberg's extensions and the Tidemark catalog.
+
+    spark = build_spark_session(CatalogSettings.embedded())   # or CatalogSettings.from_env()
+
+The catalog is configured with ``cache-enabled=false`` so Spark sees the refs that
+Tidemark moves from Python when it publishes staged snapshots.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Mapping, Optional
+
+from coordinator.catalog import CatalogSettings
+from coordinator.errors import ConfigurationError
+
+from .jars import JNI_DIR, spark_jars
+
+ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+
+
+def spark_conf(catalog: CatalogSettings, jars: Optional[list[str]] = None) -> dict[str, str]:
+    """Every Spark setting Tidemark needs, as a plain dict (for spark-submit or a Kubernetes manifest)."""
+    jars = spark_jars() if jars is None else jars
+    classpath = os.pathsep.join(jars)
+    # JDBC drivers must be on the JVM class path (DriverManager ignores spark.jars' class loader).
+    conf = {
+        "spark.driver.extraClassPath": classpath,
+        "spark.executor.extraClassPath": classpath,
+        "spark.sql.extensions": ICEBERG_EXTENSIONS,
+        "spark.sql.defaultCatalog": catalog.name,
+    }
+    if JNI_DIR.is_dir():  # Debian's sqlite-jdbc loads its native library from here
+        java_opts = f"-Djava.library.path={JNI_DIR}"
+        conf["spark.driver.extraJavaOptions"] = java_opts
+        conf["spark.executor.extraJavaOptions"] = java_opts
+    conf.update(catalog.spark_conf())
+    return conf
+
+
+def build_spark_session(catalog: Optional[CatalogSettings] = None, *, app_name: str = "tidemark",
+                        master: Optional[str] = None, jars: Optional[list[str]] = None,
+                        extra_conf: Optional[Mapping[str, str]] = None):
+    """Create (or return the running) SparkSession configured for Iceberg and ``catalog``."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        raise ConfigurationError("Java not found: install a Java 17 runtime "
+                                 "(apt-get install openjdk-17-jre-headless; make setup does) or set JAVA_HOME")
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise ConfigurationError("pyspark is not installed: pip install 'tidemark[spark]'") from None
+    catalog = catalog or CatalogSettings.from_env()
+    builder = SparkSession.builder.appName(app_name)
+    if master or not os.environ.get("SPARK_HOME"):
+        builder = builder.master(master or os.environ.get("TIDEMARK_SPARK_MASTER", "local[2]"))
+    conf = {"spark.sql.shuffle.partitions": "4", "spark.ui.showConsoleProgress": "false"}
+    conf.update(spark_conf(catalog, jars))
+    conf.update(extra_conf or {})
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    catalog.load()  # creates the catalog tables pyiceberg's way before Spark's JdbcCatalog looks at them
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
