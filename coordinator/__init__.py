@@ -1,0 +1,22 @@
+"""Tidemark's coordinator: ZooKeeper protocol and Iceberg metadata, in pure Python (never imports Spark)."""
+from .barriers import BarrierGrid, Barriers
+from .catalog import CatalogSettings
+from .client import Tidemark, TlsSettings
+from .epochs import EpochCoordinator, Recovery, RecoveryAction
+from .errors import (ConfigurationError, CorruptState, CycleError, EpochOrderError, Fenced, InvalidName, JobNotFound,
+                     NotLeader, PublishConflict, RegistrationError, TableNotFound, TidemarkError, VersionNotFound,
+                     WriterConflict, ZooKeeperUnavailable)
+from .leadership import Leadership, LeaderState
+from .records import (BarrierMode, ConsistencyLevel, ConsistentVersion, EpochRecord, EpochState, JobRecord,
+                      TableTidemark)
+from .topology import Topology
+from .zookeeper_server import EmbeddedZooKeeper
+
+__all__ = [
+    "BarrierGrid", "BarrierMode", "Barriers", "CatalogSettings", "ConfigurationError", "ConsistencyLevel",
+    "ConsistentVersion", "CorruptState", "CycleError", "EmbeddedZooKeeper", "EpochCoordinator", "EpochOrderError",
+    "EpochRecord", "EpochState", "Fenced", "InvalidName", "JobNotFound", "JobRecord", "LeaderState", "Leadership",
+    "NotLeader", "PublishConflict", "Recovery", "RecoveryAction", "RegistrationError", "TableNotFound",
+    "TableTidemark", "Tidemark", "TidemarkError", "TlsSettings", "Topology", "VersionNotFound", "WriterConflict",
+    "ZooKeeperUnavailable",
+]

@@ -46,7 +46,7 @@ class CycleError(RegistrationError):
 
     def __init__(self, cycle: list[str]) -> None:
         super().__init__(
-            "registration refused: it would close the cycle " + " -> ".join(cycle)
+            "registration refused: it would close the cycle " + " ".join(cycle)
             + "; a job may not (transitively) read a table it writes"
         )
         self.cycle = cycle

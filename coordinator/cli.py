@@ -1,0 +1,192 @@
+"""The ``tidemark`` command: status and operations.
+
+    tidemark zk start [--port P] [--data-dir D]     a local ZooKeeper server in the background
+    tidemark status [--json]                        jobs, leaders, terms, tidemarks, lag
+    tidemark topology [--format text|json|dot|mermaid]
+    tidemark fence JOB | tidemark unregister JOB
+    tidemark barriers [--set-interval MS --from T]
+    tidemark resolve TABLE... [--level ...] [--as-of T] [--json]
+
+Errors print one line, ``tidemark: error: ...``, and exit with status 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from .errors import TidemarkError
+from .zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper, four_letter_word
+
+
+def _connect(args):
+    from .client import Tidemark
+    return Tidemark.connect(args.zk, root=args.root, connect_timeout=args.timeout, operation_timeout=args.timeout)
+
+
+def _fmt_epoch(epoch: Optional[int]) -> str:
+    if epoch is None:
+        return "-"
+    return f"{epoch} ({time.strftime('%H:%M:%S', time.gmtime(epoch / 1000))}Z)"
+
+
+def cmd_zk(args) -> int:
+    server = EmbeddedZooKeeper(port=args.port, data_dir=args.data_dir)
+    if args.action == "start":
+        server.start()
+        print(server.connect_string)
+    elif args.action == "stop":
+        print("stopped" if server.stop() else f"no ZooKeeper server recorded in {server.data_dir}")
+    else:
+        state = server.recorded_state()
+        if state is None:
+            print(f"not running (nothing recorded in {server.data_dir})")
+            return 3
+        reply = four_letter_word("127.0.0.1", state.port, b"srvr") or b""
+        mode = next((line for line in reply.decode(errors="replace").splitlines() if line.startswith("Mode")), "")
+        print(f"pid {state.pid}, 127.0.0.1:{state.port}, data {state.data_dir}: "
+              f"{'serving, ' + mode if reply else 'NOT answering'}")
+        return 0 if reply else 3
+    return 0
+
+
+def cmd_status(args) -> int:
+    with _connect(args) as tm:
+        status = tm.status()
+    if args.json:
+        print(json.dumps(status.to_dict(), indent=2))
+        return 0
+    print(f"newest barrier: {_fmt_epoch(status.newest_barrier)}   interval: {status.interval_ms or '-'} ms   "
+          f"consistent epoch: {_fmt_epoch(status.consistent_epoch)}")
+    if not status.jobs:
+        print("no jobs registered")
+    for job in status.jobs:
+        lag = status.lag_ms(job)
+        flag = "  STALE" if status.is_stale(job) else ""
+        leader = f"{job.leader.member} (term {job.leader.term})" if job.leader else "-"
+        print(f"{job.name}: term {job.term}, {job.leader_state}: {leader}, committed {_fmt_epoch(job.committed_epoch)}"
+              f", lag {'-' if lag is None else f'{lag} ms'}{flag}")
+        for table, epoch in sorted(job.tidemarks.items()):
+            print(f"    {table}: {_fmt_epoch(epoch)}")
+    return 0
+
+
+def cmd_topology(args) -> int:
+    with _connect(args) as tm:
+        topo = tm.topology()
+    render = {"text": topo.to_text, "dot": topo.to_dot, "mermaid": topo.to_mermaid,
+              "json": lambda: json.dumps(topo.to_dict(), indent=2)}
+    print(render[args.format]())
+    return 0
+
+
+def cmd_fence(args) -> int:
+    with _connect(args) as tm:
+        term = tm.fence_job(args.job, by=args.by)
+    print(f"job {args.job} fenced: term is now {term}; its old leader can no longer commit")
+    return 0
+
+
+def cmd_unregister(args) -> int:
+    with _connect(args) as tm:
+        record = tm.unregister_job(args.job)
+    print(f"job {args.job} unregistered (it wrote {', '.join(record.sinks)})")
+    return 0
+
+
+def cmd_barriers(args) -> int:
+    with _connect(args) as tm:
+        if args.set_interval is not None:
+            if args.effective_from is None:
+                raise TidemarkError("--set-interval needs --from T, a future barrier where the change takes effect")
+            grid = tm.barriers.change_interval(args.set_interval, args.effective_from)
+        else:
+            grid = tm.barriers.grid()
+        latest = tm.barriers.latest()
+    print(json.dumps({"grid": grid.to_dict(), "newest_barrier": latest}, indent=2))
+    return 0
+
+
+def cmd_resolve(args) -> int:
+    from .catalog import CatalogSettings
+    from .resolve import Resolver
+    settings = CatalogSettings.from_env()
+    tm = None if args.no_zk else _connect(args)
+    try:
+        version = Resolver(settings.load(), settings, tm).resolve(args.tables, level=args.level, as_of=args.as_of)
+    finally:
+        if tm is not None:
+            tm.close()
+    if args.json:
+        print(version.to_json().decode())
+    else:
+        print(f"level {version.level.value}, epoch {_fmt_epoch(version.epoch)}")
+        for table, snapshot in sorted(version.snapshots.items()):
+            print(f"  {table}: {snapshot if snapshot is not None else '(empty)'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tidemark", description="Consistent, exactly-once Iceberg tables")
+    parser.add_argument("--zk", help="ZooKeeper connect string (default: $TIDEMARK_ZK or 127.0.0.1:2181)")
+    parser.add_argument("--root", default="/tidemark", help="root znode (default /tidemark)")
+    parser.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for ZooKeeper")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    zk = sub.add_parser("zk", help="a local ZooKeeper server")
+    zk.add_argument("action", choices=["start", "stop", "status"])
+    zk.add_argument("--port", type=int, default=DEFAULT_PORT)
+    zk.add_argument("--data-dir", type=Path, help="default: $TIDEMARK_HOME/zookeeper")
+    zk.set_defaults(func=cmd_zk)
+
+    status = sub.add_parser("status", help="jobs, leaders, terms, tidemarks and lag")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    topology = sub.add_parser("topology", help="the job graph")
+    topology.add_argument("--format", choices=["text", "json", "dot", "mermaid"], default="text")
+    topology.set_defaults(func=cmd_topology)
+
+    fence = sub.add_parser("fence", help="bump a job's term so its current leader can no longer commit")
+    fence.add_argument("job")
+    fence.add_argument("--by", default="operator", help="who fenced it (recorded in the term znode)")
+    fence.set_defaults(func=cmd_fence)
+
+    unregister = sub.add_parser("unregister", help="remove a fenced or leaderless job")
+    unregister.add_argument("job")
+    unregister.set_defaults(func=cmd_unregister)
+
+    barriers = sub.add_parser("barriers", help="show the barrier grid, or change its interval at a future barrier")
+    barriers.add_argument("--set-interval", type=int, metavar="MS")
+    barriers.add_argument("--from", dest="effective_from", type=int, metavar="T")
+    barriers.set_defaults(func=cmd_barriers)
+
+    resolve = sub.add_parser("resolve", help="the snapshot of each table at one consistency level")
+    resolve.add_argument("tables", nargs="+")
+    resolve.add_argument("--level", choices=["latest", "committed", "consistent"], default="consistent")
+    resolve.add_argument("--as-of", type=int, metavar="T", help="a retained historical epoch")
+    resolve.add_argument("--no-zk", action="store_true", help="resolve from Iceberg metadata alone")
+    resolve.add_argument("--json", action="store_true")
+    resolve.set_defaults(func=cmd_resolve)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    # kazoo logs every reconnection attempt; the command reports the outcome in one line instead.
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+    try:
+        return args.func(args)
+    except TidemarkError as exc:
+        print(f"tidemark: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Leadership of one job among its driver replicas, with a fencing term.
+
+    leadership = tm.leadership("word_counts")
+    term = leadership.acquire()          # a standby replica blocks here until it wins
+    leadership.transact([set_data(...)]) # = multi(check(/jobs/<job>/term, version), ...)
+    leadership.release()
+
+States: ``IDLE -> CONTENDING -> LEADING <-> SUSPENDED``, then ``LOST`` (session expired),
+``FENCED`` (the term moved on: a newer leader or an operator) or ``RELEASED``.
+
+Contention uses kazoo's ``Lock`` recipe under ``/jobs/<job>/election``. The winner bumps
+the job's term with a version-checked set and creates the ephemeral ``/leader`` in the
+same multi. Every later write of the leader goes through ``transact``, which carries
+``check(term)``: a zombie, an old leader whose session expired while it was paused, can
+never change anything and gets ``Fenced``.
+
+Failure behaviour (Curator's rules): on SUSPENDED the leader stops committing at once
+(``transact`` raises ``NotLeader``) until the connection comes back with the same session;
+on LOST it is over (``Fenced``): release and contend again with a new ``Leadership``.
+The state listener only flips the state; it never blocks.
+"""
+from __future__ import annotations
+
+import enum
+import socket
+import threading
+from typing import Any, Optional, Sequence
+
+from kazoo.client import KazooState
+from kazoo.exceptions import BadVersionError, LockTimeout, NodeExistsError, NoNodeError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+
+from .client import MultiFailed, Op, check, create, delete, set_data
+from .errors import Fenced, JobNotFound, NotLeader
+from .names import validate_name
+from .records import LeaderRecord, TermRecord
+
+
+class LeaderState(str, enum.Enum):
+    IDLE = "IDLE"
+    CONTENDING = "CONTENDING"
+    LEADING = "LEADING"
+    SUSPENDED = "SUSPENDED"
+    LOST = "LOST"
+    FENCED = "FENCED"
+    RELEASED = "RELEASED"
+
+
+class _Raced(Exception):
+    pass
+
+
+class Leadership:
+    def __init__(self, tm, job: str) -> None:
+        self.tm = tm
+        self.job = validate_name(job, "job name")
+        self.state = LeaderState.IDLE
+        self.term: Optional[int] = None
+        self._term_version: Optional[int] = None
+        self._lock = tm.client.Lock(tm.paths.election(job), identifier=tm.member)
+        self._state_lock = threading.Lock()
+
+    # -- contention -------------------------------------------------------------------------
+
+    def acquire(self, timeout: Optional[float] = None) -> int:
+        """Block until this replica leads the job (or ``timeout`` passes: ``NotLeader``); returns the term."""
+        if self.tm.get(self.tm.paths.job(self.job)) is None:
+            raise JobNotFound(f"job {self.job!r} is not registered: register_job() it first")
+        self.state = LeaderState.CONTENDING
+        try:
+            if not self._lock.acquire(blocking=True, timeout=timeout):
+                raise LockTimeout()
+        except LockTimeout:
+            self.state = LeaderState.IDLE
+            raise NotLeader(f"job {self.job!r}: not elected within {timeout}s; another replica leads") from None
+        self.tm.add_state_listener(self._on_state_change)
+        try:
+            retrying = Retrying(stop=stop_after_delay(self.tm.operation_timeout), reraise=True,
+                                wait=wait_random_exponential(0.01, 0.2), retry=retry_if_exception_type(_Raced))
+            retrying(self._take_term)
+        except BaseException:
+            self._give_up_lock()
+            raise
+        return self.term  # type: ignore[return-value]
+
+    def _take_term(self) -> None:
+        p = self.tm.paths
+        found = self.tm.read(p.term(self.job), TermRecord)
+        if found is None:
+            raise JobNotFound(f"job {self.job!r} was unregistered while this replica contended")
+        current, stat = found
+        new = TermRecord(current.term + 1)
+        leader = LeaderRecord(member=self.tm.member, term=new.term, host=socket.gethostname())
+        ops = [set_data(p.term(self.job), new.to_json(), stat.version)]
+        if self.tm.get(p.leader(self.job)) is not None:
+            ops.append(delete(p.leader(self.job)))  # left by a fenced zombie whose session is still alive
+        ops.append(create(p.leader(self.job), leader.to_json(), ephemeral=True))
+        try:
+            self.tm.multi(ops)
+        except MultiFailed as failed:
+            if isinstance(failed.error, (BadVersionError, NodeExistsError, NoNodeError)):
+                raise _Raced() from None
+            raise
+        with self._state_lock:
+            self.term, self._term_version = new.term, stat.version + 1
+            if self.state == LeaderState.CONTENDING:
+                self.state = LeaderState.LEADING
+
+    def _on_state_change(self, state: str) -> None:
+        with self._state_lock:
+            if state == KazooState.SUSPENDED and self.state == LeaderState.LEADING:
+                self.state = LeaderState.SUSPENDED
+            elif state == KazooState.CONNECTED and self.state == LeaderState.SUSPENDED:
+                self.state = LeaderState.LEADING
+            elif state == KazooState.LOST and self.state in (LeaderState.LEADING, LeaderState.SUSPENDED,
+                                                              LeaderState.CONTENDING):
+                self.state = LeaderState.LOST
+
+    # -- fenced writes ------------------------------------------------------------------------
+
+    @property
+    def is_leading(self) -> bool:
+        return self.state == LeaderState.LEADING
+
+    def ensure_leading(self) -> None:
+        """Raise unless this replica may write right now."""
+        state = self.state
+        if state == LeaderState.LEADING:
+            return
+        if state == LeaderState.SUSPENDED:
+            raise NotLeader(f"job {self.job!r}: the ZooKeeper connection is suspended; not committing until "
+                            "it is back (the epoch resumes then, or a new leader recovers it)")
+        if state == LeaderState.LOST:
+            raise Fenced(f"job {self.job!r}: this replica's ZooKeeper session expired, so its leadership "
+                         f"(term {self.term}) is over; another replica may lead now. Contend again.")
+        if state == LeaderState.FENCED:
+            raise self._fenced_error()
+        raise NotLeader(f"job {self.job!r}: this replica is {state.value}, not the leader")
+
+    def check_term(self) -> Op:
+        return check(self.tm.paths.term(self.job), self._term_version)  # type: ignore[arg-type]
+
+    def transact(self, ops: Sequence[Op]) -> list[Any]:
+        """Apply ``ops`` atomically, only if this replica still holds the job's term."""
+        self.ensure_leading()
+        try:
+            return self.tm.multi([self.check_term(), *ops])
+        except MultiFailed as failed:
+            if failed.op.kind == "check" and failed.op.path == self.tm.paths.term(self.job):
+                with self._state_lock:
+                    self.state = LeaderState.FENCED
+                raise self._fenced_error() from None
+            raise
+
+    def _fenced_error(self) -> Fenced:
+        found = self.tm.read(self.tm.paths.term(self.job), TermRecord)
+        now = found[0] if found else None
+        by = f"by {now.fenced_by}" if now and now.fenced_by else "by a newer leader"
+        return Fenced(f"job {self.job!r}: this replica's term {self.term} was fenced {by}; the term is now "
+                      f"{now.term if now else 'gone (job unregistered)'}. Stop writing: this driver is a zombie.")
+
+    # -- stepping down ------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Step down: remove ``/leader`` (if still ours) and leave the election."""
+        if self.state in (LeaderState.LEADING, LeaderState.SUSPENDED):
+            try:
+                self.tm.multi([self.check_term(), delete(self.tm.paths.leader(self.job))])
+            except Exception:  # noqa: BLE001 - stepping down must not fail; the ephemeral goes with the session
+                pass
+        self._give_up_lock()
+        self.state = LeaderState.RELEASED
+
+    def _give_up_lock(self) -> None:
+        self.tm.remove_state_listener(self._on_state_change)
+        try:
+            self._lock.release()
+        except Exception:  # noqa: BLE001 - the lock node is ephemeral: it goes with the session anyway
+            pass
+
+    def __enter__(self) -> "Leadership":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()

@@ -1,0 +1,143 @@
+"""Registering, fencing and unregistering jobs: FLIP-276's MetaService duties, atomically.
+
+Registration is one multi: ``check(/topology, v)``, the job's znodes, ``/tables/<sink>`` for
+each sink (which fails if another job already writes it) and ``set(/topology, v+1)``. The
+decision (writer conflict, cycle) is taken on the topology read at version ``v``, so a
+concurrent registration makes the multi fail and the whole decision is retried, with a
+deadline, on the new topology.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+
+from .client import MultiFailed, Op, check, create, delete, set_data
+from .errors import CycleError, JobNotFound, RegistrationError, WriterConflict, ZooKeeperUnavailable
+from .names import validate_name, validate_names
+from .records import JobRecord, LeaderRecord, TableRecord, TableTidemark, TermRecord, TopologyVersion, now_ms
+from .topology import Topology
+
+
+class _TopologyMoved(Exception):
+    """A version-checked multi lost a race; decide again on what is there now."""
+
+
+def _with_topology(tm, decide):
+    retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
+                        retry=retry_if_exception_type(_TopologyMoved), reraise=False)
+    try:
+        return retrying(lambda: decide(tm.topology()))
+    except RetryError:
+        raise ZooKeeperUnavailable(
+            f"registration kept racing with other registrations for {tm.operation_timeout:.0f}s; try again") from None
+
+
+def _bump(tm, topo: Topology) -> list[Op]:
+    return [set_data(tm.paths.topology, TopologyVersion(topo.version + 1).to_json(), topo.znode_version)]
+
+
+def _apply(tm, topo: Topology, ops: list[Op]) -> None:
+    try:
+        tm.multi([check(tm.paths.topology, topo.znode_version), *ops, *_bump(tm, topo)])
+    except MultiFailed as failed:
+        if isinstance(failed.error, (BadVersionError, NodeExistsError, NoNodeError)):
+            raise _TopologyMoved() from None
+        raise
+
+
+def register_job(tm, name: str, *, sources: Iterable[str], sinks: Iterable[str], replace: bool = False) -> JobRecord:
+    """Register ``name`` reading ``sources`` and writing ``sinks``; idempotent for the same tables.
+
+    Raises ``WriterConflict`` when a sink has another writer, ``CycleError`` naming the cycle
+    the job would close, and ``RegistrationError`` when the job exists with other tables
+    and ``replace`` is not set.
+    """
+    validate_name(name, "job name")
+    sources_t, sinks_t = validate_names(sources, "source table"), validate_names(sinks, "sink table")
+    if not sinks_t:
+        raise RegistrationError(f"job {name!r} declares no sink table; every job writes at least one table")
+
+    def decide(topo: Topology) -> JobRecord:
+        existing = topo.jobs.get(name)
+        if existing and (existing.sources, existing.sinks) == (sources_t, sinks_t):
+            return existing
+        if existing and not replace:
+            raise RegistrationError(
+                f"job {name!r} is registered with sources {list(existing.sources)} and sinks {list(existing.sinks)}; "
+                "pass replace=True to change them (or unregister it first)")
+        writers = topo.writers
+        for sink in sinks_t:
+            if writers.get(sink, name) != name:
+                raise WriterConflict(sink, writers[sink], name)
+        record = JobRecord(sources_t, sinks_t, existing.created_ms if existing else now_ms())
+        cycle = topo.with_job(name, record).find_cycle()
+        if cycle:
+            raise CycleError(cycle)
+        p = tm.paths
+        if existing:
+            ops = [set_data(p.job(name), record.to_json())]
+            for dropped in sorted(set(existing.sinks) - set(sinks_t)):
+                ops += [delete(p.tidemark(dropped)), delete(p.table(dropped))]
+        else:
+            ops = [create(p.job(name), record.to_json()), create(p.term(name), TermRecord(0).to_json()),
+                   create(p.election(name)), create(p.epochs(name))]
+        for added in sorted(set(sinks_t) - set(existing.sinks if existing else ())):
+            ops += [create(p.table(added), TableRecord(name).to_json()),
+                    create(p.tidemark(added), TableTidemark(added).to_json())]
+        _apply(tm, topo, ops)
+        return record
+
+    return _with_topology(tm, decide)
+
+
+def fence_job(tm, name: str, by: str = "operator") -> int:
+    """Bump the job's term so its current leader can no longer precommit or commit; returns the new term."""
+    validate_name(name, "job name")
+
+    def attempt() -> int:
+        found = tm.read(tm.paths.term(name), TermRecord)
+        if found is None:
+            raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
+        record, stat = found
+        new = TermRecord(record.term + 1, fenced_by=by)
+        try:
+            tm.multi([set_data(tm.paths.term(name), new.to_json(), stat.version)])
+        except MultiFailed:
+            raise _TopologyMoved() from None  # a leader was elected meanwhile: fence that one
+        return new.term
+
+    retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
+                        retry=retry_if_exception_type(_TopologyMoved), reraise=True)
+    return retrying(attempt)
+
+
+def unregister_job(tm, name: str) -> JobRecord:
+    """Remove a job and its tables' writer claims; refused while the job has a live, unfenced leader."""
+    validate_name(name, "job name")
+
+    def decide(topo: Topology) -> JobRecord:
+        record = topo.jobs.get(name)
+        if record is None:
+            raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
+        p = tm.paths
+        term = tm.read(p.term(name), TermRecord)
+        leader = tm.read(p.leader(name), LeaderRecord)
+        if leader is not None and term is not None and leader[0].term >= term[0].term:
+            raise RegistrationError(
+                f"job {name!r} has a live leader ({leader[0].member} on {leader[0].host}, term {leader[0].term}): "
+                f"stop it, or `tidemark fence {name}` first")
+        ops: list[Op] = []
+        for sub in ("election", "epochs"):
+            ops += [delete(f"{p.job(name)}/{sub}/{child}") for child in tm.children(f"{p.job(name)}/{sub}")]
+        ops += [delete(path) for path in (p.election(name), p.epochs(name), p.term(name))]
+        if leader is not None:
+            ops.append(delete(p.leader(name)))
+        ops.append(delete(p.job(name)))
+        for sink in record.sinks:
+            ops += [delete(p.tidemark(sink)), delete(p.table(sink))]
+        _apply(tm, topo, ops)
+        return record
+
+    return _with_topology(tm, decide)

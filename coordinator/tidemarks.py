@@ -1,0 +1,119 @@
+"""Reading table tidemarks: one-shot (pipelined) and through a watch-backed cache.
+
+    tm.tidemarks(["lake.db.a", "lake.db.b"])     # {table: TableTidemark | None}, one round trip's latency
+    cache = tm.tidemark_cache()
+    cache.get(tables)                             # served from memory once watched
+    cache.wait_for(tables, epoch=T, timeout=60)   # derived jobs: block until every source reached T
+
+The cache sets one data watch per table; a watch callback only re-arms the watch with an
+asynchronous read (it never blocks). After the session is lost every watch is gone, so the
+cache re-reads everything when the connection comes back.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Iterable, Optional
+
+from kazoo.client import KazooState
+from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import WatchedEvent
+
+from .errors import CorruptState, TidemarkError
+from .names import validate_names
+from .records import TableTidemark
+
+
+def read_tidemarks(tm, tables: Iterable[str]) -> dict[str, Optional[TableTidemark]]:
+    """Every table's tidemark (None for a table no registered job writes)."""
+    names = list(validate_names(tables, "table name"))
+    results = tm.get_many([tm.paths.tidemark(t) for t in names])
+    return {t: (None if r is None else TableTidemark.from_json(r[0], tm.paths.tidemark(t)))
+            for t, r in zip(names, results)}
+
+
+class TidemarkCache:
+    def __init__(self, tm) -> None:
+        self.tm = tm
+        self._values: dict[str, Optional[TableTidemark]] = {}
+        self._errors: dict[str, CorruptState] = {}
+        self._changed = threading.Condition()
+        self._closed = False
+        tm.add_state_listener(self._on_state)
+
+    def get(self, tables: Iterable[str]) -> dict[str, Optional[TableTidemark]]:
+        names = list(validate_names(tables, "table name"))
+        missing = [t for t in names if t not in self._values]
+        if missing:
+            self._load(missing)
+        for t in names:
+            if t in self._errors:
+                raise self._errors[t]
+        return {t: self._values[t] for t in names}
+
+    def _load(self, tables: list[str]) -> None:
+        # Read-and-watch in one pipelined batch; the watches keep the values fresh afterwards.
+        pending = [(t, self.tm.client.get_async(self.tm.paths.tidemark(t), watch=self._on_watch)) for t in tables]
+        for table, result in pending:
+            try:
+                self._store(table, result.get(timeout=self.tm.operation_timeout)[0])
+            except NoNodeError:
+                self._store(table, None)
+                self.tm.client.exists_async(self.tm.paths.tidemark(table), watch=self._on_watch)
+
+    def _store(self, table: str, raw: Optional[bytes]) -> None:
+        with self._changed:
+            self._errors.pop(table, None)
+            try:
+                self._values[table] = None if raw is None else TableTidemark.from_json(raw, self.tm.paths.tidemark(table))
+            except CorruptState as exc:
+                self._errors[table] = exc
+                self._values[table] = None
+            self._changed.notify_all()
+
+    def _rearm(self, table: str) -> None:
+        if self._closed:
+            return
+        path = self.tm.paths.tidemark(table)
+
+        def arrived(result) -> None:
+            try:
+                self._store(table, result.get_nowait()[0])
+            except NoNodeError:
+                self._store(table, None)
+                self.tm.client.exists_async(path, watch=self._on_watch)
+            except Exception:  # noqa: BLE001 - connection trouble: refreshed on reconnect
+                with self._changed:
+                    self._values.pop(table, None)
+        self.tm.client.get_async(path, watch=self._on_watch).rawlink(arrived)
+
+    def _on_watch(self, event: WatchedEvent) -> None:
+        prefix, suffix = self.tm.paths.tables + "/", "/tidemark"
+        if event.path and event.path.startswith(prefix) and event.path.endswith(suffix):
+            self._rearm(event.path[len(prefix):-len(suffix)])
+
+    def _on_state(self, state: str) -> None:
+        if state == KazooState.LOST:
+            with self._changed:  # watches died with the session: forget, reload on next get()
+                self._values.clear()
+                self._changed.notify_all()
+
+    def wait_for(self, tables: Iterable[str], epoch: int, timeout: float) -> dict[str, Optional[TableTidemark]]:
+        """Block until every table's tidemark is ``>= epoch``; ``TidemarkError`` after ``timeout``."""
+        names = list(validate_names(tables, "table name"))
+        deadline = time.monotonic() + timeout
+        while True:
+            values = self.get(names)
+            behind = [t for t, v in values.items() if v is None or v.epoch is None or v.epoch < epoch]
+            if not behind:
+                return values
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TidemarkError(f"tables {behind} did not reach epoch {epoch} within {timeout:.0f}s "
+                                    "(their writer jobs may be stale: see `tidemark status`)")
+            with self._changed:
+                self._changed.wait(min(remaining, 1.0))
+
+    def close(self) -> None:
+        self._closed = True
+        self.tm.remove_state_listener(self._on_state)

@@ -1,0 +1,166 @@
+"""The job graph: which job writes which table, who reads it, and the cycle check.
+
+    topo = tm.topology()
+    topo.writer_of("lake.db.word_counts")          # "word_counts"
+    topo.upstream("count_histogram")              # {"word_counts"}
+    topo.find_cycle()                             # None, or ["a", "b", "a"] with the tables between
+
+A ``Topology`` is an immutable snapshot read at one ``/topology`` version; registration
+compares that version in its multi so decisions made on it are never stale.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_random
+
+from .errors import ZooKeeperUnavailable
+from .records import JobRecord, TopologyVersion
+
+
+@dataclass(frozen=True)
+class Topology:
+    version: int
+    znode_version: int
+    jobs: Mapping[str, JobRecord] = field(default_factory=dict)
+
+    @property
+    def writers(self) -> dict[str, str]:
+        return {table: name for name, job in self.jobs.items() for table in job.sinks}
+
+    def writer_of(self, table: str) -> Optional[str]:
+        return self.writers.get(table)
+
+    @property
+    def tables(self) -> set[str]:
+        return {t for job in self.jobs.values() for t in (*job.sources, *job.sinks)}
+
+    @property
+    def root_tables(self) -> set[str]:
+        """Tables read by some job but written by none (FLIP-276's root tables)."""
+        writers = self.writers
+        return {t for job in self.jobs.values() for t in job.sources if t not in writers}
+
+    def edges(self) -> list[tuple[str, str, str]]:
+        """``(upstream job, table, downstream job)`` for every table one job writes and another reads."""
+        writers = self.writers
+        return sorted((writers[t], t, name) for name, job in self.jobs.items() for t in job.sources if t in writers)
+
+    def _neighbours(self, downstream: bool) -> dict[str, set[str]]:
+        graph: dict[str, set[str]] = {name: set() for name in self.jobs}
+        for up, _, down in self.edges():
+            graph[up if downstream else down].add(down if downstream else up)
+        return graph
+
+    def _reachable(self, job: str, downstream: bool) -> set[str]:
+        graph, seen, stack = self._neighbours(downstream), set(), [job]
+        while stack:
+            for nxt in graph.get(stack.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        seen.discard(job)
+        return seen
+
+    def upstream(self, job: str) -> set[str]:
+        """Every job whose output ``job`` reads, directly or transitively."""
+        return self._reachable(job, downstream=False)
+
+    def downstream(self, job: str) -> set[str]:
+        return self._reachable(job, downstream=True)
+
+    def with_job(self, name: str, record: JobRecord) -> "Topology":
+        jobs = dict(self.jobs)
+        jobs[name] = record
+        return Topology(self.version, self.znode_version, jobs)
+
+    def without_job(self, name: str) -> "Topology":
+        return Topology(self.version, self.znode_version, {k: v for k, v in self.jobs.items() if k != name})
+
+    def find_cycle(self) -> Optional[list[str]]:
+        """A cycle as ``["a -[t1]->", "b -[t2]->", "a"]`` (jobs and the tables between them), or None."""
+        edges_by_job: dict[str, list[tuple[str, str]]] = {name: [] for name in self.jobs}
+        for up, table, down in self.edges():
+            edges_by_job[up].append((table, down))
+        WHITE, GREY, BLACK = 0, 1, 2
+        colour = {name: WHITE for name in self.jobs}
+        path: list[tuple[str, str]] = []  # (job, table it passes on)
+
+        def visit(job: str) -> Optional[list[str]]:
+            colour[job] = GREY
+            for table, down in edges_by_job[job]:
+                path.append((job, table))
+                if colour[down] == GREY:
+                    start = next(i for i, (j, _) in enumerate(path) if j == down)
+                    return [f"{j} -[{t}]->" for j, t in path[start:]] + [down]
+                if colour[down] == WHITE and (cycle := visit(down)):
+                    return cycle
+                path.pop()
+            colour[job] = BLACK
+            return None
+
+        for name in sorted(self.jobs):
+            if colour[name] == WHITE and (cycle := visit(name)):
+                return cycle
+        return None
+
+    def to_dict(self) -> dict:
+        return {
+            "version": self.version,
+            "jobs": {n: {"sources": list(j.sources), "sinks": list(j.sinks)} for n, j in sorted(self.jobs.items())},
+            "edges": [{"from": u, "table": t, "to": d} for u, t, d in self.edges()],
+            "root_tables": sorted(self.root_tables),
+        }
+
+    def to_dot(self) -> str:
+        lines = ["digraph tidemark {", "  rankdir=LR;"]
+        for name, job in sorted(self.jobs.items()):
+            lines.append(f'  "{name}" [shape=box];')
+            lines += [f'  "{t}" -> "{name}";' for t in job.sources]
+            lines += [f'  "{name}" -> "{t}";' for t in job.sinks]
+        lines.append("}")
+        return "\n".join(lines)
+
+    def to_mermaid(self) -> str:
+        ids: dict[str, str] = {}
+
+        def node(name: str, job: bool) -> str:
+            if name not in ids:
+                ids[name] = f"n{len(ids)}"
+            return f'{ids[name]}["{name}"]' if job else f'{ids[name]}[("{name}")]'
+        lines = ["flowchart LR"]
+        for name, job in sorted(self.jobs.items()):
+            lines += [f"  {node(t, False)} --> {node(name, True)}" for t in job.sources]
+            lines += [f"  {node(name, True)} --> {node(t, False)}" for t in job.sinks]
+        return "\n".join(lines)
+
+    def to_text(self) -> str:
+        if not self.jobs:
+            return f"topology v{self.version}: no jobs registered"
+        lines = [f"topology v{self.version}: {len(self.jobs)} jobs"]
+        for name, job in sorted(self.jobs.items()):
+            lines.append(f"  {name}: {', '.join(job.sources) or '-'}  =>  {', '.join(job.sinks) or '-'}")
+        return "\n".join(lines)
+
+
+def read_topology(tm) -> Topology:
+    """Read ``/topology`` and every job (pipelined), consistent with the version returned."""
+    def attempt() -> Optional[Topology]:
+        found = tm.read(tm.paths.topology, TopologyVersion)
+        topo_record, stat = found if found else (TopologyVersion(0), None)
+        names = tm.children(tm.paths.jobs)
+        records = tm.get_many([tm.paths.job(n) for n in names])
+        jobs = {n: JobRecord.from_json(r[0], tm.paths.job(n)) for n, r in zip(names, records) if r is not None}
+        again = tm.get(tm.paths.topology)
+        # Registration bumps /topology in the same multi, so an unchanged version means a consistent read.
+        if stat is None or (again is not None and again[1].version == stat.version):
+            return Topology(topo_record.version, stat.version if stat else -1, jobs)
+        return None
+
+    retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random(0, 0.05),
+                        retry=retry_if_result(lambda t: t is None))
+    try:
+        return retrying(attempt)
+    except RetryError:
+        raise ZooKeeperUnavailable("the topology kept changing while it was read; try again") from None

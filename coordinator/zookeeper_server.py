@@ -1,0 +1,216 @@
+"""A real standalone ZooKeeper server on a loopback port, for local runs, the demo and tests.
+
+    with EmbeddedZooKeeper(port=2181) as zk:
+        tm = Tidemark.connect(zk.connect_string)
+
+The server is Debian's ZooKeeper 3.8 (``/usr/share/java/zookeeper.jar``, whose manifest
+brings its dependencies) run in the background with its own session, so it outlives the
+process that started it until ``stop()``. Its pid, port and data directory are recorded in
+``<data_dir>/server.json`` so that ``tidemark zk stop`` ends exactly that process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
+
+from .catalog import data_home
+from .errors import ConfigurationError, ZooKeeperUnavailable
+
+DEFAULT_PORT = 2181
+MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+STATE_FILE = "server.json"
+# A small tick keeps the minimum session timeout low (2 ticks) so fault tests run quickly.
+TICK_MS = 200
+
+
+def zookeeper_classpath() -> str:
+    configured = os.environ.get("TIDEMARK_ZK_CLASSPATH")
+    if configured:
+        return configured
+    jar = Path("/usr/share/java/zookeeper.jar")
+    if not jar.is_file():
+        raise ConfigurationError(f"ZooKeeper's jars are not installed ({jar} is missing): "
+                                 "apt-get install zookeeper (make setup does), or set TIDEMARK_ZK_CLASSPATH")
+    return str(jar)
+
+
+def java_executable() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if not java or not Path(java).is_file():
+        raise ConfigurationError("Java not found: install a Java 17 runtime "
+                                 "(apt-get install openjdk-17-jre-headless; make setup does) or set JAVA_HOME")
+    return java
+
+
+def four_letter_word(host: str, port: int, word: bytes = b"ruok", timeout: float = 1.0) -> Optional[bytes]:
+    """Send a ZooKeeper four-letter command; None when nothing answers."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(word)
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except OSError:
+        return None
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ServerState:
+    pid: int
+    port: int
+    data_dir: str
+    started_ms: int
+
+
+class EmbeddedZooKeeper:
+    """One standalone ZooKeeper server process bound to 127.0.0.1.
+
+    ``start()`` refuses a port already in use and waits (up to ``start_timeout``) until the
+    server answers ``ruok``; ``stop()`` ends it with SIGTERM, then SIGKILL after a deadline;
+    ``kill()`` is ``kill -9`` for fault tests. The data directory survives a stop, so a
+    restart on the same directory brings back every znode and live session.
+    """
+
+    def __init__(self, port: int = DEFAULT_PORT, data_dir: Optional[os.PathLike] = None,
+                 start_timeout: float = 30.0) -> None:
+        self.port = port
+        self.data_dir = Path(data_dir or data_home() / "zookeeper").absolute()
+        self.start_timeout = start_timeout
+        self._process: Optional[subprocess.Popen] = None
+
+    @property
+    def connect_string(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def state_path(self) -> Path:
+        return self.data_dir / STATE_FILE
+
+    def start(self) -> "EmbeddedZooKeeper":
+        recorded = self.recorded_state()
+        if recorded and _is_our_server(recorded):
+            raise ConfigurationError(f"a ZooKeeper server (pid {recorded.pid}) already runs on port "
+                                     f"{recorded.port} with data dir {self.data_dir}: `tidemark zk stop` first")
+        if _port_in_use(self.port):
+            raise ConfigurationError(f"port {self.port} on 127.0.0.1 is already in use: pick another with "
+                                     "--port, or stop what listens there")
+        java, classpath = java_executable(), zookeeper_classpath()
+        (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+        config = self.data_dir / "zoo.cfg"
+        config.write_text("\n".join([
+            f"tickTime={TICK_MS}", f"dataDir={self.data_dir / 'data'}", f"clientPort={self.port}",
+            "clientPortAddress=127.0.0.1", "maxClientCnxns=0", f"minSessionTimeout={2 * TICK_MS}",
+            "maxSessionTimeout=60000", "admin.enableServer=false", "4lw.commands.whitelist=ruok,srvr,mntr,stat",
+            "autopurge.snapRetainCount=3", "autopurge.purgeInterval=1", "",
+        ]))
+        log = open(self.data_dir / "zookeeper.log", "ab")
+        self._process = subprocess.Popen(
+            [java, "-Xmx256m", "-Dzookeeper.jmx.log4j.disable=true", "-cp", classpath, MAIN_CLASS, str(config)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        self._write_state(ServerState(self._process.pid, self.port, str(self.data_dir), int(time.time() * 1000)))
+        self._wait_until_serving()
+        return self
+
+    def _wait_until_serving(self) -> None:
+        def answered(reply: Optional[bytes]) -> bool:
+            return reply == b"imok"
+
+        def serving() -> Optional[bytes]:
+            if self._process is not None and self._process.poll() is not None:
+                return b"exited"
+            return four_letter_word("127.0.0.1", self.port)
+
+        retrying = Retrying(stop=stop_after_delay(self.start_timeout), wait=wait_fixed(0.1),
+                            retry=retry_if_result(lambda r: r is None or r == b""), retry_error_callback=lambda s: None)
+        reply = retrying(serving)
+        if not answered(reply):
+            self.stop()
+            raise ZooKeeperUnavailable(f"ZooKeeper on port {self.port} did not start within {self.start_timeout:.0f}s; "
+                                       f"see {self.data_dir / 'zookeeper.log'}")
+
+    def recorded_state(self) -> Optional[ServerState]:
+        try:
+            return ServerState(**json.loads(self.state_path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _write_state(self, state: ServerState) -> None:
+        self.state_path.write_text(json.dumps(state.__dict__))
+
+    def is_serving(self) -> bool:
+        return four_letter_word("127.0.0.1", self.port) == b"imok"
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """End the recorded server (SIGTERM, then SIGKILL); False when none was running."""
+        return self._signal(signal.SIGTERM, timeout)
+
+    def kill(self) -> bool:
+        """``kill -9`` the server, as a crash would."""
+        return self._signal(signal.SIGKILL, 10.0)
+
+    def _signal(self, sig: int, timeout: float) -> bool:
+        state = self.recorded_state()
+        if state is None or not _is_our_server(state):
+            self.state_path.unlink(missing_ok=True)
+            return False
+        os.kill(state.pid, sig)
+        if self._process is not None and self._process.pid == state.pid:
+            try:
+                self._process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(state.pid, signal.SIGKILL)
+                self._process.wait()
+        else:
+            Retrying(stop=stop_after_delay(timeout), wait=wait_fixed(0.1), retry=retry_if_result(bool),
+                     retry_error_callback=lambda s: os.kill(state.pid, signal.SIGKILL))(_is_our_server, state)
+        self._process = None
+        self.state_path.unlink(missing_ok=True)
+        return True
+
+    def __enter__(self) -> "EmbeddedZooKeeper":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def _is_our_server(state: ServerState) -> bool:
+    """True when ``state.pid`` is still a live ZooKeeper server using ``state.data_dir``'s config."""
+    try:
+        cmdline = Path(f"/proc/{state.pid}/cmdline").read_bytes().split(b"\0")
+        status = Path(f"/proc/{state.pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    if status == "Z":
+        return False
+    config = str(Path(state.data_dir) / "zoo.cfg").encode()
+    return MAIN_CLASS.encode() in cmdline and config in cmdline
