@@ -24,7 +24,7 @@ from kazoo.exceptions import (ConnectionLoss, NodeExistsError, NoNodeError, NotE
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from kazoo.security import make_acl, make_digest_acl
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from .errors import ConfigurationError, ZooKeeperUnavailable
 from .paths import Paths
@@ -85,8 +85,9 @@ class Tidemark:
     """A ZooKeeper session plus the Tidemark znode layout under ``root``."""
 
     def __init__(self, client: KazooClient, *, root: str = "/tidemark", operation_timeout: float = 30.0,
-                 member: Optional[str] = None) -> None:
+                 session_timeout: float = 10.0, member: Optional[str] = None) -> None:
         self.client = client
+        self.session_timeout = session_timeout
         self.paths = Paths(root)
         self.operation_timeout = operation_timeout
         self.member = member or f"{socket.gethostname()}-{os.getpid()}"
@@ -135,7 +136,8 @@ class Tidemark:
         except ValueError as exc:
             raise ConfigurationError(f"ZooKeeper connect string {hosts!r} is invalid: {exc}") from None
         client.chroot = chroot
-        tm = cls(client, root=root, operation_timeout=operation_timeout, member=member)
+        tm = cls(client, root=root, operation_timeout=operation_timeout, session_timeout=session_timeout,
+                 member=member)
         tm.ensure_layout()
         return tm
 
@@ -179,7 +181,7 @@ class Tidemark:
 
     def retrying(self, deadline: Optional[float] = None) -> Retrying:
         return Retrying(stop=stop_after_delay(self.operation_timeout if deadline is None else deadline),
-                        wait=wait_exponential_jitter(initial=0.05, max=1.0),
+                        wait=wait_random_exponential(multiplier=0.05, max=1.0),
                         retry=retry_if_exception_type(RETRYABLE), reraise=True)
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:

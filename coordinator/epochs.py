@@ -156,7 +156,8 @@ class EpochCoordinator:
             raise EpochOrderError(f"commit of job {self.job!r} epoch {epoch} must name exactly its sinks "
                                   f"{list(self.sinks)}, got {sorted(published)}")
         stamp = now_ms()
-        record = replace(current, state=EpochState.COMMITTED, published=dict(published), updated_ms=stamp)
+        record = replace(current, state=EpochState.COMMITTED, term=self.leadership.term, published=dict(published),
+                         updated_ms=stamp)
         p = self.tm.paths
         ops = [set_data(p.tidemark(t), TableTidemark(t, epoch, published[t], stamp).to_json()) for t in self.sinks]
         ops.append(set_data(p.epoch(self.job, epoch), record.to_json(), self._version))

@@ -58,7 +58,7 @@ class Leadership:
         self.term: Optional[int] = None
         self._term_version: Optional[int] = None
         self._lock = tm.client.Lock(tm.paths.election(job), identifier=tm.member)
-        self._state_lock = threading.Lock()
+        self._state_lock = threading.Condition()
 
     # -- contention -------------------------------------------------------------------------
 
@@ -115,6 +115,7 @@ class Leadership:
             elif state == KazooState.LOST and self.state in (LeaderState.LEADING, LeaderState.SUSPENDED,
                                                               LeaderState.CONTENDING):
                 self.state = LeaderState.LOST
+            self._state_lock.notify_all()
 
     # -- fenced writes ------------------------------------------------------------------------
 
@@ -123,7 +124,15 @@ class Leadership:
         return self.state == LeaderState.LEADING
 
     def ensure_leading(self) -> None:
-        """Raise unless this replica may write right now."""
+        """Raise unless this replica may write right now.
+
+        While the connection is SUSPENDED nothing is written; the caller waits (at most one
+        session timeout) to learn whether the session survived (LEADING again) or expired
+        (``Fenced``), and gets ``NotLeader`` if it is still unknown by then.
+        """
+        with self._state_lock:
+            self._state_lock.wait_for(lambda: self.state != LeaderState.SUSPENDED,
+                                      timeout=self.tm.session_timeout)
         state = self.state
         if state == LeaderState.LEADING:
             return

@@ -1,0 +1,122 @@
+"""Fixtures on real components: a ZooKeeper server, a PostgreSQL server, a SparkSession."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
+
+from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark
+from coordinator.zookeeper_server import free_port
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+SESSION_TIMEOUT = 4.0
+
+
+@pytest.fixture(scope="session")
+def zk_server(tmp_path_factory):
+    server = EmbeddedZooKeeper(port=free_port(), data_dir=tmp_path_factory.mktemp("zookeeper")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def zk_connect(zk_server, request) -> str:
+    """A connect string with a fresh chroot for this test."""
+    return f"{zk_server.connect_string}/t-{request.node.name[:40].replace('[', '-').replace(']', '')}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def tm(zk_connect):
+    client = Tidemark.connect(zk_connect, session_timeout=SESSION_TIMEOUT, operation_timeout=20)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def connect(zk_connect):
+    """Open more sessions on this test's chroot (other 'drivers')."""
+    opened = []
+
+    def open_one(**kwargs) -> Tidemark:
+        kwargs.setdefault("session_timeout", SESSION_TIMEOUT)
+        kwargs.setdefault("operation_timeout", 20)
+        client = Tidemark.connect(zk_connect, **kwargs)
+        opened.append(client)
+        return client
+    yield open_one
+    for client in opened:
+        client.close()
+
+
+def _as_postgres(cmd: list[str], **kwargs) -> subprocess.Popen:
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        cmd = ["runuser", "-u", "postgres", "--", *cmd]
+    return subprocess.Popen(cmd, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def postgres_uri():
+    """A real PostgreSQL server on a loopback port, in a temporary data directory."""
+    if not (PG_BIN / "initdb").is_file():
+        pytest.fail("PostgreSQL is not installed: run `make setup` (it installs Debian's postgresql)")
+    base = Path(tempfile.mkdtemp(prefix="tidemark-pg-"))
+    data = base / "data"
+    if os.geteuid() == 0:
+        shutil.chown(base, "postgres")
+    port = free_port()
+    assert _as_postgres([str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "tidemark"],
+                        stdout=subprocess.DEVNULL).wait() == 0
+    server = _as_postgres([str(PG_BIN / "postgres"), "-D", str(data), "-p", str(port), "-h", "127.0.0.1",
+                           "-k", str(base)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ready = Retrying(stop=stop_after_delay(30), wait=wait_fixed(0.2), retry=retry_if_result(lambda rc: rc != 0))
+    ready(lambda: subprocess.call([str(PG_BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
+                                  stdout=subprocess.DEVNULL))
+    subprocess.check_call([str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "tidemark", "catalog"])
+    yield f"postgresql://tidemark@127.0.0.1:{port}/catalog"
+    server.terminate()
+    server.wait(30)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def lake_home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("lake")
+
+
+@pytest.fixture(scope="session")
+def catalog_settings(lake_home) -> CatalogSettings:
+    return CatalogSettings.embedded(lake_home)
+
+
+@pytest.fixture(scope="session")
+def pg_catalog_settings(postgres_uri, lake_home) -> CatalogSettings:
+    return CatalogSettings(name="pg", uri=postgres_uri, warehouse=f"file://{lake_home / 'pg-warehouse'}")
+
+
+@pytest.fixture(scope="session")
+def spark(catalog_settings, pg_catalog_settings):
+    """One local SparkSession for the whole run, with the SQLite catalog ``lake`` and the PostgreSQL one ``pg``."""
+    from spark_hooks.session import build_spark_session
+    pg_catalog_settings.load()
+    session = build_spark_session(catalog_settings, app_name="tidemark-tests", master="local[2]",
+                                  extra_conf={"spark.ui.enabled": "false", **pg_catalog_settings.spark_conf()})
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def namespace(request) -> str:
+    """A fresh namespace name per test, so tests never share tables."""
+    return "ns_" + uuid.uuid4().hex[:8]
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "spark" in item.fixturenames:
+            item.add_marker(pytest.mark.spark)

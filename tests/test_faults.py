@@ -1,0 +1,169 @@
+"""Fault tests on real processes: kill -9 a leader, pause a zombie past its session, restart ZooKeeper."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from coordinator import (EpochCoordinator, EpochRecord, EpochState, Fenced, NotLeader, RecoveryAction, Tidemark,
+                         ZooKeeperUnavailable)
+from coordinator.records import TermRecord
+
+pytestmark = pytest.mark.fault
+SINKS = ["lake.db.a", "lake.db.b"]
+LEADER_SESSION = 2.0
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Driver:
+    """A leader process (tests/helpers/leader.py) driven line by line."""
+
+    def __init__(self, connect: str, job: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.leader", connect, job, ",".join(SINKS),
+                                      str(LEADER_SESSION)], cwd=REPO, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def expect(self, prefix: str) -> str:
+        line = self.proc.stdout.readline().strip()
+        assert line.startswith(prefix), f"expected {prefix!r}, driver said {line!r}"
+        return line
+
+    def send(self, command: str) -> str:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def driver(zk_connect, tm):
+    tm.register_job("j", sources=["raw.in"], sinks=SINKS)
+    tm.barriers.ensure_grid(1000)
+    started: list[Driver] = []
+
+    def start() -> Driver:
+        d = Driver(zk_connect, "j")
+        started.append(d)
+        return d
+    yield start
+    for d in started:
+        d.close()
+
+
+def epoch_state(tm: Tidemark, t: int) -> EpochRecord:
+    return tm.read(tm.paths.epoch("j", t), EpochRecord)[0]
+
+
+def test_killed_leader_is_replaced_and_its_precommitted_epoch_rolls_forward(tm, connect, driver):
+    old = driver()
+    old.expect("LEADING 1")
+    old.expect("RECOVERY START")
+    for step in ("begin", "precommit", "commit"):
+        assert old.send(f"{step} 1000").startswith("OK")
+    assert old.send("begin 2000") == "OK STARTED"
+    assert old.send("precommit 2000") == "OK PRECOMMITTED"
+
+    standby = connect(session_timeout=LEADER_SESSION).leadership("j")
+    killed_at = time.monotonic()
+    os.kill(old.proc.pid, signal.SIGKILL)
+    term = standby.acquire(timeout=30)
+    took = time.monotonic() - killed_at
+    assert term == 2
+    assert took < LEADER_SESSION + 3, f"takeover took {took:.1f}s"
+
+    epochs = EpochCoordinator(standby, SINKS, tm.barriers.grid())
+    plan = epochs.recover()
+    assert plan.action == RecoveryAction.ROLL_FORWARD and plan.epoch.epoch == 2000
+    epochs.commit(2000, dict(plan.epoch.staged))
+    assert {t: m.epoch for t, m in tm.tidemarks(SINKS).items()} == {s: 2000 for s in SINKS}
+    assert epoch_state(tm, 2000).term == 2 and epoch_state(tm, 2000).state == EpochState.COMMITTED
+
+
+@pytest.mark.parametrize("zombie_step", ["precommit", "commit"])
+def test_paused_zombie_is_fenced_and_changes_nothing(tm, connect, driver, zombie_step):
+    zombie = driver()
+    zombie.expect("LEADING 1")
+    zombie.expect("RECOVERY")
+    assert zombie.send("begin 1000") == "OK STARTED"
+    if zombie_step == "commit":
+        assert zombie.send("precommit 1000") == "OK PRECOMMITTED"
+    os.kill(zombie.proc.pid, signal.SIGSTOP)
+    try:
+        successor_tm = connect()
+        successor = successor_tm.leadership("j")
+        assert successor.acquire(timeout=LEADER_SESSION * 5) == 2
+        epochs = EpochCoordinator(successor, SINKS, successor_tm.barriers.grid())
+        plan = epochs.recover()
+        if plan.action == RecoveryAction.RECOMPUTE:
+            epochs.begin(1000)
+            epochs.precommit(1000, {s: 111 for s in SINKS})
+        epochs.commit(1000, {s: 111 for s in SINKS})
+        before = {p: tm.client.get(p)[0] for p in (tm.paths.epoch("j", 1000), tm.paths.tidemark(SINKS[0]),
+                                                   tm.paths.tidemark(SINKS[1]), tm.paths.term("j"))}
+    finally:
+        os.kill(zombie.proc.pid, signal.SIGCONT)
+    reply = zombie.send(f"{zombie_step} 1000")
+    assert reply.startswith("ERR Fenced"), reply
+    after = {p: tm.client.get(p)[0] for p in before}
+    assert after == before, "the zombie changed ZooKeeper state"
+    assert epoch_state(tm, 1000).term == 2
+    assert TermRecord.from_json(before[tm.paths.term("j")]).term == 2
+
+
+def test_zookeeper_restart_mid_run_loses_and_duplicates_nothing(zk_server, tm, connect):
+    tm.register_job("j", sources=["raw.in"], sinks=SINKS)
+    tm.barriers.ensure_grid(1000)
+    driver_tm = connect(session_timeout=20, operation_timeout=2)
+    leadership = driver_tm.leadership("j")
+    leadership.acquire()
+    epochs = EpochCoordinator(leadership, SINKS, driver_tm.barriers.grid(), history=1000)
+    epochs.recover()
+    committed: list[int] = []
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def run() -> None:
+        t = 1000
+        while not stop.is_set() and t <= 400_000:
+            try:
+                current = epochs.current
+                if current is None or current.state == EpochState.COMMITTED:
+                    epochs.begin(t, {"raw.in": [t]})
+                if epochs.current.state == EpochState.STARTED:
+                    epochs.precommit(t, {s: t for s in SINKS})
+                epochs.commit(t, {s: t for s in SINKS})
+                committed.append(t)
+                t += 1000
+            except (ZooKeeperUnavailable, NotLeader) as exc:
+                if isinstance(exc, Fenced):
+                    errors.append(str(exc))
+                    return
+                time.sleep(0.1)
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(1.0)
+    zk_server.stop()
+    down_at = len(committed)
+    time.sleep(2.0)
+    zk_server.start()
+    time.sleep(3.0)
+    stop.set()
+    worker.join(30)
+    assert not errors, errors
+    assert len(committed) > down_at > 0, "coordination did not resume after the restart"
+    assert committed == list(range(1000, 1000 * (len(committed) + 1), 1000))
+    nodes = sorted(int(c) for c in tm.children(tm.paths.epochs("j")))
+    states = [epoch_state(tm, t).state for t in nodes]
+    assert nodes[:len(committed)] == committed
+    assert all(s == EpochState.COMMITTED for s in states[:len(committed)])
+    assert {t: m.epoch for t, m in tm.tidemarks(SINKS).items()} == {s: committed[-1] for s in SINKS}

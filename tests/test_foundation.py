@@ -1,0 +1,106 @@
+"""Foundation on real components: the ZooKeeper launcher, catalogs from Spark and Python, clear set-up errors."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from coordinator import CatalogSettings, ConfigurationError, EmbeddedZooKeeper
+from coordinator.zookeeper_server import four_letter_word, free_port
+
+TIDEMARK = [sys.executable, "-m", "coordinator.cli"]
+
+
+def run_cli(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([*TIDEMARK, *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_zk_start_status_stop_end_a_real_server(tmp_path):
+    port = free_port()
+    started = run_cli("zk", "start", "--port", str(port), "--data-dir", str(tmp_path))
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.strip() == f"127.0.0.1:{port}"
+    pid = EmbeddedZooKeeper(port, tmp_path).recorded_state().pid
+    assert four_letter_word("127.0.0.1", port) == b"imok"
+    status = run_cli("zk", "status", "--port", str(port), "--data-dir", str(tmp_path))
+    assert status.returncode == 0 and "standalone" in status.stdout
+    stopped = run_cli("zk", "stop", "--data-dir", str(tmp_path))
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    assert four_letter_word("127.0.0.1", port) is None
+    assert run_cli("zk", "status", "--data-dir", str(tmp_path)).returncode == 3
+
+
+def test_zk_start_on_a_port_in_use_is_a_one_line_error(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        result = run_cli("zk", "start", "--port", str(busy.getsockname()[1]), "--data-dir", str(tmp_path))
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "already in use" in result.stderr and "--port" in result.stderr
+
+
+def test_missing_java_is_a_one_line_error(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(Path(sys.executable).parent)  # python, but no java
+    result = run_cli("zk", "start", "--port", str(free_port()), "--data-dir", str(tmp_path), env=env)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "Java not found" in result.stderr and "openjdk-17" in result.stderr
+
+
+@pytest.mark.parametrize("uri", ["mysql://h/db", "sqlite:///", "sqlite://relative.db", "postgresql://host",
+                                 "postgresql://h:notaport/db"])
+def test_bad_catalog_uri_says_what_to_use(uri):
+    with pytest.raises(ConfigurationError) as err:
+        CatalogSettings(uri=uri)
+    assert "sqlite:///absolute/path/catalog.db" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unreachable_catalog_database_is_a_clear_error():
+    settings = CatalogSettings(name="pg", uri=f"postgresql://nobody@127.0.0.1:{free_port()}/nowhere")
+    with pytest.raises(ConfigurationError) as err:
+        settings.load()
+    assert "cannot open Iceberg catalog 'pg'" in str(err.value) and "database server is running" in str(err.value)
+
+
+def test_coordinator_does_not_import_pyspark():
+    code = "import sys, coordinator, coordinator.cli, coordinator.resolve; print('pyspark' in sys.modules)"
+    assert subprocess.check_output([sys.executable, "-c", code], text=True).strip() == "False"
+
+
+def test_spark_stages_wap_snapshot_that_pyiceberg_publishes(spark, catalog_settings, namespace):
+    table = f"lake.{namespace}.events"
+    spark.sql(f"CREATE NAMESPACE lake.{namespace}")
+    spark.sql(f"CREATE TABLE {table} (id bigint, word string) USING iceberg "
+              "TBLPROPERTIES ('write.wap.enabled'='true', 'format-version'='2')")
+    spark.sql(f"INSERT INTO {table} VALUES (1, 'a')")
+    spark.conf.set("spark.wap.id", "tidemark-1000")
+    try:
+        spark.createDataFrame([(2, "b")], "id bigint, word string").writeTo(table) \
+            .option("snapshot-property.tidemark.epoch", "1000").option("snapshot-property.tidemark.job", "j").append()
+    finally:
+        spark.conf.unset("spark.wap.id")
+    assert [r.id for r in spark.table(table).collect()] == [1], "a staged snapshot must stay invisible"
+
+    py_table = catalog_settings.load().load_table(f"{namespace}.events")
+    staged = [s for s in py_table.snapshots() if s.summary.get("tidemark.epoch") == "1000"]
+    assert len(staged) == 1 and staged[0].summary.get("tidemark.job") == "j"
+    assert staged[0].parent_snapshot_id == py_table.current_snapshot().snapshot_id
+    py_table.manage_snapshots().set_current_snapshot(staged[0].snapshot_id).commit()
+
+    assert sorted(r.id for r in spark.table(table).collect()) == [1, 2]
+
+
+def test_postgresql_catalog_works_from_spark_and_python(spark, pg_catalog_settings, namespace):
+    spark.sql(f"CREATE NAMESPACE pg.{namespace}")
+    spark.sql(f"CREATE TABLE pg.{namespace}.t (id bigint) USING iceberg")
+    spark.sql(f"INSERT INTO pg.{namespace}.t VALUES (1), (2)")
+    table = pg_catalog_settings.load().load_table(f"{namespace}.t")
+    assert sorted(table.scan().to_arrow()["id"].to_pylist()) == [1, 2]
+    table.append(pa.table({"id": pa.array([3], pa.int64())}))
+    assert sorted(r.id for r in spark.table(f"pg.{namespace}.t").collect()) == [1, 2, 3]

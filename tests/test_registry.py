@@ -1,0 +1,105 @@
+"""Registration and topology on a real ZooKeeper: one writer per table, no cycles, atomic and idempotent."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from coordinator import CorruptState, CycleError, InvalidName, RegistrationError, WriterConflict
+
+
+def test_register_is_idempotent_and_changes_are_explicit(tm):
+    first = tm.register_job("counts", sources=["lake.db.words"], sinks=["lake.db.counts"])
+    assert tm.register_job("counts", sources=["lake.db.words"], sinks=["lake.db.counts"]) == first
+    version = tm.topology().version
+    with pytest.raises(RegistrationError, match="replace=True"):
+        tm.register_job("counts", sources=["lake.db.words"], sinks=["lake.db.other"])
+    tm.register_job("counts", sources=["lake.db.words"], sinks=["lake.db.other"], replace=True)
+    topo = tm.topology()
+    assert topo.version == version + 1
+    assert topo.writers == {"lake.db.other": "counts"}
+    assert tm.tidemarks(["lake.db.counts"]) == {"lake.db.counts": None}
+
+
+def test_concurrent_registrations_of_one_sink_have_exactly_one_winner(connect):
+    clients = [connect() for _ in range(4)]
+    for trial in range(15):
+        sink = f"lake.db.sink{trial}"
+        outcomes: dict[str, object] = {}
+        start = threading.Barrier(len(clients))
+
+        def register(i: int) -> None:
+            start.wait()
+            try:
+                clients[i].register_job(f"job{trial}_{i}", sources=[], sinks=[sink])
+                outcomes[f"job{trial}_{i}"] = "won"
+            except WriterConflict as exc:
+                outcomes[f"job{trial}_{i}"] = exc
+        threads = [threading.Thread(target=register, args=(i,)) for i in range(len(clients))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [job for job, outcome in outcomes.items() if outcome == "won"]
+        assert len(winners) == 1, outcomes
+        assert clients[0].topology().writer_of(sink) == winners[0]
+        for job, outcome in outcomes.items():
+            if job != winners[0]:
+                assert isinstance(outcome, WriterConflict) and outcome.owner == winners[0]
+
+
+@pytest.mark.parametrize("length", [1, 2, 5])
+def test_registration_closing_a_cycle_is_refused_and_names_it(tm, length):
+    tables = [f"lake.c.t{i}" for i in range(length)]
+    for i in range(length - 1):  # job i reads t{i} and writes t{i+1}
+        tm.register_job(f"j{i}", sources=[tables[i]], sinks=[tables[i + 1]])
+    version = tm.topology().version
+    with pytest.raises(CycleError) as err:
+        tm.register_job(f"j{length - 1}", sources=[tables[-1]], sinks=[tables[0]])
+    cycle_jobs = [step.split(" ")[0] for step in err.value.cycle]
+    assert sorted(set(cycle_jobs)) == sorted(f"j{i}" for i in range(length))
+    assert cycle_jobs[0] == cycle_jobs[-1]
+    assert all(t in str(err.value) for t in tables)
+    assert tm.topology().version == version, "a refused registration changes nothing"
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "x..y", "", ".hidden", "tab\tle", "x" * 201, "caf\u00e9", "a b"])
+def test_invalid_names_are_refused_before_any_path_is_built(tm, name):
+    with pytest.raises(InvalidName):
+        tm.register_job("ok", sources=[], sinks=[name])
+    with pytest.raises(InvalidName):
+        tm.register_job(name, sources=[], sinks=["lake.db.ok"])
+    assert tm.topology().jobs == {}
+
+
+def test_topology_queries_and_renderings(tm):
+    tm.register_job("ingest", sources=["raw.words"], sinks=["lake.db.words"])
+    tm.register_job("counts", sources=["lake.db.words"], sinks=["lake.db.counts"])
+    tm.register_job("hist", sources=["lake.db.counts"], sinks=["lake.db.hist"])
+    topo = tm.topology()
+    assert topo.upstream("hist") == {"counts", "ingest"}
+    assert topo.downstream("ingest") == {"counts", "hist"}
+    assert topo.root_tables == {"raw.words"}
+    assert ("ingest", "lake.db.words", "counts") in topo.edges()
+    assert '"counts" -> "lake.db.counts";' in topo.to_dot()
+    assert topo.to_mermaid().startswith("flowchart LR")
+
+
+def test_unregister_needs_a_fenced_or_absent_leader(tm, connect):
+    tm.register_job("counts", sources=[], sinks=["lake.db.counts"])
+    driver = connect()
+    leadership = driver.leadership("counts")
+    leadership.acquire()
+    with pytest.raises(RegistrationError, match="live leader"):
+        tm.unregister_job("counts")
+    tm.fence_job("counts")
+    tm.unregister_job("counts")
+    assert tm.topology().jobs == {}
+    tm.register_job("other", sources=[], sinks=["lake.db.counts"])  # the table is free again
+
+
+def test_corrupt_znode_is_reported_with_its_path(tm):
+    tm.register_job("counts", sources=[], sinks=["lake.db.counts"])
+    tm.client.set(tm.paths.job("counts"), b'{"sources": 5}')
+    with pytest.raises(CorruptState, match="/jobs/counts"):
+        tm.topology()
