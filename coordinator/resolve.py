@@ -1,0 +1,203 @@
+"""Resolving a version of several tables at one consistency level, with or without ZooKeeper.
+
+    resolver = Resolver(catalog, settings, tm)          # tm=None: from Iceberg metadata alone
+    version = resolver.resolve(["lake.db.words", "lake.db.word_counts"], level="consistent")
+    arrow = read_arrow(resolver, version)                # {table: pyarrow.Table} for pandas/DuckDB users
+
+Levels (DESIGN.md, "Readers and consistency levels"):
+- ``latest``: each table's current snapshot (read uncommitted; ``epoch`` is None);
+- ``committed``: each table at its own committed epoch;
+- ``consistent``: ``T*`` = the minimum committed epoch over the tables, each table at its
+  newest snapshot with ``tidemark.epoch <= T*``;
+- ``as_of=T``: the same at an older epoch ``T`` every table has committed.
+
+A table no Tidemark job writes (a root table fed from outside) has no epochs: it is read
+at its newest snapshot committed at or before ``T*`` (barrier ``T*`` covers its commits up
+to time ``T*``) and does not hold ``T*`` back.
+
+With ZooKeeper, committed epochs come from the tables' tidemarks (a watch-backed cache
+when given one) and a table already at ``T*`` needs no metadata load at all; without it,
+from each table's ``tidemark.committed-epoch`` property. On the same state both agree.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Iterable, Mapping, Optional, Union
+
+from pyiceberg.table import Table
+
+from .catalog import CatalogSettings, load_table
+from .errors import EpochOrderError, VersionNotFound
+from .names import validate_name
+from .records import ConsistencyLevel, ConsistentVersion, TableTidemark
+from .snapshots import committed_epoch, is_tidemark_table, snapshot_at_epoch, snapshot_at_time
+
+ROOT = "root"  # marker: a table written outside Tidemark
+
+
+class Resolver:
+    def __init__(self, catalog, settings: CatalogSettings, tm=None, cache=None) -> None:
+        self.catalog, self.settings, self.tm, self.cache = catalog, settings, tm, cache
+        self._tables: dict[str, Table] = {}
+
+    def table(self, name: str, refresh: bool = True) -> Table:
+        table = self._tables.get(name)
+        if table is None:
+            table = self._tables[name] = load_table(self.catalog, self.settings, name)
+        elif refresh:
+            table.refresh()
+        return table
+
+    def _tidemarks(self, tables: list[str]) -> dict[str, Optional[TableTidemark]]:
+        if self.tm is None:
+            return {t: None for t in tables}
+        return self.cache.get(tables) if self.cache is not None else self.tm.tidemarks(tables)
+
+    def committed_epochs(self, tables: Iterable[str]) -> dict[str, Union[int, None, str]]:
+        """Each table's committed epoch, None if it has none yet, or ``ROOT`` for a root table."""
+        names = sorted(set(tables))
+        marks = self._tidemarks(names)
+        result: dict[str, Union[int, None, str]] = {}
+        for name in names:
+            mark = marks[name]
+            if mark is not None:  # a registered writer exists: ZooKeeper is the authority
+                result[name] = mark.epoch
+                continue
+            table = self.table(name)
+            result[name] = committed_epoch(table) if is_tidemark_table(table) else ROOT
+        return result
+
+    def resolve(self, tables: Iterable[str], level: Union[str, ConsistencyLevel] = ConsistencyLevel.CONSISTENT,
+                as_of: Optional[int] = None) -> ConsistentVersion:
+        names = sorted({validate_name(t, "table name") for t in tables})
+        if not names:
+            raise ValueError("resolve needs at least one table")
+        level = ConsistencyLevel.AS_OF if as_of is not None else ConsistencyLevel(level)
+        if level == ConsistencyLevel.LATEST:
+            return ConsistentVersion(None, {n: _id(self.table(n).current_snapshot()) for n in names}, level)
+        epochs = self.committed_epochs(names)
+        if level == ConsistencyLevel.COMMITTED:
+            return ConsistentVersion(None, {n: self._snapshot_at(n, epochs[n]) for n in names}, level)
+        never = sorted(n for n, e in epochs.items() if e is None)
+        if never:
+            raise VersionNotFound(f"tables {never} have no committed epoch yet: no consistent version exists")
+        managed = [e for e in epochs.values() if e != ROOT]
+        target = min(managed) if managed else None  # type: ignore[type-var]
+        if as_of is not None:
+            if target is not None and as_of > target:
+                raise VersionNotFound(f"epoch {as_of} is not committed in every table (the consistent epoch is "
+                                      f"{target})")
+            target = as_of
+        if target is None:
+            return ConsistentVersion(None, {n: _id(self.table(n).current_snapshot()) for n in names}, level)
+        marks = self._tidemarks(names)
+        snapshots = {}
+        for name in names:
+            mark = marks[name]
+            if mark is not None and mark.epoch == target:
+                snapshots[name] = mark.snapshot_id  # ZooKeeper recorded it at commit: no metadata load
+            else:
+                snapshots[name] = self._snapshot_at(name, target if epochs[name] != ROOT else ROOT, target)
+        return ConsistentVersion(target, snapshots, level)
+
+    def _snapshot_at(self, name: str, epoch: Union[int, None, str], wall_ms: Optional[int] = None) -> Optional[int]:
+        table = self.table(name)
+        if epoch == ROOT:
+            return _id(table.current_snapshot() if wall_ms is None else snapshot_at_time(table, wall_ms))
+        if epoch is None:
+            return None
+        return _id(snapshot_at_epoch(table, epoch))  # type: ignore[arg-type]
+
+
+def _id(snapshot) -> Optional[int]:
+    return None if snapshot is None else snapshot.snapshot_id
+
+
+class ReaderSession:
+    """A reader's view: consistent resolutions never move backwards, and pinned versions are protected.
+
+        session = ReaderSession(resolver, tm)
+        version = session.resolve(tables)           # monotonic per reader
+        session.pin(version)                        # ephemeral /readers/<id>: retention keeps it
+
+    Pins live in one ephemeral znode per reader and vanish with the reader's session.
+    """
+
+    def __init__(self, resolver: Resolver, tm=None, reader_id: Optional[str] = None) -> None:
+        self.resolver, self.tm = resolver, tm
+        self.reader_id = validate_name(reader_id or f"reader-{uuid.uuid4().hex[:12]}", "reader id")
+        self._last: dict[tuple[str, ...], ConsistentVersion] = {}
+        self._pinned: dict[int, Mapping[str, Optional[int]]] = {}
+
+    def resolve(self, tables: Iterable[str], level: Union[str, ConsistencyLevel] = ConsistencyLevel.CONSISTENT,
+                as_of: Optional[int] = None) -> ConsistentVersion:
+        key = tuple(sorted(set(tables)))
+        version = self.resolver.resolve(key, level, as_of)
+        if version.level != ConsistencyLevel.CONSISTENT:
+            return version
+        previous = self._last.get(key)
+        if previous is not None and previous.epoch is not None and (version.epoch is None
+                                                                     or version.epoch < previous.epoch):
+            return previous  # e.g. a fallback to Iceberg metadata that lags ZooKeeper: never go back
+        self._last[key] = version
+        return version
+
+    def pin(self, version: ConsistentVersion) -> None:
+        if version.epoch is None:
+            raise EpochOrderError("only a version with an epoch (consistent, as_of) can be pinned")
+        self._pinned[version.epoch] = dict(version.snapshots)
+        self._write_pins()
+
+    def unpin(self, version: ConsistentVersion) -> None:
+        self._pinned.pop(version.epoch, None)  # type: ignore[arg-type]
+        self._write_pins()
+
+    @property
+    def pinned(self) -> dict[int, Mapping[str, Optional[int]]]:
+        return dict(self._pinned)
+
+    def _write_pins(self) -> None:
+        if self.tm is None:
+            return
+        path = self.tm.paths.reader(self.reader_id)
+        data = json.dumps({"versions": {str(e): s for e, s in self._pinned.items()}}, sort_keys=True).encode()
+        if self.tm.get(path) is None:
+            self.tm.call(f"create {path}", self.tm.client.create_async, path, data, None, True)
+        else:
+            self.tm.call(f"set {path}", self.tm.client.set_async, path, data)
+
+    def close(self) -> None:
+        self._pinned.clear()
+        if self.tm is not None and self.tm.get(self.tm.paths.reader(self.reader_id)) is not None:
+            self.tm.call("unpin", self.tm.client.delete_async, self.tm.paths.reader(self.reader_id))
+
+
+def pinned_snapshots(tm) -> dict[str, set[int]]:
+    """Every snapshot id pinned by a live reader, per table (what expiry must keep)."""
+    import json
+    kept: dict[str, set[int]] = {}
+    readers = tm.children(tm.paths.readers)
+    for raw in tm.get_many([tm.paths.reader(r) for r in readers]):
+        if raw is None:
+            continue
+        for snapshots in json.loads(raw[0] or b"{}").get("versions", {}).values():
+            for table, snapshot_id in snapshots.items():
+                if snapshot_id is not None:
+                    kept.setdefault(table, set()).add(snapshot_id)
+    return kept
+
+
+def scans(resolver: Resolver, version: ConsistentVersion) -> dict[str, object]:
+    """A pyiceberg scan per table at its snapshot (None for a table that was empty at that point)."""
+    return {name: (None if sid is None else resolver.table(name, refresh=False).scan(snapshot_id=sid))
+            for name, sid in version.snapshots.items()}
+
+
+def read_arrow(resolver: Resolver, version: ConsistentVersion) -> dict[str, object]:
+    """Every table at its snapshot as a ``pyarrow.Table`` (empty with the table's schema when it had none)."""
+    result = {}
+    for name, scan in scans(resolver, version).items():
+        result[name] = (resolver.table(name, refresh=False).schema().as_arrow().empty_table() if scan is None
+                        else scan.to_arrow())  # type: ignore[attr-defined]
+    return result
