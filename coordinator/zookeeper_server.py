@@ -141,18 +141,17 @@ class EmbeddedZooKeeper:
         return self
 
     def _wait_until_serving(self) -> None:
-        def answered(reply: Optional[bytes]) -> bool:
-            return reply == b"imok"
-
+        # "ruok" answers before the server accepts sessions; "srvr" reports a Mode only once it does.
         def serving() -> Optional[bytes]:
             if self._process is not None and self._process.poll() is not None:
                 return b"exited"
-            return four_letter_word("127.0.0.1", self.port)
+            return four_letter_word("127.0.0.1", self.port, b"srvr")
 
         retrying = Retrying(stop=stop_after_delay(self.start_timeout), wait=wait_fixed(0.1),
-                            retry=retry_if_result(lambda r: r is None or r == b""), retry_error_callback=lambda s: None)
+                            retry=retry_if_result(lambda r: r != b"exited" and b"Mode:" not in (r or b"")),
+                            retry_error_callback=lambda s: None)
         reply = retrying(serving)
-        if not answered(reply):
+        if reply is None or b"Mode:" not in reply:
             self.stop()
             raise ZooKeeperUnavailable(f"ZooKeeper on port {self.port} did not start within {self.start_timeout:.0f}s; "
                                        f"see {self.data_dir / 'zookeeper.log'}")
@@ -167,7 +166,7 @@ class EmbeddedZooKeeper:
         self.state_path.write_text(json.dumps(state.__dict__))
 
     def is_serving(self) -> bool:
-        return four_letter_word("127.0.0.1", self.port) == b"imok"
+        return b"Mode:" in (four_letter_word("127.0.0.1", self.port, b"srvr") or b"")
 
     def stop(self, timeout: float = 10.0) -> bool:
         """End the recorded server (SIGTERM, then SIGKILL); False when none was running."""
