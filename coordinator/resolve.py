@@ -190,8 +190,13 @@ def pinned_snapshots(tm) -> dict[str, set[int]]:
 
 def scans(resolver: Resolver, version: ConsistentVersion) -> dict[str, object]:
     """A pyiceberg scan per table at its snapshot (None for a table that was empty at that point)."""
-    return {name: (None if sid is None else resolver.table(name, refresh=False).scan(snapshot_id=sid))
-            for name, sid in version.snapshots.items()}
+    result: dict[str, object] = {}
+    for name, sid in version.snapshots.items():
+        table = resolver.table(name, refresh=False)
+        if sid is not None and table.snapshot_by_id(sid) is None:
+            table = resolver.table(name)  # resolved from ZooKeeper alone: metadata loaded before that commit
+        result[name] = None if sid is None else table.scan(snapshot_id=sid)
+    return result
 
 
 def read_arrow(resolver: Resolver, version: ConsistentVersion) -> dict[str, object]:

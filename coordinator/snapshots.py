@@ -22,14 +22,32 @@ COMMITTED_EPOCH_PROPERTY = "tidemark.committed-epoch"
 WRITER_PROPERTY = "tidemark.writer"
 
 
+WAP_ID_KEY = "wap.id"
+WAP_PREFIX = "tidemark:"
+
+
 def summary_properties(epoch: int, job: str, term: int) -> dict[str, str]:
     """The summary keys of a snapshot staged for ``job``'s epoch ``epoch`` under ``term``."""
     return {EPOCH_KEY: str(epoch), JOB_KEY: job, TERM_KEY: str(term)}
 
 
+def wap_id(epoch: int, job: str, term: int) -> str:
+    """The ``spark.wap.id`` of a staged write. Spark records it in every staged snapshot's summary,
+    including SQL ``MERGE INTO``, which cannot carry custom summary keys."""
+    return f"{WAP_PREFIX}{job}:{epoch}:{term}"
+
+
 def snapshot_epoch(snapshot: Snapshot) -> Optional[int]:
-    value = snapshot.summary.get(EPOCH_KEY) if snapshot.summary is not None else None
-    return int(value) if value is not None else None
+    """The epoch a snapshot belongs to: ``tidemark.epoch``, else a Tidemark ``wap.id``, else None."""
+    if snapshot.summary is None:
+        return None
+    value = snapshot.summary.get(EPOCH_KEY)
+    if value is not None:
+        return int(value)
+    wap = snapshot.summary.get(WAP_ID_KEY)
+    if wap is not None and wap.startswith(WAP_PREFIX):
+        return int(wap.rsplit(":", 2)[1])
+    return None
 
 
 def main_lineage(table: Table) -> Iterator[Snapshot]:
