@@ -141,6 +141,10 @@ class EpochJob:
         self._function: Optional[Callable[[EpochContext], None]] = None
         self._stop = threading.Event()
         self._tables: dict = {}
+        self._epochs: Optional[EpochCoordinator] = None
+        self._committer: Optional[EpochCommitter] = None
+        self._cache = None
+        self._grid = None
 
     def epoch(self, function: Callable[[EpochContext], None]) -> Callable[[EpochContext], None]:
         """Decorator: the function run once per barrier."""
@@ -160,6 +164,32 @@ class EpochJob:
 
     # -- the loop ----------------------------------------------------------------------------------
 
+    def open(self, leader_timeout: Optional[float] = None, recompute: bool = True) -> None:
+        """Register, wait for leadership and recover the last epoch (``run`` and streaming call it)."""
+        if self._epochs is not None:
+            return
+        self.tm.register_job(self.name, sources=self.sources, sinks=self.sinks)
+        self._grid = self.tm.barriers.ensure_grid(self.interval_ms)
+        self._prepare_sinks()
+        self.leadership.acquire(timeout=leader_timeout)
+        epochs = EpochCoordinator(self.leadership, self.sinks, self._grid, self.history)
+        self._committer = EpochCommitter(epochs, self.iceberg_table)
+        self._cache = self.tm.tidemark_cache()
+        self._epochs = epochs
+        try:
+            self._recover(epochs, self._committer, recompute)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Step down (a standby takes over). Nothing is left half-committed: every epoch finished or recovers."""
+        if self._cache is not None:
+            self._cache.close()
+        self.leadership.release()
+        self._epochs = self._committer = self._cache = None
+        self.leadership = self.tm.leadership(self.name)
+
     def run(self, max_epochs: Optional[int] = None, until: Optional[int] = None,
             leader_timeout: Optional[float] = None, stop_on_sigterm: bool = True) -> list[int]:
         """Process barriers in order until ``max_epochs`` epochs, barrier ``until``, or ``stop()``.
@@ -170,29 +200,48 @@ class EpochJob:
             raise ConfigurationError(f"job {self.name!r} has no epoch function: decorate one with @job.epoch")
         if stop_on_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
-        self.tm.register_job(self.name, sources=self.sources, sinks=self.sinks)
-        grid = self.tm.barriers.ensure_grid(self.interval_ms)
-        self._prepare_sinks()
-        self.leadership.acquire(timeout=leader_timeout)
-        epochs = EpochCoordinator(self.leadership, self.sinks, grid, self.history)
-        committer = EpochCommitter(epochs, self.iceberg_table)
-        cache = self.tm.tidemark_cache()
         start = len(self.committed)
+        self.open(leader_timeout)
+        epochs = self._epochs
         try:
-            self._recover(epochs, committer)
             while not self._stop.is_set():
                 if max_epochs is not None and len(self.committed) - start >= max_epochs:
                     break
-                target = epochs.expected_next() or self._first_barrier(grid, cache)
+                target = epochs.expected_next() or self._first_barrier(self._grid, self._cache)
                 if until is not None and target > until:
                     break
-                if not self._wait_for_barrier(target, cache):
+                if not self._wait_for_barrier(target, self._cache):
                     break
-                self._process(epochs, committer, epochs.begin(target, self._inputs(epochs, target)))
+                self._process(epochs, epochs.begin(target, self._inputs(epochs, target)))
         finally:
-            cache.close()
-            self.leadership.release()
+            self.close()
         return self.committed[start:]
+
+    def foreach_batch(self, function: Callable[[EpochContext, object], None]) -> Callable[[object, int], None]:
+        """A ``foreachBatch`` handler: each micro-batch is one epoch; a re-run batch id is never committed twice.
+
+            query = stream.writeStream.foreachBatch(job.foreach_batch(lambda ctx, df: ctx.append(sink, df)))
+
+        The batch id is recorded in the epoch's inputs. After a crash Spark re-runs the batch
+        that was not committed to its checkpoint with the same id and data: if Tidemark
+        already committed it, the batch is skipped; if it was in flight, the same epoch is
+        recomputed (or rolled forward when it was precommitted).
+        """
+        def handle(batch, batch_id: int) -> None:
+            self.open(recompute=False)
+            epochs = self._epochs
+            current = epochs.current
+            if current is not None and current.inputs.get("batch_id") is not None:
+                recorded = current.inputs["batch_id"]
+                if batch_id < recorded or (batch_id == recorded and current.state == EpochState.COMMITTED):
+                    log.info("job %s: batch %s already committed, skipped", self.name, batch_id)
+                    return
+                if batch_id == recorded:  # re-run of the batch in flight at the crash: same epoch
+                    self._process(epochs, epochs.begin(current.epoch, {"batch_id": batch_id}), function, batch)
+                    return
+            target = epochs.expected_next() or self._grid.floor(now_ms())
+            self._process(epochs, epochs.begin(target, {"batch_id": batch_id}), function, batch)
+        return handle
 
     def _prepare_sinks(self) -> None:
         for sink in self.sinks:
@@ -201,22 +250,22 @@ class EpochJob:
                 # Without it Spark silently writes straight to main instead of staging.
                 self.spark.sql(f"ALTER TABLE {sink} SET TBLPROPERTIES ('write.wap.enabled'='true')")
 
-    def _recover(self, epochs: EpochCoordinator, committer: EpochCommitter) -> None:
+    def _recover(self, epochs: EpochCoordinator, committer: EpochCommitter, recompute: bool) -> None:
         plan = epochs.recover()
         if plan.action == RecoveryAction.ROLL_FORWARD:
             log.info("job %s: rolling precommitted epoch %s forward", self.name, plan.epoch.epoch)
             committer.roll_forward(plan.epoch)
             self.committed.append(plan.epoch.epoch)
-        elif plan.action == RecoveryAction.RECOMPUTE:
+        elif plan.action == RecoveryAction.RECOMPUTE and recompute:
             log.info("job %s: recomputing epoch %s from its recorded inputs", self.name, plan.epoch.epoch)
-            self._process(epochs, committer, epochs.begin(plan.epoch.epoch))
+            self._process(epochs, epochs.begin(plan.epoch.epoch))
         elif plan.action == RecoveryAction.NEXT:
             committer.mark_committed(plan.epoch.epoch)  # in case the last run died before marking Iceberg
 
-    def _process(self, epochs: EpochCoordinator, committer: EpochCommitter, record: EpochRecord) -> None:
+    def _process(self, epochs: EpochCoordinator, record: EpochRecord, function=None, *args) -> None:
         ctx = EpochContext(self, record)
-        self._function(ctx)  # type: ignore[misc]
-        committer.finish(record.epoch, {sink: ctx.staged.get(sink) for sink in self.sinks})
+        (function or self._function)(ctx, *args)  # type: ignore[misc]
+        self._committer.finish(record.epoch, {sink: ctx.staged.get(sink) for sink in self.sinks})  # type: ignore[union-attr]
         self.committed.append(record.epoch)
 
     def _first_barrier(self, grid, cache) -> int:
