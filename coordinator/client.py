@@ -94,6 +94,7 @@ class Tidemark:
         self._state = KazooState.CONNECTED if client.connected else KazooState.LOST
         self._state_listeners: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
+        self._topology = None  # the last topology read (coordinator.topology keeps it fresh)
         client.add_listener(self._on_state_change)
 
     @classmethod

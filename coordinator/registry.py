@@ -38,13 +38,15 @@ def _bump(tm, topo: Topology) -> list[Op]:
     return [set_data(tm.paths.topology, TopologyVersion(topo.version + 1).to_json(), topo.znode_version)]
 
 
-def _apply(tm, topo: Topology, ops: list[Op]) -> None:
+def _apply(tm, topo: Topology, ops: list[Op], after: Topology) -> None:
+    """Apply ``ops`` if the topology is still ``topo``; ``after`` is what it is then (kept as the cache)."""
     try:
         tm.multi([check(tm.paths.topology, topo.znode_version), *ops, *_bump(tm, topo)])
     except MultiFailed as failed:
         if isinstance(failed.error, (BadVersionError, NodeExistsError, NoNodeError)):
             raise _TopologyMoved() from None
         raise
+    tm._topology = Topology(topo.version + 1, topo.znode_version + 1, after.jobs)
 
 
 def register_job(tm, name: str, *, sources: Iterable[str], sinks: Iterable[str], replace: bool = False) -> JobRecord:
@@ -86,7 +88,7 @@ def register_job(tm, name: str, *, sources: Iterable[str], sinks: Iterable[str],
         for added in sorted(set(sinks_t) - set(existing.sinks if existing else ())):
             ops += [create(p.table(added), TableRecord(name).to_json()),
                     create(p.tidemark(added), TableTidemark(added).to_json())]
-        _apply(tm, topo, ops)
+        _apply(tm, topo, ops, topo.with_job(name, record))
         return record
 
     return _with_topology(tm, decide)
@@ -137,7 +139,7 @@ def unregister_job(tm, name: str) -> JobRecord:
         ops.append(delete(p.job(name)))
         for sink in record.sinks:
             ops += [delete(p.tidemark(sink)), delete(p.table(sink))]
-        _apply(tm, topo, ops)
+        _apply(tm, topo, ops, topo.without_job(name))
         return record
 
     return _with_topology(tm, decide)

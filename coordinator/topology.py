@@ -83,26 +83,33 @@ class Topology:
         edges_by_job: dict[str, list[tuple[str, str]]] = {name: [] for name in self.jobs}
         for up, table, down in self.edges():
             edges_by_job[up].append((table, down))
+        # Iterative depth-first search: job chains can be thousands long (no recursion limit).
         WHITE, GREY, BLACK = 0, 1, 2
         colour = {name: WHITE for name in self.jobs}
-        path: list[tuple[str, str]] = []  # (job, table it passes on)
-
-        def visit(job: str) -> Optional[list[str]]:
-            colour[job] = GREY
-            for table, down in edges_by_job[job]:
-                path.append((job, table))
+        for root in sorted(self.jobs):
+            if colour[root] != WHITE:
+                continue
+            colour[root] = GREY
+            stack: list[tuple[str, int]] = [(root, 0)]
+            path: list[tuple[str, str]] = []  # (job, the table it passes downstream)
+            while stack:
+                job, index = stack[-1]
+                if index == len(edges_by_job[job]):
+                    colour[job] = BLACK
+                    stack.pop()
+                    if path:
+                        path.pop()
+                    continue
+                stack[-1] = (job, index + 1)
+                table, down = edges_by_job[job][index]
                 if colour[down] == GREY:
-                    start = next(i for i, (j, _) in enumerate(path) if j == down)
-                    return [f"{j} -[{t}]->" for j, t in path[start:]] + [down]
-                if colour[down] == WHITE and (cycle := visit(down)):
-                    return cycle
-                path.pop()
-            colour[job] = BLACK
-            return None
-
-        for name in sorted(self.jobs):
-            if colour[name] == WHITE and (cycle := visit(name)):
-                return cycle
+                    steps = path + [(job, table)]
+                    start = next(i for i, (j, _) in enumerate(steps) if j == down)
+                    return [f"{j} -[{t}]->" for j, t in steps[start:]] + [down]
+                if colour[down] == WHITE:
+                    colour[down] = GREY
+                    path.append((job, table))
+                    stack.append((down, 0))
         return None
 
     def to_dict(self) -> dict:
@@ -145,9 +152,17 @@ class Topology:
 
 
 def read_topology(tm) -> Topology:
-    """Read ``/topology`` and every job (pipelined), consistent with the version returned."""
+    """Read ``/topology`` and every job (pipelined), consistent with the version returned.
+
+    The last topology read is kept on ``tm`` and reused while ``/topology``'s version is
+    unchanged, so a check costs one round trip instead of one read per job.
+    """
+    cached: Optional[Topology] = getattr(tm, "_topology", None)
+
     def attempt() -> Optional[Topology]:
         found = tm.read(tm.paths.topology, TopologyVersion)
+        if cached is not None and found is not None and found[1].version == cached.znode_version:
+            return cached
         topo_record, stat = found if found else (TopologyVersion(0), None)
         names = tm.children(tm.paths.jobs)
         records = tm.get_many([tm.paths.job(n) for n in names])
@@ -155,7 +170,8 @@ def read_topology(tm) -> Topology:
         again = tm.get(tm.paths.topology)
         # Registration bumps /topology in the same multi, so an unchanged version means a consistent read.
         if stat is None or (again is not None and again[1].version == stat.version):
-            return Topology(topo_record.version, stat.version if stat else -1, jobs)
+            tm._topology = Topology(topo_record.version, stat.version if stat else -1, jobs)
+            return tm._topology
         return None
 
     retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random(0, 0.05),

@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -95,6 +96,27 @@ def percentile(values: list[int], q: float) -> Optional[int]:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@dataclass
+class DemoReport:
+    home: Path
+    final_barrier: int
+    committed: dict
+    produced: Counter
+    checked: int
+    failures: list
+    naive_total: int
+    naive_bad: int
+    freshness_ms: list
+    final_epoch: Optional[int]
+    final_problem: Optional[str]
+    exactly_once: bool
+
+    @property
+    def passed(self) -> bool:
+        return (not self.failures and self.final_problem is None and self.exactly_once
+                and self.final_epoch == self.final_barrier and self.checked > 0)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spark_hooks.demo")
     parser.add_argument("--seconds", type=float, default=45.0, help="how long the producer writes words")
@@ -107,25 +129,32 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.getLogger("kazoo").setLevel(logging.ERROR)  # reconnection chatter; outcomes are reported below
     if args.job:
         return run_job(args)
+    report = run_demo(args.seconds, args.interval_ms, Path(args.home) if args.home else None, verbose=True)
+    print_report(report)
+    return 0 if report.passed else 1
 
+
+def run_demo(seconds: float, interval_ms: int, home: Optional[Path] = None, verbose: bool = False) -> DemoReport:
+    """Run the cascade for ``seconds`` on a fresh data directory and check it; returns the figures."""
     from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark, TidemarkError
     from coordinator.resolve import Resolver, read_arrow
     from coordinator.zookeeper_server import free_port
 
-    home = Path(args.home or tempfile.mkdtemp(prefix="tidemark-demo-"))
-    if args.home and home.exists():
+    home = home or Path(tempfile.mkdtemp(prefix="tidemark-demo-"))
+    if home.exists():
         shutil.rmtree(home)
     home.mkdir(parents=True, exist_ok=True)
     settings = CatalogSettings.embedded(home)
     catalog = settings.load()
     create_tables(catalog)
-    print(f"demo: data in {home}")
+    say = print if verbose else (lambda *a, **k: None)
+    say(f"demo: data in {home}")
     with EmbeddedZooKeeper(port=free_port(), data_dir=home / "zookeeper") as zk:
-        print(f"demo: ZooKeeper serving on {zk.connect_string}")
+        say(f"demo: ZooKeeper serving on {zk.connect_string}")
         tm = Tidemark.connect(zk.connect_string)
-        interval = args.interval_ms
+        interval = interval_ms
         start = int(time.time() * 1000)
-        until = (start + int(args.seconds * 1000)) // interval * interval + interval
+        until = (start + int(seconds * 1000)) // interval * interval + interval
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         drivers = {name: subprocess.Popen([sys.executable, "-m", "spark_hooks.demo", "--job", name, "--zk",
                                            zk.connect_string, "--home", str(home), "--until", str(until),
@@ -133,8 +162,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                           stdout=subprocess.PIPE, stderr=open(home / f"{name}.log", "w"), env=env,
                                           text=True)
                    for name in ("word_counts", "count_histogram")}
-        print(f"demo: 2 driver processes started, barrier every {interval} ms, producing words for "
-              f"{args.seconds:.0f} s, final barrier {until}")
+        say(f"demo: 2 driver processes started, barrier every {interval} ms, producing words for "
+            f"{seconds:.0f} s, final barrier {until}")
 
         produced = Counter()
         stop_producing = threading.Event()
@@ -171,7 +200,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     checked += 1
                     if problem:
                         failures.append((version.epoch, problem))
-                    print(f"  consistent epoch {version.epoch}: {'OK' if not problem else 'INCONSISTENT: ' + problem}")
+                    say(f"  consistent epoch {version.epoch}: {'OK' if not problem else 'INCONSISTENT: ' + problem}")
                 naive = resolver.resolve([WORDS_TABLE, COUNTS_TABLE, HIST_TABLE], level="latest")
                 naive_total += 1
                 naive_bad += check(read_arrow(resolver, naive)) is not None
@@ -193,23 +222,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     for name, out in results.items():
         lines = [line for line in out.splitlines() if line.startswith("{")]
         committed[name] = json.loads(lines[-1])["committed"] if lines else []
+    return DemoReport(home, until, committed, produced, checked, failures, naive_total, naive_bad, freshness,
+                      final.epoch, final_problem, exactly_once)
+
+
+def print_report(report: DemoReport) -> None:
     print("\n=== Tidemark demo report ===")
-    for name, epochs in committed.items():
+    for name, epochs in report.committed.items():
         print(f"job {name}: {len(epochs)} epochs committed"
-              + (f" ({epochs[0]} .. {epochs[-1]})" if epochs else f" (see {home / (name + '.log')})"))
-    print(f"words produced: {sum(produced.values())} in {len(produced)} distinct words")
-    print(f"consistent versions checked while running: {checked}, inconsistent: {len(failures)}")
-    for epoch, problem in failures:
+              + (f" ({epochs[0]} .. {epochs[-1]})" if epochs else f" (see {report.home / (name + '.log')})"))
+    print(f"words produced: {sum(report.produced.values())} in {len(report.produced)} distinct words")
+    print(f"consistent versions checked while running: {report.checked}, inconsistent: {len(report.failures)}")
+    for epoch, problem in report.failures:
         print(f"  epoch {epoch}: {problem}")
-    print(f"naive latest-snapshot reads: {naive_total}, of which inconsistent: {naive_bad}")
-    p50, p95 = percentile(freshness, 0.5), percentile(freshness, 0.95)
+    print(f"naive latest-snapshot reads: {report.naive_total}, of which inconsistent: {report.naive_bad}")
+    p50, p95 = percentile(report.freshness_ms, 0.5), percentile(report.freshness_ms, 0.95)
     print(f"freshness (newest barrier - consistent epoch): p50 {p50} ms, p95 {p95} ms")
-    print(f"final consistent epoch {final.epoch} (final barrier {until}): "
-          f"{'consistent' if final_problem is None else final_problem}; every produced word counted exactly once: "
-          f"{exactly_once}")
-    ok = (not failures and final_problem is None and exactly_once and final.epoch == until and checked > 0)
-    print("RESULT:", "PASS" if ok else "FAIL")
-    return 0 if ok else 1
+    print(f"final consistent epoch {report.final_epoch} (final barrier {report.final_barrier}): "
+          f"{'consistent' if report.final_problem is None else report.final_problem}; every produced word counted "
+          f"exactly once: {report.exactly_once}")
+    print("RESULT:", "PASS" if report.passed else "FAIL")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Tidemark's benchmarks: ``python -m bench [coordination|iceberg|spark ...]`` (``make bench`` runs all)."""

@@ -1,0 +1,49 @@
+"""Shared helpers for the benchmarks: a private ZooKeeper server, timers, and figure printing."""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from coordinator import EmbeddedZooKeeper
+from coordinator.zookeeper_server import four_letter_word, free_port
+
+
+@contextmanager
+def zookeeper() -> Iterator[EmbeddedZooKeeper]:
+    with tempfile.TemporaryDirectory(prefix="tidemark-bench-zk-") as data:
+        with EmbeddedZooKeeper(port=free_port(), data_dir=Path(data)) as server:
+            yield server
+
+
+def packets_received(server: EmbeddedZooKeeper) -> int:
+    """The server's count of client requests (``mntr``), to count real round trips."""
+    reply = four_letter_word("127.0.0.1", server.port, b"mntr") or b""
+    for line in reply.decode().splitlines():
+        key, _, value = line.partition("\t")
+        if key == "zk_packets_received":
+            return int(value)
+    raise RuntimeError("mntr did not report zk_packets_received")
+
+
+def timed(function: Callable[[], object], repeat: int) -> list[float]:
+    """Wall seconds of ``repeat`` calls."""
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        function()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def ms(samples: list[float]) -> str:
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+    return f"median {statistics.median(samples) * 1000:8.2f} ms  p95 {p95 * 1000:8.2f} ms  (n={len(samples)})"
+
+
+def header(title: str) -> None:
+    print(f"\n== {title} ==", flush=True)
