@@ -54,10 +54,11 @@ class Resolver:
             return {t: None for t in tables}
         return self.cache.get(tables) if self.cache is not None else self.tm.tidemarks(tables)
 
-    def committed_epochs(self, tables: Iterable[str]) -> dict[str, Union[int, None, str]]:
+    def committed_epochs(self, tables: Iterable[str],
+                         marks: Optional[Mapping[str, Optional[TableTidemark]]] = None) -> dict[str, Union[int, None, str]]:
         """Each table's committed epoch, None if it has none yet, or ``ROOT`` for a root table."""
         names = sorted(set(tables))
-        marks = self._tidemarks(names)
+        marks = self._tidemarks(names) if marks is None else marks
         result: dict[str, Union[int, None, str]] = {}
         for name in names:
             mark = marks[name]
@@ -76,7 +77,8 @@ class Resolver:
         level = ConsistencyLevel.AS_OF if as_of is not None else ConsistencyLevel(level)
         if level == ConsistencyLevel.LATEST:
             return ConsistentVersion(None, {n: _id(self.table(n).current_snapshot()) for n in names}, level)
-        epochs = self.committed_epochs(names)
+        marks = self._tidemarks(names)
+        epochs = self.committed_epochs(names, marks)
         if level == ConsistencyLevel.COMMITTED:
             return ConsistentVersion(None, {n: self._snapshot_at(n, epochs[n]) for n in names}, level)
         never = sorted(n for n, e in epochs.items() if e is None)
@@ -91,7 +93,6 @@ class Resolver:
             target = as_of
         if target is None:
             return ConsistentVersion(None, {n: _id(self.table(n).current_snapshot()) for n in names}, level)
-        marks = self._tidemarks(names)
         snapshots = {}
         for name in names:
             mark = marks[name]

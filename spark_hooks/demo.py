@@ -184,6 +184,7 @@ def run_demo(seconds: float, interval_ms: int, home: Optional[Path] = None, verb
         checked, failures, naive_bad, naive_total, freshness = 0, [], 0, 0, []
         last_epoch = None
         resolver = Resolver(catalog, settings, tm, tm.tidemark_cache())
+        grid = tm.barriers.ensure_grid(interval)
         try:
             while any(d.poll() is None for d in drivers.values()):
                 time.sleep(0.5)
@@ -191,9 +192,8 @@ def run_demo(seconds: float, interval_ms: int, home: Optional[Path] = None, verb
                     version = resolver.resolve([WORDS_TABLE, COUNTS_TABLE, HIST_TABLE])
                 except TidemarkError:
                     continue  # no epoch committed by both jobs yet
-                newest = tm.barriers.latest()
-                if newest is not None:
-                    freshness.append(newest - version.epoch)
+                # freshness: how far the consistent epoch trails the newest barrier the clock has passed
+                freshness.append(grid.floor(int(time.time() * 1000)) - version.epoch)
                 if version.epoch != last_epoch:
                     last_epoch = version.epoch
                     problem = check(read_arrow(resolver, version))
