@@ -104,11 +104,14 @@ class Tidemark:
                 member: Optional[str] = None) -> "Tidemark":
         """Connect to ``hosts`` (``host:port,...[/chroot]``; default ``TIDEMARK_ZK``, else 127.0.0.1:2181).
 
-        ``auth`` is a digest ``(user, password)``: znodes are then created writable by that
-        user only and readable by everyone. Raises ``ZooKeeperUnavailable`` when no server
+        ``auth`` is a digest ``(user, password)`` (default ``TIDEMARK_ZK_USER`` /
+        ``TIDEMARK_ZK_PASSWORD``): znodes are then created writable by that user only and
+        readable by everyone. Raises ``ZooKeeperUnavailable`` when no server
         answers within ``connect_timeout``.
         """
         hosts = hosts or os.environ.get("TIDEMARK_ZK") or DEFAULT_CONNECT
+        if auth is None and os.environ.get("TIDEMARK_ZK_USER"):
+            auth = (os.environ["TIDEMARK_ZK_USER"], os.environ.get("TIDEMARK_ZK_PASSWORD", ""))
         kwargs: dict[str, Any] = {}
         if auth is not None:
             user, password = auth
@@ -257,6 +260,9 @@ class Tidemark:
         return results
 
     def ensure_path(self, path: str, data: bytes = b"") -> None:
+        # Look first: creating an existing znode under another user's ACL fails with NoAuth, not NodeExists.
+        if self.call(f"exists {path}", self.client.exists_async, path) is not None:
+            return
         try:
             self.call(f"create {path}", self.client.create_async, path, data, None, False, False, True)
         except NodeExistsError:
@@ -264,8 +270,7 @@ class Tidemark:
 
     def ensure_layout(self) -> None:
         """Create the top-level znodes once (idempotent, safe to race)."""
-        if self.get(self.paths.topology) is None:
-            self.ensure_path(self.paths.topology, TopologyVersion(0).to_json())
+        self.ensure_path(self.paths.topology, TopologyVersion(0).to_json())
         for path in self.paths.top_level():
             self.ensure_path(path)
 

@@ -103,3 +103,13 @@ def test_corrupt_znode_is_reported_with_its_path(tm, connect):
     tm.client.set(tm.paths.job("counts"), b'{"sources": 5}')
     with pytest.raises(CorruptState, match="/jobs/counts"):
         connect().topology()  # a fresh session has no cached topology to fall back on
+
+
+def test_digest_auth_makes_znodes_writable_only_by_their_owner(zk_connect, connect):
+    owner = connect(auth=("etl", "secret"))
+    owner.register_job("secured", sources=[], sinks=["lake.db.secured"])
+    stranger = connect()
+    assert stranger.topology().writer_of("lake.db.secured") == "secured"  # world-readable
+    from kazoo.exceptions import NoAuthError
+    with pytest.raises(NoAuthError):
+        stranger.client.set(stranger.paths.job("secured"), b"{}")
