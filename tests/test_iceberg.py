@@ -15,7 +15,7 @@ from coordinator.commit import EpochCommitter
 from coordinator.publish import PublishOutcome, expire_unpublished, publish_staged
 from coordinator.resolve import ReaderSession, Resolver, pinned_snapshots, read_arrow
 from coordinator.snapshots import highest_epoch, snapshot_at_epoch, staged_snapshots
-from tests.helpers.lake import create_table, stage_rows
+from tests.helpers.lake import commit_rows, create_table, lead_job, stage_rows
 
 
 @pytest.fixture
@@ -144,21 +144,10 @@ def test_consistent_resolution_over_random_histories(history, zk_server, catalog
 def test_levels_and_as_of(tm, catalog, catalog_settings, namespace):
     up, down = f"{namespace}.up", f"{namespace}.down"
     tables = {n: create_table(catalog, n) for n in (up, down)}
-    grid = tm.barriers.ensure_grid(1000)
-    committers = {}
-    for job, sink in (("up", up), ("down", down)):
-        tm.register_job(job, sources=[], sinks=[sink])
-        leadership = tm.leadership(job)
-        leadership.acquire()
-        epochs = EpochCoordinator(leadership, [sink], grid)
-        epochs.recover()
-        committers[sink] = EpochCommitter(epochs, catalog.load_table)
+    committers = {sink: lead_job(tm, catalog, job, [sink]) for job, sink in (("up", up), ("down", down))}
 
     def epoch(sink: str, t: int) -> int:
-        committers[sink].epochs.begin(t, {})
-        sid = stage_rows(tables[sink], t, "x", 1, 1)
-        committers[sink].finish(t, {sink: sid})
-        return sid
+        return commit_rows(committers[sink], tables[sink], t)
     up1, up2, up3 = epoch(up, 1000), epoch(up, 2000), epoch(up, 3000)
     down1, down2 = epoch(down, 1000), epoch(down, 2000)
     staged_only = stage_rows(tables[up], 4000, "x", 1, 1)
@@ -178,15 +167,9 @@ def test_reader_session_is_monotonic_and_pins_vanish_with_the_session(tm, connec
                                                                       namespace):
     name = f"{namespace}.t"
     table = create_table(catalog, name)
-    tm.register_job("j", sources=[], sinks=[name])
-    leadership = tm.leadership("j")
-    leadership.acquire()
-    epochs = EpochCoordinator(leadership, [name], tm.barriers.ensure_grid(1000))
-    epochs.recover()
-    committer = EpochCommitter(epochs, catalog.load_table)
+    committer = lead_job(tm, catalog, "j", [name])
     for t in (1000, 2000):
-        epochs.begin(t, {})
-        committer.finish(t, {name: stage_rows(table, t, "j", 1, 1)})
+        commit_rows(committer, table, t)
     reader_tm = connect()
     session = ReaderSession(Resolver(catalog, catalog_settings, reader_tm), reader_tm)
     version = session.resolve([name])
@@ -205,14 +188,7 @@ def test_reader_session_is_monotonic_and_pins_vanish_with_the_session(tm, connec
 def test_cli_resolve_prints_epoch_and_snapshots(tm, zk_connect, catalog, lake_home, namespace):
     name = f"{namespace}.t"
     table = create_table(catalog, name)
-    tm.register_job("j", sources=[], sinks=[name])
-    leadership = tm.leadership("j")
-    leadership.acquire()
-    epochs = EpochCoordinator(leadership, [name], tm.barriers.ensure_grid(1000))
-    epochs.recover()
-    epochs.begin(1000, {})
-    sid = stage_rows(table, 1000, "j", 1, 1)
-    EpochCommitter(epochs, catalog.load_table).finish(1000, {name: sid})
+    sid = commit_rows(lead_job(tm, catalog, "j", [name]), table, 1000)
     env = {"TIDEMARK_HOME": str(lake_home), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-m", "coordinator.cli", "--zk", zk_connect, "resolve", name, "--json"],
                          capture_output=True, text=True, env=env, timeout=60)

@@ -33,3 +33,23 @@ def stage_rows(table, epoch: int, job: str, term: int, rows: int) -> int:
     staged = table.metadata.refs[branch].snapshot_id
     table.manage_snapshots().remove_branch(branch).commit()
     return staged
+
+
+def lead_job(tm, catalog, job: str, sinks: list[str]):
+    """Register ``job``, lead it and recover: an ``EpochCommitter`` ready for its next epoch."""
+    from coordinator import EpochCoordinator
+    from coordinator.commit import EpochCommitter
+    tm.register_job(job, sources=[], sinks=sinks)
+    leadership = tm.leadership(job)
+    leadership.acquire()
+    epochs = EpochCoordinator(leadership, sinks, tm.barriers.ensure_grid(1000))
+    epochs.recover()
+    return EpochCommitter(epochs, catalog.load_table)
+
+
+def commit_rows(committer, table, epoch: int, rows: int = 1) -> int:
+    """Run one whole epoch that stages ``rows`` rows into ``table`` (the job's only sink); returns the snapshot."""
+    committer.epochs.begin(epoch, {})
+    staged = stage_rows(table, epoch, committer.epochs.job, committer.epochs.leadership.term, rows)
+    committer.finish(epoch, {committer.epochs.sinks[0]: staged})
+    return staged
