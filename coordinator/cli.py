@@ -6,6 +6,7 @@
     tidemark fence JOB | tidemark unregister JOB
     tidemark barriers [--set-interval MS --from T]
     tidemark resolve TABLE... [--level ...] [--as-of T] [--json]
+    tidemark metrics [--port 9464]                  the status as Prometheus metrics
 
 Errors print one line, ``tidemark: error: ...``, and exit with status 1.
 """
@@ -130,6 +131,21 @@ def cmd_resolve(args) -> int:
     return 0
 
 
+def cmd_metrics(args) -> int:
+    from prometheus_client import start_http_server
+
+    from .metrics import status_registry
+    tm = _connect(args)
+    server, thread = start_http_server(args.port, addr=args.address, registry=status_registry(tm))
+    print(f"serving Prometheus metrics on http://{args.address}:{args.port}/metrics", flush=True)
+    try:
+        thread.join()
+    finally:
+        server.shutdown()
+        tm.close()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tidemark", description="Consistent, exactly-once Iceberg tables")
     parser.add_argument("--zk", help="ZooKeeper connect string (default: $TIDEMARK_ZK or 127.0.0.1:2181)")
@@ -164,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     barriers.add_argument("--set-interval", type=int, metavar="MS")
     barriers.add_argument("--from", dest="effective_from", type=int, metavar="T")
     barriers.set_defaults(func=cmd_barriers)
+
+    metrics = sub.add_parser("metrics", help="serve the status as Prometheus metrics")
+    metrics.add_argument("--port", type=int, default=9464)
+    metrics.add_argument("--address", default="0.0.0.0")
+    metrics.set_defaults(func=cmd_metrics)
 
     resolve = sub.add_parser("resolve", help="the snapshot of each table at one consistency level")
     resolve.add_argument("tables", nargs="+")
