@@ -192,6 +192,8 @@ def run_demo(seconds: float, interval_ms: int, home: Optional[Path] = None, verb
                     version = resolver.resolve([WORDS_TABLE, COUNTS_TABLE, HIST_TABLE])
                 except TidemarkError:
                     continue  # no epoch committed by both jobs yet
+                if version.epoch is None:
+                    continue  # the jobs have not registered their tables yet
                 # freshness: how far the consistent epoch trails the newest barrier the clock has passed
                 freshness.append(grid.floor(int(time.time() * 1000)) - version.epoch)
                 if version.epoch != last_epoch:
