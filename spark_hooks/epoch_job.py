@@ -38,7 +38,7 @@ from coordinator.catalog import CatalogSettings, load_table
 from coordinator.client import Tidemark
 from coordinator.commit import EpochCommitter
 from coordinator.epochs import EpochCoordinator, RecoveryAction
-from coordinator.errors import ConfigurationError, EpochOrderError
+from coordinator.errors import ConfigurationError, EpochOrderError, TidemarkError
 from coordinator.names import validate_names
 from coordinator.records import EpochRecord, EpochState, now_ms
 from coordinator.snapshots import snapshot_at_epoch, snapshot_at_time, summary_properties, wap_id
@@ -201,6 +201,7 @@ class EpochJob:
         if stop_on_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         start = len(self.committed)
+        self._stop.clear()
         self.open(leader_timeout)
         epochs = self._epochs
         try:
@@ -295,7 +296,7 @@ class EpochJob:
             try:
                 cache.wait_for(managed, target, timeout=1.0)
                 break
-            except Exception:  # noqa: BLE001 - TidemarkError after the 1 s slice: check stop, then wait again
+            except TidemarkError:  # the 1 s slice passed: check stop(), then wait again
                 if self._stop.is_set():
                     return False
                 if time.monotonic() > deadline:
