@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import (ConnectionLoss, NodeExistsError, NoNodeError, NotEmptyError, OperationTimeoutError,
+from kazoo.exceptions import (ConnectionLoss, NodeExistsError, NoNodeError, OperationTimeoutError, RolledBackError,
                               SessionExpiredError)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
@@ -183,20 +183,20 @@ class Tidemark:
 
     # -- deadline-bounded operations -------------------------------------------------------
 
-    def retrying(self, deadline: Optional[float] = None) -> Retrying:
-        return Retrying(stop=stop_after_delay(self.operation_timeout if deadline is None else deadline),
-                        wait=wait_random_exponential(multiplier=0.05, max=1.0),
-                        retry=retry_if_exception_type(RETRYABLE), reraise=True)
-
-    def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a kazoo async call and wait for it, retrying transient failures until the deadline."""
-        def attempt() -> Any:
-            return fn(*args).get(timeout=self.operation_timeout)
+    def _with_deadline(self, what: str, attempt: Callable[[], Any]) -> Any:
+        """Run ``attempt``, retrying transient failures until ``operation_timeout``, then ``ZooKeeperUnavailable``."""
+        retrying = Retrying(stop=stop_after_delay(self.operation_timeout),
+                            wait=wait_random_exponential(multiplier=0.05, max=1.0),
+                            retry=retry_if_exception_type(RETRYABLE), reraise=True)
         try:
-            return self.retrying()(attempt)
+            return retrying(attempt)
         except RETRYABLE as exc:
             raise ZooKeeperUnavailable(f"ZooKeeper did not complete {what} within {self.operation_timeout:.0f}s "
                                        f"({type(exc).__name__}); check that the ensemble is up") from None
+
+    def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a kazoo async call and wait for it, retrying transient failures until the deadline."""
+        return self._with_deadline(what, lambda: fn(*args).get(timeout=self.operation_timeout))
 
     def get(self, path: str) -> Optional[tuple[bytes, Any]]:
         """Data and stat of ``path``, or None when it does not exist."""
@@ -216,11 +216,7 @@ class Tidemark:
                 except NoNodeError:
                     results.append(None)
             return results
-        try:
-            return self.retrying()(attempt)
-        except RETRYABLE as exc:
-            raise ZooKeeperUnavailable(f"ZooKeeper did not answer {len(paths)} reads within "
-                                       f"{self.operation_timeout:.0f}s ({type(exc).__name__})") from None
+        return self._with_deadline(f"{len(paths)} reads", attempt)
 
     def read(self, path: str, record: type[R]) -> Optional[tuple[R, Any]]:
         """Decode ``path`` as ``record`` (``CorruptState`` naming the znode if it cannot be)."""
@@ -249,13 +245,9 @@ class Tidemark:
                 else:
                     tx.delete(op.path, op.version)
             return tx.commit_async().get(timeout=self.operation_timeout)
-        try:
-            results = self.retrying()(attempt)
-        except RETRYABLE as exc:
-            raise ZooKeeperUnavailable(f"ZooKeeper did not apply a {len(ops)}-operation multi within "
-                                       f"{self.operation_timeout:.0f}s ({type(exc).__name__})") from None
+        results = self._with_deadline(f"a {len(ops)}-operation multi", attempt)
         for op, result in zip(ops, results):
-            if isinstance(result, Exception) and type(result).__name__ != "RolledBackError":
+            if isinstance(result, Exception) and not isinstance(result, RolledBackError):
                 raise MultiFailed(op, result)
         return results
 
@@ -273,15 +265,6 @@ class Tidemark:
         self.ensure_path(self.paths.topology, TopologyVersion(0).to_json())
         for path in self.paths.top_level():
             self.ensure_path(path)
-
-    def delete_tree(self, path: str) -> None:
-        """Delete ``path`` and everything under it (best effort against concurrent creators)."""
-        for child in self.children(path):
-            self.delete_tree(f"{path}/{child}")
-        try:
-            self.call(f"delete {path}", self.client.delete_async, path, -1)
-        except (NoNodeError, NotEmptyError):
-            pass
 
     # -- the recipes (each in its own module) ------------------------------------------------
 

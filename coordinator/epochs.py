@@ -137,9 +137,7 @@ class EpochCoordinator:
     def precommit(self, epoch: int, staged: Mapping[str, Optional[int]]) -> EpochRecord:
         """Record the staged snapshot of every sink (None: nothing to publish); from now on the epoch must commit."""
         current = self._require(epoch, EpochState.STARTED, "precommit")
-        if tuple(sorted(staged)) != self.sinks:
-            raise EpochOrderError(f"precommit of job {self.job!r} epoch {epoch} must name exactly its sinks "
-                                  f"{list(self.sinks)}, got {sorted(staged)}")
+        self._require_sinks(staged, epoch, "precommit")
         record = replace(current, state=EpochState.PRECOMMITTED, term=self.leadership.term, staged=dict(staged),
                          updated_ms=now_ms())
         self._write([set_data(self.tm.paths.epoch(self.job, epoch), record.to_json(), self._version)], record)
@@ -152,9 +150,7 @@ class EpochCoordinator:
         ``tidemark.epoch <= epoch``; None for a table that has none).
         """
         current = self._require(epoch, EpochState.PRECOMMITTED, "commit")
-        if tuple(sorted(published)) != self.sinks:
-            raise EpochOrderError(f"commit of job {self.job!r} epoch {epoch} must name exactly its sinks "
-                                  f"{list(self.sinks)}, got {sorted(published)}")
+        self._require_sinks(published, epoch, "commit")
         stamp = now_ms()
         record = replace(current, state=EpochState.COMMITTED, term=self.leadership.term, published=dict(published),
                          updated_ms=stamp)
@@ -184,6 +180,11 @@ class EpochCoordinator:
             raise EpochOrderError(f"job {self.job!r} cannot {step} epoch {epoch}: it is {current.state.value}, "
                                   f"not {state.value}")
         return current
+
+    def _require_sinks(self, per_sink: Mapping[str, Any], epoch: int, step: str) -> None:
+        if tuple(sorted(per_sink)) != self.sinks:
+            raise EpochOrderError(f"{step} of job {self.job!r} epoch {epoch} must name exactly its sinks "
+                                  f"{list(self.sinks)}, got {sorted(per_sink)}")
 
     def _write(self, ops: list[Op], record: EpochRecord, created: bool = False) -> None:
         path = self.tm.paths.epoch(self.job, record.epoch)

@@ -42,6 +42,15 @@ class _Lost(Exception):
     """Our conditional commit lost a race; look again at what the winner did."""
 
 
+def _retry_lost_races(attempt, what: str):
+    retrying = Retrying(stop=stop_after_attempt(5), wait=wait_random_exponential(0.01, 0.5),
+                        retry=retry_if_exception_type(_Lost), reraise=True)
+    try:
+        return retrying(attempt)
+    except _Lost:
+        raise PublishConflict(f"kept losing commit races while {what}") from None
+
+
 def publish_staged(table: Table, snapshot_id: int, epoch: int) -> PublishResult:
     """Move ``main`` to the staged ``snapshot_id`` of epoch ``epoch``, unless that epoch is already there."""
     name = ".".join(table.name())
@@ -71,12 +80,7 @@ def publish_staged(table: Table, snapshot_id: int, epoch: int) -> PublishResult:
             raise _Lost() from None
         return PublishResult(name, epoch, snapshot_id, PublishOutcome.PUBLISHED)
 
-    retrying = Retrying(stop=stop_after_attempt(5), wait=wait_random_exponential(0.01, 0.5),
-                        retry=retry_if_exception_type(_Lost), reraise=True)
-    try:
-        return retrying(attempt)
-    except _Lost:
-        raise PublishConflict(f"table {name}: kept losing commit races while publishing epoch {epoch}") from None
+    return _retry_lost_races(attempt, f"publishing epoch {epoch} of table {name}")
 
 
 def advance_committed_epoch(table: Table, epoch: int) -> bool:
@@ -97,8 +101,7 @@ def advance_committed_epoch(table: Table, epoch: int) -> bool:
             raise _Lost() from None
         return True
 
-    return Retrying(stop=stop_after_attempt(5), wait=wait_random_exponential(0.01, 0.5),
-                    retry=retry_if_exception_type(_Lost), reraise=True)(attempt)
+    return _retry_lost_races(attempt, f"marking epoch {epoch} committed in table {'.'.join(table.name())}")
 
 
 def claim_table(table: Table, job: str) -> None:

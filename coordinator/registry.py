@@ -1,7 +1,7 @@
 """Registering, fencing and unregistering jobs: FLIP-276's MetaService duties, atomically.
 
-Registration is one multi: ``check(/topology, v)``, the job's znodes, ``/tables/<sink>`` for
-each sink (which fails if another job already writes it) and ``set(/topology, v+1)``. The
+Registration is one multi: the job's znodes, ``/tables/<sink>`` for each sink (which fails if
+another job already writes it) and ``set(/topology, v+1)`` conditional on version ``v``. The
 decision (writer conflict, cycle) is taken on the topology read at version ``v``, so a
 concurrent registration makes the multi fail and the whole decision is retried, with a
 deadline, on the new topology.
@@ -13,7 +13,7 @@ from typing import Iterable
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
-from .client import MultiFailed, Op, check, create, delete, set_data
+from .client import MultiFailed, Op, create, delete, set_data
 from .errors import CycleError, JobNotFound, RegistrationError, WriterConflict, ZooKeeperUnavailable
 from .names import validate_name, validate_names
 from .records import JobRecord, LeaderRecord, TableRecord, TableTidemark, TermRecord, TopologyVersion, now_ms
@@ -34,14 +34,14 @@ def _with_topology(tm, decide):
             f"registration kept racing with other registrations for {tm.operation_timeout:.0f}s; try again") from None
 
 
-def _bump(tm, topo: Topology) -> list[Op]:
-    return [set_data(tm.paths.topology, TopologyVersion(topo.version + 1).to_json(), topo.znode_version)]
-
-
 def _apply(tm, topo: Topology, ops: list[Op], after: Topology) -> None:
-    """Apply ``ops`` if the topology is still ``topo``; ``after`` is what it is then (kept as the cache)."""
+    """Apply ``ops`` if the topology is still ``topo``; ``after`` is what it is then (kept as the cache).
+
+    The version-checked bump of ``/topology`` in the same multi is the compare-and-set.
+    """
+    bump = set_data(tm.paths.topology, TopologyVersion(topo.version + 1).to_json(), topo.znode_version)
     try:
-        tm.multi([check(tm.paths.topology, topo.znode_version), *ops, *_bump(tm, topo)])
+        tm.multi([*ops, bump])
     except MultiFailed as failed:
         if isinstance(failed.error, (BadVersionError, NodeExistsError, NoNodeError)):
             raise _TopologyMoved() from None

@@ -76,7 +76,7 @@ class Resolver:
             raise ValueError("resolve needs at least one table")
         level = ConsistencyLevel.AS_OF if as_of is not None else ConsistencyLevel(level)
         if level == ConsistencyLevel.LATEST:
-            return ConsistentVersion(None, {n: _id(self.table(n).current_snapshot()) for n in names}, level)
+            return ConsistentVersion(None, self._current(names), level)
         marks = self._tidemarks(names)
         epochs = self.committed_epochs(names, marks)
         if level == ConsistencyLevel.COMMITTED:
@@ -91,16 +91,19 @@ class Resolver:
                 raise VersionNotFound(f"epoch {as_of} is not committed in every table (the consistent epoch is "
                                       f"{target})")
             target = as_of
-        if target is None:
-            return ConsistentVersion(None, {n: _id(self.table(n).current_snapshot()) for n in names}, level)
+        if target is None:  # only root tables: nothing to align them on
+            return ConsistentVersion(None, self._current(names), level)
         snapshots = {}
         for name in names:
             mark = marks[name]
             if mark is not None and mark.epoch == target:
                 snapshots[name] = mark.snapshot_id  # ZooKeeper recorded it at commit: no metadata load
             else:
-                snapshots[name] = self._snapshot_at(name, target if epochs[name] != ROOT else ROOT, target)
+                snapshots[name] = self._snapshot_at(name, ROOT if epochs[name] == ROOT else target, target)
         return ConsistentVersion(target, snapshots, level)
+
+    def _current(self, names: list[str]) -> dict[str, Optional[int]]:
+        return {n: _id(self.table(n).current_snapshot()) for n in names}
 
     def _snapshot_at(self, name: str, epoch: Union[int, None, str], wall_ms: Optional[int] = None) -> Optional[int]:
         table = self.table(name)

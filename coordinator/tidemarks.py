@@ -56,10 +56,21 @@ class TidemarkCache:
         pending = [(t, self.tm.client.get_async(self.tm.paths.tidemark(t), watch=self._on_watch)) for t in tables]
         for table, result in pending:
             try:
-                self._store(table, result.get(timeout=self.tm.operation_timeout)[0])
+                result.get(timeout=self.tm.operation_timeout)  # connection trouble reaches the caller
             except NoNodeError:
-                self._store(table, None)
-                self.tm.client.exists_async(self.tm.paths.tidemark(table), watch=self._on_watch)
+                pass
+            self._arrived(table, result)
+
+    def _arrived(self, table: str, result) -> None:
+        """Store a finished read; a missing znode is watched for creation instead."""
+        try:
+            self._store(table, result.get_nowait()[0])
+        except NoNodeError:
+            self._store(table, None)
+            self.tm.client.exists_async(self.tm.paths.tidemark(table), watch=self._on_watch)
+        except Exception:  # noqa: BLE001 - connection trouble: dropped, re-read on the next get()
+            with self._changed:
+                self._values.pop(table, None)
 
     def _store(self, table: str, raw: Optional[bytes]) -> None:
         with self._changed:
@@ -72,20 +83,9 @@ class TidemarkCache:
             self._changed.notify_all()
 
     def _rearm(self, table: str) -> None:
-        if self._closed:
-            return
-        path = self.tm.paths.tidemark(table)
-
-        def arrived(result) -> None:
-            try:
-                self._store(table, result.get_nowait()[0])
-            except NoNodeError:
-                self._store(table, None)
-                self.tm.client.exists_async(path, watch=self._on_watch)
-            except Exception:  # noqa: BLE001 - connection trouble: refreshed on reconnect
-                with self._changed:
-                    self._values.pop(table, None)
-        self.tm.client.get_async(path, watch=self._on_watch).rawlink(arrived)
+        if not self._closed:
+            self.tm.client.get_async(self.tm.paths.tidemark(table), watch=self._on_watch).rawlink(
+                lambda result: self._arrived(table, result))
 
     def _on_watch(self, event: WatchedEvent) -> None:
         prefix, suffix = self.tm.paths.tables + "/", "/tidemark"

@@ -11,6 +11,7 @@ compares that version in its multi so decisions made on it are never stale.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Mapping, Optional
 
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_random
@@ -25,16 +26,12 @@ class Topology:
     znode_version: int
     jobs: Mapping[str, JobRecord] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def writers(self) -> dict[str, str]:
         return {table: name for name, job in self.jobs.items() for table in job.sinks}
 
     def writer_of(self, table: str) -> Optional[str]:
         return self.writers.get(table)
-
-    @property
-    def tables(self) -> set[str]:
-        return {t for job in self.jobs.values() for t in (*job.sources, *job.sinks)}
 
     @property
     def root_tables(self) -> set[str]:

@@ -208,12 +208,13 @@ class EpochJob:
             while not self._stop.is_set():
                 if max_epochs is not None and len(self.committed) - start >= max_epochs:
                     break
-                target = epochs.expected_next() or self._first_barrier(self._grid, self._cache)
+                managed = self._managed_sources()
+                target = epochs.expected_next() or self._first_barrier(managed)
                 if until is not None and target > until:
                     break
-                if not self._wait_for_barrier(target, self._cache):
+                if not self._wait_for_barrier(target, managed):
                     break
-                self._process(epochs, epochs.begin(target, self._inputs(epochs, target)))
+                self._process(epochs, epochs.begin(target, self._inputs(epochs, target, managed)))
         finally:
             self.close()
         return self.committed[start:]
@@ -269,24 +270,22 @@ class EpochJob:
         self._committer.finish(record.epoch, {sink: ctx.staged.get(sink) for sink in self.sinks})  # type: ignore[union-attr]
         self.committed.append(record.epoch)
 
-    def _first_barrier(self, grid, cache) -> int:
+    def _first_barrier(self, managed: list[str]) -> int:
         """A new job starts where its Tidemark sources are now (derived), or at the current barrier (root)."""
-        managed, roots = self._upstream()
-        if managed and not roots:
-            epochs = [mark.epoch if mark else None for mark in cache.get(managed).values()]
+        if managed and len(managed) == len(self.sources):
+            epochs = [mark.epoch if mark else None for mark in self._cache.get(managed).values()]
             if all(e is not None for e in epochs):
                 return min(epochs)  # type: ignore[type-var]
-        return grid.floor(now_ms())
+        return self._grid.floor(now_ms())
 
-    def _upstream(self) -> tuple[list[str], list[str]]:
+    def _managed_sources(self) -> list[str]:
+        """The sources some Tidemark job writes; the others are root tables."""
         writers = self.tm.topology().writers
-        managed = [s for s in self.sources if s in writers]
-        return managed, [s for s in self.sources if s not in writers]
+        return [s for s in self.sources if s in writers]
 
-    def _wait_for_barrier(self, target: int, cache) -> bool:
+    def _wait_for_barrier(self, target: int, managed: list[str]) -> bool:
         """Block until barrier ``target`` may be processed; False when stopped meanwhile."""
-        managed, roots = self._upstream()
-        if roots or not managed:
+        if len(managed) < len(self.sources) or not managed:
             while now_ms() < target + self.grace_ms:
                 if self._stop.wait(min(1.0, (target + self.grace_ms - now_ms()) / 1000)):
                     return False
@@ -294,7 +293,7 @@ class EpochJob:
         deadline = time.monotonic() + self.source_timeout
         while managed:
             try:
-                cache.wait_for(managed, target, timeout=1.0)
+                self._cache.wait_for(managed, target, timeout=1.0)
                 break
             except TidemarkError:  # the 1 s slice passed: check stop(), then wait again
                 if self._stop.is_set():
@@ -303,9 +302,8 @@ class EpochJob:
                     raise
         return True
 
-    def _inputs(self, epochs: EpochCoordinator, target: int) -> dict:
+    def _inputs(self, epochs: EpochCoordinator, target: int, managed: list[str]) -> dict:
         previous = epochs.current.inputs if epochs.current and epochs.current.state == EpochState.COMMITTED else {}
-        managed, _ = self._upstream()
         inputs = {}
         for source in self.sources:
             table = self.iceberg_table(source)
