@@ -1,19 +1,27 @@
 """The epoch state machine of one job, driven by its leader. The whole protocol is here.
 
-    epochs = EpochCoordinator(leadership, sinks=["lake.db.word_counts"], grid=tm.barriers.grid())
+    epochs = EpochCoordinator(leadership, sinks=["lake.db.word_counts"])
     recovery = epochs.recover()                     # what to do with the last epoch after a failover
-    epochs.begin(T, inputs={"lake.db.words": [s0, s1]})
+    epochs.begin(T, EpochInputs(...))               # T = tm.barriers.next_after(epochs.last_committed)
     ... stage each sink, with summary tidemark.epoch=T ...
     epochs.precommit(T, staged={"lake.db.word_counts": 42})
     ... publish each staged snapshot (idempotent) ...
     epochs.commit(T, published={"lake.db.word_counts": 42})
 
+    epochs.commit_idle(T, inputs)                   # no source changed: STARTED..COMMITTED in one multi
+
 Transitions (anything else raises ``EpochOrderError``)::
 
-    (none) | COMMITTED(T-1) --begin(T)--> STARTED(T)          T = the grid's next barrier
-    STARTED(T) | ABORTED(T) --begin(T)--> STARTED(T)          recompute, same recorded inputs
+    (none) | COMMITTED(L) --begin(T)--> STARTED(T)          T = the next agreed barrier after L
+    (none) | COMMITTED(L) --commit_idle(T)--> COMMITTED(T)  inputs unchanged: nothing to compute
+    STARTED(T) | ABORTED(T) --begin(T)--> STARTED(T)        recompute, same recorded inputs
+    STARTED(T) | ABORTED(T) --commit_idle(T)--> COMMITTED(T)
     STARTED(T) --precommit--> PRECOMMITTED(T) --commit--> COMMITTED(T)
     STARTED(T) --abort--> ABORTED(T)
+
+``begin`` refuses any barrier but the next agreed one: every job processes every agreed
+barrier, in order, and that is what makes ``T* = min(tidemarks)`` a version at which every
+table holds exactly the inputs up to ``T*`` (see ``barriers.py``).
 
 Every write is a leader ``transact`` (term check in the same multi). ``commit`` advances the
 tidemark of every sink table and marks the epoch COMMITTED in one multi: the epoch becomes
@@ -27,16 +35,15 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional
 
-from .barriers import BarrierGrid
 from .client import MultiFailed, Op, create, delete, set_data
 from .errors import CorruptState, EpochOrderError
 from .leadership import Leadership
-from .records import EpochRecord, EpochState, TableTidemark, now_ms
+from .records import EpochInputs, EpochRecord, EpochState, TableTidemark, now_ms
 
 
 class RecoveryAction(str, enum.Enum):
-    START = "START"                # no epoch yet: begin at any barrier of the grid
-    NEXT = "NEXT"                  # the last epoch is committed: begin the next barrier
+    START = "START"                # no epoch yet: begin at the first barrier the job may process
+    NEXT = "NEXT"                  # the last epoch is committed: begin the next agreed barrier
     ROLL_FORWARD = "ROLL_FORWARD"  # precommitted: publish the staged snapshots, then commit
     RECOMPUTE = "RECOMPUTE"        # started or aborted: recompute from the recorded inputs
 
@@ -46,23 +53,22 @@ class Recovery:
     action: RecoveryAction
     epoch: Optional[EpochRecord]        # the last epoch's record (None for START)
     last_committed: Optional[int]
-    next_epoch: Optional[int]           # the barrier to process next (None for START)
 
 
 class EpochCoordinator:
-    def __init__(self, leadership: Leadership, sinks, grid: BarrierGrid, history: int = 100) -> None:
+    def __init__(self, leadership: Leadership, sinks, history: int = 100) -> None:
         if history < 2:
             raise ValueError("history must keep at least 2 epochs (the last committed and the one in flight)")
         self.leadership = leadership
         self.tm = leadership.tm
         self.job = leadership.job
         self.sinks = tuple(sorted(sinks))
-        self.grid = grid
         self.history = history
         self.current: Optional[EpochRecord] = None
         self.last_committed: Optional[int] = None
         self._version = -1       # znode version of the current epoch's record
         self._known: list[int] = []
+        self._marks: dict[str, TableTidemark] = {}
 
     # -- recovery -----------------------------------------------------------------------------
 
@@ -70,6 +76,9 @@ class EpochCoordinator:
         """Read the job's epochs and say what the new leader must do; call it once after acquiring leadership."""
         p = self.tm.paths
         self._known = sorted(int(c) for c in self.tm.children(p.epochs(self.job)) if c.isdigit())
+        marks = self.tm.get_many([p.tidemark(t) for t in self.sinks])
+        self._marks = {t: TableTidemark.from_json(m[0], p.tidemark(t)) if m else TableTidemark(t)
+                       for t, m in zip(self.sinks, marks)}
         self.current, self.last_committed = None, None
         for epoch in reversed(self._known):
             found = self.tm.read(p.epoch(self.job, epoch), EpochRecord)
@@ -83,40 +92,64 @@ class EpochCoordinator:
                 break
         last = self.current
         if last is None:
-            return Recovery(RecoveryAction.START, None, None, None)
+            return Recovery(RecoveryAction.START, None, None)
         if last.state == EpochState.COMMITTED:
-            return Recovery(RecoveryAction.NEXT, last, last.epoch, self.grid.next_after(last.epoch))
+            return Recovery(RecoveryAction.NEXT, last, last.epoch)
         if last.state == EpochState.PRECOMMITTED:
-            return Recovery(RecoveryAction.ROLL_FORWARD, last, self.last_committed, last.epoch)
-        return Recovery(RecoveryAction.RECOMPUTE, last, self.last_committed, last.epoch)
+            return Recovery(RecoveryAction.ROLL_FORWARD, last, self.last_committed)
+        return Recovery(RecoveryAction.RECOMPUTE, last, self.last_committed)
+
+    def mark(self, table: str) -> TableTidemark:
+        """The sink's tidemark as this leader last read or wrote it."""
+        return self._marks.get(table) or TableTidemark(table)
+
+    @property
+    def first_epoch(self) -> Optional[int]:
+        """The job's first committed epoch (its sinks have no exact state before it)."""
+        firsts = [m.first_epoch for m in self._marks.values() if m.first_epoch is not None]
+        return min(firsts) if firsts else None
 
     # -- transitions ----------------------------------------------------------------------------
 
-    def expected_next(self) -> Optional[int]:
-        return None if self.last_committed is None else self.grid.next_after(self.last_committed)
-
-    def begin(self, epoch: int, inputs: Optional[Mapping[str, Any]] = None) -> EpochRecord:
+    def begin(self, epoch: int, inputs: Optional[EpochInputs] = None) -> EpochRecord:
         """Record epoch ``epoch``'s inputs (or reuse the recorded ones when recomputing)."""
+        redo, inputs = self._prepare(epoch, inputs)
+        record = EpochRecord(epoch=epoch, state=EpochState.STARTED, term=self.leadership.term,  # type: ignore[arg-type]
+                             inputs=inputs)
+        self._write(self._record_ops(record, redo), record, created=not redo)
+        return record
+
+    def commit_idle(self, epoch: int, inputs: Optional[EpochInputs] = None) -> EpochRecord:
+        """Commit epoch ``epoch`` in which no sink changes (the caller established that its inputs did not
+        change): one multi, and every sink keeps its snapshot."""
+        redo, inputs = self._prepare(epoch, inputs)
+        published = {t: self._marks[t].snapshot_id if t in self._marks else None for t in self.sinks}
+        record = EpochRecord(epoch=epoch, state=EpochState.COMMITTED, term=self.leadership.term,  # type: ignore[arg-type]
+                             inputs=inputs, published=published)
+        self._write(self._tidemark_ops(epoch, published, record.updated_ms) + self._record_ops(record, redo), record,
+                    created=not redo)
+        self._committed(epoch, published, record.updated_ms)
+        return record
+
+    def _prepare(self, epoch: int, inputs: Optional[EpochInputs]) -> tuple[bool, EpochInputs]:
         current = self.current
         redo = current is not None and current.epoch == epoch and current.state in (EpochState.STARTED,
                                                                                      EpochState.ABORTED)
         if redo:
-            recorded = dict(current.inputs)  # type: ignore[union-attr]
-            if inputs is not None and dict(inputs) != recorded:
+            recorded = current.inputs  # type: ignore[union-attr]
+            if inputs is not None and inputs != recorded:
                 raise EpochOrderError(f"job {self.job!r} epoch {epoch} is being recomputed: it must read the "
-                                      f"recorded inputs {recorded}, not {dict(inputs)}")
-            inputs = recorded
-        else:
-            self._check_can_begin(epoch)
-        record = EpochRecord(epoch=epoch, state=EpochState.STARTED, term=self.leadership.term,  # type: ignore[arg-type]
-                             inputs=dict(inputs or {}))
-        path = self.tm.paths.epoch(self.job, epoch)
+                                      f"recorded inputs {recorded.to_dict()}, not {inputs.to_dict()}")
+            return True, recorded
+        self._check_can_begin(epoch)
+        return False, inputs or EpochInputs()
+
+    def _record_ops(self, record: EpochRecord, redo: bool) -> list[Op]:
+        path = self.tm.paths.epoch(self.job, record.epoch)
         ops: list[Op] = [set_data(path, record.to_json(), self._version) if redo else create(path, record.to_json())]
-        stale = [e for e in self._known if e != epoch][:max(0, len(self._known) + (0 if redo else 1) - self.history)]
-        ops += [delete(self.tm.paths.epoch(self.job, e)) for e in stale]
-        self._write(ops, record, created=not redo)
-        self._known = sorted(set(self._known) - set(stale) | {epoch})
-        return record
+        excess = len(self._known) + (0 if redo else 1) - self.history
+        stale = [e for e in self._known if e != record.epoch][:max(0, excess)]
+        return ops + [delete(self.tm.paths.epoch(self.job, e)) for e in stale]
 
     def _check_can_begin(self, epoch: int) -> None:
         current = self.current
@@ -126,13 +159,16 @@ class EpochCoordinator:
         if current is not None and current.state in (EpochState.STARTED, EpochState.ABORTED):
             raise EpochOrderError(f"job {self.job!r} epoch {current.epoch} is {current.state.value}: finish or "
                                   f"recompute it before beginning {epoch}")
-        if not self.grid.is_barrier(epoch):
-            raise EpochOrderError(f"{epoch} is not a barrier of the shared grid (every {self.grid.interval_at(epoch)} ms)")
-        expected = self.expected_next()
-        if expected is not None and epoch != expected:
-            word = "already committed" if epoch <= (self.last_committed or 0) else "skips barriers"
-            raise EpochOrderError(f"job {self.job!r} must process barrier {expected} next; {epoch} {word} "
-                                  "(barriers are never merged or repeated)")
+        if self.last_committed is not None and epoch <= self.last_committed:
+            raise EpochOrderError(f"job {self.job!r} already committed barrier {self.last_committed}; {epoch} is "
+                                  "not after it (barriers are never repeated)")
+        pending = self.tm.barriers.after(self.last_committed)
+        if epoch not in pending:
+            raise EpochOrderError(f"{epoch} is not an agreed barrier: only barriers agreed under "
+                                  f"{self.tm.paths.barriers} are epochs")
+        if self.last_committed is not None and epoch != pending[0]:
+            raise EpochOrderError(f"job {self.job!r} must process barrier {pending[0]} next; {epoch} skips "
+                                  "agreed barriers (every job processes every agreed barrier, in order)")
 
     def precommit(self, epoch: int, staged: Mapping[str, Optional[int]]) -> EpochRecord:
         """Record the staged snapshot of every sink (None: nothing to publish); from now on the epoch must commit."""
@@ -154,18 +190,28 @@ class EpochCoordinator:
         stamp = now_ms()
         record = replace(current, state=EpochState.COMMITTED, term=self.leadership.term, published=dict(published),
                          updated_ms=stamp)
-        p = self.tm.paths
-        ops = [set_data(p.tidemark(t), TableTidemark(t, epoch, published[t], stamp).to_json()) for t in self.sinks]
-        ops.append(set_data(p.epoch(self.job, epoch), record.to_json(), self._version))
+        ops = self._tidemark_ops(epoch, published, stamp)
+        ops.append(set_data(self.tm.paths.epoch(self.job, epoch), record.to_json(), self._version))
         self._write(ops, record)
-        self.last_committed = epoch
+        self._committed(epoch, published, stamp)
         return record
+
+    def _tidemark_ops(self, epoch: int, published: Mapping[str, Optional[int]], stamp: int) -> list[Op]:
+        return [set_data(self.tm.paths.tidemark(t), self._mark(t, epoch, published[t], stamp).to_json())
+                for t in self.sinks]
+
+    def _mark(self, table: str, epoch: int, snapshot_id: Optional[int], stamp: int) -> TableTidemark:
+        first = self._marks[table].first_epoch if table in self._marks else None
+        return TableTidemark(table, epoch, snapshot_id, stamp, first if first is not None else epoch)
+
+    def _committed(self, epoch: int, published: Mapping[str, Optional[int]], stamp: int) -> None:
+        self.last_committed = epoch
+        self._marks = {t: self._mark(t, epoch, published[t], stamp) for t in self.sinks}
 
     def abort(self, epoch: int, reason: str = "") -> EpochRecord:
         """Give up an epoch that was not precommitted: its staged snapshots will never be published."""
         current = self._require(epoch, EpochState.STARTED, "abort")
-        record = replace(current, state=EpochState.ABORTED, inputs={**current.inputs, "_abort_reason": reason}
-                         if reason else current.inputs, updated_ms=now_ms())
+        record = replace(current, state=EpochState.ABORTED, abort_reason=reason or None, updated_ms=now_ms())
         self._write([set_data(self.tm.paths.epoch(self.job, epoch), record.to_json(), self._version)], record)
         return record
 
@@ -197,6 +243,9 @@ class EpochCoordinator:
                 raise CorruptState(f"{path}: changed behind this leader's back (found "
                                    f"{found[0].state.value if found else 'nothing'}); run recover()") from None
             self.current, self._version = found[0], found[1].version
+            self._known = sorted(set(self._known) | {record.epoch})
             return
         self.current = record
         self._version = 0 if created else self._version + 1
+        deleted = {int(op.path.rsplit("/", 1)[1]) for op in ops if op.kind == "delete"}
+        self._known = sorted(set(self._known) - deleted | {record.epoch})

@@ -44,6 +44,9 @@ class Paths:
     def election(self, job: str) -> str:
         return self.job(job) + "/election"
 
+    def finished(self, job: str) -> str:
+        return self.job(job) + "/finished"
+
     def epochs(self, job: str) -> str:
         return self.job(job) + "/epochs"
 

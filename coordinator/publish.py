@@ -18,11 +18,12 @@ from typing import Optional
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from .errors import PublishConflict
-from .snapshots import (COMMITTED_EPOCH_PROPERTY, WRITER_PROPERTY, committed_epoch, snapshot_epoch, snapshot_of_epoch,
-                        staged_snapshots)
+from .snapshots import (COMMITTED_EPOCH_PROPERTY, FIRST_EPOCH_PROPERTY, WRITER_PROPERTY, committed_epoch, first_epoch,
+                        snapshot_epoch, snapshot_of_epoch, staged_snapshots)
 
 
 class PublishOutcome(str, enum.Enum):
@@ -69,10 +70,11 @@ def publish_staged(table: Table, snapshot_id: int, epoch: int) -> PublishResult:
                                   f"not {epoch}")
         current = table.current_snapshot()
         current_id = current.snapshot_id if current else None
-        if staged.parent_snapshot_id != current_id:
+        base = staged_base(table, staged, epoch)
+        if base != current_id:
             raise PublishConflict(
                 f"table {name}: main moved to {current_id} since snapshot {snapshot_id} (epoch {epoch}) was staged "
-                f"on {staged.parent_snapshot_id}; publishing it would drop that snapshot. Recompute the epoch "
+                f"on {base}; publishing it would drop that snapshot. Recompute the epoch "
                 "(is another writer committing to this table outside Tidemark?)")
         try:
             table.manage_snapshots().set_current_snapshot(snapshot_id).commit()
@@ -83,20 +85,38 @@ def publish_staged(table: Table, snapshot_id: int, epoch: int) -> PublishResult:
     return _retry_lost_races(attempt, f"publishing epoch {epoch} of table {name}")
 
 
+def staged_base(table: Table, staged: Snapshot, epoch: int) -> Optional[int]:
+    """The snapshot a staged write of ``epoch`` was built on: the first ancestor not of that epoch.
+
+    A staged write may be several snapshots (pyiceberg's overwrite is a delete, then an append).
+    """
+    snapshot: Optional[Snapshot] = staged
+    while snapshot is not None and snapshot_epoch(snapshot) == epoch:
+        parent = snapshot.parent_snapshot_id
+        if parent is None:
+            return None
+        snapshot = table.snapshot_by_id(parent)
+    return snapshot.snapshot_id if snapshot is not None else None
+
+
 def advance_committed_epoch(table: Table, epoch: int) -> bool:
     """Record in the table that ``epoch`` committed (monotonic, idempotent); False when already at or past it.
 
-    This is also how an epoch with no new data is marked: one metadata-only commit, no
-    snapshot, no manifest.
+    This is how an epoch with no new data is marked: one metadata-only commit, no snapshot,
+    no manifest. An epoch that published a snapshot needs no mark (its snapshot carries
+    the epoch). The first mark also records ``tidemark.first-epoch``.
     """
     def attempt() -> bool:
         table.refresh()
         current = committed_epoch(table)
         if current is not None and current >= epoch:
             return False
+        updates = {COMMITTED_EPOCH_PROPERTY: str(epoch)}
+        if table.properties.get(FIRST_EPOCH_PROPERTY) is None:
+            updates[FIRST_EPOCH_PROPERTY] = str(first_epoch(table) or epoch)
         try:
             with table.transaction() as tx:
-                tx.set_properties({COMMITTED_EPOCH_PROPERTY: str(epoch)})
+                tx.set_properties(updates)
         except CommitFailedException:
             raise _Lost() from None
         return True

@@ -142,23 +142,87 @@ class EpochState(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class SourceRange(JsonRecord):
+    """The slice of one source an epoch reads: ``main``'s snapshots after ``start``, up to and including ``end``.
+
+    ``start`` is the source's snapshot at the job's previous epoch (None: from the
+    beginning) and ``end`` its snapshot at this barrier (None: the table was empty).
+    """
+
+    start: Optional[int] = None
+    end: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _opt_int(self.start, "start")
+        _opt_int(self.end, "end")
+
+    @property
+    def is_empty(self) -> bool:
+        return self.start == self.end
+
+
+@dataclass(frozen=True)
+class EpochInputs(JsonRecord):
+    """What one epoch reads, recorded before it computes so a replay reads exactly the same data.
+
+    ``sources`` has one ``SourceRange`` per source table; ``batch_id`` is the Structured
+    Streaming micro-batch an epoch was made from (None for barrier-driven epochs).
+    """
+
+    sources: Mapping[str, SourceRange] = field(default_factory=dict)
+    batch_id: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sources, Mapping):
+            raise ValueError(f"sources must be an object, got {self.sources!r}")
+        object.__setattr__(self, "sources", {
+            str(table): r if isinstance(r, SourceRange) else SourceRange.from_dict(r, f"sources[{table!r}]")
+            for table, r in self.sources.items()})
+        _opt_int(self.batch_id, "batch_id")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "value") -> "EpochInputs":
+        if isinstance(data, Mapping) and set(data) - {"sources", "batch_id"}:
+            # The 0.1 layout: {table: {"from": s, "to": e}, "batch_id": n}.
+            data = {"batch_id": data.get("batch_id"), "sources": {
+                t: {"start": r.get("from"), "end": r.get("to")} if isinstance(r, Mapping) else r
+                for t, r in data.items() if t not in ("batch_id", "_abort_reason")}}
+        return super().from_dict(data, where)
+
+    @property
+    def unchanged(self) -> bool:
+        """True when the job has sources and none of them changed since its previous epoch (an idle barrier)."""
+        return bool(self.sources) and self.batch_id is None and all(r.is_empty for r in self.sources.values())
+
+    def range_of(self, source: str) -> SourceRange:
+        found = self.sources.get(source)
+        if found is None:
+            raise KeyError(source)
+        return found
+
+
+@dataclass(frozen=True)
 class EpochRecord(JsonRecord):
     """``/jobs/<job>/epochs/<T>``: one epoch's inputs, staged snapshots and state."""
 
     epoch: int
     state: EpochState
     term: int
-    inputs: Mapping[str, Any] = field(default_factory=dict)
+    inputs: EpochInputs = field(default_factory=EpochInputs)
     staged: Mapping[str, Optional[int]] = field(default_factory=dict)
     published: Mapping[str, Optional[int]] = field(default_factory=dict)
     updated_ms: int = field(default_factory=now_ms)
+    abort_reason: Optional[str] = None
 
     def __post_init__(self) -> None:
         _int(self.epoch, "epoch")
         _int(self.term, "term")
         object.__setattr__(self, "state", EpochState(self.state))
-        if not isinstance(self.inputs, Mapping):
-            raise ValueError(f"inputs must be an object, got {self.inputs!r}")
+        if not isinstance(self.inputs, EpochInputs):
+            try:
+                object.__setattr__(self, "inputs", EpochInputs.from_dict(self.inputs, "inputs"))
+            except CorruptState as exc:
+                raise ValueError(str(exc)) from None
         object.__setattr__(self, "staged", _opt_int_map(self.staged, "staged"))
         object.__setattr__(self, "published", _opt_int_map(self.published, "published"))
 
@@ -175,18 +239,37 @@ class TableTidemark(JsonRecord):
     """``/tables/<table>/tidemark``: the highest epoch committed in the table.
 
     ``epoch`` is None until the writer's first commit; ``snapshot_id`` is None for a
-    table with no snapshot yet (every committed epoch so far was empty).
+    table with no snapshot yet (every committed epoch so far was empty). ``first_epoch``
+    is the writer's first committed epoch: the table has no exact state before it.
     """
 
     table: str
     epoch: Optional[int] = None
     snapshot_id: Optional[int] = None
     committed_ms: Optional[int] = None
+    first_epoch: Optional[int] = None
 
     def __post_init__(self) -> None:
         _opt_int(self.epoch, "epoch")
+        _opt_int(self.first_epoch, "first_epoch")
         _opt_int(self.snapshot_id, "snapshot_id")
         _opt_int(self.committed_ms, "committed_ms")
+
+
+@dataclass(frozen=True)
+class FinishedRecord(JsonRecord):
+    """``/jobs/<job>/finished``: the job's last leader ended a bounded run here; removed when a leader starts again.
+
+    A finished job is not stale and does not hold back barrier agreement.
+    """
+
+    epoch: Optional[int]
+    member: str
+    finished_ms: int = field(default_factory=now_ms)
+
+    def __post_init__(self) -> None:
+        _opt_int(self.epoch, "epoch")
+        _int(self.finished_ms, "finished_ms")
 
 
 class BarrierMode(str, enum.Enum):

@@ -136,6 +136,8 @@ def unregister_job(tm, name: str) -> JobRecord:
         ops += [delete(path) for path in (p.election(name), p.epochs(name), p.term(name))]
         if leader is not None:
             ops.append(delete(p.leader(name)))
+        if tm.get(p.finished(name)) is not None:
+            ops.append(delete(p.finished(name)))
         ops.append(delete(p.job(name)))
         for sink in record.sinks:
             ops += [delete(p.tidemark(sink)), delete(p.table(sink))]

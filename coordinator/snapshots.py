@@ -1,12 +1,15 @@
 """Epochs in Iceberg metadata: the summary keys on snapshots and the committed-epoch table property.
 
 Every snapshot Tidemark stages carries ``tidemark.epoch``, ``tidemark.job`` and
-``tidemark.term`` in its summary. After an epoch commits, each sink table's property
-``tidemark.committed-epoch`` is advanced, so a reader with no ZooKeeper at hand can tell
-how far each table is committed; ``tidemark.writer`` names the job that claimed the
-table, so a table with no committed epoch yet is not mistaken for a root table. The lineage helpers walk ``main`` from its head through
-parent ids; pyiceberg's ``Summary`` is read with ``.get`` only (``in`` and ``dict()``
-misbehave on it).
+``tidemark.term`` in its summary. A reader with no ZooKeeper at hand tells how far a table
+is committed from the newest epoch in ``main``'s lineage (a published snapshot belongs to
+a precommitted epoch, which always commits with exactly that snapshot) and, for epochs
+that published nothing, from the table property ``tidemark.committed-epoch``.
+``tidemark.first-epoch`` is the writer's first epoch (the table has no exact state before
+it) and ``tidemark.writer`` names the job that claimed the table, so a table with no
+committed epoch yet is not mistaken for a root table. The lineage helpers walk ``main``
+from its head through parent ids; pyiceberg's ``Summary`` is read with ``.get`` only
+(``in`` and ``dict()`` misbehave on it).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ EPOCH_KEY = "tidemark.epoch"
 JOB_KEY = "tidemark.job"
 TERM_KEY = "tidemark.term"
 COMMITTED_EPOCH_PROPERTY = "tidemark.committed-epoch"
+FIRST_EPOCH_PROPERTY = "tidemark.first-epoch"
 WRITER_PROPERTY = "tidemark.writer"
 
 
@@ -93,9 +97,22 @@ def highest_epoch(table: Table) -> Optional[int]:
 
 
 def committed_epoch(table: Table) -> Optional[int]:
-    """The table's committed epoch as Iceberg records it (the ``tidemark.committed-epoch`` property)."""
+    """The table's committed epoch as Iceberg records it: the newer of its newest published epoch and the
+    ``tidemark.committed-epoch`` property."""
     value = table.properties.get(COMMITTED_EPOCH_PROPERTY)
-    return int(value) if value is not None else None
+    marked = int(value) if value is not None else None
+    published = highest_epoch(table)
+    candidates = [e for e in (marked, published) if e is not None]
+    return max(candidates) if candidates else None
+
+
+def first_epoch(table: Table) -> Optional[int]:
+    """The writer's first epoch as Iceberg records it (property, else the oldest epoch in ``main``'s lineage)."""
+    value = table.properties.get(FIRST_EPOCH_PROPERTY)
+    if value is not None:
+        return int(value)
+    epochs = [e for e in (snapshot_epoch(s) for s in main_lineage(table)) if e is not None]
+    return min(epochs) if epochs else None
 
 
 def is_tidemark_table(table: Table) -> bool:

@@ -3,7 +3,8 @@
     tm.tidemarks(["lake.db.a", "lake.db.b"])     # {table: TableTidemark | None}, one round trip's latency
     cache = tm.tidemark_cache()
     cache.get(tables)                             # served from memory once watched
-    cache.wait_for(tables, epoch=T, timeout=60)   # derived jobs: block until every source reached T
+    cache.wait_for(tables, epoch=T, timeout=60)   # block until every table reached T
+    cache.wait_changed(cache.generation, 1.0)     # block until any watched tidemark moves
 
 The cache sets one data watch per table; a watch callback only re-arms the watch with an
 asynchronous read (it never blocks). After the session is lost every watch is gone, so the
@@ -38,6 +39,7 @@ class TidemarkCache:
         self._values: dict[str, Optional[TableTidemark]] = {}
         self._errors: dict[str, CorruptState] = {}
         self._changed = threading.Condition()
+        self._generation = 0  # bumped on every stored change, so a waiter never misses one
         self._closed = False
         tm.add_state_listener(self._on_state)
 
@@ -80,6 +82,7 @@ class TidemarkCache:
             except CorruptState as exc:
                 self._errors[table] = exc
                 self._values[table] = None
+            self._generation += 1
             self._changed.notify_all()
 
     def _rearm(self, table: str) -> None:
@@ -113,6 +116,16 @@ class TidemarkCache:
                                     "(their writer jobs may be stale: see `tidemark status`)")
             with self._changed:
                 self._changed.wait(min(remaining, 1.0))
+
+    @property
+    def generation(self) -> int:
+        """A counter of stored changes: pass it to ``wait_changed`` to wait for the next one."""
+        return self._generation
+
+    def wait_changed(self, since: int, timeout: float) -> None:
+        """Block until a tidemark changed after generation ``since`` (see ``generation``), or ``timeout`` passes."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._generation != since, timeout=max(0.0, timeout))
 
     def close(self) -> None:
         self._closed = True

@@ -138,8 +138,8 @@ def test_barrier_grid_is_shared_and_agreement_has_one_creator(tm, connect, job):
     assert sum(created for _, created in results) == 1
     assert len({record.proposed_by for record, _ in results}) == 1
     changed = tm.barriers.change_interval(5000, effective_from=50000)
-    assert changed.next_after(48000) == 49000 and changed.next_after(49000) == 50000
-    assert changed.next_after(50000) == 55000 and not changed.is_barrier(51000)
+    assert changed.next_candidate(48000) == 49000 and changed.next_candidate(49000) == 50000
+    assert changed.next_candidate(50000) == 55000 and not changed.is_barrier(51000)
     with pytest.raises(EpochOrderError):
         tm.barriers.change_interval(2000, effective_from=41000)
 

@@ -1,0 +1,497 @@
+"""An exactly-once epoch writer in plain Python: one call of your function per agreed barrier, in order.
+
+    tm = Tidemark.connect()
+    writer = EpochWriter(tm, "counts", sources=["lake.db.events"], sinks=["lake.db.counts"])
+
+    def step(ctx: EpochContext) -> None:
+        new = ctx.changes("lake.db.events")                  # pyarrow.Table: rows appended in (previous, T]
+        ctx.append("lake.db.counts", summarize(new))         # staged, published at commit
+
+    writer.run(step)            # until stop() / SIGTERM; run(step, max_epochs=3) or until=T for a bounded run
+
+What ``run`` does, in order (every step is safe to crash in):
+
+1. **register** the job's sources and sinks (idempotent) and join the shared barrier grid;
+2. **lead**: contend for leadership; a standby replica waits here, calling ``while_standby``
+   every minute to stay warm, and takes over when the leader's session ends;
+3. **recover** the last epoch: roll a precommitted one forward, recompute a started one
+   from its recorded inputs;
+4. **wait for the barrier**: the next *agreed* barrier after the last committed one. A job
+   with a root source (one no Tidemark job writes), or no source, agrees barriers itself:
+   once it has processed every agreed barrier it agrees the newest grid point the clock
+   has passed (minus ``grace_ms``), unless a job with a live leader is more than
+   ``max_pending_barriers`` agreed barriers behind (backpressure). A job with managed
+   sources also waits until each source's tidemark reached the barrier. While it waits it
+   says why (``waiting``, and a log line every ``log_every`` seconds);
+5. **record the inputs**: per source, the snapshot range ``(previous barrier, T]``;
+6. **compute**: call the function (skipped when no source changed and ``always_run`` is
+   False: the epoch then commits in one ZooKeeper multi);
+7. **stage, precommit, publish, commit** (``EpochCommitter``).
+
+Every job processes every agreed barrier, in order: that is what makes the minimum of the
+tables' tidemarks a version at which every table holds exactly the inputs up to it. A new
+job starts no earlier than the first epoch of each of its sources (a table has no exact
+state before its writer's first epoch).
+
+Failure behaviour: a leader that is fenced or whose session expires steps down and
+contends again (``run`` does not raise for it); an error of the function while this
+replica still leads is raised, and the epoch is recomputed by the next leader.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
+
+from pyiceberg.table import Table
+
+from .catalog import CatalogSettings, load_table
+from .client import Tidemark, create, delete, set_data
+from .commit import EpochCommitter
+from .epochs import EpochCoordinator, RecoveryAction
+from .errors import ConfigurationError, EpochOrderError, NotLeader
+from .names import validate_name, validate_names
+from .records import EpochInputs, EpochRecord, EpochState, FinishedRecord, LeaderRecord, SourceRange, TermRecord, now_ms
+from .snapshots import snapshot_at_epoch, snapshot_at_time
+from .staging import stage_append, stage_overwrite
+from .tidemarks import TidemarkCache
+
+log = logging.getLogger(__name__)
+STANDBY_WARM_EVERY_S = 60.0
+WAIT_SLICE_S = 0.5  # how often a waiting writer looks at stop() and the clock
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Why a writer is not processing an epoch right now."""
+
+    barrier: Optional[int]   # the barrier it waits to process (None: no barrier is agreed yet)
+    reason: str
+    since_ms: int
+
+
+class EpochContext:
+    """What one epoch's function sees: its inputs and staged writes to its sinks, as ``pyarrow`` tables."""
+
+    def __init__(self, writer: "EpochWriter", record: EpochRecord) -> None:
+        self.writer, self.record = writer, record
+        self.epoch: int = record.epoch
+        self.inputs: EpochInputs = record.inputs
+        self.staged: dict[str, Optional[int]] = {}
+
+    def range_of(self, source: str) -> SourceRange:
+        if source not in self.writer.sources:
+            raise ConfigurationError(f"{source!r} is not a declared source of job {self.writer.name!r}")
+        return self.inputs.sources.get(source) or SourceRange()
+
+    def changes(self, source: str):
+        """Rows appended to ``source`` in ``(previous barrier, T]``, as a ``pyarrow.Table`` (append-only sources)."""
+        from pyiceberg.io.pyarrow import ArrowScan
+        bounds = self.range_of(source)
+        table = self.writer.table(source)
+        if bounds.end is None or bounds.is_empty:
+            return table.schema().as_arrow().empty_table()
+        if table.snapshot_by_id(bounds.end) is None:
+            table.refresh()
+        before = set() if bounds.start is None else {
+            task.file.file_path for task in table.scan(snapshot_id=bounds.start).plan_files()}
+        scan = table.scan(snapshot_id=bounds.end)
+        added = [task for task in scan.plan_files() if task.file.file_path not in before]
+        return ArrowScan(table.metadata, table.io, table.schema(), scan.row_filter).to_table(added)
+
+    def read(self, source: str):
+        """All of ``source`` as of barrier ``T``, as a ``pyarrow.Table``."""
+        bounds = self.range_of(source)
+        table = self.writer.table(source)
+        if bounds.end is None:
+            return table.schema().as_arrow().empty_table()
+        if table.snapshot_by_id(bounds.end) is None:
+            table.refresh()
+        return table.scan(snapshot_id=bounds.end).to_arrow()
+
+    def append(self, sink: str, rows) -> None:
+        """Stage ``rows`` (a ``pyarrow.Table``) appended to ``sink``."""
+        self._stage_with(sink, stage_append, rows)
+
+    def overwrite(self, sink: str, rows) -> None:
+        """Stage ``sink`` replaced by ``rows``."""
+        self._stage_with(sink, stage_overwrite, rows)
+
+    def _stage_with(self, sink: str, stage, rows) -> None:
+        self.check_sink(sink)
+        term = self.writer.term
+        self.stage(sink, stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term))
+
+    def check_sink(self, sink: str) -> None:
+        """Refuse a sink that is not declared, or already written in this epoch (one write per sink and epoch)."""
+        if sink not in self.writer.sinks:
+            raise ConfigurationError(f"{sink!r} is not a declared sink of job {self.writer.name!r}")
+        if sink in self.staged:
+            raise EpochOrderError(f"job {self.writer.name!r} wrote {sink!r} twice in epoch {self.epoch}: "
+                                  "combine the data into one write per sink and epoch")
+
+    def stage(self, sink: str, snapshot_id: Optional[int]) -> None:
+        """Record the staged snapshot of ``sink`` for this epoch (for writes made by other means)."""
+        self.check_sink(sink)
+        self.staged[sink] = snapshot_id
+
+
+class EpochWriter:
+    def __init__(self, tm: Tidemark, name: str, *, sources: Iterable[str], sinks: Iterable[str],
+                 catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000, grace_ms: int = 1000,
+                 max_pending_barriers: int = 2, always_run: bool = False, history: int = 100,
+                 log_every: float = 5.0, context: Callable[["EpochWriter", EpochRecord], Any] = EpochContext) -> None:
+        if max_pending_barriers < 1:
+            raise ConfigurationError(f"max_pending_barriers must be at least 1, got {max_pending_barriers}")
+        if grace_ms < 0:
+            raise ConfigurationError(f"grace_ms must not be negative, got {grace_ms}")
+        self.tm = tm
+        self.name = validate_name(name, "job name")
+        self.sources, self.sinks = validate_names(sources, "source table"), validate_names(sinks, "sink table")
+        self.catalog_settings = catalog or CatalogSettings.from_env()
+        self.catalog = self.catalog_settings.load()
+        self.interval_ms, self.grace_ms, self.history = interval_ms, grace_ms, history
+        self.max_pending_barriers, self.always_run, self.log_every = max_pending_barriers, always_run, log_every
+        self.context = context
+        self.leadership = tm.leadership(self.name)
+        self.committed: list[int] = []
+        self.waiting: Optional[Waiting] = None
+        self._stop = threading.Event()
+        self._tables: dict[str, Table] = {}
+        self._epochs: Optional[EpochCoordinator] = None
+        self._committer: Optional[EpochCommitter] = None
+        self._cache: Optional[TidemarkCache] = None
+        self._managed: tuple[str, ...] = ()
+        self._logged_at = 0.0
+
+    # -- what the loop reads ----------------------------------------------------------------
+
+    @property
+    def term(self) -> int:
+        if self.leadership.term is None:
+            raise NotLeader(f"job {self.name!r}: this replica does not lead the job")
+        return self.leadership.term
+
+    @property
+    def epochs(self) -> EpochCoordinator:
+        if self._epochs is None:
+            raise NotLeader(f"job {self.name!r}: open() the writer (or run it) first")
+        return self._epochs
+
+    @property
+    def agrees_barriers(self) -> bool:
+        """A job with a root source, or none, agrees barriers; a job fed only by Tidemark jobs follows them."""
+        return len(self._managed) < len(self.sources) or not self.sources
+
+    def table(self, name: str) -> Table:
+        """The pyiceberg table, loaded once per writer (callers refresh it when they need its newest metadata)."""
+        table = self._tables.get(name)
+        if table is None:
+            table = self._tables[name] = load_table(self.catalog, self.catalog_settings, name)
+        return table
+
+    def stop(self) -> None:
+        """Finish the epoch in flight, commit it, and return from ``run``."""
+        self._stop.set()
+
+    # -- leadership --------------------------------------------------------------------------
+
+    def open(self, leader_timeout: Optional[float] = None,
+             while_standby: Optional[Callable[[], None]] = None) -> None:
+        """Register, wait for leadership and roll a precommitted epoch forward (``run`` calls it)."""
+        if self._epochs is not None:
+            return
+        self.tm.register_job(self.name, sources=self.sources, sinks=self.sinks)
+        self.tm.barriers.ensure_grid(self.interval_ms)
+        writers = self.tm.topology().writers
+        self._managed = tuple(s for s in self.sources if s in writers)
+        for sink in self.sinks:
+            self.table(sink)  # TableNotFound names a missing sink before this replica contends
+        self._acquire(leader_timeout, while_standby)
+        try:
+            epochs = EpochCoordinator(self.leadership, self.sinks, self.history)
+            self._committer = EpochCommitter(epochs, self.table)
+            self._cache = self.tm.tidemark_cache()
+            plan = epochs.recover()
+            self._epochs = epochs
+            self._clear_finished()
+            if plan.action == RecoveryAction.ROLL_FORWARD:
+                log.info("job %s: rolling precommitted epoch %s forward", self.name, plan.epoch.epoch)  # type: ignore[union-attr]
+                self._committer.roll_forward(plan.epoch)  # type: ignore[arg-type]
+                self.committed.append(plan.epoch.epoch)  # type: ignore[union-attr]
+            elif plan.action == RecoveryAction.NEXT:
+                self._committer.mark_committed(plan.epoch)  # type: ignore[arg-type]  # the last run may have died first
+        except BaseException:
+            self.close()
+            raise
+
+    def _acquire(self, leader_timeout: Optional[float], while_standby: Optional[Callable[[], None]]) -> None:
+        deadline = None if leader_timeout is None else time.monotonic() + leader_timeout
+        warmed = None
+        while True:
+            if while_standby is not None and (warmed is None or time.monotonic() - warmed > STANDBY_WARM_EVERY_S):
+                while_standby()
+                warmed = time.monotonic()
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            slice_s = 5.0 if remaining is None else min(5.0, remaining)
+            try:
+                self.leadership.acquire(timeout=slice_s)
+                return
+            except NotLeader:
+                if self._stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+                    raise
+
+    def close(self) -> None:
+        """Step down (a standby takes over). Nothing is left half-committed: every epoch finished or recovers."""
+        if self._cache is not None:
+            self._cache.close()
+        self.leadership.release()
+        self._epochs = self._committer = self._cache = None
+        self.leadership = self.tm.leadership(self.name)
+
+    def _clear_finished(self) -> None:
+        path = self.tm.paths.finished(self.name)
+        if self.tm.get(path) is not None:
+            self.leadership.transact([delete(path)])
+
+    def _mark_finished(self) -> None:
+        """A bounded run ended: say so, so that status does not call the job stale nor hold barriers for it."""
+        path = self.tm.paths.finished(self.name)
+        data = FinishedRecord(self.epochs.last_committed, self.tm.member).to_json()
+        self.leadership.transact([set_data(path, data) if self.tm.get(path) is not None else create(path, data)])
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self, function: Callable[..., None], *, max_epochs: Optional[int] = None, until: Optional[int] = None,
+            leader_timeout: Optional[float] = None, while_standby: Optional[Callable[[], None]] = None,
+            stop_on_sigterm: bool = True) -> list[int]:
+        """Process agreed barriers in order until ``max_epochs`` epochs, barrier ``until``, or ``stop()``.
+
+        Returns the epochs this call committed; every one of them is committed before it
+        returns (FLIP-147). A replica that loses leadership (fenced, session expired) steps
+        down and contends again; ``leader_timeout`` bounds only the wait to become leader.
+        """
+        if stop_on_sigterm and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        start = len(self.committed)
+        self._stop.clear()
+        while not self._stop.is_set():
+            try:
+                self.open(leader_timeout, while_standby)
+            except NotLeader:
+                if self._stop.is_set():
+                    break
+                raise
+            try:
+                remaining = None if max_epochs is None else max_epochs - (len(self.committed) - start)
+                if self._loop(function, remaining, until):
+                    self._mark_finished()
+                break
+            except Exception as exc:
+                if self.leadership.is_leading:
+                    raise
+                log.warning("job %s: leadership lost (%s: %s); stepping down to contend again", self.name,
+                            type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            finally:
+                self.close()
+        return self.committed[start:]
+
+    def _loop(self, function: Callable[..., None], max_epochs: Optional[int], until: Optional[int]) -> bool:
+        """Process epochs; True when the bounded run is complete (False when stopped)."""
+        done = 0
+        while not self._stop.is_set():
+            if max_epochs is not None and done >= max_epochs:
+                return True
+            current = self.epochs.current
+            if current is not None and current.state in (EpochState.STARTED, EpochState.ABORTED):
+                log.info("job %s: recomputing epoch %s from its recorded inputs", self.name, current.epoch)
+                self.process(current.epoch, function)
+            else:
+                target = self.next_barrier(until)
+                if target is None:
+                    return not self._stop.is_set()
+                self.process(target, function, inputs=self.inputs_for(target))
+            done += 1
+        return False
+
+    def process(self, epoch: int, function: Callable[..., None], *args: Any,
+                inputs: Optional[EpochInputs] = None) -> EpochRecord:
+        """Run one epoch: record its inputs, compute (unless idle), stage, precommit, publish, commit."""
+        epochs, committer = self.epochs, self._committer
+        current = epochs.current
+        recorded = current.inputs if current is not None and current.epoch == epoch and current.state in (
+            EpochState.STARTED, EpochState.ABORTED) else inputs
+        if not self.always_run and not args and recorded is not None and recorded.unchanged:
+            committed = committer.commit_idle(epoch, inputs)  # type: ignore[union-attr]
+        else:
+            record = epochs.begin(epoch, inputs)
+            ctx = self.context(self, record)
+            function(ctx, *args)
+            committed = committer.finish(epoch, {sink: ctx.staged.get(sink) for sink in self.sinks})  # type: ignore[union-attr]
+        self.committed.append(committed.epoch)
+        self.waiting = None
+        return committed
+
+    # -- inputs --------------------------------------------------------------------------------
+
+    def inputs_for(self, epoch: int) -> EpochInputs:
+        """Each source's snapshot range ``(previous epoch, epoch]``."""
+        current = self.epochs.current
+        previous = current.inputs.sources if current is not None and current.state == EpochState.COMMITTED else {}
+        ranges = {}
+        for source in self.sources:
+            end = self._managed_snapshot(source, epoch) if source in self._managed else self._root_snapshot(source,
+                                                                                                          epoch)
+            ranges[source] = SourceRange(previous[source].end if source in previous else None, end)
+        return EpochInputs(ranges)
+
+    def _managed_snapshot(self, source: str, epoch: int) -> Optional[int]:
+        mark = self._cache.get([source])[source]  # type: ignore[union-attr]
+        if mark is not None and mark.epoch == epoch:
+            return mark.snapshot_id  # recorded by the source's writer at commit: no metadata load
+        table = self.table(source)
+        table.refresh()
+        found = snapshot_at_epoch(table, epoch)
+        return found.snapshot_id if found else None
+
+    def _root_snapshot(self, source: str, epoch: int) -> Optional[int]:
+        table = self.table(source)
+        table.refresh()
+        found = snapshot_at_time(table, epoch)
+        return found.snapshot_id if found else None
+
+    # -- waiting for the next barrier ----------------------------------------------------------
+
+    def next_barrier(self, until: Optional[int] = None) -> Optional[int]:
+        """Block until the next epoch may be processed and return its barrier; None when stopped or past ``until``."""
+        grid = self.tm.barriers.grid()
+        last = self.epochs.last_committed
+        if until is not None and last is not None and last >= grid.floor(until):
+            return None
+        while not self._stop.is_set():
+            generation = self._cache.generation  # type: ignore[union-attr]
+            target, why, wake_in = self._candidate(grid, last, until)
+            if target is not None and until is not None and target > until:
+                return None
+            if target is not None:
+                behind = self._sources_behind(target)
+                if not behind:
+                    self.waiting = None
+                    return target
+                why = "; ".join(behind)
+            self._note_wait(target, why)
+            self._cache.wait_changed(generation, min(wake_in, WAIT_SLICE_S))  # type: ignore[union-attr]
+        return None
+
+    def _candidate(self, grid, last: Optional[int], until: Optional[int]) -> tuple[Optional[int], str, float]:
+        """The barrier to process next (agreeing one when this job may), or None, why not, and when to look again."""
+        if last is None:
+            return self._first_candidate(grid, until)
+        agreed = self.tm.barriers.after(last)
+        if agreed:
+            return agreed[0], "", 0.0
+        if not self.agrees_barriers:
+            return None, f"no barrier is agreed after epoch {last} yet (jobs with root sources agree them)", WAIT_SLICE_S
+        return self._agree_next(grid, last, until)
+
+    def _first_candidate(self, grid, until: Optional[int]) -> tuple[Optional[int], str, float]:
+        floor = self._start_floor()
+        if isinstance(floor, str):
+            return None, floor, WAIT_SLICE_S
+        if not self.agrees_barriers:
+            # Start where every source has state (at or after each one's first epoch), and no earlier
+            # than the slowest source's tidemark: nothing older is worth replaying.
+            marks = self._cache.get(self._managed)  # type: ignore[union-attr]
+            slowest = min(m.epoch for m in marks.values())  # type: ignore[union-attr,type-var]
+            return max(floor, slowest), "", 0.0  # type: ignore[type-var]
+        newest = self.tm.barriers.latest()
+        after = newest if floor is None or newest is None else max(newest, floor - 1)
+        target, why, wake_in = self._agree_next(grid, after, until)
+        if target is None and newest is not None and (floor is None or newest >= floor):
+            return newest, "", 0.0  # the clock or backpressure says wait: join at the newest agreed barrier
+        return target, why, wake_in
+
+    def _agree_next(self, grid, after: Optional[int], until: Optional[int]) -> tuple[Optional[int], str, float]:
+        """Agree the newest grid point the clock has passed (minus grace) if it is after ``after`` and nobody
+        is too far behind."""
+        now = now_ms()
+        candidate = grid.floor(now - self.grace_ms)
+        if until is not None:
+            candidate = min(candidate, grid.floor(until))
+        if after is not None and candidate <= after:
+            wake_in = (grid.next_candidate(after) + self.grace_ms - now) / 1000
+            return None, f"the clock has not passed the next grid point plus {self.grace_ms} ms grace", max(wake_in, 0)
+        holding = self._holding_back(self.tm.barriers.agreed())
+        if holding:
+            return None, "backpressure: " + ", ".join(holding), WAIT_SLICE_S
+        if self.tm.barriers.agree(candidate, proposed_by=self.name):
+            return candidate, "", 0.0
+        return None, "another job agreed a barrier at the same time", 0.0
+
+    def _start_floor(self):
+        """A new job's lowest possible first epoch: the newest first epoch of its managed sources (or a reason)."""
+        if not self._managed:
+            return None
+        marks = self._cache.get(self._managed)  # type: ignore[union-attr]
+        missing = [s for s, m in marks.items() if m is None or m.first_epoch is None]
+        if missing:
+            return f"sources {', '.join(missing)} have no committed epoch yet (their writers' first epoch)"
+        return max(m.first_epoch for m in marks.values())  # type: ignore[union-attr,type-var]
+
+    def _sources_behind(self, target: int) -> list[str]:
+        marks = self._cache.get(self._managed)  # type: ignore[union-attr]
+        return [f"source {s} is at epoch {m.epoch if m else None}" for s, m in marks.items()
+                if m is None or m.epoch is None or m.epoch < target]
+
+    def _holding_back(self, agreed: list[int]) -> list[str]:
+        """Jobs with a live leader that are more than ``max_pending_barriers`` agreed barriers behind."""
+        topo = self.tm.topology()
+        others = sorted(n for n in topo.jobs if n != self.name)
+        if not others or not agreed:
+            return []
+        p = self.tm.paths
+        raw = self.tm.get_many([p.leader(n) for n in others] + [p.term(n) for n in others])
+        marks = self._cache.get(sorted({t for n in others for t in topo.jobs[n].sinks}))  # type: ignore[union-attr]
+        held = []
+        for name, leader_raw, term_raw in zip(others, raw[:len(others)], raw[len(others):]):
+            if leader_raw is None or term_raw is None:
+                continue  # no live leader: it does not hold the others back
+            leader = LeaderRecord.from_json(leader_raw[0], p.leader(name))
+            if leader.term < TermRecord.from_json(term_raw[0], p.term(name)).term:
+                continue  # a fenced zombie's leftover
+            epochs = [marks[t].epoch if marks.get(t) else None for t in topo.jobs[name].sinks]
+            if any(e is None for e in epochs):
+                continue  # not started yet: it joins at the newest barrier
+            committed = min(epochs)  # type: ignore[type-var]
+            pending = len(agreed) - bisect.bisect_right(agreed, committed)
+            if pending > self.max_pending_barriers:
+                held.append(f"job {name} is {pending} agreed barriers behind (at epoch {committed})")
+        return held
+
+    def _note_wait(self, barrier: Optional[int], reason: str) -> None:
+        """Record why the writer waits; log it once the wait has lasted ``log_every`` seconds, and every
+        ``log_every`` seconds after (short waits for the clock are the normal rhythm, not news)."""
+        if self.waiting is None or (self.waiting.barrier, self.waiting.reason) != (barrier, reason):
+            self.waiting = Waiting(barrier, reason, now_ms())
+            self._logged_at = time.monotonic()
+        if time.monotonic() - self._logged_at >= self.log_every:
+            log.info("job %s waiting %.0f s%s: %s%s", self.name, (now_ms() - self.waiting.since_ms) / 1000,
+                     f" for barrier {barrier}" if barrier else "", reason, self._writers_of_lagging(reason))
+            self._logged_at = time.monotonic()
+
+    def _writers_of_lagging(self, reason: str) -> str:
+        """For a wait on sources: whether each lagging source's writer has a live leader."""
+        topo = self.tm.topology()
+        notes = []
+        for source in self._managed:
+            if f"source {source} " not in reason:
+                continue
+            writer = topo.writer_of(source)
+            if writer is not None and self.tm.get(self.tm.paths.leader(writer)) is None:
+                notes.append(f"{source}'s writer job {writer} has no live leader")
+        return " (" + "; ".join(notes) + ")" if notes else ""
+
