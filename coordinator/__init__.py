@@ -7,16 +7,17 @@ from .errors import (ConfigurationError, CorruptState, CycleError, EpochOrderErr
                      NotLeader, PublishConflict, RegistrationError, TableNotFound, TidemarkError, VersionNotFound,
                      WriterConflict, ZooKeeperUnavailable)
 from .leadership import Leadership, LeaderState
-from .records import (BarrierMode, ConsistencyLevel, ConsistentVersion, EpochRecord, EpochState, JobRecord,
-                      TableTidemark)
+from .records import (BarrierMode, ConsistencyLevel, ConsistentVersion, EpochInputs, EpochRecord, EpochState,
+                      JobRecord, SourceRange, TableTidemark)
 from .topology import Topology
+from .writer import EpochContext, EpochWriter, Waiting
 from .zookeeper_server import EmbeddedZooKeeper
 
 __all__ = [
     "BarrierGrid", "BarrierMode", "Barriers", "CatalogSettings", "ConfigurationError", "ConsistencyLevel",
-    "ConsistentVersion", "CorruptState", "CycleError", "EmbeddedZooKeeper", "EpochCoordinator", "EpochOrderError",
-    "EpochRecord", "EpochState", "Fenced", "InvalidName", "JobNotFound", "JobRecord", "LeaderState", "Leadership",
-    "NotLeader", "PublishConflict", "Recovery", "RecoveryAction", "RegistrationError", "TableNotFound",
-    "TableTidemark", "Tidemark", "TidemarkError", "TlsSettings", "Topology", "VersionNotFound", "WriterConflict",
-    "ZooKeeperUnavailable",
+    "ConsistentVersion", "CorruptState", "CycleError", "EmbeddedZooKeeper", "EpochContext", "EpochCoordinator",
+    "EpochInputs", "EpochOrderError", "EpochRecord", "EpochState", "EpochWriter", "Fenced", "InvalidName", "JobNotFound", "JobRecord", "LeaderState", "Leadership",
+    "NotLeader", "PublishConflict", "Recovery", "RecoveryAction", "RegistrationError", "SourceRange",
+    "TableNotFound", "TableTidemark", "Tidemark", "TidemarkError", "TlsSettings", "Topology", "VersionNotFound", "Waiting",
+    "WriterConflict", "ZooKeeperUnavailable",
 ]

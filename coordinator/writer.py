@@ -103,7 +103,7 @@ class EpochContext:
         added = [task for task in scan.plan_files() if task.file.file_path not in before]
         return ArrowScan(table.metadata, table.io, table.schema(), scan.row_filter).to_table(added)
 
-    def read(self, source: str):
+    def table(self, source: str):
         """All of ``source`` as of barrier ``T``, as a ``pyarrow.Table``."""
         bounds = self.range_of(source)
         table = self.writer.table(source)
@@ -334,6 +334,12 @@ class EpochWriter:
             committed = committer.finish(epoch, {sink: ctx.staged.get(sink) for sink in self.sinks})  # type: ignore[union-attr]
         self.committed.append(committed.epoch)
         self.waiting = None
+        return committed
+
+    def commit_idle(self, epoch: int) -> EpochRecord:
+        """Commit barrier ``epoch`` without computing: the job's sinks do not change in it."""
+        committed = self._committer.commit_idle(epoch)  # type: ignore[union-attr]
+        self.committed.append(committed.epoch)
         return committed
 
     # -- inputs --------------------------------------------------------------------------------
