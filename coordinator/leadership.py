@@ -27,11 +27,11 @@ import threading
 from typing import Any, Optional, Sequence
 
 from kazoo.client import KazooState
-from kazoo.exceptions import BadVersionError, LockTimeout, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, LockTimeout, NodeExistsError, NoNodeError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from .client import MultiFailed, Op, check, create, delete, set_data
-from .errors import Fenced, JobNotFound, NotLeader
+from .errors import Fenced, JobNotFound, NotLeader, TidemarkError, ZooKeeperUnavailable
 from .names import validate_name
 from .records import LeaderRecord, TermRecord
 
@@ -73,6 +73,10 @@ class Leadership:
         except LockTimeout:
             self.state = LeaderState.IDLE
             raise NotLeader(f"job {self.job!r}: not elected within {timeout}s; another replica leads") from None
+        except KazooException as exc:  # kazoo's lock recipe gave up on its own retries
+            self.state = LeaderState.IDLE
+            raise ZooKeeperUnavailable(f"job {self.job!r}: could not contend for leadership "
+                                       f"({type(exc).__name__}); check that ZooKeeper is up") from None
         self.tm.add_state_listener(self._on_state_change)
         try:
             retrying = Retrying(stop=stop_after_delay(self.tm.operation_timeout), reraise=True,
@@ -145,6 +149,21 @@ class Leadership:
         if state == LeaderState.FENCED:
             raise self._fenced_error()
         raise NotLeader(f"job {self.job!r}: this replica is {state.value}, not the leader")
+
+    def confirm(self) -> bool:
+        """Ask ZooKeeper whether this replica still holds its term: after an error that fencing may explain
+        (another leader's commit can make this one's Iceberg write fail before any ``transact`` notices)."""
+        if self.state != LeaderState.LEADING:
+            return False
+        try:
+            found = self.tm.get(self.tm.paths.term(self.job))
+        except TidemarkError:
+            return False
+        if found is None or found[1].version != self._term_version:
+            with self._state_lock:
+                self.state = LeaderState.FENCED
+            return False
+        return True
 
     def check_term(self) -> Op:
         return check(self.tm.paths.term(self.job), self._term_version)  # type: ignore[arg-type]

@@ -53,7 +53,7 @@ from .catalog import CatalogSettings, load_table
 from .client import Tidemark, create, delete, set_data
 from .commit import EpochCommitter
 from .epochs import EpochCoordinator, RecoveryAction
-from .errors import ConfigurationError, EpochOrderError, NotLeader
+from .errors import ConfigurationError, EpochOrderError, NotLeader, ZooKeeperUnavailable
 from .names import validate_name, validate_names
 from .records import EpochInputs, EpochRecord, EpochState, FinishedRecord, LeaderRecord, SourceRange, TermRecord, now_ms
 from .snapshots import snapshot_at_epoch, snapshot_at_time
@@ -234,16 +234,22 @@ class EpochWriter:
         warmed = None
         while True:
             if while_standby is not None and (warmed is None or time.monotonic() - warmed > STANDBY_WARM_EVERY_S):
-                while_standby()
                 warmed = time.monotonic()
+                try:
+                    while_standby()
+                except Exception as exc:  # noqa: BLE001 - a failed warm-up must not end a standby
+                    log.warning("job %s: standby warm-up failed (%s); the first epoch after takeover will be slower",
+                                self.name, exc)
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             slice_s = 5.0 if remaining is None else min(5.0, remaining)
             try:
                 self.leadership.acquire(timeout=slice_s)
                 return
-            except NotLeader:
+            except (NotLeader, ZooKeeperUnavailable) as exc:
                 if self._stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
                     raise
+                if isinstance(exc, ZooKeeperUnavailable):
+                    log.warning("job %s: %s; contending again", self.name, exc)
 
     def close(self) -> None:
         """Step down (a standby takes over). Nothing is left half-committed: every epoch finished or recovers."""
@@ -292,7 +298,7 @@ class EpochWriter:
                     self._mark_finished()
                 break
             except Exception as exc:
-                if self.leadership.is_leading:
+                if self.leadership.confirm():
                     raise
                 log.warning("job %s: leadership lost (%s: %s); stepping down to contend again", self.name,
                             type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
@@ -415,7 +421,8 @@ class EpochWriter:
             slowest = min(m.epoch for m in marks.values())  # type: ignore[union-attr,type-var]
             return max(floor, slowest), "", 0.0  # type: ignore[type-var]
         newest = self.tm.barriers.latest()
-        after = newest if floor is None or newest is None else max(newest, floor - 1)
+        bounds = [e for e in (newest, None if floor is None else floor - 1) if e is not None]
+        after = max(bounds) if bounds else None
         target, why, wake_in = self._agree_next(grid, after, until)
         if target is None and newest is not None and (floor is None or newest >= floor):
             return newest, "", 0.0  # the clock or backpressure says wait: join at the newest agreed barrier
