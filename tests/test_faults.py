@@ -14,6 +14,7 @@ import pytest
 from coordinator import (EpochCoordinator, EpochRecord, EpochState, Fenced, NotLeader, RecoveryAction, Tidemark,
                          ZooKeeperUnavailable)
 from coordinator.records import TermRecord
+from tests.helpers.leader import inputs
 
 pytestmark = pytest.mark.fault
 SINKS = ["lake.db.a", "lake.db.b"]
@@ -64,7 +65,21 @@ def epoch_state(tm: Tidemark, t: int) -> EpochRecord:
     return tm.read(tm.paths.epoch("j", t), EpochRecord)[0]
 
 
+def agree(tm: Tidemark, *barriers: int) -> None:
+    """Agree ``barriers`` (in order): only agreed barriers are epochs."""
+    for t in barriers:
+        assert tm.barriers.agree(t, proposed_by="test"), f"barrier {t} was already agreed"
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout:.0f}s for {what}"
+        time.sleep(0.02)
+
+
 def test_killed_leader_is_replaced_and_its_precommitted_epoch_rolls_forward(tm, connect, driver):
+    agree(tm, 1000, 2000)
     old = driver()
     old.expect("LEADING 1")
     old.expect("RECOVERY START")
@@ -81,9 +96,10 @@ def test_killed_leader_is_replaced_and_its_precommitted_epoch_rolls_forward(tm, 
     assert term == 2
     assert took < LEADER_SESSION + 3, f"takeover took {took:.1f}s"
 
-    epochs = EpochCoordinator(standby, SINKS, tm.barriers.grid())
+    epochs = EpochCoordinator(standby, SINKS)
     plan = epochs.recover()
     assert plan.action == RecoveryAction.ROLL_FORWARD and plan.epoch.epoch == 2000
+    assert plan.epoch.inputs == inputs(2000) and plan.last_committed == 1000
     epochs.commit(2000, dict(plan.epoch.staged))
     assert {t: m.epoch for t, m in tm.tidemarks(SINKS).items()} == {s: 2000 for s in SINKS}
     assert epoch_state(tm, 2000).term == 2 and epoch_state(tm, 2000).state == EpochState.COMMITTED
@@ -91,6 +107,7 @@ def test_killed_leader_is_replaced_and_its_precommitted_epoch_rolls_forward(tm, 
 
 @pytest.mark.parametrize("zombie_step", ["precommit", "commit"])
 def test_paused_zombie_is_fenced_and_changes_nothing(tm, connect, driver, zombie_step):
+    agree(tm, 1000)
     zombie = driver()
     zombie.expect("LEADING 1")
     zombie.expect("RECOVERY")
@@ -102,7 +119,7 @@ def test_paused_zombie_is_fenced_and_changes_nothing(tm, connect, driver, zombie
         successor_tm = connect()
         successor = successor_tm.leadership("j")
         assert successor.acquire(timeout=LEADER_SESSION * 5) == 2
-        epochs = EpochCoordinator(successor, SINKS, successor_tm.barriers.grid())
+        epochs = EpochCoordinator(successor, SINKS)
         plan = epochs.recover()
         if plan.action == RecoveryAction.RECOMPUTE:
             epochs.begin(1000)
@@ -126,7 +143,7 @@ def test_zookeeper_restart_mid_run_loses_and_duplicates_nothing(zk_server, tm, c
     driver_tm = connect(session_timeout=20, operation_timeout=2)
     leadership = driver_tm.leadership("j")
     leadership.acquire()
-    epochs = EpochCoordinator(leadership, SINKS, driver_tm.barriers.grid(), history=1000)
+    epochs = EpochCoordinator(leadership, SINKS, history=1000)
     epochs.recover()
     committed: list[int] = []
     stop = threading.Event()
@@ -138,7 +155,8 @@ def test_zookeeper_restart_mid_run_loses_and_duplicates_nothing(zk_server, tm, c
             try:
                 current = epochs.current
                 if current is None or current.state == EpochState.COMMITTED:
-                    epochs.begin(t, {"raw.in": [t]})
+                    driver_tm.barriers.agree(t, proposed_by="j")  # False when a lost reply had agreed it
+                    epochs.begin(t, inputs(t))
                 if epochs.current.state == EpochState.STARTED:
                     epochs.precommit(t, {s: t for s in SINKS})
                 epochs.commit(t, {s: t for s in SINKS})
@@ -148,20 +166,23 @@ def test_zookeeper_restart_mid_run_loses_and_duplicates_nothing(zk_server, tm, c
                 if isinstance(exc, Fenced):
                     errors.append(str(exc))
                     return
-                time.sleep(0.1)
+                stop.wait(0.1)  # back off, then retry the same step
     worker = threading.Thread(target=run)
     worker.start()
-    time.sleep(1.0)
-    zk_server.stop()
-    down_at = len(committed)
-    time.sleep(2.0)
-    zk_server.start()
-    time.sleep(3.0)
-    stop.set()
-    worker.join(30)
+    try:
+        wait_until(lambda: len(committed) >= 3, 30, "epochs to commit before the restart")
+        zk_server.stop()
+        wait_until(lambda: driver_tm.connection_state != "CONNECTED", 30, "the driver to see the outage")
+        down_at = len(committed)
+        zk_server.start()
+        wait_until(lambda: len(committed) >= down_at + 3 or errors, 60, "coordination to resume after the restart")
+    finally:
+        stop.set()
+        worker.join(30)
     assert not errors, errors
     assert len(committed) > down_at > 0, "coordination did not resume after the restart"
     assert committed == list(range(1000, 1000 * (len(committed) + 1), 1000))
+    assert tm.barriers.agreed()[:len(committed)] == committed
     nodes = sorted(int(c) for c in tm.children(tm.paths.epochs("j")))
     states = [epoch_state(tm, t).state for t in nodes]
     assert nodes[:len(committed)] == committed

@@ -4,12 +4,20 @@
 
 Prints ``LEADING <term>`` once elected, then one line per command: ``OK <state>`` or
 ``ERR <ExceptionName> <message>``. Commands: ``begin T``, ``precommit T``, ``commit T``, ``exit``.
+The barriers it begins must already be agreed (the test agrees them).
 """
 from __future__ import annotations
 
 import sys
 
-from coordinator import EpochCoordinator, Tidemark, TidemarkError
+from coordinator import EpochCoordinator, EpochInputs, SourceRange, Tidemark, TidemarkError
+
+SOURCE = "raw.in"
+
+
+def inputs(epoch: int) -> EpochInputs:
+    """What the fault tests record as an epoch's inputs: the root source's range up to ``epoch``."""
+    return EpochInputs({SOURCE: SourceRange(None, epoch)})
 
 
 def main() -> None:
@@ -17,7 +25,7 @@ def main() -> None:
     tm = Tidemark.connect(connect, session_timeout=session_timeout, operation_timeout=10)
     leadership = tm.leadership(job)
     print("LEADING", leadership.acquire(), flush=True)
-    epochs = EpochCoordinator(leadership, sinks, tm.barriers.grid())
+    epochs = EpochCoordinator(leadership, sinks)
     print("RECOVERY", epochs.recover().action.value, flush=True)
     for line in sys.stdin:
         command, *arg = line.split()
@@ -26,7 +34,7 @@ def main() -> None:
         epoch = int(arg[0])
         try:
             if command == "begin":
-                record = epochs.begin(epoch, {"source": [epoch]})
+                record = epochs.begin(epoch, inputs(epoch))
             elif command == "precommit":
                 record = epochs.precommit(epoch, {s: epoch + i for i, s in enumerate(sorted(sinks))})
             else:
