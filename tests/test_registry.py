@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from coordinator import CorruptState, CycleError, InvalidName, RegistrationError, WriterConflict
+from coordinator import CorruptState, CycleError, InvalidName, JobRecord, RegistrationError, Topology, WriterConflict
 
 
 def test_register_is_idempotent_and_changes_are_explicit(tm):
@@ -113,3 +113,60 @@ def test_digest_auth_makes_znodes_writable_only_by_their_owner(zk_connect, conne
     from kazoo.exceptions import NoAuthError
     with pytest.raises(NoAuthError):
         stranger.client.set(stranger.paths.job("secured"), b"{}")
+
+
+# -- cycle finding on hand-made topologies (no ZooKeeper) ---------------------------------------
+
+def topology(**jobs: tuple[list[str], list[str]]) -> Topology:
+    """``topology(a=(sources, sinks), ...)``."""
+    return Topology(version=1, znode_version=1,
+                    jobs={name: JobRecord(sources=src, sinks=dst) for name, (src, dst) in jobs.items()})
+
+
+def assert_is_cycle(topo: Topology, cycle: list[str]) -> list[str]:
+    """``cycle`` is ``["a -[t]->", "b -[u]->", "a"]`` and every step is a real edge; returns its jobs."""
+    assert cycle[0].split(" ")[0] == cycle[-1], cycle
+    jobs = [step.split(" ")[0] for step in cycle]
+    for step, downstream in zip(cycle, jobs[1:]):
+        upstream, table = step.split(" ")[0], step.split("[")[1].split("]")[0]
+        assert table in topo.jobs[upstream].sinks and table in topo.jobs[downstream].sources, (step, downstream)
+    assert len(set(jobs[:-1])) == len(jobs) - 1, f"a cycle visits each job once: {cycle}"
+    return jobs[:-1]
+
+
+def test_find_cycle_finds_none_in_graphs_without_cycles():
+    assert topology().find_cycle() is None
+    assert topology(a=([], ["t.a"])).find_cycle() is None
+    assert topology(a=(["raw"], ["t.a"]), b=(["t.a"], ["t.b"]), c=(["t.b"], ["t.c"])).find_cycle() is None
+    # A diamond: d is reached twice, through b and through c; that is not a cycle.
+    diamond = topology(a=([], ["t.a"]), b=(["t.a"], ["t.b"]), c=(["t.a"], ["t.c"]), d=(["t.b", "t.c"], ["t.d"]))
+    assert diamond.find_cycle() is None
+    # Two jobs reading the same table and a job reading a table nobody writes.
+    assert topology(a=([], ["t.a"]), b=(["t.a", "raw"], []), c=(["t.a"], [])).find_cycle() is None
+
+
+def test_find_cycle_names_each_cycle_with_its_tables():
+    self_loop = topology(a=(["t.a"], ["t.a"]))
+    assert self_loop.find_cycle() == ["a -[t.a]->", "a"]
+    pair = topology(a=(["t.b"], ["t.a"]), b=(["t.a"], ["t.b"]))
+    assert sorted(assert_is_cycle(pair, pair.find_cycle())) == ["a", "b"]
+    # Reached through a tail: the cycle is c -> d -> e -> c, not the jobs leading to it.
+    tail = topology(a=([], ["t.a"]), b=(["t.a"], ["t.b"]), c=(["t.b", "t.e"], ["t.c"]), d=(["t.c"], ["t.d"]),
+                    e=(["t.d"], ["t.e", "t.out"]), f=(["t.out"], []))
+    assert sorted(assert_is_cycle(tail, tail.find_cycle())) == ["c", "d", "e"]
+    # A cycle in a component that sorts after an acyclic one, behind a diamond.
+    apart = topology(a=([], ["t.a"]), b=(["t.a"], ["t.b"]), c=(["t.a"], ["t.c"]), d=(["t.b", "t.c"], []),
+                     x=(["t.z"], ["t.x"]), y=(["t.x"], ["t.y"]), z=(["t.y"], ["t.z"]))
+    assert sorted(assert_is_cycle(apart, apart.find_cycle())) == ["x", "y", "z"]
+    # Two tables between the same pair of jobs: any one of them closes the cycle.
+    double = topology(a=(["t.b2"], ["t.a"]), b=(["t.a"], ["t.b1", "t.b2"]))
+    assert sorted(assert_is_cycle(double, double.find_cycle())) == ["a", "b"]
+
+
+def test_find_cycle_handles_chains_longer_than_the_recursion_limit():
+    length = 5000
+    jobs = {f"j{i:05d}": ([f"t.{i - 1}"] if i else [], [f"t.{i}"]) for i in range(length)}
+    assert topology(**jobs).find_cycle() is None
+    jobs["j00000"] = ([f"t.{length - 1}"], ["t.0"])
+    closed = topology(**jobs)
+    assert len(assert_is_cycle(closed, closed.find_cycle())) == length
