@@ -1,7 +1,7 @@
 """The ``tidemark`` command: status and operations.
 
     tidemark zk start [--port P] [--data-dir D]     a local ZooKeeper server in the background
-    tidemark status [--json]                        jobs, leaders, terms, tidemarks, lag
+    tidemark status [--json]                        jobs, leaders, tidemarks, lag (s), what each job waits for
     tidemark topology [--format text|json|dot|mermaid]
     tidemark fence JOB | tidemark unregister JOB
     tidemark barriers [--set-interval MS --from T]
@@ -16,7 +16,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -30,9 +29,8 @@ def _connect(args):
 
 
 def _fmt_epoch(epoch: Optional[int]) -> str:
-    if epoch is None:
-        return "-"
-    return f"{epoch} ({time.strftime('%H:%M:%S', time.gmtime(epoch / 1000))}Z)"
+    from .status import fmt_epoch
+    return fmt_epoch(epoch)
 
 
 def cmd_zk(args) -> int:
@@ -56,24 +54,47 @@ def cmd_zk(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from .status import fmt_seconds
     with _connect(args) as tm:
         status = tm.status()
     if args.json:
         print(json.dumps(status.to_dict(), indent=2))
         return 0
+    consistent = _fmt_epoch(status.consistent_epoch)
+    if status.consistent_epoch is not None:
+        consistent += f", lag {fmt_seconds(status.consistent_lag_ms)}"
     print(f"newest barrier: {_fmt_epoch(status.newest_barrier)}   interval: {status.interval_ms or '-'} ms   "
-          f"consistent epoch: {_fmt_epoch(status.consistent_epoch)}")
+          f"consistent epoch: {consistent}")
     if not status.jobs:
         print("no jobs registered")
     for job in status.jobs:
-        lag = status.lag_ms(job)
-        flag = "  STALE" if status.is_stale(job) else ""
-        leader = f"{job.leader.member} (term {job.leader.term})" if job.leader else "-"
-        print(f"{job.name}: term {job.term}, {job.leader_state}: {leader}, committed {_fmt_epoch(job.committed_epoch)}"
-              f", lag {'-' if lag is None else f'{lag} ms'}{flag}")
+        print(_job_line(job))
         for table, epoch in sorted(job.tidemarks.items()):
             print(f"    {table}: {_fmt_epoch(epoch)}")
+        for reason in job.reasons():
+            print(f"    {reason}")
     return 0
+
+
+def _job_line(job) -> str:
+    from .status import FINISHED, fmt_seconds
+    leader = f"{job.leader.member} (term {job.leader.term})" if job.leader else "-"
+    if job.state == FINISHED:
+        head = f"{job.name}: term {job.term}, finished at epoch {_fmt_epoch(job.finished.epoch)}"
+    else:
+        head = f"{job.name}: term {job.term}, {job.leader_state}: {leader}, committed {_fmt_epoch(job.committed_epoch)}"
+    parts = [head, f"lag {fmt_seconds(job.lag_ms)}"]
+    if job.pending_barriers:
+        parts.append(f"{job.pending_barriers} barrier{'s' if job.pending_barriers != 1 else ''} pending "
+                     f"(next {_fmt_epoch(job.next_barrier)})")
+    line = ", ".join(parts)
+    if job.stale:
+        line += f"  STALE: {job.stale_reason}"
+        if job.holds_back_ms is not None:
+            line += f"; holds the consistent epoch back {fmt_seconds(job.holds_back_ms)}"
+        elif job.committed_epoch is None:
+            line += "; no consistent epoch until it commits"
+    return line
 
 
 def cmd_topology(args) -> int:
@@ -159,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     zk.add_argument("--data-dir", type=Path, help="default: $TIDEMARK_HOME/zookeeper")
     zk.set_defaults(func=cmd_zk)
 
-    status = sub.add_parser("status", help="jobs, leaders, terms, tidemarks and lag")
+    status = sub.add_parser("status", help="jobs, leaders, tidemarks, lag and what each job waits for")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
 

@@ -15,9 +15,17 @@ A table no Tidemark job writes (a root table fed from outside) has no epochs: it
 at its newest snapshot committed at or before ``T*`` (barrier ``T*`` covers its commits up
 to time ``T*``) and does not hold ``T*`` back.
 
+No version exists below a managed table's **first epoch** (its writer's first committed
+epoch: the table has no exact state before it), nor where the table's history was expired:
+``consistent`` and ``as_of`` then raise ``VersionNotFound`` naming the table and its first
+epoch. That happens to a set of siblings whose writers started at different times (one
+table's first epoch is above another's committed epoch) until the slower one catches up.
+
 With ZooKeeper, committed epochs come from the tables' tidemarks (a watch-backed cache
 when given one) and a table already at ``T*`` needs no metadata load at all; without it,
-from each table's ``tidemark.committed-epoch`` property. On the same state both agree.
+from each table's ``tidemark.committed-epoch`` property; first epochs come from the
+tidemarks' ``first_epoch`` and from ``tidemark.first-epoch`` (or the oldest epoch in
+``main``) respectively. On the same state both agree.
 """
 from __future__ import annotations
 
@@ -31,7 +39,8 @@ from .catalog import CatalogSettings, load_table
 from .errors import EpochOrderError, VersionNotFound
 from .names import validate_name
 from .records import ConsistencyLevel, ConsistentVersion, TableTidemark
-from .snapshots import committed_epoch, is_tidemark_table, snapshot_at_epoch, snapshot_at_time
+from .snapshots import (committed_epoch, first_epoch, is_tidemark_table, main_lineage, snapshot_at_epoch,
+                        snapshot_at_time)
 
 ROOT = "root"  # marker: a table written outside Tidemark
 
@@ -93,6 +102,7 @@ class Resolver:
             target = as_of
         if target is None:  # only root tables: nothing to align them on
             return ConsistentVersion(None, self._current(names), level)
+        self._refuse_below_first_epochs(names, marks, epochs, target, as_of)
         snapshots = {}
         for name in names:
             mark = marks[name]
@@ -100,7 +110,56 @@ class Resolver:
                 snapshots[name] = mark.snapshot_id  # ZooKeeper recorded it at commit: no metadata load
             else:
                 snapshots[name] = self._snapshot_at(name, ROOT if epochs[name] == ROOT else target, target)
+        if as_of is not None and not managed and all(s is None for s in snapshots.values()):
+            raise VersionNotFound(f"epoch {as_of} is before the history of every table in {names}: none had a "
+                                  "snapshot then. Ask for a later epoch")
         return ConsistentVersion(target, snapshots, level)
+
+    def first_epochs(self, tables: Iterable[str],
+                     marks: Optional[Mapping[str, Optional[TableTidemark]]] = None) -> dict[str, Optional[int]]:
+        """Each managed table's first epoch (None when not known yet); root tables are left out.
+
+        With ZooKeeper it is the tidemark's ``first_epoch`` (no metadata load); without it, or for a
+        tidemark written before first epochs were recorded, Iceberg's ``tidemark.first-epoch``.
+        """
+        names = sorted(set(tables))
+        marks = self._tidemarks(names) if marks is None else marks
+        return self._first_epochs(names, marks, self.committed_epochs(names, marks))
+
+    def _first_epochs(self, names: list[str], marks: Mapping[str, Optional[TableTidemark]],
+                      epochs: Mapping[str, Union[int, None, str]]) -> dict[str, Optional[int]]:
+        result: dict[str, Optional[int]] = {}
+        for name in names:
+            if epochs[name] == ROOT:
+                continue
+            mark = marks[name]
+            first = mark.first_epoch if mark is not None else None
+            if first is None and epochs[name] is not None:
+                first = first_epoch(self.table(name, refresh=False))
+            result[name] = first
+        return result
+
+    def _refuse_below_first_epochs(self, names: list[str], marks: Mapping[str, Optional[TableTidemark]],
+                                   epochs: Mapping[str, Union[int, None, str]], target: int,
+                                   as_of: Optional[int]) -> None:
+        """``VersionNotFound`` when ``target`` is below the first epoch of a managed table of the set."""
+        firsts = self._first_epochs(names, marks, epochs)
+        below = {n: f for n, f in sorted(firsts.items()) if f is not None and target < f}
+        if not below:
+            return
+        tables = ", ".join(f"{n} (first epoch {f})" for n, f in below.items())
+        need = max(below.values())
+        if as_of is not None:
+            raise VersionNotFound(
+                f"epoch {as_of} is before the first epoch of {tables}: a table has no exact state before its "
+                f"writer's first epoch. Ask for as_of {need} or later, or leave {', '.join(below)} out of the set")
+        lagging = sorted(n for n, e in epochs.items() if e != ROOT and e < need)  # type: ignore[operator]
+        at = ", ".join(f"{n} at {epochs[n]}" for n in lagging)
+        raise VersionNotFound(
+            f"no consistent version of {names} exists yet: the consistent epoch is {target} ({at}), below the "
+            f"first epoch of {tables}, whose writer started later: the table has no exact state before it. Wait "
+            f"until {', '.join(lagging)} commit epoch {need} (`tidemark status` says what holds them back), or "
+            f"read {', '.join(below)} without {', '.join(lagging)}")
 
     def _current(self, names: list[str]) -> dict[str, Optional[int]]:
         return {n: _id(self.table(n).current_snapshot()) for n in names}
@@ -108,14 +167,32 @@ class Resolver:
     def _snapshot_at(self, name: str, epoch: Union[int, None, str], wall_ms: Optional[int] = None) -> Optional[int]:
         table = self.table(name)
         if epoch == ROOT:
-            return _id(table.current_snapshot() if wall_ms is None else snapshot_at_time(table, wall_ms))
+            if wall_ms is None:
+                return _id(table.current_snapshot())
+            found = snapshot_at_time(table, wall_ms)
+            if found is None and _truncated(table):
+                raise VersionNotFound(f"root table {name}'s history at {wall_ms} was expired (its oldest retained "
+                                      "snapshot is newer); ask for a later epoch")
+            return _id(found)
         if epoch is None:
             return None
-        return _id(snapshot_at_epoch(table, epoch))  # type: ignore[arg-type]
+        found = snapshot_at_epoch(table, epoch)  # type: ignore[arg-type]
+        if found is None and _truncated(table):
+            raise VersionNotFound(f"table {name}'s history at epoch {epoch} was expired (its oldest retained "
+                                  "snapshot is newer); ask for a later epoch, or keep more snapshots")
+        return _id(found)
 
 
 def _id(snapshot) -> Optional[int]:
     return None if snapshot is None else snapshot.snapshot_id
+
+
+def _truncated(table: Table) -> bool:
+    """True when ``main``'s oldest retained snapshot has a parent that was expired."""
+    oldest = None
+    for oldest in main_lineage(table):
+        pass
+    return oldest is not None and oldest.parent_snapshot_id is not None
 
 
 class ReaderSession:

@@ -1,14 +1,98 @@
-"""A cluster-wide status report: jobs, leaders, terms, tidemarks and how far each job lags.
+"""A cluster-wide status report: per job its leader, committed epoch, lag, pending barriers and what it waits for.
 
-Read with a handful of pipelined batches, so 1,000 jobs cost a few round trips' latency.
+    status = tm.status()
+    job = status.job("word_counts")
+    job.lag_seconds          # now (wall clock) minus the job's committed epoch
+    job.pending_barriers     # agreed barriers after its committed epoch
+    job.waiting_for          # the managed sources below its next barrier, with their writers' state
+    job.stale                # the job is what holds consistent reads back (see below)
+
+Read with a few pipelined batches whatever the number of jobs: the topology (cached while
+``/topology`` is unchanged), one ``get_many`` of every job's term, leader and finished
+marker, every table's tidemark and ``/barriers`` (whose ``newest_agreed`` is the newest
+barrier), and, only when some job is behind that barrier, one listing of ``/barriers``.
+
+A job's **state**: ``leading`` (a live, unfenced leader), ``finished`` (no live leader and
+``/jobs/<job>/finished``: its last leader ended a bounded run), ``fenced`` (its leader's term
+is older than the job's) or ``no leader``.
+
+A job is **stale** when it, rather than something upstream of it, holds the consistent
+epoch back: it has no live leader and did not finish a bounded run, or it has a live leader
+but lags the wall clock by more than ``stale_intervals`` barrier intervals (plus
+``STALE_SLACK_MS`` for the writers' grace and processing time) while nothing upstream
+explains the lag. A lagging job that waits for a source whose writer is behind, for a
+barrier that other jobs agree, or under backpressure from a job far behind, is shown
+waiting (with the reason), not stale: the job it waits for is the one flagged. A finished
+job is never stale.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+import bisect
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
 
-from .records import LeaderRecord, TableTidemark, TermRecord
+from .records import FinishedRecord, LeaderRecord, TableTidemark, TermRecord, now_ms
 from .topology import Topology
+
+STALE_INTERVALS = 3
+STALE_SLACK_MS = 1000  # a writer's default grace: a healthy job lags up to an interval plus grace plus processing
+BACKPRESSURE_PENDING = 2  # EpochWriter's default max_pending_barriers
+
+LEADING, FINISHED, FENCED, NO_LEADER = "leading", "finished", "fenced", "no leader"
+
+
+def fmt_time(epoch: Optional[int]) -> str:
+    """``10:00:05Z`` (``10:00:05.200Z`` for an epoch that is not a whole second), ``-`` for None."""
+    if epoch is None:
+        return "-"
+    text = time.strftime("%H:%M:%S", time.gmtime(epoch // 1000))
+    return f"{text}.{epoch % 1000:03d}Z" if epoch % 1000 else f"{text}Z"
+
+
+def fmt_epoch(epoch: Optional[int]) -> str:
+    return "-" if epoch is None else f"{epoch} ({fmt_time(epoch)})"
+
+
+def fmt_seconds(ms: Optional[int]) -> str:
+    return "-" if ms is None else f"{ms / 1000:.1f} s"
+
+
+def _seconds(ms: Optional[int]) -> Optional[float]:
+    return None if ms is None else round(ms / 1000, 3)
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """A managed source below the barrier a job must process next."""
+
+    table: str
+    epoch: Optional[int]             # the source's tidemark (None: its writer has committed nothing yet)
+    writer: str
+    writer_state: str                # leading | finished | fenced | no leader
+    writer_finished_epoch: Optional[int] = None
+
+    @property
+    def writer_live(self) -> bool:
+        return self.writer_state == LEADING
+
+    def describe(self, barrier: Optional[int] = None) -> str:
+        at = "no committed epoch yet" if self.epoch is None else f"at {fmt_time(self.epoch)}"
+        until = f" to reach {fmt_time(barrier)}" if barrier is not None else ""
+        if self.writer_state == LEADING:
+            who = "which has a live leader"
+        elif self.writer_state == FINISHED:
+            who = (f"which has no live leader (it finished a bounded run at "
+                   f"{fmt_epoch(self.writer_finished_epoch)})")
+        elif self.writer_state == FENCED:
+            who = "which has no live leader (its leader was fenced)"
+        else:
+            who = "which has no live leader"
+        return f"waiting for {self.table} ({at}){until}, written by job {self.writer}, {who}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": self.table, "epoch": self.epoch, "writer": self.writer, "writer_state": self.writer_state,
+                "writer_live": self.writer_live, "writer_finished_epoch": self.writer_finished_epoch}
 
 
 @dataclass(frozen=True)
@@ -20,6 +104,15 @@ class JobStatus:
     leader: Optional[LeaderRecord]
     fenced_by: Optional[str]
     tidemarks: dict[str, Optional[int]] = field(default_factory=dict)
+    finished: Optional[FinishedRecord] = None
+    lag_ms: Optional[int] = None              # wall clock at the read minus the committed epoch
+    pending_barriers: Optional[int] = None    # agreed barriers after the committed epoch (None: nothing committed)
+    next_barrier: Optional[int] = None        # the first of them
+    waiting_for: tuple[Blocker, ...] = ()
+    waiting: Optional[str] = None             # why it does not advance, when that is not waiting_for alone
+    stale: bool = False
+    stale_reason: Optional[str] = None
+    holds_back_ms: Optional[int] = None       # for a stale job: how far it holds the consistent epoch back
 
     @property
     def committed_epoch(self) -> Optional[int]:
@@ -28,11 +121,40 @@ class JobStatus:
 
     @property
     def leader_state(self) -> str:
+        """``leading``, ``fenced`` or ``no leader`` (the leader znode alone)."""
         if self.leader is None:
-            return "no leader"
+            return NO_LEADER
         if self.term is not None and self.leader.term < self.term:
-            return "fenced"
-        return "leading"
+            return FENCED
+        return LEADING
+
+    @property
+    def state(self) -> str:
+        """``leading``, ``finished`` (no live leader, its last run was bounded and ended), ``fenced`` or ``no leader``."""
+        live = self.leader_state
+        return FINISHED if live != LEADING and self.finished is not None else live
+
+    @property
+    def lag_seconds(self) -> Optional[float]:
+        return _seconds(self.lag_ms)
+
+    def reasons(self) -> list[str]:
+        """One line per thing the job waits for (empty when it is not held back)."""
+        lines = [b.describe(self.next_barrier) for b in self.waiting_for]
+        return lines + ([self.waiting] if self.waiting else [])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "sources": list(self.sources), "sinks": list(self.sinks), "term": self.term,
+            "leader": self.leader.to_dict() if self.leader else None, "leader_state": self.leader_state,
+            "state": self.state, "fenced_by": self.fenced_by,
+            "finished": self.finished.to_dict() if self.finished else None,
+            "tidemarks": self.tidemarks, "committed_epoch": self.committed_epoch, "lag_seconds": self.lag_seconds,
+            "pending_barriers": self.pending_barriers, "next_barrier": self.next_barrier,
+            "waiting_for": [b.to_dict() for b in self.waiting_for], "reasons": self.reasons(),
+            "stale": self.stale, "stale_reason": self.stale_reason,
+            "holds_back_seconds": _seconds(self.holds_back_ms),
+        }
 
 
 @dataclass(frozen=True)
@@ -41,56 +163,167 @@ class Status:
     jobs: tuple[JobStatus, ...]
     newest_barrier: Optional[int]
     interval_ms: Optional[int]
+    read_ms: int = field(default_factory=now_ms)   # the wall clock the lags are measured against
 
-    def lag_ms(self, job: JobStatus) -> Optional[int]:
-        if self.newest_barrier is None or job.committed_epoch is None:
-            return None
-        return max(0, self.newest_barrier - job.committed_epoch)
+    def job(self, name: str) -> JobStatus:
+        for job in self.jobs:
+            if job.name == name:
+                return job
+        raise KeyError(name)
 
-    def is_stale(self, job: JobStatus, stale_barriers: int = 3) -> bool:
-        """A job with no live leader, or lagging more than ``stale_barriers`` intervals."""
-        lag = self.lag_ms(job)
-        behind = lag is not None and self.interval_ms is not None and lag > stale_barriers * self.interval_ms
-        return job.leader_state != "leading" or behind
+    def is_stale(self, job: JobStatus) -> bool:
+        return job.stale
 
     @property
     def consistent_epoch(self) -> Optional[int]:
+        """The minimum committed epoch over every job (None while some job has committed nothing)."""
         epochs = [j.committed_epoch for j in self.jobs]
         return None if not epochs or any(e is None for e in epochs) else min(epochs)  # type: ignore[type-var]
 
-    def to_dict(self) -> dict:
+    @property
+    def consistent_lag_ms(self) -> Optional[int]:
+        epoch = self.consistent_epoch
+        return None if epoch is None else max(0, self.read_ms - epoch)
+
+    def to_dict(self) -> dict[str, Any]:
         return {
             "topology_version": self.topology.version,
+            "read_ms": self.read_ms,
             "newest_barrier": self.newest_barrier,
             "interval_ms": self.interval_ms,
             "consistent_epoch": self.consistent_epoch,
-            "jobs": [{
-                "name": j.name, "sources": list(j.sources), "sinks": list(j.sinks), "term": j.term,
-                "leader": j.leader.to_dict() if j.leader else None, "leader_state": j.leader_state,
-                "fenced_by": j.fenced_by, "tidemarks": j.tidemarks, "committed_epoch": j.committed_epoch,
-                "lag_ms": self.lag_ms(j), "stale": self.is_stale(j),
-            } for j in self.jobs],
+            "consistent_lag_seconds": _seconds(self.consistent_lag_ms),
+            "stale_jobs": [j.name for j in self.jobs if j.stale],
+            "jobs": [j.to_dict() for j in self.jobs],
         }
 
 
-def read_status(tm) -> Status:
-    from .barriers import Barriers
+def read_status(tm, stale_intervals: int = STALE_INTERVALS) -> Status:
+    from .barriers import BarrierGrid
     topo = tm.topology()
     names = sorted(topo.jobs)
+    writers = topo.writers
+    tables = sorted(writers)
     p = tm.paths
-    terms = tm.get_many([p.term(n) for n in names])
-    leaders = tm.get_many([p.leader(n) for n in names])
-    tables = sorted({t for n in names for t in topo.jobs[n].sinks})
-    marks = dict(zip(tables, tm.get_many([p.tidemark(t) for t in tables])))
-    jobs = []
-    for name, term_raw, leader_raw in zip(names, terms, leaders):
+    n = len(names)
+    raw = tm.get_many([p.term(j) for j in names] + [p.leader(j) for j in names] + [p.finished(j) for j in names]
+                      + [p.tidemark(t) for t in tables] + [p.barriers])
+    terms, leaders, finished_raw = raw[:n], raw[n:2 * n], raw[2 * n:3 * n]
+    marks = {t: (TableTidemark.from_json(r[0], p.tidemark(t)) if r else None)
+             for t, r in zip(tables, raw[3 * n:3 * n + len(tables)])}
+    grid_raw = raw[-1]
+    grid = BarrierGrid.from_json(grid_raw[0], p.barriers) if grid_raw and grid_raw[0] else None
+    read_ms = now_ms()
+
+    base: dict[str, JobStatus] = {}
+    for name, term_raw, leader_raw, fin_raw in zip(names, terms, leaders, finished_raw):
         term = TermRecord.from_json(term_raw[0], p.term(name)) if term_raw else None
         leader = LeaderRecord.from_json(leader_raw[0], p.leader(name)) if leader_raw else None
-        tidemarks = {t: (TableTidemark.from_json(marks[t][0], p.tidemark(t)).epoch if marks[t] else None)
-                     for t in topo.jobs[name].sinks}
-        jobs.append(JobStatus(name, topo.jobs[name].sources, topo.jobs[name].sinks, term.term if term else None,
-                              leader, term.fenced_by if term else None, tidemarks))
-    barriers = Barriers(tm)
-    found = tm.get(p.barriers)
-    interval = barriers.grid().interval_ms if found and found[0] else None
-    return Status(topo, tuple(jobs), barriers.latest(), interval)
+        fin = FinishedRecord.from_json(fin_raw[0], p.finished(name)) if fin_raw else None
+        tidemarks = {t: (marks[t].epoch if marks.get(t) else None) for t in topo.jobs[name].sinks}
+        base[name] = JobStatus(name, topo.jobs[name].sources, topo.jobs[name].sinks, term.term if term else None,
+                               leader, term.fenced_by if term else None, tidemarks, fin)
+
+    newest = grid.newest_agreed if grid else None
+    committed = {name: job.committed_epoch for name, job in base.items()}
+    agreed: list[int] = []
+    if grid is not None and (newest is None or any(c is not None and c < newest for c in committed.values())):
+        # One listing, only when some job is behind (or for a grid written before newest_agreed existed).
+        agreed = sorted(int(c) for c in tm.children(p.barriers) if c.isdigit())
+        if newest is None:
+            newest = agreed[-1] if agreed else None
+        agreed = [t for t in agreed if newest is not None and t <= newest]
+    interval = grid.interval_at(newest) if grid is not None and newest is not None else (
+        grid.interval_ms if grid else None)
+    stale_after = None if interval is None else stale_intervals * interval + STALE_SLACK_MS
+
+    states = {name: job.state for name, job in base.items()}
+    agreers = [name for name in names if _agrees_barriers(topo, name)]
+    pending_of: dict[str, Optional[int]] = {}
+    for name in names:
+        c = committed[name]
+        if c is None:
+            pending_of[name] = None
+        elif newest is None or c >= newest:
+            pending_of[name] = 0
+        else:
+            pending_of[name] = len(agreed) - bisect.bisect_right(agreed, c)
+
+    partial: dict[str, JobStatus] = {}
+    blocked: dict[str, bool] = {}
+    for name in names:
+        job, c, pending = base[name], committed[name], pending_of[name]
+        lag = None if c is None else max(0, read_ms - c)
+        nxt = None
+        if c is not None and pending:
+            nxt = agreed[bisect.bisect_right(agreed, c)]
+        managed = [s for s in job.sources if s in writers]
+        blockers: list[Blocker] = []
+        waiting: Optional[str] = None
+        if job.state == FINISHED:
+            pass
+        elif c is None:
+            blockers = [_blocker(s, marks, writers, states, base) for s in managed
+                        if marks.get(s) is None or marks[s].epoch is None]  # type: ignore[union-attr]
+            if not blockers:
+                waiting = "has not committed an epoch yet"
+        elif nxt is not None:
+            blockers = [_blocker(s, marks, writers, states, base) for s in managed
+                        if marks.get(s) is None or marks[s].epoch is None or marks[s].epoch < nxt]  # type: ignore[union-attr,operator]
+            if not blockers and job.state != LEADING:
+                waiting = f"nobody processes barrier {fmt_epoch(nxt)}: the job has no live leader"
+        lagging = lag is not None and stale_after is not None and lag > stale_after
+        explained = bool(blockers)
+        if not explained and lagging and job.state == LEADING and not pending:
+            if name not in agreers:
+                live = [a for a in agreers if states[a] == LEADING]
+                who = ", ".join(f"{a} ({states[a]})" for a in agreers) or "none registered"
+                waiting = (f"no barrier agreed after {fmt_epoch(c)}: jobs with root sources agree them ({who})"
+                           + ("" if live else ", and none has a live leader"))
+                explained = True
+            else:
+                behind = [o for o in names if o != name and states[o] == LEADING
+                          and (pending_of[o] or 0) > BACKPRESSURE_PENDING]
+                if behind:
+                    waiting = "backpressure: " + ", ".join(
+                        f"job {o} is {pending_of[o]} agreed barriers behind" for o in behind)
+                    explained = True
+        blocked[name] = explained
+        stale, why = False, None
+        if job.state in (NO_LEADER, FENCED):
+            stale = True
+            why = "no live leader" + (" (its leader was fenced)" if job.state == FENCED else "") + \
+                " and no finished bounded run"
+        elif job.state == LEADING and lagging and not explained:
+            stale, why = True, f"lags {fmt_seconds(lag)}, more than {stale_intervals} intervals"
+        partial[name] = JobStatus(job.name, job.sources, job.sinks, job.term, job.leader, job.fenced_by,
+                                  job.tidemarks, job.finished, lag, pending, nxt, tuple(blockers), waiting, stale,
+                                  why)
+
+    # How far each stale job holds the consistent epoch back: the consistent epoch the healthy jobs (neither
+    # stale nor waiting on something) would give, or the wall clock when there are none, minus its epoch.
+    healthy = [committed[j] for j in names if not partial[j].stale and not blocked[j] and committed[j] is not None]
+    reference = min(healthy) if healthy else read_ms  # type: ignore[type-var]
+    jobs = []
+    for name in names:
+        job = partial[name]
+        if job.stale and committed[name] is not None:
+            job = replace(job, holds_back_ms=max(0, reference - committed[name]))  # type: ignore[operator]
+        jobs.append(job)
+    return Status(topo, tuple(jobs), newest, interval, read_ms)
+
+
+def _agrees_barriers(topo: Topology, name: str) -> bool:
+    """Like ``EpochWriter.agrees_barriers``: a job with a root source, or with no source, agrees barriers."""
+    sources = topo.jobs[name].sources
+    return not sources or any(s not in topo.writers for s in sources)
+
+
+def _blocker(source: str, marks, writers, states, base) -> Blocker:
+    mark = marks.get(source)
+    writer = writers[source]
+    fin = base[writer].finished if states[writer] == FINISHED else None
+    return Blocker(source, mark.epoch if mark else None, writer, states[writer], fin.epoch if fin else None)
+
+
+__all__ = ["Blocker", "JobStatus", "Status", "read_status", "fmt_epoch", "fmt_time", "fmt_seconds"]

@@ -1,0 +1,244 @@
+"""Status that says what each job waits for, and resolution below first epochs.
+
+Real ZooKeeper, a real SQLite catalog and real jobs: ``EpochWriter`` with pyiceberg (no Spark).
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Callable, Optional
+
+import pyarrow as pa
+import pytest
+
+from coordinator import VersionNotFound
+from coordinator.cli import main as cli_main
+from coordinator.metrics import StatusCollector
+from coordinator.records import now_ms
+from coordinator.resolve import Resolver, read_arrow
+from coordinator.status import STALE_SLACK_MS, fmt_time
+from coordinator.writer import EpochContext, EpochWriter
+from tests.helpers.lake import SCHEMA, create_table
+
+INTERVAL = 200
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float = 60.0):
+    """Poll ``condition`` until it is truthy (and return it), or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def rows(epoch: int, n: int = 1) -> pa.Table:
+    return pa.table({"epoch": pa.array([epoch] * n, pa.int64()), "row": pa.array(range(n), pa.int64())},
+                    schema=SCHEMA)
+
+
+@pytest.fixture
+def lake(catalog_settings, namespace):
+    """Create tables in this test's namespace; returns their ``lake.<ns>.<name>`` names."""
+    catalog = catalog_settings.load()
+
+    def make(*names: str) -> list[str]:
+        for name in names:
+            create_table(catalog, f"{namespace}.{name}")
+        return [f"{catalog_settings.name}.{namespace}.{name}" for name in names]
+    make.catalog = catalog  # type: ignore[attr-defined]
+    return make
+
+
+def writer(tm, catalog_settings, name: str, sources: list[str], sinks: list[str]) -> EpochWriter:
+    return EpochWriter(tm, name, sources=sources, sinks=sinks, catalog=catalog_settings, interval_ms=INTERVAL,
+                       grace_ms=0, log_every=1.0)
+
+
+def append_epoch(sink: str, stop_after: Optional[EpochWriter] = None):
+    def step(ctx: EpochContext) -> None:
+        ctx.append(sink, rows(ctx.epoch))
+        if stop_after is not None:
+            stop_after.stop()  # commit this epoch, then return without finishing a bounded run
+    return step
+
+
+class InBackground:
+    """``writer.run(step)`` on a thread, until ``stop()``."""
+
+    def __init__(self, w: EpochWriter, step) -> None:
+        self.writer, self.error = w, None
+        self.thread = threading.Thread(target=self._run, args=(step,), daemon=True)
+        self.thread.start()
+
+    def _run(self, step) -> None:
+        try:
+            self.writer.run(step, stop_on_sigterm=False)
+        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+            self.error = exc
+
+    def stop(self) -> None:
+        self.writer.stop()
+        self.thread.join(60)
+        assert not self.thread.is_alive(), f"writer {self.writer.name} did not stop"
+        if self.error is not None:
+            raise self.error
+
+
+def cli_status(zk_connect: str, capsys, *extra: str) -> str:
+    capsys.readouterr()
+    assert cli_main(["--zk", zk_connect, "status", *extra]) == 0
+    return capsys.readouterr().out
+
+
+def test_lag_is_wall_clock_seconds_and_a_finished_bounded_run_is_not_stale(tm, connect, catalog_settings, lake,
+                                                                          zk_connect, capsys):
+    done_table, quit_table = lake("done", "quit")
+    done = writer(tm, catalog_settings, "done", [], [done_table])
+    epochs = done.run(append_epoch(done_table), max_epochs=2, stop_on_sigterm=False)
+    assert len(epochs) == 2
+    quitter = writer(connect(), catalog_settings, "quit", [], [quit_table])
+    quit_epochs = quitter.run(append_epoch(quit_table, stop_after=quitter), stop_on_sigterm=False)
+    assert len(quit_epochs) == 1  # stopped, not a bounded run: no finished marker
+
+    before = now_ms()
+    status = tm.status()
+    assert before <= status.read_ms <= now_ms()
+    job = status.job("done")
+    assert job.committed_epoch == epochs[-1]
+    assert job.lag_ms == status.read_ms - epochs[-1] and job.lag_seconds == round(job.lag_ms / 1000, 3)
+    assert job.state == "finished" and job.finished.epoch == epochs[-1] and not job.stale
+    assert status.newest_barrier == max(epochs[-1], quit_epochs[-1]) and status.interval_ms == INTERVAL
+
+    # Long after its last epoch, the finished job is still not stale; the stopped one is.
+    threshold_ms = 3 * INTERVAL + STALE_SLACK_MS
+    status = wait_for(lambda: (s := tm.status()).job("done").lag_ms > threshold_ms and s, "the lag to grow")
+    done_status, quit_status = status.job("done"), status.job("quit")
+    assert done_status.state == "finished" and not done_status.stale
+    assert quit_status.state == "no leader" and quit_status.stale and "no live leader" in quit_status.stale_reason
+    assert quit_status.holds_back_ms is not None and quit_status.holds_back_ms >= 0
+    assert status.consistent_epoch == min(epochs[-1], quit_epochs[-1])
+
+    report = json.loads(cli_status(zk_connect, capsys, "--json"))
+    jobs = {j["name"]: j for j in report["jobs"]}
+    assert jobs["done"]["state"] == "finished" and jobs["done"]["stale"] is False
+    assert isinstance(jobs["done"]["lag_seconds"], float) and jobs["done"]["lag_seconds"] > threshold_ms / 1000
+    assert jobs["done"]["finished"]["epoch"] == epochs[-1]
+    assert jobs["quit"]["stale"] is True and report["stale_jobs"] == ["quit"]
+    assert report["newest_barrier"] == status.newest_barrier
+
+    text = cli_status(zk_connect, capsys)
+    done_line = next(line for line in text.splitlines() if line.startswith("done:"))
+    assert f"finished at epoch {epochs[-1]}" in done_line and "STALE" not in done_line
+    assert " s" in done_line.split("lag ", 1)[1]
+    quit_line = next(line for line in text.splitlines() if line.startswith("quit:"))
+    assert "STALE: no live leader" in quit_line and "holds the consistent epoch back" in quit_line
+
+    samples = {(s.name, s.labels.get("job")): s.value for family in StatusCollector(tm).collect()
+               for s in family.samples}
+    assert samples[("tidemark_job_committed_epoch_timestamp_seconds", "done")] == epochs[-1] / 1000
+    assert samples[("tidemark_job_finished", "done")] == 1 and samples[("tidemark_job_finished", "quit")] == 0
+    assert samples[("tidemark_job_stale", "done")] == 0 and samples[("tidemark_job_stale", "quit")] == 1
+    assert samples[("tidemark_job_lag_seconds", "done")] > threshold_ms / 1000
+    assert samples[("tidemark_consistent_epoch_timestamp_seconds", None)] == status.consistent_epoch / 1000
+
+    # A leader starting again removes the finished marker.
+    again = writer(connect(), catalog_settings, "done", [], [done_table])
+    again.open()
+    try:
+        assert tm.status().job("done").state == "leading" and tm.status().job("done").finished is None
+    finally:
+        again.close()
+
+
+def test_a_derived_job_says_which_source_holds_it_back_and_that_its_writer_has_no_live_leader(
+        tm, connect, catalog_settings, lake, zk_connect, capsys):
+    up_table, down_table, tick_table = lake("up", "down", "tick")
+    up = writer(connect(), catalog_settings, "up", [], [up_table])
+    [first] = up.run(append_epoch(up_table, stop_after=up), stop_on_sigterm=False)  # then no live leader
+
+    down_writer = writer(connect(), catalog_settings, "down", [up_table], [down_table])
+    running = [InBackground(writer(connect(), catalog_settings, "tick", [], [tick_table]), lambda ctx: None),
+               InBackground(down_writer, lambda ctx: ctx.append(down_table, ctx.changes(up_table)))]
+    try:
+        wait_for(lambda: down_writer.committed == [first] and down_writer.waiting is not None
+                 and f"source {up_table} is at epoch {first}" in down_writer.waiting.reason,
+                 "the derived job to wait for its upstream")
+        status = tm.status()
+        down = status.job("down")
+        assert down.state == "leading" and down.committed_epoch == first
+        assert down.pending_barriers >= 1 and down.next_barrier > first
+        [blocker] = down.waiting_for
+        assert (blocker.table, blocker.epoch, blocker.writer, blocker.writer_live) == (up_table, first, "up", False)
+        line = down.reasons()[0]
+        assert line.startswith(f"waiting for {up_table} (at {fmt_time(first)})")
+        assert line.endswith("written by job up, which has no live leader")
+        assert not down.stale, "the derived job is held back by its upstream, not stale itself"
+        up_status = status.job("up")
+        assert up_status.stale and up_status.state == "no leader" and up_status.holds_back_ms > 0
+        assert status.consistent_epoch == first
+
+        text = cli_status(zk_connect, capsys)
+        assert f"    waiting for {up_table} (at {fmt_time(first)})" in text
+        assert "written by job up, which has no live leader" in text
+        down_line = next(line for line in text.splitlines() if line.startswith("down:"))
+        assert down_line.startswith("down: term 1, leading") and "pending" in down_line and "STALE" not in down_line
+        assert "lag " in down_line and down_line.split("lag ", 1)[1].split(",")[0].endswith(" s")
+        up_line = next(line for line in text.splitlines() if line.startswith("up:"))
+        assert "STALE: no live leader" in up_line
+        report = json.loads(cli_status(zk_connect, capsys, "--json"))
+        down_json = next(j for j in report["jobs"] if j["name"] == "down")
+        assert down_json["waiting_for"] == [{"table": up_table, "epoch": first, "writer": "up",
+                                             "writer_state": "no leader", "writer_live": False,
+                                             "writer_finished_epoch": None}]
+
+        # The upstream runs again, as a bounded run of one epoch: then it has finished, and says so.
+        rerun = writer(connect(), catalog_settings, "up", [], [up_table])
+        [second] = rerun.run(append_epoch(up_table), max_epochs=1, stop_on_sigterm=False)
+        wait_for(lambda: down_writer.committed[-1:] == [second] and down_writer.waiting is not None
+                 and f"source {up_table} is at epoch {second}" in down_writer.waiting.reason,
+                 "the derived job to catch up with the finished upstream")
+        down = tm.status().job("down")
+        [blocker] = down.waiting_for
+        assert blocker.writer_state == "finished" and blocker.writer_finished_epoch == second
+        assert f"which has no live leader (it finished a bounded run at {second}" in down.reasons()[0]
+        assert not tm.status().job("up").stale
+    finally:
+        for job in running:
+            job.stop()
+
+
+def test_resolution_refuses_epochs_below_a_tables_first_epoch(tm, catalog_settings, lake):
+    a, b = lake("a", "b")
+    a_epochs = writer(tm, catalog_settings, "a", [], [a]).run(append_epoch(a), max_epochs=3, stop_on_sigterm=False)
+    # B's writer starts later, once the clock has passed A's last barrier: its first epoch is above A's tidemark.
+    wait_for(lambda: now_ms() >= a_epochs[-1] + INTERVAL, "the clock to pass A's last barrier")
+    [b_first] = writer(tm, catalog_settings, "b", [], [b]).run(lambda ctx: None, max_epochs=1,  # writes nothing
+                                                               stop_on_sigterm=False)
+    assert b_first > a_epochs[-1]
+    catalog = lake.catalog
+    resolvers = {"zookeeper": Resolver(catalog, catalog_settings, tm),
+                 "zookeeper cache": Resolver(catalog, catalog_settings, tm, tm.tidemark_cache()),
+                 "iceberg only": Resolver(catalog, catalog_settings, None)}
+    for how, resolver in resolvers.items():
+        assert resolver.first_epochs([a, b]) == {a: a_epochs[0], b: b_first}, how
+        with pytest.raises(VersionNotFound, match=rf"{b} \(first epoch {b_first}\)") as refused:
+            resolver.resolve([a, b])
+        assert f"{a} at {a_epochs[-1]}" in str(refused.value), how
+        with pytest.raises(VersionNotFound, match=rf"{b} \(first epoch {b_first}\)"):
+            resolver.resolve([a, b], as_of=a_epochs[1])
+        with pytest.raises(VersionNotFound, match=rf"before the first epoch of {a} \(first epoch {a_epochs[0]}\)"):
+            resolver.resolve([a], as_of=a_epochs[0] - INTERVAL)  # before any history
+        with pytest.raises(VersionNotFound, match=rf"{b} \(first epoch {b_first}\)"):
+            resolver.resolve([b], as_of=a_epochs[-1])
+    versions = {how: (r.resolve([a]), r.resolve([b]), r.resolve([a], as_of=a_epochs[1]))
+                for how, r in resolvers.items()}
+    assert all(v == versions["zookeeper"] for v in versions.values()), versions  # every path agrees
+    latest_a, only_b, old_a = versions["iceberg only"]
+    assert latest_a.epoch == a_epochs[-1] and only_b.epoch == b_first and only_b.snapshots == {b: None}
+    data = read_arrow(resolvers["iceberg only"], old_a)[a].to_pylist()
+    assert sorted(r["epoch"] for r in data) == a_epochs[:2]
