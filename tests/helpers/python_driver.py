@@ -1,0 +1,166 @@
+"""A pure-Python driver process (``EpochWriter``, no Spark) for the fault tests of tests/test_writer_faults.py.
+
+    python -m tests.helpers.python_driver CONFIG_JSON
+
+CONFIG_JSON holds ``mode``, ``connect``, ``session_timeout``, ``catalog`` ({name, uri, warehouse}) and per mode:
+
+- ``count``: job ``counter`` reads the root table ``source`` (``k`` string, ``n`` int64) and writes two
+  sinks: ``log`` (the rows appended in the epoch, appended) and ``counts`` (rows per ``k`` except ``noise``:
+  an overwrite of the previous counts plus the epoch's; not written in an epoch with nothing to count, so
+  the sink publishes nothing then and its committed epoch is marked in Iceberg instead). Runs ``max_epochs`` epochs and prints
+  ``{"committed": [...]}``. With ``crash_at`` it SIGKILLs itself during its second computed epoch:
+  ``staged`` (sinks staged, nothing precommitted), ``precommitted`` (before any publish), ``published-one``
+  (one of the two sinks published), ``committed`` (ZooKeeper commit done, Iceberg not marked yet) or ``none``.
+- ``serve``: job ``job`` with no source appends one row (epoch, term, member) per epoch to ``log``, unbounded
+  (until SIGTERM). Prints ``READY <member>`` once connected and ``EXIT ok`` when ``run`` returns.
+- ``agree``: a root job agreeing barriers on a 1 ms grid as fast as it can: prints ``READY``, waits for a
+  line on stdin, then calls ``barriers.agree(T)`` with ``T`` from the clock until ``/barriers`` holds
+  ``target`` barriers; writes every call as ``[T, agreed]`` to ``out`` (JSON).
+Crashes are injected by wrapping library functions in this process; the library itself is untouched.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from coordinator import CatalogSettings, EpochWriter, Tidemark
+from coordinator.records import now_ms
+
+SOURCE_SCHEMA = pa.schema([pa.field("k", pa.string()), pa.field("n", pa.int64())])
+COUNT_SCHEMA = pa.schema([pa.field("k", pa.string()), pa.field("cnt", pa.int64())])
+NOISE = "noise"  # rows the count table does not count
+EPOCH_SCHEMA = pa.schema([pa.field("epoch", pa.int64()), pa.field("term", pa.int64()), pa.field("member", pa.string())])
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def new_counts(ctx, rows: pa.Table, sink: str) -> pa.Table:
+    """The counts at the job's last committed epoch (the snapshot its tidemark names) plus ``rows``."""
+    writer = ctx.writer
+    previous = COUNT_SCHEMA.empty_table()
+    snapshot_id = writer.epochs.mark(sink).snapshot_id
+    if snapshot_id is not None:
+        table = writer.table(sink)
+        if table.snapshot_by_id(snapshot_id) is None:
+            table.refresh()
+        previous = table.scan(snapshot_id=snapshot_id).to_arrow().select(["k", "cnt"]).cast(COUNT_SCHEMA)
+    delta = rows.group_by("k").aggregate([("n", "count")]).rename_columns(["k", "cnt"])
+    both = pa.concat_tables([previous, delta.select(["k", "cnt"]).cast(COUNT_SCHEMA)])
+    summed = both.group_by("k").aggregate([("cnt", "sum")]).rename_columns(["k", "cnt"])
+    return summed.select(["k", "cnt"]).cast(COUNT_SCHEMA)
+
+
+def install_crash(crash_at: str, computed: list) -> None:
+    """Make this process SIGKILL itself at ``crash_at`` during its second computed epoch."""
+    import coordinator.commit as commit_module
+    from coordinator.epochs import EpochCoordinator
+
+    def crashing() -> bool:
+        return crash_at != "none" and len(computed) == 2
+
+    committer_cls = commit_module.EpochCommitter
+    original_finish, original_publish = committer_cls.finish, commit_module.publish_staged
+    original_commit = EpochCoordinator.commit
+
+    def finish(self, epoch, staged):
+        if crashing() and crash_at == "staged":
+            die()
+        return original_finish(self, epoch, staged)
+
+    def publish(table, snapshot_id, epoch):
+        if crashing() and crash_at == "precommitted":
+            die()
+        result = original_publish(table, snapshot_id, epoch)
+        if crashing() and crash_at == "published-one":
+            die()
+        return result
+
+    def commit(self, epoch, published):
+        record = original_commit(self, epoch, published)
+        if crashing() and crash_at == "committed":
+            die()
+        return record
+
+    committer_cls.finish = finish
+    commit_module.publish_staged = publish
+    EpochCoordinator.commit = commit
+
+
+def run_count(config: dict, tm: Tidemark, settings: CatalogSettings) -> None:
+    source, log_sink, counts_sink = config["source"], config["log"], config["counts"]
+    writer = EpochWriter(tm, "counter", sources=[source], sinks=[log_sink, counts_sink], catalog=settings,
+                         interval_ms=1000, grace_ms=200)
+    computed: list[int] = []
+    install_crash(config.get("crash_at", "none"), computed)
+
+    def step(ctx) -> None:
+        computed.append(ctx.epoch)
+        changes = ctx.changes(source).select(["k", "n"]).cast(SOURCE_SCHEMA)
+        ctx.append(log_sink, changes)
+        counted = changes.filter(pc.not_equal(changes["k"], NOISE))
+        if counted.num_rows:  # otherwise the count table does not change: it publishes nothing in this epoch
+            ctx.overwrite(counts_sink, new_counts(ctx, counted, counts_sink))
+
+    committed = writer.run(step, max_epochs=config["max_epochs"], leader_timeout=120)
+    print(json.dumps({"committed": committed, "computed": computed}), flush=True)
+
+
+def run_serve(config: dict, tm: Tidemark, settings: CatalogSettings) -> None:
+    log_sink = config["log"]
+    writer = EpochWriter(tm, config["job"], sources=[], sinks=[log_sink], catalog=settings, interval_ms=1000,
+                         grace_ms=200)
+
+    def step(ctx) -> None:
+        ctx.append(log_sink, pa.table({"epoch": [ctx.epoch], "term": [ctx.writer.term], "member": [tm.member]},
+                                      schema=EPOCH_SCHEMA))
+
+    print("READY", tm.member, flush=True)
+    writer.run(step)
+    print("EXIT ok", flush=True)
+
+
+def run_agree(config: dict, tm: Tidemark) -> None:
+    barriers = tm.barriers
+    barriers.ensure_grid(1)
+    print("READY", flush=True)
+    sys.stdin.readline()
+    calls: list[tuple[int, bool]] = []
+    deadline = time.monotonic() + config.get("seconds", 90)
+    while time.monotonic() < deadline:
+        candidate = now_ms() - random.choice((0, 0, 0, 1, 2, 5))  # sometimes behind what others agreed
+        calls.append((candidate, barriers.agree(candidate, proposed_by=tm.member)))
+        if len(calls) % 25 == 0 and len(barriers.agreed()) >= config["target"]:
+            break
+    with open(config["out"], "w") as out:
+        json.dump(calls, out)
+    print("DONE", len(calls), flush=True)
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    catalog = config.get("catalog")
+    settings = CatalogSettings(**catalog) if catalog else None
+    tm = Tidemark.connect(config["connect"], session_timeout=config.get("session_timeout", 3.0),
+                          operation_timeout=config.get("operation_timeout", 30.0))
+    try:
+        if config["mode"] == "count":
+            run_count(config, tm, settings)
+        elif config["mode"] == "serve":
+            run_serve(config, tm, settings)
+        else:
+            run_agree(config, tm)
+    finally:
+        tm.close()
+
+
+if __name__ == "__main__":
+    main()
