@@ -10,17 +10,30 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator import (ConsistencyLevel, EpochCoordinator, PublishConflict, Tidemark, VersionNotFound)
-from coordinator.commit import EpochCommitter
+from coordinator import ConsistencyLevel, EpochState, PublishConflict, Tidemark, VersionNotFound
 from coordinator.publish import PublishOutcome, expire_unpublished, publish_staged
 from coordinator.resolve import ReaderSession, Resolver, pinned_snapshots, read_arrow
-from coordinator.snapshots import highest_epoch, snapshot_at_epoch, staged_snapshots
-from tests.helpers.lake import commit_rows, create_table, lead_job, stage_rows
+from coordinator.snapshots import (COMMITTED_EPOCH_PROPERTY, committed_epoch, highest_epoch, snapshot_at_epoch,
+                                   staged_snapshots)
+from tests.helpers.lake import agree, commit_rows, create_table, lead_job, rows_of, stage_rows
 
 
 @pytest.fixture
 def catalog(catalog_settings):
     return catalog_settings.load()
+
+
+@pytest.fixture
+def writers(tm, catalog_settings):
+    """Open ``EpochWriter`` s on this test's ZooKeeper (closed at the end): ``writers(job, sinks)``."""
+    opened = []
+
+    def open_one(job: str, sinks: list[str]):
+        opened.append(lead_job(tm, catalog_settings, job, sinks))
+        return opened[-1]
+    yield open_one
+    for writer in opened:
+        writer.close()
 
 
 def test_racing_publishers_of_one_epoch_make_exactly_one_snapshot_current(catalog, catalog_settings, namespace):
@@ -67,7 +80,7 @@ def test_publish_whose_parent_moved_is_refused_and_loses_nothing(catalog, namesp
 # -- random histories ------------------------------------------------------------------------
 
 JOBS = {"ja": ["t_a1", "t_a2"], "jb": ["t_b"], "jc": ["t_c"]}
-ACTIONS = st.sampled_from(["data", "empty", "abort_then_data", "crash_after_publish", "abort_then_empty"])
+ACTIONS = st.sampled_from(["data", "empty", "idle", "abort_then_data", "crash_after_publish", "abort_then_empty"])
 HISTORY = st.lists(st.tuples(st.sampled_from(sorted(JOBS)), ACTIONS), min_size=1, max_size=14)
 
 
@@ -78,44 +91,50 @@ def test_consistent_resolution_over_random_histories(history, zk_server, catalog
     import uuid
     ns = "h_" + uuid.uuid4().hex[:8]
     tm = Tidemark.connect(f"{zk_server.connect_string}/{ns}", session_timeout=4)
+    writers = {}
     try:
-        grid = tm.barriers.ensure_grid(1000)
         tables = {t: create_table(catalog, f"{ns}.{t}") for sinks in JOBS.values() for t in sinks}
         written: dict[str, dict[int, int]] = {t: {} for t in tables}  # table -> epoch -> rows
-        runners = {}
         for job, sinks in JOBS.items():
-            tm.register_job(job, sources=[], sinks=[f"{ns}.{t}" for t in sinks])
-            leadership = tm.leadership(job)
-            leadership.acquire()
-            epochs = EpochCoordinator(leadership, [f"{ns}.{t}" for t in sinks], grid)
-            epochs.recover()
-            runners[job] = EpochCommitter(epochs, lambda name: catalog.load_table(name))
+            writers[job] = lead_job(tm, catalog_settings, job, [f"{ns}.{t}" for t in sinks])
         next_epoch = {job: 1000 for job in JOBS}
         for step, (job, action) in enumerate(history):
-            committer, t = runners[job], next_epoch[job]
-            epochs = committer.epochs
-            epochs.begin(t, {"step": step})
-            if action.startswith("abort"):
-                for sink in JOBS[job]:
-                    stage_rows(tables[sink], t, job, 1, 1)  # staged, then abandoned
-                epochs.abort(t, "test")
-                epochs.begin(t)
-            staged = {}
+            writer, t = writers[job], next_epoch[job]
+            agree(tm, t)
+            assert tm.barriers.next_after(writer.epochs.last_committed) == t
+            rows = {}  # sink -> rows this epoch appends (the other sinks do not change)
             for i, sink in enumerate(JOBS[job]):
-                if action.endswith("empty") or (action == "data" and (step + i) % 3 == 2):
-                    staged[f"{ns}.{sink}"] = None
-                else:
-                    rows = 1 + (step + i) % 3
-                    staged[f"{ns}.{sink}"] = stage_rows(tables[sink], t, job, 1, rows)
-                    written[sink][t] = rows
-            if action == "crash_after_publish":
-                record = epochs.precommit(t, staged)
+                if not (action.endswith("empty") or action == "idle" or (action == "data" and (step + i) % 3 == 2)):
+                    rows[sink] = 1 + (step + i) % 3
+
+            def compute(ctx) -> None:
+                for sink, n in rows.items():
+                    ctx.append(f"{ns}.{sink}", rows_of(ctx.epoch, n))
+            if action == "idle":
+                writer.commit_idle(t)
+            elif action == "crash_after_publish":
+                writer.epochs.begin(t, writer.inputs_for(t))
+                staged = {f"{ns}.{sink}": stage_rows(tables[sink], t, job, writer.term, rows[sink]) if sink in rows
+                          else None for sink in JOBS[job]}
+                writer.epochs.precommit(t, staged)
                 first = sorted(staged)[0]
                 if staged[first] is not None:
                     publish_staged(catalog.load_table(first), staged[first], t)
-                committer.roll_forward(record)  # the recovering leader repeats publish: a no-op there
+                writer.close()  # the leader dies here; the next one rolls the epoch forward (publish is a no-op
+                writer.open(leader_timeout=30)  # where it already happened)
+                assert writer.committed[-1] == t
             else:
-                committer.finish(t, staged)
+                if action.startswith("abort"):
+                    writer.epochs.begin(t, writer.inputs_for(t))
+                    for sink in JOBS[job]:
+                        stage_rows(tables[sink], t, job, writer.term, 1)  # staged, then abandoned
+                    writer.epochs.abort(t, "test")
+                record = writer.process(t, compute)  # an aborted epoch is recomputed from its recorded inputs
+                assert record.staged == {f"{ns}.{s}": record.published[f"{ns}.{s}"] if s in rows else None
+                                         for s in JOBS[job]}
+            assert writer.epochs.last_committed == t and writer.epochs.current.state == EpochState.COMMITTED
+            for sink, n in rows.items():
+                written[sink][t] = n
             next_epoch[job] = t + 1000
 
             names = sorted(f"{ns}.{s}" for s in tables)
@@ -131,23 +150,25 @@ def test_consistent_resolution_over_random_histories(history, zk_server, catalog
             assert with_zk.epoch == min(committed)
             data = read_arrow(Resolver(catalog, catalog_settings), with_zk)
             for sink in tables:
-                rows = data[f"{ns}.{sink}"].to_pylist()
+                rows_read = data[f"{ns}.{sink}"].to_pylist()
                 expected = {e: n for e, n in written[sink].items() if e <= with_zk.epoch}
                 got: dict[int, int] = {}
-                for r in rows:
+                for r in rows_read:
                     got[r["epoch"]] = got.get(r["epoch"], 0) + 1
                 assert got == expected, f"{sink} at T*={with_zk.epoch}"
     finally:
+        for writer in writers.values():
+            writer.close()
         tm.close()
 
 
-def test_levels_and_as_of(tm, catalog, catalog_settings, namespace):
+def test_levels_and_as_of(tm, writers, catalog, catalog_settings, namespace):
     up, down = f"{namespace}.up", f"{namespace}.down"
     tables = {n: create_table(catalog, n) for n in (up, down)}
-    committers = {sink: lead_job(tm, catalog, job, [sink]) for job, sink in (("up", up), ("down", down))}
+    jobs = {sink: writers(job, [sink]) for job, sink in (("up", up), ("down", down))}
 
     def epoch(sink: str, t: int) -> int:
-        return commit_rows(committers[sink], tables[sink], t)
+        return commit_rows(jobs[sink], t)
     up1, up2, up3 = epoch(up, 1000), epoch(up, 2000), epoch(up, 3000)
     down1, down2 = epoch(down, 1000), epoch(down, 2000)
     staged_only = stage_rows(tables[up], 4000, "x", 1, 1)
@@ -161,34 +182,41 @@ def test_levels_and_as_of(tm, catalog, catalog_settings, namespace):
     assert staged_only not in resolver.resolve([up, down], level="latest").snapshots.values()
     assert highest_epoch(catalog.load_table(up)) == 3000
     assert snapshot_at_epoch(catalog.load_table(up), 2500).snapshot_id == up2
+    # Epochs that published a snapshot need no property commit: the snapshot carries the epoch.
+    assert catalog.load_table(up).properties.get(COMMITTED_EPOCH_PROPERTY) is None
+    assert committed_epoch(catalog.load_table(up)) == 3000
+    assert Resolver(catalog, catalog_settings, None).resolve([up, down]) == resolver.resolve([up, down])
 
 
-def test_reader_session_is_monotonic_and_pins_vanish_with_the_session(tm, connect, catalog, catalog_settings,
-                                                                      namespace):
+def test_reader_session_is_monotonic_and_pins_vanish_with_the_session(tm, connect, writers, catalog,
+                                                                      catalog_settings, namespace):
     name = f"{namespace}.t"
     table = create_table(catalog, name)
-    committer = lead_job(tm, catalog, "j", [name])
-    for t in (1000, 2000):
-        commit_rows(committer, table, t)
+    writer = writers("j", [name])
+    first = commit_rows(writer, 1000)
+    agree(tm, 2000)
+    writer.commit_idle(2000)  # nothing new: the table keeps its snapshot, its property records the epoch
     reader_tm = connect()
     session = ReaderSession(Resolver(catalog, catalog_settings, reader_tm), reader_tm)
     version = session.resolve([name])
-    assert version.epoch == 2000
+    assert version.epoch == 2000 and version.snapshots == {name: first}
     session.pin(version)
     assert pinned_snapshots(tm) == {name: {version.snapshots[name]}}
-    # Iceberg metadata lagging ZooKeeper must not move the reader backwards
+    # Iceberg metadata lagging ZooKeeper (the property mark of epoch 2000 not made yet) must not move the
+    # reader backwards
     session.resolver = Resolver(catalog, catalog_settings, None)
-    table.transaction().set_properties({"tidemark.committed-epoch": "1000"}).commit_transaction()
+    table.transaction().set_properties({COMMITTED_EPOCH_PROPERTY: "1000"}).commit_transaction()
+    assert Resolver(catalog, catalog_settings, None).resolve([name]).epoch == 1000
     assert session.resolve([name]) == version
     assert ConsistencyLevel(version.level) == ConsistencyLevel.CONSISTENT
     reader_tm.close()
     assert pinned_snapshots(tm) == {}
 
 
-def test_cli_resolve_prints_epoch_and_snapshots(tm, zk_connect, catalog, lake_home, namespace):
+def test_cli_resolve_prints_epoch_and_snapshots(tm, writers, zk_connect, catalog, lake_home, namespace):
     name = f"{namespace}.t"
-    table = create_table(catalog, name)
-    sid = commit_rows(lead_job(tm, catalog, "j", [name]), table, 1000)
+    create_table(catalog, name)
+    sid = commit_rows(writers("j", [name]), 1000)
     env = {"TIDEMARK_HOME": str(lake_home), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-m", "coordinator.cli", "--zk", zk_connect, "resolve", name, "--json"],
                          capture_output=True, text=True, env=env, timeout=60)

@@ -5,6 +5,7 @@ import uuid
 
 import pyarrow as pa
 
+from coordinator import CatalogSettings, EpochWriter
 from coordinator.snapshots import summary_properties
 
 SCHEMA = pa.schema([pa.field("epoch", pa.int64(), nullable=False), pa.field("row", pa.int64(), nullable=False)])
@@ -20,6 +21,12 @@ def create_table(catalog, identifier: str):
     return table
 
 
+def rows_of(epoch: int, rows: int) -> pa.Table:
+    """``rows`` rows of ``epoch``, numbered from 0."""
+    return pa.table({"epoch": pa.array([epoch] * rows, pa.int64()), "row": pa.array(range(rows), pa.int64())},
+                    schema=SCHEMA)
+
+
 def stage_rows(table, epoch: int, job: str, term: int, rows: int) -> int:
     """Write ``rows`` rows of ``epoch`` as a staged snapshot (not on main); returns its id."""
     table.refresh()
@@ -27,29 +34,30 @@ def stage_rows(table, epoch: int, job: str, term: int, rows: int) -> int:
     head = table.current_snapshot()
     if head is not None:
         table.manage_snapshots().create_branch(head.snapshot_id, branch).commit()
-    data = pa.table({"epoch": pa.array([epoch] * rows, pa.int64()), "row": pa.array(range(rows), pa.int64())},
-                    schema=SCHEMA)
-    table.append(data, snapshot_properties=summary_properties(epoch, job, term), branch=branch)
+    table.append(rows_of(epoch, rows), snapshot_properties=summary_properties(epoch, job, term), branch=branch)
     staged = table.metadata.refs[branch].snapshot_id
     table.manage_snapshots().remove_branch(branch).commit()
     return staged
 
 
-def lead_job(tm, catalog, job: str, sinks: list[str]):
-    """Register ``job``, lead it and recover: an ``EpochCommitter`` ready for its next epoch."""
-    from coordinator import EpochCoordinator
-    from coordinator.commit import EpochCommitter
-    tm.register_job(job, sources=[], sinks=sinks)
-    leadership = tm.leadership(job)
-    leadership.acquire()
-    epochs = EpochCoordinator(leadership, sinks, tm.barriers.ensure_grid(1000))
-    epochs.recover()
-    return EpochCommitter(epochs, catalog.load_table)
+def lead_job(tm, settings: CatalogSettings, job: str, sinks: list[str], sources: tuple[str, ...] = ()) -> EpochWriter:
+    """An ``EpochWriter`` for ``job`` on the shared 1-second grid, opened: registered, leading, recovered."""
+    writer = EpochWriter(tm, job, sources=sources, sinks=sinks, catalog=settings, interval_ms=1000, grace_ms=0)
+    writer.open(leader_timeout=30)
+    return writer
 
 
-def commit_rows(committer, table, epoch: int, rows: int = 1) -> int:
-    """Run one whole epoch that stages ``rows`` rows into ``table`` (the job's only sink); returns the snapshot."""
-    committer.epochs.begin(epoch, {})
-    staged = stage_rows(table, epoch, committer.epochs.job, committer.epochs.leadership.term, rows)
-    committer.finish(epoch, {committer.epochs.sinks[0]: staged})
-    return staged
+def agree(tm, epoch: int) -> None:
+    """Make ``epoch`` an agreed barrier (agreed here, or already by another job)."""
+    if not tm.barriers.agree(epoch, proposed_by="tests") and epoch not in tm.barriers.agreed():
+        raise AssertionError(f"barrier {epoch} can no longer be agreed: {tm.barriers.latest()} is newer")
+
+
+def commit_rows(writer: EpochWriter, epoch: int, rows: int = 1) -> int:
+    """Agree barrier ``epoch`` and process it with ``writer``, appending ``rows`` rows to its only sink;
+    returns the snapshot published for the epoch."""
+    (sink,) = writer.sinks
+    agree(writer.tm, epoch)
+    record = writer.process(epoch, lambda ctx: ctx.append(sink, rows_of(epoch, rows)))
+    assert record.state.value == "COMMITTED" and record.staged[sink] == record.published[sink]
+    return record.published[sink]
