@@ -53,7 +53,7 @@ from .catalog import CatalogSettings, load_table
 from .client import Tidemark, create, delete, set_data
 from .commit import EpochCommitter
 from .epochs import EpochCoordinator, RecoveryAction
-from .errors import ConfigurationError, EpochOrderError, NotLeader, ZooKeeperUnavailable
+from .errors import ConfigurationError, EpochOrderError, Fenced, NotLeader, ZooKeeperUnavailable
 from .names import validate_name, validate_names
 from .records import EpochInputs, EpochRecord, EpochState, FinishedRecord, LeaderRecord, SourceRange, TermRecord, now_ms
 from .snapshots import snapshot_at_epoch, snapshot_at_time
@@ -288,10 +288,15 @@ class EpochWriter:
         while not self._stop.is_set():
             try:
                 self.open(leader_timeout, while_standby)
-            except NotLeader:
+            except NotLeader as exc:
                 if self._stop.is_set():
                     break
-                raise
+                if not isinstance(exc, Fenced):
+                    raise  # not elected within leader_timeout
+                # Elected, then fenced (or the session expired) while recovering: contend again.
+                log.warning("job %s: leadership lost while taking over (%s); contending again", self.name,
+                            str(exc).splitlines()[0] if str(exc) else "Fenced")
+                continue
             try:
                 remaining = None if max_epochs is None else max_epochs - (len(self.committed) - start)
                 if self._loop(function, remaining, until):
