@@ -1,14 +1,26 @@
-"""``python -m bench [coordination] [iceberg] [spark]``: run the named benchmarks (all by default)."""
+"""``python -m bench [coordination] [iceberg] [spark] [pipeline] [options]``: run the named benchmarks.
+
+With no name, all of them. Options (``--engine spark``, ``--minutes 1``, ...) go to the suites
+that take them: ``pipeline`` (see ``python -m bench pipeline --help``) and ``spark``.
+"""
 import sys
 
-from . import coordination, iceberg, spark
+from . import coordination, iceberg, pipeline, spark
 
-SUITES = {"coordination": coordination.main, "iceberg": iceberg.main, "spark": spark.main}
+SUITES = {"coordination": lambda argv: coordination.main(), "iceberg": lambda argv: iceberg.main(),
+          "spark": spark.main, "pipeline": pipeline.main}
+TAKES_OPTIONS = {"spark", "pipeline"}
 
 if __name__ == "__main__":
-    names = sys.argv[1:] or list(SUITES)
+    args = sys.argv[1:]
+    split = next((i for i, a in enumerate(args) if a.startswith("-")), len(args))
+    names, options = args[:split] or list(SUITES), args[split:]
     unknown = [n for n in names if n not in SUITES]
     if unknown:
         sys.exit(f"unknown benchmark {unknown}; choose from {sorted(SUITES)}")
+    if options and not set(names) <= TAKES_OPTIONS:
+        sys.exit(f"options {options} are for {sorted(TAKES_OPTIONS)} only; run those suites by name")
     for name in names:
-        SUITES[name]()
+        code = SUITES[name](options)
+        if code:
+            sys.exit(code)

@@ -1,0 +1,522 @@
+"""A three-job cascade against the wall clock: freshness, overload (backpressure) and catch-up after a pause.
+
+    producer (plain pyiceberg appends to the root table ``events`` every ~250 ms, outside Tidemark)
+      -> job "ingest"     (root job):  clean    = each epoch's new events, tagged with the epoch
+      -> job "aggregate":              by_key   = count and sum of value per key (incremental)
+      -> job "summary":                totals   = one row per epoch: keys, count and sum over by_key
+
+Each job is its own driver process (``python -m bench.pipeline --driver NAME``), with
+``EpochWriter`` and pyarrow (``--engine python``) or ``EpochJob`` and a SparkSession
+(``--engine spark``). They share a private ZooKeeper and a private SQLite catalog. The
+bench samples ``now - T*`` every 200 ms, ``T*`` being the consistent epoch of the three
+sinks and the root table (the minimum of the sinks' tidemarks: a root table does not hold
+it back), and checks the final consistent version (every event counted exactly once).
+
+    python -m bench pipeline [--engine python|spark] [--scenario freshness|overload|catchup]
+                             [--minutes 3] [--interval-ms 5000] [--pause 300]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from .common import header, zookeeper
+
+ROOT, CLEAN, BY_KEY, TOTALS = "lake.p.events", "lake.p.clean", "lake.p.by_key", "lake.p.totals"
+SINKS = (CLEAN, BY_KEY, TOTALS)
+JOBS = {"ingest": ((ROOT,), (CLEAN,)), "aggregate": ((CLEAN,), (BY_KEY,)), "summary": ((BY_KEY,), (TOTALS,))}
+ORDER = ("ingest", "aggregate", "summary")
+KEYS = 100
+SAMPLE_EVERY_S = 0.2
+REPO = Path(__file__).resolve().parent.parent
+
+
+def schemas():
+    import pyarrow as pa
+    events = [pa.field("id", pa.int64()), pa.field("key", pa.string()), pa.field("value", pa.int64()),
+              pa.field("ts", pa.int64())]
+    return {ROOT: pa.schema(events), CLEAN: pa.schema([*events, pa.field("epoch", pa.int64())]),
+            BY_KEY: pa.schema([pa.field("key", pa.string()), pa.field("cnt", pa.int64()),
+                               pa.field("total", pa.int64())]),
+            TOTALS: pa.schema([pa.field("epoch", pa.int64()), pa.field("keys", pa.int64()),
+                               pa.field("cnt", pa.int64()), pa.field("total", pa.int64())])}
+
+
+# -- the jobs' functions ----------------------------------------------------------------------------
+
+def python_functions() -> dict[str, Callable]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    schema = schemas()
+
+    def ingest(ctx) -> None:
+        new = ctx.changes(ROOT)
+        new = pa.table({**{c: new[c] for c in ("id", "key", "value", "ts")},
+                        "epoch": pa.array([ctx.epoch] * new.num_rows, pa.int64())})
+        ctx.append(CLEAN, new.cast(schema[CLEAN]))
+
+    def aggregate(ctx) -> None:
+        grouped = ctx.changes(CLEAN).group_by("key").aggregate([("value", "count"), ("value", "sum")])
+        delta = pa.table({"key": grouped["key"], "cnt": grouped["value_count"],
+                          "total": grouped["value_sum"]}).cast(schema[BY_KEY])
+        sink = ctx.writer.table(BY_KEY)
+        sink.refresh()  # main holds the previous epoch's committed state until this epoch publishes
+        current = sink.scan().to_arrow().select(["key", "cnt", "total"]).cast(schema[BY_KEY])
+        merged = pa.concat_tables([current, delta]).group_by("key").aggregate([("cnt", "sum"), ("total", "sum")])
+        ctx.overwrite(BY_KEY, pa.table({"key": merged["key"], "cnt": merged["cnt_sum"],
+                                        "total": merged["total_sum"]}).cast(schema[BY_KEY]))
+
+    def summary(ctx) -> None:
+        by_key = ctx.table(BY_KEY)
+        row = {"epoch": [ctx.epoch], "keys": [by_key.num_rows], "cnt": [pc.sum(by_key["cnt"]).as_py() or 0],
+               "total": [pc.sum(by_key["total"]).as_py() or 0]}
+        ctx.append(TOTALS, pa.table(row, schema=schema[TOTALS]))
+
+    return {"ingest": ingest, "aggregate": aggregate, "summary": summary}
+
+
+def spark_functions() -> dict[str, Callable]:
+    from pyspark.sql import functions as F
+
+    def ingest(ctx) -> None:
+        new = ctx.changes(ROOT).select("id", "key", "value", "ts", F.lit(ctx.epoch).cast("bigint").alias("epoch"))
+        ctx.append(CLEAN, new)
+
+    def aggregate(ctx) -> None:
+        delta = ctx.changes(CLEAN).groupBy("key").agg(F.count(F.lit(1)).alias("cnt"), F.sum("value").alias("total"))
+        ctx.merge(BY_KEY, delta, on=["key"], matched="t.cnt = t.cnt + s.cnt, t.total = t.total + s.total")
+
+    def summary(ctx) -> None:
+        row = ctx.table(BY_KEY).agg(F.lit(ctx.epoch).cast("bigint").alias("epoch"), F.count(F.lit(1)).alias("keys"),
+                                    F.coalesce(F.sum("cnt"), F.lit(0)).cast("bigint").alias("cnt"),
+                                    F.coalesce(F.sum("total"), F.lit(0)).cast("bigint").alias("total"))
+        ctx.append(TOTALS, row)
+
+    return {"ingest": ingest, "aggregate": aggregate, "summary": summary}
+
+
+# -- the processes: one driver per job, and the producer ----------------------------------------------
+
+def run_driver(args) -> int:
+    """One job's driver: run epochs until SIGTERM; one JSON line per committed epoch into ``--events``."""
+    from coordinator import CatalogSettings, EpochWriter, Tidemark
+    from coordinator.records import now_ms
+
+    settings = CatalogSettings.embedded(Path(args.home))
+    tm = Tidemark.connect(args.zk)
+    sources, sinks = JOBS[args.driver]
+    options = dict(sources=sources, sinks=sinks, catalog=settings, interval_ms=args.interval_ms,
+                   grace_ms=args.grace_ms, max_pending_barriers=args.max_pending)
+    spark = None
+    if args.engine == "spark":
+        from spark_hooks import EpochJob, build_spark_session
+        spark = build_spark_session(settings, app_name=f"tidemark-bench-{args.driver}", master="local[1]",
+                                    extra_conf={"spark.ui.enabled": "false", "spark.driver.memory": "768m"})
+        job = EpochJob(spark, tm, args.driver, **options)
+        writer, function = job.writer, spark_functions()[args.driver]
+    else:
+        writer, function = EpochWriter(tm, args.driver, **options), python_functions()[args.driver]
+    ran: set[int] = set()
+
+    def step(ctx) -> None:
+        ran.add(ctx.epoch)
+        function(ctx)
+        if args.sleep_s:
+            time.sleep(args.sleep_s)  # the overloaded job: each epoch takes longer than the interval
+
+    events = open(args.events, "a", buffering=1)
+    process = writer.process
+
+    def timed_process(epoch, fn, *rest, **kwargs):
+        started = now_ms()
+        record = process(epoch, fn, *rest, **kwargs)
+        events.write(json.dumps({"epoch": record.epoch, "ran": record.epoch in ran, "start_ms": started,
+                                 "end_ms": now_ms()}) + "\n")
+        return record
+    writer.process = timed_process  # the loop calls self.process: every committed epoch is logged
+    if spark is not None:
+        job.epoch(step)
+        committed = job.run()
+    else:
+        committed = writer.run(step)
+    events.close()
+    print(json.dumps({"job": args.driver, "committed": len(committed)}), flush=True)
+    tm.close()
+    if spark is not None:
+        spark.stop()
+    return 0
+
+
+def run_producer(args) -> int:
+    """Append ``--rows`` random events to the root table every ``--every`` seconds until SIGTERM."""
+    import pyarrow as pa
+    from coordinator import CatalogSettings
+    from coordinator.records import now_ms
+
+    table = CatalogSettings.embedded(Path(args.home)).load().load_table("p.events")
+    schema = schemas()[ROOT]
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    rng = random.Random(11)
+    next_id, due = 0, time.monotonic()
+    while not stop.is_set():
+        ids = list(range(next_id, next_id + args.rows))
+        table.append(pa.table({"id": ids, "key": [f"k{rng.randrange(KEYS):03d}" for _ in ids],
+                               "value": [rng.randrange(1000) for _ in ids], "ts": [now_ms()] * len(ids)},
+                              schema=schema))
+        next_id += args.rows
+        due += args.every
+        stop.wait(max(0.0, due - time.monotonic()))
+        due = max(due, time.monotonic() - args.every)  # after a slow append, do not burst to catch up
+    return 0
+
+
+# -- the bench side -----------------------------------------------------------------------------------
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+class Cascade:
+    """The producer and the three drivers of one scenario, on a fresh catalog and a ZooKeeper chroot."""
+
+    def __init__(self, opts, zk_connect: str, name: str, max_pending: int = 2, slow: Optional[str] = None) -> None:
+        from coordinator import CatalogSettings, Tidemark
+        self.opts, self.name, self.max_pending, self.slow = opts, name, max_pending, slow
+        self.home = Path(tempfile.mkdtemp(prefix=f"tidemark-bench-pipeline-{name}-"))
+        self.zk = f"{zk_connect}/{name}"
+        self.settings = CatalogSettings.embedded(self.home)
+        self.catalog = self.settings.load()
+        self.catalog.create_namespace("p")
+        for table, schema in schemas().items():
+            properties = {"commit.manifest-merge.enabled": "true"} if table == ROOT else {}  # Java's default
+            self.catalog.create_table(self.settings.identifier(table), schema=schema, properties=properties)
+        self.tm = Tidemark.connect(self.zk)
+        for job in ORDER:  # before any driver opens: each one then knows which of its sources are managed
+            sources, sinks = JOBS[job]
+            self.tm.register_job(job, sources=sources, sinks=sinks)
+        self.cache = self.tm.tidemark_cache()
+        self.producer: Optional[subprocess.Popen] = None
+        self.drivers: dict[str, subprocess.Popen] = {}
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1",
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+    def _spawn(self, argv: list[str], log: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "bench.pipeline", *argv], cwd=REPO, env=self.env,
+                                stdout=subprocess.DEVNULL, stderr=open(self.home / log, "a"), start_new_session=True)
+
+    def start_producer(self) -> None:
+        self.producer = self._spawn(["--producer", "--home", str(self.home), "--rows", str(self.opts.rows),
+                                     "--every", str(self.opts.every)], "producer.log")
+
+    def start_drivers(self) -> float:
+        """Start the three drivers; returns the wall time (s) they were started."""
+        started = time.time()
+        for job in ORDER:
+            sleep_s = 1.5 * self.opts.interval_ms / 1000 if job == self.slow else 0.0
+            self.drivers[job] = self._spawn(
+                ["--driver", job, "--engine", self.opts.engine, "--zk", self.zk, "--home", str(self.home),
+                 "--interval-ms", str(self.opts.interval_ms), "--grace-ms", str(self.opts.grace_ms),
+                 "--max-pending", str(self.max_pending), "--sleep-s", str(sleep_s),
+                 "--events", str(self.home / f"epochs-{job}.jsonl")], f"{job}.log")
+        return started
+
+    def stop_drivers(self, timeout: float = 300) -> float:
+        """SIGTERM every driver (each finishes its epoch) and wait for them; returns the wall time they all ended."""
+        for proc in self.drivers.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for job, proc in self.drivers.items():
+            try:
+                code = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+            if code != 0:
+                print(f"  driver {job} exited with {code}:\n{self.tail(job)}", flush=True)
+        self.drivers = {}
+        return time.time()
+
+    def tail(self, job: str, lines: int = 25) -> str:
+        text = (self.home / f"{job}.log").read_text(errors="replace").splitlines()
+        return "\n".join("    " + line for line in text[-lines:])
+
+    def check_alive(self) -> None:
+        for job, proc in self.drivers.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"driver {job} exited with {proc.returncode}:\n{self.tail(job)}")
+        if self.producer is not None and self.producer.poll() is not None:
+            raise RuntimeError(f"the producer exited with {self.producer.returncode}:\n{self.tail('producer')}")
+
+    def marks(self) -> dict[str, Optional[int]]:
+        return {t: (m.epoch if m is not None else None) for t, m in self.cache.get(SINKS).items()}
+
+    def lag_ms(self, tables=SINKS) -> Optional[int]:
+        """``now - T*`` over ``tables`` (None while one of them has no committed epoch)."""
+        from coordinator.records import now_ms
+        epochs = [self.marks()[t] for t in tables]
+        return None if any(e is None for e in epochs) else now_ms() - min(epochs)  # type: ignore[type-var]
+
+    def wait_consistent(self, timeout: float = 600) -> float:
+        """Wait until every sink has a committed epoch; returns the wall time it happened."""
+        deadline = time.monotonic() + timeout
+        while self.lag_ms() is None:
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no consistent epoch after {timeout:.0f} s: {self.marks()}")
+            time.sleep(SAMPLE_EVERY_S)
+        return time.time()
+
+    def sample(self, seconds: float, until: Optional[Callable[[float], bool]] = None) -> list[tuple[float, float, float]]:
+        """``(wall s, lag s, ingest-only lag s)`` every 200 ms for ``seconds`` (or until ``until(lag)``)."""
+        samples: list[tuple[float, float, float]] = []
+        due = time.monotonic()
+        end = due + seconds
+        while time.monotonic() < end:
+            self.check_alive()
+            lag, first = self.lag_ms(), self.lag_ms((CLEAN,))
+            if lag is not None:
+                samples.append((time.time(), lag / 1000, first / 1000))  # type: ignore[operator]
+                if until is not None and until(lag / 1000):
+                    break
+            due += SAMPLE_EVERY_S
+            time.sleep(max(0.0, due - time.monotonic()))
+        return samples
+
+    def epochs(self, job: str) -> list[dict]:
+        path = self.home / f"epochs-{job}.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def agreed(self, start_s: float, end_s: float) -> list[int]:
+        return [b for b in self.tm.barriers.agreed() if start_s * 1000 <= b <= end_s * 1000]
+
+    def check(self) -> str:
+        """The final consistent version: every event counted exactly once by all three jobs?"""
+        import pyarrow.compute as pc
+        from coordinator.resolve import Resolver, read_arrow
+        resolver = Resolver(self.catalog, self.settings, self.tm)
+        version = resolver.resolve([ROOT, *SINKS])
+        frames = read_arrow(resolver, version)
+        events, clean, by_key, totals = (frames[t] for t in (ROOT, *SINKS))
+
+        def total(table, column: str) -> int:
+            return pc.sum(table[column]).as_py() or 0
+        problems = []
+        if sorted(clean["id"].to_pylist()) != sorted(events["id"].to_pylist()):
+            problems.append(f"clean has {clean.num_rows} rows, events at T* {events.num_rows}")
+        if (total(by_key, "cnt"), total(by_key, "total")) != (clean.num_rows, total(clean, "value")):
+            problems.append(f"by_key counts {total(by_key, 'cnt')} events, clean has {clean.num_rows}")
+        if totals.num_rows:
+            last = totals.sort_by([("epoch", "descending")]).slice(0, 1).to_pylist()[0]
+            if (last["keys"], last["cnt"], last["total"]) != (by_key.num_rows, total(by_key, "cnt"),
+                                                               total(by_key, "total")):
+                problems.append(f"totals' last row {last} does not match by_key")
+        verdict = "OK" if not problems else "INCONSISTENT: " + "; ".join(problems)
+        return f"final consistent epoch {version.epoch}: {events.num_rows} events, exactly once: {verdict}"
+
+    def close(self) -> None:
+        for proc in self.drivers.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if self.producer is not None and self.producer.poll() is None:
+            self.producer.send_signal(signal.SIGTERM)
+            try:
+                self.producer.wait(30)
+            except subprocess.TimeoutExpired:
+                self.producer.kill()
+                self.producer.wait()
+        self.cache.close()
+        self.tm.close()
+        if os.environ.get("TIDEMARK_BENCH_KEEP"):
+            print(f"  (kept {self.home})")
+        else:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    def __enter__(self) -> "Cascade":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def epoch_counts(cascade: Cascade, start_s: float, end_s: float) -> str:
+    parts = []
+    for job in ORDER:
+        done = [e for e in cascade.epochs(job) if start_s * 1000 <= e["end_ms"] <= end_s * 1000]
+        idle = sum(not e["ran"] for e in done)
+        parts.append(f"{job} {len(done)} ({idle} idle)")
+    return ", ".join(parts)
+
+
+def mean_gap_s(barriers: list[int]) -> float:
+    return (barriers[-1] - barriers[0]) / (len(barriers) - 1) / 1000 if len(barriers) > 1 else float("nan")
+
+
+def verdict(ok: bool) -> str:
+    return "MET" if ok else "MISSED"
+
+
+def freshness(opts, zk: str) -> None:
+    interval_s = opts.interval_ms / 1000
+    header(f"freshness ({opts.engine} engine): producer -> ingest -> aggregate -> summary, "
+           f"{opts.interval_ms} ms barriers, {opts.minutes:g} min")
+    with Cascade(opts, zk, "freshness") as cascade:
+        cascade.start_producer()
+        started = cascade.start_drivers()
+        first = cascade.wait_consistent()
+        print(f"first consistent epoch {first - started:.1f} s after the drivers started (not sampled)")
+        samples = cascade.sample(opts.minutes * 60)
+        end = time.time()
+        cascade.stop_drivers()
+        lags, ingest_lags = [s[1] for s in samples], [s[2] for s in samples]
+        grace_s = opts.grace_ms / 1000
+        floor = [((s[0] - grace_s) % interval_s) + grace_s for s in samples]  # now - the newest agreeable barrier
+        p50, p95 = percentile(lags, 0.5), percentile(lags, 0.95)
+        print(f"lag now - T* (T* = consistent epoch of the 3 sinks + root), {len(lags)} samples every 200 ms:")
+        print(f"  cascade (3 jobs):               p50 {p50:6.2f} s  p95 {p95:6.2f} s  max {max(lags):6.2f} s")
+        print(f"  baseline, ingest job alone:     p50 {percentile(ingest_lags, 0.5):6.2f} s  "
+              f"p95 {percentile(ingest_lags, 0.95):6.2f} s  max {max(ingest_lags):6.2f} s")
+        print(f"  baseline, zero-cost jobs:       p50 {percentile(floor, 0.5):6.2f} s  "
+              f"p95 {percentile(floor, 0.95):6.2f} s  (now - newest grid point <= now - grace)")
+        print(f"goal p50 <= interval + 3 s = {interval_s + 3:g} s: {verdict(p50 <= interval_s + 3)}; "
+              f"p95 <= 2 x interval + 3 s = {2 * interval_s + 3:g} s: {verdict(p95 <= 2 * interval_s + 3)}")
+        barriers = cascade.agreed(samples[0][0], end)
+        print(f"epochs committed (whole run): {epoch_counts(cascade, started, time.time())}; "
+              f"effective barrier interval {mean_gap_s(barriers):.2f} s")
+        print(cascade.check())
+
+
+def overload_run(opts, zk: str, name: str, max_pending: int) -> dict:
+    with Cascade(opts, zk, name, max_pending=max_pending, slow="aggregate") as cascade:
+        cascade.start_producer()
+        cascade.start_drivers()
+        cascade.wait_consistent()
+        samples = cascade.sample(opts.minutes * 60)
+        end = time.time()
+        cascade.stop_drivers()
+        middle = samples[0][0] + (end - samples[0][0]) / 2
+        first = [s[1] for s in samples if s[0] < middle]
+        second = [s[1] for s in samples if s[0] >= middle]
+        return {"first": percentile(first, 0.95), "second": percentile(second, 0.95), "max": max(s[1] for s in samples),
+                "end": samples[-1][1], "gap": mean_gap_s(cascade.agreed(samples[0][0], end)),
+                "epochs": epoch_counts(cascade, samples[0][0], end), "check": cascade.check()}
+
+
+def overload(opts, zk: str) -> None:
+    slow_s = 1.5 * opts.interval_ms / 1000
+    header(f"overload ({opts.engine} engine): job aggregate sleeps {slow_s:g} s per epoch, "
+           f"{opts.interval_ms} ms grid, {opts.minutes:g} min each")
+    runs = [("backpressure (max_pending_barriers=2)", overload_run(opts, zk, "overload", 2)),
+            ("baseline: no backpressure (max_pending_barriers=10^9)", overload_run(opts, zk, "overload-nobp", 10**9))]
+    print(f"{'':54} {'lag p95 1st half':>16} {'2nd half':>9} {'max':>7} {'at end':>7} {'barrier gap':>12}")
+    for label, r in runs:
+        print(f"{label:54} {r['first']:>14.2f} s {r['second']:>7.2f} s {r['max']:>5.1f} s {r['end']:>5.1f} s "
+              f"{r['gap']:>10.2f} s")
+    with_bp = runs[0][1]
+    print(f"goal: with backpressure, 2nd-half lag p95 no worse than the 1st half (10% margin for noise): "
+          f"{verdict(with_bp['second'] <= 1.1 * with_bp['first'])} "
+          f"(ratio {with_bp['second'] / with_bp['first']:.2f}; without backpressure "
+          f"{runs[1][1]['second'] / runs[1][1]['first']:.2f})")
+    for label, r in runs:
+        print(f"{label}: epochs {r['epochs']}\n  {r['check']}")
+
+
+def catchup(opts, zk: str) -> None:
+    interval_s = opts.interval_ms / 1000
+    header(f"catch-up ({opts.engine} engine): drivers stopped for {opts.pause:g} s while the producer writes, "
+           f"{opts.interval_ms} ms grid")
+    with Cascade(opts, zk, "catchup") as cascade:
+        cascade.start_producer()
+        cascade.start_drivers()
+        cascade.wait_consistent()
+        cascade.sample(opts.warmup)
+        stopped = cascade.stop_drivers()
+        last = min(e for e in cascade.marks().values() if e is not None)
+        print(f"drivers stopped (SIGTERM, epoch finished) at consistent epoch {last}; pausing {opts.pause:g} s")
+        time.sleep(opts.pause)
+        restarted = cascade.start_drivers()
+        samples = cascade.sample(opts.catchup_timeout, until=lambda lag: lag <= interval_s)
+        caught = samples[-1][0] if samples and samples[-1][1] <= interval_s else None
+        if caught is None:
+            print(f"NOT caught up within {opts.catchup_timeout:g} s (lag {samples[-1][1] if samples else '?'} s)")
+            cascade.stop_drivers()
+            return
+        after = [b for b in cascade.tm.barriers.agreed() if b > last]
+        missed = (after[0] - last) // opts.interval_ms - 1 if after else 0
+        runs = {job: [e for e in cascade.epochs(job) if e["start_ms"] >= restarted * 1000
+                      and e["end_ms"] <= caught * 1000 + 1] for job in ORDER}
+        cascade.sample(2 * interval_s)  # a little steady state after it, then a clean stop
+        cascade.stop_drivers()
+        print(f"time from restart until now - T* <= one interval ({interval_s:g} s): {caught - restarted:.1f} s "
+              f"(stopped {restarted - stopped:.0f} s)")
+        print("epochs each job ran to get there: " + ", ".join(f"{j} {len(r)}" for j, r in runs.items())
+              + f"; goal <= 2 per job: {verdict(all(len(r) <= 2 for r in runs.values()))}")
+        print(f"first epoch after the restart: barrier {after[0] if after else None}, covering "
+              f"{(after[0] - last) / 1000 if after else 0:.0f} s of input")
+        print(f"baseline: grid points missed during the pause: {missed} (a replay-every-grid-point design runs "
+              f"{missed + 1} epochs per job to catch up)")
+        print(cascade.check())
+
+
+SCENARIOS = {"freshness": freshness, "overload": overload, "catchup": catchup}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench pipeline", description=__doc__.split("\n\n")[0])
+    p.add_argument("--engine", choices=["python", "spark"], default="python")
+    p.add_argument("--scenario", action="append", choices=list(SCENARIOS),
+                   help="run only this scenario (repeatable; default: all three)")
+    p.add_argument("--minutes", type=float, default=3.0, help="sampled duration of the freshness and each overload run")
+    p.add_argument("--interval-ms", type=int, default=5000, help="the barrier interval")
+    p.add_argument("--grace-ms", type=int, default=1000)
+    p.add_argument("--pause", type=float, default=300.0, help="catch-up: seconds the drivers stay stopped")
+    p.add_argument("--warmup", type=float, default=30.0, help="catch-up: seconds the cascade runs before the stop")
+    p.add_argument("--catchup-timeout", type=float, default=600.0)
+    p.add_argument("--rows", type=int, default=20, help="events per producer append")
+    p.add_argument("--every", type=float, default=0.25, help="seconds between producer appends")
+    # the processes the bench starts
+    p.add_argument("--driver", choices=ORDER, help=argparse.SUPPRESS)
+    p.add_argument("--producer", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--zk", help=argparse.SUPPRESS)
+    p.add_argument("--home", help=argparse.SUPPRESS)
+    p.add_argument("--max-pending", type=int, default=2, help=argparse.SUPPRESS)
+    p.add_argument("--sleep-s", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--events", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    opts = parser().parse_args(argv)
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
+    if opts.driver:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        logging.getLogger("kazoo").setLevel(logging.WARNING)
+        return run_driver(opts)
+    if opts.producer:
+        return run_producer(opts)
+    with zookeeper() as server:
+        for name in opts.scenario or list(SCENARIOS):
+            start = time.monotonic()
+            SCENARIOS[name](opts, server.connect_string)
+            print(f"({name} took {(time.monotonic() - start) / 60:.1f} min)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
