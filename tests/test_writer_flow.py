@@ -447,6 +447,10 @@ def test_a_new_job_starts_no_earlier_than_its_sources_histories(tm, slow_fleet, 
         u.stop()
         user_first = mark(tm, per_user).first_epoch
         user_last = u.writer.committed[-1]
+        # A root job that starts before the clock passed the next grid point joins at the newest agreed barrier:
+        # let the clock move on, so that per_bucket's history starts strictly after per_user's.
+        grid = tm.barriers.grid()
+        fleet.wait(lambda: clock_barrier(grid, fleet.grace_ms) > user_last, "the clock to pass the next grid point")
 
         b = fleet.start(fleet.writer("per_bucket", [events_name], [per_bucket]), by_bucket)
         fleet.wait(lambda: len(b.writer.committed) >= 2, "per_bucket's first epochs")
