@@ -6,11 +6,13 @@ import subprocess
 import sys
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from coordinator import EpochCoordinator
+from coordinator.records import now_ms
 from coordinator.zookeeper_server import free_port
+from tests.helpers.lake import agree, create_table, lead_job
 
 
 def cli(zk_connect: str, *args: str) -> subprocess.CompletedProcess:
@@ -18,31 +20,33 @@ def cli(zk_connect: str, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
-def commit_two_epochs(tm) -> None:
-    tm.register_job("up", sources=["raw.in"], sinks=["lake.db.up"])
-    tm.register_job("down", sources=["lake.db.up"], sinks=["lake.db.down"])
-    grid = tm.barriers.ensure_grid(1000)
-    leadership = tm.leadership("up")
-    leadership.acquire()
-    epochs = EpochCoordinator(leadership, ["lake.db.up"], grid)
-    epochs.recover()
-    for t in (1000, 2000):
-        tm.barriers.agree(t, proposed_by="up")
-        epochs.begin(t, {})
-        epochs.precommit(t, {"lake.db.up": None})
-        epochs.commit(t, {"lake.db.up": None})
+@pytest.fixture
+def two_epochs(tm, catalog_settings, namespace):
+    """Job ``up`` (root source ``raw.in``) committed two idle epochs at the newest barriers the clock has
+    passed and still leads; ``down`` reads its sink and has no leader. Yields up's sink and its last epoch."""
+    up, down = f"lake.{namespace}.up", f"lake.{namespace}.down"
+    create_table(catalog_settings.load(), catalog_settings.identifier(up))
+    tm.register_job("down", sources=[up], sinks=[down])
+    writer = lead_job(tm, catalog_settings, "up", [up], sources=("raw.in",))
+    last = tm.barriers.grid().floor(now_ms())
+    for t in (last - 1000, last):
+        agree(tm, t)
+        writer.commit_idle(t)
+    yield up, last
+    writer.close()
 
 
-def test_status_topology_fence_unregister_from_the_cli(tm, zk_connect):
-    commit_two_epochs(tm)
+def test_status_topology_fence_unregister_from_the_cli(tm, zk_connect, two_epochs):
+    up, last = two_epochs
     status = json.loads(cli(zk_connect, "status", "--json").stdout)
     jobs = {j["name"]: j for j in status["jobs"]}
-    assert jobs["up"]["committed_epoch"] == 2000 and jobs["up"]["leader_state"] == "leading"
+    assert jobs["up"]["committed_epoch"] == last and jobs["up"]["leader_state"] == "leading"
     assert jobs["down"]["stale"] and jobs["down"]["leader_state"] == "no leader"
-    assert status["newest_barrier"] == 2000 and jobs["up"]["lag_ms"] == 0
+    assert status["newest_barrier"] == last and jobs["up"]["pending_barriers"] == 0
+    assert 0 <= jobs["up"]["lag_seconds"] <= (status["read_ms"] - last) / 1000
     assert "up: term 1, leading" in cli(zk_connect, "status").stdout
     topo = json.loads(cli(zk_connect, "topology", "--format", "json").stdout)
-    assert topo["edges"] == [{"from": "up", "table": "lake.db.up", "to": "down"}]
+    assert topo["edges"] == [{"from": "up", "table": up, "to": "down"}]
     assert cli(zk_connect, "topology", "--format", "mermaid").stdout.startswith("flowchart LR")
     refused = cli(zk_connect, "unregister", "up")
     assert refused.returncode == 1 and "live leader" in refused.stderr and "Traceback" not in refused.stderr
@@ -59,8 +63,8 @@ def test_unreachable_zookeeper_is_a_one_line_error():
     assert result.stderr.strip().count("\n") == 0 and "no ZooKeeper server answered" in result.stderr
 
 
-def test_metrics_endpoint_serves_the_status(tm, zk_connect):
-    commit_two_epochs(tm)
+def test_metrics_endpoint_serves_the_status(tm, zk_connect, two_epochs):
+    _, last = two_epochs
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "--zk", zk_connect, "metrics",
                                "--port", str(port), "--address", "127.0.0.1"], stdout=subprocess.PIPE, text=True)
@@ -72,6 +76,8 @@ def test_metrics_endpoint_serves_the_status(tm, zk_connect):
         server.terminate()
         server.wait(10)
     samples = {(s.name, s.labels.get("job")): s.value for f in text_string_to_metric_families(body) for s in f.samples}
-    assert samples[("tidemark_job_committed_epoch_ms", "up")] == 2000
+    assert samples[("tidemark_job_committed_epoch_timestamp_seconds", "up")] == last / 1000
+    assert samples[("tidemark_job_pending_barriers", "up")] == 0
     assert samples[("tidemark_job_leader_live", "up")] == 1 and samples[("tidemark_job_stale", "down")] == 1
-    assert samples[("tidemark_jobs", None)] == 2 and samples[("tidemark_newest_barrier_ms", None)] == 2000
+    assert samples[("tidemark_jobs", None)] == 2
+    assert samples[("tidemark_newest_barrier_timestamp_seconds", None)] == last / 1000
