@@ -8,9 +8,10 @@
     job.stale                # the job is what holds consistent reads back (see below)
 
 Read with a few pipelined batches whatever the number of jobs: the topology (cached while
-``/topology`` is unchanged), one ``get_many`` of every job's term, leader and finished
-marker, every table's tidemark and ``/barriers`` (whose ``newest_agreed`` is the newest
-barrier), and, only when some job is behind that barrier, one listing of ``/barriers``.
+``/topology`` is unchanged), one ``get_many`` of every job's term and leader, every table's
+tidemark and ``/barriers`` (whose ``newest_agreed`` is the newest barrier); then the finished
+markers of the jobs with no live leader, and, only when some job is behind the newest
+barrier, one listing of ``/barriers``.
 
 A job's **state**: ``leading`` (a live, unfenced leader), ``finished`` (no live leader and
 ``/jobs/<job>/finished``: its last leader ended a bounded run), ``fenced`` (its leader's term
@@ -206,23 +207,25 @@ def read_status(tm, stale_intervals: int = STALE_INTERVALS) -> Status:
     tables = sorted(writers)
     p = tm.paths
     n = len(names)
-    raw = tm.get_many([p.term(j) for j in names] + [p.leader(j) for j in names] + [p.finished(j) for j in names]
+    raw = tm.get_many([p.term(j) for j in names] + [p.leader(j) for j in names]
                       + [p.tidemark(t) for t in tables] + [p.barriers])
-    terms, leaders, finished_raw = raw[:n], raw[n:2 * n], raw[2 * n:3 * n]
     marks = {t: (TableTidemark.from_json(r[0], p.tidemark(t)) if r else None)
-             for t, r in zip(tables, raw[3 * n:3 * n + len(tables)])}
-    grid_raw = raw[-1]
-    grid = BarrierGrid.from_json(grid_raw[0], p.barriers) if grid_raw and grid_raw[0] else None
-    read_ms = now_ms()
-
+             for t, r in zip(tables, raw[2 * n:2 * n + len(tables)])}
+    grid = BarrierGrid.from_json(raw[-1][0], p.barriers) if raw[-1] and raw[-1][0] else None
     base: dict[str, JobStatus] = {}
-    for name, term_raw, leader_raw, fin_raw in zip(names, terms, leaders, finished_raw):
+    for name, term_raw, leader_raw in zip(names, raw[:n], raw[n:2 * n]):
         term = TermRecord.from_json(term_raw[0], p.term(name)) if term_raw else None
         leader = LeaderRecord.from_json(leader_raw[0], p.leader(name)) if leader_raw else None
-        fin = FinishedRecord.from_json(fin_raw[0], p.finished(name)) if fin_raw else None
         tidemarks = {t: (marks[t].epoch if marks.get(t) else None) for t in topo.jobs[name].sinks}
         base[name] = JobStatus(name, topo.jobs[name].sources, topo.jobs[name].sinks, term.term if term else None,
-                               leader, term.fenced_by if term else None, tidemarks, fin)
+                               leader, term.fenced_by if term else None, tidemarks)
+    # Finished markers matter only for jobs with no live leader (a leader removes it when it starts):
+    # a healthy cluster costs no read for them.
+    leaderless = [name for name in names if base[name].leader_state != LEADING]
+    for name, fin_raw in zip(leaderless, tm.get_many([p.finished(j) for j in leaderless]) if leaderless else []):
+        if fin_raw is not None:
+            base[name] = replace(base[name], finished=FinishedRecord.from_json(fin_raw[0], p.finished(name)))
+    read_ms = now_ms()
 
     newest = grid.newest_agreed if grid else None
     committed = {name: job.committed_epoch for name, job in base.items()}
@@ -239,6 +242,8 @@ def read_status(tm, stale_intervals: int = STALE_INTERVALS) -> Status:
 
     states = {name: job.state for name, job in base.items()}
     agreers = [name for name in names if _agrees_barriers(topo, name)]
+    agreer_set = set(agreers)
+    live_agreers = [a for a in agreers if states[a] == LEADING]
     pending_of: dict[str, Optional[int]] = {}
     for name in names:
         c = committed[name]
@@ -249,6 +254,8 @@ def read_status(tm, stale_intervals: int = STALE_INTERVALS) -> Status:
         else:
             pending_of[name] = len(agreed) - bisect.bisect_right(agreed, c)
 
+    # Jobs far enough behind that root jobs stop agreeing barriers (EpochWriter's default backpressure).
+    far_behind = [o for o in names if states[o] == LEADING and (pending_of[o] or 0) > BACKPRESSURE_PENDING]
     partial: dict[str, JobStatus] = {}
     blocked: dict[str, bool] = {}
     for name in names:
@@ -270,23 +277,19 @@ def read_status(tm, stale_intervals: int = STALE_INTERVALS) -> Status:
         elif nxt is not None:
             blockers = [_blocker(s, marks, writers, states, base) for s in managed
                         if marks.get(s) is None or marks[s].epoch is None or marks[s].epoch < nxt]  # type: ignore[union-attr,operator]
-            if not blockers and job.state != LEADING:
-                waiting = f"nobody processes barrier {fmt_epoch(nxt)}: the job has no live leader"
         lagging = lag is not None and stale_after is not None and lag > stale_after
         explained = bool(blockers)
         if not explained and lagging and job.state == LEADING and not pending:
-            if name not in agreers:
-                live = [a for a in agreers if states[a] == LEADING]
-                who = ", ".join(f"{a} ({states[a]})" for a in agreers) or "none registered"
+            if name not in agreer_set:
+                who = _some([f"{a} ({states[a]})" for a in agreers]) or "none registered"
                 waiting = (f"no barrier agreed after {fmt_epoch(c)}: jobs with root sources agree them ({who})"
-                           + ("" if live else ", and none has a live leader"))
+                           + ("" if live_agreers else ", and none has a live leader"))
                 explained = True
             else:
-                behind = [o for o in names if o != name and states[o] == LEADING
-                          and (pending_of[o] or 0) > BACKPRESSURE_PENDING]
+                behind = [o for o in far_behind if o != name]
                 if behind:
-                    waiting = "backpressure: " + ", ".join(
-                        f"job {o} is {pending_of[o]} agreed barriers behind" for o in behind)
+                    waiting = "backpressure: " + _some(
+                        [f"job {o} is {pending_of[o]} agreed barriers behind" for o in behind])
                     explained = True
         blocked[name] = explained
         stale, why = False, None
@@ -311,6 +314,10 @@ def read_status(tm, stale_intervals: int = STALE_INTERVALS) -> Status:
             job = replace(job, holds_back_ms=max(0, reference - committed[name]))  # type: ignore[operator]
         jobs.append(job)
     return Status(topo, tuple(jobs), newest, interval, read_ms)
+
+
+def _some(items: list[str], limit: int = 5) -> str:
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def _agrees_barriers(topo: Topology, name: str) -> bool:
