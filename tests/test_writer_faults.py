@@ -413,6 +413,10 @@ def test_leader_whose_session_expired_becomes_a_standby_and_no_epoch_commits_twi
     wait_for(lambda: standby_member in election_members(tm, "served"), "the second driver to wait as a standby")
     wait_for(lambda: commits_under(tm, "served", first), "an epoch committed by the first driver")
 
+    # Pause it right after a commit, while it waits for the next barrier: paused inside a catalog commit it
+    # could hold a database row lock that the new leader would wait for.
+    committed = tm.tidemarks([sink])[sink].epoch
+    wait_for(lambda: tm.tidemarks([sink])[sink].epoch != committed, "the first driver's next commit", every=0.01)
     os.kill(old.proc.pid, signal.SIGSTOP)  # paused longer than its session: the standby must take over
     second = wait_for(lambda: (leader := leader_of(tm, "served")) is not None and leader.member == standby_member
                       and leader.term, "the standby to take over")
