@@ -7,7 +7,6 @@ a condition until a generous deadline (the machine may be small and loaded).
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from typing import Callable, Optional
