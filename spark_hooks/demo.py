@@ -4,12 +4,17 @@
       -> job "word_counts":     word_counts(word, cnt)       MERGE by word of each epoch's new words
       -> job "count_histogram": count_histogram(cnt, num_words)  recomputed from word_counts as of T
 
-The two jobs run as separate Spark driver processes on a shared barrier grid. While they
+The two jobs run as separate Spark driver processes on a shared barrier grid, both bounded:
+``run(until=F)`` for a final barrier ``F`` a little after the producer stops. While they
 run, a reader resolves consistent versions and checks at every one that word_counts is
 ``GROUP BY word`` over words and count_histogram is ``GROUP BY cnt`` over word_counts,
-and shows what naive reads of each table's latest snapshot would have got.
+shows what naive reads of each table's latest snapshot would have got, and samples the
+freshness of the consistent version against the wall clock. The demo ends when both jobs
+have committed ``F``; the version at ``F`` is always checked, and must hold every produced
+word exactly once. An overall deadline (``--timeout``) or any Tidemark error ends it with
+one ``demo: error: ...`` line and exit code 1.
 
-    python -m spark_hooks.demo [--seconds 45] [--interval-ms 3000] [--home DIR]
+    python -m spark_hooks.demo [--seconds 45] [--interval-ms 3000] [--timeout 900] [--home DIR]
 """
 from __future__ import annotations
 
@@ -26,13 +31,25 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
+
+from coordinator.errors import TidemarkError
 
 WORDS_TABLE, COUNTS_TABLE, HIST_TABLE = "lake.demo.words", "lake.demo.word_counts", "lake.demo.count_histogram"
+TABLES = [WORDS_TABLE, COUNTS_TABLE, HIST_TABLE]
+JOB_SINKS = {"word_counts": COUNTS_TABLE, "count_histogram": HIST_TABLE}
 VOCABULARY = ["tide", "mark", "epoch", "barrier", "iceberg", "spark", "zoo", "keeper", "snapshot", "commit",
               "leader", "term", "fence", "stage", "publish", "reader", "version", "table"]
+DEFAULT_TIMEOUT_S = 900.0
+FRESHNESS_EVERY_S = 0.2
+PRODUCE_EVERY_S = 0.4
+DRIVER_STOP_S = 60.0  # how long a driver told to stop (SIGTERM) may take before it is killed
+
+
+class DemoError(Exception):
+    """Why the demo could not finish (one line, printed as ``demo: error: ...``)."""
 
 
 def run_job(args) -> int:
@@ -46,13 +63,16 @@ def run_job(args) -> int:
     tm = Tidemark.connect(args.zk)
     if args.job == "word_counts":
         job = EpochJob(spark, tm, "word_counts", sources=[WORDS_TABLE], sinks=[COUNTS_TABLE], catalog=settings,
-                       interval_ms=args.interval_ms, grace_ms=500)
+                       interval_ms=args.interval_ms)
 
         @job.epoch
         def count_words(ctx):
             delta = ctx.changes(WORDS_TABLE).groupBy("word").count().withColumnRenamed("count", "cnt")
             ctx.merge(COUNTS_TABLE, delta, on=["word"], matched="t.cnt = t.cnt + s.cnt")
     else:
+        # EpochWriter decides once, when it opens, which sources are Tidemark tables: a job registered before its
+        # upstream writer would take word_counts for a root table (read by wall time, barriers agreed by itself).
+        _wait_for_writer(tm, COUNTS_TABLE, args.timeout)
         job = EpochJob(spark, tm, "count_histogram", sources=[COUNTS_TABLE], sinks=[HIST_TABLE], catalog=settings,
                        interval_ms=args.interval_ms)
 
@@ -60,11 +80,33 @@ def run_job(args) -> int:
         def histogram(ctx):
             counts = ctx.table(COUNTS_TABLE)
             ctx.overwrite(HIST_TABLE, counts.groupBy("cnt").count().withColumnRenamed("count", "num_words"))
+    _stop_when_orphaned(job)
     committed = job.run(until=args.until)
     print(json.dumps({"job": args.job, "committed": committed}), flush=True)
     tm.close()
     spark.stop()
     return 0
+
+
+def _wait_for_writer(tm, table: str, timeout: float) -> None:
+    """Block until a job that writes ``table`` is registered."""
+    deadline = time.monotonic() + timeout
+    while tm.topology().writer_of(table) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no job registered as the writer of {table} within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def _stop_when_orphaned(job) -> None:
+    """If the demo process dies, stop the job (finishing the epoch in flight) instead of running on."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                job.stop()  # repeated: a stop() before run() starts would be cleared by run()
+    threading.Thread(target=watch, daemon=True, name="orphan-watch").start()
 
 
 def create_tables(catalog) -> None:
@@ -100,13 +142,14 @@ def percentile(values: list[int], q: float) -> Optional[int]:
 class DemoReport:
     home: Path
     final_barrier: int
+    interval_ms: int
     committed: dict
     produced: Counter
-    checked: int
+    checked: int               # consistent versions checked, the final one included
     failures: list
     naive_total: int
     naive_bad: int
-    freshness_ms: list
+    freshness_ms: list         # now - consistent epoch, sampled while the producer ran
     final_epoch: Optional[int]
     final_problem: Optional[str]
     exactly_once: bool
@@ -114,118 +157,262 @@ class DemoReport:
     @property
     def passed(self) -> bool:
         return (not self.failures and self.final_problem is None and self.exactly_once
-                and self.final_epoch == self.final_barrier and self.checked > 0)
+                and self.final_epoch == self.final_barrier and self.checked > 0
+                and all(epochs and epochs[-1] == self.final_barrier for epochs in self.committed.values()))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spark_hooks.demo")
     parser.add_argument("--seconds", type=float, default=45.0, help="how long the producer writes words")
     parser.add_argument("--interval-ms", type=int, default=3000, help="the shared barrier interval")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="give up (exit code 1) if the jobs have not committed the final barrier by then (s)")
     parser.add_argument("--home", help="data directory (default: a fresh temporary one)")
-    parser.add_argument("--job", choices=["word_counts", "count_histogram"], help=argparse.SUPPRESS)
+    parser.add_argument("--job", choices=sorted(JOB_SINKS), help=argparse.SUPPRESS)
     parser.add_argument("--zk", help=argparse.SUPPRESS)
     parser.add_argument("--until", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.getLogger("kazoo").setLevel(logging.ERROR)  # reconnection chatter; outcomes are reported below
     if args.job:
         return run_job(args)
-    report = run_demo(args.seconds, args.interval_ms, Path(args.home) if args.home else None, verbose=True)
+    try:
+        report = run_demo(args.seconds, args.interval_ms, Path(args.home) if args.home else None, verbose=True,
+                          timeout=args.timeout)
+    except (DemoError, TidemarkError) as exc:
+        print(f"demo: error: {_one_line(exc)}", file=sys.stderr, flush=True)
+        return 1
     print_report(report)
     return 0 if report.passed else 1
 
 
-def run_demo(seconds: float, interval_ms: int, home: Optional[Path] = None, verbose: bool = False) -> DemoReport:
-    """Run the cascade for ``seconds`` on a fresh data directory and check it; returns the figures."""
-    from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark, TidemarkError
-    from coordinator.resolve import Resolver, read_arrow
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if isinstance(exc, DemoError) else f"{type(exc).__name__}: {text}"
+
+
+class Deadline:
+    def __init__(self, seconds: float, describe: Callable[[], str]) -> None:
+        self.seconds, self.at, self.describe = seconds, time.monotonic() + seconds, describe
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+    def check(self) -> None:
+        if self.remaining() <= 0:
+            raise DemoError(f"timed out after {self.seconds:.0f} s: {self.describe()}")
+
+
+@dataclass
+class _Reader:
+    """The reader's findings: consistent versions checked, naive reads, freshness samples."""
+
+    checked: int = 0
+    failures: list = field(default_factory=list)
+    naive_total: int = 0
+    naive_bad: int = 0
+    freshness_ms: list = field(default_factory=list)
+    last_checked: Optional[int] = None
+
+
+def run_demo(seconds: float, interval_ms: int, home: Optional[Path] = None, verbose: bool = False,
+             timeout: float = DEFAULT_TIMEOUT_S) -> DemoReport:
+    """Run the cascade with ``seconds`` of produced words on a fresh data directory, until both jobs committed the
+    final barrier, and check it; returns the figures. ``DemoError`` after ``timeout`` seconds or a failed driver."""
+    from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark
+    from coordinator.records import now_ms
     from coordinator.zookeeper_server import free_port
 
     home = home or Path(tempfile.mkdtemp(prefix="tidemark-demo-"))
     if home.exists():
         shutil.rmtree(home)
     home.mkdir(parents=True, exist_ok=True)
-    settings = CatalogSettings.embedded(home)
-    catalog = settings.load()
-    create_tables(catalog)
     say = print if verbose else (lambda *a, **k: None)
+    deadline = Deadline(timeout, lambda: "starting")
+    settings = CatalogSettings.embedded(home)
+    create_tables(settings.load())
     say(f"demo: data in {home}")
     with EmbeddedZooKeeper(port=free_port(), data_dir=home / "zookeeper") as zk:
         say(f"demo: ZooKeeper serving on {zk.connect_string}")
         tm = Tidemark.connect(zk.connect_string)
-        interval = interval_ms
-        start = int(time.time() * 1000)
-        until = (start + int(seconds * 1000)) // interval * interval + interval
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        drivers = {name: subprocess.Popen([sys.executable, "-m", "spark_hooks.demo", "--job", name, "--zk",
-                                           zk.connect_string, "--home", str(home), "--until", str(until),
-                                           "--interval-ms", str(interval)],
-                                          stdout=subprocess.PIPE, stderr=open(home / f"{name}.log", "w"), env=env,
-                                          text=True)
-                   for name in ("word_counts", "count_histogram")}
-        say(f"demo: 2 driver processes started, barrier every {interval} ms, producing words for "
-            f"{seconds:.0f} s, final barrier {until}")
+        cache = tm.tidemark_cache()
+        try:
+            grid = tm.barriers.ensure_grid(interval_ms)
+            until = grid.next_candidate(now_ms() + int(seconds * 1000))
+            reader = _Reader()
+            produced: Counter = Counter()
+            committed = _run_cascade(home, zk.connect_string, settings, tm, cache, interval_ms, until, seconds,
+                                     deadline, reader, produced, say)
+            final, final_problem, counted = _check_final(settings, tm, cache, until, reader, deadline, say)
+        finally:
+            cache.close()
+            tm.close()
+    return DemoReport(home, until, interval_ms, committed, produced, reader.checked, reader.failures,
+                      reader.naive_total, reader.naive_bad, reader.freshness_ms, final, final_problem,
+                      counted == dict(produced))
 
-        produced = Counter()
-        stop_producing = threading.Event()
-        words_table = catalog.load_table("demo.words")
 
-        def produce() -> None:
-            import pyarrow as pa
+def _run_cascade(home: Path, zk: str, settings, tm, cache, interval_ms: int, until: int, seconds: float,
+                 deadline: Deadline, reader: _Reader, produced: Counter, say) -> dict:
+    """Start both drivers, produce words, and read, until both drivers ended; returns each job's committed epochs."""
+    from coordinator.records import now_ms
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    drivers: dict[str, subprocess.Popen] = {}
+    stop_producing, produced_all = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def produce() -> None:  # its own catalog: the reader's is used from the main thread
+        import pyarrow as pa
+        try:
+            words = settings.load().load_table("demo.words")
             rng = random.Random(7)
-            while not stop_producing.wait(0.4):
-                if int(time.time() * 1000) >= until - interval:  # the last barrier then holds every word
+            while not stop_producing.wait(PRODUCE_EVERY_S):
+                if now_ms() >= until - interval_ms:  # stop a whole interval before: the final barrier holds all
                     return
                 batch = [rng.choice(VOCABULARY) for _ in range(rng.randint(1, 12))]
-                words_table.append(pa.table({"word": batch}))
+                words.append(pa.table({"word": batch}))
                 produced.update(batch)
-        producer = threading.Thread(target=produce, daemon=True)
-        producer.start()
-
-        checked, failures, naive_bad, naive_total, freshness = 0, [], 0, 0, []
-        last_epoch = None
-        resolver = Resolver(catalog, settings, tm, tm.tidemark_cache())
-        grid = tm.barriers.ensure_grid(interval)
-        try:
-            while any(d.poll() is None for d in drivers.values()):
-                time.sleep(0.5)
-                try:
-                    version = resolver.resolve([WORDS_TABLE, COUNTS_TABLE, HIST_TABLE])
-                except TidemarkError:
-                    continue  # no epoch committed by both jobs yet
-                if version.epoch is None:
-                    continue  # the jobs have not registered their tables yet
-                # freshness: how far the consistent epoch trails the newest barrier the clock has passed
-                freshness.append(grid.floor(int(time.time() * 1000)) - version.epoch)
-                if version.epoch != last_epoch:
-                    last_epoch = version.epoch
-                    problem = check(read_arrow(resolver, version))
-                    checked += 1
-                    if problem:
-                        failures.append((version.epoch, problem))
-                    say(f"  consistent epoch {version.epoch}: {'OK' if not problem else 'INCONSISTENT: ' + problem}")
-                naive = resolver.resolve([WORDS_TABLE, COUNTS_TABLE, HIST_TABLE], level="latest")
-                naive_total += 1
-                naive_bad += check(read_arrow(resolver, naive)) is not None
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
         finally:
-            stop_producing.set()
-            for driver in drivers.values():
-                if driver.poll() is None:
-                    driver.send_signal(signal.SIGTERM)
-            results = {name: d.communicate(timeout=300)[0] for name, d in drivers.items()}
-        final = resolver.resolve([WORDS_TABLE, COUNTS_TABLE, HIST_TABLE])
-        frames = read_arrow(resolver, final)
-        final_problem = check(frames)
-        counted = dict(zip(frames[COUNTS_TABLE].column("word").to_pylist(),
-                           frames[COUNTS_TABLE].column("cnt").to_pylist()))
-        exactly_once = counted == dict(produced)
-        tm.close()
+            produced_all.set()
 
+    def sample_freshness() -> None:
+        while not produced_all.wait(FRESHNESS_EVERY_S):
+            try:
+                marks = cache.get([COUNTS_TABLE, HIST_TABLE])
+            except TidemarkError:
+                continue  # connection trouble: no sample this time
+            epochs = [m.epoch for m in marks.values() if m is not None and m.epoch is not None]
+            if len(epochs) == len(marks):  # both jobs have committed: a consistent version exists
+                reader.freshness_ms.append(now_ms() - min(epochs))
+
+    def describe() -> str:
+        try:
+            marks = tm.tidemarks(list(JOB_SINKS.values()))
+            at = ", ".join(f"{job} at epoch {marks[sink].epoch if marks[sink] else None}"
+                           for job, sink in JOB_SINKS.items())
+        except TidemarkError:
+            at = "their epochs unknown"
+        return f"waiting for both jobs to commit the final barrier {until} ({at})"
+
+    producer = threading.Thread(target=produce, daemon=True, name="producer")
+    sampler = threading.Thread(target=sample_freshness, daemon=True, name="freshness")
+    try:
+        for name in JOB_SINKS:
+            out = open(home / f"{name}.out", "w")
+            drivers[name] = subprocess.Popen(
+                [sys.executable, "-m", "spark_hooks.demo", "--job", name, "--zk", zk, "--home", str(home),
+                 "--until", str(until), "--interval-ms", str(interval_ms), "--timeout", str(deadline.seconds)],
+                stdout=out, stderr=open(home / f"{name}.log", "w"), env=env, text=True)
+            out.close()
+        say(f"demo: 2 driver processes started, barrier every {interval_ms} ms, producing words for "
+            f"{seconds:.0f} s, final barrier {until}")
+        producer.start()
+        sampler.start()
+        deadline.describe = lambda: describe() + f" (driver logs: {home}/<job>.log)"
+        resolver = None
+        while True:
+            failed = {n: d.returncode for n, d in drivers.items() if d.poll() not in (None, 0)}
+            if failed:
+                name, code = next(iter(failed.items()))
+                raise DemoError(f"job {name}'s driver exited with code {code} before the final barrier {until}: "
+                                f"{_last_line(home / f'{name}.log')} (log: {home / (name + '.log')})")
+            if all(d.returncode == 0 for d in drivers.values()):
+                break
+            deadline.check()
+            generation = cache.generation
+            if resolver is None:
+                from coordinator.resolve import Resolver
+                resolver = Resolver(settings.load(), settings, tm, cache)
+            _observe(resolver, reader, say)
+            cache.wait_changed(generation, 0.5)
+        producer.join(max(0.0, deadline.remaining()))
+        if producer.is_alive():
+            deadline.check()
+        if errors:
+            raise DemoError(f"the producer failed: {_one_line(errors[0])}")
+    finally:
+        stop_producing.set()
+        _stop_drivers(drivers)
     committed = {}
-    for name, out in results.items():
-        lines = [line for line in out.splitlines() if line.startswith("{")]
+    for name in JOB_SINKS:
+        lines = [line for line in (home / f"{name}.out").read_text().splitlines() if line.startswith("{")]
         committed[name] = json.loads(lines[-1])["committed"] if lines else []
-    return DemoReport(home, until, committed, produced, checked, failures, naive_total, naive_bad, freshness,
-                      final.epoch, final_problem, exactly_once)
+    return committed
+
+
+def _observe(resolver, reader: _Reader, say) -> None:
+    """Check the consistent version if it is new, and count a naive latest-snapshot read."""
+    from coordinator.errors import VersionNotFound
+    from coordinator.resolve import read_arrow
+    try:
+        version = resolver.resolve(TABLES)
+    except VersionNotFound:
+        return  # a job has registered but not committed its first epoch yet: no consistent version exists
+    if version.epoch is None:
+        return  # the jobs have not registered their tables yet
+    if version.epoch != reader.last_checked:
+        _check_version(resolver, version, reader, say)
+    naive = resolver.resolve(TABLES, level="latest")
+    reader.naive_total += 1
+    reader.naive_bad += check(read_arrow(resolver, naive)) is not None
+
+
+def _check_version(resolver, version, reader: _Reader, say) -> tuple[dict, Optional[str]]:
+    """Read ``version`` and check it: counted in ``reader.checked``, a problem in ``reader.failures``."""
+    from coordinator.resolve import read_arrow
+    frames = read_arrow(resolver, version)
+    problem = check(frames)
+    reader.checked += 1
+    reader.last_checked = version.epoch
+    if problem:
+        reader.failures.append((version.epoch, problem))
+    say(f"  consistent epoch {version.epoch}: {'OK' if not problem else 'INCONSISTENT: ' + problem}")
+    return frames, problem
+
+
+def _check_final(settings, tm, cache, until: int, reader: _Reader, deadline: Deadline, say):
+    """Both jobs ended: the consistent version must be the final barrier; check it (always) and count the words."""
+    from coordinator.resolve import Resolver, read_arrow
+    marks = tm.tidemarks(list(JOB_SINKS.values()))
+    behind = [f"job {job} ended at epoch {marks[sink].epoch if marks[sink] else None}"
+              for job, sink in JOB_SINKS.items() if marks[sink] is None or marks[sink].epoch != until]
+    if behind:
+        raise DemoError(f"the drivers exited but not every job committed the final barrier {until}: "
+                        + ", ".join(behind))
+    cache.wait_for(list(JOB_SINKS.values()), until, timeout=max(1.0, deadline.remaining()))
+    resolver = Resolver(settings.load(), settings, tm, cache)
+    final = resolver.resolve(TABLES)
+    if final.epoch == reader.last_checked:  # checked (and counted) while the drivers ran
+        frames = read_arrow(resolver, final)
+        problem = check(frames)
+    else:
+        frames, problem = _check_version(resolver, final, reader, say)
+    counted = dict(zip(frames[COUNTS_TABLE].column("word").to_pylist(),
+                       frames[COUNTS_TABLE].column("cnt").to_pylist()))
+    return final.epoch, problem, counted
+
+
+def _stop_drivers(drivers: dict) -> None:
+    """Stop drivers still running: SIGTERM (each finishes its epoch in flight), then SIGKILL if it lingers."""
+    running = [d for d in drivers.values() if d.poll() is None]
+    for driver in running:
+        driver.send_signal(signal.SIGTERM)
+    for driver in running:
+        try:
+            driver.wait(DRIVER_STOP_S)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+            driver.wait(30)
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no log)"
+    return lines[-1][:300] if lines else "(empty log)"
 
 
 def print_report(report: DemoReport) -> None:
@@ -234,12 +421,19 @@ def print_report(report: DemoReport) -> None:
         print(f"job {name}: {len(epochs)} epochs committed"
               + (f" ({epochs[0]} .. {epochs[-1]})" if epochs else f" (see {report.home / (name + '.log')})"))
     print(f"words produced: {sum(report.produced.values())} in {len(report.produced)} distinct words")
-    print(f"consistent versions checked while running: {report.checked}, inconsistent: {len(report.failures)}")
+    print(f"consistent versions checked (the final one included): {report.checked}, "
+          f"inconsistent: {len(report.failures)}")
     for epoch, problem in report.failures:
         print(f"  epoch {epoch}: {problem}")
     print(f"naive latest-snapshot reads: {report.naive_total}, of which inconsistent: {report.naive_bad}")
-    p50, p95 = percentile(report.freshness_ms, 0.5), percentile(report.freshness_ms, 0.95)
-    print(f"freshness (newest barrier - consistent epoch): p50 {p50} ms, p95 {p95} ms")
+    fresh = report.freshness_ms
+    if fresh:
+        print(f"freshness (now - consistent epoch, every {FRESHNESS_EVERY_S * 1000:.0f} ms while producing): "
+              f"p50 {percentile(fresh, 0.5)} ms, p95 {percentile(fresh, 0.95)} ms, max {max(fresh)} ms "
+              f"over {len(fresh)} samples; barrier interval {report.interval_ms} ms")
+    else:
+        print(f"freshness: no samples (no consistent version existed while the producer ran); "
+              f"barrier interval {report.interval_ms} ms")
     print(f"final consistent epoch {report.final_epoch} (final barrier {report.final_barrier}): "
           f"{'consistent' if report.final_problem is None else report.final_problem}; every produced word counted "
           f"exactly once: {report.exactly_once}")
