@@ -300,12 +300,11 @@ def _run_cascade(home: Path, zk: str, settings, tm, cache, interval_ms: int, unt
     sampler = threading.Thread(target=sample_freshness, daemon=True, name="freshness")
     try:
         for name in JOB_SINKS:
-            out = open(home / f"{name}.out", "w")
-            drivers[name] = subprocess.Popen(
-                [sys.executable, "-m", "spark_hooks.demo", "--job", name, "--zk", zk, "--home", str(home),
-                 "--until", str(until), "--interval-ms", str(interval_ms), "--timeout", str(deadline.seconds)],
-                stdout=out, stderr=open(home / f"{name}.log", "w"), env=env, text=True)
-            out.close()
+            with open(home / f"{name}.out", "w") as out, open(home / f"{name}.log", "w") as err:
+                drivers[name] = subprocess.Popen(
+                    [sys.executable, "-m", "spark_hooks.demo", "--job", name, "--zk", zk, "--home", str(home),
+                     "--until", str(until), "--interval-ms", str(interval_ms), "--timeout", str(deadline.seconds)],
+                    stdout=out, stderr=err, env=env, text=True)
         say(f"demo: 2 driver processes started, barrier every {interval_ms} ms, producing words for "
             f"{seconds:.0f} s, final barrier {until}")
         producer.start()
@@ -318,6 +317,8 @@ def _run_cascade(home: Path, zk: str, settings, tm, cache, interval_ms: int, unt
                 name, code = next(iter(failed.items()))
                 raise DemoError(f"job {name}'s driver exited with code {code} before the final barrier {until}: "
                                 f"{_last_line(home / f'{name}.log')} (log: {home / (name + '.log')})")
+            if errors:
+                raise DemoError(f"the producer failed: {_one_line(errors[0])}")
             if all(d.returncode == 0 for d in drivers.values()):
                 break
             deadline.check()

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -30,6 +30,16 @@ WORD = pa.schema([pa.field("word", pa.string())])
 COUNT = pa.schema([pa.field("word", pa.string()), pa.field("cnt", pa.int64())])
 
 
+def barrier_after(snapshot, interval_ms: int = 1000) -> int:
+    """The first grid point at or after a root table's snapshot: the barrier by which a job has read it."""
+    return -(-snapshot.timestamp_ms // interval_ms) * interval_ms
+
+
+def epoch_holding(committed: list[int], snapshot) -> int:
+    """The epoch that read a root table's snapshot: the first committed barrier at or after its timestamp."""
+    return min(e for e in committed if e >= snapshot.timestamp_ms)
+
+
 def test_epoch_job_appends_overwrites_merges_and_commits_empty_epochs(spark, tm, catalog_settings, namespace):
     catalog = catalog_settings.load()
     words = create(catalog, f"{namespace}.words", WORD)
@@ -39,39 +49,45 @@ def test_epoch_job_appends_overwrites_merges_and_commits_empty_epochs(spark, tm,
     t = {n: f"lake.{namespace}.{n}" for n in ("words", "log", "snapshot", "counts")}
     job = EpochJob(spark, tm, "multi", sources=[t["words"]], sinks=[t["log"], t["snapshot"], t["counts"]],
                    catalog=catalog_settings, interval_ms=1000, grace_ms=100)
+    computed = []
 
     @job.epoch
     def step(ctx):
+        computed.append(ctx.epoch)
         changes = ctx.changes(t["words"])
-        if changes.count():
-            ctx.append(t["log"], changes)
-            ctx.overwrite(t["snapshot"], ctx.table(t["words"]).distinct())
-            ctx.merge(t["counts"], changes.groupBy("word").count().withColumnRenamed("count", "cnt"), on=["word"],
-                      matched="t.cnt = t.cnt + s.cnt")
+        ctx.append(t["log"], changes)
+        ctx.overwrite(t["snapshot"], ctx.table(t["words"]).distinct())
+        ctx.merge(t["counts"], changes.groupBy("word").count().withColumnRenamed("count", "cnt"), on=["word"],
+                  matched="t.cnt = t.cnt + s.cnt")
 
     words.append(pa.table({"word": ["a", "b", "a"]}))
-    time.sleep(1.2)
-    first = job.run(max_epochs=1)
+    first_append = words.current_snapshot()
+    first = job.run(until=barrier_after(first_append))   # ends once the barrier holding the append is committed
     words.append(pa.table({"word": ["b", "c"]}))
-    appended_ms = int(time.time() * 1000)
-    time.sleep(1.2)
-    # catch up barrier by barrier: the epochs between the two appends have no new words
-    later = job.run(until=(appended_ms // 1000 + 1) * 1000)
-    assert len(first) == 1 and len(later) >= 2
-    assert later == list(range(first[0] + 1000, later[-1] + 1000, 1000)), "barriers must never be merged or skipped"
+    second_append = words.current_snapshot()
+    later = job.run(until=barrier_after(second_append))
+    idle = job.run(until=later[-1] + 2000)                # no new words: every epoch idle
+    assert first[-1] == barrier_after(first_append) and later[-1] == barrier_after(second_append)
+    assert idle and idle[-1] == later[-1] + 2000
+    # every agreed barrier is an epoch of the job, in order: never merged, skipped or repeated
+    assert job.committed == first + later + idle == tm.barriers.agreed()
+    assert job.committed == sorted(set(job.committed))
+    # the function ran exactly for the two epochs with new words; the others committed idle
+    assert computed == [epoch_holding(first, first_append), epoch_holding(later, second_append)]
     version = Resolver(catalog, catalog_settings, tm).resolve(t.values())
-    assert version.epoch == later[-1]
+    assert version.epoch == idle[-1]
     data = read_arrow(Resolver(catalog, catalog_settings), version)
     assert sorted(data[t["log"]].column("word").to_pylist()) == ["a", "a", "b", "b", "c"]
     assert sorted(data[t["snapshot"]].column("word").to_pylist()) == ["a", "b", "c"]
     assert dict(zip(*[data[t["counts"]].column(c).to_pylist() for c in ("word", "cnt")])) == {"a": 2, "b": 2, "c": 1}
     for sink in ("log", "snapshot", "counts"):
-        assert committed_epoch(catalog.load_table(f"{namespace}.{sink}")) == later[-1]
+        assert committed_epoch(catalog.load_table(f"{namespace}.{sink}")) == idle[-1]
 
 
 def test_a_sink_written_twice_in_one_epoch_is_refused(spark, tm, catalog_settings, namespace):
     catalog = catalog_settings.load()
-    create(catalog, f"{namespace}.src", WORD).append(pa.table({"word": ["x"]}))
+    source = create(catalog, f"{namespace}.src", WORD)
+    source.append(pa.table({"word": ["x"]}))
     create(catalog, f"{namespace}.dst", WORD)
     job = EpochJob(spark, tm, "twice", sources=[f"lake.{namespace}.src"], sinks=[f"lake.{namespace}.dst"],
                    catalog=catalog_settings, interval_ms=1000, grace_ms=0)
@@ -81,7 +97,7 @@ def test_a_sink_written_twice_in_one_epoch_is_refused(spark, tm, catalog_setting
         ctx.append(f"lake.{namespace}.dst", ctx.changes(f"lake.{namespace}.src"))
         ctx.append(f"lake.{namespace}.dst", ctx.changes(f"lake.{namespace}.src"))
     with pytest.raises(EpochOrderError, match="twice"):
-        job.run(max_epochs=1)
+        job.run(until=barrier_after(source.current_snapshot()))  # the first computed epoch raises
 
 
 @pytest.fixture
@@ -97,7 +113,7 @@ def kill_lake(tmp_path):
 
 def run_driver(home: Path, zk: str, max_epochs: int, crash_at: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tests.helpers.spark_driver", str(home), zk, str(max_epochs),
-                           crash_at], cwd=REPO, capture_output=True, text=True, timeout=300)
+                           crash_at], cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.fault
@@ -117,7 +133,9 @@ def test_driver_killed_at_each_step_recovers_every_epoch_exactly_once(kill_lake,
     producer = threading.Thread(target=produce)
     producer.start()
     try:
-        crashed = run_driver(home, zk.connect_string, 3, crash_at)
+        # it kills itself in its 2nd computed epoch; the producer keeps every epoch computed, and the bound
+        # leaves room for idle epochs should the producer stall
+        crashed = run_driver(home, zk.connect_string, 10, crash_at)
         assert crashed.returncode == -9, crashed.stderr[-2000:]
     finally:
         stop.set()
@@ -157,11 +175,12 @@ def test_structured_streaming_batches_are_epochs_and_reruns_are_not_committed_tw
     query = stream.writeStream.foreachBatch(handler).option("checkpointLocation", str(tmp_path / "ckpt")) \
         .trigger(availableNow=True).start()
     query.awaitTermination(120)
-    assert len(job.committed) == 2 and job.committed[1] == job.committed[0] + 1000
+    assert len(job.committed) == 2 and job.committed == tm.barriers.agreed(), "one agreed barrier per batch"
     handler(spark.createDataFrame([("c",)], "word string"), 1)  # Spark re-running batch 1 after a crash
     assert len(job.committed) == 2
     handler(spark.createDataFrame([("d",)], "word string"), 2)
     job.close()
+    assert len(job.committed) == 3 and job.committed == tm.barriers.agreed()
     version = Resolver(catalog, catalog_settings, tm).resolve([sink])
     assert version.epoch == job.committed[-1]
     words = read_arrow(Resolver(catalog, catalog_settings), version)[sink].column("word").to_pylist()
@@ -177,8 +196,7 @@ def test_read_consistent_frames_and_sql_version_as_of(spark, tm, catalog_setting
                    grace_ms=100)
     job.epoch(lambda ctx: ctx.append(copy, ctx.changes(src)))
     source.append(pa.table({"word": ["x", "y"]}))
-    time.sleep(1.2)
-    job.run(max_epochs=1)
+    job.run(until=barrier_after(source.current_snapshot()))
     source.append(pa.table({"word": ["late"]}))  # after the barrier: not in the consistent version
     frames = read_consistent(spark, tm, [src, copy], catalog=catalog_settings, register_views=True)
     assert sorted(r.word for r in frames[copy].collect()) == ["x", "y"]
@@ -192,6 +210,10 @@ def test_read_consistent_frames_and_sql_version_as_of(spark, tm, catalog_setting
 
 def test_demo_runs_and_its_check_passes(spark, tmp_path):
     result = subprocess.run([sys.executable, "-m", "spark_hooks.demo", "--seconds", "12", "--interval-ms", "2000",
-                             "--home", str(tmp_path / "demo")], cwd=REPO, capture_output=True, text=True, timeout=600)
+                             "--timeout", "540", "--home", str(tmp_path / "demo")], cwd=REPO, capture_output=True,
+                            text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "RESULT: PASS" in result.stdout and "inconsistent: 0" in result.stdout
+    assert "RESULT: PASS" in result.stdout
+    checked = re.search(r"^consistent versions checked.*: (\d+), inconsistent: (\d+)$", result.stdout, re.M)
+    assert checked and int(checked[1]) >= 1 and int(checked[2]) == 0, result.stdout[-3000:]
+    assert "every produced word counted exactly once: True" in result.stdout

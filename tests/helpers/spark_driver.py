@@ -2,7 +2,8 @@
 
     python -m tests.helpers.spark_driver HOME ZK MAX_EPOCHS CRASH_AT
 
-CRASH_AT is where the process kills itself with SIGKILL during its second epoch:
+CRASH_AT is where the process kills itself with SIGKILL during its second computed epoch (idle
+epochs, where no word was appended, do not call the function and are not counted):
 ``staged`` (sinks staged, nothing precommitted), ``precommitted`` (before any publish),
 ``published-one`` (one of the two sinks published), ``committed`` (ZooKeeper commit done,
 Iceberg not yet marked), or ``none``.
@@ -75,6 +76,10 @@ def main() -> None:
         EpochCoordinator.commit = commit
     committed = job.run(max_epochs=max_epochs)
     print(json.dumps({"committed": committed}), flush=True)
+    if crash_at != "none":  # exit code 3, not -9: the test says the crash point was never reached
+        print(f"crash point {crash_at!r} never reached: computed epochs {epochs_seen}, committed {committed}",
+              file=sys.stderr, flush=True)
+        sys.exit(3)
     tm.close()
     spark.stop()
 
