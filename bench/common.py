@@ -20,13 +20,28 @@ def zookeeper() -> Iterator[EmbeddedZooKeeper]:
 
 
 def packets_received(server: EmbeddedZooKeeper) -> int:
-    """The server's count of client requests (``mntr``), to count real round trips."""
+    """The server's count of requests received (``mntr``, which counts itself too), to count real round trips."""
     reply = four_letter_word("127.0.0.1", server.port, b"mntr") or b""
     for line in reply.decode().splitlines():
         key, _, value = line.partition("\t")
         if key == "zk_packets_received":
             return int(value)
     raise RuntimeError("mntr did not report zk_packets_received")
+
+
+class RoundTrips:
+    """Counts the client requests the server receives between calls of ``take()``, without the ``mntr``
+    requests that read the counter (each one is a packet too)."""
+
+    def __init__(self, server: EmbeddedZooKeeper) -> None:
+        self.server = server
+        self.last = packets_received(server)
+
+    def take(self) -> int:
+        """Requests since the previous ``take()`` (or since the counter was made)."""
+        now = packets_received(self.server)
+        count, self.last = now - self.last - 1, now
+        return count
 
 
 def timed(function: Callable[[], object], repeat: int) -> list[float]:

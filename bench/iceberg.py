@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from coordinator import CatalogSettings, EpochCoordinator, Tidemark
-from coordinator.publish import advance_committed_epoch, claim_table, publish_staged
+from coordinator import CatalogSettings, EpochWriter, Tidemark
+from coordinator.publish import advance_committed_epoch, publish_staged
 from coordinator.resolve import Resolver
 from coordinator.snapshots import summary_properties
 
@@ -34,27 +34,22 @@ def stage(table, epoch: int) -> int:
     return staged
 
 
-def build_lake(tm: Tidemark, catalog, count: int, namespace: str) -> list[str]:
-    """``count`` tables, each committed at epoch 1000 by one of ``count / 50`` jobs."""
+def build_lake(tm: Tidemark, settings: CatalogSettings, catalog, count: int, namespace: str) -> list[str]:
+    """``count`` tables, each committed at epoch 1000 (an idle epoch) by one of ``count / 50`` jobs."""
     catalog.create_namespace_if_not_exists(namespace)
     names = [f"{namespace}.t{i:04d}" for i in range(count)]
-    tables = {n: catalog.create_table(n, schema=SCHEMA) for n in names}
-    grid = tm.barriers.ensure_grid(1000)
+    for name in names:
+        catalog.create_table(name, schema=SCHEMA)
+    tm.barriers.ensure_grid(1000)
+    tm.barriers.agree(1000, proposed_by="bench")  # False for the second lake: already agreed
     for start in range(0, count, TABLES_PER_JOB):
-        sinks = names[start:start + TABLES_PER_JOB]
-        job = f"{namespace}-j{start}"
-        tm.register_job(job, sources=[], sinks=sinks)
-        leadership = tm.leadership(job)
-        leadership.acquire()
-        epochs = EpochCoordinator(leadership, sinks, grid)
-        epochs.recover()
-        epochs.begin(1000, {})
-        epochs.precommit(1000, {s: None for s in sinks})
-        epochs.commit(1000, {s: None for s in sinks})
-        for sink in sinks:
-            claim_table(tables[sink], job)
-            advance_committed_epoch(tables[sink], 1000)
-        leadership.release()
+        writer = EpochWriter(tm, f"{namespace}-j{start}", sources=[], sinks=names[start:start + TABLES_PER_JOB],
+                             catalog=settings, interval_ms=1000)
+        writer.open(leader_timeout=60)
+        try:
+            writer.commit_idle(1000)  # one ZooKeeper multi, then the committed-epoch property of every sink
+        finally:
+            writer.close()
     return names
 
 
@@ -67,7 +62,7 @@ def resolution(server, settings: CatalogSettings) -> None:
     try:
         for count in (10, 100, 1000):
             start = time.perf_counter()
-            names = build_lake(tm, catalog, count, f"r{count}")
+            names = build_lake(tm, settings, catalog, count, f"r{count}")
             built = time.perf_counter() - start
             cold = timed(lambda: Resolver(catalog, settings, tm).resolve(names), 5)
             cache = tm.tidemark_cache()

@@ -120,8 +120,10 @@ def test_consistent_resolution_over_random_histories(history, zk_server, catalog
                 first = sorted(staged)[0]
                 if staged[first] is not None:
                     publish_staged(catalog.load_table(first), staged[first], t)
-                writer.close()  # the leader dies here; the next one rolls the epoch forward (publish is a no-op
-                writer.open(leader_timeout=30)  # where it already happened)
+                # The leader dies here; the next one rolls the epoch forward (publishing again is a no-op
+                # where it already happened).
+                writer.close()
+                writer.open(leader_timeout=30)
                 assert writer.committed[-1] == t
             else:
                 if action.startswith("abort"):

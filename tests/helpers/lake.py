@@ -5,7 +5,7 @@ import uuid
 
 import pyarrow as pa
 
-from coordinator import CatalogSettings, EpochWriter
+from coordinator import CatalogSettings, EpochState, EpochWriter
 from coordinator.snapshots import summary_properties
 
 SCHEMA = pa.schema([pa.field("epoch", pa.int64(), nullable=False), pa.field("row", pa.int64(), nullable=False)])
@@ -59,5 +59,5 @@ def commit_rows(writer: EpochWriter, epoch: int, rows: int = 1) -> int:
     (sink,) = writer.sinks
     agree(writer.tm, epoch)
     record = writer.process(epoch, lambda ctx: ctx.append(sink, rows_of(epoch, rows)))
-    assert record.state.value == "COMMITTED" and record.staged[sink] == record.published[sink]
+    assert record.state == EpochState.COMMITTED and record.staged[sink] == record.published[sink]
     return record.published[sink]
