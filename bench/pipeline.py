@@ -305,6 +305,14 @@ class Cascade:
     def agreed(self, start_s: float, end_s: float) -> list[int]:
         return [b for b in self.tm.barriers.agreed() if start_s * 1000 <= b <= end_s * 1000]
 
+    def producer_rate(self, start_s: float, end_s: float) -> str:
+        """How often the producer really appended (it cannot go faster than one commit at a time)."""
+        stamps = [s.timestamp_ms for s in self.catalog.load_table("p.events").snapshots()
+                  if start_s * 1000 <= s.timestamp_ms <= end_s * 1000]
+        every = (end_s - start_s) / len(stamps) * 1000 if stamps else float("nan")
+        return f"producer: {len(stamps)} appends of {self.opts.rows} rows, one every {every:.0f} ms " \
+               f"(target {self.opts.every * 1000:.0f} ms)"
+
     def check(self) -> str:
         """The final consistent version: every event counted exactly once by all three jobs?"""
         import pyarrow.compute as pc
@@ -397,6 +405,7 @@ def freshness(opts, zk: str) -> None:
         print(f"goal p50 <= interval + 3 s = {interval_s + 3:g} s: {verdict(p50 <= interval_s + 3)}; "
               f"p95 <= 2 x interval + 3 s = {2 * interval_s + 3:g} s: {verdict(p95 <= 2 * interval_s + 3)}")
         barriers = cascade.agreed(samples[0][0], end)
+        print(cascade.producer_rate(samples[0][0], end))
         print(f"epochs committed (whole run): {epoch_counts(cascade, started, time.time())}; "
               f"effective barrier interval {mean_gap_s(barriers):.2f} s")
         print(cascade.check())
