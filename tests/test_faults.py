@@ -71,10 +71,11 @@ def agree(tm: Tidemark, *barriers: int) -> None:
         assert tm.barriers.agree(t, proposed_by="test"), f"barrier {t} was already agreed"
 
 
-def wait_until(condition, timeout: float, what: str) -> None:
+def wait_until(condition, timeout: float, what) -> None:
+    """Poll ``condition`` until it is true; fail after ``timeout`` seconds saying ``what`` (or ``what()``)."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"waited {timeout:.0f}s for {what}"
+        assert time.monotonic() < deadline, f"waited {timeout:.0f}s for {what() if callable(what) else what}"
         time.sleep(0.02)
 
 
@@ -167,6 +168,9 @@ def test_zookeeper_restart_mid_run_loses_and_duplicates_nothing(zk_server, tm, c
                     errors.append(str(exc))
                     return
                 stop.wait(0.1)  # back off, then retry the same step
+            except Exception as exc:  # noqa: BLE001 - any other error fails the test, with its name
+                errors.append(f"{type(exc).__name__}: {exc}")
+                return
     worker = threading.Thread(target=run)
     worker.start()
     try:
@@ -175,7 +179,9 @@ def test_zookeeper_restart_mid_run_loses_and_duplicates_nothing(zk_server, tm, c
         wait_until(lambda: driver_tm.connection_state != "CONNECTED", 30, "the driver to see the outage")
         down_at = len(committed)
         zk_server.start()
-        wait_until(lambda: len(committed) >= down_at + 3 or errors, 60, "coordination to resume after the restart")
+        wait_until(lambda: len(committed) >= down_at + 3 or errors, 60,
+                   lambda: f"coordination to resume after the restart ({len(committed) - down_at} epochs since; "
+                           f"connection {driver_tm.connection_state}, leadership {leadership.state.value})")
     finally:
         stop.set()
         worker.join(30)
