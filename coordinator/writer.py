@@ -166,6 +166,7 @@ class EpochWriter:
         self._committer: Optional[EpochCommitter] = None
         self._cache: Optional[TidemarkCache] = None
         self._managed: tuple[str, ...] = ()
+        self._newest_at_open: Optional[int] = None
         self._logged_at = 0.0
 
     # -- what the loop reads ----------------------------------------------------------------
@@ -207,8 +208,7 @@ class EpochWriter:
             return
         self.tm.register_job(self.name, sources=self.sources, sinks=self.sinks)
         self.tm.barriers.ensure_grid(self.interval_ms)
-        writers = self.tm.topology().writers
-        self._managed = tuple(s for s in self.sources if s in writers)
+        self._read_managed_sources()
         for sink in self.sinks:
             self.table(sink)  # TableNotFound names a missing sink before this replica contends
         self._acquire(leader_timeout, while_standby)
@@ -217,6 +217,7 @@ class EpochWriter:
             self._committer = EpochCommitter(epochs, self.table)
             self._cache = self.tm.tidemark_cache()
             plan = epochs.recover()
+            self._newest_at_open = self.tm.barriers.latest() if plan.action == RecoveryAction.START else None
             self._epochs = epochs
             self._clear_finished()
             if plan.action == RecoveryAction.ROLL_FORWARD:
@@ -325,7 +326,10 @@ class EpochWriter:
                 target = self.next_barrier(until)
                 if target is None:
                     return not self._stop.is_set()
-                self.process(target, function, inputs=self.inputs_for(target))
+                inputs = self.inputs_for(target)
+                if inputs is None:
+                    continue  # a root source got a writer meanwhile: wait for its tidemark instead
+                self.process(target, function, inputs=inputs)
             done += 1
         return False
 
@@ -355,15 +359,22 @@ class EpochWriter:
 
     # -- inputs --------------------------------------------------------------------------------
 
-    def inputs_for(self, epoch: int) -> EpochInputs:
-        """Each source's snapshot range ``(previous epoch, epoch]``."""
+    def inputs_for(self, epoch: int) -> Optional[EpochInputs]:
+        """Each source's snapshot range ``(previous epoch, epoch]``; None when a source read as a root table
+        turned out to have a Tidemark writer by now (the caller must wait for its tidemark instead)."""
         current = self.epochs.current
         previous = current.inputs.sources if current is not None and current.state == EpochState.COMMITTED else {}
+        managed = self._managed
         ranges = {}
         for source in self.sources:
-            end = self._managed_snapshot(source, epoch) if source in self._managed else self._root_snapshot(source,
-                                                                                                          epoch)
+            end = self._managed_snapshot(source, epoch) if source in managed else self._root_snapshot(source, epoch)
             ranges[source] = SourceRange(previous[source].end if source in previous else None, end)
+        if len(managed) < len(self.sources):
+            # A writer registers before its first commit, so a source still without a writer now had none
+            # when its metadata was loaded above: it was read as the root table it then was.
+            self._read_managed_sources()
+            if self._managed != managed:
+                return None
         return EpochInputs(ranges)
 
     def _managed_snapshot(self, source: str, epoch: int) -> Optional[int]:
@@ -383,6 +394,12 @@ class EpochWriter:
 
     # -- waiting for the next barrier ----------------------------------------------------------
 
+    def _read_managed_sources(self) -> None:
+        """Which sources a Tidemark job writes. Read again before every barrier (one versioned read of a
+        cached topology): a source whose writer registers after this job stops being a root table."""
+        writers = self.tm.topology().writers
+        self._managed = tuple(s for s in self.sources if s in writers)
+
     def next_barrier(self, until: Optional[int] = None) -> Optional[int]:
         """Block until the next epoch may be processed and return its barrier; None when stopped or past ``until``."""
         grid = self.tm.barriers.grid()
@@ -391,6 +408,7 @@ class EpochWriter:
             return None
         while not self._stop.is_set():
             generation = self._cache.generation  # type: ignore[union-attr]
+            self._read_managed_sources()
             target, why, wake_in = self._candidate(grid, last, until)
             if target is not None and until is not None and target > until:
                 return None
@@ -416,22 +434,22 @@ class EpochWriter:
         return self._agree_next(grid, last, until)
 
     def _first_candidate(self, grid, until: Optional[int]) -> tuple[Optional[int], str, float]:
+        """A new job's first barrier: after the newest barrier agreed when it opened (a job reading its sinks
+        may have processed those reading them as empty root tables), at or after each source's first epoch,
+        and for a derived job no earlier than its slowest source (nothing older is worth replaying)."""
         floor = self._start_floor()
         if isinstance(floor, str):
             return None, floor, WAIT_SLICE_S
-        if not self.agrees_barriers:
-            # Start where every source has state (at or after each one's first epoch), and no earlier
-            # than the slowest source's tidemark: nothing older is worth replaying.
-            marks = self._cache.get(self._managed)  # type: ignore[union-attr]
-            slowest = min(m.epoch for m in marks.values())  # type: ignore[union-attr,type-var]
-            return max(floor, slowest), "", 0.0  # type: ignore[type-var]
-        newest = self.tm.barriers.latest()
-        bounds = [e for e in (newest, None if floor is None else floor - 1) if e is not None]
-        after = max(bounds) if bounds else None
-        target, why, wake_in = self._agree_next(grid, after, until)
-        if target is None and newest is not None and (floor is None or newest >= floor):
-            return newest, "", 0.0  # the clock or backpressure says wait: join at the newest agreed barrier
-        return target, why, wake_in
+        bounds = [e for e in (self._newest_at_open, None if floor is None else floor - 1) if e is not None]
+        if self.agrees_barriers:
+            return self._agree_next(grid, max(bounds) if bounds else None, until)
+        marks = self._cache.get(self._managed)  # type: ignore[union-attr]
+        bounds.append(min(m.epoch for m in marks.values()) - 1)  # type: ignore[union-attr,operator,type-var]
+        after = max(bounds)
+        eligible = self.tm.barriers.after(after)
+        if eligible:
+            return eligible[0], "", 0.0
+        return None, f"a new job starts after barrier {after}; none is agreed yet", WAIT_SLICE_S
 
     def _agree_next(self, grid, after: Optional[int], until: Optional[int]) -> tuple[Optional[int], str, float]:
         """Agree the newest grid point the clock has passed (minus grace) if it is after ``after`` and nobody

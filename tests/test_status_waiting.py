@@ -158,14 +158,15 @@ def test_lag_is_wall_clock_seconds_and_a_finished_bounded_run_is_not_stale(tm, c
 def test_a_derived_job_says_which_source_holds_it_back_and_that_its_writer_has_no_live_leader(
         tm, connect, catalog_settings, lake, zk_connect, capsys):
     up_table, down_table, tick_table = lake("up", "down", "tick")
-    up = writer(connect(), catalog_settings, "up", [], [up_table])
-    [first] = up.run(append_epoch(up_table, stop_after=up), stop_on_sigterm=False)  # then no live leader
-
+    upstream = InBackground(writer(connect(), catalog_settings, "up", [], [up_table]), append_epoch(up_table))
     down_writer = writer(connect(), catalog_settings, "down", [up_table], [down_table])
     running = [InBackground(writer(connect(), catalog_settings, "tick", [], [tick_table]), lambda ctx: None),
                InBackground(down_writer, lambda ctx: ctx.append(down_table, ctx.changes(up_table)))]
     try:
-        wait_for(lambda: down_writer.committed == [first] and down_writer.waiting is not None
+        wait_for(lambda: down_writer.committed, "the derived job's first epoch")
+        upstream.stop()  # then no live leader
+        first = tm.tidemarks([up_table])[up_table].epoch
+        wait_for(lambda: down_writer.committed[-1:] == [first] and down_writer.waiting is not None
                  and f"source {up_table} is at epoch {first}" in down_writer.waiting.reason,
                  "the derived job to wait for its upstream")
         status = tm.status()
