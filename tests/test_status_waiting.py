@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from typing import Callable, Optional
+from typing import Optional
 
 import pyarrow as pa
 import pytest
@@ -20,20 +19,9 @@ from coordinator.resolve import Resolver, read_arrow
 from coordinator.status import STALE_SLACK_MS, fmt_time
 from coordinator.writer import EpochContext, EpochWriter
 from tests.helpers.lake import SCHEMA, create_table
+from tests.helpers.wait import wait_for
 
 INTERVAL = 200
-
-
-def wait_for(condition: Callable[[], object], what: str, timeout: float = 60.0):
-    """Poll ``condition`` until it is truthy (and return it), or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def rows(epoch: int, n: int = 1) -> pa.Table:

@@ -6,17 +6,17 @@ Every wait is for a condition, with a deadline.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from itertools import groupby
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import pyarrow as pa
 import pytest
@@ -26,6 +26,7 @@ from coordinator.records import BarrierMode, LeaderRecord, TermRecord
 from coordinator.barriers import BarrierGrid
 from coordinator.resolve import Resolver, read_arrow
 from coordinator.snapshots import TERM_KEY, committed_epoch, main_lineage, snapshot_epoch
+from tests.helpers.wait import wait_for
 from tests.helpers.python_driver import COUNT_SCHEMA, EPOCH_SCHEMA, NOISE, SOURCE_SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,16 +37,7 @@ DEADLINE = 120.0
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = DEADLINE, every: float = 0.05) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
+wait_for = functools.partial(wait_for, timeout=DEADLINE)  # subprocesses on a loaded machine: generous
 
 
 def create_table(catalog, identifier: str, schema: pa.Schema):
@@ -84,7 +76,7 @@ class Driver:
                     raise AssertionError(f"driver exited ({self.proc.returncode}) without saying {prefix!r}:\n"
                                          f"{self.log()}")
             return hit
-        return wait_for(found, f"the driver to say {prefix!r}", timeout)
+        return wait_for(found, f"the driver to say {prefix!r}", timeout=timeout)
 
     def send(self, text: str) -> None:
         self.proc.stdin.write(text + "\n")  # type: ignore[union-attr]

@@ -17,6 +17,7 @@ import pytest
 from coordinator import EpochRecord, EpochState, EpochWriter
 from coordinator.records import FinishedRecord, now_ms
 from coordinator.snapshots import COMMITTED_EPOCH_PROPERTY
+from tests.helpers.wait import wait_for
 from tests.helpers.lake import SCHEMA
 
 POLL = 0.05
@@ -104,15 +105,11 @@ class Fleet:
             runner.check()
 
     def wait(self, condition: Callable[[], object], what: str, timeout: float = DEADLINE):
-        deadline = time.monotonic() + timeout
-        while True:
+        """Wait for ``condition``, failing at once when a writer thread died."""
+        def checked():
             self.check()
-            value = condition()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"waited {timeout:.0f}s for {what}")
-            time.sleep(POLL)
+            return condition()
+        return wait_for(checked, what, timeout, POLL)
 
     def stop_all(self) -> None:
         errors = []
