@@ -1,15 +1,15 @@
-"""``python -m bench [coordination] [iceberg] [spark] [pipeline] [options]``: run the named benchmarks.
+"""``python -m bench [coordination] [iceberg] [spark] [pipeline] [takeover] [options]``: run the named benchmarks.
 
 With no name, all of them. Options (``--engine spark``, ``--minutes 1``, ...) go to the suites
-that take them: ``pipeline`` (see ``python -m bench pipeline --help``) and ``spark``.
+that take them: ``pipeline`` (see ``python -m bench pipeline --help``), ``spark`` and ``takeover``.
 """
 import sys
 
-from . import coordination, iceberg, pipeline, spark
+from . import coordination, iceberg, pipeline, spark, takeover
 
 SUITES = {"coordination": lambda argv: coordination.main(), "iceberg": lambda argv: iceberg.main(),
-          "spark": spark.main, "pipeline": pipeline.main}
-TAKES_OPTIONS = {"spark", "pipeline"}
+          "spark": spark.main, "pipeline": pipeline.main, "takeover": takeover.main}
+TAKES_OPTIONS = {"spark", "pipeline", "takeover"}
 
 if __name__ == "__main__":
     args = sys.argv[1:]
