@@ -57,8 +57,12 @@ def drive(args) -> int:
     return 0
 
 
+LOGS = Path(tempfile.gettempdir()) / "tidemark-bench-takeover-logs"
+
+
 def _start(zk: str, home: Path, engine: str, interval_ms: int, warm: bool) -> subprocess.Popen:
-    log = open(home / f"replica-{time.monotonic_ns()}.log", "w")
+    LOGS.mkdir(exist_ok=True)
+    log = open(LOGS / f"replica-{time.monotonic_ns()}.log", "w")
     return subprocess.Popen([sys.executable, "-m", "bench.takeover", "--driver", "--zk", zk, "--home", str(home),
                              "--engine", engine, "--interval-ms", str(interval_ms)] + ([] if warm else ["--cold"]),
                             stdout=log, stderr=subprocess.STDOUT)
@@ -71,7 +75,7 @@ def _wait(condition, timeout: float, what: str):
         if value:
             return value
         time.sleep(0.05)
-    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what} (replica logs in {LOGS})")
 
 
 def _leader_pid(tm: Tidemark) -> Optional[int]:
@@ -86,7 +90,8 @@ def _tidemark(tm: Tidemark) -> Optional[int]:
 
 def measure(engine: str, rounds: int, interval_ms: int, warm: bool) -> list[float]:
     """Seconds from SIGKILL of the leader to the standby's first committed epoch, per round."""
-    with tempfile.TemporaryDirectory(prefix="tidemark-bench-takeover-") as tmp, zookeeper() as server:
+    with tempfile.TemporaryDirectory(prefix="tidemark-bench-takeover-", ignore_cleanup_errors=True) as tmp, \
+            zookeeper() as server:
         home = Path(tmp)
         catalog = CatalogSettings.embedded(home).load()
         catalog.create_namespace("bench")
@@ -119,6 +124,7 @@ def measure(engine: str, rounds: int, interval_ms: int, warm: bool) -> list[floa
                 replicas.append(_start(server.connect_string, home, engine, interval_ms, warm))
         finally:
             stop.set()
+            producer.join()
             for replica in replicas:
                 replica.kill()
                 replica.wait()

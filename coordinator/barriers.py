@@ -145,8 +145,11 @@ class Barriers:
             if not current.is_barrier(effective_from) or (newest is not None and effective_from <= newest):
                 raise EpochOrderError(f"an interval change must take effect at a future barrier of the current grid "
                                       f"(newest agreed barrier: {newest}); {effective_from} is not one")
-            changed = replace(current, changes=(*current.changes,
-                                                {"from_epoch": effective_from, "interval_ms": interval_ms}))
+            try:
+                changed = replace(current, changes=(*current.changes,
+                                                    {"from_epoch": effective_from, "interval_ms": interval_ms}))
+            except ValueError as exc:
+                raise ConfigurationError(f"cannot change the barrier interval: {exc}") from None
             self._write([set_data(self.tm.paths.barriers, changed.to_json(), stat.version)], stat.version)
             return changed
         return self._conditionally("changing the interval", attempt)

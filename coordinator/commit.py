@@ -66,10 +66,11 @@ class EpochCommitter:
         return newest.snapshot_id if newest else None
 
     def mark_committed(self, record: EpochRecord) -> None:
-        """Advance the committed-epoch property of every sink that published nothing in ``record``'s epoch.
+        """Advance the committed-epoch property of every sink that published nothing in ``record``'s epoch,
+        and record the first epoch in every sink at the writer's first.
 
         Idempotent: run again after a crash between the ZooKeeper commit and these marks.
         """
         for name in self.epochs.sinks:
-            if record.staged.get(name) is None:
+            if record.staged.get(name) is None or self.epochs.mark(name).first_epoch == record.epoch:
                 advance_committed_epoch(self.table(name), record.epoch)

@@ -6,7 +6,7 @@
 
 The ref move is alone in its pyiceberg commit (pyiceberg keeps one requirement per type
 in a transaction and its retries drop ref updates) and is conditional twice: we check
-that ``main`` is the staged snapshot's parent, and pyiceberg's commit asserts ``main`` has
+that ``main`` is the staged write's base (``staged_base``), and pyiceberg's commit asserts ``main`` has
 not moved since we loaded the table. Losing a race is therefore never silent: either the
 winner published this epoch (``ALREADY_PUBLISHED``) or ``PublishConflict`` is raised.
 """
@@ -113,16 +113,16 @@ def advance_committed_epoch(table: Table, epoch: int) -> bool:
 
     This is how an epoch with no new data is marked: one metadata-only commit, no snapshot,
     no manifest. An epoch that published a snapshot needs no mark (its snapshot carries
-    the epoch). The first mark also records ``tidemark.first-epoch``.
+    the epoch), except the writer's first, which records ``tidemark.first-epoch``.
     """
     def attempt() -> bool:
         table.refresh()
         current = committed_epoch(table)
-        if current is not None and current >= epoch:
-            return False
-        updates = {COMMITTED_EPOCH_PROPERTY: str(epoch)}
+        updates = {} if current is not None and current >= epoch else {COMMITTED_EPOCH_PROPERTY: str(epoch)}
         if table.properties.get(FIRST_EPOCH_PROPERTY) is None:
             updates[FIRST_EPOCH_PROPERTY] = str(first_epoch(table) or epoch)
+        if not updates:
+            return False
         try:
             with table.transaction() as tx:
                 tx.set_properties(updates)

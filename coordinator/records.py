@@ -194,12 +194,6 @@ class EpochInputs(JsonRecord):
         """True when the job has sources and none of them changed since its previous epoch (an idle barrier)."""
         return bool(self.sources) and self.batch_id is None and all(r.is_empty for r in self.sources.values())
 
-    def range_of(self, source: str) -> SourceRange:
-        found = self.sources.get(source)
-        if found is None:
-            raise KeyError(source)
-        return found
-
 
 @dataclass(frozen=True)
 class EpochRecord(JsonRecord):

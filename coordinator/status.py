@@ -172,9 +172,6 @@ class Status:
                 return job
         raise KeyError(name)
 
-    def is_stale(self, job: JobStatus) -> bool:
-        return job.stale
-
     @property
     def consistent_epoch(self) -> Optional[int]:
         """The minimum committed epoch over every job (None while some job has committed nothing)."""

@@ -149,6 +149,10 @@ class EpochWriter:
             raise ConfigurationError(f"max_pending_barriers must be at least 1, got {max_pending_barriers}")
         if grace_ms < 0:
             raise ConfigurationError(f"grace_ms must not be negative, got {grace_ms}")
+        if interval_ms <= 0:
+            raise ConfigurationError(f"interval_ms must be positive, got {interval_ms}")
+        if history < 2:
+            raise ConfigurationError(f"history must keep at least 2 epochs, got {history}")
         self.tm = tm
         self.name = validate_name(name, "job name")
         self.sources, self.sinks = validate_names(sources, "source table"), validate_names(sinks, "sink table")
@@ -352,8 +356,14 @@ class EpochWriter:
         return committed
 
     def commit_idle(self, epoch: int) -> EpochRecord:
-        """Commit barrier ``epoch`` without computing: the job's sinks do not change in it."""
-        committed = self._committer.commit_idle(epoch)  # type: ignore[union-attr]
+        """Commit barrier ``epoch`` without computing, recording its inputs; refused unless no source changed.
+
+        A streaming job (no source tables) uses it for barriers that passed with no micro-batch.
+        """
+        inputs = self.inputs_for(epoch)
+        if inputs is None or (self.sources and not inputs.unchanged):
+            raise EpochOrderError(f"job {self.name!r} epoch {epoch}: its sources changed, so it must be computed")
+        committed = self._committer.commit_idle(epoch, inputs)  # type: ignore[union-attr]
         self.committed.append(committed.epoch)
         return committed
 
@@ -402,12 +412,13 @@ class EpochWriter:
 
     def next_barrier(self, until: Optional[int] = None) -> Optional[int]:
         """Block until the next epoch may be processed and return its barrier; None when stopped or past ``until``."""
-        grid = self.tm.barriers.grid()
         last = self.epochs.last_committed
-        if until is not None and last is not None and last >= grid.floor(until):
-            return None
+        bound = last if last is not None else self._newest_at_open  # a new job starts after the latter
         while not self._stop.is_set():
             generation = self._cache.generation  # type: ignore[union-attr]
+            grid = self.tm.barriers.grid()  # read each pass: an interval change may take effect meanwhile
+            if until is not None and bound is not None and bound >= grid.floor(until):
+                return None
             self._read_managed_sources()
             target, why, wake_in = self._candidate(grid, last, until)
             if target is not None and until is not None and target > until:
@@ -464,9 +475,11 @@ class EpochWriter:
         holding = self._holding_back(self.tm.barriers.agreed())
         if holding:
             return None, "backpressure: " + ", ".join(holding), WAIT_SLICE_S
-        if self.tm.barriers.agree(candidate, proposed_by=self.name):
-            return candidate, "", 0.0
-        return None, "another job agreed a barrier at the same time", 0.0
+        self.tm.barriers.agree(candidate, proposed_by=self.name)
+        # Another root job may have agreed a barrier between our listing and our agreement (below
+        # ours, or ours lost): every agreed barrier is processed in order, so take the next one.
+        agreed = self.tm.barriers.after(after)
+        return agreed[0], "", 0.0
 
     def _start_floor(self):
         """A new job's lowest possible first epoch: the newest first epoch of its managed sources (or a reason)."""
@@ -491,7 +504,8 @@ class EpochWriter:
             return []
         p = self.tm.paths
         raw = self.tm.get_many([p.leader(n) for n in others] + [p.term(n) for n in others])
-        marks = self._cache.get(sorted({t for n in others for t in topo.jobs[n].sinks}))  # type: ignore[union-attr]
+        writers = topo.writers
+        marks = self._cache.get(sorted(writers))  # type: ignore[union-attr]
         held = []
         for name, leader_raw, term_raw in zip(others, raw[:len(others)], raw[len(others):]):
             if leader_raw is None or term_raw is None:
@@ -503,6 +517,9 @@ class EpochWriter:
             if any(e is None for e in epochs):
                 continue  # not started yet: it joins at the newest barrier
             committed = min(epochs)  # type: ignore[type-var]
+            upstream = [marks[s].epoch if marks.get(s) else None for s in topo.jobs[name].sources if s in writers]
+            if any(e is None or e <= committed for e in upstream):
+                continue  # it waits for its own upstream, which holds back in its place (or has no leader)
             pending = len(agreed) - bisect.bisect_right(agreed, committed)
             if pending > self.max_pending_barriers:
                 held.append(f"job {name} is {pending} agreed barriers behind (at epoch {committed})")

@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from coordinator.catalog import CatalogSettings
 from coordinator.client import Tidemark
-from coordinator.errors import ConfigurationError
+from coordinator.errors import ConfigurationError, NotLeader
 from coordinator.records import EpochInputs, EpochRecord, EpochState
 from coordinator.snapshots import summary_properties, wap_id
 from coordinator.writer import EpochContext, EpochWriter
@@ -91,7 +91,8 @@ class SparkEpochContext(EpochContext):
             self.spark.conf.unset("spark.wap.id")
         table = self.writer.table(sink)
         table.refresh()
-        # The newest snapshot of this (job, epoch, term): an earlier attempt's is never chosen.
+        # The newest snapshot of this (job, epoch, term): a retried write in the same term leaves an
+        # older staged snapshot with the same wap.id, never published.
         new = [s for s in table.snapshots() if s.summary is not None and s.summary.get("wap.id") == wap]
         self.stage(sink, max(new, key=lambda s: s.sequence_number or 0).snapshot_id if new else None)
 
@@ -168,24 +169,35 @@ class EpochJob:
         takes the newest one (or agrees the next grid point).
         """
         def handle(batch, batch_id: int) -> None:
-            self.open()
-            writer = self.writer
-            current = writer.epochs.current
-            if current is not None and current.inputs.batch_id is not None:
-                recorded = current.inputs.batch_id
-                if batch_id < recorded or (batch_id == recorded and current.state == EpochState.COMMITTED):
-                    log.info("job %s: batch %s already committed, skipped", self.name, batch_id)
-                    return
-                if batch_id == recorded:  # re-run of the batch in flight at the crash: same epoch, same inputs
-                    writer.process(current.epoch, function, batch)
-                    return
-            pending = writer.tm.barriers.after(writer.epochs.last_committed)
-            for idle in pending[:-1]:
-                writer.commit_idle(idle)
-            target = pending[-1] if pending else writer.next_barrier()
-            if target is not None:
-                writer.process(target, function, batch, inputs=EpochInputs(batch_id=batch_id))
+            try:
+                self._handle(function, batch, batch_id)
+            except BaseException:
+                self.writer.close()  # the next batch (or a restarted query) reopens and recovers
+                raise
         return handle
+
+    def _handle(self, function, batch, batch_id: int) -> None:
+        self.open()
+        writer = self.writer
+        current = writer.epochs.current
+        if current is not None and current.inputs.batch_id is not None:
+            recorded = current.inputs.batch_id
+            if batch_id < recorded or (batch_id == recorded and current.state == EpochState.COMMITTED):
+                log.info("job %s: batch %s already committed, skipped", self.name, batch_id)
+                return
+            if batch_id == recorded:  # re-run of the batch in flight at the crash: same epoch, same inputs
+                writer.process(current.epoch, function, batch)
+                return
+        last = writer.epochs.last_committed
+        pending = writer.tm.barriers.after(last) if last is not None else []  # a new job starts at a new barrier
+        for idle in pending[:-1]:
+            writer.commit_idle(idle)
+        target = pending[-1] if pending else writer.next_barrier()
+        if target is None:
+            # Returning would let Spark checkpoint a batch that was never written.
+            raise NotLeader(f"job {self.name!r} was stopped before batch {batch_id} could be committed; "
+                            "Spark re-runs the batch when the query restarts")
+        writer.process(target, function, batch, inputs=EpochInputs(batch_id=batch_id))
 
     def _prepare_sinks(self) -> None:
         if self._sinks_prepared:
