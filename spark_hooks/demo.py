@@ -70,9 +70,6 @@ def run_job(args) -> int:
             delta = ctx.changes(WORDS_TABLE).groupBy("word").count().withColumnRenamed("count", "cnt")
             ctx.merge(COUNTS_TABLE, delta, on=["word"], matched="t.cnt = t.cnt + s.cnt")
     else:
-        # EpochWriter decides once, when it opens, which sources are Tidemark tables: a job registered before its
-        # upstream writer would take word_counts for a root table (read by wall time, barriers agreed by itself).
-        _wait_for_writer(tm, COUNTS_TABLE, args.timeout)
         job = EpochJob(spark, tm, "count_histogram", sources=[COUNTS_TABLE], sinks=[HIST_TABLE], catalog=settings,
                        interval_ms=args.interval_ms)
 
@@ -86,15 +83,6 @@ def run_job(args) -> int:
     tm.close()
     spark.stop()
     return 0
-
-
-def _wait_for_writer(tm, table: str, timeout: float) -> None:
-    """Block until a job that writes ``table`` is registered."""
-    deadline = time.monotonic() + timeout
-    while tm.topology().writer_of(table) is None:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no job registered as the writer of {table} within {timeout:.0f} s")
-        time.sleep(0.2)
 
 
 def _stop_when_orphaned(job) -> None:
