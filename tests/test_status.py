@@ -12,7 +12,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 
 from coordinator.records import now_ms
 from coordinator.zookeeper_server import free_port
-from tests.helpers.lake import agree, create_table, lead_job
+from tests.helpers.lake import SCHEMA, agree, create_table, lead_job
 
 
 def cli(zk_connect: str, *args: str) -> subprocess.CompletedProcess:
@@ -22,12 +22,14 @@ def cli(zk_connect: str, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def two_epochs(tm, catalog_settings, namespace):
-    """Job ``up`` (root source ``raw.in``) committed two idle epochs at the newest barriers the clock has
-    passed and still leads; ``down`` reads its sink and has no leader. Yields up's sink and its last epoch."""
-    up, down = f"lake.{namespace}.up", f"lake.{namespace}.down"
-    create_table(catalog_settings.load(), catalog_settings.identifier(up))
+    """Job ``up`` (root source ``raw``, unchanged) committed two idle epochs at the newest barriers the clock
+    has passed and still leads; ``down`` reads its sink and has no leader. Yields up's sink and its last epoch."""
+    raw, up, down = f"lake.{namespace}.raw", f"lake.{namespace}.up", f"lake.{namespace}.down"
+    catalog = catalog_settings.load()
+    create_table(catalog, catalog_settings.identifier(up))
+    catalog.create_table(catalog_settings.identifier(raw), schema=SCHEMA)  # no snapshot: it never changes
     tm.register_job("down", sources=[up], sinks=[down])
-    writer = lead_job(tm, catalog_settings, "up", [up], sources=("raw.in",))
+    writer = lead_job(tm, catalog_settings, "up", [up], sources=(raw,))
     last = tm.barriers.grid().floor(now_ms())
     for t in (last - 1000, last):
         agree(tm, t)
