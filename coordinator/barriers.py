@@ -34,6 +34,9 @@ from .client import MultiFailed, create, delete, set_data
 from .errors import ConfigurationError, EpochOrderError, ZooKeeperUnavailable
 from .records import BarrierMode, BarrierRecord, JsonRecord, _int, _opt_int, now_ms
 
+# Backpressure: a root job agrees no new barrier while a live job is more agreed barriers behind than this.
+DEFAULT_MAX_PENDING_BARRIERS = 2
+
 
 @dataclass(frozen=True)
 class BarrierGrid(JsonRecord):

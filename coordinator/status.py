@@ -33,12 +33,12 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from .barriers import DEFAULT_MAX_PENDING_BARRIERS
 from .records import FinishedRecord, LeaderRecord, TableTidemark, TermRecord, now_ms
 from .topology import Topology
 
 STALE_INTERVALS = 3
 STALE_SLACK_MS = 1000  # a writer's default grace: a healthy job lags up to an interval plus grace plus processing
-BACKPRESSURE_PENDING = 2  # EpochWriter's default max_pending_barriers
 
 LEADING, FINISHED, FENCED, NO_LEADER = "leading", "finished", "fenced", "no leader"
 
@@ -252,7 +252,8 @@ def read_status(tm, stale_intervals: int = STALE_INTERVALS) -> Status:
             pending_of[name] = len(agreed) - bisect.bisect_right(agreed, c)
 
     # Jobs far enough behind that root jobs stop agreeing barriers (EpochWriter's default backpressure).
-    far_behind = [o for o in names if states[o] == LEADING and (pending_of[o] or 0) > BACKPRESSURE_PENDING]
+    far_behind = [o for o in names
+                  if states[o] == LEADING and (pending_of[o] or 0) > DEFAULT_MAX_PENDING_BARRIERS]
     partial: dict[str, JobStatus] = {}
     blocked: dict[str, bool] = {}
     for name in names:

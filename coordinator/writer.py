@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterable, Optional
 from pyiceberg.table import Table
 
 from .catalog import CatalogSettings, load_table
+from .barriers import DEFAULT_MAX_PENDING_BARRIERS
 from .client import Tidemark, create, delete, set_data
 from .commit import EpochCommitter
 from .epochs import EpochCoordinator, RecoveryAction
@@ -143,7 +144,7 @@ class EpochContext:
 class EpochWriter:
     def __init__(self, tm: Tidemark, name: str, *, sources: Iterable[str], sinks: Iterable[str],
                  catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000, grace_ms: int = 1000,
-                 max_pending_barriers: int = 2, always_run: bool = False, history: int = 100,
+                 max_pending_barriers: int = DEFAULT_MAX_PENDING_BARRIERS, always_run: bool = False, history: int = 100,
                  log_every: float = 5.0, context: Callable[["EpochWriter", EpochRecord], Any] = EpochContext) -> None:
         if max_pending_barriers < 1:
             raise ConfigurationError(f"max_pending_barriers must be at least 1, got {max_pending_barriers}")
@@ -423,13 +424,14 @@ class EpochWriter:
             target, why, wake_in = self._candidate(grid, last, until)
             if target is not None and until is not None and target > until:
                 return None
+            behind: dict[str, Optional[int]] = {}
             if target is not None:
                 behind = self._sources_behind(target)
                 if not behind:
                     self.waiting = None
                     return target
-                why = "; ".join(behind)
-            self._note_wait(target, why)
+                why = "; ".join(f"source {s} is at epoch {e}" for s, e in behind.items())
+            self._note_wait(target, why, tuple(behind))
             self._cache.wait_changed(generation, min(wake_in, WAIT_SLICE_S))  # type: ignore[union-attr]
         return None
 
@@ -491,10 +493,11 @@ class EpochWriter:
             return f"sources {', '.join(missing)} have no committed epoch yet (their writers' first epoch)"
         return max(m.first_epoch for m in marks.values())  # type: ignore[union-attr,type-var]
 
-    def _sources_behind(self, target: int) -> list[str]:
+    def _sources_behind(self, target: int) -> dict[str, Optional[int]]:
+        """The managed sources below ``target``, with their tidemarks."""
         marks = self._cache.get(self._managed)  # type: ignore[union-attr]
-        return [f"source {s} is at epoch {m.epoch if m else None}" for s, m in marks.items()
-                if m is None or m.epoch is None or m.epoch < target]
+        return {s: (m.epoch if m else None) for s, m in marks.items()
+                if m is None or m.epoch is None or m.epoch < target}
 
     def _holding_back(self, agreed: list[int]) -> list[str]:
         """Jobs with a live leader that are more than ``max_pending_barriers`` agreed barriers behind."""
@@ -525,7 +528,7 @@ class EpochWriter:
                 held.append(f"job {name} is {pending} agreed barriers behind (at epoch {committed})")
         return held
 
-    def _note_wait(self, barrier: Optional[int], reason: str) -> None:
+    def _note_wait(self, barrier: Optional[int], reason: str, lagging: tuple[str, ...] = ()) -> None:
         """Record why the writer waits; log it once the wait has lasted ``log_every`` seconds, and every
         ``log_every`` seconds after (short waits for the clock are the normal rhythm, not news)."""
         if self.waiting is None or (self.waiting.barrier, self.waiting.reason) != (barrier, reason):
@@ -533,16 +536,14 @@ class EpochWriter:
             self._logged_at = time.monotonic()
         if time.monotonic() - self._logged_at >= self.log_every:
             log.info("job %s waiting %.0f s%s: %s%s", self.name, (now_ms() - self.waiting.since_ms) / 1000,
-                     f" for barrier {barrier}" if barrier else "", reason, self._writers_of_lagging(reason))
+                     f" for barrier {barrier}" if barrier else "", reason, self._leaderless_writers(lagging))
             self._logged_at = time.monotonic()
 
-    def _writers_of_lagging(self, reason: str) -> str:
-        """For a wait on sources: whether each lagging source's writer has a live leader."""
+    def _leaderless_writers(self, lagging: tuple[str, ...]) -> str:
+        """For a wait on sources: which lagging source's writer has no live leader."""
         topo = self.tm.topology()
         notes = []
-        for source in self._managed:
-            if f"source {source} " not in reason:
-                continue
+        for source in lagging:
             writer = topo.writer_of(source)
             if writer is not None and self.tm.get(self.tm.paths.leader(writer)) is None:
                 notes.append(f"{source}'s writer job {writer} has no live leader")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable, Optional, Sequence
 
+from coordinator.barriers import DEFAULT_MAX_PENDING_BARRIERS
 from coordinator.catalog import CatalogSettings
 from coordinator.client import Tidemark
 from coordinator.errors import ConfigurationError, NotLeader
@@ -106,7 +107,8 @@ def _with_options(writer, options: dict):
 class EpochJob:
     def __init__(self, spark, tm: Tidemark, name: str, *, sources: Iterable[str], sinks: Iterable[str],
                  catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000, grace_ms: int = 1000,
-                 max_pending_barriers: int = 2, always_run: bool = False, history: int = 100) -> None:
+                 max_pending_barriers: int = DEFAULT_MAX_PENDING_BARRIERS, always_run: bool = False,
+                 history: int = 100) -> None:
         self.spark = spark
         self.writer = EpochWriter(tm, name, sources=sources, sinks=sinks, catalog=catalog, interval_ms=interval_ms,
                                   grace_ms=grace_ms, max_pending_barriers=max_pending_barriers,
