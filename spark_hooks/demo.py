@@ -39,7 +39,8 @@ from coordinator.errors import TidemarkError
 
 WORDS_TABLE, COUNTS_TABLE, HIST_TABLE = "lake.demo.words", "lake.demo.word_counts", "lake.demo.count_histogram"
 TABLES = [WORDS_TABLE, COUNTS_TABLE, HIST_TABLE]
-JOB_SINKS = {"word_counts": COUNTS_TABLE, "count_histogram": HIST_TABLE}
+JOB_TABLES = {"word_counts": ([WORDS_TABLE], [COUNTS_TABLE]), "count_histogram": ([COUNTS_TABLE], [HIST_TABLE])}
+JOB_SINKS = {name: sinks[0] for name, (_, sinks) in JOB_TABLES.items()}
 VOCABULARY = ["tide", "mark", "epoch", "barrier", "iceberg", "spark", "zoo", "keeper", "snapshot", "commit",
               "leader", "term", "fence", "stage", "publish", "reader", "version", "table"]
 DEFAULT_TIMEOUT_S = 900.0
@@ -61,18 +62,14 @@ def run_job(args) -> int:
     spark = build_spark_session(settings, app_name=f"tidemark-demo-{args.job}",
                                 extra_conf={"spark.ui.enabled": "false", "spark.driver.memory": "1g"})
     tm = Tidemark.connect(args.zk)
+    sources, sinks = JOB_TABLES[args.job]
+    job = EpochJob(spark, tm, args.job, sources=sources, sinks=sinks, catalog=settings, interval_ms=args.interval_ms)
     if args.job == "word_counts":
-        job = EpochJob(spark, tm, "word_counts", sources=[WORDS_TABLE], sinks=[COUNTS_TABLE], catalog=settings,
-                       interval_ms=args.interval_ms)
-
         @job.epoch
         def count_words(ctx):
             delta = ctx.changes(WORDS_TABLE).groupBy("word").count().withColumnRenamed("count", "cnt")
             ctx.merge(COUNTS_TABLE, delta, on=["word"], matched="t.cnt = t.cnt + s.cnt")
     else:
-        job = EpochJob(spark, tm, "count_histogram", sources=[COUNTS_TABLE], sinks=[HIST_TABLE], catalog=settings,
-                       interval_ms=args.interval_ms)
-
         @job.epoch
         def histogram(ctx):
             counts = ctx.table(COUNTS_TABLE)
@@ -287,6 +284,11 @@ def _run_cascade(home: Path, zk: str, settings, tm, cache, interval_ms: int, unt
     producer = threading.Thread(target=produce, daemon=True, name="producer")
     sampler = threading.Thread(target=sample_freshness, daemon=True, name="freshness")
     try:
+        # Deploy the pipeline before starting it: a job whose source has no registered writer yet reads that
+        # source as a root table (by commit time), so count_histogram started before word_counts registers
+        # would commit epochs over an empty word_counts that no reader can check against the words.
+        for name, (sources, sinks) in JOB_TABLES.items():
+            tm.register_job(name, sources=sources, sinks=sinks)
         for name in JOB_SINKS:
             with open(home / f"{name}.out", "w") as out, open(home / f"{name}.log", "w") as err:
                 drivers[name] = subprocess.Popen(
