@@ -17,6 +17,7 @@ from typing import Callable, Mapping, Optional
 
 from pyiceberg.table import Table
 
+from .crashpoints import crash_point
 from .epochs import EpochCoordinator
 from .publish import advance_committed_epoch, claim_table, publish_staged
 from .records import EpochInputs, EpochRecord, EpochState
@@ -32,11 +33,13 @@ class EpochCommitter:
 
     def finish(self, epoch: int, staged: Mapping[str, Optional[int]]) -> EpochRecord:
         """Precommit ``staged`` (every sink; None for a sink with no new data), publish, commit."""
+        crash_point("staged")
         return self.roll_forward(self.epochs.precommit(epoch, staged))
 
     def commit_idle(self, epoch: int, inputs: Optional[EpochInputs] = None) -> EpochRecord:
         """Commit an epoch whose sinks do not change: one ZooKeeper multi, one property commit per sink."""
         committed = self.epochs.commit_idle(epoch, inputs)
+        crash_point("idle-commit")
         self.mark_committed(committed)
         return committed
 
@@ -44,14 +47,18 @@ class EpochCommitter:
         """Publish a precommitted epoch's staged snapshots (skipping those already published) and commit it."""
         if record.state != EpochState.PRECOMMITTED:
             raise ValueError(f"only a PRECOMMITTED epoch rolls forward; epoch {record.epoch} is {record.state.value}")
+        crash_point("precommitted")
         published: dict[str, Optional[int]] = {}
         for name, snapshot_id in sorted(record.staged.items()):
             self.epochs.leadership.ensure_leading()  # a fenced zombie must not even move refs
             if snapshot_id is not None:
                 published[name] = publish_staged(self.table(name), snapshot_id, record.epoch).snapshot_id
+                if sum(record.staged.get(n) is not None for n in published) == 1:
+                    crash_point("published-one")
             else:
                 published[name] = self._unchanged_snapshot(name, record.epoch)
         committed = self.epochs.commit(record.epoch, published)
+        crash_point("committed")
         self.mark_committed(committed)
         return committed
 

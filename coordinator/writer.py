@@ -53,6 +53,7 @@ from .catalog import CatalogSettings, load_table
 from .barriers import DEFAULT_MAX_PENDING_BARRIERS
 from .client import Tidemark, create, delete, set_data
 from .commit import EpochCommitter
+from .crashpoints import crash_point
 from .epochs import EpochCoordinator, RecoveryAction
 from .errors import ConfigurationError, EpochOrderError, Fenced, NotLeader, ZooKeeperUnavailable
 from .names import validate_name, validate_names
@@ -349,6 +350,7 @@ class EpochWriter:
             committed = committer.commit_idle(epoch, inputs)  # type: ignore[union-attr]
         else:
             record = epochs.begin(epoch, inputs)
+            crash_point("begin")
             ctx = self.context(self, record)
             function(ctx, *args)
             committed = committer.finish(epoch, {sink: ctx.staged.get(sink) for sink in self.sinks})  # type: ignore[union-attr]
@@ -478,6 +480,7 @@ class EpochWriter:
         if holding:
             return None, "backpressure: " + ", ".join(holding), WAIT_SLICE_S
         self.tm.barriers.agree(candidate, proposed_by=self.name)
+        crash_point("agreed")
         # Another root job may have agreed a barrier between our listing and our agreement (below
         # ours, or ours lost): every agreed barrier is processed in order, so take the next one.
         agreed = self.tm.barriers.after(after)

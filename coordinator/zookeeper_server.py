@@ -3,6 +3,10 @@
     with EmbeddedZooKeeper(port=2181) as zk:
         tm = Tidemark.connect(zk.connect_string)
 
+    with ZooKeeperEnsemble(base_dir) as ensemble:      # three servers on loopback: a real quorum
+        tm = Tidemark.connect(ensemble.connect_string)
+        ensemble.leader().kill()                       # fault tests: lose the leader, then restart it
+
 The server is Debian's ZooKeeper 3.8 (``/usr/share/java/zookeeper.jar``, whose manifest
 brings its dependencies) run in the background with its own session, so it outlives the
 process that started it until ``stop()``. Its pid, port and data directory are recorded in
@@ -19,7 +23,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
@@ -28,6 +32,7 @@ from .errors import ConfigurationError, ZooKeeperUnavailable
 
 DEFAULT_PORT = 2181
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 STATE_FILE = "server.json"
 # A small tick keeps the minimum session timeout low (2 ticks) so fault tests run quickly.
 TICK_MS = 200
@@ -82,6 +87,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class QuorumPeer:
+    """One member of an ensemble: its id (``myid``) and its three loopback ports."""
+
+    server_id: int
+    client_port: int
+    quorum_port: int
+    election_port: int
+
+    @property
+    def config_line(self) -> str:
+        return f"server.{self.server_id}=127.0.0.1:{self.quorum_port}:{self.election_port}"
+
+
 @dataclass
 class ServerState:
     pid: int
@@ -97,13 +116,19 @@ class EmbeddedZooKeeper:
     server answers ``ruok``; ``stop()`` ends it with SIGTERM, then SIGKILL after a deadline;
     ``kill()`` is ``kill -9`` for fault tests. The data directory survives a stop, so a
     restart on the same directory brings back every znode and live session.
+
+    With ``quorum`` (every member of an ensemble, this one being ``server_id``) it runs as one
+    peer of that ensemble (``ZooKeeperEnsemble`` builds them); ``start(wait=False)`` then lets
+    the caller start the other peers before the quorum can serve.
     """
 
     def __init__(self, port: int = DEFAULT_PORT, data_dir: Optional[os.PathLike] = None,
-                 start_timeout: float = 30.0) -> None:
+                 start_timeout: float = 30.0, quorum: Sequence[QuorumPeer] = (),
+                 server_id: Optional[int] = None) -> None:
         self.port = port
         self.data_dir = Path(data_dir or data_home() / "zookeeper").absolute()
         self.start_timeout = start_timeout
+        self.quorum, self.server_id = tuple(quorum), server_id
         self._process: Optional[subprocess.Popen] = None
 
     @property
@@ -114,7 +139,7 @@ class EmbeddedZooKeeper:
     def state_path(self) -> Path:
         return self.data_dir / STATE_FILE
 
-    def start(self) -> "EmbeddedZooKeeper":
+    def start(self, wait: bool = True) -> "EmbeddedZooKeeper":
         recorded = self.recorded_state()
         if recorded and _is_our_server(recorded):
             raise ConfigurationError(f"a ZooKeeper server (pid {recorded.pid}) already runs on port "
@@ -129,18 +154,32 @@ class EmbeddedZooKeeper:
             f"tickTime={TICK_MS}", f"dataDir={self.data_dir / 'data'}", f"clientPort={self.port}",
             "clientPortAddress=127.0.0.1", "maxClientCnxns=0", f"minSessionTimeout={2 * TICK_MS}",
             "maxSessionTimeout=60000", "admin.enableServer=false", "4lw.commands.whitelist=ruok,srvr,mntr,stat",
-            "autopurge.snapRetainCount=3", "autopurge.purgeInterval=1", "",
+            "autopurge.snapRetainCount=3", "autopurge.purgeInterval=1", *self._quorum_config(), "",
         ]))
+        main_class = QUORUM_MAIN_CLASS if self.quorum else MAIN_CLASS
         log = open(self.data_dir / "zookeeper.log", "ab")
         self._process = subprocess.Popen(
-            [java, "-Xmx256m", "-Dzookeeper.jmx.log4j.disable=true", "-cp", classpath, MAIN_CLASS, str(config)],
+            [java, "-Xmx256m", "-Dzookeeper.jmx.log4j.disable=true", "-cp", classpath, main_class, str(config)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         self._write_state(ServerState(self._process.pid, self.port, str(self.data_dir), int(time.time() * 1000)))
-        self._wait_until_serving()
+        if wait:
+            self.wait_until_serving()
         return self
 
-    def _wait_until_serving(self) -> None:
+    def _quorum_config(self) -> list[str]:
+        if not self.quorum:
+            return []
+        (self.data_dir / "data" / "myid").write_text(f"{self.server_id}\n")
+        # Limits in ticks: generous enough that a loaded machine does not drop a follower by itself.
+        return ["initLimit=25", "syncLimit=10", *(peer.config_line for peer in self.quorum)]
+
+    def mode(self) -> Optional[str]:
+        """``standalone``, ``leader`` or ``follower`` while serving; None otherwise."""
+        reply = (four_letter_word("127.0.0.1", self.port, b"srvr") or b"").decode(errors="replace")
+        return next((line.split(":", 1)[1].strip() for line in reply.splitlines() if line.startswith("Mode:")), None)
+
+    def wait_until_serving(self) -> None:
         # "ruok" answers before the server accepts sessions; "srvr" reports a Mode only once it does.
         def serving() -> Optional[bytes]:
             if self._process is not None and self._process.poll() is not None:
@@ -212,4 +251,56 @@ def _is_our_server(state: ServerState) -> bool:
     if status == "Z":
         return False
     config = str(Path(state.data_dir) / "zoo.cfg").encode()
-    return MAIN_CLASS.encode() in cmdline and config in cmdline
+    return (MAIN_CLASS.encode() in cmdline or QUORUM_MAIN_CLASS.encode() in cmdline) and config in cmdline
+
+
+class ZooKeeperEnsemble:
+    """``size`` ZooKeeper servers on loopback forming one quorum, each in ``<base_dir>/server-<id>``.
+
+    ``start()`` launches every peer, then waits until each serves (a peer serves only once a
+    quorum has elected a leader); ``leader()`` and ``followers()`` ask each peer its mode, so a
+    fault test can stop exactly the member it means to. A stopped member is restarted with its
+    own ``start()``; it rejoins the quorum from its data directory.
+    """
+
+    def __init__(self, base_dir: os.PathLike, size: int = 3, start_timeout: float = 60.0) -> None:
+        if size < 3 or size % 2 == 0:
+            raise ConfigurationError(f"an ensemble needs an odd number of servers, at least 3; got {size}")
+        peers = [QuorumPeer(i, free_port(), free_port(), free_port()) for i in range(1, size + 1)]
+        self.members = [EmbeddedZooKeeper(p.client_port, Path(base_dir) / f"server-{p.server_id}", start_timeout,
+                                          quorum=peers, server_id=p.server_id) for p in peers]
+
+    @property
+    def connect_string(self) -> str:
+        return ",".join(m.connect_string for m in self.members)
+
+    def start(self) -> "ZooKeeperEnsemble":
+        try:
+            for member in self.members:
+                member.start(wait=False)
+            for member in self.members:
+                member.wait_until_serving()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for member in self.members:
+            member.stop()
+
+    def leader(self) -> EmbeddedZooKeeper:
+        """The member that leads the quorum now (``ZooKeeperUnavailable`` while none does)."""
+        for member in self.members:
+            if member.mode() == "leader":
+                return member
+        raise ZooKeeperUnavailable("no member of the ensemble is leading right now (an election is under way)")
+
+    def followers(self) -> list[EmbeddedZooKeeper]:
+        return [m for m in self.members if m.mode() == "follower"]
+
+    def __enter__(self) -> "ZooKeeperEnsemble":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()

@@ -1,20 +1,15 @@
 """Fixtures on real components: a ZooKeeper server, a PostgreSQL server, a SparkSession."""
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
-from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark
 from coordinator.zookeeper_server import free_port
+from tests.helpers.postgres import PostgresServer
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 SESSION_TIMEOUT = 4.0
 
 
@@ -54,34 +49,15 @@ def connect(zk_connect):
         client.close()
 
 
-def _as_postgres(cmd: list[str], **kwargs) -> subprocess.Popen:
-    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-        cmd = ["runuser", "-u", "postgres", "--", *cmd]
-    return subprocess.Popen(cmd, **kwargs)
-
-
 @pytest.fixture(scope="session")
 def postgres_uri():
     """A real PostgreSQL server on a loopback port, in a temporary data directory."""
-    if not (PG_BIN / "initdb").is_file():
-        pytest.fail("PostgreSQL is not installed: run `make setup` (it installs Debian's postgresql)")
-    base = Path(tempfile.mkdtemp(prefix="tidemark-pg-"))
-    data = base / "data"
-    if os.geteuid() == 0:
-        shutil.chown(base, "postgres")
-    port = free_port()
-    assert _as_postgres([str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "tidemark"],
-                        stdout=subprocess.DEVNULL).wait() == 0
-    server = _as_postgres([str(PG_BIN / "postgres"), "-D", str(data), "-p", str(port), "-h", "127.0.0.1",
-                           "-k", str(base)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ready = Retrying(stop=stop_after_delay(30), wait=wait_fixed(0.2), retry=retry_if_result(lambda rc: rc != 0))
-    ready(lambda: subprocess.call([str(PG_BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
-                                  stdout=subprocess.DEVNULL))
-    subprocess.check_call([str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "tidemark", "catalog"])
-    yield f"postgresql://tidemark@127.0.0.1:{port}/catalog"
-    server.terminate()
-    server.wait(30)
-    shutil.rmtree(base, ignore_errors=True)
+    try:
+        server = PostgresServer().start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    yield server.uri
+    server.close()
 
 
 @pytest.fixture(scope="session")

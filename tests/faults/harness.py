@@ -1,0 +1,490 @@
+"""The fault harness: one run of the cascade on real processes, with faults injected and everything measured.
+
+    with Environment(base_dir) as env:                       # one ZooKeeper server, one PostgreSQL server
+        with Cascade(env, "kill-9", run=0, seed=1, crash_plan=plan) as cascade:
+            cascade.start()
+            fault = cascade.inject("zk-restart", job=None, act=env.restart_zookeeper)
+            cascade.wait_recovered(fault)
+            result = cascade.finish()                        # drain, final exactly-once check, stop
+
+A run deploys the cascade of ``tests/faults/cascade.py`` in a fresh ZooKeeper chroot and a fresh
+catalog namespace, with two replicas (a leader and a standby) of each job as separate
+processes (``tests/faults/driver.py``), a producer thread that appends to the root table and
+logs every row it wrote, and four threads watching it:
+
+- the **supervisor** restarts every replica that exits, as Kubernetes would, with the next crash
+  point of the crash plan in its environment; a replica that died at a crash point is a fault
+  (``kill -9 at <step>``), any other exit not caused by the harness is recorded as unexpected;
+- the **tracker** follows each job's tidemark: a fault is recovered at the first commit of every
+  affected job after the fault was injected (recovery time = that commit's time - injection time);
+- the **checker** (``coordinator.checker``) resolves and checks every consistent version it can;
+- the **producer** (seeded) appends batches in bursts, so that some epochs are idle.
+
+``finish`` stops the producer, waits until every job committed a barrier past the last row, checks
+that version and counts duplicates and losses against the producer's own log, then stops the
+drivers. Every wait polls a condition with a deadline.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import pyarrow as pa
+from kazoo.client import KazooClient
+
+from coordinator import CatalogSettings, EmbeddedZooKeeper, EpochRecord, EpochState, Tidemark, TidemarkError
+from coordinator.checker import ConsistencyChecker, Inconsistency, exactly_once
+from coordinator.records import LeaderRecord, now_ms
+from coordinator.resolve import Resolver
+from coordinator.zookeeper_server import free_port
+from tests.faults.cascade import JOBS, SRC_SCHEMA, Tables, counts_of, invariant
+from tests.helpers.postgres import PostgresServer
+
+log = logging.getLogger("faults")
+REPO = Path(__file__).resolve().parents[2]
+SESSION_TIMEOUT = 3.0       # the drivers' ZooKeeper session timeout (s)
+INTERVAL_MS = 1000
+GRACE_MS = 300
+RECOVERY_DEADLINE = 90.0    # a fault not recovered by then fails the run
+DRAIN_DEADLINE = 120.0
+BATCH_PROPERTY = "faults.batch"
+KEYS = [f"k{i}" for i in range(8)]
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout: float, every: float = 0.05) -> object:
+    """Poll ``condition`` until it returns something truthy; ``TimeoutError`` naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+@dataclass
+class Fault:
+    kind: str
+    job: Optional[str]           # the affected job; None: every job
+    injected_ms: int
+    recovered_ms: Optional[int] = None
+
+    @property
+    def recovery_s(self) -> Optional[float]:
+        return None if self.recovered_ms is None else max(0, self.recovered_ms - self.injected_ms) / 1000
+
+
+@dataclass
+class RunResult:
+    scenario: str
+    seed: int
+    faults: list[Fault]
+    epochs_committed: int
+    produced: int
+    duplicates: int
+    losses: int
+    checked: int
+    inconsistencies: list[Inconsistency]
+    unexpected_exits: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)   # a run that could not finish says why
+
+    @property
+    def passed(self) -> bool:
+        return (not self.problems and self.duplicates == 0 and self.losses == 0 and not self.inconsistencies
+                and all(f.recovered_ms is not None for f in self.faults))
+
+
+class Environment:
+    """The servers every run shares: a standalone ZooKeeper and a PostgreSQL catalog database."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        base.mkdir(parents=True, exist_ok=True)
+        self.zookeeper = EmbeddedZooKeeper(port=free_port(), data_dir=base / "zookeeper")
+        self.postgres = PostgresServer()
+
+    def __enter__(self) -> "Environment":
+        self.zookeeper.start()
+        self.postgres.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.zookeeper.stop()
+        self.postgres.close()
+
+    def catalog(self) -> CatalogSettings:
+        return CatalogSettings(name="pg", uri=self.postgres.uri, warehouse=f"file://{self.base / 'warehouse'}")
+
+
+class Replica:
+    """One driver process of ``job``; its stderr goes to ``<run dir>/<member>.log``."""
+
+    def __init__(self, cascade: "Cascade", job: str, slot: int, crash_at: Optional[str]) -> None:
+        cascade.started += 1
+        self.job, self.slot, self.crash_at = job, slot, crash_at
+        self.member = f"{job}-{slot}-{cascade.started}"
+        self.log_path = cascade.dir / f"{self.member}.log"
+        self.session_file = cascade.dir / f"{self.member}.session"
+        self.expected_exit = False   # set when the harness itself stops or kills it
+        config = {"job": job, "connect": cascade.connect, "session_timeout": SESSION_TIMEOUT, "member": self.member,
+                  "catalog": {"name": cascade.settings.name, "uri": cascade.settings.uri,
+                              "warehouse": cascade.settings.warehouse},
+                  "namespace": cascade.tables.namespace, "interval_ms": INTERVAL_MS, "grace_ms": GRACE_MS,
+                  "session_file": str(self.session_file)}
+        env = {k: v for k, v in os.environ.items() if k != "TIDEMARK_CRASH_AT"}
+        if crash_at:
+            env["TIDEMARK_CRASH_AT"] = crash_at
+        env["PYTHONPATH"] = str(REPO)
+        with open(self.log_path, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "tests.faults.driver", json.dumps(config)], cwd=REPO,
+                                         env=env, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.kill(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def crash_line(self) -> Optional[str]:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return None
+        return next((line for line in reversed(text.splitlines()) if line.startswith("tidemark: crash point")), None)
+
+    def last_line(self) -> str:
+        try:
+            lines = [line for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return "(no log)"
+        return lines[-1][:300] if lines else "(empty log)"
+
+    def session(self) -> Optional[tuple[int, bytes]]:
+        try:
+            sid, password = self.session_file.read_text().split()
+        except (OSError, ValueError):
+            return None
+        return int(sid), bytes.fromhex(password)
+
+
+class Cascade:
+    """One run of the cascade (see the module docstring). ``crash_plan(job)`` gives the crash point of each
+    replica started (``None``: none)."""
+
+    def __init__(self, env: Environment, scenario: str, run: int, seed: int, *, hosts: Optional[str] = None,
+                 crash_plan: Callable[[str], Optional[str]] = lambda job: None, replicas: int = 2) -> None:
+        self.env, self.scenario, self.seed = env, scenario, seed
+        self.rng = random.Random(seed)
+        self.dir = env.base / f"{scenario}-{run}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.hosts = hosts or env.zookeeper.connect_string
+        self.chroot = f"/faults-{scenario}-{run}-{seed}"
+        self.connect = self.hosts + self.chroot
+        self.settings = env.catalog()
+        self.tables = Tables(self.settings.name, f"f_{scenario.replace('-', '_')}_{run}_{seed}")
+        self.crash_plan, self.replicas = crash_plan, replicas
+        self.started = 0
+        self.slots: dict[tuple[str, int], Replica] = {}
+        self.held = False            # while True the supervisor does not restart exited replicas
+        self.faults: list[Fault] = []
+        self.unexpected: list[str] = []
+        self.commits: set[tuple[str, int]] = set()
+        self.produced: list[tuple[int, str]] = []
+        self.last_append_ms = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._stop_producing = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self.tm: Optional[Tidemark] = None
+        self.checker: Optional[ConsistencyChecker] = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def __enter__(self) -> "Cascade":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._stop_producing.set()
+        for thread in self._threads:
+            thread.join(30)
+        self.stop_drivers()
+        if self.tm is not None:
+            self.tm.close()
+
+    def start(self) -> None:
+        self.tables.create(self.settings.load())
+        self.tm = Tidemark.connect(self.connect, session_timeout=10, operation_timeout=10)
+        self.deploy()
+        self.start_drivers()
+        self.checker = ConsistencyChecker(Resolver(self.settings.load(), self.settings, self.tm), self.tables.all,
+                                          invariant(self.tables))
+        for target in (self._produce, self._supervise, self._track, self._check):
+            thread = threading.Thread(target=target, name=target.__name__, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        wait_until(lambda: all(self.committed_after(job, 0) for job in JOBS), "every job's first commit",
+                   RECOVERY_DEADLINE, every=0.1)
+
+    def deploy(self) -> None:
+        """Register the pipeline before any driver starts (a job started before its upstream's registration
+        would read the upstream's table as a root table)."""
+        for job in JOBS:
+            sources, sinks = self.tables.job(job)
+            self.tm.register_job(job, sources=sources, sinks=sinks)  # type: ignore[union-attr]
+
+    def start_drivers(self) -> None:
+        for job in JOBS:
+            for slot in range(self.replicas):
+                self.slots[(job, slot)] = Replica(self, job, slot, self.crash_plan(job))
+
+    def stop_drivers(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> None:
+        """Stop every replica (SIGTERM: each finishes its epoch in flight; SIGKILL after ``timeout``)."""
+        replicas = list(self.slots.values())
+        for replica in replicas:
+            replica.expected_exit = True
+            replica.signal(signal.SIGCONT)
+            replica.signal(sig)
+        for replica in replicas:
+            try:
+                replica.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                replica.signal(signal.SIGKILL)
+                replica.proc.wait(30)
+
+    # -- faults -----------------------------------------------------------------------------------
+
+    def inject(self, kind: str, job: Optional[str], act: Callable[[], None]) -> Fault:
+        """Record a fault injected now, then inject it with ``act``."""
+        fault = Fault(kind, job, now_ms())
+        with self._lock:
+            self.faults.append(fault)
+        act()
+        return fault
+
+    def wait_recovered(self, fault: Fault, timeout: float = RECOVERY_DEADLINE) -> None:
+        wait_until(lambda: fault.recovered_ms is not None, f"recovery from {fault.kind}", timeout)
+
+    def leader_replica(self, job: str) -> Replica:
+        """The replica that leads ``job`` now (waits until one does)."""
+        def find() -> Optional[Replica]:
+            try:
+                found = self.tm.get(self.tm.paths.leader(job))  # type: ignore[union-attr]
+            except TidemarkError:
+                return None
+            if found is None:
+                return None
+            member = LeaderRecord.from_json(found[0]).member
+            return next((r for r in self.slots.values() if r.member == member and r.proc.poll() is None), None)
+        return wait_until(find, f"a live leader of job {job}", RECOVERY_DEADLINE)  # type: ignore[return-value]
+
+    def expire_session(self, replica: Replica) -> None:
+        """Expire ``replica``'s ZooKeeper session on the server: a second client attaches to the same session
+        and closes it, as Curator's KillSession does; the replica's next request finds it expired."""
+        session = wait_until(replica.session, f"{replica.member}'s session id", 30)
+        client = KazooClient(hosts=self.hosts, client_id=session, timeout=SESSION_TIMEOUT)  # type: ignore[arg-type]
+        client.start(timeout=15)
+        client.stop()
+        client.close()
+
+    def wipe_zookeeper(self) -> None:
+        """Delete the run's whole ZooKeeper tree (what rebuilding an ensemble or a new chroot amounts to)."""
+        client = KazooClient(hosts=self.hosts, timeout=10)
+        client.start(timeout=15)
+        try:
+            wait_until(lambda: self._delete_tree(client), "the ZooKeeper tree to be deleted", 30)
+        finally:
+            client.stop()
+            client.close()
+
+    def _delete_tree(self, client: KazooClient) -> bool:
+        try:
+            client.delete(self.chroot, recursive=True)
+        except Exception as exc:  # noqa: BLE001 - a live driver re-created a node meanwhile: delete again
+            log.info("wipe: %s; deleting again", type(exc).__name__)
+        return client.exists(self.chroot) is None
+
+    def restart_every_driver(self) -> None:
+        """kill -9 every replica, deploy the pipeline again and start fresh replicas (held meanwhile)."""
+        self.held = True
+        try:
+            self.stop_drivers(signal.SIGKILL)
+            self.wipe_zookeeper()  # anything a dying replica re-created
+            with Tidemark.connect(self.connect, session_timeout=10, operation_timeout=10) as tm:
+                for job in JOBS:
+                    sources, sinks = self.tables.job(job)
+                    tm.register_job(job, sources=sources, sinks=sinks)
+            self.start_drivers()
+        finally:
+            self.held = False
+
+    def committed_after(self, job: str, since_ms: int) -> Optional[int]:
+        """The commit time of ``job``'s newest epoch if it is after ``since_ms``."""
+        try:
+            mark = self.tm.tidemarks([self.tables.job(job)[1][0]])  # type: ignore[union-attr]
+        except TidemarkError:
+            return None
+        found = next(iter(mark.values()))
+        if found is None or found.committed_ms is None or found.committed_ms <= since_ms:
+            return None
+        return found.committed_ms
+
+    # -- the threads ------------------------------------------------------------------------------
+
+    def _produce(self) -> None:
+        """Append batches of 1-4 rows every 150 ms, in bursts of 2-4 s separated by 1-2 s of quiet."""
+        rng = random.Random(self.seed)
+        table = self.settings.load().load_table(f"{self.tables.namespace}.src")
+        next_id, batch = 1, 0
+        with open(self.dir / "producer.log", "w") as out:
+            while not self._stop_producing.is_set():
+                burst_end = time.monotonic() + rng.uniform(2, 4)
+                while time.monotonic() < burst_end and not self._stop_producing.wait(0.15):
+                    rows = [(next_id + i, rng.choice(KEYS)) for i in range(rng.randint(1, 4))]
+                    if self._append(table, rows, batch):
+                        for row in rows:
+                            out.write(json.dumps(row) + "\n")
+                        out.flush()
+                        self.produced.extend(rows)
+                        self.last_append_ms = now_ms()
+                        next_id, batch = next_id + len(rows), batch + 1
+                self._stop_producing.wait(rng.uniform(1, 2))
+
+    def _append(self, table, rows: list[tuple[int, str]], batch: int) -> bool:
+        """Append ``rows`` as batch ``batch``; True once it is in the table. A failed commit (catalog down)
+        may still have landed: the batch property on the snapshot says."""
+        data = pa.table({"id": [r[0] for r in rows], "k": [r[1] for r in rows], "batch": [batch] * len(rows)},
+                        schema=SRC_SCHEMA)
+        try:
+            table.append(data, snapshot_properties={BATCH_PROPERTY: str(batch)})
+            return True
+        except Exception as exc:  # noqa: BLE001 - the catalog is down (an injected fault): look, then retry
+            log.info("producer: append of batch %s failed (%s)", batch, type(exc).__name__)
+        try:
+            table.refresh()
+        except Exception:  # noqa: BLE001 - still down: try again later
+            return False
+        return any(s.summary is not None and s.summary.get(BATCH_PROPERTY) == str(batch) for s in table.snapshots())
+
+    def _supervise(self) -> None:
+        while not self._stop.wait(0.05):
+            for key, replica in list(self.slots.items()):
+                if replica.proc.poll() is None or replica.expected_exit or self.held:
+                    continue
+                crash = replica.crash_line()
+                if crash is not None and replica.proc.returncode == -signal.SIGKILL:
+                    injected = int(crash.split(" reached at ")[1].split(":")[0])
+                    step = crash.split()[3]
+                    with self._lock:
+                        self.faults.append(Fault(f"kill -9 at {step.split('#')[0]}", replica.job, injected))
+                else:
+                    self.unexpected.append(f"{replica.member} exited with {replica.proc.returncode}: "
+                                           f"{replica.last_line()}")
+                    log.warning("unexpected exit: %s", self.unexpected[-1])
+                replica.expected_exit = True
+                self.slots[key] = Replica(self, replica.job, replica.slot, self.crash_plan(replica.job))
+
+    def _track(self) -> None:
+        """Follow each job's tidemark: record commits, and close the faults they recover."""
+        while not self._stop.wait(0.05):
+            times = {}
+            for job in JOBS:
+                try:
+                    mark = self.tm.tidemarks([self.tables.job(job)[1][0]])  # type: ignore[union-attr]
+                except TidemarkError:
+                    continue
+                found = next(iter(mark.values()))
+                if found is not None and found.epoch is not None:
+                    self.commits.add((job, found.epoch))
+                    times[job] = found.committed_ms or 0
+            with self._lock:
+                for fault in self.faults:
+                    if fault.recovered_ms is not None:
+                        continue
+                    affected = [fault.job] if fault.job else list(JOBS)
+                    if all(times.get(j, 0) > fault.injected_ms for j in affected):
+                        fault.recovered_ms = max(times[j] for j in affected)
+
+    def _check(self) -> None:
+        """Check every consistent version the checker can resolve (at most one read every 0.5 s)."""
+        while not self._stop.wait(0.5):
+            try:
+                self.checker.observe()  # type: ignore[union-attr]
+            except Exception as exc:  # noqa: BLE001 - an injected outage; a real bug shows as an inconsistency
+                self.errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+
+    # -- the end of a run --------------------------------------------------------------------------
+
+    def finish(self) -> RunResult:
+        """Stop producing, wait until every job committed past the last row, check exactly-once, stop."""
+        problems: list[str] = []
+        self._stop_producing.set()
+        next(t for t in self._threads if t.name == "_produce").join(30)
+        target = self.last_append_ms + GRACE_MS
+        try:
+            wait_until(lambda: all(self._epoch_of(job) and self._epoch_of(job) > target for job in JOBS),
+                       "every job to commit a barrier after the last produced row", DRAIN_DEADLINE, every=0.2)
+        except TimeoutError as exc:
+            problems.append(str(exc))
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+        with self._lock:
+            unrecovered = [f for f in self.faults if f.recovered_ms is None]
+        problems += [f"{f.kind} ({f.job or 'every job'}) never recovered" for f in unrecovered]
+        duplicates = losses = 0
+        try:
+            version = self.checker.resolver.resolve(self.tables.all)  # type: ignore[union-attr]
+            frames, _ = self.checker.check(version)  # type: ignore[union-attr]
+            ids = frames[self.tables.ids]
+            rows = exactly_once(self.produced, zip(ids.column("id").to_pylist(), ids.column("k").to_pylist()))
+            counted = exactly_once(_per_key(counts_of(pa.table({"id": [r[0] for r in self.produced],
+                                                                 "k": [r[1] for r in self.produced]}))),
+                                   _per_key(frames[self.tables.counts]))
+            duplicates, losses = max(rows.duplicates, counted.duplicates), max(rows.losses, counted.losses)
+        except Exception as exc:  # noqa: BLE001 - reported as the run's problem
+            problems.append(f"final check failed: {type(exc).__name__}: {exc}")
+        self.stop_drivers()
+        return RunResult(self.scenario, self.seed, list(self.faults), self._epochs_committed(), len(self.produced),
+                         duplicates, losses, self.checker.checked, list(self.checker.failures),  # type: ignore[union-attr]
+                         list(self.unexpected), problems)
+
+    def _epoch_of(self, job: str) -> Optional[int]:
+        try:
+            mark = self.tm.tidemarks([self.tables.job(job)[1][0]])  # type: ignore[union-attr]
+        except TidemarkError:
+            return None
+        found = next(iter(mark.values()))
+        return None if found is None else found.epoch
+
+    def _epochs_committed(self) -> int:
+        """Epochs committed by every job of the run: those seen by the tracker and those still in ZooKeeper."""
+        commits = set(self.commits)
+        for job in JOBS:
+            path = self.tm.paths.epochs(job)  # type: ignore[union-attr]
+            children = [c for c in self.tm.children(path) if c.isdigit()]  # type: ignore[union-attr]
+            for raw in self.tm.get_many([f"{path}/{c}" for c in children]):  # type: ignore[union-attr]
+                if raw is not None:
+                    record = EpochRecord.from_json(raw[0])
+                    if record.state == EpochState.COMMITTED:
+                        commits.add((job, record.epoch))
+        return len(commits)
+
+
+def _per_key(counts: pa.Table) -> list[tuple[str, int]]:
+    """Counts as a multiset of keys (``k`` repeated ``cnt`` times), for ``exactly_once``."""
+    return [(k, i) for k, cnt in zip(counts.column("k").to_pylist(), counts.column("cnt").to_pylist())
+            for i in range(cnt)]
+

@@ -1,0 +1,244 @@
+"""The fault suite's scenarios: each one runs the cascade and injects one kind of fault, repeatedly.
+
+Every scenario is a function ``(env, run, seed, faults) -> RunResult`` registered in ``SCENARIOS``
+with its default number of runs and faults per run. Random choices (which step, which job, how long
+to wait before the next fault) come from ``random.Random(seed)``, so a run is reproducible up to the
+machine's timing.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from coordinator import EpochRecord, EpochState, TidemarkError
+from coordinator.crashpoints import STEPS
+from coordinator.records import TermRecord
+from coordinator.zookeeper_server import ZooKeeperEnsemble
+from tests.faults.cascade import COUNTER, JOBS
+from tests.faults.harness import (RECOVERY_DEADLINE, REPO, SESSION_TIMEOUT, Cascade, Environment, RunResult,
+                                  wait_until)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    runs: int
+    faults: int                      # per run
+    run: Callable[[Environment, int, int, int], RunResult]
+    what: str
+
+
+def pause(rng: random.Random, low: float = 0.3, high: float = 1.5) -> None:
+    """A seeded jitter between faults, so that each one hits the pipeline at a different point of an epoch."""
+    threading.Event().wait(rng.uniform(low, high))
+
+
+def crash_steps(job: str) -> tuple[str, ...]:
+    """The crash points a job's replicas reach: only a job with a root source agrees barriers."""
+    return STEPS if job == COUNTER else tuple(s for s in STEPS if s != "agreed")
+
+
+def kill_nine(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """Every replica starts with a crash point (each step in turn, at its 1st or 2nd time): it leads until it
+    kills itself there, the standby takes over, and the supervisor starts a new standby with the next one."""
+    rng = random.Random(seed)
+    steps = {job: itertools.cycle(rng.sample(crash_steps(job), len(crash_steps(job)))) for job in JOBS}
+    lock = threading.Lock()
+
+    def plan(job: str) -> str:
+        with lock:
+            return f"{next(steps[job])}:{rng.randint(1, 2)}"
+    with Cascade(env, "kill-9", run, seed, crash_plan=plan) as cascade:
+        cascade.start()
+        wait_until(lambda: len(cascade.faults) >= faults, f"{faults} crash points to be reached", faults * 20.0,
+                   every=0.2)
+        cascade.crash_plan = lambda job: None
+        for fault in list(cascade.faults):
+            cascade.wait_recovered(fault)
+        return cascade.finish()
+
+
+def zombie(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """SIGSTOP a job's leader for the session timeout + 2 s: the standby takes over; then SIGCONT the zombie,
+    which must find itself fenced, change nothing, and become a standby."""
+    rng = random.Random(seed)
+    with Cascade(env, "zombie", run, seed) as cascade:
+        cascade.start()
+        for i in range(faults):
+            job = JOBS[i % len(JOBS)]
+            leader = cascade.leader_replica(job)
+            pause(rng)
+            stopped_at = time.monotonic()
+            fault = cascade.inject("SIGSTOP past the session timeout", job, lambda: leader.signal(signal.SIGSTOP))
+            cascade.wait_recovered(fault)
+            wait_until(lambda: time.monotonic() - stopped_at > SESSION_TIMEOUT + 2, "the pause to end", 30)
+            leader.signal(signal.SIGCONT)
+        return cascade.finish()
+
+
+def session_expiry(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """Expire a job leader's ZooKeeper session on the server (a second client attaches to the session and
+    closes it); the leader must step down, and the job must go on under a new term."""
+    rng = random.Random(seed)
+    with Cascade(env, "session-expiry", run, seed) as cascade:
+        cascade.start()
+        for i in range(faults):
+            job = JOBS[i % len(JOBS)]
+            leader = cascade.leader_replica(job)
+            pause(rng)
+            fault = cascade.inject("ZooKeeper session expired", job, lambda: cascade.expire_session(leader))
+            cascade.wait_recovered(fault)
+        return cascade.finish()
+
+
+def zookeeper_restart(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """kill -9 the ZooKeeper server and start it again on its data: sessions survive, no epoch is lost."""
+    rng = random.Random(seed)
+
+    def restart() -> None:
+        env.zookeeper.kill()
+        env.zookeeper.start()
+    with Cascade(env, "zk-restart", run, seed) as cascade:
+        cascade.start()
+        for _ in range(faults):
+            pause(rng)
+            cascade.wait_recovered(cascade.inject("ZooKeeper server restarted", None, restart))
+        return cascade.finish()
+
+
+def zookeeper_ensemble(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """A three-server ensemble on loopback loses a follower (kill -9), which then rejoins; then it loses its
+    leader, which then rejoins; repeated. Sessions move to the surviving servers."""
+    rng = random.Random(seed)
+    with ZooKeeperEnsemble(env.base / f"ensemble-{run}") as ensemble, \
+            Cascade(env, "zk-ensemble", run, seed, hosts=ensemble.connect_string) as cascade:
+        cascade.start()
+        for i in range(faults):
+            pause(rng)
+            if i % 2 == 0:
+                member, kind = rng.choice(ensemble.followers()), "ensemble lost a follower"
+            else:
+                member = wait_until(_leader_of(ensemble), "the ensemble to elect a leader", 60)
+                kind = "ensemble lost its leader"
+            cascade.wait_recovered(cascade.inject(kind, None, member.kill))
+            member.start()
+        return cascade.finish()
+
+
+def _leader_of(ensemble: ZooKeeperEnsemble):
+    def find():
+        try:
+            return ensemble.leader()
+        except TidemarkError:
+            return None
+    return find
+
+
+def catalog_restart(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """Restart the PostgreSQL catalog database (immediate shutdown: a crash, then WAL recovery) while the
+    counter job is in the middle of an epoch (STARTED or PRECOMMITTED)."""
+    rng = random.Random(seed)
+    with Cascade(env, "catalog-restart", run, seed) as cascade:
+        cascade.start()
+        for _ in range(faults):
+            pause(rng)
+            wait_until(lambda: _mid_epoch(cascade), "the counter job to be mid-epoch", RECOVERY_DEADLINE, every=0.01)
+            cascade.wait_recovered(cascade.inject("catalog database restarted mid-epoch", None,
+                                                  lambda: env.postgres.restart("immediate")))
+        return cascade.finish()
+
+
+def _mid_epoch(cascade: Cascade) -> bool:
+    tm = cascade.tm
+    try:
+        epochs = [int(c) for c in tm.children(tm.paths.epochs(COUNTER)) if c.isdigit()]  # type: ignore[union-attr]
+        found = tm.read(tm.paths.epoch(COUNTER, max(epochs)), EpochRecord) if epochs else None  # type: ignore[union-attr]
+    except TidemarkError:
+        return False
+    return found is not None and found[0].state in (EpochState.STARTED, EpochState.PRECOMMITTED)
+
+
+def zookeeper_wipe(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """Delete the whole ZooKeeper tree of the running cascade, then restart every driver: each job must resume
+    from its sinks' Iceberg metadata, re-reading nothing already in them and skipping nothing."""
+    rng = random.Random(seed)
+
+    def wipe_and_restart(cascade: Cascade) -> None:
+        cascade.wipe_zookeeper()
+        cascade.restart_every_driver()
+    with Cascade(env, "zk-wipe", run, seed) as cascade:
+        cascade.start()
+        for _ in range(faults):
+            pause(rng, 1.0, 3.0)
+            cascade.wait_recovered(cascade.inject("whole ZooKeeper state wiped", None,
+                                                  lambda: wipe_and_restart(cascade)))
+        return cascade.finish()
+
+
+def fence_unregister(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """The operator sequence ``tidemark fence J``, ``tidemark unregister J --yes`` on the running counter job;
+    its drivers register it again. The fenced leader, still running, must commit nothing after the fence."""
+    rng = random.Random(seed)
+    with Cascade(env, "fence-unregister", run, seed) as cascade:
+        cascade.start()
+        for _ in range(faults):
+            cascade.leader_replica(COUNTER)
+            pause(rng)
+            fenced: list[int] = []
+            fault = cascade.inject("fence, unregister --yes, re-register", COUNTER,
+                                   lambda: fenced.append(_fence_and_unregister(cascade)))
+            cascade.wait_recovered(fault)
+            cascade.errors += _committed_by_fenced_terms(cascade, fenced[0], fault.injected_ms)
+        result = cascade.finish()
+        result.problems += [e for e in cascade.errors if e.startswith("fenced")]
+        return result
+
+
+def _fence_and_unregister(cascade: Cascade) -> int:
+    """Run the CLI as an operator would; returns the term the fence set. A leader elected between the two
+    commands makes ``unregister`` refuse: fence that one too and try again."""
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "coordinator.cli", "--zk", cascade.connect, *args], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+    for _ in range(5):
+        fence = cli("fence", COUNTER)
+        if fence.returncode != 0:
+            raise RuntimeError(f"tidemark fence failed: {fence.stderr.strip()}")
+        term = int(fence.stdout.split("term is now ")[1].split(";")[0])
+        unregister = cli("unregister", COUNTER, "--yes")
+        if unregister.returncode == 0:
+            return term
+    raise RuntimeError(f"tidemark unregister kept refusing: {unregister.stderr.strip()}")
+
+
+def _committed_by_fenced_terms(cascade: Cascade, fenced_term: int, fenced_ms: int) -> list[str]:
+    """Epochs committed after the fence by a term at or below the fenced one (a fenced leader that moved on)."""
+    tm = cascade.tm
+    path = tm.paths.epochs(COUNTER)  # type: ignore[union-attr]
+    term = tm.read(tm.paths.term(COUNTER), TermRecord)  # type: ignore[union-attr]
+    found = []
+    for child in (c for c in tm.children(path) if c.isdigit()):  # type: ignore[union-attr]
+        read = tm.read(f"{path}/{child}", EpochRecord)  # type: ignore[union-attr]
+        if read is not None and read[0].updated_ms > fenced_ms and read[0].term <= fenced_term:
+            found.append(f"fenced term {read[0].term} committed epoch {read[0].epoch} after the fence "
+                         f"(the term is now {term[0].term if term else '?'})")
+    return found
+
+
+SCENARIOS = {s.name: s for s in [
+    Scenario("kill-9", 2, 60, kill_nine, "kill -9 of a driver at every protocol step (crash points)"),
+    Scenario("zombie", 2, 6, zombie, "SIGSTOP of a leader past its session timeout, then SIGCONT"),
+    Scenario("session-expiry", 2, 10, session_expiry, "a leader's ZooKeeper session expired on the server"),
+    Scenario("zk-restart", 2, 4, zookeeper_restart, "the ZooKeeper server killed and restarted"),
+    Scenario("zk-ensemble", 2, 4, zookeeper_ensemble, "a 3-server ensemble losing a follower, then its leader"),
+    Scenario("catalog-restart", 2, 4, catalog_restart, "the PostgreSQL catalog restarted mid-epoch"),
+    Scenario("zk-wipe", 2, 3, zookeeper_wipe, "the whole ZooKeeper state wiped, every driver restarted"),
+    Scenario("fence-unregister", 2, 3, fence_unregister, "tidemark fence, unregister --yes, re-register"),
+]}
