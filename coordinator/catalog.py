@@ -22,6 +22,14 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 DEFAULT_CATALOG = "lake"
 
 
+def is_catalog_outage(exc: BaseException) -> bool:
+    """True when ``exc`` says the catalog's database could not be reached or dropped the connection (it is
+    restarting or failing over, or the network failed): a transient failure, worth trying again."""
+    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+    return isinstance(exc, (OperationalError, InterfaceError)) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated)
+
+
 def data_home() -> Path:
     """Where the embedded defaults live: ``TIDEMARK_HOME`` or ``~/.local/share/tidemark``."""
     configured = os.environ.get("TIDEMARK_HOME")

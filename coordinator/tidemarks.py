@@ -7,8 +7,8 @@
     cache.wait_changed(cache.generation, 1.0)     # block until any watched tidemark moves
 
 The cache sets one data watch per table; a watch callback only re-arms the watch with an
-asynchronous read (it never blocks). After the session is lost every watch is gone, so the
-cache re-reads everything when the connection comes back.
+asynchronous read (it never blocks). kazoo drops every watch when the connection drops (SUSPENDED),
+session or not, so the cache then forgets its values and re-reads (and re-watches) on the next get().
 """
 from __future__ import annotations
 
@@ -96,8 +96,10 @@ class TidemarkCache:
             self._rearm(event.path[len(prefix):-len(suffix)])
 
     def _on_state(self, state: str) -> None:
-        if state == KazooState.LOST:
-            with self._changed:  # watches died with the session: forget, reload on next get()
+        # kazoo drops every watch when the connection is lost, not only with the session (it does not
+        # re-register them on reconnection): forget the values, reload and re-watch on the next get().
+        if state in (KazooState.SUSPENDED, KazooState.LOST):
+            with self._changed:
                 self._values.clear()
                 self._changed.notify_all()
 

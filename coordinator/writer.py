@@ -34,8 +34,10 @@ job starts no earlier than the first epoch of each of its sources (a table has n
 state before its writer's first epoch).
 
 Failure behaviour: a leader that is fenced or whose session expires steps down and
-contends again (``run`` does not raise for it); an error of the function while this
-replica still leads is raised, and the epoch is recomputed by the next leader.
+contends again (``run`` does not raise for it); so does a leader that loses the catalog's
+database (restarted, failing over: ``is_catalog_outage``), contending again after a pause, until
+it has been unreachable for ``CATALOG_OUTAGE_TIMEOUT_S``. Any other error while this replica
+still leads is raised, and the epoch is recomputed by the next leader.
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from pyiceberg.table import Table
 
-from .catalog import CatalogSettings, load_table
+from .catalog import CatalogSettings, is_catalog_outage, load_table
 from .barriers import DEFAULT_MAX_PENDING_BARRIERS
 from .client import Tidemark, create, delete, set_data
 from .commit import EpochCommitter
@@ -65,6 +67,8 @@ from .tidemarks import TidemarkCache
 log = logging.getLogger(__name__)
 STANDBY_WARM_EVERY_S = 60.0
 WAIT_SLICE_S = 0.5  # how often a waiting writer looks at stop() and the clock
+CATALOG_RETRY_S = 1.0  # a leader that lost the catalog steps down, and contends again after this pause
+CATALOG_OUTAGE_TIMEOUT_S = 300.0  # ... until the catalog has been unreachable this long: then run() raises
 
 
 @dataclass(frozen=True)
@@ -292,6 +296,7 @@ class EpochWriter:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         start = len(self.committed)
         self._stop.clear()
+        outage_since: Optional[float] = None
         while not self._stop.is_set():
             try:
                 self.open(leader_timeout, while_standby)
@@ -304,19 +309,41 @@ class EpochWriter:
                 log.warning("job %s: leadership lost while taking over (%s); contending again", self.name,
                             str(exc).splitlines()[0] if str(exc) else "Fenced")
                 continue
+            except Exception as exc:
+                outage_since = self._ride_out_catalog_outage(exc, outage_since)
+                continue
+            outage_since, outage = None, None
             try:
                 remaining = None if max_epochs is None else max_epochs - (len(self.committed) - start)
                 if self._loop(function, remaining, until):
                     self._mark_finished()
                 break
             except Exception as exc:
-                if self.leadership.confirm():
+                if is_catalog_outage(exc):
+                    outage = exc
+                elif self.leadership.confirm():
                     raise
-                log.warning("job %s: leadership lost (%s: %s); stepping down to contend again", self.name,
-                            type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+                else:
+                    log.warning("job %s: leadership lost (%s: %s); stepping down to contend again", self.name,
+                                type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
             finally:
                 self.close()
+            if outage is not None:
+                outage_since = self._ride_out_catalog_outage(outage, outage_since)
         return self.committed[start:]
+
+    def _ride_out_catalog_outage(self, exc: Exception, since: Optional[float]) -> float:
+        """After stepping down for a catalog outage, pause before contending again (the epoch in flight is
+        recovered by whoever leads next); re-raise ``exc`` if it is not an outage, or the catalog has been
+        unreachable for ``CATALOG_OUTAGE_TIMEOUT_S``. Returns when the outage began."""
+        now = time.monotonic()
+        since = now if since is None else since
+        if not is_catalog_outage(exc) or now - since > CATALOG_OUTAGE_TIMEOUT_S:
+            raise exc
+        log.warning("job %s: the catalog is unreachable (%s: %s); contending again in %.0f s", self.name,
+                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", CATALOG_RETRY_S)
+        self._stop.wait(CATALOG_RETRY_S)
+        return since
 
     def _loop(self, function: Callable[..., None], max_epochs: Optional[int], until: Optional[int]) -> bool:
         """Process epochs; True when the bounded run is complete (False when stopped)."""
