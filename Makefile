@@ -2,7 +2,7 @@ PY := .venv/bin/python
 # pytest exits 5 when it collected no tests: that is a failure here, never a green run.
 PYTEST = $(PY) -m pytest -q $(1); rc=$$?; [ $$rc -ne 5 ] || { echo "pytest: no tests ran" >&2; exit 1; }; exit $$rc
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast test-faults bench clean
 setup:
 	@bash scripts/setup.sh
 
@@ -14,6 +14,10 @@ test: setup
 
 test-fast: setup
 	@$(call PYTEST,-m "not spark")
+
+# The whole fault suite (about 20 minutes, CPU-heavy): prints the summary table kept in README.md.
+test-faults: setup
+	$(PY) -m tests.faults
 
 bench: setup
 	$(PY) -m bench

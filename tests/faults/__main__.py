@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from tests.faults.harness import Environment, RunResult
-from tests.faults.scenarios import SCENARIOS
+from tests.faults.scenarios import SCENARIOS, run_scenario
 from tests.faults.summary import Row, table
 
 
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
             for run in range(args.runs or scenario.runs):
                 seed = args.seed + run
                 t0 = time.monotonic()
-                result = scenario.run(env, run, seed, args.faults or scenario.faults)
+                result = run_scenario(env, name, run, seed, args.faults or scenario.faults)
                 results.append(result)
                 report_run(result, run, time.monotonic() - t0)
             rows.append(Row.of(name, results))

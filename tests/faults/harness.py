@@ -113,6 +113,7 @@ class Environment:
         base.mkdir(parents=True, exist_ok=True)
         self.zookeeper = EmbeddedZooKeeper(port=free_port(), data_dir=base / "zookeeper")
         self.postgres = PostgresServer()
+        self.cascade: Optional["Cascade"] = None   # the latest run, for reporting one that broke off
 
     def __enter__(self) -> "Environment":
         self.zookeeper.start()
@@ -209,6 +210,7 @@ class Cascade:
         self._threads: list[threading.Thread] = []
         self.tm: Optional[Tidemark] = None
         self.checker: Optional[ConsistencyChecker] = None
+        env.cascade = self
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -460,6 +462,13 @@ class Cascade:
         return RunResult(self.scenario, self.seed, list(self.faults), self._epochs_committed(), len(self.produced),
                          duplicates, losses, self.checker.checked, list(self.checker.failures),  # type: ignore[union-attr]
                          list(self.unexpected), problems)
+
+    def broken_off(self, problem: str) -> RunResult:
+        """The result of a run that could not finish: what it saw until then, and why it stopped."""
+        checker = self.checker
+        return RunResult(self.scenario, self.seed, list(self.faults), len(self.commits), len(self.produced), 0, 0,
+                         checker.checked if checker else 0, list(checker.failures) if checker else [],
+                         list(self.unexpected), [problem])
 
     def _epoch_of(self, job: str) -> Optional[int]:
         try:

@@ -242,3 +242,16 @@ SCENARIOS = {s.name: s for s in [
     Scenario("zk-wipe", 2, 3, zookeeper_wipe, "the whole ZooKeeper state wiped, every driver restarted"),
     Scenario("fence-unregister", 2, 3, fence_unregister, "tidemark fence, unregister --yes, re-register"),
 ]}
+
+
+def run_scenario(env: Environment, name: str, run: int, seed: int, faults: int) -> RunResult:
+    """One run of a scenario; a run that breaks off (a fault never recovered, a command failed) is a failed
+    run that says why, and the suite goes on."""
+    env.cascade = None
+    try:
+        return SCENARIOS[name].run(env, run, seed, faults)
+    except Exception as exc:  # noqa: BLE001 - reported in the run's line and the table
+        problem = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
+        if env.cascade is None:
+            return RunResult(name, seed, [], 0, 0, 0, 0, 0, [], problems=[problem])
+        return env.cascade.broken_off(problem)
