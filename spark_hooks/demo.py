@@ -33,9 +33,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from coordinator.errors import TidemarkError
+
+if TYPE_CHECKING:
+    from coordinator.checker import ConsistencyChecker
 
 WORDS_TABLE, COUNTS_TABLE, HIST_TABLE = "lake.demo.words", "lake.demo.word_counts", "lake.demo.count_histogram"
 TABLES = [WORDS_TABLE, COUNTS_TABLE, HIST_TABLE]
@@ -189,14 +192,20 @@ class Deadline:
 
 @dataclass
 class _Reader:
-    """The reader's findings: consistent versions checked, naive reads, freshness samples."""
+    """The reader's findings: consistent versions checked (by ``coordinator.checker``), naive reads, freshness."""
 
-    checked: int = 0
-    failures: list = field(default_factory=list)
+    checker: Optional["ConsistencyChecker"] = None   # made once the catalog is opened
     naive_total: int = 0
     naive_bad: int = 0
     freshness_ms: list = field(default_factory=list)
-    last_checked: Optional[int] = None
+
+    @property
+    def checked(self) -> int:
+        return self.checker.checked if self.checker is not None else 0
+
+    @property
+    def failures(self) -> list:
+        return [(f.epoch, f.problem) for f in self.checker.failures] if self.checker is not None else []
 
 
 def run_demo(seconds: float, interval_ms: int, home: Optional[Path] = None, verbose: bool = False,
@@ -300,7 +309,6 @@ def _run_cascade(home: Path, zk: str, settings, tm, cache, interval_ms: int, unt
         producer.start()
         sampler.start()
         deadline.describe = lambda: describe() + f" (driver logs: {home}/<job>.log)"
-        resolver = None
         while True:
             failed = {n: d.returncode for n, d in drivers.items() if d.poll() not in (None, 0)}
             if failed:
@@ -313,10 +321,11 @@ def _run_cascade(home: Path, zk: str, settings, tm, cache, interval_ms: int, unt
                 break
             deadline.check()
             generation = cache.generation
-            if resolver is None:
+            if reader.checker is None:
+                from coordinator.checker import ConsistencyChecker
                 from coordinator.resolve import Resolver
-                resolver = Resolver(settings.load(), settings, tm, cache)
-            _observe(resolver, reader, say)
+                reader.checker = ConsistencyChecker(Resolver(settings.load(), settings, tm, cache), TABLES, check)
+            _observe(reader, say)
             cache.wait_changed(generation, 0.5)
         producer.join(max(0.0, deadline.remaining()))
         if producer.is_alive():
@@ -333,38 +342,29 @@ def _run_cascade(home: Path, zk: str, settings, tm, cache, interval_ms: int, unt
     return committed
 
 
-def _observe(resolver, reader: _Reader, say) -> None:
+def _observe(reader: _Reader, say) -> None:
     """Check the consistent version if it is new, and count a naive latest-snapshot read."""
-    from coordinator.errors import VersionNotFound
     from coordinator.resolve import read_arrow
-    try:
-        version = resolver.resolve(TABLES)
-    except VersionNotFound:
-        return  # a job has registered but not committed its first epoch yet: no consistent version exists
-    if version.epoch is None:
-        return  # the jobs have not registered their tables yet
-    if version.epoch != reader.last_checked:
-        _check_version(resolver, version, reader, say)
-    naive = resolver.resolve(TABLES, level="latest")
+    checker = reader.checker
+    before = checker.checked  # type: ignore[union-attr]
+    version = checker.observe()  # type: ignore[union-attr]
+    if version is None:
+        return  # no consistent version yet: the jobs have not registered, or not committed a first epoch
+    if checker.checked > before:  # type: ignore[union-attr]
+        _say_checked(checker, version, say)
+    naive = checker.resolver.resolve(TABLES, level="latest")  # type: ignore[union-attr]
     reader.naive_total += 1
-    reader.naive_bad += check(read_arrow(resolver, naive)) is not None
+    reader.naive_bad += check(read_arrow(checker.resolver, naive)) is not None  # type: ignore[union-attr]
 
 
-def _check_version(resolver, version, reader: _Reader, say) -> tuple[dict, Optional[str]]:
-    """Read ``version`` and check it: counted in ``reader.checked``, a problem in ``reader.failures``."""
-    from coordinator.resolve import read_arrow
-    frames = read_arrow(resolver, version)
-    problem = check(frames)
-    reader.checked += 1
-    reader.last_checked = version.epoch
-    if problem:
-        reader.failures.append((version.epoch, problem))
-    say(f"  consistent epoch {version.epoch}: {'OK' if not problem else 'INCONSISTENT: ' + problem}")
-    return frames, problem
+def _say_checked(checker, version, say) -> None:
+    failed = checker.failures[-1] if checker.failures and checker.failures[-1].epoch == version.epoch else None
+    say(f"  consistent epoch {version.epoch}: {'OK' if failed is None else 'INCONSISTENT: ' + failed.problem}")
 
 
 def _check_final(settings, tm, cache, until: int, reader: _Reader, deadline: Deadline, say):
     """Both jobs ended: the consistent version must be the final barrier; check it (always) and count the words."""
+    from coordinator.checker import ConsistencyChecker
     from coordinator.resolve import Resolver, read_arrow
     marks = tm.tidemarks(list(JOB_SINKS.values()))
     behind = [f"job {job} ended at epoch {marks[sink].epoch if marks[sink] else None}"
@@ -374,12 +374,17 @@ def _check_final(settings, tm, cache, until: int, reader: _Reader, deadline: Dea
                         + ", ".join(behind))
     cache.wait_for(list(JOB_SINKS.values()), until, timeout=max(1.0, deadline.remaining()))
     resolver = Resolver(settings.load(), settings, tm, cache)
+    if reader.checker is None:
+        reader.checker = ConsistencyChecker(resolver, TABLES, check)
+    checker = reader.checker
     final = resolver.resolve(TABLES)
-    if final.epoch == reader.last_checked:  # checked (and counted) while the drivers ran
+    if final.epoch == checker.last_checked:  # checked (and counted) while the drivers ran
         frames = read_arrow(resolver, final)
         problem = check(frames)
     else:
-        frames, problem = _check_version(resolver, final, reader, say)
+        checker.resolver = resolver
+        frames, problem = checker.check(final)
+        _say_checked(checker, final, say)
     counted = dict(zip(frames[COUNTS_TABLE].column("word").to_pylist(),
                        frames[COUNTS_TABLE].column("cnt").to_pylist()))
     return final.epoch, problem, counted

@@ -438,8 +438,11 @@ class Cascade:
         try:
             wait_until(lambda: all(self._epoch_of(job) and self._epoch_of(job) > target for job in JOBS),
                        "every job to commit a barrier after the last produced row", DRAIN_DEADLINE, every=0.2)
+            wait_until(lambda: all(f.recovered_ms is not None for f in self.faults),
+                       "recovery from the last faults", RECOVERY_DEADLINE, every=0.2)
         except TimeoutError as exc:
             problems.append(str(exc))
+        self.held = True  # a crash point reached from now on is after the measurement: not a fault of the run
         self._stop.set()
         for thread in self._threads:
             thread.join(60)
