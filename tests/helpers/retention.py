@@ -29,12 +29,14 @@ INTERVAL_MS = 5 * 60 * 1000
 
 
 class Pipeline:
-    def __init__(self, tm, settings: CatalogSettings, namespace: str) -> None:
+    def __init__(self, tm, settings: CatalogSettings, namespace: str, spark_names: bool = False) -> None:
+        """``spark_names``: name the tables ``<catalog>.<namespace>.<table>``, as Spark must."""
         self.tm, self.settings = tm, settings
         self.catalog = settings.load()
-        self.events, self.totals = f"{namespace}.events", f"{namespace}.totals"
-        create_table(self.catalog, self.events)
-        self.catalog.create_table(self.totals, schema=TOTALS).append(TOTALS.empty_table())
+        prefix = f"{settings.name}." if spark_names else ""
+        self.events, self.totals = f"{prefix}{namespace}.events", f"{prefix}{namespace}.totals"
+        create_table(self.catalog, settings.identifier(self.events))
+        self.catalog.create_table(settings.identifier(self.totals), schema=TOTALS).append(TOTALS.empty_table())
         self.ingest = self._writer("ingest", [], [self.events])
         self.rollup = self._writer("rollup", [self.events], [self.totals])
         self.committed: list[int] = []      # barriers both jobs committed
