@@ -7,7 +7,9 @@ Failure behaviour: every operation is retried through tenacity on connection los
 timeouts until ``operation_timeout`` passes, then raises ``ZooKeeperUnavailable``. The
 connection itself is re-established in the background for as long as the object is open
 (ZooKeeper sessions survive short outages that way); state changes are recorded by a
-listener that never blocks, and recipes (leadership) read them.
+listener that never blocks, and recipes (leadership) read them. The session counts its
+retries per operation and its connection state changes (``retry_counts``,
+``connection_changes``) for the driver's metrics.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import logging
 import os
 import socket
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
@@ -24,7 +27,7 @@ from kazoo.exceptions import (ConnectionLoss, NodeExistsError, NoNodeError, Oper
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from kazoo.security import make_acl, make_digest_acl
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from .errors import ConfigurationError, ZooKeeperUnavailable
 from .paths import Paths
@@ -95,19 +98,22 @@ class Tidemark:
         self._state_listeners: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
         self._topology = None  # the last topology read (coordinator.topology keeps it fresh)
+        self._retries: Counter[str] = Counter()
+        self._state_changes: Counter[str] = Counter()
         client.add_listener(self._on_state_change)
 
     @classmethod
     def connect(cls, hosts: Optional[str] = None, *, root: str = "/tidemark", session_timeout: float = 10.0,
                 connect_timeout: float = 15.0, operation_timeout: float = 30.0,
                 auth: Optional[tuple[str, str]] = None, tls: Optional[TlsSettings] = None,
-                member: Optional[str] = None) -> "Tidemark":
+                member: Optional[str] = None, read_only: bool = False) -> "Tidemark":
         """Connect to ``hosts`` (``host:port,...[/chroot]``; default ``TIDEMARK_ZK``, else 127.0.0.1:2181).
 
         ``auth`` is a digest ``(user, password)`` (default ``TIDEMARK_ZK_USER`` /
         ``TIDEMARK_ZK_PASSWORD``): znodes are then created writable by that user only and
-        readable by everyone. Raises ``ZooKeeperUnavailable`` when no server
-        answers within ``connect_timeout``.
+        readable by everyone. ``read_only`` creates nothing (neither the chroot nor the
+        layout), for observers such as the exporter. Raises ``ZooKeeperUnavailable`` when no
+        server answers within ``connect_timeout``.
         """
         hosts = hosts or os.environ.get("TIDEMARK_ZK") or DEFAULT_CONNECT
         if auth is None and os.environ.get("TIDEMARK_ZK_USER"):
@@ -130,7 +136,7 @@ class Tidemark:
         chroot, client.chroot = client.chroot, ""  # connect outside the chroot so we can create it
         try:
             client.start(timeout=connect_timeout)
-            if chroot:
+            if chroot and not read_only:
                 client.ensure_path(chroot)
         except KazooTimeoutError:
             client.close()
@@ -142,7 +148,8 @@ class Tidemark:
         client.chroot = chroot
         tm = cls(client, root=root, operation_timeout=operation_timeout, session_timeout=session_timeout,
                  member=member)
-        tm.ensure_layout()
+        if not read_only:
+            tm.ensure_layout()
         return tm
 
     # -- lifecycle and connection state --------------------------------------------------
@@ -174,6 +181,7 @@ class Tidemark:
     def _on_state_change(self, state: str) -> None:
         self._state = state
         with self._lock:
+            self._state_changes[state] += 1
             listeners = list(self._state_listeners)
         for listener in listeners:
             try:
@@ -181,13 +189,33 @@ class Tidemark:
             except Exception:  # noqa: BLE001 - a listener's bug must not break the session
                 log.exception("state listener %r failed", listener)
 
+    def connection_changes(self) -> dict[str, int]:
+        """How many times the connection entered each state (``CONNECTED``, ``SUSPENDED``, ``LOST``)."""
+        with self._lock:
+            return dict(self._state_changes)
+
+    # -- retries ---------------------------------------------------------------------------
+
+    def count_retries(self, operation: str) -> Callable[[RetryCallState], None]:
+        """A tenacity ``before_sleep`` hook that counts each retry of ``operation`` (see ``retry_counts``)."""
+        def count(_: RetryCallState) -> None:
+            with self._lock:
+                self._retries[operation] += 1
+        return count
+
+    def retry_counts(self) -> dict[str, int]:
+        """Retries so far in this session, per operation (``zookeeper``, ``barrier_agreement``, ...)."""
+        with self._lock:
+            return dict(self._retries)
+
     # -- deadline-bounded operations -------------------------------------------------------
 
     def _with_deadline(self, what: str, attempt: Callable[[], Any]) -> Any:
         """Run ``attempt``, retrying transient failures until ``operation_timeout``, then ``ZooKeeperUnavailable``."""
         retrying = Retrying(stop=stop_after_delay(self.operation_timeout),
                             wait=wait_random_exponential(multiplier=0.05, max=1.0),
-                            retry=retry_if_exception_type(RETRYABLE), reraise=True)
+                            retry=retry_if_exception_type(RETRYABLE), reraise=True,
+                            before_sleep=self.count_retries("zookeeper"))
         try:
             return retrying(attempt)
         except RETRYABLE as exc:

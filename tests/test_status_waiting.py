@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Optional
 
 import pyarrow as pa
@@ -13,7 +14,7 @@ import pytest
 
 from coordinator import VersionNotFound
 from coordinator.cli import main as cli_main
-from coordinator.metrics import StatusCollector
+from coordinator.exporter import view_families
 from coordinator.records import now_ms
 from coordinator.resolve import Resolver, read_arrow
 from coordinator.status import STALE_SLACK_MS, fmt_time
@@ -126,7 +127,7 @@ def test_lag_is_wall_clock_seconds_and_a_finished_bounded_run_is_not_stale(tm, c
     quit_line = next(line for line in text.splitlines() if line.startswith("quit:"))
     assert "STALE: no live leader" in quit_line and "holds the consistent epoch back" in quit_line
 
-    samples = {(s.name, s.labels.get("job")): s.value for family in StatusCollector(tm).collect()
+    samples = {(s.name, s.labels.get("tidemark_job")): s.value for family in view_families(tm.status(), time.time())
                for s in family.samples}
     assert samples[("tidemark_job_committed_epoch_timestamp_seconds", "done")] == epochs[-1] / 1000
     assert samples[("tidemark_job_finished", "done")] == 1 and samples[("tidemark_job_finished", "quit")] == 0
