@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +29,7 @@ from coordinator.metrics_server import MetricsServer
 from coordinator.records import EpochInputs, now_ms
 from coordinator.zookeeper_server import free_port
 from prometheus_client.parser import text_string_to_metric_families
+from tests.helpers.background import InBackground
 from tests.helpers.lake import SCHEMA, agree, create_table
 from tests.helpers.metrics_lint import lint_exposition, series_names
 from tests.helpers.wait import wait_for
@@ -58,28 +58,6 @@ def value(body: str, name: str, **labels: str) -> float:
     found = samples(body).get((name, *sorted(labels.items())))
     assert found is not None, f"no series {name}{labels} in the scrape"
     return found
-
-
-class Running:
-    """``writer.run(step)`` on a thread until ``stop()``; an error of the loop fails the test by name."""
-
-    def __init__(self, writer: EpochWriter, step) -> None:
-        self.writer, self.error = writer, None
-        self.thread = threading.Thread(target=self._run, args=(step,), daemon=True)
-        self.thread.start()
-
-    def _run(self, step) -> None:
-        try:
-            self.writer.run(step, stop_on_sigterm=False)
-        except BaseException as exc:  # noqa: BLE001 - reported by stop()
-            self.error = exc
-
-    def stop(self) -> None:
-        self.writer.stop()
-        self.thread.join(60)
-        assert not self.thread.is_alive(), f"writer {self.writer.name} did not stop"
-        if self.error is not None:
-            raise self.error
 
 
 @dataclass
@@ -137,8 +115,8 @@ def scraped(zk_server, catalog_settings):
 
     exporter = Exporter(lambda: Tidemark.connect(chroot, read_only=True, operation_timeout=5), refresh_every=0.5)
     exporter_server = MetricsServer(exporter.registry, 0, "127.0.0.1", healthy=exporter.alive)
-    running = [Running(up_writer, lambda ctx: ctx.append(up, ctx.changes(raw))),
-               Running(down_writer, lambda ctx: ctx.append(down, ctx.changes(up)))]
+    running = [InBackground(up_writer, lambda ctx: ctx.append(up, ctx.changes(raw))),
+               InBackground(down_writer, lambda ctx: ctx.append(down, ctx.changes(up)))]
     exporter.start()
     try:
         wait_for(lambda: second in up_writer.committed, "the started epoch to be recomputed")
