@@ -57,7 +57,7 @@ class MetricsServer:
             self._httpd = make_server(sockaddr[0], port, app, server_class, handler_class=_QuietHandler)
         except OSError as exc:
             raise ConfigurationError(f"cannot serve metrics on {address}:{port} ({exc.strerror or exc}): "
-                                     "choose another port (TIDEMARK_METRICS_PORT or --port)") from None
+                                     "pick another port (--port, or TIDEMARK_METRICS_PORT for a driver)") from None
         self.address = address
         self.port: int = self._httpd.server_port
         self._thread = threading.Thread(target=self._httpd.serve_forever, name=f"metrics-http-{self.port}",

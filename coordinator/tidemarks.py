@@ -18,7 +18,7 @@ import time
 from typing import Iterable, Optional
 
 from kazoo.client import KazooState
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import ConnectionLoss, NoNodeError
 from kazoo.protocol.states import WatchedEvent
 
 from .errors import CorruptState, TidemarkError
@@ -45,14 +45,21 @@ class TidemarkCache:
         tm.add_state_listener(self._on_state)
 
     def get(self, tables: Iterable[str]) -> dict[str, Optional[TableTidemark]]:
+        """Every table's tidemark; ``ZooKeeperUnavailable`` when they cannot be read before the deadline."""
         names = list(validate_names(tables, "table name"))
-        missing = [t for t in names if t not in self._values]
-        if missing:
-            self._load(missing)
-        for t in names:
-            if t in self._errors:
-                raise self._errors[t]
-        return {t: self._values[t] for t in names}
+
+        def attempt() -> dict[str, Optional[TableTidemark]]:
+            missing = [t for t in names if t not in self._values]
+            if missing:
+                self._load(missing)
+            with self._changed:
+                if any(t not in self._values for t in names):
+                    raise ConnectionLoss()  # a re-read failed meanwhile and dropped the value: read again
+                for t in names:
+                    if t in self._errors:
+                        raise self._errors[t]
+                return {t: self._values[t] for t in names}
+        return self.tm._with_deadline(f"reading the tidemarks of {len(names)} tables", attempt)
 
     def cached(self, tables: Iterable[str]) -> dict[str, Optional[TableTidemark]]:
         """The tables already loaded, from memory only: never waits on ZooKeeper."""
@@ -64,7 +71,7 @@ class TidemarkCache:
         pending = [(t, self.tm.client.get_async(self.tm.paths.tidemark(t), watch=self._on_watch)) for t in tables]
         for table, result in pending:
             try:
-                result.get(timeout=self.tm.operation_timeout)  # connection trouble reaches the caller
+                result.get(timeout=self.tm.operation_timeout)  # connection trouble reaches get()'s deadline
             except NoNodeError:
                 pass
             self._arrived(table, result)

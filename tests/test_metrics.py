@@ -342,8 +342,10 @@ def test_the_exporter_answers_tidemark_up_0_within_2_s_with_zookeeper_stopped(tm
         zk.start()
         with Tidemark.connect(f"{zk.connect_string}/tm") as tm:
             tm.register_job("solo", sources=[], sinks=["lake.db.solo"])
-        wait_for(up_is(1), "tidemark_up 1 once ZooKeeper runs", timeout=60)
-        assert value(timed_scrape(), "tidemark_job_leader_live", tidemark_job="solo") == 0
+        wait_for(lambda: ("tidemark_job_leader_live", ("tidemark_job", "solo")) in samples(timed_scrape()),
+                 "the exporter's view of the registered job once ZooKeeper runs", timeout=60)
+        body = timed_scrape()
+        assert value(body, "tidemark_up") == 1 and value(body, "tidemark_job_leader_live", tidemark_job="solo") == 0
         zk.stop()
         stopped = time.monotonic()
         wait_for(up_is(0), "tidemark_up 0 with ZooKeeper stopped", timeout=30)
