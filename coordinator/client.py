@@ -198,7 +198,7 @@ class Tidemark:
         return count
 
     def retry_counts(self) -> dict[str, int]:
-        """Retries so far in this session, per operation (``zookeeper``, ``barrier_agreement``, ...)."""
+        """Retries so far in this session, per operation (``zookeeper``, ``barriers``, ``leader_election``, ...)."""
         with self._lock:
             return dict(self._retries)
 
