@@ -38,6 +38,7 @@ from typing import Any, Mapping, Optional
 from .client import MultiFailed, Op, create, delete, set_data
 from .errors import CorruptState, EpochOrderError
 from .leadership import Leadership
+from .names import parse_epoch
 from .records import EpochInputs, EpochRecord, EpochState, TableTidemark, now_ms
 
 
@@ -75,7 +76,7 @@ class EpochCoordinator:
     def recover(self) -> Recovery:
         """Read the job's epochs and say what the new leader must do; call it once after acquiring leadership."""
         p = self.tm.paths
-        self._known = sorted(int(c) for c in self.tm.children(p.epochs(self.job)) if c.isdigit())
+        self._known = sorted(e for e in map(parse_epoch, self.tm.children(p.epochs(self.job))) if e is not None)
         marks = self.tm.get_many([p.tidemark(t) for t in self.sinks])
         self._marks = {t: TableTidemark.from_json(m[0], p.tidemark(t)) if m else TableTidemark(t)
                        for t, m in zip(self.sinks, marks)}

@@ -193,6 +193,7 @@ def test_defaults_bundle_a_three_server_zookeeper_ensemble(chart):
         f"{FULLNAME}-zookeeper-{i}.{FULLNAME}-zookeeper-headless.{NAMESPACE}.svc:2181" for i in range(3)) + "/tidemark"
     assert not [d for d in of_kind(docs, "Deployment") if d["metadata"]["labels"]["app.kubernetes.io/component"] == "driver"]
     assert not of_kind(docs, "ServiceMonitor") and not of_kind(docs, "PrometheusRule")
+    assert f"{FULLNAME}-rules" not in {d["metadata"]["name"] for d in of_kind(docs, "ConfigMap")}
 
 
 def test_the_exporter_is_scraped_through_its_service(chart):
@@ -410,8 +411,10 @@ def test_service_monitor_and_prometheus_rule(chart):
     rule = only(docs, "PrometheusRule")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    shipped = yaml.safe_load((CHART / "alerts" / "tidemark-rules.yaml").read_text())
-    assert rule["spec"] == {"groups": shipped["groups"]}
+    rule_file = (CHART / "alerts" / "tidemark-rules.yaml").read_text()
+    assert rule["spec"] == {"groups": yaml.safe_load(rule_file)["groups"]}
+    assert "{{ $labels." in rule_file  # Prometheus' templating, which Helm must leave alone
+    assert only(docs, "ConfigMap", f"{FULLNAME}-rules")["data"]["tidemark-rules.yaml"].strip() == rule_file.strip()
     for group in rule["spec"]["groups"]:
         assert group["name"] and group["rules"]
         for alert in group["rules"]:
