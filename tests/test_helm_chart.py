@@ -138,6 +138,8 @@ def test_every_pod_runs_as_non_root_with_a_read_only_root_filesystem(chart, valu
     docs = render(chart, values_of(values_file))
     for owner, spec in pod_specs(docs).items():
         assert spec["securityContext"]["runAsNonRoot"] is True, owner
+        # No <SERVICE>_PORT variables: a Service named like a setting (tidemark-zk) must not set one.
+        assert spec["enableServiceLinks"] is False, owner
         assert spec["securityContext"]["runAsUser"] > 0, owner
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, owner
         for container in spec["containers"]:
@@ -517,6 +519,17 @@ def test_the_image_has_spark_iceberg_s3_and_an_entrypoint():
     assert entrypoint.startswith("["), "exec form, so that SIGTERM reaches the driver"
     assert yaml.safe_load(entrypoint) == ["/usr/bin/tini", "--", "/usr/local/bin/tidemark-entrypoint"]
     assert "COPY --chmod=0755 docker/entrypoint.sh /usr/local/bin/tidemark-entrypoint" in text
+
+
+def test_the_build_context_sends_what_the_dockerfile_copies():
+    allowed = {line[1:].rstrip("/") for line in (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()
+               if line.startswith("!")}
+    copied = set()
+    for op, args in dockerfile_instructions():
+        words = args.split()
+        if op == "COPY" and not any(w.startswith("--from") for w in words):
+            copied.update(w for w in words[:-1] if not w.startswith("--"))
+    assert copied and copied <= allowed, f"{sorted(copied - allowed)} are left out of the build context"
 
 
 def run_entrypoint(*args, env=None, timeout=60):
