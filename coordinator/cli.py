@@ -197,7 +197,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a malformed command line in one line (usage stays in ``--help``)."""
 
     def error(self, message: str):
-        self.exit(EXIT_USAGE, f"tidemark: error: {message} (see `{self.prog} --help`)\n")
+        self.exit(EXIT_USAGE, f"tidemark: error: {_one_line(message)} (see `{self.prog} --help`)\n")
 
 
 def _seconds(text: str) -> float:
@@ -303,8 +303,12 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _fail(message: str) -> int:
-    print("tidemark: error: " + " ".join(message.split()), file=sys.stderr)
+    print(f"tidemark: error: {_one_line(message)}", file=sys.stderr)
     return EXIT_ERROR
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())  # every line break Python knows is whitespace to split()
 
 
 if __name__ == "__main__":
