@@ -108,7 +108,8 @@ class Barriers:
 
     def _conditionally(self, what: str, attempt):
         retrying = Retrying(stop=stop_after_delay(self.tm.operation_timeout), reraise=False,
-                            wait=wait_random_exponential(0.005, 0.2), retry=retry_if_exception_type(_Moved))
+                            wait=wait_random_exponential(0.005, 0.2), retry=retry_if_exception_type(_Moved),
+                            before_sleep=self.tm.count_retries("barriers"))
         try:
             return retrying(attempt)
         except RetryError:

@@ -6,7 +6,7 @@
     tidemark fence JOB | tidemark unregister JOB
     tidemark barriers [--set-interval MS --from T]
     tidemark resolve TABLE... [--level ...] [--as-of T] [--json]
-    tidemark metrics [--port 9464]                  the status as Prometheus metrics
+    tidemark exporter [--port 9464] [--refresh S]   the topology-wide view for Prometheus, /metrics and /healthz
 
 Errors print one line, ``tidemark: error: ...``, and exit with status 1; a malformed command
 line exits with status 2. Output into a closed pipe (``tidemark status | head -2``) ends the
@@ -22,11 +22,13 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Optional
 
-from .errors import ConfigurationError, TidemarkError
+from .errors import TidemarkError
 from .zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper, four_letter_word
 
 EXIT_ERROR, EXIT_USAGE, EXIT_CLOSED_PIPE = 1, 2, 141
@@ -173,23 +175,23 @@ def cmd_resolve(args) -> int:
     return 0
 
 
-def cmd_metrics(args) -> int:
-    from prometheus_client import start_http_server
-
-    from .metrics import status_registry
-    tm = _connect(args)
+def cmd_exporter(args) -> int:
+    from .client import Tidemark
+    from .exporter import Exporter
+    from .metrics_server import MetricsServer
+    exporter = Exporter(lambda: Tidemark.connect(args.zk, root=args.root, connect_timeout=args.timeout,
+                                                 operation_timeout=args.timeout, tls=_tls(args), read_only=True),
+                        refresh_every=args.refresh, max_age=args.refresh + args.timeout)
+    server = MetricsServer(exporter.registry, args.port, args.address, healthy=exporter.alive)
+    exporter.start()
+    print(f"serving Prometheus metrics on http://{args.address}:{server.port}/metrics (health: /healthz)", flush=True)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     try:
-        server, thread = start_http_server(args.port, addr=args.address, registry=status_registry(tm))
-    except OSError as exc:
-        tm.close()
-        raise ConfigurationError(f"cannot serve metrics on {args.address}:{args.port} ({exc.strerror or exc}): "
-                                 "pick another --port or --address") from None
-    print(f"serving Prometheus metrics on http://{args.address}:{args.port}/metrics", flush=True)
-    try:
-        thread.join()
+        stopped.wait()
     finally:
-        server.shutdown()
-        tm.close()
+        server.close()
+        exporter.close()
     return 0
 
 
@@ -263,10 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     barriers.add_argument("--from", dest="effective_from", type=_epoch, metavar="T")
     barriers.set_defaults(func=cmd_barriers)
 
-    metrics = sub.add_parser("metrics", help="serve the status as Prometheus metrics")
-    metrics.add_argument("--port", type=_port, default=9464)
-    metrics.add_argument("--address", default="0.0.0.0")
-    metrics.set_defaults(func=cmd_metrics)
+    exporter = sub.add_parser("exporter", help="serve the topology-wide view as Prometheus metrics (read-only)")
+    exporter.add_argument("--port", type=_port, default=9464)
+    exporter.add_argument("--address", default="0.0.0.0")
+    exporter.add_argument("--refresh", type=_seconds, default=5.0, metavar="S",
+                          help="seconds between reads of ZooKeeper (scrapes never wait on it)")
+    exporter.set_defaults(func=cmd_exporter)
 
     resolve = sub.add_parser("resolve", help="the snapshot of each table at one consistency level")
     resolve.add_argument("tables", nargs="+")

@@ -7,7 +7,9 @@ Failure behaviour: every operation is retried through tenacity on connection los
 timeouts until ``operation_timeout`` passes, then raises ``ZooKeeperUnavailable``. The
 connection itself is re-established in the background for as long as the object is open
 (ZooKeeper sessions survive short outages that way); state changes are recorded by a
-listener that never blocks, and recipes (leadership) read them.
+listener that never blocks, and recipes (leadership) read them. The session counts its
+retries per operation and its connection state changes (``retry_counts``,
+``connection_changes``) for the driver's metrics.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import logging
 import os
 import socket
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
@@ -24,7 +27,7 @@ from kazoo.exceptions import (AuthFailedError, BadArgumentsError, ConnectionLoss
                               SessionExpiredError)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from .errors import ConfigurationError, MultiFailed, PermissionDenied, ZooKeeperUnavailable
 from .names import validate_chroot
@@ -84,13 +87,16 @@ class Tidemark:
         self._state_listeners: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
         self._topology = None  # the last topology read (coordinator.topology keeps it fresh)
+        self._retries: Counter[str] = Counter()
+        self._state_changes: Counter[str] = Counter()
         client.add_listener(self._on_state_change)
 
     @classmethod
     def connect(cls, hosts: Optional[str] = None, *, root: str = "/tidemark", session_timeout: float = 10.0,
                 connect_timeout: float = 15.0, operation_timeout: float = 30.0,
                 auth: Optional[tuple[str, str]] = None, reader: Optional[tuple[str, str]] = None,
-                tls: Optional[TlsSettings] = None, member: Optional[str] = None) -> "Tidemark":
+                tls: Optional[TlsSettings] = None, member: Optional[str] = None,
+                read_only: bool = False) -> "Tidemark":
         """Connect to ``hosts`` (``host:port,...[/chroot]``; default ``TIDEMARK_ZK``, else 127.0.0.1:2181).
 
         ``auth`` is the writer identity, a digest ``(user, password)`` (default
@@ -98,7 +104,8 @@ class Tidemark:
         (default ``TIDEMARK_ZK_READER_USER`` / ``TIDEMARK_ZK_READER_PASSWORD``); see
         ``coordinator.security`` for the ACLs they give. With the writer identity, top-level
         znodes that anyone may change are repaired, or ``PermissionDenied`` says what to do.
-        ``tls`` defaults to ``TlsSettings.from_env()``.
+        ``tls`` defaults to ``TlsSettings.from_env()``. ``read_only`` creates and repairs nothing
+        (neither the chroot nor the layout), whatever the identity, for observers such as the exporter.
 
         Raises ``ZooKeeperUnavailable`` when no server answers within ``connect_timeout``,
         ``TlsError`` for a certificate or protocol mismatch (within about a second),
@@ -135,10 +142,11 @@ class Tidemark:
         tm = cls(client, root=paths.root, operation_timeout=operation_timeout, session_timeout=session_timeout,
                  member=member, credentials=credentials)
         try:
-            if chroot and not credentials.read_only:
+            if chroot and not (read_only or credentials.read_only):
                 tm.ensure_path(chroot)
             client.chroot = chroot
-            tm.ensure_layout()
+            if not read_only:
+                tm.ensure_layout()
         except BaseException:
             tm.close()
             raise
@@ -173,12 +181,32 @@ class Tidemark:
     def _on_state_change(self, state: str) -> None:
         self._state = state
         with self._lock:
+            self._state_changes[state] += 1
             listeners = list(self._state_listeners)
         for listener in listeners:
             try:
                 listener(state)
             except Exception:  # noqa: BLE001 - a listener's bug must not break the session
                 log.exception("state listener %r failed", listener)
+
+    def connection_changes(self) -> dict[str, int]:
+        """How many times the connection entered each state (``CONNECTED``, ``SUSPENDED``, ``LOST``)."""
+        with self._lock:
+            return dict(self._state_changes)
+
+    # -- retries ---------------------------------------------------------------------------
+
+    def count_retries(self, operation: str) -> Callable[[RetryCallState], None]:
+        """A tenacity ``before_sleep`` hook that counts each retry of ``operation`` (see ``retry_counts``)."""
+        def count(_: RetryCallState) -> None:
+            with self._lock:
+                self._retries[operation] += 1
+        return count
+
+    def retry_counts(self) -> dict[str, int]:
+        """Retries so far in this session, per operation (``zookeeper``, ``barriers``, ``leader_election``, ...)."""
+        with self._lock:
+            return dict(self._retries)
 
     # -- deadline-bounded operations -------------------------------------------------------
 
@@ -190,7 +218,8 @@ class Tidemark:
         """
         retrying = Retrying(stop=stop_after_delay(self.operation_timeout),
                             wait=wait_random_exponential(multiplier=0.05, max=1.0),
-                            retry=retry_if_exception_type(RETRYABLE), reraise=True)
+                            retry=retry_if_exception_type(RETRYABLE), reraise=True,
+                            before_sleep=self.count_retries("zookeeper"))
         try:
             return retrying(attempt)
         except RETRYABLE as exc:

@@ -3,6 +3,7 @@
     tm.tidemarks(["lake.db.a", "lake.db.b"])     # {table: TableTidemark | None}, one round trip's latency
     cache = tm.tidemark_cache()
     cache.get(tables)                             # served from memory once watched
+    cache.cached(tables)                          # memory only, never a ZooKeeper read (for metrics scrapes)
     cache.wait_for(tables, epoch=T, timeout=60)   # block until every table reached T
     cache.wait_changed(cache.generation, 1.0)     # block until any watched tidemark moves
 
@@ -59,6 +60,11 @@ class TidemarkCache:
                         raise self._errors[t]
                 return {t: self._values[t] for t in names}
         return self.tm._with_deadline(f"reading the tidemarks of {len(names)} tables", attempt)
+
+    def cached(self, tables: Iterable[str]) -> dict[str, Optional[TableTidemark]]:
+        """The tables already loaded, from memory only: never waits on ZooKeeper."""
+        with self._changed:
+            return {t: self._values[t] for t in tables if t in self._values}
 
     def _load(self, tables: list[str]) -> None:
         # Read-and-watch in one pipelined batch; the watches keep the values fresh afterwards.

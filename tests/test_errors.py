@@ -49,7 +49,7 @@ def test_malformed_settings_are_one_line(capsys, argv, needle):
 
 @pytest.mark.parametrize("argv", [["--timeout", t, "status"] for t in ("nan", "inf", "0", "-1", "x", "1e9")] + [
                                  ["resolve", "--as-of", "1e30", "db.t"],
-                                 ["metrics", "--port", "99999"], ["nosuchcommand"]])
+                                 ["exporter", "--port", "99999"], ["nosuchcommand"]])
 def test_usage_errors_exit_2_in_one_line(capsys, argv):
     code, _, err = cli(capsys, *argv)
     assert code == 2 and err.startswith("tidemark: error: ") and err.count("\n") == 1, err
@@ -130,13 +130,13 @@ def test_resolve_as_of_before_any_history_is_version_not_found(tm, zk_connect, c
         resolver.resolve([sink], as_of=first - 1000)
 
 
-def test_metrics_port_in_use_is_one_line(zk_connect, capsys):
+def test_exporter_port_in_use_is_one_line(zk_connect, capsys):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        code, _, err = cli(capsys, "--zk", zk_connect, "metrics", "--address", "127.0.0.1",
+        code, _, err = cli(capsys, "--zk", zk_connect, "exporter", "--address", "127.0.0.1",
                            "--port", str(busy.getsockname()[1]))
-    assert_one_line_error(code, err, "pick another --port")
+    assert_one_line_error(code, err, "pick another port")
 
 
 def test_a_closed_pipe_ends_the_command_quietly(zk_connect):
