@@ -229,7 +229,8 @@ class Tidemark:
             raise self._denied(what) from None
         except (InvalidACLError, AuthFailedError) as exc:
             raise ConfigurationError(f"ZooKeeper refused {what} for {self.credentials.identity} "
-                                     f"({type(exc).__name__}): check TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD") from None
+                                     f"({type(exc).__name__}): check TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD"
+                                     ) from None
         except BadArgumentsError:
             raise ConfigurationError(f"ZooKeeper refused {what} as malformed (BadArguments): check the connect "
                                      "string's chroot and the root") from None
