@@ -29,7 +29,6 @@ tidemarks' ``first_epoch`` and from ``tidemark.first-epoch`` (or the oldest epoc
 """
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Iterable, Mapping, Optional, Union
 
@@ -38,7 +37,7 @@ from pyiceberg.table import Table
 from .catalog import CatalogSettings, load_table
 from .errors import EpochOrderError, VersionNotFound
 from .names import validate_name
-from .records import ConsistencyLevel, ConsistentVersion, TableTidemark
+from .records import ConsistencyLevel, ConsistentVersion, ReaderPins, TableTidemark
 from .snapshots import (committed_epoch, first_epoch, is_tidemark_table, main_lineage, snapshot_at_epoch,
                         snapshot_at_time)
 
@@ -242,7 +241,7 @@ class ReaderSession:
         if self.tm is None:
             return
         path = self.tm.paths.reader(self.reader_id)
-        data = json.dumps({"versions": {str(e): s for e, s in self._pinned.items()}}, sort_keys=True).encode()
+        data = ReaderPins(self._pinned).to_json()
         if self.tm.get(path) is None:
             self.tm.call(f"create {path}", self.tm.client.create_async, path, data, None, True)
         else:
@@ -256,13 +255,12 @@ class ReaderSession:
 
 def pinned_snapshots(tm) -> dict[str, set[int]]:
     """Every snapshot id pinned by a live reader, per table (what expiry must keep)."""
-    import json
     kept: dict[str, set[int]] = {}
-    readers = tm.children(tm.paths.readers)
-    for raw in tm.get_many([tm.paths.reader(r) for r in readers]):
+    paths = [tm.paths.reader(r) for r in tm.children(tm.paths.readers)]
+    for path, raw in zip(paths, tm.get_many(paths)):
         if raw is None:
             continue
-        for snapshots in json.loads(raw[0] or b"{}").get("versions", {}).values():
+        for snapshots in ReaderPins.from_json(raw[0] or b"{}", path).versions.values():
             for table, snapshot_id in snapshots.items():
                 if snapshot_id is not None:
                     kept.setdefault(table, set()).add(snapshot_id)
