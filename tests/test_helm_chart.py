@@ -177,6 +177,23 @@ def test_secrets_are_referenced_by_name_never_inlined(chart, values_file):
                     assert "secretKeyRef" in entry["valueFrom"], f"{owner}: {name} is inlined"
 
 
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda v: v or "defaults")
+def test_the_notes_name_every_secret_the_release_reads(chart, values_file):
+    values = values_of(values_file)
+    notes = chart.render(values, name=RELEASE, namespace=NAMESPACE)["tidemark/templates/NOTES.txt"]
+    docs = render(chart, values)
+    referenced = {v["secret"]["secretName"] for spec in pod_specs(docs).values() for v in spec.get("volumes", [])
+                  if "secret" in v}
+    for spec in pod_specs(docs).values():
+        for container in spec["containers"]:
+            referenced |= {e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", [])
+                           if "secretKeyRef" in e.get("valueFrom", {})}
+    for conf in (spark_defaults(docs, job) for job in values.get("jobs", {})):
+        referenced |= {v.split(":")[0] for k, v in conf.items() if ".secretKeyRef." in k}
+    for secret in referenced:
+        assert re.search(rf"^  {re.escape(secret)} \(", notes, re.M), f"NOTES.txt does not name {secret}"
+
+
 # -- what each values file is about ----------------------------------------------------------
 
 def test_defaults_bundle_a_three_server_zookeeper_ensemble(chart):
