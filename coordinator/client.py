@@ -276,9 +276,10 @@ class Tidemark:
         from .registry import register_job
         return register_job(self, name, sources=sources, sinks=sinks, replace=replace)
 
-    def unregister_job(self, name: str):
+    def unregister_job(self, name: str, *, confirm: bool = False, catalog=None):
+        """See ``registry.unregister_job``: without ``confirm=True`` it only raises ``UnregisterNotConfirmed``."""
         from .registry import unregister_job
-        return unregister_job(self, name)
+        return unregister_job(self, name, confirm=confirm, catalog=catalog)
 
     def fence_job(self, name: str, by: str = "operator") -> int:
         from .registry import fence_job

@@ -7,9 +7,11 @@
 
 Publishing is idempotent (a table whose ``main`` already holds epoch T is skipped), so a
 precommitted epoch is rolled forward by running the same steps again. After the
-ZooKeeper commit, a sink that published nothing in the epoch gets its
-``tidemark.committed-epoch`` property advanced (its one Iceberg commit of the epoch); a
-sink that published a snapshot needs nothing more, because the snapshot carries the epoch.
+ZooKeeper commit, a sink that published nothing in the epoch gets its committed-epoch
+marker advanced (its one Iceberg commit of the epoch); a sink that published a snapshot
+needs nothing more, because the snapshot carries the epoch, its term and its inputs.
+Every Iceberg commit here is fenced by the leader's term (``publish.py``): the committer
+claims each sink for its term first, so an older leader can no longer change any of them.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from pyiceberg.table import Table
 
 from .epochs import EpochCoordinator
 from .publish import advance_committed_epoch, claim_table, publish_staged
-from .records import EpochInputs, EpochRecord, EpochState
+from .records import EpochInputs, EpochProgress, EpochRecord, EpochState
 from .snapshots import snapshot_at_epoch
 
 
@@ -28,7 +30,11 @@ class EpochCommitter:
         self.epochs = epochs
         self.table = table
         for name in epochs.sinks:
-            claim_table(table(name), epochs.job)
+            claim_table(table(name), epochs.job, self.term)
+
+    @property
+    def term(self) -> int:
+        return self.epochs.leadership.term  # type: ignore[return-value]
 
     def finish(self, epoch: int, staged: Mapping[str, Optional[int]]) -> EpochRecord:
         """Precommit ``staged`` (every sink; None for a sink with no new data), publish, commit."""
@@ -48,7 +54,7 @@ class EpochCommitter:
         for name, snapshot_id in sorted(record.staged.items()):
             self.epochs.leadership.ensure_leading()  # a fenced zombie must not even move refs
             if snapshot_id is not None:
-                published[name] = publish_staged(self.table(name), snapshot_id, record.epoch).snapshot_id
+                published[name] = publish_staged(self.table(name), snapshot_id, record.epoch, self.term).snapshot_id
             else:
                 published[name] = self._unchanged_snapshot(name, record.epoch)
         committed = self.epochs.commit(record.epoch, published)
@@ -71,6 +77,7 @@ class EpochCommitter:
 
         Idempotent: run again after a crash between the ZooKeeper commit and these marks.
         """
+        progress = EpochProgress(self.epochs.job, record.epoch, record.term, record.inputs)
         for name in self.epochs.sinks:
             if record.staged.get(name) is None or self.epochs.mark(name).first_epoch == record.epoch:
-                advance_committed_epoch(self.table(name), record.epoch)
+                advance_committed_epoch(self.table(name), progress, self.term)

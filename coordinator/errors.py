@@ -78,3 +78,13 @@ class TableNotFound(TidemarkError):
 
 class VersionNotFound(TidemarkError):
     """No consistent version exists for the requested epoch (expired, or never committed)."""
+
+
+class UnregisterNotConfirmed(RegistrationError):
+    """``unregister_job`` was called without ``confirm=True``; ``plan`` says what it would remove and what a
+    re-registration would resume from."""
+
+    def __init__(self, plan) -> None:
+        super().__init__(f"{plan.describe()}. Nothing was changed: confirm to go ahead "
+                         "(`tidemark unregister --yes`, or unregister_job(..., confirm=True))")
+        self.plan = plan
