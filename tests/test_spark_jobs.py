@@ -14,7 +14,7 @@ import pytest
 
 from coordinator import CatalogSettings, EmbeddedZooKeeper, EpochOrderError, Tidemark
 from coordinator.resolve import Resolver, read_arrow
-from coordinator.snapshots import committed_epoch
+from coordinator.snapshots import committed_epoch, main_lineage, snapshot_progress
 from coordinator.zookeeper_server import free_port
 from spark_hooks import EpochJob, read_consistent, snapshot_sql
 
@@ -82,6 +82,13 @@ def test_epoch_job_appends_overwrites_merges_and_commits_empty_epochs(spark, tm,
     assert dict(zip(*[data[t["counts"]].column(c).to_pylist() for c in ("word", "cnt")])) == {"a": 2, "b": 2, "c": 1}
     for sink in ("log", "snapshot", "counts"):
         assert committed_epoch(catalog.load_table(f"{namespace}.{sink}")) == idle[-1]
+        # every published snapshot, the MERGE ones included, carries the epoch's whole progress record
+        records = [snapshot_progress(s) for s in main_lineage(catalog.load_table(f"{namespace}.{sink}"))]
+        published = [r for r in records if r is not None]
+        assert [r.epoch for r in reversed(published)] == computed, sink
+        for record, epoch in zip(reversed(published), (first_append, second_append)):
+            assert record.job == "multi" and record.term >= 1
+            assert record.inputs.sources[t["words"]].end == epoch.snapshot_id
 
 
 def test_a_sink_written_twice_in_one_epoch_is_refused(spark, tm, catalog_settings, namespace):
