@@ -25,12 +25,12 @@ then decides (see README, "What survives a ZooKeeper wipe").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from pyiceberg.table import Table
 
 from .errors import CorruptState
-from .records import EpochProgress
+from .records import EpochProgress, SourceRange
 from .snapshots import first_epoch, main_lineage, recorded_term, snapshot_at_epoch, snapshot_epoch, table_progress
 
 
@@ -58,34 +58,26 @@ class ResumePoint:
                     f"(at the newest barrier), above term {self.term}")
         parts = []
         if self.committed is not None:
-            parts.append(f"committed epoch {self.committed.epoch} (term {self.committed.term}), reading next "
-                         f"{_after(self.committed)}")
+            parts.append(f"committed epoch {self.committed.epoch} (term {self.committed.term}), input read up to "
+                         f"{_inputs_text(self.committed, lambda t, r: f'{t} snapshot {r.end}')}")
         if self.in_flight is not None:
             parts.append(f"epoch {self.in_flight.epoch} is in flight (published in "
                          f"{', '.join(s for s, p in sorted(self.sinks.items()) if p and p.epoch == self.in_flight.epoch)}"
-                         f") and is recomputed from its recorded inputs {_ranges(self.in_flight)}")
+                         f") and is recomputed from its recorded inputs "
+                         f"({_inputs_text(self.in_flight, lambda t, r: f'{t}: {r.start}..{r.end}')})")
         return f"job {self.job} resumes from its sinks' Iceberg metadata: " + "; ".join(parts) + \
             f"; its next term is above {self.term}"
 
 
-def _ranges(progress: EpochProgress) -> str:
-    inputs = progress.inputs
-    if inputs is None:
-        return "(not recorded)"
-    if inputs.batch_id is not None:
-        return f"(streaming batch {inputs.batch_id})"
-    return "(" + ", ".join(f"{t}: {r.start}..{r.end}" for t, r in sorted(inputs.sources.items())) + ")"
-
-
-def _after(progress: EpochProgress) -> str:
+def _inputs_text(progress: EpochProgress, each: Callable[[str, SourceRange], str]) -> str:
     inputs = progress.inputs
     if inputs is None:
         return "(input ranges not recorded)"
     if inputs.batch_id is not None:
-        return f"after streaming batch {inputs.batch_id}"
+        return f"streaming batch {inputs.batch_id}"
     if not inputs.sources:
         return "no source"
-    return ", ".join(f"{t} after snapshot {r.end}" for t, r in sorted(inputs.sources.items()))
+    return ", ".join(each(t, r) for t, r in sorted(inputs.sources.items()))
 
 
 def resume_point(job: str, tables: Mapping[str, Table]) -> ResumePoint:
