@@ -45,6 +45,7 @@ from typing import Any, Callable, Mapping, Optional
 from .client import MultiFailed, Op, create, delete, set_data
 from .errors import CorruptState, EpochOrderError
 from .leadership import Leadership
+from .names import parse_epoch
 from .progress import ResumePoint
 from .records import EpochInputs, EpochRecord, EpochState, TableTidemark, now_ms
 
@@ -87,13 +88,13 @@ class EpochCoordinator:
         With no epoch in ZooKeeper, ``resume()`` (the sinks' Iceberg progress) is read and written back first.
         """
         p = self.tm.paths
-        self._known = sorted(int(c) for c in self.tm.children(p.epochs(self.job)) if c.isdigit())
+        self._known = sorted(e for e in map(parse_epoch, self.tm.children(p.epochs(self.job))) if e is not None)
         seeded = resume() if not self._known and resume is not None else None
         if seeded is not None and seeded.is_fresh:
             seeded = None
         if seeded is not None:
             self._seed(seeded)
-            self._known = sorted(int(c) for c in self.tm.children(p.epochs(self.job)) if c.isdigit())
+            self._known = sorted(e for e in map(parse_epoch, self.tm.children(p.epochs(self.job))) if e is not None)
         marks = self.tm.get_many([p.tidemark(t) for t in self.sinks])
         self._marks = {t: TableTidemark.from_json(m[0], p.tidemark(t)) if m else TableTidemark(t)
                        for t, m in zip(self.sinks, marks)}

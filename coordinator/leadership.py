@@ -92,7 +92,8 @@ class Leadership:
         self.tm.add_state_listener(self._on_state_change)
         try:
             retrying = Retrying(stop=stop_after_delay(self.tm.operation_timeout), reraise=True,
-                                wait=wait_random_exponential(0.01, 0.2), retry=retry_if_exception_type(_Raced))
+                                wait=wait_random_exponential(0.01, 0.2), retry=retry_if_exception_type(_Raced),
+                                before_sleep=self.tm.count_retries("leader_election"))
             retrying(lambda: self._take_term(term_floor))
         except BaseException:
             self._give_up_lock()

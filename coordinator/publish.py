@@ -39,8 +39,8 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 
 from .errors import Fenced, PublishConflict
 from .records import EpochProgress
-from .snapshots import (FIRST_EPOCH_PROPERTY, TERM_PROPERTY, WRITER_PROPERTY, committed_epoch, committed_properties,
-                        first_epoch, snapshot_epoch, snapshot_of_epoch, staged_snapshots, table_progress)
+from .snapshots import (FIRST_EPOCH_PROPERTY, TERM_PROPERTY, WRITER_PROPERTY, claimed_term, committed_epoch,
+                        committed_properties, first_epoch, snapshot_epoch, snapshot_of_epoch, staged_snapshots, table_progress)
 
 
 class PublishOutcome(str, enum.Enum):
@@ -69,18 +69,14 @@ class AssertTermAtMost(ValidatableTableRequirement):
     def validate(self, base_metadata: Optional[TableMetadata]) -> None:
         if base_metadata is None:
             raise CommitFailedException("Requirement failed: current table metadata is missing")
-        recorded = _term_of(base_metadata.properties)
+        recorded = claimed_term(base_metadata.properties)
         if recorded > self.term:
             raise CommitFailedException(f"Requirement failed: the table is claimed by term {recorded}, "
                                         f"above this writer's term {self.term}")
 
 
-def _term_of(properties) -> int:
-    return int(properties.get(TERM_PROPERTY) or 0)
-
-
 def _fenced(table: Table, term: int) -> Fenced:
-    return Fenced(f"table {'.'.join(table.name())} is claimed by term {_term_of(table.properties)}, above this "
+    return Fenced(f"table {'.'.join(table.name())} is claimed by term {claimed_term(table.properties)}, above this "
                   f"writer's term {term}: a newer leader took over; this driver is a zombie and changes nothing")
 
 
@@ -92,7 +88,7 @@ def _commit(table: Table, term: int, updates: tuple[TableUpdate, ...], requireme
     """
     guard = (AssertTableUUID(uuid=table.metadata.table_uuid), *requirements)
     if isinstance(table.catalog, RestCatalog):
-        if _term_of(table.properties) > term:
+        if claimed_term(table.properties) > term:
             raise _fenced(table, term)
     else:
         guard = (*guard, AssertTermAtMost(term=term))
@@ -100,7 +96,7 @@ def _commit(table: Table, term: int, updates: tuple[TableUpdate, ...], requireme
         response = table.catalog.commit_table(table, guard, updates)  # type: ignore[arg-type]
     except CommitFailedException:
         table.refresh()
-        if _term_of(table.properties) > term:
+        if claimed_term(table.properties) > term:
             raise _fenced(table, term) from None
         raise _Lost() from None
     table.metadata, table.metadata_location = response.metadata, response.metadata_location
@@ -132,7 +128,7 @@ def publish_staged(table: Table, snapshot_id: int, epoch: int, term: int) -> Pub
         if attempts or table.snapshot_by_id(snapshot_id) is None:
             table.refresh()
         attempts += 1
-        if _term_of(table.properties) > term:
+        if claimed_term(table.properties) > term:
             raise _fenced(table, term)
         present = snapshot_of_epoch(table, epoch)
         if present is not None:
@@ -207,7 +203,7 @@ def claim_table(table: Table, job: str, term: int) -> None:
     """
     def attempt() -> None:
         table.refresh()
-        recorded = _term_of(table.properties)
+        recorded = claimed_term(table.properties)
         if recorded > term:
             raise _fenced(table, term)
         if table.properties.get(WRITER_PROPERTY) == job and recorded == term:

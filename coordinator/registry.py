@@ -40,7 +40,8 @@ class _TopologyMoved(Exception):
 
 def _with_topology(tm, decide):
     retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
-                        retry=retry_if_exception_type(_TopologyMoved), reraise=False)
+                        retry=retry_if_exception_type(_TopologyMoved), reraise=False,
+                        before_sleep=tm.count_retries("registration"))
     try:
         return retrying(lambda: decide(tm.topology()))
     except RetryError:
@@ -126,7 +127,8 @@ def fence_job(tm, name: str, by: str = "operator") -> int:
         return new.term
 
     retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
-                        retry=retry_if_exception_type(_TopologyMoved), reraise=True)
+                        retry=retry_if_exception_type(_TopologyMoved), reraise=True,
+                        before_sleep=tm.count_retries("registration"))
     return retrying(attempt)
 
 

@@ -4,7 +4,7 @@
     version = resolver.resolve(["lake.db.words", "lake.db.word_counts"], level="consistent")
     arrow = read_arrow(resolver, version)                # {table: pyarrow.Table} for pandas/DuckDB users
 
-Levels (DESIGN.md, "Readers and consistency levels"):
+Levels (docs/design.md, "Consistency levels"):
 - ``latest``: each table's current snapshot (read uncommitted; ``epoch`` is None);
 - ``committed``: each table at its own committed epoch;
 - ``consistent``: ``T*`` = the minimum committed epoch over the tables, each table at its

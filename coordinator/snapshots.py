@@ -30,7 +30,6 @@ pyiceberg's ``Summary`` is read with ``.get`` only (``in`` and ``dict()`` misbeh
 """
 from __future__ import annotations
 
-import json
 from typing import Iterator, Optional
 
 from pyiceberg.table import Table
@@ -125,14 +124,15 @@ def marker_progress(table: Table) -> Optional[EpochProgress]:
     where = f"table {'.'.join(table.name())} property {COMMITTED_PROPERTY}"
     raw = table.properties.get(COMMITTED_PROPERTY)
     if raw is not None:
-        try:
-            return EpochProgress.from_dict(json.loads(raw), where)
-        except ValueError:
-            raise CorruptState(f"{where}: not valid JSON ({raw[:60]!r})") from None
+        return EpochProgress.from_json(raw.encode(), where)
     legacy = table.properties.get(COMMITTED_EPOCH_PROPERTY)
     if legacy is None:
         return None
-    return EpochProgress(job=table.properties.get(WRITER_PROPERTY) or "", epoch=int(legacy), term=0)
+    try:
+        return EpochProgress(job=table.properties.get(WRITER_PROPERTY) or "", epoch=int(legacy), term=0)
+    except ValueError:
+        raise CorruptState(f"table {'.'.join(table.name())}: {COMMITTED_EPOCH_PROPERTY}={legacy[:30]!r} is not "
+                           "an epoch") from None
 
 
 def newest_snapshot_progress(table: Table) -> Optional[tuple[EpochProgress, Snapshot]]:
@@ -154,9 +154,18 @@ def table_progress(table: Table) -> Optional[EpochProgress]:
     return max(candidates, key=lambda p: (p.epoch, p.inputs is not None))
 
 
+def claimed_term(properties) -> int:
+    """The term that claimed a table last (its ``tidemark.term`` property; 0 for none)."""
+    value = properties.get(TERM_PROPERTY)
+    try:
+        return int(value or 0)
+    except ValueError:
+        raise CorruptState(f"table property {TERM_PROPERTY}={value[:30]!r} is not a term") from None
+
+
 def recorded_term(table: Table) -> int:
     """The highest term the table records anywhere (claims, published and staged snapshots; 0 for none)."""
-    terms = [int(table.properties.get(TERM_PROPERTY) or 0)]
+    terms = [claimed_term(table.properties)]
     terms += [p.term for p in (snapshot_progress(s) for s in table.snapshots()) if p is not None]
     marker = marker_progress(table)
     return max(terms + ([marker.term] if marker else []))

@@ -33,6 +33,10 @@ tables' tidemarks a version at which every table holds exactly the inputs up to 
 job starts no earlier than the first epoch of each of its sources (a table has no exact
 state before its writer's first epoch).
 
+Metrics: ``writer.metrics`` (``coordinator.driver_metrics``) times every phase and counts
+epochs, takeovers, fencings and retries; ``metrics_port`` (or ``TIDEMARK_METRICS_PORT``)
+serves them with ``/healthz`` while ``run`` runs.
+
 Failure behaviour: a leader that is fenced or whose session expires steps down and
 contends again (``run`` does not raise for it); an error of the function while this
 replica still leads is raised, and the epoch is recomputed by the next leader.
@@ -53,6 +57,7 @@ from .catalog import CatalogSettings, load_table
 from .barriers import DEFAULT_MAX_PENDING_BARRIERS
 from .client import Tidemark, create, delete, set_data
 from .commit import EpochCommitter
+from .driver_metrics import DriverMetrics
 from .epochs import EpochCoordinator, RecoveryAction
 from .errors import ConfigurationError, EpochOrderError, Fenced, NotLeader, ZooKeeperUnavailable
 from .names import validate_name, validate_names
@@ -126,7 +131,8 @@ class EpochContext:
     def _stage_with(self, sink: str, stage, rows) -> None:
         self.check_sink(sink)
         term = self.writer.term
-        self.stage(sink, stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term, self.inputs))
+        with self.writer.metrics.phase("stage"):
+            self.stage(sink, stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term, self.inputs))
 
     def check_sink(self, sink: str) -> None:
         """Refuse a sink that is not declared, or already written in this epoch (one write per sink and epoch)."""
@@ -146,7 +152,8 @@ class EpochWriter:
     def __init__(self, tm: Tidemark, name: str, *, sources: Iterable[str], sinks: Iterable[str],
                  catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000, grace_ms: int = 1000,
                  max_pending_barriers: int = DEFAULT_MAX_PENDING_BARRIERS, always_run: bool = False, history: int = 100,
-                 log_every: float = 5.0, context: Callable[["EpochWriter", EpochRecord], Any] = EpochContext) -> None:
+                 log_every: float = 5.0, context: Callable[["EpochWriter", EpochRecord], Any] = EpochContext,
+                 metrics_port: Optional[int] = None) -> None:
         if max_pending_barriers < 1:
             raise ConfigurationError(f"max_pending_barriers must be at least 1, got {max_pending_barriers}")
         if grace_ms < 0:
@@ -174,6 +181,7 @@ class EpochWriter:
         self._managed: tuple[str, ...] = ()
         self._newest_at_open: Optional[int] = None
         self._logged_at = 0.0
+        self.metrics = DriverMetrics(self, port=metrics_port)  # port None: TIDEMARK_METRICS_PORT, unset: not served
 
     # -- what the loop reads ----------------------------------------------------------------
 
@@ -212,6 +220,7 @@ class EpochWriter:
         """Register, wait for leadership and roll a precommitted epoch forward (``run`` calls it)."""
         if self._epochs is not None:
             return
+        self.metrics.serve()
         self.tm.register_job(self.name, sources=self.sources, sinks=self.sinks)
         self.tm.barriers.ensure_grid(self.interval_ms)
         self._read_managed_sources()
@@ -219,9 +228,10 @@ class EpochWriter:
         for table in sinks.values():
             table.refresh()
         self._acquire(leader_timeout, while_standby, max(recorded_term(t) for t in sinks.values()))
+        self.metrics.became_leader()
         try:
             epochs = EpochCoordinator(self.leadership, self.sinks, self.history)
-            self._committer = EpochCommitter(epochs, self.table)
+            self._committer = EpochCommitter(epochs, self.table, timed=self.metrics.phase)
             self._cache = self.tm.tidemark_cache()
             plan = epochs.recover(lambda: resume_point(self.name, sinks))
             if plan.resumed_from is not None:
@@ -234,6 +244,7 @@ class EpochWriter:
                 log.info("job %s: rolling precommitted epoch %s forward", self.name, plan.epoch.epoch)  # type: ignore[union-attr]
                 self._committer.roll_forward(plan.epoch)  # type: ignore[arg-type]
                 self.committed.append(plan.epoch.epoch)  # type: ignore[union-attr]
+                self.metrics.epoch_committed(rolled_forward=True)
             elif plan.action == RecoveryAction.NEXT:
                 self._committer.mark_committed(plan.epoch)  # type: ignore[arg-type]  # the last run may have died first
         except BaseException:
@@ -281,6 +292,8 @@ class EpochWriter:
         """Step down (a standby takes over). Nothing is left half-committed: every epoch finished or recovers."""
         if self._cache is not None:
             self._cache.close()
+        if self.leadership.term is not None:
+            self.metrics.stepping_down(self.leadership.state)
         self.leadership.release()
         self._epochs = self._committer = self._cache = None
         self.leadership = self.tm.leadership(self.name)
@@ -335,6 +348,7 @@ class EpochWriter:
                             type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
             finally:
                 self.close()
+        self.metrics.loop_ended()
         return self.committed[start:]
 
     def _loop(self, function: Callable[..., None], max_epochs: Optional[int], until: Optional[int]) -> bool:
@@ -348,10 +362,11 @@ class EpochWriter:
                 log.info("job %s: recomputing epoch %s from its recorded inputs", self.name, current.epoch)
                 self.process(current.epoch, function)
             else:
-                target = self.next_barrier(until)
+                with self.metrics.phase("wait"):
+                    target = self.next_barrier(until)
+                    inputs = None if target is None else self.inputs_for(target)
                 if target is None:
                     return not self._stop.is_set()
-                inputs = self.inputs_for(target)
                 if inputs is None:
                     continue  # a root source got a writer meanwhile: wait for its tidemark instead
                 self.process(target, function, inputs=inputs)
@@ -363,16 +378,20 @@ class EpochWriter:
         """Run one epoch: record its inputs, compute (unless idle), stage, precommit, publish, commit."""
         epochs, committer = self.epochs, self._committer
         current = epochs.current
-        recorded = current.inputs if current is not None and current.epoch == epoch and current.state in (
-            EpochState.STARTED, EpochState.ABORTED) else inputs
-        if not self.always_run and not args and recorded is not None and recorded.unchanged:
+        redo = current is not None and current.epoch == epoch and current.state in (EpochState.STARTED,
+                                                                                     EpochState.ABORTED)
+        recorded = current.inputs if redo else inputs  # type: ignore[union-attr]
+        idle = not self.always_run and not args and recorded is not None and recorded.unchanged
+        if idle:
             committed = committer.commit_idle(epoch, inputs)  # type: ignore[union-attr]
         else:
-            record = epochs.begin(epoch, inputs)
-            ctx = self.context(self, record)
-            function(ctx, *args)
+            with self.metrics.phase("compute"):
+                record = epochs.begin(epoch, inputs)
+                ctx = self.context(self, record)
+                function(ctx, *args)
             committed = committer.finish(epoch, {sink: ctx.staged.get(sink) for sink in self.sinks})  # type: ignore[union-attr]
         self.committed.append(committed.epoch)
+        self.metrics.epoch_committed(idle=idle, recomputed=redo)
         self.waiting = None
         return committed
 
@@ -386,6 +405,7 @@ class EpochWriter:
             raise EpochOrderError(f"job {self.name!r} epoch {epoch}: its sources changed, so it must be computed")
         committed = self._committer.commit_idle(epoch, inputs)  # type: ignore[union-attr]
         self.committed.append(committed.epoch)
+        self.metrics.epoch_committed(idle=True)
         return committed
 
     # -- inputs --------------------------------------------------------------------------------
@@ -430,6 +450,7 @@ class EpochWriter:
         cached topology): a source whose writer registers after this job stops being a root table."""
         writers = self.tm.topology().writers
         self._managed = tuple(s for s in self.sources if s in writers)
+        self.metrics.watch_tables(writers)
 
     def next_barrier(self, until: Optional[int] = None) -> Optional[int]:
         """Block until the next epoch may be processed and return its barrier; None when stopped or past ``until``."""

@@ -91,8 +91,9 @@ class SparkEpochContext(EpochContext):
         wap = wap_id(self.epoch, self.writer.name, term)
         self.spark.conf.set("spark.wap.id", wap)
         try:
-            with_commit_properties(self.spark, summary_properties(self.epoch, self.writer.name, term, self.inputs),
-                                   write)
+            with self.writer.metrics.phase("stage"):
+                with_commit_properties(self.spark, summary_properties(self.epoch, self.writer.name, term, self.inputs),
+                                       write)
         finally:
             self.spark.conf.unset("spark.wap.id")
         table = self.writer.table(sink)
@@ -147,11 +148,11 @@ class EpochJob:
     def __init__(self, spark, tm: Tidemark, name: str, *, sources: Iterable[str], sinks: Iterable[str],
                  catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000, grace_ms: int = 1000,
                  max_pending_barriers: int = DEFAULT_MAX_PENDING_BARRIERS, always_run: bool = False,
-                 history: int = 100) -> None:
+                 history: int = 100, metrics_port: Optional[int] = None) -> None:
         self.spark = spark
         self.writer = EpochWriter(tm, name, sources=sources, sinks=sinks, catalog=catalog, interval_ms=interval_ms,
                                   grace_ms=grace_ms, max_pending_barriers=max_pending_barriers,
-                                  always_run=always_run, history=history,
+                                  always_run=always_run, history=history, metrics_port=metrics_port,
                                   context=lambda writer, record: SparkEpochContext(self, writer, record))
         self.name, self.sources, self.sinks = self.writer.name, self.writer.sources, self.writer.sinks
         self._function: Optional[Callable[[SparkEpochContext], None]] = None

@@ -19,6 +19,8 @@ from coordinator.zookeeper_server import free_port
 from spark_hooks import EpochJob, read_consistent, snapshot_sql
 
 REPO = Path(__file__).resolve().parents[1]
+# Every test here runs Spark, in this process or in driver subprocesses: none belongs in `make test-fast`.
+pytestmark = pytest.mark.spark
 
 
 def create(catalog, identifier: str, schema: pa.Schema):

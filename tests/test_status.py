@@ -72,19 +72,25 @@ def test_unreachable_zookeeper_is_a_one_line_error():
     assert result.stderr.strip().count("\n") == 0 and "no ZooKeeper server answered" in result.stderr
 
 
-def test_metrics_endpoint_serves_the_status(tm, zk_connect, two_epochs):
+def test_exporter_serves_the_status(tm, zk_connect, two_epochs):
     _, last = two_epochs
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "--zk", zk_connect, "metrics",
+    server = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "--zk", zk_connect, "exporter",
                                "--port", str(port), "--address", "127.0.0.1"], stdout=subprocess.PIPE, text=True)
     try:
         fetch = Retrying(stop=stop_after_delay(30), wait=wait_fixed(0.2), reraise=True,
-                         retry=retry_if_exception_type(OSError))
-        body = fetch(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+                         retry=retry_if_exception_type((OSError, AssertionError)))
+
+        def serving_a_view() -> str:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            assert "tidemark_up 1.0" in body
+            return body
+        body = fetch(serving_a_view)
     finally:
         server.terminate()
         server.wait(10)
-    samples = {(s.name, s.labels.get("job")): s.value for f in text_string_to_metric_families(body) for s in f.samples}
+    samples = {(s.name, s.labels.get("tidemark_job")): s.value
+               for f in text_string_to_metric_families(body) for s in f.samples}
     assert samples[("tidemark_job_committed_epoch_timestamp_seconds", "up")] == last / 1000
     assert samples[("tidemark_job_pending_barriers", "up")] == 0
     assert samples[("tidemark_job_leader_live", "up")] == 1 and samples[("tidemark_job_stale", "down")] == 1
