@@ -29,7 +29,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
-from .errors import ConfigurationError, MultiFailed, PermissionDenied, ZooKeeperUnavailable
+from .errors import ConfigurationError, InvalidName, MultiFailed, PermissionDenied, ZooKeeperUnavailable
 from .names import validate_chroot
 from .paths import Paths
 from .records import JsonRecord, TopologyVersion
@@ -365,6 +365,8 @@ class Tidemark:
 
     def fence_job(self, name: str, by: str = "operator") -> int:
         from .registry import fence_job
+        if not isinstance(by, str):
+            raise InvalidName(f"who fenced the job (by=) must be a string, got {str(by)[:40]!r}")
         return fence_job(self, name, by=by)
 
     def leadership(self, job: str):

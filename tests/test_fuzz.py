@@ -216,3 +216,47 @@ def test_cli_never_leaks(fuzz_tree, tmp_path, monkeypatch):
     run()
     # Most examples must get past argparse into the commands, or this fuzzes argparse alone.
     assert outcomes.count(0) >= 20 and outcomes.count(1) >= 100, {c: outcomes.count(c) for c in set(outcomes)}
+
+
+# -- the Python API, against a real ZooKeeper and an embedded catalog ------------------------------------------
+
+def test_python_api_never_leaks(zk_server, tmp_path):
+    from coordinator import CatalogSettings, TidemarkError
+    from coordinator.resolve import Resolver
+
+    lake = CatalogSettings.embedded(tmp_path)
+    tm = Tidemark.connect(f"{zk_server.connect_string}/fuzz-api", session_timeout=4, operation_timeout=5)
+    cache = tm.tidemark_cache()
+    resolver = Resolver(lake.load(), lake, tm, cache)
+    any_value = st.one_of(weird, st.integers(), st.none(), st.lists(weird, max_size=2), st.booleans())
+    name = st.one_of(st.sampled_from(["counts", "db.counts", "db.words", "db.more"]), weird)
+    names = st.one_of(st.lists(name, max_size=3), any_value)
+    epoch = st.one_of(st.integers(-5, 10 ** 16), edge_ints, any_value)
+    calls = st.one_of(
+        st.tuples(st.just(tm.register_job), st.tuples(name),
+                  st.fixed_dictionaries({"sources": names, "sinks": names}, optional={"replace": any_value})),
+        st.tuples(st.just(tm.fence_job), st.tuples(name), st.fixed_dictionaries({}, optional={"by": any_value})),
+        st.tuples(st.just(tm.tidemarks), st.tuples(names), st.just({})),
+        st.tuples(st.just(cache.get), st.tuples(names), st.just({})),
+        st.tuples(st.just(tm.barriers.ensure_grid), st.tuples(st.one_of(st.just(1000), epoch)), st.just({})),
+        st.tuples(st.just(tm.barriers.agree), st.tuples(epoch, any_value), st.just({})),
+        st.tuples(st.just(tm.barriers.change_interval), st.tuples(epoch, epoch), st.just({})),
+        st.tuples(st.just(resolver.resolve), st.tuples(names),
+                  st.fixed_dictionaries({}, optional={"level": st.one_of(st.sampled_from(
+                      ["latest", "committed", "consistent"]), any_value), "as_of": epoch})),
+    )
+
+    @settings(derandomize=True, database=None, deadline=None, max_examples=300,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(call=calls)
+    def run(call) -> None:
+        function, args, kwargs = call
+        try:
+            function(*args, **kwargs)
+        except TidemarkError:
+            pass
+    try:
+        run()
+    finally:
+        cache.close()
+        tm.close()
