@@ -310,14 +310,14 @@ def test_two_jobs_with_standby_replicas_spread_over_nodes(chart):
 
 def test_drivers_run_spark_in_client_mode_against_the_kubernetes_api(chart):
     docs = render(chart, values_of("two-jobs-values.yaml"))
-    for job, instances, cores, partitions in (("word-counts", "6", "2", "64"), ("count-histogram", "3", "1", "8")):
+    for job, instances, cores, partitions in (("word-counts", "6", "2", "64"), ("count-histogram", None, "1", "8")):
         conf = spark_defaults(docs, job)
         assert conf["spark.master"] == SPARK_MASTER
         assert conf["spark.submit.deployMode"] == "client"
         assert conf["spark.kubernetes.namespace"] == NAMESPACE
         assert conf["spark.kubernetes.container.image"] == "registry.example.com/data/tidemark:0.1.0-build7"
         assert conf["spark.kubernetes.container.image.pullSecrets"] == "registry-credentials"
-        assert conf["spark.executor.instances"] == instances
+        assert conf.get("spark.executor.instances") == instances
         assert conf["spark.executor.cores"] == cores
         assert conf["spark.executor.memory"] == "4g"
         assert conf["spark.sql.shuffle.partitions"] == partitions
@@ -383,6 +383,30 @@ def test_a_driver_session_takes_the_rendered_spark_settings(chart, tmp_path):
                 "spark.kubernetes.executor.podTemplateFile", "spark.sql.catalog.lake.io-impl", "spark.driver.port"):
         assert session[key] == rendered[key], key
     assert session["spark.sql.extensions"].endswith("IcebergSparkSessionExtensions")
+
+
+def test_standbys_give_their_executors_back_with_dynamic_allocation(chart):
+    docs = render(chart, values_of("two-jobs-values.yaml"))
+    conf = spark_defaults(docs, "count-histogram")
+    assert {k: v for k, v in conf.items() if k.startswith("spark.dynamicAllocation.")} == {
+        "spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+        "spark.dynamicAllocation.minExecutors": "0", "spark.dynamicAllocation.maxExecutors": "3",
+        "spark.dynamicAllocation.executorIdleTimeout": "60s"}
+    assert not [k for k in spark_defaults(docs, "word-counts") if k.startswith("spark.dynamicAllocation.")]
+
+
+def test_a_job_value_replaces_the_default_even_when_false_or_zero(chart):
+    values = {"spark": {"executor": {"dynamicAllocation": {"enabled": True}}},
+              "jobDefaults": {"terminationGracePeriodSeconds": 300},
+              "jobs": {"wc": {"scriptPath": "/j.py", "terminationGracePeriodSeconds": 0,
+                              "resources": {"requests": {"cpu": "4"}, "limits": {"memory": "8Gi"}},
+                              "executor": {"instances": 0, "dynamicAllocation": {"enabled": False}}}}}
+    docs = render(chart, values)
+    deployment, container = driver(docs, "wc")
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 0
+    assert container["resources"] == {"requests": {"cpu": "4"}, "limits": {"memory": "8Gi"}}
+    conf = spark_defaults(docs, "wc")
+    assert conf["spark.executor.instances"] == "0" and "spark.dynamicAllocation.enabled" not in conf
 
 
 def test_the_driver_role_lets_spark_manage_executors_and_nothing_else(chart):
@@ -458,6 +482,8 @@ def test_the_schema_refuses_bad_values_naming_them(chart, values, message):
     ({"catalog": {"warehouse": "hdfs://nn/warehouse"}}, "is not an s3:// location while catalog.s3.enabled=true"),
     ({"jobs": {"wc": {}}}, "jobs.wc: no driver script"),
     ({"jobs": {"wc": {"script": "print()", "scriptPath": "/j.py"}}}, "jobs.wc: set either script (inline) or scriptPath"),
+    ({"jobs": {"wc": {"scriptPath": "/j.py", "executor": {"dynamicAllocation": {"enabled": True, "minExecutors": 5}}}}},
+     "jobs.wc: executor.dynamicAllocation.maxExecutors (4) is below minExecutors (5)"),
 ], ids=lambda v: None if isinstance(v, dict) else v[:40])
 def test_contradicting_values_fail_with_a_sentence(chart, values, message):
     with pytest.raises(helm.HelmRenderError) as refused:

@@ -83,7 +83,12 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
 {{- if and $s3.enabled (not (regexMatch "^s3a?://" .Values.catalog.warehouse)) -}}
 {{- fail (printf "catalog.warehouse: %q is not an s3:// location while catalog.s3.enabled=true; use s3://bucket/path or disable catalog.s3" .Values.catalog.warehouse) -}}
 {{- end -}}
-{{- range $name, $job := .Values.jobs -}}
+{{- range $name, $values := .Values.jobs -}}
+{{- $job := include "tidemark.job" (dict "ctx" $ "values" $values) | fromYaml -}}
+{{- $scaling := $job.executor.dynamicAllocation -}}
+{{- if and $scaling.enabled (lt (int $scaling.maxExecutors) (int $scaling.minExecutors)) -}}
+{{- fail (printf "jobs.%s: executor.dynamicAllocation.maxExecutors (%v) is below minExecutors (%v)" $name $scaling.maxExecutors $scaling.minExecutors) -}}
+{{- end -}}
 {{- if and $job.script $job.scriptPath -}}
 {{- fail (printf "jobs.%s: set either script (inline) or scriptPath (a file in the image), not both" $name) -}}
 {{- end -}}
@@ -91,6 +96,29 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
 {{- fail (printf "jobs.%s: no driver script; set script (inline Python) or scriptPath (a file in the image)" $name) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* One job's settings: its values over jobDefaults, and its executor over spark.executor.
+     A job's value replaces the default even when it is false or 0, which Helm's merge skips. */}}
+{{- define "tidemark.job" -}}
+{{- $job := deepCopy .ctx.Values.jobDefaults -}}
+{{- range $key, $value := .values -}}
+{{- $_ := set $job $key $value -}}
+{{- end -}}
+{{- $executor := deepCopy .ctx.Values.spark.executor -}}
+{{- range $key, $value := (.values.executor | default dict) -}}
+{{- if eq $key "dynamicAllocation" -}}
+{{- $scaling := deepCopy $executor.dynamicAllocation -}}
+{{- range $setting, $chosen := $value -}}
+{{- $_ := set $scaling $setting $chosen -}}
+{{- end -}}
+{{- $_ := set $executor $key $scaling -}}
+{{- else -}}
+{{- $_ := set $executor $key $value -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $job "executor" $executor -}}
+{{- toYaml $job -}}
 {{- end -}}
 
 {{/* Environment of every process that talks to ZooKeeper: the connect string, TLS and the
