@@ -49,7 +49,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, NotLeader
 from .leadership import LeaderState
 from .metrics_server import MetricsServer
 
@@ -249,8 +249,10 @@ class _DriverState(Collector):
         now = time.time()
         if leadership.term is not None:
             yield _gauge("tidemark_driver_term", "Fencing term this replica leads the job with", job, leadership.term)
-        epochs = writer._epochs
-        committed = epochs.last_committed if epochs is not None else None
+        try:
+            committed = writer.epochs.last_committed
+        except NotLeader:  # stepping down or taking over right now
+            committed = None
         if committed is not None:
             yield _gauge("tidemark_driver_committed_epoch_timestamp_seconds",
                          "The job's committed epoch, as a Unix timestamp", job, committed / 1000)

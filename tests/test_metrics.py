@@ -274,6 +274,29 @@ def as_promql(query: str) -> str:
     return re.sub(r"\$\{?(\w+)(:\w+)?\}?", ".*", query)
 
 
+def lost_keys(original, decoded, path: str = "") -> list[str]:
+    """Keys of ``original`` missing from ``decoded`` (what a decoder did not understand), recursively."""
+    if isinstance(original, dict) and isinstance(decoded, dict):
+        return [lost for key, inner in original.items()
+                for lost in ([f"{path}/{key}"] if key not in decoded else lost_keys(inner, decoded[key], f"{path}/{key}"))]
+    if isinstance(original, list) and isinstance(decoded, list):
+        return [lost for i, (a, b) in enumerate(zip(original, decoded)) for lost in lost_keys(a, b, f"{path}[{i}]")]
+    return []
+
+
+def test_the_dashboard_loads_into_grafanas_dashboard_model():
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+    dashboard = json.loads(DASHBOARD.read_text())
+    decoded = json.loads(json.dumps(Dashboard.from_json(dashboard), cls=JSONEncoder))
+    assert lost_keys(dashboard, decoded) == [], "keys Grafana's dashboard schema does not know"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        assert panel["type"] in ("row", "stat", "timeseries", "table"), panel["type"]
+        assert panel["type"] == "row" or (panel["datasource"]["uid"] == "${datasource}" and panel["targets"])
+
+
 def test_every_dashboard_query_names_a_series_the_exporter_or_the_drivers_export(scraped):
     dashboard = json.loads(DASHBOARD.read_text())
     exported = series_names(scraped.up) | series_names(scraped.down) | series_names(scraped.exporter)
