@@ -34,10 +34,11 @@ from .zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper, four_letter_word
 EXIT_ERROR, EXIT_USAGE, EXIT_CLOSED_PIPE = 1, 2, 141
 
 
-def _connect(args):
+def _connect(args, read_only: bool = False):
+    """The session; commands that only read never create znodes (so they never leave any open to anyone)."""
     from .client import Tidemark
     return Tidemark.connect(args.zk, root=args.root, connect_timeout=args.timeout, operation_timeout=args.timeout,
-                            tls=_tls(args))
+                            tls=_tls(args), read_only=read_only)
 
 
 def _tls(args):
@@ -78,7 +79,7 @@ def cmd_zk(args) -> int:
 
 def cmd_status(args) -> int:
     from .status import fmt_seconds
-    with _connect(args) as tm:
+    with _connect(args, read_only=True) as tm:
         status = tm.status()
     if args.json:
         print(json.dumps(status.to_dict(), indent=2))
@@ -121,7 +122,7 @@ def _job_line(job) -> str:
 
 
 def cmd_topology(args) -> int:
-    with _connect(args) as tm:
+    with _connect(args, read_only=True) as tm:
         topo = tm.topology()
     render = {"text": topo.to_text, "dot": topo.to_dot, "mermaid": topo.to_mermaid,
               "json": lambda: json.dumps(topo.to_dict(), indent=2)}
@@ -144,7 +145,7 @@ def cmd_unregister(args) -> int:
 
 
 def cmd_barriers(args) -> int:
-    with _connect(args) as tm:
+    with _connect(args, read_only=args.set_interval is None) as tm:
         if args.set_interval is not None:
             if args.effective_from is None:
                 raise TidemarkError("--set-interval needs --from T, a future barrier where the change takes effect")
@@ -160,7 +161,7 @@ def cmd_resolve(args) -> int:
     from .catalog import CatalogSettings
     from .resolve import Resolver
     settings = CatalogSettings.from_env()
-    tm = None if args.no_zk else _connect(args)
+    tm = None if args.no_zk else _connect(args, read_only=True)
     try:
         version = Resolver(settings.load(), settings, tm).resolve(args.tables, level=args.level, as_of=args.as_of)
     finally:
@@ -200,7 +201,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a malformed command line in one line (usage stays in ``--help``)."""
 
     def error(self, message: str):
-        self.exit(EXIT_USAGE, f"tidemark: error: {message} (see `{self.prog} --help`)\n")
+        self.exit(EXIT_USAGE, f"tidemark: error: {_one_line(message)} (see `{self.prog} --help`)\n")
 
 
 def _seconds(text: str) -> float:
@@ -308,8 +309,12 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _fail(message: str) -> int:
-    print("tidemark: error: " + " ".join(message.split()), file=sys.stderr)
+    print(f"tidemark: error: {_one_line(message)}", file=sys.stderr)
     return EXIT_ERROR
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())  # every line break Python knows is whitespace to split()
 
 
 if __name__ == "__main__":

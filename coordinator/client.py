@@ -22,13 +22,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import (AuthFailedError, ConnectionLoss, InvalidACLError, NodeExistsError, NoAuthError,
-                              NoNodeError, OperationTimeoutError, RolledBackError, SessionExpiredError)
+from kazoo.exceptions import (AuthFailedError, BadArgumentsError, ConnectionLoss, InvalidACLError, NoAuthError,
+                              NodeExistsError, NoNodeError, OperationTimeoutError, RolledBackError,
+                              SessionExpiredError)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
-from .errors import ConfigurationError, MultiFailed, PermissionDenied, ZooKeeperUnavailable
+from .errors import ConfigurationError, InvalidName, MultiFailed, PermissionDenied, ZooKeeperUnavailable
+from .names import validate_chroot
 from .paths import Paths
 from .records import JsonRecord, TopologyVersion
 from .security import Credentials, TlsSettings, diagnose_tls, is_open
@@ -111,8 +113,9 @@ class Tidemark:
         """
         hosts = hosts or os.environ.get("TIDEMARK_ZK") or DEFAULT_CONNECT
         env = Credentials.from_env()
-        user, password = auth if auth is not None else (env.user, env.password)
-        reader_user, reader_password = reader if reader is not None else (env.reader_user, env.reader_password)
+        user, password = _identity(auth, "auth") if auth is not None else (env.user, env.password)
+        reader_user, reader_password = (_identity(reader, "reader") if reader is not None
+                                        else (env.reader_user, env.reader_password))
         credentials = Credentials(user, password, reader_user, reader_password)
         tls = tls if tls is not None else TlsSettings.from_env()
         paths = Paths(root)  # InvalidName before any connection
@@ -131,7 +134,10 @@ class Tidemark:
         except ValueError as exc:
             raise ConfigurationError(f"ZooKeeper connect string {hosts!r} is invalid ({exc}): use "
                                      "host:port[,host:port...][/chroot]") from None
-        chroot, client.chroot = client.chroot, ""  # connect outside the chroot so we can create it
+        # Connect outside the chroot so we can create it; "host:2181/" has none.
+        chroot, client.chroot = ("" if client.chroot == "/" else client.chroot), ""
+        if chroot:
+            validate_chroot(chroot)
         _start(client, hosts, tls, connect_timeout)
         tm = cls(client, root=paths.root, operation_timeout=operation_timeout, session_timeout=session_timeout,
                  member=member, credentials=credentials)
@@ -223,7 +229,11 @@ class Tidemark:
             raise self._denied(what) from None
         except (InvalidACLError, AuthFailedError) as exc:
             raise ConfigurationError(f"ZooKeeper refused {what} for {self.credentials.identity} "
-                                     f"({type(exc).__name__}): check TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD") from None
+                                     f"({type(exc).__name__}): check TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD"
+                                     ) from None
+        except BadArgumentsError:
+            raise ConfigurationError(f"ZooKeeper refused {what} as malformed (BadArguments): check the connect "
+                                     "string's chroot and the root") from None
 
     def _denied(self, what: str) -> PermissionDenied:
         hint = ("set TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD to the writer identity this tree is secured with"
@@ -355,6 +365,8 @@ class Tidemark:
 
     def fence_job(self, name: str, by: str = "operator") -> int:
         from .registry import fence_job
+        if not isinstance(by, str):
+            raise InvalidName(f"who fenced the job (by=) must be a string, got {str(by)[:40]!r}")
         return fence_job(self, name, by=by)
 
     def leadership(self, job: str):
@@ -377,6 +389,12 @@ class Tidemark:
     def status(self):
         from .status import read_status
         return read_status(self)
+
+
+def _identity(pair: object, what: str) -> tuple[str, str]:
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise ConfigurationError(f"{what} must be a (user, password) pair")
+    return pair[0], pair[1]
 
 
 def _start(client: KazooClient, hosts: str, tls: Optional[TlsSettings], connect_timeout: float) -> None:

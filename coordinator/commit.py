@@ -20,6 +20,7 @@ from typing import Callable, Mapping, Optional
 from pyiceberg.table import Table
 
 from .epochs import EpochCoordinator
+from .errors import EpochOrderError
 from .publish import advance_committed_epoch, claim_table, publish_staged
 from .records import EpochInputs, EpochRecord, EpochState
 from .snapshots import snapshot_at_epoch
@@ -50,7 +51,8 @@ class EpochCommitter:
     def roll_forward(self, record: EpochRecord) -> EpochRecord:
         """Publish a precommitted epoch's staged snapshots (skipping those already published) and commit it."""
         if record.state != EpochState.PRECOMMITTED:
-            raise ValueError(f"only a PRECOMMITTED epoch rolls forward; epoch {record.epoch} is {record.state.value}")
+            raise EpochOrderError(f"only a PRECOMMITTED epoch rolls forward; epoch {record.epoch} is "
+                                  f"{record.state.value}")
         published: dict[str, Optional[int]] = {}
         with self.timed("publish"):
             for name, snapshot_id in sorted(record.staged.items()):

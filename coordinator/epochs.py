@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional
 
 from .client import MultiFailed, Op, create, delete, set_data
-from .errors import CorruptState, EpochOrderError
+from .errors import ConfigurationError, CorruptState, EpochOrderError
 from .leadership import Leadership
 from .names import parse_epoch
 from .records import EpochInputs, EpochRecord, EpochState, TableTidemark, now_ms
@@ -59,7 +59,7 @@ class Recovery:
 class EpochCoordinator:
     def __init__(self, leadership: Leadership, sinks, history: int = 100) -> None:
         if history < 2:
-            raise ValueError("history must keep at least 2 epochs (the last committed and the one in flight)")
+            raise ConfigurationError("history must keep at least 2 epochs (the last committed and the one in flight)")
         self.leadership = leadership
         self.tm = leadership.tm
         self.job = leadership.job

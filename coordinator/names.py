@@ -16,6 +16,9 @@ MAX_NAME_LENGTH = 200
 _ALLOWED = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*\Z")  # \Z: "$" would accept a trailing newline
 MAX_EPOCH_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 _EPOCH_SEGMENT = re.compile(r"^[0-9]{1,15}\Z")
+# ZooKeeper's own rule for path characters (PathUtils.validatePath, on Java's UTF-16: every character
+# beyond U+FFFF is a surrogate pair there): what a chroot may contain.
+_ZNODE_FORBIDDEN = re.compile("[\u0000-\u001f\u007f-\u009f\ud800-\uf8ff\ufff0-\U0010ffff]")
 
 
 def validate_name(name: object, kind: str = "name") -> str:
@@ -62,3 +65,12 @@ def parse_epoch(segment: str) -> "int | None":
         return None
     epoch = int(segment)
     return epoch if epoch <= MAX_EPOCH_MS else None
+
+
+def validate_chroot(chroot: str) -> str:
+    """Return ``chroot`` (``/a/b``) if ZooKeeper accepts it as a path, else raise ``InvalidName`` saying why."""
+    segments = chroot.split("/")[1:]
+    if not chroot.startswith("/") or any(seg in ("", ".", "..") for seg in segments) or _ZNODE_FORBIDDEN.search(chroot):
+        raise InvalidName(f"chroot {chroot!r} is not a ZooKeeper path: use /name[/name...] without empty, '.' or '..' "
+                          "parts and without control characters")
+    return chroot

@@ -13,7 +13,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Mapping, Optional, TypeVar
 
 from .errors import CorruptState, InvalidName
-from .names import validate_epoch
+from .names import parse_epoch, validate_epoch
 
 R = TypeVar("R", bound="JsonRecord")
 
@@ -315,6 +315,25 @@ class BarrierRecord(JsonRecord):
     def __post_init__(self) -> None:
         _str(self.proposed_by, "proposed_by")
         _epoch(self.wall_ms, "wall_ms")
+
+
+@dataclass(frozen=True)
+class ReaderPins(JsonRecord):
+    """``/readers/<id>`` (ephemeral): the versions a live reader pinned, ``{epoch: {table: snapshot id}}``."""
+
+    versions: Mapping[int, Mapping[str, Optional[int]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.versions, Mapping):
+            raise ValueError(f"versions must be an object, got {str(self.versions)[:40]}")
+        pins = {}
+        for epoch, snapshots in self.versions.items():
+            parsed = parse_epoch(epoch) if isinstance(epoch, str) else epoch
+            pins[_epoch(parsed, "pinned epoch")] = _opt_int_map(snapshots, f"versions[{epoch!r}]")
+        object.__setattr__(self, "versions", pins)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"versions": {str(epoch): dict(snapshots) for epoch, snapshots in self.versions.items()}}
 
 
 class ConsistencyLevel(str, enum.Enum):

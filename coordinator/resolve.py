@@ -29,16 +29,15 @@ tidemarks' ``first_epoch`` and from ``tidemark.first-epoch`` (or the oldest epoc
 """
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Iterable, Mapping, Optional, Union
 
 from pyiceberg.table import Table
 
 from .catalog import CatalogSettings, load_table
-from .errors import EpochOrderError, VersionNotFound
-from .names import validate_name
-from .records import ConsistencyLevel, ConsistentVersion, TableTidemark
+from .errors import ConfigurationError, EpochOrderError, InvalidName, VersionNotFound
+from .names import validate_epoch, validate_name
+from .records import ConsistencyLevel, ConsistentVersion, ReaderPins, TableTidemark
 from .snapshots import (committed_epoch, first_epoch, is_tidemark_table, main_lineage, snapshot_at_epoch,
                         snapshot_at_time)
 
@@ -80,10 +79,14 @@ class Resolver:
 
     def resolve(self, tables: Iterable[str], level: Union[str, ConsistencyLevel] = ConsistencyLevel.CONSISTENT,
                 as_of: Optional[int] = None) -> ConsistentVersion:
+        if isinstance(tables, str) or not hasattr(tables, "__iter__"):
+            raise InvalidName(f"resolve takes a list of table names, got {str(tables)[:60]!r}")
         names = sorted({validate_name(t, "table name") for t in tables})
         if not names:
-            raise ValueError("resolve needs at least one table")
-        level = ConsistencyLevel.AS_OF if as_of is not None else ConsistencyLevel(level)
+            raise InvalidName("resolve needs at least one table")
+        level = ConsistencyLevel.AS_OF if as_of is not None else _level(level)
+        if isinstance(as_of, int):
+            validate_epoch(as_of, "as_of")
         if level == ConsistencyLevel.LATEST:
             return ConsistentVersion(None, self._current(names), level)
         marks = self._tidemarks(names)
@@ -183,6 +186,13 @@ class Resolver:
         return _id(found)
 
 
+def _level(level: Union[str, ConsistencyLevel]) -> ConsistencyLevel:
+    try:
+        return ConsistencyLevel(level)
+    except ValueError:
+        raise ConfigurationError(f"consistency level {level!r} is not one of latest, committed, consistent") from None
+
+
 def _id(snapshot) -> Optional[int]:
     return None if snapshot is None else snapshot.snapshot_id
 
@@ -242,7 +252,7 @@ class ReaderSession:
         if self.tm is None:
             return
         path = self.tm.paths.reader(self.reader_id)
-        data = json.dumps({"versions": {str(e): s for e, s in self._pinned.items()}}, sort_keys=True).encode()
+        data = ReaderPins(self._pinned).to_json()
         if self.tm.get(path) is None:
             self.tm.call(f"create {path}", self.tm.client.create_async, path, data, None, True)
         else:
@@ -256,13 +266,12 @@ class ReaderSession:
 
 def pinned_snapshots(tm) -> dict[str, set[int]]:
     """Every snapshot id pinned by a live reader, per table (what expiry must keep)."""
-    import json
     kept: dict[str, set[int]] = {}
-    readers = tm.children(tm.paths.readers)
-    for raw in tm.get_many([tm.paths.reader(r) for r in readers]):
+    paths = [tm.paths.reader(r) for r in tm.children(tm.paths.readers)]
+    for path, raw in zip(paths, tm.get_many(paths)):
         if raw is None:
             continue
-        for snapshots in json.loads(raw[0] or b"{}").get("versions", {}).values():
+        for snapshots in ReaderPins.from_json(raw[0] or b"{}", path).versions.values():
             for table, snapshot_id in snapshots.items():
                 if snapshot_id is not None:
                     kept.setdefault(table, set()).add(snapshot_id)

@@ -207,25 +207,38 @@ def _check_tls(raw: socket.socket, host: str, port: int, tls: TlsSettings) -> Op
             try:
                 conn.recv(1)
             except ssl.SSLError as exc:
-                return TlsError(f"ZooKeeper at {where} requires a client certificate it accepts: pass --tls-cert "
-                                    "and --tls-key (TIDEMARK_ZK_TLS_CERT, TIDEMARK_ZK_TLS_KEY) signed by a CA the "
-                                    f"server trusts ({exc.reason})")
-            except (socket.timeout, OSError):
+                return _client_certificate_refused(where, exc.reason or str(exc))
+            except OSError:  # the server waits for our request: all is well
                 pass
     except ssl.SSLCertVerificationError as exc:
-        if "hostname" in (exc.verify_message or "").lower() or "match" in (exc.verify_message or "").lower():
-            return TlsError(f"the TLS certificate of ZooKeeper at {where} does not name {host!r} "
-                            f"({exc.verify_message}): connect by a name in the certificate, or set "
-                            "TIDEMARK_ZK_TLS_CHECK_HOSTNAME=0")
-        return TlsError(f"the TLS certificate of ZooKeeper at {where} was not accepted ({exc.verify_message}): "
+        message = exc.verify_message or str(exc)
+        if "hostname" in message.lower() or "match" in message.lower():
+            return TlsError(f"the TLS certificate of ZooKeeper at {where} does not name {host!r} ({message}): "
+                            "connect by a name in the certificate, or set TIDEMARK_ZK_TLS_CHECK_HOSTNAME=0")
+        return TlsError(f"the TLS certificate of ZooKeeper at {where} was not accepted ({message}): "
                         "check that --tls-ca (TIDEMARK_ZK_TLS_CA) is the CA that signed the server's certificate")
     except ssl.SSLError as exc:
-        return TlsError(f"ZooKeeper at {where} did not complete a TLS handshake ({exc.reason or exc}): it is "
-                        "probably a plaintext clientPort; connect to its secureClientPort, or drop the TLS options")
-    except (ConnectionError, socket.timeout) as exc:
-        return TlsError(f"ZooKeeper at {where} closed the TLS handshake ({type(exc).__name__}): it is probably a "
-                        "plaintext clientPort; connect to its secureClientPort, or drop the TLS options")
+        if _server_alert(exc):
+            return _client_certificate_refused(where, exc.reason or str(exc))
+        return _not_tls(where, exc.reason or str(exc))
+    except OSError as exc:  # reset or timed out mid-handshake
+        return _not_tls(where, type(exc).__name__)
     return None
+
+
+def _server_alert(exc: ssl.SSLError) -> bool:
+    """True when the server answered the handshake with a TLS alert: it speaks TLS and refused something of ours."""
+    return "ALERT" in (exc.reason or "")
+
+
+def _client_certificate_refused(where: str, reason: str) -> TlsError:
+    return TlsError(f"ZooKeeper at {where} requires a client certificate it accepts ({reason}): pass --tls-cert "
+                    "and --tls-key (TIDEMARK_ZK_TLS_CERT, TIDEMARK_ZK_TLS_KEY) signed by a CA the server trusts")
+
+
+def _not_tls(where: str, reason: str) -> TlsError:
+    return TlsError(f"ZooKeeper at {where} did not complete a TLS handshake ({reason}): it is probably a plaintext "
+                    "clientPort; connect to its secureClientPort, or drop the TLS options")
 
 
 def _check_plaintext(raw: socket.socket, host: str, port: int) -> Optional[TlsError]:
@@ -234,7 +247,10 @@ def _check_plaintext(raw: socket.socket, host: str, port: int) -> Optional[TlsEr
     try:
         with context.wrap_socket(raw, server_hostname=host):
             pass
-    except (ssl.SSLError, OSError):
-        return None  # not a TLS port: a plaintext server that is slow or unhealthy
+    except ssl.SSLError as exc:
+        if not _server_alert(exc):
+            return None  # not a TLS port: a plaintext server that is slow or unhealthy
+    except OSError:
+        return None
     return TlsError(f"ZooKeeper at {host}:{port} speaks TLS (a secureClientPort): pass --tls-ca "
                     "(TIDEMARK_ZK_TLS_CA) with the CA of its certificate, or connect to its plaintext clientPort")

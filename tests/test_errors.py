@@ -47,8 +47,9 @@ def test_malformed_settings_are_one_line(capsys, argv, needle):
     assert_one_line_error(*cli(capsys, *argv)[::2], needle)
 
 
-@pytest.mark.parametrize("argv", [["--timeout", "nan", "status"], ["resolve", "--as-of", "1e30", "db.t"],
-                                  ["exporter", "--port", "99999"], ["nosuchcommand"]])
+@pytest.mark.parametrize("argv", [["--timeout", t, "status"] for t in ("nan", "inf", "0", "-1", "x", "1e9")] + [
+                                 ["resolve", "--as-of", "1e30", "db.t"],
+                                 ["exporter", "--port", "99999"], ["nosuchcommand"]])
 def test_usage_errors_exit_2_in_one_line(capsys, argv):
     code, _, err = cli(capsys, *argv)
     assert code == 2 and err.startswith("tidemark: error: ") and err.count("\n") == 1, err
