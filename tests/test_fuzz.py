@@ -9,16 +9,19 @@ import re
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import fields
 
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import coordinator  # noqa: F401 - imports every module, so every record class is a JsonRecord subclass below
-from coordinator import CorruptState, InvalidName, Tidemark
+from coordinator import CatalogSettings, CorruptState, InvalidName, Tidemark
 from coordinator.cli import main
 from coordinator.names import MAX_EPOCH_MS, MAX_NAME_LENGTH, parse_epoch, validate_epoch, validate_name, validate_names
 from coordinator.paths import Paths
-from coordinator.records import JsonRecord
+from coordinator.records import JsonRecord, now_ms
+from tests.helpers.lake import commit_rows, create_table, lead_job
 
 FUZZ = settings(derandomize=True, database=None, deadline=None, max_examples=300,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -140,14 +143,20 @@ tokens = st.one_of(weird, st.sampled_from(["counts", "db.counts", "db.words", "-
 
 
 @pytest.fixture(scope="module")
-def fuzz_tree(zk_server):
-    """A chroot with a registered job, a grid and an agreed barrier for the commands to work on."""
-    connect = f"{zk_server.connect_string}/fuzz-cli"
+def fuzz_tree(zk_server, tmp_path_factory) -> tuple[str, Path]:
+    """A chroot and an embedded catalog (its home returned) where job ``counts`` committed one epoch of
+    ``db.counts`` from the root table ``db.words``: the commands have something real to work on."""
+    connect, home = f"{zk_server.connect_string}/fuzz-cli", tmp_path_factory.mktemp("fuzz-home")
+    lake = CatalogSettings.embedded(home)
+    for table in ("db.words", "db.counts"):
+        create_table(lake.load(), table)
     with Tidemark.connect(connect, session_timeout=4, operation_timeout=20) as tm:
-        tm.register_job("counts", sources=["db.words"], sinks=["db.counts"])
-        grid = tm.barriers.ensure_grid(interval_ms=1000)
-        tm.barriers.agree(grid.floor(1_700_000_000_000), proposed_by="fuzz")
-    return connect
+        writer = lead_job(tm, lake, "counts", ["db.counts"], sources=("db.words",))
+        try:
+            commit_rows(writer, writer.tm.barriers.ensure_grid(1000).floor(now_ms()))
+        finally:
+            writer.close()
+    return connect, home
 
 
 def command_lines(connect: str, data_dir: str) -> st.SearchStrategy:
@@ -193,13 +202,14 @@ def sum_lists(parts) -> list[str]:
 
 
 def test_cli_never_leaks(fuzz_tree, tmp_path, monkeypatch):
-    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "home"))  # the embedded catalog, created in here
+    connect, home = fuzz_tree
+    monkeypatch.setenv("TIDEMARK_HOME", str(home))
     for name in ("TIDEMARK_CATALOG_URI", "TIDEMARK_ZK_USER", "TIDEMARK_ZK_READER_USER", "TIDEMARK_ZK_TLS"):
         monkeypatch.delenv(name, raising=False)
 
     @settings(derandomize=True, database=None, deadline=None, max_examples=400,
               suppress_health_check=[HealthCheck.too_slow])
-    @given(argv=command_lines(fuzz_tree, str(tmp_path / "zk")))
+    @given(argv=command_lines(connect, str(tmp_path / "zk")))
     def run(argv: list[str]) -> None:
         out, err = io.StringIO(), io.StringIO()
         with redirect_stdout(out), redirect_stderr(err):
@@ -221,7 +231,7 @@ def test_cli_never_leaks(fuzz_tree, tmp_path, monkeypatch):
 # -- the Python API, against a real ZooKeeper and an embedded catalog ------------------------------------------
 
 def test_python_api_never_leaks(zk_server, tmp_path):
-    from coordinator import CatalogSettings, TidemarkError
+    from coordinator import TidemarkError
     from coordinator.resolve import Resolver
 
     lake = CatalogSettings.embedded(tmp_path)
