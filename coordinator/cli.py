@@ -195,7 +195,8 @@ def cmd_exporter(args) -> int:
     exporter = Exporter(lambda: Tidemark.connect(args.zk, root=args.root, connect_timeout=args.timeout,
                                                  operation_timeout=args.timeout, tls=_tls(args), read_only=True),
                         refresh_every=args.refresh, max_age=args.refresh + args.timeout)
-    server = MetricsServer(exporter.registry, args.port, args.address, healthy=exporter.alive)
+    server = MetricsServer(args.port, args.address)
+    server.attach(exporter.registry, healthy=exporter.alive)
     exporter.start()
     print(f"serving Prometheus metrics on http://{args.address}:{server.port}/metrics (health: /healthz)", flush=True)
     stopped = threading.Event()
