@@ -31,8 +31,8 @@ from kazoo.exceptions import BadVersionError, NodeExistsError
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from .client import MultiFailed, create, delete, set_data
-from .errors import ConfigurationError, EpochOrderError, ZooKeeperUnavailable
-from .names import parse_epoch
+from .errors import ConfigurationError, EpochOrderError, InvalidName, ZooKeeperUnavailable
+from .names import parse_epoch, validate_epoch
 from .records import BarrierMode, BarrierRecord, JsonRecord, _epoch, _int, _opt_epoch, now_ms
 
 # Backpressure: a root job agrees no new barrier while a live job is more agreed barriers behind than this.
@@ -126,7 +126,10 @@ class Barriers:
 
     def ensure_grid(self, interval_ms: int, mode: BarrierMode = BarrierMode.PROCESSING_TIME) -> BarrierGrid:
         """Define the grid if nobody has; otherwise check it matches (every job shares one grid)."""
-        wanted = BarrierGrid(interval_ms, mode)
+        try:
+            wanted = BarrierGrid(interval_ms, mode)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"invalid barrier grid: {exc}") from None
         path = self.tm.paths.barriers
 
         def attempt() -> BarrierGrid:
@@ -145,6 +148,8 @@ class Barriers:
 
     def change_interval(self, interval_ms: int, effective_from: int) -> BarrierGrid:
         """Switch to ``interval_ms`` at barrier ``effective_from``, which must be a future barrier of the grid."""
+        validate_epoch(effective_from, "the barrier an interval change takes effect at")
+
         def attempt() -> BarrierGrid:
             current, stat = self._read()
             newest = self._newest(current)
@@ -166,7 +171,11 @@ class Barriers:
         The agreement is conditional on ``/barriers``' version (see the module docstring),
         so ``epoch`` is agreed only if it is above every barrier that exists.
         """
-        record = BarrierRecord(proposed_by=proposed_by, wall_ms=now_ms())
+        validate_epoch(epoch, "barrier")
+        try:
+            record = BarrierRecord(proposed_by=proposed_by, wall_ms=now_ms())
+        except ValueError as exc:
+            raise InvalidName(str(exc)) from None
         path = self.tm.paths.barriers
 
         def attempt() -> bool:

@@ -3,7 +3,7 @@
     tidemark zk start [--port P] [--data-dir D]     a local ZooKeeper server in the background
     tidemark status [--json]                        jobs, leaders, tidemarks, lag (s), what each job waits for
     tidemark topology [--format text|json|dot|mermaid]
-    tidemark fence JOB | tidemark unregister JOB
+    tidemark fence JOB | tidemark unregister JOB [--yes]
     tidemark barriers [--set-interval MS --from T]
     tidemark resolve TABLE... [--level ...] [--as-of T] [--json]
     tidemark exporter [--port 9464] [--refresh S]   the topology-wide view for Prometheus, /metrics and /healthz
@@ -138,9 +138,21 @@ def cmd_fence(args) -> int:
 
 
 def cmd_unregister(args) -> int:
+    from .catalog import CatalogSettings
+    from .errors import UnregisterNotConfirmed
+    catalog = CatalogSettings.from_env()
     with _connect(args) as tm:
-        record = tm.unregister_job(args.job)
-    print(f"job {args.job} unregistered (it wrote {', '.join(record.sinks)})")
+        try:
+            plan = tm.unregister_job(args.job, confirm=args.yes, catalog=catalog)
+        except UnregisterNotConfirmed as refused:
+            if not sys.stdin.isatty():
+                raise TidemarkError(f"{refused.plan.describe()}; nothing changed: pass --yes to unregister") from None
+            print(refused.plan.describe())
+            if input(f"Type the job name ({args.job}) to unregister it: ").strip() != args.job:
+                raise TidemarkError("not confirmed; nothing changed") from None
+            plan = tm.unregister_job(args.job, confirm=True, catalog=catalog)
+    print(f"job {args.job} unregistered (it wrote {', '.join(plan.record.sinks)}). "
+          + (plan.resume.describe() if plan.resume is not None else "Its sinks' Iceberg progress is unknown."))
     return 0
 
 
@@ -183,7 +195,8 @@ def cmd_exporter(args) -> int:
     exporter = Exporter(lambda: Tidemark.connect(args.zk, root=args.root, connect_timeout=args.timeout,
                                                  operation_timeout=args.timeout, tls=_tls(args), read_only=True),
                         refresh_every=args.refresh, max_age=args.refresh + args.timeout)
-    server = MetricsServer(exporter.registry, args.port, args.address, healthy=exporter.alive)
+    server = MetricsServer(args.port, args.address)
+    server.attach(exporter.registry, healthy=exporter.alive)
     exporter.start()
     print(f"serving Prometheus metrics on http://{args.address}:{server.port}/metrics (health: /healthz)", flush=True)
     stopped = threading.Event()
@@ -257,8 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     fence.add_argument("--by", default="operator", help="who fenced it (recorded in the term znode)")
     fence.set_defaults(func=cmd_fence)
 
-    unregister = sub.add_parser("unregister", help="remove a fenced or leaderless job")
+    unregister = sub.add_parser("unregister", help="remove a fenced or leaderless job (says what a re-registration "
+                                                   "resumes from; asks for confirmation)")
     unregister.add_argument("job")
+    unregister.add_argument("--yes", action="store_true", help="go ahead without asking")
     unregister.set_defaults(func=cmd_unregister)
 
     barriers = sub.add_parser("barriers", help="show the barrier grid, or change its interval at a future barrier")

@@ -29,7 +29,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
-from .errors import ConfigurationError, MultiFailed, PermissionDenied, ZooKeeperUnavailable
+from .errors import ConfigurationError, InvalidName, MultiFailed, PermissionDenied, ZooKeeperUnavailable
 from .names import validate_chroot
 from .paths import Paths
 from .records import JsonRecord, TopologyVersion
@@ -359,12 +359,15 @@ class Tidemark:
         from .registry import register_job
         return register_job(self, name, sources=sources, sinks=sinks, replace=replace)
 
-    def unregister_job(self, name: str):
+    def unregister_job(self, name: str, *, confirm: bool = False, catalog=None):
+        """See ``registry.unregister_job``: without ``confirm=True`` it only raises ``UnregisterNotConfirmed``."""
         from .registry import unregister_job
-        return unregister_job(self, name)
+        return unregister_job(self, name, confirm=confirm, catalog=catalog)
 
     def fence_job(self, name: str, by: str = "operator") -> int:
         from .registry import fence_job
+        if not isinstance(by, str):
+            raise InvalidName(f"who fenced the job (by=) must be a string, got {str(by)[:40]!r}")
         return fence_job(self, name, by=by)
 
     def leadership(self, job: str):

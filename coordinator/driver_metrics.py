@@ -6,8 +6,9 @@
 
 The port comes from ``metrics_port`` or else ``TIDEMARK_METRICS_PORT`` (unset: nothing is
 served, the registry still counts); ``TIDEMARK_METRICS_ADDRESS`` picks the address (default
-``0.0.0.0``). ``/healthz`` answers 200 while the writer's loop runs (a standby waiting for
-leadership included) and 503 once ``run`` returned or its thread died.
+``0.0.0.0``); writers of one process given the same port share it. ``/healthz`` answers 200
+while a writer's loop runs (a standby waiting for leadership included) and 503 once ``run``
+returned or its thread died.
 
 Every series carries the label ``tidemark_job`` (not ``job``, which Prometheus gives the
 scrape target). Base units: seconds, and epochs as Unix timestamps in seconds.
@@ -49,7 +50,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, NotLeader
 from .leadership import LeaderState
 from .metrics_server import MetricsServer
 
@@ -126,10 +127,14 @@ class DriverMetrics:
     # -- serving --------------------------------------------------------------------------------
 
     def serve(self) -> None:
-        """Serve ``/metrics`` and ``/healthz`` if a port is configured (once); the calling thread is the loop."""
+        """Serve ``/metrics`` and ``/healthz`` if a port is configured (once); the calling thread is the loop.
+
+        Writers of one process configured with the same port share its server.
+        """
         self._loop = threading.current_thread()
         if self.port is not None and self._server is None:
-            self._server = MetricsServer(self.registry, self.port, self.address, healthy=self.healthy)
+            self._server = MetricsServer.shared(self.port, self.address)
+            self._server.attach(self.registry, healthy=self.healthy)
             self.port = self._server.port
             log.info("job %s: serving metrics on http://%s:%s/metrics", self.job, self.address, self.port)
 
@@ -143,7 +148,7 @@ class DriverMetrics:
     def close(self) -> None:
         """Stop serving (the registry keeps counting)."""
         if self._server is not None:
-            self._server.close()
+            self._server.detach(self.registry)
             self._server = None
 
     # -- hooks the loop calls -------------------------------------------------------------------
@@ -249,8 +254,10 @@ class _DriverState(Collector):
         now = time.time()
         if leadership.term is not None:
             yield _gauge("tidemark_driver_term", "Fencing term this replica leads the job with", job, leadership.term)
-        epochs = writer._epochs
-        committed = epochs.last_committed if epochs is not None else None
+        try:
+            committed = writer.epochs.last_committed
+        except NotLeader:  # stepping down or taking over right now
+            committed = None
         if committed is not None:
             yield _gauge("tidemark_driver_committed_epoch_timestamp_seconds",
                          "The job's committed epoch, as a Unix timestamp", job, committed / 1000)

@@ -98,3 +98,13 @@ class MultiFailed(TidemarkError):
         super().__init__(f"ZooKeeper refused a change ({op.kind} {op.path}: {type(error).__name__}): another "
                          "process changed the same state meanwhile; see `tidemark status` and try again")
         self.op, self.error = op, error
+
+
+class UnregisterNotConfirmed(RegistrationError):
+    """``unregister_job`` was called without ``confirm=True``; ``plan`` says what it would remove and what a
+    re-registration would resume from."""
+
+    def __init__(self, plan) -> None:
+        super().__init__(f"{plan.describe()}. Nothing was changed: confirm to go ahead "
+                         "(`tidemark unregister --yes`, or unregister_job(..., confirm=True))")
+        self.plan = plan

@@ -4,7 +4,7 @@
 
     exporter = Exporter(lambda: Tidemark.connect(hosts, read_only=True), refresh_every=5.0, max_age=20.0)
     exporter.start()                      # the background refresher
-    MetricsServer(exporter.registry, 9464, healthy=exporter.alive)
+    MetricsServer(9464).attach(exporter.registry, healthy=exporter.alive)
 
 A background thread connects (read-only: it creates no znode) and reads the cluster status
 (``coordinator.status``: a few pipelined ZooKeeper batches) every ``refresh_every`` seconds.

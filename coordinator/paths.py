@@ -39,6 +39,10 @@ class Paths:
     def term(self, job: str) -> str:
         return self.job(job) + "/term"
 
+    def incarnation(self, job: str, incarnation: str) -> str:
+        """Exists exactly while the registration ``incarnation`` of ``job`` does (never re-created)."""
+        return self.job(job) + "/incarnation-" + validate_name(incarnation, "incarnation id")
+
     def leader(self, job: str) -> str:
         return self.job(job) + "/leader"
 

@@ -122,11 +122,14 @@ class JobRecord(JsonRecord):
     sources: tuple[str, ...]
     sinks: tuple[str, ...]
     created_ms: int = field(default_factory=now_ms)
+    incarnation: Optional[str] = None   # this registration's id: ``/jobs/<job>/incarnation-<id>`` exists while it does
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", _str_tuple(self.sources, "sources"))
         object.__setattr__(self, "sinks", _str_tuple(self.sinks, "sinks"))
         _epoch(self.created_ms, "created_ms")
+        if self.incarnation is not None and not isinstance(self.incarnation, str):
+            raise ValueError(f"incarnation must be a string, got {self.incarnation!r}")
 
 
 @dataclass(frozen=True)
@@ -248,6 +251,31 @@ class EpochRecord(JsonRecord):
                 raise ValueError(str(exc)) from None
         object.__setattr__(self, "staged", _opt_int_map(self.staged, "staged"))
         object.__setattr__(self, "published", _opt_int_map(self.published, "published"))
+
+
+@dataclass(frozen=True)
+class EpochProgress(JsonRecord):
+    """What a sink's Iceberg metadata records about one committed (or precommitted) epoch of its writer job:
+    enough for a restart with no ZooKeeper history to resume exactly (see ``snapshots.py`` for the keys).
+
+    ``inputs`` is None only for snapshots written by Tidemark releases that did not record them.
+    """
+
+    job: str
+    epoch: int
+    term: int
+    inputs: Optional[EpochInputs] = None
+
+    def __post_init__(self) -> None:
+        _int(self.epoch, "epoch")
+        _int(self.term, "term")
+        if not isinstance(self.job, str):
+            raise ValueError(f"job must be a string, got {self.job!r}")
+        if self.inputs is not None and not isinstance(self.inputs, EpochInputs):
+            try:
+                object.__setattr__(self, "inputs", EpochInputs.from_dict(self.inputs, "inputs"))
+            except CorruptState as exc:
+                raise ValueError(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ from typing import Iterable, Mapping, Optional, Union
 from pyiceberg.table import Table
 
 from .catalog import CatalogSettings, load_table
-from .errors import EpochOrderError, VersionNotFound
-from .names import validate_name
+from .errors import ConfigurationError, EpochOrderError, InvalidName, VersionNotFound
+from .names import validate_epoch, validate_name
 from .records import ConsistencyLevel, ConsistentVersion, ReaderPins, TableTidemark
 from .snapshots import (committed_epoch, first_epoch, is_tidemark_table, main_lineage, snapshot_at_epoch,
                         snapshot_at_time)
@@ -79,10 +79,14 @@ class Resolver:
 
     def resolve(self, tables: Iterable[str], level: Union[str, ConsistencyLevel] = ConsistencyLevel.CONSISTENT,
                 as_of: Optional[int] = None) -> ConsistentVersion:
+        if isinstance(tables, str) or not hasattr(tables, "__iter__"):
+            raise InvalidName(f"resolve takes a list of table names, got {str(tables)[:60]!r}")
         names = sorted({validate_name(t, "table name") for t in tables})
         if not names:
-            raise ValueError("resolve needs at least one table")
-        level = ConsistencyLevel.AS_OF if as_of is not None else ConsistencyLevel(level)
+            raise InvalidName("resolve needs at least one table")
+        level = ConsistencyLevel.AS_OF if as_of is not None else _level(level)
+        if isinstance(as_of, int):
+            validate_epoch(as_of, "as_of")
         if level == ConsistencyLevel.LATEST:
             return ConsistentVersion(None, self._current(names), level)
         marks = self._tidemarks(names)
@@ -180,6 +184,13 @@ class Resolver:
             raise VersionNotFound(f"table {name}'s history at epoch {epoch} was expired (its oldest retained "
                                   "snapshot is newer); ask for a later epoch, or keep more snapshots")
         return _id(found)
+
+
+def _level(level: Union[str, ConsistencyLevel]) -> ConsistencyLevel:
+    try:
+        return ConsistencyLevel(level)
+    except ValueError:
+        raise ConfigurationError(f"consistency level {level!r} is not one of latest, committed, consistent") from None
 
 
 def _id(snapshot) -> Optional[int]:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from .barriers import DEFAULT_MAX_PENDING_BARRIERS
+from .errors import JobNotFound
 from .names import parse_epoch
 from .records import FinishedRecord, LeaderRecord, TableTidemark, TermRecord, now_ms
 from .topology import Topology
@@ -171,7 +172,7 @@ class Status:
         for job in self.jobs:
             if job.name == name:
                 return job
-        raise KeyError(name)
+        raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
 
     @property
     def consistent_epoch(self) -> Optional[int]:

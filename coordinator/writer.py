@@ -61,8 +61,9 @@ from .driver_metrics import DriverMetrics
 from .epochs import EpochCoordinator, RecoveryAction
 from .errors import ConfigurationError, EpochOrderError, Fenced, NotLeader, ZooKeeperUnavailable
 from .names import validate_name, validate_names
+from .progress import ResumePoint, recorded_epochs, resume_point
 from .records import EpochInputs, EpochRecord, EpochState, FinishedRecord, LeaderRecord, SourceRange, TermRecord, now_ms
-from .snapshots import snapshot_at_epoch, snapshot_at_time
+from .snapshots import recorded_term, snapshot_at_epoch, snapshot_at_time
 from .staging import stage_append, stage_overwrite
 from .tidemarks import TidemarkCache
 
@@ -131,7 +132,7 @@ class EpochContext:
         self.check_sink(sink)
         term = self.writer.term
         with self.writer.metrics.phase("stage"):
-            self.stage(sink, stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term))
+            self.stage(sink, stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term, self.inputs))
 
     def check_sink(self, sink: str) -> None:
         """Refuse a sink that is not declared, or already written in this epoch (one write per sink and epoch)."""
@@ -223,15 +224,19 @@ class EpochWriter:
         self.tm.register_job(self.name, sources=self.sources, sinks=self.sinks)
         self.tm.barriers.ensure_grid(self.interval_ms)
         self._read_managed_sources()
-        for sink in self.sinks:
-            self.table(sink)  # TableNotFound names a missing sink before this replica contends
-        self._acquire(leader_timeout, while_standby)
+        sinks = {sink: self.table(sink) for sink in self.sinks}  # TableNotFound names a missing sink first
+        for table in sinks.values():
+            table.refresh()
+        self._acquire(leader_timeout, while_standby, max(recorded_term(t) for t in sinks.values()))
         self.metrics.became_leader()
         try:
             epochs = EpochCoordinator(self.leadership, self.sinks, self.history)
             self._committer = EpochCommitter(epochs, self.table, timed=self.metrics.phase)
             self._cache = self.tm.tidemark_cache()
-            plan = epochs.recover()
+            plan = epochs.recover(lambda: resume_point(self.name, sinks))
+            if plan.resumed_from is not None:
+                log.info("%s", plan.resumed_from.describe())
+                self._restore_barriers(plan.resumed_from, sinks)
             self._newest_at_open = self.tm.barriers.latest() if plan.action == RecoveryAction.START else None
             self._epochs = epochs
             self._clear_finished()
@@ -246,7 +251,22 @@ class EpochWriter:
             self.close()
             raise
 
-    def _acquire(self, leader_timeout: Optional[float], while_standby: Optional[Callable[[], None]]) -> None:
+    def _restore_barriers(self, resumed: ResumePoint, sinks: dict[str, Table]) -> None:
+        """Agree again the barriers the sinks record above the newest agreed one (ZooKeeper lost them), so the
+        barriers never go back behind the sinks and downstream jobs process the same epochs as before."""
+        newest = self.tm.barriers.latest()
+        grid = self.tm.barriers.grid()
+        epochs = set(recorded_epochs(sinks, newest, self.history))
+        epochs |= {p.epoch for p in (resumed.committed, resumed.in_flight) if p is not None}
+        for epoch in sorted(e for e in epochs if newest is None or e > newest):
+            if grid.is_barrier(epoch):
+                self.tm.barriers.agree(epoch, proposed_by=self.name)
+            else:
+                log.warning("job %s: epoch %s recorded in its sinks is not on the current barrier grid; not "
+                            "agreed again", self.name, epoch)
+
+    def _acquire(self, leader_timeout: Optional[float], while_standby: Optional[Callable[[], None]],
+                 term_floor: int) -> None:
         deadline = None if leader_timeout is None else time.monotonic() + leader_timeout
         warmed = None
         while True:
@@ -260,7 +280,7 @@ class EpochWriter:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             slice_s = 5.0 if remaining is None else min(5.0, remaining)
             try:
-                self.leadership.acquire(timeout=slice_s)
+                self.leadership.acquire(timeout=slice_s, term_floor=term_floor)
                 return
             except (NotLeader, ZooKeeperUnavailable) as exc:
                 if self._stop.is_set() or (deadline is not None and time.monotonic() >= deadline):

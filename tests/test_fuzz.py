@@ -9,16 +9,19 @@ import re
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import fields
 
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import coordinator  # noqa: F401 - imports every module, so every record class is a JsonRecord subclass below
-from coordinator import CorruptState, InvalidName, Tidemark
+from coordinator import CatalogSettings, CorruptState, InvalidName, Tidemark
 from coordinator.cli import main
 from coordinator.names import MAX_EPOCH_MS, MAX_NAME_LENGTH, parse_epoch, validate_epoch, validate_name, validate_names
 from coordinator.paths import Paths
-from coordinator.records import JsonRecord
+from coordinator.records import JsonRecord, now_ms
+from tests.helpers.lake import commit_rows, create_table, lead_job
 
 FUZZ = settings(derandomize=True, database=None, deadline=None, max_examples=300,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -140,14 +143,20 @@ tokens = st.one_of(weird, st.sampled_from(["counts", "db.counts", "db.words", "-
 
 
 @pytest.fixture(scope="module")
-def fuzz_tree(zk_server):
-    """A chroot with a registered job, a grid and an agreed barrier for the commands to work on."""
-    connect = f"{zk_server.connect_string}/fuzz-cli"
+def fuzz_tree(zk_server, tmp_path_factory) -> tuple[str, Path]:
+    """A chroot and an embedded catalog (its home returned) where job ``counts`` committed one epoch of
+    ``db.counts`` from the root table ``db.words``: the commands have something real to work on."""
+    connect, home = f"{zk_server.connect_string}/fuzz-cli", tmp_path_factory.mktemp("fuzz-home")
+    lake = CatalogSettings.embedded(home)
+    for table in ("db.words", "db.counts"):
+        create_table(lake.load(), table)
     with Tidemark.connect(connect, session_timeout=4, operation_timeout=20) as tm:
-        tm.register_job("counts", sources=["db.words"], sinks=["db.counts"])
-        grid = tm.barriers.ensure_grid(interval_ms=1000)
-        tm.barriers.agree(grid.floor(1_700_000_000_000), proposed_by="fuzz")
-    return connect
+        writer = lead_job(tm, lake, "counts", ["db.counts"], sources=("db.words",))
+        try:
+            commit_rows(writer, writer.tm.barriers.ensure_grid(1000).floor(now_ms()))
+        finally:
+            writer.close()
+    return connect, home
 
 
 def command_lines(connect: str, data_dir: str) -> st.SearchStrategy:
@@ -193,13 +202,14 @@ def sum_lists(parts) -> list[str]:
 
 
 def test_cli_never_leaks(fuzz_tree, tmp_path, monkeypatch):
-    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "home"))  # the embedded catalog, created in here
+    connect, home = fuzz_tree
+    monkeypatch.setenv("TIDEMARK_HOME", str(home))
     for name in ("TIDEMARK_CATALOG_URI", "TIDEMARK_ZK_USER", "TIDEMARK_ZK_READER_USER", "TIDEMARK_ZK_TLS"):
         monkeypatch.delenv(name, raising=False)
 
     @settings(derandomize=True, database=None, deadline=None, max_examples=400,
               suppress_health_check=[HealthCheck.too_slow])
-    @given(argv=command_lines(fuzz_tree, str(tmp_path / "zk")))
+    @given(argv=command_lines(connect, str(tmp_path / "zk")))
     def run(argv: list[str]) -> None:
         out, err = io.StringIO(), io.StringIO()
         with redirect_stdout(out), redirect_stderr(err):
@@ -216,3 +226,47 @@ def test_cli_never_leaks(fuzz_tree, tmp_path, monkeypatch):
     run()
     # Most examples must get past argparse into the commands, or this fuzzes argparse alone.
     assert outcomes.count(0) >= 20 and outcomes.count(1) >= 100, {c: outcomes.count(c) for c in set(outcomes)}
+
+
+# -- the Python API, against a real ZooKeeper and an embedded catalog ------------------------------------------
+
+def test_python_api_never_leaks(zk_server, tmp_path):
+    from coordinator import TidemarkError
+    from coordinator.resolve import Resolver
+
+    lake = CatalogSettings.embedded(tmp_path)
+    tm = Tidemark.connect(f"{zk_server.connect_string}/fuzz-api", session_timeout=4, operation_timeout=5)
+    cache = tm.tidemark_cache()
+    resolver = Resolver(lake.load(), lake, tm, cache)
+    any_value = st.one_of(weird, st.integers(), st.none(), st.lists(weird, max_size=2), st.booleans())
+    name = st.one_of(st.sampled_from(["counts", "db.counts", "db.words", "db.more"]), weird)
+    names = st.one_of(st.lists(name, max_size=3), any_value)
+    epoch = st.one_of(st.integers(-5, 10 ** 16), edge_ints, any_value)
+    calls = st.one_of(
+        st.tuples(st.just(tm.register_job), st.tuples(name),
+                  st.fixed_dictionaries({"sources": names, "sinks": names}, optional={"replace": any_value})),
+        st.tuples(st.just(tm.fence_job), st.tuples(name), st.fixed_dictionaries({}, optional={"by": any_value})),
+        st.tuples(st.just(tm.tidemarks), st.tuples(names), st.just({})),
+        st.tuples(st.just(cache.get), st.tuples(names), st.just({})),
+        st.tuples(st.just(tm.barriers.ensure_grid), st.tuples(st.one_of(st.just(1000), epoch)), st.just({})),
+        st.tuples(st.just(tm.barriers.agree), st.tuples(epoch, any_value), st.just({})),
+        st.tuples(st.just(tm.barriers.change_interval), st.tuples(epoch, epoch), st.just({})),
+        st.tuples(st.just(resolver.resolve), st.tuples(names),
+                  st.fixed_dictionaries({}, optional={"level": st.one_of(st.sampled_from(
+                      ["latest", "committed", "consistent"]), any_value), "as_of": epoch})),
+    )
+
+    @settings(derandomize=True, database=None, deadline=None, max_examples=300,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(call=calls)
+    def run(call) -> None:
+        function, args, kwargs = call
+        try:
+            function(*args, **kwargs)
+        except TidemarkError:
+            pass
+    try:
+        run()
+    finally:
+        cache.close()
+        tm.close()

@@ -28,6 +28,7 @@ from coordinator.exporter import Exporter
 from coordinator.metrics_server import MetricsServer
 from coordinator.records import EpochInputs, now_ms
 from coordinator.zookeeper_server import free_port
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.helpers.background import InBackground
 from tests.helpers.lake import SCHEMA, agree, create_table
@@ -62,14 +63,13 @@ def value(body: str, name: str, **labels: str) -> float:
 
 @dataclass
 class Scraped:
-    up: str                 # the up driver's /metrics during its loop
-    up_at: float            # wall clock (Unix seconds) of that scrape
+    drivers: str                   # /metrics of the port both drivers share, during their loops
+    drivers_at: float              # wall clock (Unix seconds) of that scrape
     up_committed: tuple[int, int]  # epochs the up writer had committed just before and just after it
-    down: str
+    up_registry: str               # the up writer's own registry at the same time
     exporter: str
     exporter_at: float
-    health_running: int     # /healthz of the up driver while its loop ran
-    health_stopped: int     # ... after run() returned
+    health: list[int]              # /healthz: both loops running, up's run returned, both returned
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +87,11 @@ def scraped(zk_server, catalog_settings):
     def append_raw(n: int = 3) -> None:
         raw_table.append(pa.table({"epoch": [now_ms()] * n, "row": list(range(n))}, schema=SCHEMA))
 
+    port = free_port()  # both writers on one port: one server, one exposition, two registries
+
     def writer(session, name, sources, sinks) -> EpochWriter:
         return EpochWriter(session, name, sources=sources, sinks=sinks, catalog=catalog_settings,
-                           interval_ms=INTERVAL, grace_ms=100, metrics_port=0)
+                           interval_ms=INTERVAL, grace_ms=100, metrics_port=port)
     up_writer, down_writer = writer(up_tm, "up", [raw], [up]), writer(down_tm, "down", [up], [down])
     tm.register_job("down", sources=[up], sinks=[down])  # the whole pipeline first: down never reads up by time
 
@@ -114,7 +116,8 @@ def scraped(zk_server, catalog_settings):
     up_writer.close()
 
     exporter = Exporter(lambda: Tidemark.connect(chroot, read_only=True, operation_timeout=5), refresh_every=0.5)
-    exporter_server = MetricsServer(exporter.registry, 0, "127.0.0.1", healthy=exporter.alive)
+    exporter_server = MetricsServer(0, "127.0.0.1")
+    exporter_server.attach(exporter.registry, healthy=exporter.alive)
     running = [InBackground(up_writer, lambda ctx: ctx.append(up, ctx.changes(raw))),
                InBackground(down_writer, lambda ctx: ctx.append(down, ctx.changes(up)))]
     exporter.start()
@@ -125,24 +128,24 @@ def scraped(zk_server, catalog_settings):
         wait_for(lambda: len(up_writer.committed) >= computed + 3 and len(down_writer.committed) >= 3,
                  "a few more epochs of both jobs")
         tm.fence_job("up")
-        wait_for(lambda: value(scrape(up_writer.metrics.port)[1], "tidemark_driver_fencings_total",
+        wait_for(lambda: value(scrape(port)[1], "tidemark_driver_fencings_total",
                                tidemark_job="up") == 1, "the up driver to count its fencing")
         append_raw()
         after_fence = len(up_writer.committed)
         wait_for(lambda: len(up_writer.committed) >= after_fence + 2 and up_writer.leadership.is_leading,
                  "up to lead again and commit")
         wait_for(lambda: len(down_writer.committed) >= 5, "down to keep up")
-        up_at, committed_before = time.time(), len(up_writer.committed)
-        up_body = scrape(up_writer.metrics.port)[1]
+        drivers_at, committed_before = time.time(), len(up_writer.committed)
+        drivers_body = scrape(port)[1]
         committed_range = (committed_before, len(up_writer.committed))
-        down_body = scrape(down_writer.metrics.port)[1]
-        health_running = scrape(up_writer.metrics.port, "/healthz")[0]
+        up_registry = generate_latest(up_writer.metrics.registry).decode()
+        health = [scrape(port, "/healthz")[0]]
         wait_for(lambda: exporter.up(), "the exporter's view")
         exporter_at = time.time()
         exporter_body = scrape(exporter_server.port)[1]
         for run in running:
             run.stop()
-        health_stopped = scrape(up_writer.metrics.port, "/healthz")[0]
+            health.append(scrape(port, "/healthz")[0])
     finally:
         for run in running:
             run.writer.stop()
@@ -152,12 +155,11 @@ def scraped(zk_server, catalog_settings):
         exporter.close()
         for session in sessions:
             session.close()
-    yield Scraped(up_body, up_at, committed_range, down_body, exporter_body, exporter_at, health_running,
-                  health_stopped)
+    yield Scraped(drivers_body, drivers_at, committed_range, up_registry, exporter_body, exporter_at, health)
 
 
 def test_a_driver_serves_every_series_with_sensible_values_during_its_epoch_loop(scraped):
-    body, at = scraped.up, scraped.up_at
+    body, at = scraped.drivers, scraped.drivers_at
     job = {"tidemark_job": "up"}
     for phase in PHASES:
         assert value(body, "tidemark_driver_epoch_phase_duration_seconds_count", phase=phase, **job) > 0, phase
@@ -183,10 +185,12 @@ def test_a_driver_serves_every_series_with_sensible_values_during_its_epoch_loop
     assert abs(lag - (at - epoch)) < 5 and 0 <= lag < 20 * INTERVAL / 1000, lag  # a few intervals, not ms
     consistent = value(body, "tidemark_driver_consistent_epoch_timestamp_seconds", **job)
     assert consistent <= epoch and 0 <= value(body, "tidemark_driver_consistent_lag_seconds", **job) < 30
-    # Several writers in one process: each has its own registry, its own port and its own job label.
-    assert value(scraped.down, "tidemark_driver_leader", tidemark_job="down") == 1
-    assert not any(("tidemark_job", "up") in key for key in samples(scraped.down))
-    assert scraped.health_running == 200 and scraped.health_stopped == 503
+    # Two writers in one process: their own registries, one server on the port they were given, and
+    # /healthz is 200 while either loop runs.
+    assert value(body, "tidemark_driver_leader", tidemark_job="down") == 1
+    assert value(body, "tidemark_driver_epoch_phase_duration_seconds_count", phase="wait", tidemark_job="down") > 0
+    assert not any(("tidemark_job", "down") in key for key in samples(scraped.up_registry))
+    assert scraped.health == [200, 200, 503]
 
 
 def test_the_exporter_serves_the_topology_view_per_job_and_table(scraped):
@@ -212,7 +216,7 @@ def test_the_exporter_serves_the_topology_view_per_job_and_table(scraped):
 
 
 def test_every_series_passes_the_naming_lint(scraped):
-    for name, body in (("up driver", scraped.up), ("down driver", scraped.down), ("exporter", scraped.exporter)):
+    for name, body in (("drivers", scraped.drivers), ("exporter", scraped.exporter)):
         assert lint_exposition(body) == [], name
 
 
@@ -221,10 +225,12 @@ def test_the_lint_catches_what_breaks_the_conventions():
         "# HELP tidemark_job_lag_ms lag", "# TYPE tidemark_job_lag_ms gauge", 'tidemark_job_lag_ms{job="a"} 5',
         "# HELP tidemark_epoch_timestamp_seconds t", "# TYPE tidemark_epoch_timestamp_seconds gauge",
         "tidemark_epoch_timestamp_seconds 1.795e+12",
-        "# HELP tidemark_Commits_total c", "# TYPE tidemark_Commits_total gauge", "tidemark_Commits_total 1", ""])
+        "# HELP tidemark_Commits_total c", "# TYPE tidemark_Commits_total gauge", "tidemark_Commits_total 1",
+        "# HELP tidemark_jobs j", "# TYPE tidemark_jobs gauge", "tidemark_jobs 1",
+        "# HELP tidemark_jobs j", "# TYPE tidemark_jobs gauge", "tidemark_jobs 2", ""])
     problems = "\n".join(lint_exposition(bad))
     for expected in ("base units", "clashes with the scrape target", "not a Unix timestamp in seconds",
-                     "snake_case", "only counters end in _total"):
+                     "snake_case", "only counters end in _total", "tidemark_jobs: the family appears 2 times"):
         assert expected in problems, expected
 
 
@@ -274,9 +280,32 @@ def as_promql(query: str) -> str:
     return re.sub(r"\$\{?(\w+)(:\w+)?\}?", ".*", query)
 
 
+def lost_keys(original, decoded, path: str = "") -> list[str]:
+    """Keys of ``original`` missing from ``decoded`` (what a decoder did not understand), recursively."""
+    if isinstance(original, dict) and isinstance(decoded, dict):
+        return [lost for key, inner in original.items()
+                for lost in ([f"{path}/{key}"] if key not in decoded else lost_keys(inner, decoded[key], f"{path}/{key}"))]
+    if isinstance(original, list) and isinstance(decoded, list):
+        return [lost for i, (a, b) in enumerate(zip(original, decoded)) for lost in lost_keys(a, b, f"{path}[{i}]")]
+    return []
+
+
+def test_the_dashboard_loads_into_grafanas_dashboard_model():
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+    dashboard = json.loads(DASHBOARD.read_text())
+    decoded = json.loads(json.dumps(Dashboard.from_json(dashboard), cls=JSONEncoder))
+    assert lost_keys(dashboard, decoded) == [], "keys Grafana's dashboard schema does not know"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        assert panel["type"] in ("row", "stat", "timeseries", "table"), panel["type"]
+        assert panel["type"] == "row" or (panel["datasource"]["uid"] == "${datasource}" and panel["targets"])
+
+
 def test_every_dashboard_query_names_a_series_the_exporter_or_the_drivers_export(scraped):
     dashboard = json.loads(DASHBOARD.read_text())
-    exported = series_names(scraped.up) | series_names(scraped.down) | series_names(scraped.exporter)
+    exported = series_names(scraped.drivers) | series_names(scraped.exporter)
     queries = grafana_queries(dashboard)
     assert len(queries) >= 10
     named: set[str] = set()
@@ -294,7 +323,7 @@ def test_every_dashboard_query_names_a_series_the_exporter_or_the_drivers_export
 
 def test_the_alert_rules_are_valid_and_query_real_series(scraped):
     rules = yaml.safe_load(RULES.read_text())
-    exported = series_names(scraped.up) | series_names(scraped.down) | series_names(scraped.exporter)
+    exported = series_names(scraped.drivers) | series_names(scraped.exporter)
     alerts = {}
     for group in rules["groups"]:
         assert group["name"] and group["rules"]

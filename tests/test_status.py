@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -15,9 +16,11 @@ from coordinator.zookeeper_server import free_port
 from tests.helpers.lake import SCHEMA, agree, create_table, lead_job
 
 
-def cli(zk_connect: str, *args: str) -> subprocess.CompletedProcess:
+def cli(zk_connect: str, *args: str, catalog=None) -> subprocess.CompletedProcess:
+    env = None if catalog is None else {**os.environ, "TIDEMARK_CATALOG_URI": catalog.uri,
+                                        "TIDEMARK_WAREHOUSE": catalog.warehouse, "TIDEMARK_CATALOG_NAME": catalog.name}
     return subprocess.run([sys.executable, "-m", "coordinator.cli", "--zk", zk_connect, *args],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture
@@ -38,7 +41,7 @@ def two_epochs(tm, catalog_settings, namespace):
     writer.close()
 
 
-def test_status_topology_fence_unregister_from_the_cli(tm, zk_connect, two_epochs):
+def test_status_topology_fence_unregister_from_the_cli(tm, zk_connect, two_epochs, catalog_settings):
     up, last = two_epochs
     status = json.loads(cli(zk_connect, "status", "--json").stdout)
     jobs = {j["name"]: j for j in status["jobs"]}
@@ -54,7 +57,11 @@ def test_status_topology_fence_unregister_from_the_cli(tm, zk_connect, two_epoch
     assert refused.returncode == 1 and "live leader" in refused.stderr and "Traceback" not in refused.stderr
     assert "term is now 2" in cli(zk_connect, "fence", "up").stdout
     assert json.loads(cli(zk_connect, "status", "--json").stdout)["jobs"][1]["leader_state"] == "fenced"
-    assert cli(zk_connect, "unregister", "up").returncode == 0
+    unconfirmed = cli(zk_connect, "unregister", "up", catalog=catalog_settings)  # no TTY, no --yes: refused
+    assert unconfirmed.returncode == 1 and unconfirmed.stderr.count("\n") == 1
+    assert f"committed epoch {last}" in unconfirmed.stderr and "pass --yes" in unconfirmed.stderr
+    done = cli(zk_connect, "unregister", "up", "--yes", catalog=catalog_settings)
+    assert done.returncode == 0 and f"resumes from its sinks' Iceberg metadata: committed epoch {last}" in done.stdout
     assert [j["name"] for j in json.loads(cli(zk_connect, "status", "--json").stdout)["jobs"]] == ["down"]
 
 

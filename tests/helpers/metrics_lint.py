@@ -42,6 +42,9 @@ def lint_exposition(body: str) -> list[str]:
     problems: list[str] = []
     families = list(text_string_to_metric_families(body))
     created = {f"{f.name}_created" for f in families if f.type in ("counter", "histogram")}
+    typed = re.findall(r"^# TYPE (\S+)", body, re.MULTILINE)  # the parser silently merges a repeated family
+    problems += [f"{name}: the family appears {typed.count(name)} times" for name in sorted(set(typed))
+                 if typed.count(name) > 1]
     for family in families:
         name, kind = family.name, family.type
         if name in created and kind == "gauge":
