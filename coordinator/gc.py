@@ -58,6 +58,7 @@ from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_a
 from .catalog import CatalogSettings, load_table
 from .client import create, delete
 from .errors import PublishConflict, TableNotFound
+from .metadata_files import DELETE_AFTER_COMMIT, PREVIOUS_VERSIONS_MAX, delete_unlogged_metadata
 from .reachability import FileIndex
 from .records import JsonRecord, TableTidemark, now_ms
 from .resolve import pinned_versions
@@ -327,8 +328,7 @@ class GarbageCollector:
             else:
                 why = "no epoch, in no retained version"
             expire.append(SnapshotDecision(snapshot.snapshot_id, epoch, why))
-        properties = {"write.metadata.delete-after-commit.enabled": "true",
-                      "write.metadata.previous-versions-max": str(self.metadata_versions)}
+        properties = {DELETE_AFTER_COMMIT: "true", PREVIOUS_VERSIONS_MAX: str(self.metadata_versions)}
         properties = {k: v for k, v in properties.items() if table.properties.get(k) != v}
         decisions = tuple(SnapshotDecision(s, snapshot_epoch(lineage.by_id[s]), why) for s, why in sorted(keep.items()))
         return TablePlan(name, True, create_tags, remove_tags, decisions,
@@ -441,16 +441,10 @@ class GarbageCollector:
             updates.append(RemoveSnapshotsUpdate(snapshot_ids=[d.snapshot_id for d in plan.expire]))
         if plan.set_properties:
             updates.append(SetPropertiesUpdate(updates=dict(plan.set_properties)))
-        logged = {entry.metadata_file for entry in table.metadata.metadata_log}
+        previous = table.metadata
         table.catalog.commit_table(table, tuple(requirements), tuple(updates))
         table.refresh()
-        # What pyiceberg's own commits do with write.metadata.delete-after-commit.enabled: the metadata
-        # files this commit pushed out of the log are deleted.
-        for path in sorted(logged - {entry.metadata_file for entry in table.metadata.metadata_log}):
-            try:
-                table.io.delete(path)
-            except FileNotFoundError:
-                pass
+        delete_unlogged_metadata(table, previous, table.metadata)
 
     def _delete_files(self, name: str, table: Table, doomed: list[Snapshot]) -> int:
         """Delete the files only expired snapshots referenced (reachability from the committed metadata)."""

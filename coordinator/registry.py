@@ -1,5 +1,12 @@
 """Registering, fencing and unregistering jobs: FLIP-276's MetaService duties, atomically.
 
+Every registration is an *incarnation* with a fresh id (``JobRecord.incarnation``) and
+the znode ``/jobs/<job>/incarnation-<id>``; leaders check that znode in every write, so a
+leader of an earlier incarnation is fenced for good (``leadership.py``). Unregistering
+deletes the job's ZooKeeper history; its progress stays in the sinks' Iceberg metadata,
+which a re-registered job resumes from (``progress.py``). ``unregister_job`` therefore
+says what that resume point is and goes ahead only with ``confirm=True``.
+
 Registration is one multi: the job's znodes, ``/tables/<sink>`` for each sink (which fails if
 another job already writes it) and ``set(/topology, v+1)`` conditional on version ``v``. The
 decision (writer conflict, cycle) is taken on the topology read at version ``v``, so a
@@ -8,16 +15,23 @@ deadline, on the new topology.
 """
 from __future__ import annotations
 
-from typing import Iterable
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Optional
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from .client import MultiFailed, Op, create, delete, set_data
-from .errors import CycleError, JobNotFound, RegistrationError, WriterConflict, ZooKeeperUnavailable
+from .errors import (CycleError, JobNotFound, RegistrationError, TidemarkError, UnregisterNotConfirmed, WriterConflict,
+                     ZooKeeperUnavailable)
 from .names import validate_name, validate_names
 from .records import JobRecord, LeaderRecord, TableRecord, TableTidemark, TermRecord, TopologyVersion, now_ms
 from .topology import Topology
+
+if TYPE_CHECKING:
+    from .catalog import CatalogSettings
+    from .progress import ResumePoint
 
 
 class _TopologyMoved(Exception):
@@ -26,7 +40,8 @@ class _TopologyMoved(Exception):
 
 def _with_topology(tm, decide):
     retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
-                        retry=retry_if_exception_type(_TopologyMoved), reraise=False)
+                        retry=retry_if_exception_type(_TopologyMoved), reraise=False,
+                        before_sleep=tm.count_retries("registration"))
     try:
         return retrying(lambda: decide(tm.topology()))
     except RetryError:
@@ -73,7 +88,8 @@ def register_job(tm, name: str, *, sources: Iterable[str], sinks: Iterable[str],
         for sink in sinks_t:
             if writers.get(sink, name) != name:
                 raise WriterConflict(sink, writers[sink], name)
-        record = JobRecord(sources_t, sinks_t, existing.created_ms if existing else now_ms())
+        record = JobRecord(sources_t, sinks_t, existing.created_ms if existing else now_ms(),
+                           existing.incarnation if existing else uuid.uuid4().hex)
         cycle = topo.with_job(name, record).find_cycle()
         if cycle:
             raise CycleError(cycle)
@@ -83,8 +99,8 @@ def register_job(tm, name: str, *, sources: Iterable[str], sinks: Iterable[str],
             for dropped in sorted(set(existing.sinks) - set(sinks_t)):
                 ops += [delete(p.tidemark(dropped)), delete(p.table(dropped))]
         else:
-            ops = [create(p.job(name), record.to_json()), create(p.term(name), TermRecord(0).to_json()),
-                   create(p.election(name)), create(p.epochs(name))]
+            ops = [create(p.job(name), record.to_json()), create(p.incarnation(name, record.incarnation), b""),  # type: ignore[arg-type]
+                   create(p.term(name), TermRecord(0).to_json()), create(p.election(name)), create(p.epochs(name))]
         for added in sorted(set(sinks_t) - set(existing.sinks if existing else ())):
             ops += [create(p.table(added), TableRecord(name).to_json()),
                     create(p.tidemark(added), TableTidemark(added).to_json())]
@@ -111,29 +127,82 @@ def fence_job(tm, name: str, by: str = "operator") -> int:
         return new.term
 
     retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
-                        retry=retry_if_exception_type(_TopologyMoved), reraise=True)
+                        retry=retry_if_exception_type(_TopologyMoved), reraise=True,
+                        before_sleep=tm.count_retries("registration"))
     return retrying(attempt)
 
 
-def unregister_job(tm, name: str) -> JobRecord:
-    """Remove a job and its tables' writer claims; refused while the job has a live, unfenced leader."""
+@dataclass(frozen=True)
+class UnregisterPlan:
+    """What unregistering ``job`` removes, and what a re-registration of it will resume from."""
+
+    job: str
+    record: JobRecord
+    resume: Optional["ResumePoint"]     # None when the sinks' Iceberg metadata could not be read
+    unreadable: Optional[str] = None    # why not
+
+    def describe(self) -> str:
+        """One line for operators."""
+        removes = f"unregistering job {self.job} deletes its ZooKeeper history and its claim on {', '.join(self.record.sinks)}"
+        if self.resume is None:
+            return (f"{removes}; its sinks' Iceberg metadata could not be read ({self.unreadable}), so what a "
+                    "re-registration resumes from is unknown")
+        return f"{removes}; {self.resume.describe()}"
+
+
+def plan_unregister(tm, name: str, catalog: Optional["CatalogSettings"] = None) -> UnregisterPlan:
+    """Check that ``name`` may be unregistered (registered, no live leader) and read its Iceberg resume point."""
+    from .catalog import CatalogSettings, load_table
+    from .progress import resume_point
     validate_name(name, "job name")
+    record = tm.topology().jobs.get(name)
+    if record is None:
+        raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
+    _refuse_live_leader(tm, name)
+    settings = catalog or CatalogSettings.from_env()
+    try:
+        loaded = settings.load()
+        resume = resume_point(name, {sink: load_table(loaded, settings, sink) for sink in record.sinks})
+    except TidemarkError as exc:
+        return UnregisterPlan(name, record, None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return UnregisterPlan(name, record, resume)
+
+
+def _refuse_live_leader(tm, name: str) -> None:
+    p = tm.paths
+    term = tm.read(p.term(name), TermRecord)
+    leader = tm.read(p.leader(name), LeaderRecord)
+    if leader is not None and term is not None and leader[0].term >= term[0].term:
+        raise RegistrationError(
+            f"job {name!r} has a live leader ({leader[0].member} on {leader[0].host}, term {leader[0].term}): "
+            f"stop it, or `tidemark fence {name}` first")
+
+
+def unregister_job(tm, name: str, *, confirm: bool = False,
+                   catalog: Optional["CatalogSettings"] = None) -> UnregisterPlan:
+    """Remove a job, its ZooKeeper history and its tables' writer claims; returns what was planned.
+
+    Refused (``RegistrationError``) while the job has a live, unfenced leader. Without
+    ``confirm=True`` nothing changes and ``UnregisterNotConfirmed`` (carrying the plan: what
+    a re-registration will resume from, read from the sinks' Iceberg metadata) is raised.
+    """
+    plan = plan_unregister(tm, name, catalog)
+    if not confirm:
+        raise UnregisterNotConfirmed(plan)
 
     def decide(topo: Topology) -> JobRecord:
         record = topo.jobs.get(name)
         if record is None:
             raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
         p = tm.paths
-        term = tm.read(p.term(name), TermRecord)
-        leader = tm.read(p.leader(name), LeaderRecord)
-        if leader is not None and term is not None and leader[0].term >= term[0].term:
-            raise RegistrationError(
-                f"job {name!r} has a live leader ({leader[0].member} on {leader[0].host}, term {leader[0].term}): "
-                f"stop it, or `tidemark fence {name}` first")
+        _refuse_live_leader(tm, name)
+        leader = tm.get(p.leader(name))
         ops: list[Op] = []
         for sub in ("election", "epochs"):
             ops += [delete(f"{p.job(name)}/{sub}/{child}") for child in tm.children(f"{p.job(name)}/{sub}")]
         ops += [delete(path) for path in (p.election(name), p.epochs(name), p.term(name))]
+        if record.incarnation is not None:
+            ops.append(delete(p.incarnation(name, record.incarnation)))
         if leader is not None:
             ops.append(delete(p.leader(name)))
         if tm.get(p.finished(name)) is not None:
@@ -144,4 +213,5 @@ def unregister_job(tm, name: str) -> JobRecord:
         _apply(tm, topo, ops, topo.without_job(name))
         return record
 
-    return _with_topology(tm, decide)
+    _with_topology(tm, decide)
+    return plan

@@ -4,7 +4,7 @@
     version = resolver.resolve(["lake.db.words", "lake.db.word_counts"], level="consistent")
     arrow = read_arrow(resolver, version)                # {table: pyarrow.Table} for pandas/DuckDB users
 
-Levels (DESIGN.md, "Readers and consistency levels"):
+Levels (docs/design.md, "Consistency levels"):
 - ``latest``: each table's current snapshot (read uncommitted; ``epoch`` is None);
 - ``committed``: each table at its own committed epoch;
 - ``consistent``: ``T*`` = the minimum committed epoch over the tables, each table at its
@@ -31,16 +31,15 @@ tidemarks' ``first_epoch`` and from ``tidemark.first-epoch`` (or the oldest epoc
 """
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Iterable, Mapping, Optional, Union
 
 from pyiceberg.table import Table
 
 from .catalog import CatalogSettings, load_table
-from .errors import CorruptState, EpochOrderError, VersionNotFound
-from .names import validate_name
-from .records import ConsistencyLevel, ConsistentVersion, TableTidemark
+from .errors import ConfigurationError, EpochOrderError, InvalidName, VersionNotFound
+from .names import validate_epoch, validate_name
+from .records import ConsistencyLevel, ConsistentVersion, ReaderPins, TableTidemark
 from .snapshots import (committed_epoch, first_epoch, is_tidemark_table, main_lineage, snapshot_at_epoch,
                         snapshot_at_time)
 from .versions import RetainedVersions, nearest, tag_epoch, tag_name
@@ -83,10 +82,14 @@ class Resolver:
 
     def resolve(self, tables: Iterable[str], level: Union[str, ConsistencyLevel] = ConsistencyLevel.CONSISTENT,
                 as_of: Optional[int] = None) -> ConsistentVersion:
+        if isinstance(tables, str) or not hasattr(tables, "__iter__"):
+            raise InvalidName(f"resolve takes a list of table names, got {str(tables)[:60]!r}")
         names = sorted({validate_name(t, "table name") for t in tables})
         if not names:
-            raise ValueError("resolve needs at least one table")
-        level = ConsistencyLevel.AS_OF if as_of is not None else ConsistencyLevel(level)
+            raise InvalidName("resolve needs at least one table")
+        level = ConsistencyLevel.AS_OF if as_of is not None else _level(level)
+        if isinstance(as_of, int):
+            validate_epoch(as_of, "as_of")
         if as_of is not None:
             retained = self._retained(names, as_of)
             if retained is not None:
@@ -216,6 +219,13 @@ class Resolver:
         return _id(found)
 
 
+def _level(level: Union[str, ConsistencyLevel]) -> ConsistencyLevel:
+    try:
+        return ConsistencyLevel(level)
+    except ValueError:
+        raise ConfigurationError(f"consistency level {level!r} is not one of latest, committed, consistent") from None
+
+
 def _id(snapshot) -> Optional[int]:
     return None if snapshot is None else snapshot.snapshot_id
 
@@ -276,7 +286,7 @@ class ReaderSession:
         if self.tm is None:
             return
         path = self.tm.paths.reader(self.reader_id)
-        data = json.dumps({"versions": {str(e): s for e, s in self._pinned.items()}}, sort_keys=True).encode()
+        data = ReaderPins(self._pinned).to_json()
         if self.tm.get(path) is None:
             self.tm.call(f"create {path}", self.tm.client.create_async, path, data, None, True)
         else:
@@ -291,16 +301,12 @@ class ReaderSession:
 def pinned_versions(tm) -> dict[int, dict[str, Optional[int]]]:
     """Every version pinned by a live reader: ``{epoch: {table: snapshot id}}`` (what GC must keep)."""
     pinned: dict[int, dict[str, Optional[int]]] = {}
-    readers = tm.children(tm.paths.readers)
-    for reader, raw in zip(readers, tm.get_many([tm.paths.reader(r) for r in readers])):
+    paths = [tm.paths.reader(r) for r in tm.children(tm.paths.readers)]
+    for path, raw in zip(paths, tm.get_many(paths)):
         if raw is None:
             continue  # the reader's session ended meanwhile
-        try:
-            versions = json.loads(raw[0] or b"{}").get("versions", {})
-            for epoch, snapshots in versions.items():
-                pinned.setdefault(int(epoch), {}).update(snapshots)
-        except (ValueError, AttributeError, TypeError):
-            raise CorruptState(f"{tm.paths.reader(reader)}: not a reader's pins; the reader must pin again") from None
+        for epoch, snapshots in ReaderPins.from_json(raw[0] or b"{}", path).versions.items():
+            pinned.setdefault(epoch, {}).update(snapshots)
     return pinned
 
 
