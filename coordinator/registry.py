@@ -64,6 +64,22 @@ def _apply(tm, topo: Topology, ops: list[Op], after: Topology) -> None:
     tm._topology = Topology(topo.version + 1, topo.znode_version + 1, after.jobs)
 
 
+def _orphan_removal(tm, name: str) -> list[Op]:
+    """Deletes for a ``/jobs/<job>`` znode without a record: kazoo's lock recipe re-creates the election path of
+    a standby that was contending when the tree was wiped. Nothing else writes there, and that standby can
+    never lead this new registration (its election checks the incarnation it started with), so it goes."""
+    found = tm.get(tm.paths.job(name))
+    if found is None or found[0]:
+        return []
+
+    def below(path: str) -> list[Op]:
+        ops: list[Op] = []
+        for child in tm.children(path):
+            ops += below(f"{path}/{child}")
+        return ops + [delete(path)]
+    return below(tm.paths.job(name))
+
+
 def register_job(tm, name: str, *, sources: Iterable[str], sinks: Iterable[str], replace: bool = False) -> JobRecord:
     """Register ``name`` reading ``sources`` and writing ``sinks``; idempotent for the same tables.
 
@@ -99,7 +115,8 @@ def register_job(tm, name: str, *, sources: Iterable[str], sinks: Iterable[str],
             for dropped in sorted(set(existing.sinks) - set(sinks_t)):
                 ops += [delete(p.tidemark(dropped)), delete(p.table(dropped))]
         else:
-            ops = [create(p.job(name), record.to_json()), create(p.incarnation(name, record.incarnation), b""),  # type: ignore[arg-type]
+            ops = [*_orphan_removal(tm, name),
+                   create(p.job(name), record.to_json()), create(p.incarnation(name, record.incarnation), b""),  # type: ignore[arg-type]
                    create(p.term(name), TermRecord(0).to_json()), create(p.election(name)), create(p.epochs(name))]
         for added in sorted(set(sinks_t) - set(existing.sinks if existing else ())):
             ops += [create(p.table(added), TableRecord(name).to_json()),

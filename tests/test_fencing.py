@@ -190,6 +190,17 @@ def test_resume_recomputes_an_epoch_only_some_sinks_published(tm, connect, catal
         assert table_progress(catalog.load_table(name)).epoch == second
 
 
+def test_registration_clears_a_job_znode_a_lock_recipe_left_after_a_wipe(tm, connect):
+    """A standby contending while the tree is wiped re-creates ``/jobs/<job>/election`` (kazoo's lock recipe
+    ensures its path): the orphan is not a registration, and registering the job clears it."""
+    standby_lock = tm.paths.election("orphan") + "/lock"
+    tm.client.ensure_path(standby_lock)
+    assert "orphan" not in tm.topology().jobs
+    tm.register_job("orphan", sources=[], sinks=["lake.db.orphan"])
+    assert tm.get(standby_lock) is None
+    assert connect().leadership("orphan").acquire(timeout=30) == 1
+
+
 class Driver:
     """One writer run in a thread with its own ZooKeeper session (a driver process, as far as ZooKeeper sees)."""
 
