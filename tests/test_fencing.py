@@ -55,14 +55,16 @@ def test_a_fenced_zombie_changes_nothing_after_unregister_and_reregister(tm, con
     staged_by_zombie = stage_append(zombie.table(sink), rows_of(2000, 5), 2000, "counts", zombie.term)
     old_term = zombie.term
 
-    tm.fence_job("counts")
+    fence_term = tm.fence_job("counts")
     with pytest.raises(UnregisterNotConfirmed, match="committed epoch 1000"):
         tm.unregister_job("counts", catalog=catalog_settings)
     plan = tm.unregister_job("counts", confirm=True, catalog=catalog_settings)
     assert plan.resume.committed.epoch == 1000 and plan.resume.term >= old_term
+    with pytest.raises(Fenced):  # fenced in Iceberg as soon as it is unregistered
+        publish_staged(zombie.table(sink), staged_by_zombie, 2000, old_term)
 
     successor = lead_job(connect(), catalog_settings, "counts", [sink])  # registers a new incarnation
-    assert successor.term > old_term, "a re-registered job must never reuse or go below an earlier term"
+    assert successor.term > fence_term > old_term, "a re-registered job must never reuse or go below a term"
     assert successor.epochs.last_committed == 1000  # resumed from Iceberg, not from scratch
     commit_rows(successor, 2000, rows=3)
     commit_rows(successor, 3000, rows=1)
