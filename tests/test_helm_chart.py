@@ -3,7 +3,8 @@
 The chart is rendered by Helm's own engine: helm-python-sdk bundles Helm 4's Go library
 (``libhelm_c.so``), so templates, ``values.schema.json`` and ``fail`` run exactly as under
 ``helm install``. Every manifest is validated in strict mode (unknown fields are errors)
-against the Kubernetes OpenAPI schemas that kubernetes-validate ships, for KUBERNETES_VERSION.
+against the Kubernetes OpenAPI schemas that kubernetes-validate ships, for KUBERNETES_VERSIONS,
+and ``helm lint`` (the same library) has nothing to warn about.
 The tests then assert what an operator relies on: replicas, RBAC rules, probes, scrape
 annotations, secret references, security contexts and the Spark settings of the drivers.
 """
@@ -24,7 +25,8 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "tidemark"
-KUBERNETES_VERSION = "1.30.0"
+# The oldest version the chart supports (Chart.yaml's kubeVersion) and a current one.
+KUBERNETES_VERSIONS = ("1.25.0", "1.30.0")
 RELEASE, NAMESPACE = "lake", "pipelines"
 FULLNAME = f"{RELEASE}-tidemark"
 VALUES_FILES = [None] + sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
@@ -93,23 +95,32 @@ def selects(selector: dict, labels: dict) -> bool:
 
 # -- every values file: valid Kubernetes, consistent references, hardened pods ---------------
 
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda v: v or "defaults")
-def test_every_manifest_validates_against_the_kubernetes_schemas(chart, values_file):
+def test_every_manifest_validates_against_the_kubernetes_schemas(chart, values_file, version):
     docs = render(chart, values_of(values_file))
     assert docs
     custom = {"ServiceMonitor", "PrometheusRule"}  # prometheus-operator's CRDs: checked below
     for doc in docs:
         if doc["kind"] not in custom:
-            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+            kubernetes_validate.validate(doc, version, strict=True)
     for name, spec in pod_specs(docs).items():
         if name.startswith("executor-of/"):
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "executor"}, "spec": spec}
-            kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+            kubernetes_validate.validate(pod, version, strict=True)
     keys = [(d["kind"], d["metadata"]["name"]) for d in docs]
     assert len(keys) == len(set(keys)), "two manifests share a kind and name"
     for doc in docs:
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", doc["metadata"]["name"]), doc["metadata"]["name"]
         assert len(doc["metadata"]["name"]) <= 63
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda v: v or "defaults")
+def test_helm_lint_finds_nothing_to_warn_about(values_file):
+    report = helm.lint(str(CHART), values_of(values_file) or None, strict=True, namespace=NAMESPACE,
+                       kube_version=f"v{KUBERNETES_VERSIONS[0]}")
+    assert not report["errors"]
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []  # 1 is information ("icon is recommended")
 
 
 @pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda v: v or "defaults")
@@ -164,6 +175,23 @@ def test_secrets_are_referenced_by_name_never_inlined(chart, values_file):
             for name, entry in env_of(container).items():
                 if re.search(r"PASSWORD|SECRET|CATALOG_URI|ACCESS_KEY", name):
                     assert "secretKeyRef" in entry["valueFrom"], f"{owner}: {name} is inlined"
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda v: v or "defaults")
+def test_the_notes_name_every_secret_the_release_reads(chart, values_file):
+    values = values_of(values_file)
+    notes = chart.render(values, name=RELEASE, namespace=NAMESPACE)["tidemark/templates/NOTES.txt"]
+    docs = render(chart, values)
+    referenced = {v["secret"]["secretName"] for spec in pod_specs(docs).values() for v in spec.get("volumes", [])
+                  if "secret" in v}
+    for spec in pod_specs(docs).values():
+        for container in spec["containers"]:
+            referenced |= {e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", [])
+                           if "secretKeyRef" in e.get("valueFrom", {})}
+    for conf in (spark_defaults(docs, job) for job in values.get("jobs", {})):
+        referenced |= {v.split(":")[0] for k, v in conf.items() if ".secretKeyRef." in k}
+    for secret in referenced:
+        assert re.search(rf"^  {re.escape(secret)} \(", notes, re.M), f"NOTES.txt does not name {secret}"
 
 
 # -- what each values file is about ----------------------------------------------------------
@@ -228,6 +256,11 @@ def test_bundled_zookeeper_with_auth_and_an_inline_job_script(chart):
         assert env["TIDEMARK_ZK_READER_USER"]["valueFrom"]["secretKeyRef"] == {"name": "tidemark-zk-reader", "key": "user"}
         assert env["TIDEMARK_ZK_READER_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
             "name": "tidemark-zk-reader", "key": "password"}
+    server = only(docs, "StatefulSet", f"{FULLNAME}-zookeeper")["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(server)["ZK_SUPER_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "tidemark-zk-admin", "key": "password"}
+    assert server["command"] == ["/bin/bash", "/conf/start.sh"]
+    start = only(docs, "ConfigMap", f"{FULLNAME}-zookeeper")["data"]["start.sh"]
+    assert "-Dzookeeper.DigestAuthenticationProvider.superDigest=super:" in start
     config = only(docs, "ConfigMap", f"{FULLNAME}-word-counts")
     assert config["data"]["job.py"] == values["jobs"]["word-counts"]["script"]
     assert container["args"] == ["job", "/etc/tidemark/job/job.py"]
@@ -324,7 +357,8 @@ def test_drivers_run_spark_in_client_mode_against_the_kubernetes_api(chart):
         assert conf["spark.driver.port"] == "7078" and conf["spark.driver.blockManager.port"] == "7079"
         assert conf["spark.kubernetes.executor.podTemplateFile"] == "/etc/tidemark/spark/executor-pod.yaml"
         assert conf["spark.kubernetes.executor.secretKeyRef.AWS_SECRET_ACCESS_KEY"] == "tidemark-s3:AWS_SECRET_ACCESS_KEY"
-        assert len(conf["spark.kubernetes.executor.podNamePrefix"]) <= 47
+        # One prefix for every replica would make two drivers' executor pod names collide.
+        assert "spark.kubernetes.executor.podNamePrefix" not in conf
         deployment, container = driver(docs, job)
         names = [e["name"] for e in container["env"]]
         env = env_of(container)
