@@ -115,9 +115,9 @@ class Leadership:
         try:
             self.tm.multi(ops)
         except MultiFailed as failed:
-            if failed.op.kind == "check":
-                raise JobNotFound(f"job {self.job!r} was unregistered (and perhaps registered again) while this "
-                                  "replica contended; contend again with a new Leadership") from None
+            if failed.op.kind == "check":  # not elected: acquiring again reads the registration there is now
+                raise NotLeader(f"job {self.job!r} was unregistered (and perhaps registered again) while this "
+                                "replica contended; contend again") from None
             if isinstance(failed.error, (BadVersionError, NodeExistsError, NoNodeError)):
                 raise _Raced() from None
             raise

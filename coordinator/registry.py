@@ -64,6 +64,22 @@ def _apply(tm, topo: Topology, ops: list[Op], after: Topology) -> None:
     tm._topology = Topology(topo.version + 1, topo.znode_version + 1, after.jobs)
 
 
+def _orphan_removal(tm, name: str) -> list[Op]:
+    """Deletes for a ``/jobs/<job>`` znode without a record: kazoo's lock recipe re-creates the election path of
+    a standby that was contending when the tree was wiped. Nothing else writes there, and that standby can
+    never lead this new registration (its election checks the incarnation it started with), so it goes."""
+    found = tm.get(tm.paths.job(name))
+    if found is None or found[0]:
+        return []
+
+    def below(path: str) -> list[Op]:
+        ops: list[Op] = []
+        for child in tm.children(path):
+            ops += below(f"{path}/{child}")
+        return ops + [delete(path)]
+    return below(tm.paths.job(name))
+
+
 def register_job(tm, name: str, *, sources: Iterable[str], sinks: Iterable[str], replace: bool = False) -> JobRecord:
     """Register ``name`` reading ``sources`` and writing ``sinks``; idempotent for the same tables.
 
@@ -99,7 +115,8 @@ def register_job(tm, name: str, *, sources: Iterable[str], sinks: Iterable[str],
             for dropped in sorted(set(existing.sinks) - set(sinks_t)):
                 ops += [delete(p.tidemark(dropped)), delete(p.table(dropped))]
         else:
-            ops = [create(p.job(name), record.to_json()), create(p.incarnation(name, record.incarnation), b""),  # type: ignore[arg-type]
+            ops = [*_orphan_removal(tm, name),
+                   create(p.job(name), record.to_json()), create(p.incarnation(name, record.incarnation), b""),  # type: ignore[arg-type]
                    create(p.term(name), TermRecord(0).to_json()), create(p.election(name)), create(p.epochs(name))]
         for added in sorted(set(sinks_t) - set(existing.sinks if existing else ())):
             ops += [create(p.table(added), TableRecord(name).to_json()),
@@ -129,7 +146,11 @@ def fence_job(tm, name: str, by: str = "operator") -> int:
     retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
                         retry=retry_if_exception_type(_TopologyMoved), reraise=True,
                         before_sleep=tm.count_retries("registration"))
-    return retrying(attempt)
+    try:
+        return retrying(attempt)
+    except _TopologyMoved:
+        raise ZooKeeperUnavailable(f"fencing job {name!r} kept racing with its leader elections for "
+                                   f"{tm.operation_timeout:.0f}s; try again") from None
 
 
 @dataclass(frozen=True)
@@ -152,20 +173,40 @@ class UnregisterPlan:
 
 def plan_unregister(tm, name: str, catalog: Optional["CatalogSettings"] = None) -> UnregisterPlan:
     """Check that ``name`` may be unregistered (registered, no live leader) and read its Iceberg resume point."""
-    from .catalog import CatalogSettings, load_table
     from .progress import resume_point
     validate_name(name, "job name")
     record = tm.topology().jobs.get(name)
     if record is None:
         raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
     _refuse_live_leader(tm, name)
-    settings = catalog or CatalogSettings.from_env()
     try:
-        loaded = settings.load()
-        resume = resume_point(name, {sink: load_table(loaded, settings, sink) for sink in record.sinks})
+        resume = resume_point(name, _sink_tables(record, catalog))
     except TidemarkError as exc:
         return UnregisterPlan(name, record, None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     return UnregisterPlan(name, record, resume)
+
+
+def _sink_tables(record: JobRecord, catalog: Optional["CatalogSettings"]) -> dict:
+    from .catalog import CatalogSettings, load_table
+    settings = catalog or CatalogSettings.from_env()
+    loaded = settings.load()
+    return {sink: load_table(loaded, settings, sink) for sink in record.sinks}
+
+
+def _fence_in_iceberg(tm, name: str, record: JobRecord, catalog: Optional["CatalogSettings"]) -> None:
+    """Claim the sinks for a term above every term of this registration, before its ZooKeeper state goes:
+    none of its leaders (a paused one included) can commit there any more, and the terms of the next
+    registration start above it."""
+    from .errors import Fenced
+    from .publish import claim_table
+    found = tm.read(tm.paths.term(name), TermRecord)
+    if found is None:
+        return
+    for table in _sink_tables(record, catalog).values():
+        try:
+            claim_table(table, name, found[0].term + 1)
+        except Fenced:
+            pass  # already claimed by a higher term: fenced as well
 
 
 def _refuse_live_leader(tm, name: str) -> None:
@@ -185,10 +226,14 @@ def unregister_job(tm, name: str, *, confirm: bool = False,
     Refused (``RegistrationError``) while the job has a live, unfenced leader. Without
     ``confirm=True`` nothing changes and ``UnregisterNotConfirmed`` (carrying the plan: what
     a re-registration will resume from, read from the sinks' Iceberg metadata) is raised.
+    Confirmed, it first claims the sinks in Iceberg for a term above the job's current one,
+    so no leader of this registration can commit to them any more.
     """
     plan = plan_unregister(tm, name, catalog)
     if not confirm:
         raise UnregisterNotConfirmed(plan)
+    if plan.resume is not None:
+        _fence_in_iceberg(tm, name, plan.record, catalog)
 
     def decide(topo: Topology) -> JobRecord:
         record = topo.jobs.get(name)

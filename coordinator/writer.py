@@ -15,7 +15,9 @@ What ``run`` does, in order (every step is safe to crash in):
 2. **lead**: contend for leadership; a standby replica waits here, calling ``while_standby``
    every minute to stay warm, and takes over when the leader's session ends;
 3. **recover** the last epoch: roll a precommitted one forward, recompute a started one
-   from its recorded inputs;
+   from its recorded inputs. With no epoch history in ZooKeeper (unregistered, new chroot,
+   wiped ensemble) the history is first re-created from the sinks' Iceberg progress
+   (``progress.py``), and the barriers the sinks record are agreed again;
 4. **wait for the barrier**: the next *agreed* barrier after the last committed one. A job
    with a root source (one no Tidemark job writes), or no source, agrees barriers itself:
    once it has processed every agreed barrier it agrees the newest grid point the clock

@@ -55,14 +55,16 @@ def test_a_fenced_zombie_changes_nothing_after_unregister_and_reregister(tm, con
     staged_by_zombie = stage_append(zombie.table(sink), rows_of(2000, 5), 2000, "counts", zombie.term)
     old_term = zombie.term
 
-    tm.fence_job("counts")
+    fence_term = tm.fence_job("counts")
     with pytest.raises(UnregisterNotConfirmed, match="committed epoch 1000"):
         tm.unregister_job("counts", catalog=catalog_settings)
     plan = tm.unregister_job("counts", confirm=True, catalog=catalog_settings)
     assert plan.resume.committed.epoch == 1000 and plan.resume.term >= old_term
+    with pytest.raises(Fenced):  # fenced in Iceberg as soon as it is unregistered
+        publish_staged(zombie.table(sink), staged_by_zombie, 2000, old_term)
 
     successor = lead_job(connect(), catalog_settings, "counts", [sink])  # registers a new incarnation
-    assert successor.term > old_term, "a re-registered job must never reuse or go below an earlier term"
+    assert successor.term > fence_term > old_term, "a re-registered job must never reuse or go below a term"
     assert successor.epochs.last_committed == 1000  # resumed from Iceberg, not from scratch
     commit_rows(successor, 2000, rows=3)
     commit_rows(successor, 3000, rows=1)
@@ -188,6 +190,17 @@ def test_resume_recomputes_an_epoch_only_some_sinks_published(tm, connect, catal
     for name in (left, right):
         assert rows_in(catalog.load_table(name)) == rows_in(events), f"{name}: duplicates or losses"
         assert table_progress(catalog.load_table(name)).epoch == second
+
+
+def test_registration_clears_a_job_znode_a_lock_recipe_left_after_a_wipe(tm, connect):
+    """A standby contending while the tree is wiped re-creates ``/jobs/<job>/election`` (kazoo's lock recipe
+    ensures its path): the orphan is not a registration, and registering the job clears it."""
+    standby_lock = tm.paths.election("orphan") + "/lock"
+    tm.client.ensure_path(standby_lock)
+    assert "orphan" not in tm.topology().jobs
+    tm.register_job("orphan", sources=[], sinks=["lake.db.orphan"])
+    assert tm.get(standby_lock) is None
+    assert connect().leadership("orphan").acquire(timeout=30) == 1
 
 
 class Driver:
