@@ -174,12 +174,10 @@ def cmd_barriers(args) -> int:
 def cmd_resolve(args) -> int:
     from .catalog import CatalogSettings
     from .resolve import Resolver
-    from .versions import parse_version_ref
-    as_of = None if args.as_of is None else parse_version_ref(args.as_of)
     settings = CatalogSettings.from_env()
     tm = None if args.no_zk else _connect(args, read_only=True)
     try:
-        version = Resolver(settings.load(), settings, tm).resolve(args.tables, level=args.level, as_of=as_of)
+        version = Resolver(settings.load(), settings, tm).resolve(args.tables, level=args.level, as_of=args.as_of)
     finally:
         if tm is not None:
             tm.close()
@@ -277,6 +275,16 @@ def _epoch(text: str) -> int:
     return int(text)
 
 
+def _version(text: str) -> int:
+    """``--as-of``: an epoch, or the tag ``tidemark-<epoch>`` of a retained version."""
+    from .versions import parse_version_ref
+    try:
+        return _epoch(str(parse_version_ref(text)))
+    except (TidemarkError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an epoch (milliseconds since 1970) nor a tag "
+                                         "tidemark-<epoch>; `tidemark versions` lists the retained ones") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tidemark", description="Consistent, exactly-once Iceberg tables")
     parser.add_argument("--zk", help="ZooKeeper connect string (default: $TIDEMARK_ZK or 127.0.0.1:2181)")
@@ -329,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     resolve = sub.add_parser("resolve", help="the snapshot of each table at one consistency level")
     resolve.add_argument("tables", nargs="+")
     resolve.add_argument("--level", choices=["latest", "committed", "consistent"], default="consistent")
-    resolve.add_argument("--as-of", metavar="T", help="a retained version: its epoch or its tag "
+    resolve.add_argument("--as-of", type=_version, metavar="T", help="a retained version: its epoch or its tag "
                          "tidemark-<T> (`tidemark versions` lists them)")
     resolve.add_argument("--no-zk", action="store_true", help="resolve from Iceberg metadata alone")
     resolve.add_argument("--json", action="store_true")
