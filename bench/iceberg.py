@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from coordinator import CatalogSettings, EpochWriter, Tidemark
 from coordinator.publish import advance_committed_epoch, publish_staged
+from coordinator.records import EpochProgress
 from coordinator.resolve import Resolver
 from coordinator.snapshots import summary_properties
 
@@ -88,7 +89,7 @@ def publishing(settings: CatalogSettings) -> None:
     for k in range(1, 21):
         staged = stage(table, k * 1000)
         start = time.perf_counter()
-        publish_staged(table, staged, k * 1000)
+        publish_staged(table, staged, k * 1000, 1)
         tidemark_samples.append(time.perf_counter() - start)
     baseline = catalog.create_table("pub.plain", schema=SCHEMA)
     baseline.append(SCHEMA.empty_table())
@@ -103,7 +104,7 @@ def publishing(settings: CatalogSettings) -> None:
     header("marking an empty epoch")
     empty = catalog.create_table("pub.empty", schema=SCHEMA)
     counter = iter(range(1, 10_000))
-    as_property = timed(lambda: advance_committed_epoch(empty, next(counter) * 1000), 20)
+    as_property = timed(lambda: advance_committed_epoch(empty, EpochProgress("bench", next(counter) * 1000, 1), 1), 20)
     as_snapshot = timed(lambda: empty.append(SCHEMA.empty_table(), snapshot_properties=summary_properties(
         next(counter) * 1000, "bench", 1)), 20)
     print(f"table property tidemark.committed-epoch (chosen):  {ms(as_property)}")

@@ -4,8 +4,8 @@ from .catalog import CatalogSettings
 from .client import Tidemark, TlsSettings
 from .epochs import EpochCoordinator, Recovery, RecoveryAction
 from .errors import (ConfigurationError, CorruptState, CycleError, EpochOrderError, Fenced, InvalidName, JobNotFound,
-                     NotLeader, PublishConflict, RegistrationError, TableNotFound, TidemarkError, VersionNotFound,
-                     WriterConflict, ZooKeeperUnavailable)
+                     NotLeader, PermissionDenied, PublishConflict, RegistrationError, TableNotFound, TidemarkError,
+                     TlsError, VersionNotFound, WriterConflict, ZooKeeperUnavailable)
 from .leadership import Leadership, LeaderState
 from .records import (BarrierMode, ConsistencyLevel, ConsistentVersion, EpochInputs, EpochRecord, EpochState,
                       JobRecord, SourceRange, TableTidemark)
@@ -17,7 +17,7 @@ __all__ = [
     "BarrierGrid", "BarrierMode", "Barriers", "CatalogSettings", "ConfigurationError", "ConsistencyLevel",
     "ConsistentVersion", "CorruptState", "CycleError", "EmbeddedZooKeeper", "EpochContext", "EpochCoordinator",
     "EpochInputs", "EpochOrderError", "EpochRecord", "EpochState", "EpochWriter", "Fenced", "InvalidName", "JobNotFound", "JobRecord", "LeaderState", "Leadership",
-    "NotLeader", "PublishConflict", "Recovery", "RecoveryAction", "RegistrationError", "SourceRange",
-    "TableNotFound", "TableTidemark", "Tidemark", "TidemarkError", "TlsSettings", "Topology", "VersionNotFound", "Waiting",
+    "NotLeader", "PermissionDenied", "PublishConflict", "Recovery", "RecoveryAction", "RegistrationError", "SourceRange",
+    "TableNotFound", "TableTidemark", "Tidemark", "TidemarkError", "TlsError", "TlsSettings", "Topology", "VersionNotFound", "Waiting",
     "WriterConflict", "ZooKeeperUnavailable",
 ]

@@ -27,12 +27,13 @@ import bisect
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from kazoo.exceptions import BadVersionError, NodeExistsError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from .client import MultiFailed, create, delete, set_data
-from .errors import ConfigurationError, EpochOrderError, ZooKeeperUnavailable
-from .records import BarrierMode, BarrierRecord, JsonRecord, _int, _opt_int, now_ms
+from .errors import ConfigurationError, EpochOrderError, InvalidName, ZooKeeperUnavailable
+from .names import parse_epoch, validate_epoch
+from .records import BarrierMode, BarrierRecord, JsonRecord, _epoch, _int, _opt_epoch, now_ms
 
 # Backpressure: a root job agrees no new barrier while a live job is more agreed barriers behind than this.
 DEFAULT_MAX_PENDING_BARRIERS = 2
@@ -49,13 +50,14 @@ class BarrierGrid(JsonRecord):
     newest_agreed: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _opt_int(self.newest_agreed, "newest_agreed")
+        _opt_epoch(self.newest_agreed, "newest_agreed")
         if _int(self.interval_ms, "interval_ms") <= 0:
             raise ValueError(f"interval_ms must be positive, got {self.interval_ms}")
         object.__setattr__(self, "mode", BarrierMode(self.mode))
         changes = tuple(dict(c) for c in self.changes)
         for change in changes:
-            if _int(change.get("interval_ms"), "interval_ms") <= 0 or _int(change.get("from_epoch"), "from_epoch") < 0:
+            _epoch(change.get("from_epoch"), "from_epoch")
+            if _int(change.get("interval_ms"), "interval_ms") <= 0:
                 raise ValueError(f"invalid interval change {change!r}")
         object.__setattr__(self, "changes", tuple(sorted(changes, key=lambda c: c["from_epoch"])))
 
@@ -106,7 +108,8 @@ class Barriers:
 
     def _conditionally(self, what: str, attempt):
         retrying = Retrying(stop=stop_after_delay(self.tm.operation_timeout), reraise=False,
-                            wait=wait_random_exponential(0.005, 0.2), retry=retry_if_exception_type(_Moved))
+                            wait=wait_random_exponential(0.005, 0.2), retry=retry_if_exception_type(_Moved),
+                            before_sleep=self.tm.count_retries("barriers"))
         try:
             return retrying(attempt)
         except RetryError:
@@ -123,7 +126,10 @@ class Barriers:
 
     def ensure_grid(self, interval_ms: int, mode: BarrierMode = BarrierMode.PROCESSING_TIME) -> BarrierGrid:
         """Define the grid if nobody has; otherwise check it matches (every job shares one grid)."""
-        wanted = BarrierGrid(interval_ms, mode)
+        try:
+            wanted = BarrierGrid(interval_ms, mode)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"invalid barrier grid: {exc}") from None
         path = self.tm.paths.barriers
 
         def attempt() -> BarrierGrid:
@@ -142,6 +148,8 @@ class Barriers:
 
     def change_interval(self, interval_ms: int, effective_from: int) -> BarrierGrid:
         """Switch to ``interval_ms`` at barrier ``effective_from``, which must be a future barrier of the grid."""
+        validate_epoch(effective_from, "the barrier an interval change takes effect at")
+
         def attempt() -> BarrierGrid:
             current, stat = self._read()
             newest = self._newest(current)
@@ -163,7 +171,11 @@ class Barriers:
         The agreement is conditional on ``/barriers``' version (see the module docstring),
         so ``epoch`` is agreed only if it is above every barrier that exists.
         """
-        record = BarrierRecord(proposed_by=proposed_by, wall_ms=now_ms())
+        validate_epoch(epoch, "barrier")
+        try:
+            record = BarrierRecord(proposed_by=proposed_by, wall_ms=now_ms())
+        except ValueError as exc:
+            raise InvalidName(str(exc)) from None
         path = self.tm.paths.barriers
 
         def attempt() -> bool:
@@ -191,7 +203,7 @@ class Barriers:
 
     def agreed(self) -> list[int]:
         """Every agreed barrier still recorded, oldest first."""
-        return sorted(int(c) for c in self.tm.children(self.tm.paths.barriers) if c.isdigit())
+        return sorted(e for e in map(parse_epoch, self.tm.children(self.tm.paths.barriers)) if e is not None)
 
     def after(self, epoch: Optional[int]) -> list[int]:
         """The agreed barriers after ``epoch`` (all of them for None), oldest first."""
@@ -209,15 +221,28 @@ class Barriers:
             return None
         return self._newest(BarrierGrid.from_json(found[0], self.tm.paths.barriers))
 
-    def prune(self, keep: int = 1000) -> int:
-        """Delete all but the newest ``keep`` barrier znodes; returns how many went."""
-        old = self.agreed()[:-max(keep, 1)]
+    def prune(self, below: int) -> list[int]:
+        """Delete the agreed barrier znodes below ``below``; returns them.
+
+        Only ``coordinator.gc`` calls it, with the lowest last committed epoch of every
+        registered job: a job only ever looks for barriers after its own last committed
+        epoch, so a lagging or stopped job still finds each barrier it must process. The
+        newest agreed barrier is recorded in ``/barriers`` itself and is never needed here.
+        """
+        old = [t for t in self.agreed() if t < below]
         for start in range(0, len(old), 200):
             try:
                 self.tm.multi([delete(self.tm.paths.barrier(t)) for t in old[start:start + 200]])
-            except MultiFailed:
-                pass  # another job pruned the same barriers concurrently
-        return len(old)
+            except MultiFailed as failed:
+                if not isinstance(failed.error, NoNodeError):
+                    raise
+                for epoch in old[start:start + 200]:  # another GC pruned some of them concurrently
+                    path = self.tm.paths.barrier(epoch)
+                    try:
+                        self.tm.call(f"delete {path}", self.tm.client.delete_async, path)
+                    except NoNodeError:
+                        pass
+        return old
 
 
 __all__ = ["BarrierGrid", "Barriers", "BarrierMode"]

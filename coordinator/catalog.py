@@ -6,6 +6,10 @@
 
 Supported URIs: ``sqlite:///abs/path/catalog.db`` and ``postgresql://user:password@host:port/db``.
 Any other catalog (REST, Glue, Hive, ...) is described with ``CatalogSettings.custom``.
+
+Only the embedded default (``CatalogSettings.embedded``, or ``create_if_missing=True``) creates
+its SQLite database and directories; any other SQLite URI must name an existing database, so a
+mistyped URI is a ``ConfigurationError``, never a new empty catalog.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 from urllib.parse import unquote, urlsplit
 
-from .errors import ConfigurationError, TableNotFound
+from .errors import ConfigurationError, InvalidName, TableNotFound
 from .names import validate_name
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -48,6 +52,7 @@ class CatalogSettings:
     warehouse: Optional[str] = None
     spark_properties: Mapping[str, str] = field(default_factory=dict)
     python_properties: Mapping[str, str] = field(default_factory=dict)
+    create_if_missing: bool = False
 
     def __post_init__(self) -> None:
         validate_name(self.name, "catalog name")
@@ -57,7 +62,8 @@ class CatalogSettings:
     @classmethod
     def embedded(cls, home: Optional[Path] = None, name: str = DEFAULT_CATALOG) -> "CatalogSettings":
         home = Path(home or data_home())
-        return cls(name=name, uri=f"sqlite:///{home / 'catalog.db'}", warehouse=f"file://{home / 'warehouse'}")
+        return cls(name=name, uri=f"sqlite:///{home / 'catalog.db'}", warehouse=f"file://{home / 'warehouse'}",
+                   create_if_missing=True)
 
     @classmethod
     def from_env(cls) -> "CatalogSettings":
@@ -92,6 +98,7 @@ class CatalogSettings:
         if self.warehouse:
             conf[f"{prefix}.warehouse"] = self.warehouse
         if kind == "sqlite":
+            self._require_database(parts["path"])
             conf[f"{prefix}.uri"] = f"jdbc:sqlite:{parts['path']}?journal_mode=WAL"
             conf[f"{prefix}.jdbc.busy_timeout"] = str(SQLITE_BUSY_TIMEOUT_MS)
         else:
@@ -110,12 +117,25 @@ class CatalogSettings:
         if self.warehouse:
             props["warehouse"] = self.warehouse
         if kind == "sqlite":
-            Path(parts["path"]).parent.mkdir(parents=True, exist_ok=True)
+            self._require_database(parts["path"])
             props["uri"] = f"sqlite:///{parts['path']}?timeout={SQLITE_BUSY_TIMEOUT_MS // 1000}"
         else:
             auth = parts["user"] + (f":{parts['password']}" if parts["password"] else "") + "@" if parts["user"] else ""
             props["uri"] = f"postgresql+psycopg2://{auth}{parts['host']}:{parts['port']}/{parts['database']}"
         return props
+
+    def _require_database(self, path: str) -> None:
+        if not self.create_if_missing:
+            if not Path(path).is_file():
+                raise ConfigurationError(f"the SQLite catalog database {path} does not exist: check "
+                                         "TIDEMARK_CATALOG_URI (only the embedded default catalog is created "
+                                         "when missing)")
+            return
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigurationError(f"cannot create the catalog's directory {Path(path).parent}: "
+                                     f"{exc.strerror or exc}; set TIDEMARK_HOME to a writable directory") from None
 
     def load(self):
         """The pyiceberg catalog, or a ConfigurationError saying why the database cannot be opened."""
@@ -135,10 +155,15 @@ class CatalogSettings:
 
 
 def load_table(catalog, settings: CatalogSettings, table: str):
-    from pyiceberg.exceptions import NoSuchTableError
+    """The pyiceberg table; ``TableNotFound`` when it does not exist, ``InvalidName`` without a namespace."""
+    from pyiceberg.exceptions import NoSuchIdentifierError, NoSuchNamespaceError, NoSuchTableError
+    identifier = settings.identifier(validate_name(table, "table name"))
+    if "." not in identifier:
+        raise InvalidName(f"table {table!r} has no namespace: name it namespace.table "
+                          f"(or {settings.name}.namespace.table)")
     try:
-        return catalog.load_table(settings.identifier(table))
-    except NoSuchTableError:
+        return catalog.load_table(identifier)
+    except (NoSuchTableError, NoSuchNamespaceError, NoSuchIdentifierError):
         raise TableNotFound(f"Iceberg table {table!r} does not exist in catalog {settings.name!r}") from None
 
 

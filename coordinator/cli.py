@@ -3,29 +3,55 @@
     tidemark zk start [--port P] [--data-dir D]     a local ZooKeeper server in the background
     tidemark status [--json]                        jobs, leaders, tidemarks, lag (s), what each job waits for
     tidemark topology [--format text|json|dot|mermaid]
-    tidemark fence JOB | tidemark unregister JOB
+    tidemark fence JOB | tidemark unregister JOB [--yes]
     tidemark barriers [--set-interval MS --from T]
-    tidemark resolve TABLE... [--level ...] [--as-of T] [--json]
-    tidemark metrics [--port 9464]                  the status as Prometheus metrics
+    tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--json]
+    tidemark gc [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file and znode clean-up
+    tidemark versions [--json]                      the retained versions, with their tier and age
+    tidemark exporter [--port 9464] [--refresh S]   the topology-wide view for Prometheus, /metrics and /healthz
 
-Errors print one line, ``tidemark: error: ...``, and exit with status 1.
+Errors print one line, ``tidemark: error: ...``, and exit with status 1; a malformed command
+line exits with status 2. Output into a closed pipe (``tidemark status | head -2``) ends the
+command quietly with status 141, as a SIGPIPE would.
+
+ZooKeeper credentials come from the environment only (``TIDEMARK_ZK_USER``/``_PASSWORD``,
+``TIDEMARK_ZK_READER_USER``/``_PASSWORD``: a password on a command line is visible to every
+user of the machine); TLS from ``--tls-*`` options or ``TIDEMARK_ZK_TLS*`` variables.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Optional
 
 from .errors import TidemarkError
 from .zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper, four_letter_word
 
+EXIT_ERROR, EXIT_USAGE, EXIT_CLOSED_PIPE = 1, 2, 141
 
-def _connect(args):
+
+def _connect(args, read_only: bool = False):
+    """The session; commands that only read never create znodes (so they never leave any open to anyone)."""
     from .client import Tidemark
-    return Tidemark.connect(args.zk, root=args.root, connect_timeout=args.timeout, operation_timeout=args.timeout)
+    return Tidemark.connect(args.zk, root=args.root, connect_timeout=args.timeout, operation_timeout=args.timeout,
+                            tls=_tls(args), read_only=read_only)
+
+
+def _tls(args):
+    """TLS settings from the ``--tls-*`` options; None leaves it to the ``TIDEMARK_ZK_TLS*`` variables."""
+    from .security import TlsSettings
+    if not (args.tls or args.tls_ca or args.tls_cert or args.tls_key):
+        return None
+    env = TlsSettings.from_env() or TlsSettings()
+    return TlsSettings(ca=args.tls_ca or env.ca, certfile=args.tls_cert or env.certfile,
+                       keyfile=args.tls_key or env.keyfile, verify_certs=env.verify_certs,
+                       check_hostname=env.check_hostname, keyfile_password=env.keyfile_password)
 
 
 def _fmt_epoch(epoch: Optional[int]) -> str:
@@ -55,7 +81,7 @@ def cmd_zk(args) -> int:
 
 def cmd_status(args) -> int:
     from .status import fmt_seconds
-    with _connect(args) as tm:
+    with _connect(args, read_only=True) as tm:
         status = tm.status()
     if args.json:
         print(json.dumps(status.to_dict(), indent=2))
@@ -98,7 +124,7 @@ def _job_line(job) -> str:
 
 
 def cmd_topology(args) -> int:
-    with _connect(args) as tm:
+    with _connect(args, read_only=True) as tm:
         topo = tm.topology()
     render = {"text": topo.to_text, "dot": topo.to_dot, "mermaid": topo.to_mermaid,
               "json": lambda: json.dumps(topo.to_dict(), indent=2)}
@@ -114,14 +140,26 @@ def cmd_fence(args) -> int:
 
 
 def cmd_unregister(args) -> int:
+    from .catalog import CatalogSettings
+    from .errors import UnregisterNotConfirmed
+    catalog = CatalogSettings.from_env()
     with _connect(args) as tm:
-        record = tm.unregister_job(args.job)
-    print(f"job {args.job} unregistered (it wrote {', '.join(record.sinks)})")
+        try:
+            plan = tm.unregister_job(args.job, confirm=args.yes, catalog=catalog)
+        except UnregisterNotConfirmed as refused:
+            if not sys.stdin.isatty():
+                raise TidemarkError(f"{refused.plan.describe()}; nothing changed: pass --yes to unregister") from None
+            print(refused.plan.describe())
+            if input(f"Type the job name ({args.job}) to unregister it: ").strip() != args.job:
+                raise TidemarkError("not confirmed; nothing changed") from None
+            plan = tm.unregister_job(args.job, confirm=True, catalog=catalog)
+    print(f"job {args.job} unregistered (it wrote {', '.join(plan.record.sinks)}). "
+          + (plan.resume.describe() if plan.resume is not None else "Its sinks' Iceberg progress is unknown."))
     return 0
 
 
 def cmd_barriers(args) -> int:
-    with _connect(args) as tm:
+    with _connect(args, read_only=args.set_interval is None) as tm:
         if args.set_interval is not None:
             if args.effective_from is None:
                 raise TidemarkError("--set-interval needs --from T, a future barrier where the change takes effect")
@@ -137,7 +175,7 @@ def cmd_resolve(args) -> int:
     from .catalog import CatalogSettings
     from .resolve import Resolver
     settings = CatalogSettings.from_env()
-    tm = None if args.no_zk else _connect(args)
+    tm = None if args.no_zk else _connect(args, read_only=True)
     try:
         version = Resolver(settings.load(), settings, tm).resolve(args.tables, level=args.level, as_of=args.as_of)
     finally:
@@ -152,31 +190,116 @@ def cmd_resolve(args) -> int:
     return 0
 
 
-def cmd_metrics(args) -> int:
-    from prometheus_client import start_http_server
-
-    from .metrics import status_registry
-    tm = _connect(args)
-    server, thread = start_http_server(args.port, addr=args.address, registry=status_registry(tm))
-    print(f"serving Prometheus metrics on http://{args.address}:{args.port}/metrics", flush=True)
-    try:
-        thread.join()
-    finally:
-        server.shutdown()
-        tm.close()
+def cmd_gc(args) -> int:
+    from .catalog import CatalogSettings
+    from .gc import GarbageCollector, summarize
+    from .retention import RetentionPolicy, store_policy
+    policy = RetentionPolicy.parse(args.policy) if args.policy else None
+    with _connect(args) as tm:
+        if policy is not None and not args.dry_run:
+            store_policy(tm, policy)
+        report = GarbageCollector(tm, CatalogSettings.from_env(), policy=policy).run(dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0
+    print(("dry run: nothing changed\n" if report.dry_run else "") + "\n".join(summarize(report.plan)))
+    if not report.dry_run:
+        print(f"expired {report.expired_snapshots} snapshots, deleted {report.deleted_files} files, pruned "
+              f"{report.pruned_barriers} barrier znodes")
     return 0
 
 
+def cmd_versions(args) -> int:
+    from .versions import RetainedVersions, fmt_age, tier_listing
+    with _connect(args, read_only=True) as tm:
+        listing = tier_listing(tm, RetainedVersions(tm).all())
+    if args.json:
+        print(json.dumps([entry.to_dict() for entry in listing], indent=2))
+        return 0
+    if not listing:
+        print("no retained versions (run `tidemark gc`)")
+    for entry in listing:
+        print(f"{entry.tag}  {_fmt_epoch(entry.epoch)}  age {fmt_age(entry.age_ms)}  {entry.tier}  "
+              f"{len(entry.snapshots)} tables")
+    return 0
+
+
+def cmd_exporter(args) -> int:
+    from .client import Tidemark
+    from .exporter import Exporter
+    from .metrics_server import MetricsServer
+    exporter = Exporter(lambda: Tidemark.connect(args.zk, root=args.root, connect_timeout=args.timeout,
+                                                 operation_timeout=args.timeout, tls=_tls(args), read_only=True),
+                        refresh_every=args.refresh, max_age=args.refresh + args.timeout)
+    server = MetricsServer(args.port, args.address)
+    server.attach(exporter.registry, healthy=exporter.alive)
+    exporter.start()
+    print(f"serving Prometheus metrics on http://{args.address}:{server.port}/metrics (health: /healthz)", flush=True)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        stopped.wait()
+    finally:
+        server.close()
+        exporter.close()
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a malformed command line in one line (usage stays in ``--help``)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"tidemark: error: {_one_line(message)} (see `{self.prog} --help`)\n")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 3600:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 3600")
+    return value
+
+
+def _port(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return int(text)
+
+
+def _epoch(text: str) -> int:
+    from .names import MAX_EPOCH_MS
+    if not text.isascii() or not text.isdigit() or int(text) > MAX_EPOCH_MS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an epoch (milliseconds since 1970, 0 to {MAX_EPOCH_MS})")
+    return int(text)
+
+
+def _version(text: str) -> int:
+    """``--as-of``: an epoch, or the tag ``tidemark-<epoch>`` of a retained version."""
+    from .versions import parse_version_ref
+    try:
+        return _epoch(str(parse_version_ref(text)))
+    except (TidemarkError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an epoch (milliseconds since 1970) nor a tag "
+                                         "tidemark-<epoch>; `tidemark versions` lists the retained ones") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tidemark", description="Consistent, exactly-once Iceberg tables")
+    parser = _Parser(prog="tidemark", description="Consistent, exactly-once Iceberg tables")
     parser.add_argument("--zk", help="ZooKeeper connect string (default: $TIDEMARK_ZK or 127.0.0.1:2181)")
     parser.add_argument("--root", default="/tidemark", help="root znode (default /tidemark)")
-    parser.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for ZooKeeper")
+    parser.add_argument("--timeout", type=_seconds, default=15.0, help="seconds to wait for ZooKeeper (up to 3600)")
+    tls = parser.add_argument_group("TLS to ZooKeeper's secureClientPort (or TIDEMARK_ZK_TLS* variables)")
+    tls.add_argument("--tls", action="store_true", help="use TLS with the system's CAs ($TIDEMARK_ZK_TLS=1)")
+    tls.add_argument("--tls-ca", metavar="PEM", help="CA of the servers' certificates ($TIDEMARK_ZK_TLS_CA)")
+    tls.add_argument("--tls-cert", metavar="PEM", help="client certificate ($TIDEMARK_ZK_TLS_CERT)")
+    tls.add_argument("--tls-key", metavar="PEM", help="client certificate's key ($TIDEMARK_ZK_TLS_KEY)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     zk = sub.add_parser("zk", help="a local ZooKeeper server")
     zk.add_argument("action", choices=["start", "stop", "status"])
-    zk.add_argument("--port", type=int, default=DEFAULT_PORT)
+    zk.add_argument("--port", type=_port, default=DEFAULT_PORT)
     zk.add_argument("--data-dir", type=Path, help="default: $TIDEMARK_HOME/zookeeper")
     zk.set_defaults(func=cmd_zk)
 
@@ -193,41 +316,78 @@ def build_parser() -> argparse.ArgumentParser:
     fence.add_argument("--by", default="operator", help="who fenced it (recorded in the term znode)")
     fence.set_defaults(func=cmd_fence)
 
-    unregister = sub.add_parser("unregister", help="remove a fenced or leaderless job")
+    unregister = sub.add_parser("unregister", help="remove a fenced or leaderless job (says what a re-registration "
+                                                   "resumes from; asks for confirmation)")
     unregister.add_argument("job")
+    unregister.add_argument("--yes", action="store_true", help="go ahead without asking")
     unregister.set_defaults(func=cmd_unregister)
 
     barriers = sub.add_parser("barriers", help="show the barrier grid, or change its interval at a future barrier")
     barriers.add_argument("--set-interval", type=int, metavar="MS")
-    barriers.add_argument("--from", dest="effective_from", type=int, metavar="T")
+    barriers.add_argument("--from", dest="effective_from", type=_epoch, metavar="T")
     barriers.set_defaults(func=cmd_barriers)
 
-    metrics = sub.add_parser("metrics", help="serve the status as Prometheus metrics")
-    metrics.add_argument("--port", type=int, default=9464)
-    metrics.add_argument("--address", default="0.0.0.0")
-    metrics.set_defaults(func=cmd_metrics)
+    exporter = sub.add_parser("exporter", help="serve the topology-wide view as Prometheus metrics (read-only)")
+    exporter.add_argument("--port", type=_port, default=9464)
+    exporter.add_argument("--address", default="0.0.0.0")
+    exporter.add_argument("--refresh", type=_seconds, default=5.0, metavar="S",
+                          help="seconds between reads of ZooKeeper (scrapes never wait on it)")
+    exporter.set_defaults(func=cmd_exporter)
 
     resolve = sub.add_parser("resolve", help="the snapshot of each table at one consistency level")
     resolve.add_argument("tables", nargs="+")
     resolve.add_argument("--level", choices=["latest", "committed", "consistent"], default="consistent")
-    resolve.add_argument("--as-of", type=int, metavar="T", help="a retained historical epoch")
+    resolve.add_argument("--as-of", type=_version, metavar="T", help="a retained version: its epoch or its tag "
+                         "tidemark-<T> (`tidemark versions` lists them)")
     resolve.add_argument("--no-zk", action="store_true", help="resolve from Iceberg metadata alone")
     resolve.add_argument("--json", action="store_true")
     resolve.set_defaults(func=cmd_resolve)
+
+    gc = sub.add_parser("gc", help="keep the versions the retention policy wants, expire the rest and delete its files")
+    gc.add_argument("--dry-run", action="store_true", help="print what would be kept and dropped, and why")
+    gc.add_argument("--json", action="store_true")
+    gc.add_argument("--policy", metavar="SPEC", help="record this retention policy for the deployment first, e.g. "
+                    "all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo (with --dry-run: preview it only)")
+    gc.set_defaults(func=cmd_gc)
+
+    versions = sub.add_parser("versions", help="the retained consistent versions, with their tier and age")
+    versions.add_argument("--json", action="store_true")
+    versions.set_defaults(func=cmd_versions)
     return parser
 
 
+
 def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; every failure is one ``tidemark: error:`` line on stderr, never a traceback."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # --help, or a usage error already reported in one line
+        return done.code if isinstance(done.code, int) else EXIT_USAGE
     # kazoo logs every reconnection attempt; the command reports the outcome in one line instead.
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     try:
         return args.func(args)
     except TidemarkError as exc:
-        print(f"tidemark: error: {exc}", file=sys.stderr)
-        return 1
+        return _fail(str(exc))
+    except BrokenPipeError:
+        # The reader of our output went away (`| head`): stop quietly. Point stdout at /dev/null so the
+        # interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001 - the last resort: a bug still gets one line, not a traceback
+        return _fail(f"unexpected {type(exc).__name__}: {exc}. This is a bug in tidemark: please report it "
+                     "with the command that caused it")
+
+
+def _fail(message: str) -> int:
+    print(f"tidemark: error: {_one_line(message)}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())  # every line break Python knows is whitespace to split()
 
 
 if __name__ == "__main__":

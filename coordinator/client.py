@@ -7,7 +7,9 @@ Failure behaviour: every operation is retried through tenacity on connection los
 timeouts until ``operation_timeout`` passes, then raises ``ZooKeeperUnavailable``. The
 connection itself is re-established in the background for as long as the object is open
 (ZooKeeper sessions survive short outages that way); state changes are recorded by a
-listener that never blocks, and recipes (leadership) read them.
+listener that never blocks, and recipes (leadership) read them. The session counts its
+retries per operation and its connection state changes (``retry_counts``,
+``connection_changes``) for the driver's metrics.
 """
 from __future__ import annotations
 
@@ -15,35 +17,31 @@ import logging
 import os
 import socket
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import (ConnectionLoss, NodeExistsError, NoNodeError, OperationTimeoutError, RolledBackError,
+from kazoo.exceptions import (AuthFailedError, BadArgumentsError, ConnectionLoss, InvalidACLError, NoAuthError,
+                              NodeExistsError, NoNodeError, OperationTimeoutError, RolledBackError,
                               SessionExpiredError)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
-from kazoo.security import make_acl, make_digest_acl
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
-from .errors import ConfigurationError, ZooKeeperUnavailable
+from .errors import ConfigurationError, InvalidName, MultiFailed, PermissionDenied, ZooKeeperUnavailable
+from .names import validate_chroot
 from .paths import Paths
 from .records import JsonRecord, TopologyVersion
+from .security import Credentials, TlsSettings, diagnose_tls, is_open
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=JsonRecord)
 DEFAULT_CONNECT = "127.0.0.1:2181"
 RETRYABLE = (ConnectionLoss, OperationTimeoutError, KazooTimeoutError, SessionExpiredError)
-
-
-@dataclass(frozen=True)
-class TlsSettings:
-    """TLS towards ZooKeeper's secure client port (``secureClientPort``)."""
-
-    ca: Optional[str] = None
-    certfile: Optional[str] = None
-    keyfile: Optional[str] = None
-    verify_certs: bool = True
+# A healthy session comes up in milliseconds; after this long, look for a TLS mismatch instead of waiting it out.
+TLS_DIAGNOSIS_AFTER_S = 1.0
+__all__ = ["Credentials", "MultiFailed", "Op", "Tidemark", "TlsSettings", "check", "create", "delete", "set_data"]
 
 
 @dataclass(frozen=True)
@@ -73,20 +71,14 @@ def delete(path: str, version: int = -1) -> Op:
     return Op("delete", path, version=version)
 
 
-class MultiFailed(Exception):
-    """A multi was rolled back: ``op`` is the operation that failed, ``error`` the ZooKeeper error."""
-
-    def __init__(self, op: Op, error: Exception) -> None:
-        super().__init__(f"{op.kind} {op.path}: {type(error).__name__}")
-        self.op, self.error = op, error
-
-
 class Tidemark:
     """A ZooKeeper session plus the Tidemark znode layout under ``root``."""
 
     def __init__(self, client: KazooClient, *, root: str = "/tidemark", operation_timeout: float = 30.0,
-                 session_timeout: float = 10.0, member: Optional[str] = None) -> None:
+                 session_timeout: float = 10.0, member: Optional[str] = None,
+                 credentials: Optional[Credentials] = None) -> None:
         self.client = client
+        self.credentials = credentials or Credentials()
         self.session_timeout = session_timeout
         self.paths = Paths(root)
         self.operation_timeout = operation_timeout
@@ -95,54 +87,69 @@ class Tidemark:
         self._state_listeners: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
         self._topology = None  # the last topology read (coordinator.topology keeps it fresh)
+        self._retries: Counter[str] = Counter()
+        self._state_changes: Counter[str] = Counter()
         client.add_listener(self._on_state_change)
 
     @classmethod
     def connect(cls, hosts: Optional[str] = None, *, root: str = "/tidemark", session_timeout: float = 10.0,
                 connect_timeout: float = 15.0, operation_timeout: float = 30.0,
-                auth: Optional[tuple[str, str]] = None, tls: Optional[TlsSettings] = None,
-                member: Optional[str] = None) -> "Tidemark":
+                auth: Optional[tuple[str, str]] = None, reader: Optional[tuple[str, str]] = None,
+                tls: Optional[TlsSettings] = None, member: Optional[str] = None,
+                read_only: bool = False) -> "Tidemark":
         """Connect to ``hosts`` (``host:port,...[/chroot]``; default ``TIDEMARK_ZK``, else 127.0.0.1:2181).
 
-        ``auth`` is a digest ``(user, password)`` (default ``TIDEMARK_ZK_USER`` /
-        ``TIDEMARK_ZK_PASSWORD``): znodes are then created writable by that user only and
-        readable by everyone. Raises ``ZooKeeperUnavailable`` when no server
-        answers within ``connect_timeout``.
+        ``auth`` is the writer identity, a digest ``(user, password)`` (default
+        ``TIDEMARK_ZK_USER`` / ``TIDEMARK_ZK_PASSWORD``), and ``reader`` the reader identity
+        (default ``TIDEMARK_ZK_READER_USER`` / ``TIDEMARK_ZK_READER_PASSWORD``); see
+        ``coordinator.security`` for the ACLs they give. With the writer identity, top-level
+        znodes that anyone may change are repaired, or ``PermissionDenied`` says what to do.
+        ``tls`` defaults to ``TlsSettings.from_env()``. ``read_only`` creates and repairs nothing
+        (neither the chroot nor the layout), whatever the identity, for observers such as the exporter.
+
+        Raises ``ZooKeeperUnavailable`` when no server answers within ``connect_timeout``,
+        ``TlsError`` for a certificate or protocol mismatch (within about a second),
+        ``ConfigurationError`` for a malformed connect string and ``InvalidName`` for a bad root.
         """
         hosts = hosts or os.environ.get("TIDEMARK_ZK") or DEFAULT_CONNECT
-        if auth is None and os.environ.get("TIDEMARK_ZK_USER"):
-            auth = (os.environ["TIDEMARK_ZK_USER"], os.environ.get("TIDEMARK_ZK_PASSWORD", ""))
-        kwargs: dict[str, Any] = {}
-        if auth is not None:
-            user, password = auth
-            kwargs["auth_data"] = [("digest", f"{user}:{password}")]
-            kwargs["default_acl"] = [make_digest_acl(user, password, all=True), make_acl("world", "anyone", read=True)]
+        env = Credentials.from_env()
+        user, password = _identity(auth, "auth") if auth is not None else (env.user, env.password)
+        reader_user, reader_password = (_identity(reader, "reader") if reader is not None
+                                        else (env.reader_user, env.reader_password))
+        credentials = Credentials(user, password, reader_user, reader_password)
+        tls = tls if tls is not None else TlsSettings.from_env()
+        paths = Paths(root)  # InvalidName before any connection
+        kwargs: dict[str, Any] = {"auth_data": credentials.auth_data(), "default_acl": credentials.default_acl()}
         if tls is not None:
-            kwargs.update(use_ssl=True, ca=tls.ca, certfile=tls.certfile, keyfile=tls.keyfile,
-                          verify_certs=tls.verify_certs)
-        client = KazooClient(
-            hosts=hosts, timeout=session_timeout,
-            # Reconnection keeps the session alive through short outages; it runs in the
-            # background and never blocks a caller. Operations have their own deadline.
-            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2),
-            command_retry=KazooRetry(max_tries=-1, delay=0.05, max_delay=1, deadline=operation_timeout),
-            **kwargs)
-        chroot, client.chroot = client.chroot, ""  # connect outside the chroot so we can create it
+            tls.context()  # a missing or unreadable CA, certificate or key: say so now, not after the timeout
+            kwargs.update(tls.kazoo_kwargs())
         try:
-            client.start(timeout=connect_timeout)
-            if chroot:
-                client.ensure_path(chroot)
-        except KazooTimeoutError:
-            client.close()
-            raise ZooKeeperUnavailable(
-                f"no ZooKeeper server answered at {hosts} within {connect_timeout:.0f}s: check TIDEMARK_ZK, "
-                "that the servers run (`tidemark zk start` for a local one) and the network") from None
+            client = KazooClient(
+                hosts=hosts, timeout=session_timeout,
+                # Reconnection keeps the session alive through short outages; it runs in the
+                # background and never blocks a caller. Operations have their own deadline.
+                connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2),
+                command_retry=KazooRetry(max_tries=-1, delay=0.05, max_delay=1, deadline=operation_timeout),
+                **kwargs)
         except ValueError as exc:
-            raise ConfigurationError(f"ZooKeeper connect string {hosts!r} is invalid: {exc}") from None
-        client.chroot = chroot
-        tm = cls(client, root=root, operation_timeout=operation_timeout, session_timeout=session_timeout,
-                 member=member)
-        tm.ensure_layout()
+            raise ConfigurationError(f"ZooKeeper connect string {hosts!r} is invalid ({exc}): use "
+                                     "host:port[,host:port...][/chroot]") from None
+        # Connect outside the chroot so we can create it; "host:2181/" has none.
+        chroot, client.chroot = ("" if client.chroot == "/" else client.chroot), ""
+        if chroot:
+            validate_chroot(chroot)
+        _start(client, hosts, tls, connect_timeout)
+        tm = cls(client, root=paths.root, operation_timeout=operation_timeout, session_timeout=session_timeout,
+                 member=member, credentials=credentials)
+        try:
+            if chroot and not (read_only or credentials.read_only):
+                tm.ensure_path(chroot)
+            client.chroot = chroot
+            if not read_only:
+                tm.ensure_layout()
+        except BaseException:
+            tm.close()
+            raise
         return tm
 
     # -- lifecycle and connection state --------------------------------------------------
@@ -174,6 +181,7 @@ class Tidemark:
     def _on_state_change(self, state: str) -> None:
         self._state = state
         with self._lock:
+            self._state_changes[state] += 1
             listeners = list(self._state_listeners)
         for listener in listeners:
             try:
@@ -181,18 +189,57 @@ class Tidemark:
             except Exception:  # noqa: BLE001 - a listener's bug must not break the session
                 log.exception("state listener %r failed", listener)
 
+    def connection_changes(self) -> dict[str, int]:
+        """How many times the connection entered each state (``CONNECTED``, ``SUSPENDED``, ``LOST``)."""
+        with self._lock:
+            return dict(self._state_changes)
+
+    # -- retries ---------------------------------------------------------------------------
+
+    def count_retries(self, operation: str) -> Callable[[RetryCallState], None]:
+        """A tenacity ``before_sleep`` hook that counts each retry of ``operation`` (see ``retry_counts``)."""
+        def count(_: RetryCallState) -> None:
+            with self._lock:
+                self._retries[operation] += 1
+        return count
+
+    def retry_counts(self) -> dict[str, int]:
+        """Retries so far in this session, per operation (``zookeeper``, ``barriers``, ``leader_election``, ...)."""
+        with self._lock:
+            return dict(self._retries)
+
     # -- deadline-bounded operations -------------------------------------------------------
 
     def _with_deadline(self, what: str, attempt: Callable[[], Any]) -> Any:
-        """Run ``attempt``, retrying transient failures until ``operation_timeout``, then ``ZooKeeperUnavailable``."""
+        """Run ``attempt``, retrying transient failures until ``operation_timeout``, then ``ZooKeeperUnavailable``.
+
+        A refusal by the znode's ACL is ``PermissionDenied``; ZooKeeper's other answers
+        (no node, node exists, bad version) reach the caller, which decides what they mean.
+        """
         retrying = Retrying(stop=stop_after_delay(self.operation_timeout),
                             wait=wait_random_exponential(multiplier=0.05, max=1.0),
-                            retry=retry_if_exception_type(RETRYABLE), reraise=True)
+                            retry=retry_if_exception_type(RETRYABLE), reraise=True,
+                            before_sleep=self.count_retries("zookeeper"))
         try:
             return retrying(attempt)
         except RETRYABLE as exc:
             raise ZooKeeperUnavailable(f"ZooKeeper did not complete {what} within {self.operation_timeout:.0f}s "
                                        f"({type(exc).__name__}); check that the ensemble is up") from None
+        except NoAuthError:
+            raise self._denied(what) from None
+        except (InvalidACLError, AuthFailedError) as exc:
+            raise ConfigurationError(f"ZooKeeper refused {what} for {self.credentials.identity} "
+                                     f"({type(exc).__name__}): check TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD"
+                                     ) from None
+        except BadArgumentsError:
+            raise ConfigurationError(f"ZooKeeper refused {what} as malformed (BadArguments): check the connect "
+                                     "string's chroot and the root") from None
+
+    def _denied(self, what: str) -> PermissionDenied:
+        hint = ("set TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD to the writer identity this tree is secured with"
+                if not self.credentials.is_writer else
+                "this tree is secured with another writer identity: use that one (TIDEMARK_ZK_USER/_PASSWORD)")
+        return PermissionDenied(f"ZooKeeper refused {what} to {self.credentials.identity} (NoAuth): {hint}")
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a kazoo async call and wait for it, retrying transient failures until the deadline."""
@@ -247,24 +294,60 @@ class Tidemark:
             return tx.commit_async().get(timeout=self.operation_timeout)
         results = self._with_deadline(f"a {len(ops)}-operation multi", attempt)
         for op, result in zip(ops, results):
+            if isinstance(result, NoAuthError):
+                raise self._denied(f"{op.kind} {op.path}")
             if isinstance(result, Exception) and not isinstance(result, RolledBackError):
                 raise MultiFailed(op, result)
         return results
 
-    def ensure_path(self, path: str, data: bytes = b"") -> None:
+    def ensure_path(self, path: str, data: bytes = b"", acl: Optional[list] = None) -> None:
         # Look first: creating an existing znode under another user's ACL fails with NoAuth, not NodeExists.
         if self.call(f"exists {path}", self.client.exists_async, path) is not None:
             return
         try:
-            self.call(f"create {path}", self.client.create_async, path, data, None, False, False, True)
+            self.call(f"create {path}", self.client.create_async, path, data, acl, False, False, True)
         except NodeExistsError:
             pass
 
     def ensure_layout(self) -> None:
-        """Create the top-level znodes once (idempotent, safe to race)."""
+        """Create the top-level znodes once (idempotent, safe to race) and, with the writer identity, secure them.
+
+        A read-only session (only the reader identity) creates nothing.
+        """
+        if self.credentials.read_only:
+            return
         self.ensure_path(self.paths.topology, TopologyVersion(0).to_json())
         for path in self.paths.top_level():
-            self.ensure_path(path)
+            self.ensure_path(path, acl=self._acl_of(path))
+        if self.credentials.is_writer:
+            self._repair_open_acls()
+
+    def _acl_of(self, path: str) -> Optional[list]:
+        return self.credentials.readers_acl() if path == self.paths.readers else self.credentials.default_acl()
+
+    def _repair_open_acls(self) -> None:
+        """Give the writer's ACL to every top-level znode anyone may change (an unauthenticated client made it)."""
+        nodes = [self.paths.topology, *self.paths.top_level()]
+        if self.paths.root != "/":
+            nodes.insert(0, self.paths.root)
+
+        def read_acls() -> list:
+            pending = [self.client.get_acls_async(path) for path in nodes]
+            return [result.get(timeout=self.operation_timeout)[0] for result in pending]
+        for path, acl in zip(nodes, self._with_deadline("reading the top-level ACLs", read_acls)):
+            if not is_open(acl):
+                continue
+            try:
+                self.call(f"set the ACL of {path}", self.client.set_acls_async, path, self._acl_of(path))
+            except PermissionDenied:
+                full = (self.client.chroot or "") + path
+                raise PermissionDenied(
+                    f"{full} was created by an unauthenticated client, anyone may change it, and ZooKeeper does "
+                    f"not let {self.credentials.identity} repair its ACL: have a ZooKeeper admin run "
+                    f"`setAcl {full} digest:{self.credentials.user}:<digest>:cdrwa,world:anyone:r` (zkCli.sh), "
+                    "or delete the tree if it holds nothing yet, then connect again") from None
+            log.warning("%s was open to anyone (created by an unauthenticated client): gave it the writer's ACL",
+                        path)
 
     # -- the recipes (each in its own module) ------------------------------------------------
 
@@ -276,12 +359,15 @@ class Tidemark:
         from .registry import register_job
         return register_job(self, name, sources=sources, sinks=sinks, replace=replace)
 
-    def unregister_job(self, name: str):
+    def unregister_job(self, name: str, *, confirm: bool = False, catalog=None):
+        """See ``registry.unregister_job``: without ``confirm=True`` it only raises ``UnregisterNotConfirmed``."""
         from .registry import unregister_job
-        return unregister_job(self, name)
+        return unregister_job(self, name, confirm=confirm, catalog=catalog)
 
     def fence_job(self, name: str, by: str = "operator") -> int:
         from .registry import fence_job
+        if not isinstance(by, str):
+            raise InvalidName(f"who fenced the job (by=) must be a string, got {str(by)[:40]!r}")
         return fence_job(self, name, by=by)
 
     def leadership(self, job: str):
@@ -306,3 +392,25 @@ class Tidemark:
         return read_status(self)
 
 
+def _identity(pair: object, what: str) -> tuple[str, str]:
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise ConfigurationError(f"{what} must be a (user, password) pair")
+    return pair[0], pair[1]
+
+
+def _start(client: KazooClient, hosts: str, tls: Optional[TlsSettings], connect_timeout: float) -> None:
+    """Start the session; a TLS mismatch is reported within about a second, silence after ``connect_timeout``."""
+    started = client.start_async()
+    if not started.wait(min(TLS_DIAGNOSIS_AFTER_S, connect_timeout)):
+        mismatch = diagnose_tls(client.hosts, tls)
+        if mismatch is not None:
+            client.stop()
+            client.close()
+            raise mismatch
+        started.wait(max(0.0, connect_timeout - TLS_DIAGNOSIS_AFTER_S))
+    if not client.connected:
+        client.stop()
+        client.close()
+        raise ZooKeeperUnavailable(
+            f"no ZooKeeper server answered at {hosts} within {connect_timeout:.0f}s: check TIDEMARK_ZK, "
+            "that the servers run (`tidemark zk start` for a local one) and the network")

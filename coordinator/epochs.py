@@ -28,16 +28,25 @@ tidemark of every sink table and marks the epoch COMMITTED in one multi: the epo
 visible to consistent readers everywhere at once, or not at all. A write whose reply was
 lost and that is retried is recognised as already applied by re-reading the epoch znode.
 Only the newest ``history`` epoch znodes are kept.
+
+A leader that finds no epoch history in ZooKeeper (a new chroot, an unregistered and
+re-registered job, a rebuilt ensemble) passes ``recover`` the ``ResumePoint`` read from its
+sinks' Iceberg metadata (``progress.py``): the committed epoch is written back as the
+job's COMMITTED epoch (with its input ranges, and the sinks' tidemarks at it) and an epoch
+in flight as STARTED with its recorded inputs, in one leader multi, so the job carries on
+exactly where its sinks say it was.
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from .client import MultiFailed, Op, create, delete, set_data
-from .errors import CorruptState, EpochOrderError
+from .errors import ConfigurationError, CorruptState, EpochOrderError
 from .leadership import Leadership
+from .names import parse_epoch
+from .progress import ResumePoint
 from .records import EpochInputs, EpochRecord, EpochState, TableTidemark, now_ms
 
 
@@ -53,12 +62,13 @@ class Recovery:
     action: RecoveryAction
     epoch: Optional[EpochRecord]        # the last epoch's record (None for START)
     last_committed: Optional[int]
+    resumed_from: Optional[ResumePoint] = None   # the Iceberg progress written back (no ZooKeeper history)
 
 
 class EpochCoordinator:
     def __init__(self, leadership: Leadership, sinks, history: int = 100) -> None:
         if history < 2:
-            raise ValueError("history must keep at least 2 epochs (the last committed and the one in flight)")
+            raise ConfigurationError("history must keep at least 2 epochs (the last committed and the one in flight)")
         self.leadership = leadership
         self.tm = leadership.tm
         self.job = leadership.job
@@ -72,10 +82,19 @@ class EpochCoordinator:
 
     # -- recovery -----------------------------------------------------------------------------
 
-    def recover(self) -> Recovery:
-        """Read the job's epochs and say what the new leader must do; call it once after acquiring leadership."""
+    def recover(self, resume: Optional[Callable[[], ResumePoint]] = None) -> Recovery:
+        """Read the job's epochs and say what the new leader must do; call it once after acquiring leadership.
+
+        With no epoch in ZooKeeper, ``resume()`` (the sinks' Iceberg progress) is read and written back first.
+        """
         p = self.tm.paths
-        self._known = sorted(int(c) for c in self.tm.children(p.epochs(self.job)) if c.isdigit())
+        self._known = sorted(e for e in map(parse_epoch, self.tm.children(p.epochs(self.job))) if e is not None)
+        seeded = resume() if not self._known and resume is not None else None
+        if seeded is not None and seeded.is_fresh:
+            seeded = None
+        if seeded is not None:
+            self._seed(seeded)
+            self._known = sorted(e for e in map(parse_epoch, self.tm.children(p.epochs(self.job))) if e is not None)
         marks = self.tm.get_many([p.tidemark(t) for t in self.sinks])
         self._marks = {t: TableTidemark.from_json(m[0], p.tidemark(t)) if m else TableTidemark(t)
                        for t, m in zip(self.sinks, marks)}
@@ -94,10 +113,30 @@ class EpochCoordinator:
         if last is None:
             return Recovery(RecoveryAction.START, None, None)
         if last.state == EpochState.COMMITTED:
-            return Recovery(RecoveryAction.NEXT, last, last.epoch)
+            return Recovery(RecoveryAction.NEXT, last, last.epoch, seeded)
         if last.state == EpochState.PRECOMMITTED:
-            return Recovery(RecoveryAction.ROLL_FORWARD, last, self.last_committed)
-        return Recovery(RecoveryAction.RECOMPUTE, last, self.last_committed)
+            return Recovery(RecoveryAction.ROLL_FORWARD, last, self.last_committed, seeded)
+        return Recovery(RecoveryAction.RECOMPUTE, last, self.last_committed, seeded)
+
+    def _seed(self, resume: ResumePoint) -> None:
+        """Write the Iceberg progress back as the job's epoch history (one leader multi)."""
+        p = self.tm.paths
+        ops: list[Op] = []
+        stamp = now_ms()
+        committed, in_flight = resume.committed, resume.in_flight
+        if committed is not None:
+            published = {t: resume.snapshots.get(t) for t in self.sinks}
+            record = EpochRecord(epoch=committed.epoch, state=EpochState.COMMITTED, term=committed.term,
+                                 inputs=committed.inputs or EpochInputs(), published=published, updated_ms=stamp)
+            ops.append(create(p.epoch(self.job, committed.epoch), record.to_json()))
+            first = resume.first_epoch if resume.first_epoch is not None else committed.epoch
+            ops += [set_data(p.tidemark(t), TableTidemark(t, committed.epoch, published[t], stamp, first).to_json())
+                    for t in self.sinks]
+        if in_flight is not None:
+            record = EpochRecord(epoch=in_flight.epoch, state=EpochState.STARTED, term=self.leadership.term,  # type: ignore[arg-type]
+                                 inputs=in_flight.inputs or EpochInputs(), updated_ms=stamp)
+            ops.append(create(p.epoch(self.job, in_flight.epoch), record.to_json()))
+        self.leadership.transact(ops)
 
     def mark(self, table: str) -> TableTidemark:
         """The sink's tidemark as this leader last read or wrote it."""

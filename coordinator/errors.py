@@ -78,3 +78,33 @@ class TableNotFound(TidemarkError):
 
 class VersionNotFound(TidemarkError):
     """No consistent version exists for the requested epoch (expired, or never committed)."""
+
+
+class PermissionDenied(TidemarkError):
+    """ZooKeeper refused an operation because the znode's ACL does not allow this session's identity."""
+
+
+class TlsError(ConfigurationError):
+    """A TLS certificate or protocol mismatch with ZooKeeper; the message names the likely cause."""
+
+
+class MultiFailed(TidemarkError):
+    """A ZooKeeper multi was rolled back: ``op`` is the operation that failed, ``error`` the ZooKeeper error.
+
+    Usually another process changed the same znodes meanwhile; the recipes retry or explain it.
+    """
+
+    def __init__(self, op, error: Exception) -> None:
+        super().__init__(f"ZooKeeper refused a change ({op.kind} {op.path}: {type(error).__name__}): another "
+                         "process changed the same state meanwhile; see `tidemark status` and try again")
+        self.op, self.error = op, error
+
+
+class UnregisterNotConfirmed(RegistrationError):
+    """``unregister_job`` was called without ``confirm=True``; ``plan`` says what it would remove and what a
+    re-registration would resume from."""
+
+    def __init__(self, plan) -> None:
+        super().__init__(f"{plan.describe()}. Nothing was changed: confirm to go ahead "
+                         "(`tidemark unregister --yes`, or unregister_job(..., confirm=True))")
+        self.plan = plan

@@ -1,8 +1,8 @@
 """Leadership of one job among its driver replicas, with a fencing term.
 
     leadership = tm.leadership("word_counts")
-    term = leadership.acquire()          # a standby replica blocks here until it wins
-    leadership.transact([set_data(...)]) # = multi(check(/jobs/<job>/term, version), ...)
+    term = leadership.acquire(term_floor=t)   # a standby replica blocks here until it wins; term > t
+    leadership.transact([set_data(...)])      # = multi(check(term, version), check(incarnation), ...)
     leadership.release()
 
 States: ``IDLE -> CONTENDING -> LEADING <-> SUSPENDED``, then ``LOST`` (session expired),
@@ -10,9 +10,17 @@ States: ``IDLE -> CONTENDING -> LEADING <-> SUSPENDED``, then ``LOST`` (session 
 
 Contention uses kazoo's ``Lock`` recipe under ``/jobs/<job>/election``. The winner bumps
 the job's term with a version-checked set and creates the ephemeral ``/leader`` in the
-same multi. Every later write of the leader goes through ``transact``, which carries
-``check(term)``: a zombie, an old leader whose session expired while it was paused, can
-never change anything and gets ``Fenced``.
+same multi. Every later write of the leader goes through ``transact``, which carries two
+checks: the term znode's version (an operator's ``fence`` or a newer leader bumps it) and
+the existence of ``/jobs/<job>/incarnation-<id>``, the znode of the registration it was
+elected in. Unregistering deletes that znode and a new registration creates one with a
+fresh id, so a term znode re-created with a repeating version (after unregister and
+re-register, or a wiped chroot) can never satisfy an old leader's checks: a zombie, an old
+leader whose session expired while it was paused, can never change anything and gets
+``Fenced``. Terms never go backwards: the new term is above both the term znode and
+``term_floor``, which a writer reads from its sinks' Iceberg metadata (a re-registered
+job's term znode starts again at 0), and a leader claims its sinks in Iceberg for its
+term before it writes (``publish.claim_table``), so no commit of an older term lands there.
 
 Failure behaviour (Curator's rules): on SUSPENDED the leader stops committing at once
 (``transact`` raises ``NotLeader``) until the connection comes back with the same session;
@@ -33,7 +41,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_r
 from .client import MultiFailed, Op, check, create, delete, set_data
 from .errors import Fenced, JobNotFound, NotLeader, TidemarkError, ZooKeeperUnavailable
 from .names import validate_name
-from .records import LeaderRecord, TermRecord
+from .records import JobRecord, LeaderRecord, TermRecord
 
 
 class LeaderState(str, enum.Enum):
@@ -57,15 +65,19 @@ class Leadership:
         self.state = LeaderState.IDLE
         self.term: Optional[int] = None
         self._term_version: Optional[int] = None
+        self._incarnation: Optional[str] = None
         self._lock = tm.client.Lock(tm.paths.election(job), identifier=tm.member)
         self._state_lock = threading.Condition()
 
     # -- contention -------------------------------------------------------------------------
 
-    def acquire(self, timeout: Optional[float] = None) -> int:
-        """Block until this replica leads the job (or ``timeout`` passes: ``NotLeader``); returns the term."""
-        if self.tm.get(self.tm.paths.job(self.job)) is None:
+    def acquire(self, timeout: Optional[float] = None, term_floor: int = 0) -> int:
+        """Block until this replica leads the job (or ``timeout`` passes: ``NotLeader``); returns the term,
+        which is above ``term_floor`` and every term this registration handed out."""
+        found = self.tm.read(self.tm.paths.job(self.job), JobRecord)
+        if found is None:
             raise JobNotFound(f"job {self.job!r} is not registered: register_job() it first")
+        self._incarnation = found[0].incarnation
         self.state = LeaderState.CONTENDING
         try:
             if not self._lock.acquire(blocking=True, timeout=timeout):
@@ -80,28 +92,32 @@ class Leadership:
         self.tm.add_state_listener(self._on_state_change)
         try:
             retrying = Retrying(stop=stop_after_delay(self.tm.operation_timeout), reraise=True,
-                                wait=wait_random_exponential(0.01, 0.2), retry=retry_if_exception_type(_Raced))
-            retrying(self._take_term)
+                                wait=wait_random_exponential(0.01, 0.2), retry=retry_if_exception_type(_Raced),
+                                before_sleep=self.tm.count_retries("leader_election"))
+            retrying(lambda: self._take_term(term_floor))
         except BaseException:
             self._give_up_lock()
             raise
         return self.term  # type: ignore[return-value]
 
-    def _take_term(self) -> None:
+    def _take_term(self, term_floor: int) -> None:
         p = self.tm.paths
         found = self.tm.read(p.term(self.job), TermRecord)
         if found is None:
             raise JobNotFound(f"job {self.job!r} was unregistered while this replica contended")
         current, stat = found
-        new = TermRecord(current.term + 1)
+        new = TermRecord(max(current.term, term_floor) + 1)
         leader = LeaderRecord(member=self.tm.member, term=new.term, host=socket.gethostname())
-        ops = [set_data(p.term(self.job), new.to_json(), stat.version)]
+        ops = [*self._incarnation_check(), set_data(p.term(self.job), new.to_json(), stat.version)]
         if self.tm.get(p.leader(self.job)) is not None:
             ops.append(delete(p.leader(self.job)))  # left by a fenced zombie whose session is still alive
         ops.append(create(p.leader(self.job), leader.to_json(), ephemeral=True))
         try:
             self.tm.multi(ops)
         except MultiFailed as failed:
+            if failed.op.kind == "check":  # not elected: acquiring again reads the registration there is now
+                raise NotLeader(f"job {self.job!r} was unregistered (and perhaps registered again) while this "
+                                "replica contended; contend again") from None
             if isinstance(failed.error, (BadVersionError, NodeExistsError, NoNodeError)):
                 raise _Raced() from None
             raise
@@ -157,30 +173,43 @@ class Leadership:
             return False
         try:
             found = self.tm.get(self.tm.paths.term(self.job))
+            registered = self._incarnation is None or self.tm.get(
+                self.tm.paths.incarnation(self.job, self._incarnation)) is not None
         except TidemarkError:
             return False
-        if found is None or found[1].version != self._term_version:
+        if found is None or found[1].version != self._term_version or not registered:
             with self._state_lock:
                 self.state = LeaderState.FENCED
             return False
         return True
 
-    def check_term(self) -> Op:
-        return check(self.tm.paths.term(self.job), self._term_version)  # type: ignore[arg-type]
+    def _incarnation_check(self) -> list[Op]:
+        """A registration made before incarnations existed has none: its term version alone fences it."""
+        if self._incarnation is None:
+            return []
+        return [check(self.tm.paths.incarnation(self.job, self._incarnation), -1)]
+
+    def fencing_checks(self) -> list[Op]:
+        """The checks every write of this leader carries: its term is current, in the registration it won."""
+        return [*self._incarnation_check(), check(self.tm.paths.term(self.job), self._term_version)]  # type: ignore[arg-type]
 
     def transact(self, ops: Sequence[Op]) -> list[Any]:
         """Apply ``ops`` atomically, only if this replica still holds the job's term."""
         self.ensure_leading()
         try:
-            return self.tm.multi([self.check_term(), *ops])
+            return self.tm.multi([*self.fencing_checks(), *ops])
         except MultiFailed as failed:
-            if failed.op.kind == "check" and failed.op.path == self.tm.paths.term(self.job):
+            if failed.op.kind == "check":
                 with self._state_lock:
                     self.state = LeaderState.FENCED
                 raise self._fenced_error() from None
             raise
 
     def _fenced_error(self) -> Fenced:
+        if self._incarnation is not None and self.tm.get(self.tm.paths.incarnation(self.job, self._incarnation)) is None:
+            return Fenced(f"job {self.job!r}: the registration this replica was elected in (term {self.term}) was "
+                          "unregistered; whatever is registered now is another incarnation. Stop writing: this "
+                          "driver is a zombie.")
         found = self.tm.read(self.tm.paths.term(self.job), TermRecord)
         now = found[0] if found else None
         by = f"by {now.fenced_by}" if now and now.fenced_by else "by a newer leader"
@@ -193,7 +222,7 @@ class Leadership:
         """Step down: remove ``/leader`` (if still ours) and leave the election."""
         if self.state in (LeaderState.LEADING, LeaderState.SUSPENDED):
             try:
-                self.tm.multi([self.check_term(), delete(self.tm.paths.leader(self.job))])
+                self.tm.multi([*self.fencing_checks(), delete(self.tm.paths.leader(self.job))])
             except Exception:  # noqa: BLE001 - stepping down must not fail; the ephemeral goes with the session
                 pass
         self._give_up_lock()

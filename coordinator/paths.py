@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .names import validate_name
+from .errors import InvalidName
+from .names import validate_epoch, validate_name
 
 
 @dataclass(frozen=True)
@@ -14,8 +15,8 @@ class Paths:
     root: str = "/tidemark"
 
     def __post_init__(self) -> None:
-        if not self.root.startswith("/") or self.root.endswith("/") and self.root != "/":
-            raise ValueError(f"root {self.root!r} must be an absolute znode path without a trailing '/'")
+        if not isinstance(self.root, str) or not self.root.startswith("/") or self.root.endswith("/") and self.root != "/":
+            raise InvalidName(f"root {self.root!r} must be an absolute znode path without a trailing '/'")
         for segment in self.root.strip("/").split("/"):
             if segment:
                 validate_name(segment, "root path segment")
@@ -37,6 +38,10 @@ class Paths:
 
     def term(self, job: str) -> str:
         return self.job(job) + "/term"
+
+    def incarnation(self, job: str, incarnation: str) -> str:
+        """Exists exactly while the registration ``incarnation`` of ``job`` does (never re-created)."""
+        return self.job(job) + "/incarnation-" + validate_name(incarnation, "incarnation id")
 
     def leader(self, job: str) -> str:
         return self.job(job) + "/leader"
@@ -78,6 +83,14 @@ class Paths:
         return f"{self.versions}/{_epoch_segment(epoch)}"
 
     @property
+    def gc(self) -> str:
+        return self._join("gc")
+
+    @property
+    def gc_lock(self) -> str:
+        return self.gc + "/lock"
+
+    @property
     def readers(self) -> str:
         return self._join("readers")
 
@@ -89,6 +102,4 @@ class Paths:
 
 
 def _epoch_segment(epoch: int) -> str:
-    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-        raise ValueError(f"epoch must be a non-negative integer (milliseconds), got {epoch!r}")
-    return str(epoch)
+    return str(validate_epoch(epoch))

@@ -1,29 +1,47 @@
-"""Publishing staged snapshots (write-audit-publish) conditionally and idempotently.
+"""Publishing staged snapshots (write-audit-publish) conditionally and idempotently, fenced by term.
 
-    result = publish_staged(table, staged_snapshot_id, epoch=T)
+    claim_table(table, job, term)                        # a new leader, before anything else: Fenced if outranked
+    result = publish_staged(table, staged_snapshot_id, epoch=T, term=term)
     result.outcome        # PUBLISHED, or ALREADY_PUBLISHED when main's lineage already holds epoch T
-    advance_committed_epoch(table, T)     # after the epoch committed in ZooKeeper
+    advance_committed_epoch(table, EpochProgress(job, T, term_of_T, inputs), term)   # after the ZooKeeper commit
 
-The ref move is alone in its pyiceberg commit (pyiceberg keeps one requirement per type
-in a transaction and its retries drop ref updates) and is conditional twice: we check
-that ``main`` is the staged write's base (``staged_base``), and pyiceberg's commit asserts ``main`` has
-not moved since we loaded the table. Losing a race is therefore never silent: either the
-winner published this epoch (``ALREADY_PUBLISHED``) or ``PublishConflict`` is raised.
+The ref move is alone in its commit and is conditional twice: we check that ``main`` is
+the staged write's base (``staged_base``), and the commit asserts ``main`` has not moved
+since we loaded the table. Losing a race is therefore never silent: either the winner
+published this epoch (``ALREADY_PUBLISHED``) or ``PublishConflict`` is raised.
+
+**Fencing in Iceberg.** Every commit Tidemark makes to a sink (claim, publish, marker)
+carries the requirement ``tidemark.term <= term`` (``AssertTermAtMost``), and a new leader
+raises ``tidemark.term`` to its own term (``claim_table``) before it writes anything. The
+catalog validates requirements against the metadata it is about to replace and swaps the
+metadata pointer only if that is still current (pyiceberg's SQL, Hive, Glue and DynamoDB
+catalogs), so once a leader has claimed a table no commit of an older term can land, even
+from a zombie that lost ZooKeeper long ago and never noticed. A REST catalog cannot be
+sent the custom requirement: there the term is checked just before the commit (a
+narrower, non-atomic guard; ZooKeeper fencing still holds).
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
+from pydantic import Field
+from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import (AssertRefSnapshotId, AssertTableUUID, SetPropertiesUpdate, SetSnapshotRefUpdate,
+                                    TableUpdate, ValidatableTableRequirement)
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from .errors import PublishConflict
-from .snapshots import (COMMITTED_EPOCH_PROPERTY, FIRST_EPOCH_PROPERTY, WRITER_PROPERTY, committed_epoch, first_epoch,
-                        snapshot_epoch, snapshot_of_epoch, staged_snapshots)
+from .errors import Fenced, PublishConflict
+from .metadata_files import delete_unlogged_metadata
+from .records import EpochProgress
+from .snapshots import (FIRST_EPOCH_PROPERTY, TERM_PROPERTY, WRITER_PROPERTY, claimed_term, committed_epoch,
+                        committed_properties, first_epoch, snapshot_epoch, snapshot_of_epoch, staged_snapshots, table_progress)
 
 
 class PublishOutcome(str, enum.Enum):
@@ -43,6 +61,49 @@ class _Lost(Exception):
     """Our conditional commit lost a race; look again at what the winner did."""
 
 
+class AssertTermAtMost(ValidatableTableRequirement):
+    """Tidemark's fencing requirement: the table's ``tidemark.term`` property is at most ``term``."""
+
+    type: Literal["tidemark-assert-term-at-most"] = Field(default="tidemark-assert-term-at-most")
+    term: int
+
+    def validate(self, base_metadata: Optional[TableMetadata]) -> None:
+        if base_metadata is None:
+            raise CommitFailedException("Requirement failed: current table metadata is missing")
+        recorded = claimed_term(base_metadata.properties)
+        if recorded > self.term:
+            raise CommitFailedException(f"Requirement failed: the table is claimed by term {recorded}, "
+                                        f"above this writer's term {self.term}")
+
+
+def _fenced(table: Table, term: int) -> Fenced:
+    return Fenced(f"table {'.'.join(table.name())} is claimed by term {claimed_term(table.properties)}, above this "
+                  f"writer's term {term}: a newer leader took over; this driver is a zombie and changes nothing")
+
+
+def _commit(table: Table, term: int, updates: tuple[TableUpdate, ...], requirements: tuple = ()) -> None:
+    """One catalog commit of ``updates``, refused (``Fenced``) when the table is claimed by a higher term.
+
+    A commit that failed on a requirement is told apart after a reload: outranked (``Fenced``) or a lost
+    race (``_Lost``, the caller looks again).
+    """
+    guard = (AssertTableUUID(uuid=table.metadata.table_uuid), *requirements)
+    if isinstance(table.catalog, RestCatalog):
+        if claimed_term(table.properties) > term:
+            raise _fenced(table, term)
+    else:
+        guard = (*guard, AssertTermAtMost(term=term))
+    try:
+        response = table.catalog.commit_table(table, guard, updates)  # type: ignore[arg-type]
+    except CommitFailedException:
+        table.refresh()
+        if claimed_term(table.properties) > term:
+            raise _fenced(table, term) from None
+        raise _Lost() from None
+    delete_unlogged_metadata(table, table.metadata, response.metadata)
+    table.metadata, table.metadata_location = response.metadata, response.metadata_location
+
+
 def _retry_lost_races(attempt, what: str):
     retrying = Retrying(stop=stop_after_attempt(5), wait=wait_random_exponential(0.01, 0.5),
                         retry=retry_if_exception_type(_Lost), reraise=True)
@@ -52,8 +113,10 @@ def _retry_lost_races(attempt, what: str):
         raise PublishConflict(f"kept losing commit races while {what}") from None
 
 
-def publish_staged(table: Table, snapshot_id: int, epoch: int) -> PublishResult:
+def publish_staged(table: Table, snapshot_id: int, epoch: int, term: int) -> PublishResult:
     """Move ``main`` to the staged ``snapshot_id`` of epoch ``epoch``, unless that epoch is already there.
+
+    ``Fenced`` when the table is claimed by a term above ``term`` (checked atomically with the ref move).
 
     The first attempt uses the table's loaded metadata when it already holds the staged snapshot (the
     writer loaded it after staging): if ``main`` moved since, the commit's ``main``-unchanged
@@ -67,6 +130,8 @@ def publish_staged(table: Table, snapshot_id: int, epoch: int) -> PublishResult:
         if attempts or table.snapshot_by_id(snapshot_id) is None:
             table.refresh()
         attempts += 1
+        if claimed_term(table.properties) > term:
+            raise _fenced(table, term)
         present = snapshot_of_epoch(table, epoch)
         if present is not None:
             return PublishResult(name, epoch, present.snapshot_id, PublishOutcome.ALREADY_PUBLISHED)
@@ -85,10 +150,9 @@ def publish_staged(table: Table, snapshot_id: int, epoch: int) -> PublishResult:
                 f"table {name}: main moved to {current_id} since snapshot {snapshot_id} (epoch {epoch}) was staged "
                 f"on {base}; publishing it would drop that snapshot. Recompute the epoch "
                 "(is another writer committing to this table outside Tidemark?)")
-        try:
-            table.manage_snapshots().set_current_snapshot(snapshot_id).commit()
-        except CommitFailedException:
-            raise _Lost() from None
+        _commit(table, term, (SetSnapshotRefUpdate(ref_name=MAIN_BRANCH, type=SnapshotRefType.BRANCH,
+                                                   snapshot_id=snapshot_id),),
+                (AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=current_id),))
         return PublishResult(name, epoch, snapshot_id, PublishOutcome.PUBLISHED)
 
     return _retry_lost_races(attempt, f"publishing epoch {epoch} of table {name}")
@@ -108,37 +172,47 @@ def staged_base(table: Table, staged: Snapshot, epoch: int) -> Optional[int]:
     return snapshot.snapshot_id if snapshot is not None else None
 
 
-def advance_committed_epoch(table: Table, epoch: int) -> bool:
-    """Record in the table that ``epoch`` committed (monotonic, idempotent); False when already at or past it.
+def advance_committed_epoch(table: Table, progress: EpochProgress, term: int) -> bool:
+    """Record in the table that ``progress.epoch`` committed (monotonic, idempotent), as leader ``term``;
+    False when the table already records it or a later epoch.
 
     This is how an epoch with no new data is marked: one metadata-only commit, no snapshot,
-    no manifest. An epoch that published a snapshot needs no mark (its snapshot carries
-    the epoch), except the writer's first, which records ``tidemark.first-epoch``.
+    no manifest, carrying the whole ``EpochProgress`` (job, epoch, term, inputs). An epoch
+    that published a snapshot needs no mark (its snapshot carries the same), except the
+    writer's first, which records ``tidemark.first-epoch``.
     """
     def attempt() -> bool:
         table.refresh()
-        current = committed_epoch(table)
-        updates = {} if current is not None and current >= epoch else {COMMITTED_EPOCH_PROPERTY: str(epoch)}
+        current = table_progress(table)
+        newer = current is None or current.epoch < progress.epoch or (
+            current.epoch == progress.epoch and current.inputs is None and progress.inputs is not None)
+        updates = committed_properties(progress) if newer else {}
         if table.properties.get(FIRST_EPOCH_PROPERTY) is None:
-            updates[FIRST_EPOCH_PROPERTY] = str(first_epoch(table) or epoch)
+            updates[FIRST_EPOCH_PROPERTY] = str(first_epoch(table) or progress.epoch)
         if not updates:
             return False
-        try:
-            with table.transaction() as tx:
-                tx.set_properties(updates)
-        except CommitFailedException:
-            raise _Lost() from None
+        _commit(table, term, (SetPropertiesUpdate(updates=updates),))
         return True
 
-    return _retry_lost_races(attempt, f"marking epoch {epoch} committed in table {'.'.join(table.name())}")
+    return _retry_lost_races(attempt, f"marking epoch {progress.epoch} committed in table {'.'.join(table.name())}")
 
 
-def claim_table(table: Table, job: str) -> None:
-    """Record ``job`` as the table's writer in Iceberg (idempotent), so Iceberg-only readers know it is managed."""
-    table.refresh()
-    if table.properties.get(WRITER_PROPERTY) != job:
-        with table.transaction() as tx:
-            tx.set_properties({WRITER_PROPERTY: job})
+def claim_table(table: Table, job: str, term: int) -> None:
+    """Record ``job`` as the table's writer and ``term`` as its fencing floor (idempotent).
+
+    A new leader calls it before it writes anything: from then on no commit of a lower term
+    lands on the table. ``Fenced`` when the table is already claimed by a higher term.
+    """
+    def attempt() -> None:
+        table.refresh()
+        recorded = claimed_term(table.properties)
+        if recorded > term:
+            raise _fenced(table, term)
+        if table.properties.get(WRITER_PROPERTY) == job and recorded == term:
+            return
+        _commit(table, term, (SetPropertiesUpdate(updates={WRITER_PROPERTY: job, TERM_PROPERTY: str(term)}),))
+
+    _retry_lost_races(attempt, f"claiming table {'.'.join(table.name())} for job {job} (term {term})")
 
 
 def expire_unpublished(table: Table, up_to_epoch: Optional[int] = None) -> list[int]:

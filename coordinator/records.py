@@ -1,7 +1,8 @@
 """Small immutable records stored in znodes or handed to users, each with ``to_json``/``from_json``.
 
 ``from_json`` raises ``CorruptState`` naming the znode when the bytes are not the
-record they should be, so a damaged znode is reported, never crash-looped on.
+record they should be (any bytes at all: tests fuzz every decoder), so a damaged znode
+is reported, never crash-looped on.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import time
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Mapping, Optional, TypeVar
 
-from .errors import CorruptState
+from .errors import CorruptState, InvalidName
+from .names import parse_epoch, validate_epoch
 
 R = TypeVar("R", bound="JsonRecord")
 
@@ -42,22 +44,23 @@ class JsonRecord:
                                    "fix or delete the znode (see `tidemark status`)")
         try:
             return cls(**kwargs)  # __post_init__ validates and normalizes types
-        except (TypeError, ValueError) as exc:
-            raise CorruptState(f"{where}: invalid {cls.__name__}: {exc}") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise CorruptState(f"{where}: invalid {cls.__name__}: {str(exc)[:200]}") from None
 
     @classmethod
     def from_json(cls: type[R], raw: Optional[bytes], where: str = "value") -> R:
         try:
             data = json.loads(raw or b"")
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: "[[[[...": nested too deep
             shown = (raw or b"")[:60]
             raise CorruptState(f"{where}: not valid JSON ({shown!r}); fix or delete the znode") from None
         return cls.from_dict(data, where)
 
 
 def _int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+    # 64-bit, as ZooKeeper's and Iceberg's Java sides store them.
+    if isinstance(value, bool) or not isinstance(value, int) or not -2**63 <= value < 2**63:
+        raise ValueError(f"{name} must be a 64-bit integer, got {str(value)[:40]}")
     return value
 
 
@@ -65,8 +68,29 @@ def _opt_int(value: Any, name: str) -> Optional[int]:
     return None if value is None else _int(value, name)
 
 
+def _epoch(value: Any, name: str) -> int:
+    try:
+        return validate_epoch(value, name)
+    except InvalidName as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _opt_epoch(value: Any, name: str) -> Optional[int]:
+    return None if value is None else _epoch(value, name)
+
+
+def _str(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {str(value)[:40]}")
+    return value
+
+
+def _opt_str(value: Any, name: str) -> Optional[str]:
+    return None if value is None else _str(value, name)
+
+
 def _str_tuple(value: Any, name: str) -> tuple[str, ...]:
-    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+    if isinstance(value, (str, Mapping)) or not all(isinstance(v, str) for v in value):
         raise ValueError(f"{name} must be a list of strings, got {value!r}")
     return tuple(value)
 
@@ -98,11 +122,14 @@ class JobRecord(JsonRecord):
     sources: tuple[str, ...]
     sinks: tuple[str, ...]
     created_ms: int = field(default_factory=now_ms)
+    incarnation: Optional[str] = None   # this registration's id: ``/jobs/<job>/incarnation-<id>`` exists while it does
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", _str_tuple(self.sources, "sources"))
         object.__setattr__(self, "sinks", _str_tuple(self.sinks, "sinks"))
-        _int(self.created_ms, "created_ms")
+        _epoch(self.created_ms, "created_ms")
+        if self.incarnation is not None and not isinstance(self.incarnation, str):
+            raise ValueError(f"incarnation must be a string, got {self.incarnation!r}")
 
 
 @dataclass(frozen=True)
@@ -115,7 +142,8 @@ class TermRecord(JsonRecord):
 
     def __post_init__(self) -> None:
         _int(self.term, "term")
-        _int(self.changed_ms, "changed_ms")
+        _opt_str(self.fenced_by, "fenced_by")
+        _epoch(self.changed_ms, "changed_ms")
 
 
 @dataclass(frozen=True)
@@ -128,8 +156,10 @@ class LeaderRecord(JsonRecord):
     since_ms: int = field(default_factory=now_ms)
 
     def __post_init__(self) -> None:
+        _str(self.member, "member")
+        _str(self.host, "host")
         _int(self.term, "term")
-        _int(self.since_ms, "since_ms")
+        _epoch(self.since_ms, "since_ms")
 
 
 class EpochState(str, enum.Enum):
@@ -209,8 +239,10 @@ class EpochRecord(JsonRecord):
     abort_reason: Optional[str] = None
 
     def __post_init__(self) -> None:
-        _int(self.epoch, "epoch")
+        _epoch(self.epoch, "epoch")
         _int(self.term, "term")
+        _epoch(self.updated_ms, "updated_ms")
+        _opt_str(self.abort_reason, "abort_reason")
         object.__setattr__(self, "state", EpochState(self.state))
         if not isinstance(self.inputs, EpochInputs):
             try:
@@ -222,10 +254,38 @@ class EpochRecord(JsonRecord):
 
 
 @dataclass(frozen=True)
+class EpochProgress(JsonRecord):
+    """What a sink's Iceberg metadata records about one committed (or precommitted) epoch of its writer job:
+    enough for a restart with no ZooKeeper history to resume exactly (see ``snapshots.py`` for the keys).
+
+    ``inputs`` is None only for snapshots written by Tidemark releases that did not record them.
+    """
+
+    job: str
+    epoch: int
+    term: int
+    inputs: Optional[EpochInputs] = None
+
+    def __post_init__(self) -> None:
+        _int(self.epoch, "epoch")
+        _int(self.term, "term")
+        if not isinstance(self.job, str):
+            raise ValueError(f"job must be a string, got {self.job!r}")
+        if self.inputs is not None and not isinstance(self.inputs, EpochInputs):
+            try:
+                object.__setattr__(self, "inputs", EpochInputs.from_dict(self.inputs, "inputs"))
+            except CorruptState as exc:
+                raise ValueError(str(exc)) from None
+
+
+@dataclass(frozen=True)
 class TableRecord(JsonRecord):
     """``/tables/<table>``: the one job allowed to commit to the table."""
 
     writer: str
+
+    def __post_init__(self) -> None:
+        _str(self.writer, "writer")
 
 
 @dataclass(frozen=True)
@@ -244,10 +304,11 @@ class TableTidemark(JsonRecord):
     first_epoch: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _opt_int(self.epoch, "epoch")
-        _opt_int(self.first_epoch, "first_epoch")
+        _str(self.table, "table")
+        _opt_epoch(self.epoch, "epoch")
+        _opt_epoch(self.first_epoch, "first_epoch")
         _opt_int(self.snapshot_id, "snapshot_id")
-        _opt_int(self.committed_ms, "committed_ms")
+        _opt_epoch(self.committed_ms, "committed_ms")
 
 
 @dataclass(frozen=True)
@@ -262,8 +323,9 @@ class FinishedRecord(JsonRecord):
     finished_ms: int = field(default_factory=now_ms)
 
     def __post_init__(self) -> None:
-        _opt_int(self.epoch, "epoch")
-        _int(self.finished_ms, "finished_ms")
+        _opt_epoch(self.epoch, "epoch")
+        _str(self.member, "member")
+        _epoch(self.finished_ms, "finished_ms")
 
 
 class BarrierMode(str, enum.Enum):
@@ -279,7 +341,27 @@ class BarrierRecord(JsonRecord):
     wall_ms: int = field(default_factory=now_ms)
 
     def __post_init__(self) -> None:
-        _int(self.wall_ms, "wall_ms")
+        _str(self.proposed_by, "proposed_by")
+        _epoch(self.wall_ms, "wall_ms")
+
+
+@dataclass(frozen=True)
+class ReaderPins(JsonRecord):
+    """``/readers/<id>`` (ephemeral): the versions a live reader pinned, ``{epoch: {table: snapshot id}}``."""
+
+    versions: Mapping[int, Mapping[str, Optional[int]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.versions, Mapping):
+            raise ValueError(f"versions must be an object, got {str(self.versions)[:40]}")
+        pins = {}
+        for epoch, snapshots in self.versions.items():
+            parsed = parse_epoch(epoch) if isinstance(epoch, str) else epoch
+            pins[_epoch(parsed, "pinned epoch")] = _opt_int_map(snapshots, f"versions[{epoch!r}]")
+        object.__setattr__(self, "versions", pins)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"versions": {str(epoch): dict(snapshots) for epoch, snapshots in self.versions.items()}}
 
 
 class ConsistencyLevel(str, enum.Enum):
@@ -302,6 +384,6 @@ class ConsistentVersion(JsonRecord):
     level: ConsistencyLevel = ConsistencyLevel.CONSISTENT
 
     def __post_init__(self) -> None:
-        _opt_int(self.epoch, "epoch")
+        _opt_epoch(self.epoch, "epoch")
         object.__setattr__(self, "snapshots", _opt_int_map(self.snapshots, "snapshots"))
         object.__setattr__(self, "level", ConsistencyLevel(self.level))

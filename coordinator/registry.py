@@ -1,5 +1,12 @@
 """Registering, fencing and unregistering jobs: FLIP-276's MetaService duties, atomically.
 
+Every registration is an *incarnation* with a fresh id (``JobRecord.incarnation``) and
+the znode ``/jobs/<job>/incarnation-<id>``; leaders check that znode in every write, so a
+leader of an earlier incarnation is fenced for good (``leadership.py``). Unregistering
+deletes the job's ZooKeeper history; its progress stays in the sinks' Iceberg metadata,
+which a re-registered job resumes from (``progress.py``). ``unregister_job`` therefore
+says what that resume point is and goes ahead only with ``confirm=True``.
+
 Registration is one multi: the job's znodes, ``/tables/<sink>`` for each sink (which fails if
 another job already writes it) and ``set(/topology, v+1)`` conditional on version ``v``. The
 decision (writer conflict, cycle) is taken on the topology read at version ``v``, so a
@@ -8,16 +15,23 @@ deadline, on the new topology.
 """
 from __future__ import annotations
 
-from typing import Iterable
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Optional
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from .client import MultiFailed, Op, create, delete, set_data
-from .errors import CycleError, JobNotFound, RegistrationError, WriterConflict, ZooKeeperUnavailable
+from .errors import (CycleError, JobNotFound, RegistrationError, TidemarkError, UnregisterNotConfirmed, WriterConflict,
+                     ZooKeeperUnavailable)
 from .names import validate_name, validate_names
 from .records import JobRecord, LeaderRecord, TableRecord, TableTidemark, TermRecord, TopologyVersion, now_ms
 from .topology import Topology
+
+if TYPE_CHECKING:
+    from .catalog import CatalogSettings
+    from .progress import ResumePoint
 
 
 class _TopologyMoved(Exception):
@@ -26,7 +40,8 @@ class _TopologyMoved(Exception):
 
 def _with_topology(tm, decide):
     retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
-                        retry=retry_if_exception_type(_TopologyMoved), reraise=False)
+                        retry=retry_if_exception_type(_TopologyMoved), reraise=False,
+                        before_sleep=tm.count_retries("registration"))
     try:
         return retrying(lambda: decide(tm.topology()))
     except RetryError:
@@ -47,6 +62,22 @@ def _apply(tm, topo: Topology, ops: list[Op], after: Topology) -> None:
             raise _TopologyMoved() from None
         raise
     tm._topology = Topology(topo.version + 1, topo.znode_version + 1, after.jobs)
+
+
+def _orphan_removal(tm, name: str) -> list[Op]:
+    """Deletes for a ``/jobs/<job>`` znode without a record: kazoo's lock recipe re-creates the election path of
+    a standby that was contending when the tree was wiped. Nothing else writes there, and that standby can
+    never lead this new registration (its election checks the incarnation it started with), so it goes."""
+    found = tm.get(tm.paths.job(name))
+    if found is None or found[0]:
+        return []
+
+    def below(path: str) -> list[Op]:
+        ops: list[Op] = []
+        for child in tm.children(path):
+            ops += below(f"{path}/{child}")
+        return ops + [delete(path)]
+    return below(tm.paths.job(name))
 
 
 def register_job(tm, name: str, *, sources: Iterable[str], sinks: Iterable[str], replace: bool = False) -> JobRecord:
@@ -73,7 +104,8 @@ def register_job(tm, name: str, *, sources: Iterable[str], sinks: Iterable[str],
         for sink in sinks_t:
             if writers.get(sink, name) != name:
                 raise WriterConflict(sink, writers[sink], name)
-        record = JobRecord(sources_t, sinks_t, existing.created_ms if existing else now_ms())
+        record = JobRecord(sources_t, sinks_t, existing.created_ms if existing else now_ms(),
+                           existing.incarnation if existing else uuid.uuid4().hex)
         cycle = topo.with_job(name, record).find_cycle()
         if cycle:
             raise CycleError(cycle)
@@ -83,8 +115,9 @@ def register_job(tm, name: str, *, sources: Iterable[str], sinks: Iterable[str],
             for dropped in sorted(set(existing.sinks) - set(sinks_t)):
                 ops += [delete(p.tidemark(dropped)), delete(p.table(dropped))]
         else:
-            ops = [create(p.job(name), record.to_json()), create(p.term(name), TermRecord(0).to_json()),
-                   create(p.election(name)), create(p.epochs(name))]
+            ops = [*_orphan_removal(tm, name),
+                   create(p.job(name), record.to_json()), create(p.incarnation(name, record.incarnation), b""),  # type: ignore[arg-type]
+                   create(p.term(name), TermRecord(0).to_json()), create(p.election(name)), create(p.epochs(name))]
         for added in sorted(set(sinks_t) - set(existing.sinks if existing else ())):
             ops += [create(p.table(added), TableRecord(name).to_json()),
                     create(p.tidemark(added), TableTidemark(added).to_json())]
@@ -111,29 +144,110 @@ def fence_job(tm, name: str, by: str = "operator") -> int:
         return new.term
 
     retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
-                        retry=retry_if_exception_type(_TopologyMoved), reraise=True)
-    return retrying(attempt)
+                        retry=retry_if_exception_type(_TopologyMoved), reraise=True,
+                        before_sleep=tm.count_retries("registration"))
+    try:
+        return retrying(attempt)
+    except _TopologyMoved:
+        raise ZooKeeperUnavailable(f"fencing job {name!r} kept racing with its leader elections for "
+                                   f"{tm.operation_timeout:.0f}s; try again") from None
 
 
-def unregister_job(tm, name: str) -> JobRecord:
-    """Remove a job and its tables' writer claims; refused while the job has a live, unfenced leader."""
+@dataclass(frozen=True)
+class UnregisterPlan:
+    """What unregistering ``job`` removes, and what a re-registration of it will resume from."""
+
+    job: str
+    record: JobRecord
+    resume: Optional["ResumePoint"]     # None when the sinks' Iceberg metadata could not be read
+    unreadable: Optional[str] = None    # why not
+
+    def describe(self) -> str:
+        """One line for operators."""
+        removes = f"unregistering job {self.job} deletes its ZooKeeper history and its claim on {', '.join(self.record.sinks)}"
+        if self.resume is None:
+            return (f"{removes}; its sinks' Iceberg metadata could not be read ({self.unreadable}), so what a "
+                    "re-registration resumes from is unknown")
+        return f"{removes}; {self.resume.describe()}"
+
+
+def plan_unregister(tm, name: str, catalog: Optional["CatalogSettings"] = None) -> UnregisterPlan:
+    """Check that ``name`` may be unregistered (registered, no live leader) and read its Iceberg resume point."""
+    from .progress import resume_point
     validate_name(name, "job name")
+    record = tm.topology().jobs.get(name)
+    if record is None:
+        raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
+    _refuse_live_leader(tm, name)
+    try:
+        resume = resume_point(name, _sink_tables(record, catalog))
+    except TidemarkError as exc:
+        return UnregisterPlan(name, record, None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return UnregisterPlan(name, record, resume)
+
+
+def _sink_tables(record: JobRecord, catalog: Optional["CatalogSettings"]) -> dict:
+    from .catalog import CatalogSettings, load_table
+    settings = catalog or CatalogSettings.from_env()
+    loaded = settings.load()
+    return {sink: load_table(loaded, settings, sink) for sink in record.sinks}
+
+
+def _fence_in_iceberg(tm, name: str, record: JobRecord, catalog: Optional["CatalogSettings"]) -> None:
+    """Claim the sinks for a term above every term of this registration, before its ZooKeeper state goes:
+    none of its leaders (a paused one included) can commit there any more, and the terms of the next
+    registration start above it."""
+    from .errors import Fenced
+    from .publish import claim_table
+    found = tm.read(tm.paths.term(name), TermRecord)
+    if found is None:
+        return
+    for table in _sink_tables(record, catalog).values():
+        try:
+            claim_table(table, name, found[0].term + 1)
+        except Fenced:
+            pass  # already claimed by a higher term: fenced as well
+
+
+def _refuse_live_leader(tm, name: str) -> None:
+    p = tm.paths
+    term = tm.read(p.term(name), TermRecord)
+    leader = tm.read(p.leader(name), LeaderRecord)
+    if leader is not None and term is not None and leader[0].term >= term[0].term:
+        raise RegistrationError(
+            f"job {name!r} has a live leader ({leader[0].member} on {leader[0].host}, term {leader[0].term}): "
+            f"stop it, or `tidemark fence {name}` first")
+
+
+def unregister_job(tm, name: str, *, confirm: bool = False,
+                   catalog: Optional["CatalogSettings"] = None) -> UnregisterPlan:
+    """Remove a job, its ZooKeeper history and its tables' writer claims; returns what was planned.
+
+    Refused (``RegistrationError``) while the job has a live, unfenced leader. Without
+    ``confirm=True`` nothing changes and ``UnregisterNotConfirmed`` (carrying the plan: what
+    a re-registration will resume from, read from the sinks' Iceberg metadata) is raised.
+    Confirmed, it first claims the sinks in Iceberg for a term above the job's current one,
+    so no leader of this registration can commit to them any more.
+    """
+    plan = plan_unregister(tm, name, catalog)
+    if not confirm:
+        raise UnregisterNotConfirmed(plan)
+    if plan.resume is not None:
+        _fence_in_iceberg(tm, name, plan.record, catalog)
 
     def decide(topo: Topology) -> JobRecord:
         record = topo.jobs.get(name)
         if record is None:
             raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
         p = tm.paths
-        term = tm.read(p.term(name), TermRecord)
-        leader = tm.read(p.leader(name), LeaderRecord)
-        if leader is not None and term is not None and leader[0].term >= term[0].term:
-            raise RegistrationError(
-                f"job {name!r} has a live leader ({leader[0].member} on {leader[0].host}, term {leader[0].term}): "
-                f"stop it, or `tidemark fence {name}` first")
+        _refuse_live_leader(tm, name)
+        leader = tm.get(p.leader(name))
         ops: list[Op] = []
         for sub in ("election", "epochs"):
             ops += [delete(f"{p.job(name)}/{sub}/{child}") for child in tm.children(f"{p.job(name)}/{sub}")]
         ops += [delete(path) for path in (p.election(name), p.epochs(name), p.term(name))]
+        if record.incarnation is not None:
+            ops.append(delete(p.incarnation(name, record.incarnation)))
         if leader is not None:
             ops.append(delete(p.leader(name)))
         if tm.get(p.finished(name)) is not None:
@@ -144,4 +258,5 @@ def unregister_job(tm, name: str) -> JobRecord:
         _apply(tm, topo, ops, topo.without_job(name))
         return record
 
-    return _with_topology(tm, decide)
+    _with_topology(tm, decide)
+    return plan

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from .barriers import DEFAULT_MAX_PENDING_BARRIERS
+from .errors import JobNotFound
+from .names import parse_epoch
 from .records import FinishedRecord, LeaderRecord, TableTidemark, TermRecord, now_ms
 from .topology import Topology
 
@@ -170,7 +172,7 @@ class Status:
         for job in self.jobs:
             if job.name == name:
                 return job
-        raise KeyError(name)
+        raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
 
     @property
     def consistent_epoch(self) -> Optional[int]:
@@ -229,7 +231,7 @@ def read_status(tm, stale_intervals: int = STALE_INTERVALS) -> Status:
     agreed: list[int] = []
     if grid is not None and (newest is None or any(c is not None and c < newest for c in committed.values())):
         # One listing, only when some job is behind (or for a grid written before newest_agreed existed).
-        agreed = sorted(int(c) for c in tm.children(p.barriers) if c.isdigit())
+        agreed = sorted(e for e in map(parse_epoch, tm.children(p.barriers)) if e is not None)
         if newest is None:
             newest = agreed[-1] if agreed else None
         agreed = [t for t in agreed if newest is not None and t <= newest]

@@ -3,6 +3,7 @@
     tm.tidemarks(["lake.db.a", "lake.db.b"])     # {table: TableTidemark | None}, one round trip's latency
     cache = tm.tidemark_cache()
     cache.get(tables)                             # served from memory once watched
+    cache.cached(tables)                          # memory only, never a ZooKeeper read (for metrics scrapes)
     cache.wait_for(tables, epoch=T, timeout=60)   # block until every table reached T
     cache.wait_changed(cache.generation, 1.0)     # block until any watched tidemark moves
 
@@ -17,7 +18,7 @@ import time
 from typing import Iterable, Optional
 
 from kazoo.client import KazooState
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import ConnectionLoss, NoNodeError
 from kazoo.protocol.states import WatchedEvent
 
 from .errors import CorruptState, TidemarkError
@@ -44,21 +45,33 @@ class TidemarkCache:
         tm.add_state_listener(self._on_state)
 
     def get(self, tables: Iterable[str]) -> dict[str, Optional[TableTidemark]]:
+        """Every table's tidemark; ``ZooKeeperUnavailable`` when they cannot be read before the deadline."""
         names = list(validate_names(tables, "table name"))
-        missing = [t for t in names if t not in self._values]
-        if missing:
-            self._load(missing)
-        for t in names:
-            if t in self._errors:
-                raise self._errors[t]
-        return {t: self._values[t] for t in names}
+
+        def attempt() -> dict[str, Optional[TableTidemark]]:
+            missing = [t for t in names if t not in self._values]
+            if missing:
+                self._load(missing)
+            with self._changed:
+                if any(t not in self._values for t in names):
+                    raise ConnectionLoss()  # a re-read failed meanwhile and dropped the value: read again
+                for t in names:
+                    if t in self._errors:
+                        raise self._errors[t]
+                return {t: self._values[t] for t in names}
+        return self.tm._with_deadline(f"reading the tidemarks of {len(names)} tables", attempt)
+
+    def cached(self, tables: Iterable[str]) -> dict[str, Optional[TableTidemark]]:
+        """The tables already loaded, from memory only: never waits on ZooKeeper."""
+        with self._changed:
+            return {t: self._values[t] for t in tables if t in self._values}
 
     def _load(self, tables: list[str]) -> None:
         # Read-and-watch in one pipelined batch; the watches keep the values fresh afterwards.
         pending = [(t, self.tm.client.get_async(self.tm.paths.tidemark(t), watch=self._on_watch)) for t in tables]
         for table, result in pending:
             try:
-                result.get(timeout=self.tm.operation_timeout)  # connection trouble reaches the caller
+                result.get(timeout=self.tm.operation_timeout)  # connection trouble reaches get()'s deadline
             except NoNodeError:
                 pass
             self._arrived(table, result)

@@ -163,7 +163,8 @@ def read_topology(tm) -> Topology:
         topo_record, stat = found if found else (TopologyVersion(0), None)
         names = tm.children(tm.paths.jobs)
         records = tm.get_many([tm.paths.job(n) for n in names])
-        jobs = {n: JobRecord.from_json(r[0], tm.paths.job(n)) for n, r in zip(names, records) if r is not None}
+        # A job znode without a record is an orphan a lock recipe left after the tree was wiped (see registry).
+        jobs = {n: JobRecord.from_json(r[0], tm.paths.job(n)) for n, r in zip(names, records) if r is not None and r[0]}
         again = tm.get(tm.paths.topology)
         # Registration bumps /topology in the same multi, so an unchanged version means a consistent read.
         if stat is None or (again is not None and again[1].version == stat.version):

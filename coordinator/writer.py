@@ -15,7 +15,9 @@ What ``run`` does, in order (every step is safe to crash in):
 2. **lead**: contend for leadership; a standby replica waits here, calling ``while_standby``
    every minute to stay warm, and takes over when the leader's session ends;
 3. **recover** the last epoch: roll a precommitted one forward, recompute a started one
-   from its recorded inputs;
+   from its recorded inputs. With no epoch history in ZooKeeper (unregistered, new chroot,
+   wiped ensemble) the history is first re-created from the sinks' Iceberg progress
+   (``progress.py``), and the barriers the sinks record are agreed again;
 4. **wait for the barrier**: the next *agreed* barrier after the last committed one. A job
    with a root source (one no Tidemark job writes), or no source, agrees barriers itself:
    once it has processed every agreed barrier it agrees the newest grid point the clock
@@ -32,6 +34,10 @@ Every job processes every agreed barrier, in order: that is what makes the minim
 tables' tidemarks a version at which every table holds exactly the inputs up to it. A new
 job starts no earlier than the first epoch of each of its sources (a table has no exact
 state before its writer's first epoch).
+
+Metrics: ``writer.metrics`` (``coordinator.driver_metrics``) times every phase and counts
+epochs, takeovers, fencings and retries; ``metrics_port`` (or ``TIDEMARK_METRICS_PORT``)
+serves them with ``/healthz`` while ``run`` runs.
 
 Failure behaviour: a leader that is fenced or whose session expires steps down and
 contends again (``run`` does not raise for it); so does a leader that loses the catalog's
@@ -56,11 +62,13 @@ from .barriers import DEFAULT_MAX_PENDING_BARRIERS
 from .client import Tidemark, create, delete, set_data
 from .commit import EpochCommitter
 from .crashpoints import crash_point
+from .driver_metrics import DriverMetrics
 from .epochs import EpochCoordinator, RecoveryAction
 from .errors import ConfigurationError, EpochOrderError, Fenced, NotLeader, ZooKeeperUnavailable
 from .names import validate_name, validate_names
+from .progress import ResumePoint, recorded_epochs, resume_point
 from .records import EpochInputs, EpochRecord, EpochState, FinishedRecord, LeaderRecord, SourceRange, TermRecord, now_ms
-from .snapshots import snapshot_at_epoch, snapshot_at_time
+from .snapshots import recorded_term, snapshot_at_epoch, snapshot_at_time
 from .staging import stage_append, stage_overwrite
 from .tidemarks import TidemarkCache
 
@@ -130,7 +138,8 @@ class EpochContext:
     def _stage_with(self, sink: str, stage, rows) -> None:
         self.check_sink(sink)
         term = self.writer.term
-        self.stage(sink, stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term))
+        with self.writer.metrics.phase("stage"):
+            self.stage(sink, stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term, self.inputs))
 
     def check_sink(self, sink: str) -> None:
         """Refuse a sink that is not declared, or already written in this epoch (one write per sink and epoch)."""
@@ -150,7 +159,8 @@ class EpochWriter:
     def __init__(self, tm: Tidemark, name: str, *, sources: Iterable[str], sinks: Iterable[str],
                  catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000, grace_ms: int = 1000,
                  max_pending_barriers: int = DEFAULT_MAX_PENDING_BARRIERS, always_run: bool = False, history: int = 100,
-                 log_every: float = 5.0, context: Callable[["EpochWriter", EpochRecord], Any] = EpochContext) -> None:
+                 log_every: float = 5.0, context: Callable[["EpochWriter", EpochRecord], Any] = EpochContext,
+                 metrics_port: Optional[int] = None) -> None:
         if max_pending_barriers < 1:
             raise ConfigurationError(f"max_pending_barriers must be at least 1, got {max_pending_barriers}")
         if grace_ms < 0:
@@ -178,6 +188,7 @@ class EpochWriter:
         self._managed: tuple[str, ...] = ()
         self._newest_at_open: Optional[int] = None
         self._logged_at = 0.0
+        self.metrics = DriverMetrics(self, port=metrics_port)  # port None: TIDEMARK_METRICS_PORT, unset: not served
 
     # -- what the loop reads ----------------------------------------------------------------
 
@@ -216,17 +227,23 @@ class EpochWriter:
         """Register, wait for leadership and roll a precommitted epoch forward (``run`` calls it)."""
         if self._epochs is not None:
             return
+        self.metrics.serve()
         self.tm.register_job(self.name, sources=self.sources, sinks=self.sinks)
         self.tm.barriers.ensure_grid(self.interval_ms)
         self._read_managed_sources()
-        for sink in self.sinks:
-            self.table(sink)  # TableNotFound names a missing sink before this replica contends
-        self._acquire(leader_timeout, while_standby)
+        sinks = {sink: self.table(sink) for sink in self.sinks}  # TableNotFound names a missing sink first
+        for table in sinks.values():
+            table.refresh()
+        self._acquire(leader_timeout, while_standby, max(recorded_term(t) for t in sinks.values()))
+        self.metrics.became_leader()
         try:
             epochs = EpochCoordinator(self.leadership, self.sinks, self.history)
-            self._committer = EpochCommitter(epochs, self.table)
+            self._committer = EpochCommitter(epochs, self.table, timed=self.metrics.phase)
             self._cache = self.tm.tidemark_cache()
-            plan = epochs.recover()
+            plan = epochs.recover(lambda: resume_point(self.name, sinks))
+            if plan.resumed_from is not None:
+                log.info("%s", plan.resumed_from.describe())
+                self._restore_barriers(plan.resumed_from, sinks)
             self._newest_at_open = self.tm.barriers.latest() if plan.action == RecoveryAction.START else None
             self._epochs = epochs
             self._clear_finished()
@@ -234,13 +251,29 @@ class EpochWriter:
                 log.info("job %s: rolling precommitted epoch %s forward", self.name, plan.epoch.epoch)  # type: ignore[union-attr]
                 self._committer.roll_forward(plan.epoch)  # type: ignore[arg-type]
                 self.committed.append(plan.epoch.epoch)  # type: ignore[union-attr]
+                self.metrics.epoch_committed(rolled_forward=True)
             elif plan.action == RecoveryAction.NEXT:
                 self._committer.mark_committed(plan.epoch)  # type: ignore[arg-type]  # the last run may have died first
         except BaseException:
             self.close()
             raise
 
-    def _acquire(self, leader_timeout: Optional[float], while_standby: Optional[Callable[[], None]]) -> None:
+    def _restore_barriers(self, resumed: ResumePoint, sinks: dict[str, Table]) -> None:
+        """Agree again the barriers the sinks record above the newest agreed one (ZooKeeper lost them), so the
+        barriers never go back behind the sinks and downstream jobs process the same epochs as before."""
+        newest = self.tm.barriers.latest()
+        grid = self.tm.barriers.grid()
+        epochs = set(recorded_epochs(sinks, newest, self.history))
+        epochs |= {p.epoch for p in (resumed.committed, resumed.in_flight) if p is not None}
+        for epoch in sorted(e for e in epochs if newest is None or e > newest):
+            if grid.is_barrier(epoch):
+                self.tm.barriers.agree(epoch, proposed_by=self.name)
+            else:
+                log.warning("job %s: epoch %s recorded in its sinks is not on the current barrier grid; not "
+                            "agreed again", self.name, epoch)
+
+    def _acquire(self, leader_timeout: Optional[float], while_standby: Optional[Callable[[], None]],
+                 term_floor: int) -> None:
         deadline = None if leader_timeout is None else time.monotonic() + leader_timeout
         warmed = None
         while True:
@@ -254,7 +287,7 @@ class EpochWriter:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             slice_s = 5.0 if remaining is None else min(5.0, remaining)
             try:
-                self.leadership.acquire(timeout=slice_s)
+                self.leadership.acquire(timeout=slice_s, term_floor=term_floor)
                 return
             except (NotLeader, ZooKeeperUnavailable) as exc:
                 if self._stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
@@ -266,6 +299,8 @@ class EpochWriter:
         """Step down (a standby takes over). Nothing is left half-committed: every epoch finished or recovers."""
         if self._cache is not None:
             self._cache.close()
+        if self.leadership.term is not None:
+            self.metrics.stepping_down(self.leadership.state)
         self.leadership.release()
         self._epochs = self._committer = self._cache = None
         self.leadership = self.tm.leadership(self.name)
@@ -330,6 +365,7 @@ class EpochWriter:
                 self.close()
             if outage is not None:
                 outage_since = self._ride_out_catalog_outage(outage, outage_since)
+        self.metrics.loop_ended()
         return self.committed[start:]
 
     def _ride_out_catalog_outage(self, exc: Exception, since: Optional[float]) -> float:
@@ -356,10 +392,11 @@ class EpochWriter:
                 log.info("job %s: recomputing epoch %s from its recorded inputs", self.name, current.epoch)
                 self.process(current.epoch, function)
             else:
-                target = self.next_barrier(until)
+                with self.metrics.phase("wait"):
+                    target = self.next_barrier(until)
+                    inputs = None if target is None else self.inputs_for(target)
                 if target is None:
                     return not self._stop.is_set()
-                inputs = self.inputs_for(target)
                 if inputs is None:
                     continue  # a root source got a writer meanwhile: wait for its tidemark instead
                 self.process(target, function, inputs=inputs)
@@ -371,17 +408,21 @@ class EpochWriter:
         """Run one epoch: record its inputs, compute (unless idle), stage, precommit, publish, commit."""
         epochs, committer = self.epochs, self._committer
         current = epochs.current
-        recorded = current.inputs if current is not None and current.epoch == epoch and current.state in (
-            EpochState.STARTED, EpochState.ABORTED) else inputs
-        if not self.always_run and not args and recorded is not None and recorded.unchanged:
+        redo = current is not None and current.epoch == epoch and current.state in (EpochState.STARTED,
+                                                                                     EpochState.ABORTED)
+        recorded = current.inputs if redo else inputs  # type: ignore[union-attr]
+        idle = not self.always_run and not args and recorded is not None and recorded.unchanged
+        if idle:
             committed = committer.commit_idle(epoch, inputs)  # type: ignore[union-attr]
         else:
-            record = epochs.begin(epoch, inputs)
-            crash_point("begin")
-            ctx = self.context(self, record)
-            function(ctx, *args)
+            with self.metrics.phase("compute"):
+                record = epochs.begin(epoch, inputs)
+                crash_point("begin")
+                ctx = self.context(self, record)
+                function(ctx, *args)
             committed = committer.finish(epoch, {sink: ctx.staged.get(sink) for sink in self.sinks})  # type: ignore[union-attr]
         self.committed.append(committed.epoch)
+        self.metrics.epoch_committed(idle=idle, recomputed=redo)
         self.waiting = None
         return committed
 
@@ -395,6 +436,7 @@ class EpochWriter:
             raise EpochOrderError(f"job {self.name!r} epoch {epoch}: its sources changed, so it must be computed")
         committed = self._committer.commit_idle(epoch, inputs)  # type: ignore[union-attr]
         self.committed.append(committed.epoch)
+        self.metrics.epoch_committed(idle=True)
         return committed
 
     # -- inputs --------------------------------------------------------------------------------
@@ -439,6 +481,7 @@ class EpochWriter:
         cached topology): a source whose writer registers after this job stops being a root table."""
         writers = self.tm.topology().writers
         self._managed = tuple(s for s in self.sources if s in writers)
+        self.metrics.watch_tables(writers)
 
     def next_barrier(self, until: Optional[int] = None) -> Optional[int]:
         """Block until the next epoch may be processed and return its barrier; None when stopped or past ``until``."""

@@ -11,6 +11,12 @@ The server is Debian's ZooKeeper 3.8 (``/usr/share/java/zookeeper.jar``, whose m
 brings its dependencies) run in the background with its own session, so it outlives the
 process that started it until ``stop()``. Its pid, port and data directory are recorded in
 ``<data_dir>/server.json`` so that ``tidemark zk stop`` ends exactly that process.
+
+With ``tls=ServerTls(...)`` the server also listens for TLS on ``secure_port``
+(ZooKeeper's ``secureClientPort``, served by Netty), next to the plaintext ``port``:
+
+    with EmbeddedZooKeeper(port, tls=ServerTls(keystore, truststore), secure_port=other) as zk:
+        tm = Tidemark.connect(zk.secure_connect_string, tls=TlsSettings(ca="ca.pem"))
 """
 from __future__ import annotations
 
@@ -36,6 +42,29 @@ QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 STATE_FILE = "server.json"
 # A small tick keeps the minimum session timeout low (2 ticks) so fault tests run quickly.
 TICK_MS = 200
+# Netty, which serves TLS, needs these next to the jars zookeeper.jar's manifest lists.
+NETTY_EXTRA_JARS = ("/usr/share/java/netty-codec.jar", "/usr/share/java/netty-resolver.jar")
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """TLS on the server's secure client port, from PEM files.
+
+    ``keystore`` holds the server's private key followed by its certificate; ``truststore`` the
+    CA certificates a client certificate must be signed by; ``client_auth`` is ZooKeeper's
+    ``ssl.clientAuth`` (``none``, ``want`` or ``need`` a client certificate).
+    """
+
+    keystore: Path
+    truststore: Path
+    client_auth: str = "none"
+
+    def config_lines(self, secure_port: int) -> list[str]:
+        return [f"secureClientPort={secure_port}",
+                "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+                f"ssl.keyStore.location={self.keystore}", "ssl.keyStore.type=PEM",
+                f"ssl.trustStore.location={self.truststore}", "ssl.trustStore.type=PEM",
+                f"ssl.clientAuth={self.client_auth}"]
 
 
 def zookeeper_classpath() -> str:
@@ -123,17 +152,25 @@ class EmbeddedZooKeeper:
     """
 
     def __init__(self, port: int = DEFAULT_PORT, data_dir: Optional[os.PathLike] = None,
-                 start_timeout: float = 30.0, quorum: Sequence[QuorumPeer] = (),
+                 start_timeout: float = 30.0, tls: Optional[ServerTls] = None,
+                 secure_port: Optional[int] = None, quorum: Sequence[QuorumPeer] = (),
                  server_id: Optional[int] = None) -> None:
+        if (tls is None) != (secure_port is None):
+            raise ConfigurationError("a TLS ZooKeeper needs both tls=ServerTls(...) and secure_port")
         self.port = port
         self.data_dir = Path(data_dir or data_home() / "zookeeper").absolute()
         self.start_timeout = start_timeout
+        self.tls, self.secure_port = tls, secure_port
         self.quorum, self.server_id = tuple(quorum), server_id
         self._process: Optional[subprocess.Popen] = None
 
     @property
     def connect_string(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def secure_connect_string(self) -> str:
+        return f"127.0.0.1:{self.secure_port}"
 
     @property
     def state_path(self) -> Path:
@@ -144,20 +181,30 @@ class EmbeddedZooKeeper:
         if recorded and _is_our_server(recorded):
             raise ConfigurationError(f"a ZooKeeper server (pid {recorded.pid}) already runs on port "
                                      f"{recorded.port} with data dir {self.data_dir}: `tidemark zk stop` first")
-        if _port_in_use(self.port):
-            raise ConfigurationError(f"port {self.port} on 127.0.0.1 is already in use: pick another with "
+        if _port_in_use(self.port) or (self.secure_port is not None and _port_in_use(self.secure_port)):
+            raise ConfigurationError(f"port {self.port} (or the secure port) on 127.0.0.1 is already in use: pick another with "
                                      "--port, or stop what listens there")
         java, classpath = java_executable(), zookeeper_classpath()
-        (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+        if self.tls is not None:
+            classpath = ":".join([classpath, *(jar for jar in NETTY_EXTRA_JARS if Path(jar).is_file())])
         config = self.data_dir / "zoo.cfg"
-        config.write_text("\n".join([
+        lines = [
             f"tickTime={TICK_MS}", f"dataDir={self.data_dir / 'data'}", f"clientPort={self.port}",
             "clientPortAddress=127.0.0.1", "maxClientCnxns=0", f"minSessionTimeout={2 * TICK_MS}",
             "maxSessionTimeout=60000", "admin.enableServer=false", "4lw.commands.whitelist=ruok,srvr,mntr,stat",
-            "autopurge.snapRetainCount=3", "autopurge.purgeInterval=1", *self._quorum_config(), "",
-        ]))
+            "autopurge.snapRetainCount=3", "autopurge.purgeInterval=1", *self._quorum_config(),
+            *(self.tls.config_lines(self.secure_port) if self.tls is not None else []), "",  # type: ignore[arg-type]
+        ]
+        try:
+            (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+            if self.quorum:
+                (self.data_dir / "data" / "myid").write_text(f"{self.server_id}\n")
+            config.write_text("\n".join(lines))
+            log = open(self.data_dir / "zookeeper.log", "ab")
+        except OSError as exc:
+            raise ConfigurationError(f"cannot use {self.data_dir} as ZooKeeper's data directory ({exc.strerror or exc}): "
+                                     "pick another with --data-dir") from None
         main_class = QUORUM_MAIN_CLASS if self.quorum else MAIN_CLASS
-        log = open(self.data_dir / "zookeeper.log", "ab")
         self._process = subprocess.Popen(
             [java, "-Xmx256m", "-Dzookeeper.jmx.log4j.disable=true", "-cp", classpath, main_class, str(config)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -170,7 +217,6 @@ class EmbeddedZooKeeper:
     def _quorum_config(self) -> list[str]:
         if not self.quorum:
             return []
-        (self.data_dir / "data" / "myid").write_text(f"{self.server_id}\n")
         # Limits in ticks: generous enough that a loaded machine does not drop a follower by itself.
         return ["initLimit=25", "syncLimit=10", *(peer.config_line for peer in self.quorum)]
 

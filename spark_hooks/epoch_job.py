@@ -14,8 +14,13 @@ The loop is ``coordinator.writer.EpochWriter`` (register, lead, recover, wait fo
 barrier, record inputs, compute, stage, precommit, publish, commit; see there for the
 barrier and failure rules). This module adds Spark: ``ctx.changes``/``ctx.table`` return
 DataFrames at the recorded snapshot range, and ``append``/``overwrite``/``merge`` write
-staged snapshots through Iceberg's write-audit-publish (``spark.wap.id``), with the epoch
-in each snapshot's summary. While a replica is a standby it keeps its SparkSession warm
+staged snapshots through Iceberg's write-audit-publish (``spark.wap.id``), with the
+epoch's progress record (job, epoch, term, input ranges: ``coordinator.snapshots``) in
+each snapshot's summary. The summary keys go through Iceberg's
+``CommitMetadata.withCommitProperties``, which Iceberg's Spark writes (DataFrame writes and
+SQL ``MERGE INTO`` alike, which has no write options) add to the snapshot they commit on
+the calling thread: the write runs inside a ``java.util.concurrent.Callable`` that calls
+back into Python over py4j (PySpark's pinned-thread mode keeps it on the same JVM thread). While a replica is a standby it keeps its SparkSession warm
 (the tables loaded and a query run every minute), so a takeover costs about one session
 timeout plus one epoch. One job per SparkSession: ``spark.wap.id`` is a session setting.
 """
@@ -60,12 +65,12 @@ class SparkEpochContext(EpochContext):
         return self.spark.read.format("iceberg").option("snapshot-id", bounds.end).load(source)
 
     def append(self, sink: str, df) -> None:
-        self._write(sink, lambda props: _with_options(df.writeTo(sink), props).append())
+        self._write(sink, lambda: df.writeTo(sink).append())
 
     def overwrite(self, sink: str, df) -> None:
         """Replace the whole table with ``df``."""
         from pyspark.sql import functions as F
-        self._write(sink, lambda props: _with_options(df.writeTo(sink), props).overwrite(F.lit(True)))
+        self._write(sink, lambda: df.writeTo(sink).overwrite(F.lit(True)))
 
     def merge(self, sink: str, df, on: Sequence[str], matched: Optional[str] = None) -> None:
         """``MERGE INTO sink t USING df s ON t.k = s.k``: update matches (``matched``, default ``*``), insert others."""
@@ -76,18 +81,19 @@ class SparkEpochContext(EpochContext):
         sql = (f"MERGE INTO {sink} t USING {view} s ON {condition} "
                f"WHEN MATCHED THEN {update} WHEN NOT MATCHED THEN INSERT *")
         try:
-            self._write(sink, lambda props: self.spark.sql(sql))
+            self._write(sink, lambda: self.spark.sql(sql))
         finally:
             self.spark.catalog.dropTempView(view)
 
-    def _write(self, sink: str, write: Callable[[dict], object]) -> None:
+    def _write(self, sink: str, write: Callable[[], object]) -> None:
         self.check_sink(sink)
         term = self.writer.term
         wap = wap_id(self.epoch, self.writer.name, term)
-        props = {f"snapshot-property.{k}": v for k, v in summary_properties(self.epoch, self.writer.name, term).items()}
         self.spark.conf.set("spark.wap.id", wap)
         try:
-            write(props)
+            with self.writer.metrics.phase("stage"):
+                with_commit_properties(self.spark, summary_properties(self.epoch, self.writer.name, term, self.inputs),
+                                       write)
         finally:
             self.spark.conf.unset("spark.wap.id")
         table = self.writer.table(sink)
@@ -98,21 +104,55 @@ class SparkEpochContext(EpochContext):
         self.stage(sink, max(new, key=lambda s: s.sequence_number or 0).snapshot_id if new else None)
 
 
-def _with_options(writer, options: dict):
-    for key, value in options.items():
-        writer = writer.option(key, value)
-    return writer
+class _JavaCallable:
+    """A ``java.util.concurrent.Callable`` implemented in Python (py4j calls ``call`` back on this thread)."""
+
+    def __init__(self, action: Callable[[], object]) -> None:
+        self.action = action
+        self.error: Optional[BaseException] = None
+
+    def call(self) -> None:
+        try:
+            self.action()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in Python once the JVM call returns
+            self.error = exc
+            raise
+        return None
+
+    class Java:
+        implements = ["java.util.concurrent.Callable"]
+
+
+def with_commit_properties(spark, properties: dict[str, str], action: Callable[[], object]) -> None:
+    """Run ``action`` (a Spark write to an Iceberg table) so that every snapshot it commits carries ``properties``
+    in its summary, through ``org.apache.iceberg.spark.CommitMetadata.withCommitProperties``."""
+    from pyspark.java_gateway import ensure_callback_server_started
+    from py4j.protocol import Py4JJavaError
+    gateway = spark.sparkContext._gateway
+    ensure_callback_server_started(gateway)
+    jvm = spark.sparkContext._jvm
+    java_properties = jvm.java.util.HashMap()
+    for key, value in properties.items():
+        java_properties.put(key, value)
+    callable_ = _JavaCallable(action)
+    try:
+        jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(
+            java_properties, callable_, jvm.java.lang.Class.forName("java.lang.RuntimeException"))
+    except Py4JJavaError:
+        if callable_.error is not None:
+            raise callable_.error from None  # the write's own error (say an AnalysisException), not py4j's wrapper
+        raise
 
 
 class EpochJob:
     def __init__(self, spark, tm: Tidemark, name: str, *, sources: Iterable[str], sinks: Iterable[str],
                  catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000, grace_ms: int = 1000,
                  max_pending_barriers: int = DEFAULT_MAX_PENDING_BARRIERS, always_run: bool = False,
-                 history: int = 100) -> None:
+                 history: int = 100, metrics_port: Optional[int] = None) -> None:
         self.spark = spark
         self.writer = EpochWriter(tm, name, sources=sources, sinks=sinks, catalog=catalog, interval_ms=interval_ms,
                                   grace_ms=grace_ms, max_pending_barriers=max_pending_barriers,
-                                  always_run=always_run, history=history,
+                                  always_run=always_run, history=history, metrics_port=metrics_port,
                                   context=lambda writer, record: SparkEpochContext(self, writer, record))
         self.name, self.sources, self.sinks = self.writer.name, self.writer.sources, self.writer.sinks
         self._function: Optional[Callable[[SparkEpochContext], None]] = None

@@ -51,9 +51,14 @@ def build_spark_session(catalog: Optional[CatalogSettings] = None, *, app_name: 
         raise ConfigurationError("pyspark is not installed: pip install 'tidemark[spark]'") from None
     catalog = catalog or CatalogSettings.from_env()
     builder = SparkSession.builder.appName(app_name)
+    conf = {"spark.ui.showConsoleProgress": "false"}
+    # With SPARK_HOME set (the image), spark-defaults.conf in SPARK_CONF_DIR names the master and
+    # every other setting: builder settings would override it.
     if master or not os.environ.get("SPARK_HOME"):
-        builder = builder.master(master or os.environ.get("TIDEMARK_SPARK_MASTER", "local[2]"))
-    conf = {"spark.sql.shuffle.partitions": "4", "spark.ui.showConsoleProgress": "false"}
+        master = master or os.environ.get("TIDEMARK_SPARK_MASTER", "local[2]")
+        builder = builder.master(master)
+        if master.startswith("local"):
+            conf["spark.sql.shuffle.partitions"] = "4"  # Spark's 200 only slow a local session down
     conf.update(spark_conf(catalog, jars))
     conf.update(extra_conf or {})
     for key, value in conf.items():

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from coordinator import ConsistencyLevel, EpochState, PublishConflict, Tidemark, VersionNotFound
 from coordinator.publish import PublishOutcome, expire_unpublished, publish_staged
-from coordinator.resolve import ReaderSession, Resolver, pinned_snapshots, read_arrow
-from coordinator.snapshots import (COMMITTED_EPOCH_PROPERTY, committed_epoch, highest_epoch, snapshot_at_epoch,
+from coordinator.records import EpochProgress
+from coordinator.resolve import ReaderSession, Resolver, pinned_versions, read_arrow
+from coordinator.snapshots import (COMMITTED_EPOCH_PROPERTY, committed_epoch, committed_properties, highest_epoch, snapshot_at_epoch,
                                    staged_snapshots)
 from tests.helpers.lake import agree, commit_rows, create_table, lead_job, rows_of, stage_rows
 
@@ -39,7 +40,7 @@ def writers(tm, catalog_settings):
 def test_racing_publishers_of_one_epoch_make_exactly_one_snapshot_current(catalog, catalog_settings, namespace):
     table = create_table(catalog, f"{namespace}.t")
     stage_rows(table, 1000, "j", 1, 3)
-    publish_staged(table, [s for s in staged_snapshots(table)][0].snapshot_id, 1000)
+    publish_staged(table, [s for s in staged_snapshots(table)][0].snapshot_id, 1000, 1)
     for trial in range(5):
         epoch = 2000 + 1000 * trial
         candidates = [stage_rows(table, epoch, "j", 1, 2) for _ in range(2)]  # two attempts, same parent
@@ -48,7 +49,7 @@ def test_racing_publishers_of_one_epoch_make_exactly_one_snapshot_current(catalo
         def publish(snapshot_id: int) -> None:
             own = catalog_settings.load().load_table(f"{namespace}.t")
             start.wait()
-            results.append(publish_staged(own, snapshot_id, epoch))
+            results.append(publish_staged(own, snapshot_id, epoch, 1))
         threads = [threading.Thread(target=publish, args=(c,)) for c in candidates]
         for t in threads:
             t.start()
@@ -68,9 +69,9 @@ def test_publish_whose_parent_moved_is_refused_and_loses_nothing(catalog, namesp
     table = create_table(catalog, f"{namespace}.t")
     first = stage_rows(table, 1000, "j", 1, 1)
     late = stage_rows(table, 2000, "j", 1, 1)  # staged on the same (empty) parent
-    publish_staged(table, first, 1000)
+    publish_staged(table, first, 1000, 1)
     with pytest.raises(PublishConflict, match="main moved"):
-        publish_staged(table, late, 2000)
+        publish_staged(table, late, 2000, 1)
     table.refresh()
     assert table.current_snapshot().snapshot_id == first
     assert expire_unpublished(table, up_to_epoch=2000) == [late]
@@ -119,7 +120,7 @@ def test_consistent_resolution_over_random_histories(history, zk_server, catalog
                 writer.epochs.precommit(t, staged)
                 first = sorted(staged)[0]
                 if staged[first] is not None:
-                    publish_staged(catalog.load_table(first), staged[first], t)
+                    publish_staged(catalog.load_table(first), staged[first], t, writer.term)
                 # The leader dies here; the next one rolls the epoch forward (publishing again is a no-op
                 # where it already happened).
                 writer.close()
@@ -203,16 +204,16 @@ def test_reader_session_is_monotonic_and_pins_vanish_with_the_session(tm, connec
     version = session.resolve([name])
     assert version.epoch == 2000 and version.snapshots == {name: first}
     session.pin(version)
-    assert pinned_snapshots(tm) == {name: {version.snapshots[name]}}
+    assert pinned_versions(tm) == {version.epoch: dict(version.snapshots)}
     # Iceberg metadata lagging ZooKeeper (the property mark of epoch 2000 not made yet) must not move the
     # reader backwards
     session.resolver = Resolver(catalog, catalog_settings, None)
-    table.transaction().set_properties({COMMITTED_EPOCH_PROPERTY: "1000"}).commit_transaction()
+    table.transaction().set_properties(committed_properties(EpochProgress("j", 1000, writer.term))).commit_transaction()
     assert Resolver(catalog, catalog_settings, None).resolve([name]).epoch == 1000
     assert session.resolve([name]) == version
     assert ConsistencyLevel(version.level) == ConsistencyLevel.CONSISTENT
     reader_tm.close()
-    assert pinned_snapshots(tm) == {}
+    assert pinned_versions(tm) == {}
 
 
 def test_cli_resolve_prints_epoch_and_snapshots(tm, writers, zk_connect, catalog, lake_home, namespace):

@@ -85,7 +85,7 @@ def test_topology_queries_and_renderings(tm):
     assert topo.to_mermaid().startswith("flowchart LR")
 
 
-def test_unregister_needs_a_fenced_or_absent_leader(tm, connect):
+def test_unregister_needs_a_fenced_or_absent_leader(tm, connect, catalog_settings):
     tm.register_job("counts", sources=[], sinks=["lake.db.counts"])
     driver = connect()
     leadership = driver.leadership("counts")
@@ -93,7 +93,7 @@ def test_unregister_needs_a_fenced_or_absent_leader(tm, connect):
     with pytest.raises(RegistrationError, match="live leader"):
         tm.unregister_job("counts")
     tm.fence_job("counts")
-    tm.unregister_job("counts")
+    tm.unregister_job("counts", confirm=True, catalog=catalog_settings)
     assert tm.topology().jobs == {}
     tm.register_job("other", sources=[], sinks=["lake.db.counts"])  # the table is free again
 

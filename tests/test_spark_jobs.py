@@ -14,11 +14,13 @@ import pytest
 
 from coordinator import CatalogSettings, EmbeddedZooKeeper, EpochOrderError, Tidemark
 from coordinator.resolve import Resolver, read_arrow
-from coordinator.snapshots import committed_epoch
+from coordinator.snapshots import committed_epoch, main_lineage, snapshot_progress
 from coordinator.zookeeper_server import free_port
 from spark_hooks import EpochJob, read_consistent, snapshot_sql
 
 REPO = Path(__file__).resolve().parents[1]
+# Every test here runs Spark, in this process or in driver subprocesses: none belongs in `make test-fast`.
+pytestmark = pytest.mark.spark
 
 
 def create(catalog, identifier: str, schema: pa.Schema):
@@ -74,6 +76,10 @@ def test_epoch_job_appends_overwrites_merges_and_commits_empty_epochs(spark, tm,
     assert job.committed == sorted(set(job.committed))
     # the function ran exactly for the two epochs with new words; the others committed idle
     assert computed == [epoch_holding(first, first_append), epoch_holding(later, second_append)]
+    # the driver's metrics count them, and time the Spark writes (3 sinks, 2 epochs) as staging
+    metric = job.writer.metrics.registry.get_sample_value
+    assert metric("tidemark_driver_epochs_idle_total", {"tidemark_job": "multi"}) == len(job.committed) - 2
+    assert metric("tidemark_driver_epoch_phase_duration_seconds_count", {"tidemark_job": "multi", "phase": "stage"}) == 6
     version = Resolver(catalog, catalog_settings, tm).resolve(t.values())
     assert version.epoch == idle[-1]
     data = read_arrow(Resolver(catalog, catalog_settings), version)
@@ -82,6 +88,13 @@ def test_epoch_job_appends_overwrites_merges_and_commits_empty_epochs(spark, tm,
     assert dict(zip(*[data[t["counts"]].column(c).to_pylist() for c in ("word", "cnt")])) == {"a": 2, "b": 2, "c": 1}
     for sink in ("log", "snapshot", "counts"):
         assert committed_epoch(catalog.load_table(f"{namespace}.{sink}")) == idle[-1]
+        # every published snapshot, the MERGE ones included, carries the epoch's whole progress record
+        records = [snapshot_progress(s) for s in main_lineage(catalog.load_table(f"{namespace}.{sink}"))]
+        published = [r for r in records if r is not None]
+        assert [r.epoch for r in reversed(published)] == computed, sink
+        for record, epoch in zip(reversed(published), (first_append, second_append)):
+            assert record.job == "multi" and record.term >= 1
+            assert record.inputs.sources[t["words"]].end == epoch.snapshot_id
 
 
 def test_a_sink_written_twice_in_one_epoch_is_refused(spark, tm, catalog_settings, namespace):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -15,9 +16,11 @@ from coordinator.zookeeper_server import free_port
 from tests.helpers.lake import SCHEMA, agree, create_table, lead_job
 
 
-def cli(zk_connect: str, *args: str) -> subprocess.CompletedProcess:
+def cli(zk_connect: str, *args: str, catalog=None) -> subprocess.CompletedProcess:
+    env = None if catalog is None else {**os.environ, "TIDEMARK_CATALOG_URI": catalog.uri,
+                                        "TIDEMARK_WAREHOUSE": catalog.warehouse, "TIDEMARK_CATALOG_NAME": catalog.name}
     return subprocess.run([sys.executable, "-m", "coordinator.cli", "--zk", zk_connect, *args],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture
@@ -38,7 +41,7 @@ def two_epochs(tm, catalog_settings, namespace):
     writer.close()
 
 
-def test_status_topology_fence_unregister_from_the_cli(tm, zk_connect, two_epochs):
+def test_status_topology_fence_unregister_from_the_cli(tm, zk_connect, two_epochs, catalog_settings):
     up, last = two_epochs
     status = json.loads(cli(zk_connect, "status", "--json").stdout)
     jobs = {j["name"]: j for j in status["jobs"]}
@@ -54,7 +57,11 @@ def test_status_topology_fence_unregister_from_the_cli(tm, zk_connect, two_epoch
     assert refused.returncode == 1 and "live leader" in refused.stderr and "Traceback" not in refused.stderr
     assert "term is now 2" in cli(zk_connect, "fence", "up").stdout
     assert json.loads(cli(zk_connect, "status", "--json").stdout)["jobs"][1]["leader_state"] == "fenced"
-    assert cli(zk_connect, "unregister", "up").returncode == 0
+    unconfirmed = cli(zk_connect, "unregister", "up", catalog=catalog_settings)  # no TTY, no --yes: refused
+    assert unconfirmed.returncode == 1 and unconfirmed.stderr.count("\n") == 1
+    assert f"committed epoch {last}" in unconfirmed.stderr and "pass --yes" in unconfirmed.stderr
+    done = cli(zk_connect, "unregister", "up", "--yes", catalog=catalog_settings)
+    assert done.returncode == 0 and f"resumes from its sinks' Iceberg metadata: committed epoch {last}" in done.stdout
     assert [j["name"] for j in json.loads(cli(zk_connect, "status", "--json").stdout)["jobs"]] == ["down"]
 
 
@@ -65,19 +72,25 @@ def test_unreachable_zookeeper_is_a_one_line_error():
     assert result.stderr.strip().count("\n") == 0 and "no ZooKeeper server answered" in result.stderr
 
 
-def test_metrics_endpoint_serves_the_status(tm, zk_connect, two_epochs):
+def test_exporter_serves_the_status(tm, zk_connect, two_epochs):
     _, last = two_epochs
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "--zk", zk_connect, "metrics",
+    server = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "--zk", zk_connect, "exporter",
                                "--port", str(port), "--address", "127.0.0.1"], stdout=subprocess.PIPE, text=True)
     try:
         fetch = Retrying(stop=stop_after_delay(30), wait=wait_fixed(0.2), reraise=True,
-                         retry=retry_if_exception_type(OSError))
-        body = fetch(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+                         retry=retry_if_exception_type((OSError, AssertionError)))
+
+        def serving_a_view() -> str:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            assert "tidemark_up 1.0" in body
+            return body
+        body = fetch(serving_a_view)
     finally:
         server.terminate()
         server.wait(10)
-    samples = {(s.name, s.labels.get("job")): s.value for f in text_string_to_metric_families(body) for s in f.samples}
+    samples = {(s.name, s.labels.get("tidemark_job")): s.value
+               for f in text_string_to_metric_families(body) for s in f.samples}
     assert samples[("tidemark_job_committed_epoch_timestamp_seconds", "up")] == last / 1000
     assert samples[("tidemark_job_pending_barriers", "up")] == 0
     assert samples[("tidemark_job_leader_live", "up")] == 1 and samples[("tidemark_job_stale", "down")] == 1

@@ -5,7 +5,7 @@ Real ZooKeeper, a real SQLite catalog and real jobs: ``EpochWriter`` with pyiceb
 from __future__ import annotations
 
 import json
-import threading
+import time
 from typing import Optional
 
 import pyarrow as pa
@@ -13,11 +13,12 @@ import pytest
 
 from coordinator import VersionNotFound
 from coordinator.cli import main as cli_main
-from coordinator.metrics import StatusCollector
+from coordinator.exporter import view_families
 from coordinator.records import now_ms
 from coordinator.resolve import Resolver, read_arrow
 from coordinator.status import STALE_SLACK_MS, fmt_time
 from coordinator.writer import EpochContext, EpochWriter
+from tests.helpers.background import InBackground
 from tests.helpers.lake import SCHEMA, create_table
 from tests.helpers.wait import wait_for
 
@@ -53,28 +54,6 @@ def append_epoch(sink: str, stop_after: Optional[EpochWriter] = None):
         if stop_after is not None:
             stop_after.stop()  # commit this epoch, then return without finishing a bounded run
     return step
-
-
-class InBackground:
-    """``writer.run(step)`` on a thread, until ``stop()``."""
-
-    def __init__(self, w: EpochWriter, step) -> None:
-        self.writer, self.error = w, None
-        self.thread = threading.Thread(target=self._run, args=(step,), daemon=True)
-        self.thread.start()
-
-    def _run(self, step) -> None:
-        try:
-            self.writer.run(step, stop_on_sigterm=False)
-        except BaseException as exc:  # noqa: BLE001 - reported by stop()
-            self.error = exc
-
-    def stop(self) -> None:
-        self.writer.stop()
-        self.thread.join(60)
-        assert not self.thread.is_alive(), f"writer {self.writer.name} did not stop"
-        if self.error is not None:
-            raise self.error
 
 
 def cli_status(zk_connect: str, capsys, *extra: str) -> str:
@@ -126,7 +105,7 @@ def test_lag_is_wall_clock_seconds_and_a_finished_bounded_run_is_not_stale(tm, c
     quit_line = next(line for line in text.splitlines() if line.startswith("quit:"))
     assert "STALE: no live leader" in quit_line and "holds the consistent epoch back" in quit_line
 
-    samples = {(s.name, s.labels.get("job")): s.value for family in StatusCollector(tm).collect()
+    samples = {(s.name, s.labels.get("tidemark_job")): s.value for family in view_families(tm.status(), time.time())
                for s in family.samples}
     assert samples[("tidemark_job_committed_epoch_timestamp_seconds", "done")] == epochs[-1] / 1000
     assert samples[("tidemark_job_finished", "done")] == 1 and samples[("tidemark_job_finished", "quit")] == 0

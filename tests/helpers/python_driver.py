@@ -76,10 +76,10 @@ def install_crash(crash_at: str, computed: list) -> None:
             die()
         return original_finish(self, epoch, staged)
 
-    def publish(table, snapshot_id, epoch):
+    def publish(table, snapshot_id, epoch, term):
         if crashing() and crash_at == "precommitted":
             die()
-        result = original_publish(table, snapshot_id, epoch)
+        result = original_publish(table, snapshot_id, epoch, term)
         if crashing() and crash_at == "published-one":
             die()
         return result

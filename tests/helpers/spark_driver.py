@@ -54,10 +54,10 @@ def main() -> None:
             die()
         return original_finish(self, epoch, staged)
 
-    def publish(table, snapshot_id, epoch):
+    def publish(table, snapshot_id, epoch, term):
         if crashing() and crash_at == "precommitted":
             die()
-        result = original_publish(table, snapshot_id, epoch)
+        result = original_publish(table, snapshot_id, epoch, term)
         published.append(epoch)
         if crashing() and crash_at == "published-one":
             die()

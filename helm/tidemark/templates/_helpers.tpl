@@ -1,0 +1,202 @@
+{{/* Names: <release>-tidemark unless the release name already contains the chart's name. */}}
+{{- define "tidemark.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tidemark.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Selector labels of one component: pass (dict "ctx" $ "component" "driver"). */}}
+{{- define "tidemark.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tidemark.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "tidemark.labels" -}}
+{{ include "tidemark.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
+{{- end -}}
+
+{{- define "tidemark.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "tidemark.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (printf "%s-driver" (include "tidemark.fullname" .)) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tidemark.zookeeper.name" -}}
+{{- printf "%s-zookeeper" (include "tidemark.fullname" .) -}}
+{{- end -}}
+
+{{/* The connect string with the chroot: the bundled servers one by one, or the external ensemble. */}}
+{{- define "tidemark.zookeeper.connect" -}}
+{{- $zk := .Values.zookeeper -}}
+{{- if $zk.bundled.enabled -}}
+{{- $name := include "tidemark.zookeeper.name" . -}}
+{{- $servers := list -}}
+{{- range $i := until (int $zk.bundled.replicas) -}}
+{{- $servers = append $servers (printf "%s-%d.%s-headless.%s.svc:2181" $name $i $name $.Release.Namespace) -}}
+{{- end -}}
+{{- printf "%s%s" (join "," $servers) $zk.chroot -}}
+{{- else -}}
+{{- printf "%s%s" $zk.external.connect $zk.chroot -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Cross-value rules the schema cannot word clearly: each fails the install with a sentence. */}}
+{{- define "tidemark.validate" -}}
+{{- $zk := .Values.zookeeper -}}
+{{- if and $zk.bundled.enabled $zk.external.connect -}}
+{{- fail "zookeeper: both zookeeper.bundled.enabled and zookeeper.external.connect are set; disable the bundled ensemble to use an external one, or clear external.connect" -}}
+{{- end -}}
+{{- if not (or $zk.bundled.enabled $zk.external.connect) -}}
+{{- fail "zookeeper: no ensemble; set zookeeper.external.connect (host:port,...) or zookeeper.bundled.enabled=true" -}}
+{{- end -}}
+{{- if and $zk.tls.enabled $zk.bundled.enabled -}}
+{{- fail "zookeeper.tls: TLS is supported towards an external ensemble only; the bundled one serves plaintext inside the namespace" -}}
+{{- end -}}
+{{- if and $zk.tls.enabled (not $zk.tls.existingSecret) -}}
+{{- fail "zookeeper.tls.existingSecret: name the Secret that holds the CA (and client certificate) when zookeeper.tls.enabled=true" -}}
+{{- end -}}
+{{- if and $zk.bundled.enabled (eq (int $zk.bundled.replicas) 2) -}}
+{{- fail "zookeeper.bundled.replicas: 2 servers tolerate no failure, like 1; use 1 for a test or 3 or 5 for production" -}}
+{{- end -}}
+{{- $s3 := .Values.catalog.s3 -}}
+{{- if and $s3.enabled (not (regexMatch "^s3a?://" .Values.catalog.warehouse)) -}}
+{{- fail (printf "catalog.warehouse: %q is not an s3:// location while catalog.s3.enabled=true; use s3://bucket/path or disable catalog.s3" .Values.catalog.warehouse) -}}
+{{- end -}}
+{{- range $name, $values := .Values.jobs -}}
+{{- $job := include "tidemark.job" (dict "ctx" $ "values" $values) | fromYaml -}}
+{{- $scaling := $job.executor.dynamicAllocation -}}
+{{- if and $scaling.enabled (lt (int $scaling.maxExecutors) (int $scaling.minExecutors)) -}}
+{{- fail (printf "jobs.%s: executor.dynamicAllocation.maxExecutors (%v) is below minExecutors (%v)" $name $scaling.maxExecutors $scaling.minExecutors) -}}
+{{- end -}}
+{{- if and $job.script $job.scriptPath -}}
+{{- fail (printf "jobs.%s: set either script (inline) or scriptPath (a file in the image), not both" $name) -}}
+{{- end -}}
+{{- if not (or $job.script $job.scriptPath) -}}
+{{- fail (printf "jobs.%s: no driver script; set script (inline Python) or scriptPath (a file in the image)" $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* One job's settings: its values over jobDefaults, and its executor over spark.executor.
+     A job's value replaces the default even when it is false or 0, which Helm's merge skips. */}}
+{{- define "tidemark.job" -}}
+{{- $job := deepCopy .ctx.Values.jobDefaults -}}
+{{- range $key, $value := .values -}}
+{{- $_ := set $job $key $value -}}
+{{- end -}}
+{{- $executor := deepCopy .ctx.Values.spark.executor -}}
+{{- range $key, $value := (.values.executor | default dict) -}}
+{{- if eq $key "dynamicAllocation" -}}
+{{- $scaling := deepCopy $executor.dynamicAllocation -}}
+{{- range $setting, $chosen := $value -}}
+{{- $_ := set $scaling $setting $chosen -}}
+{{- end -}}
+{{- $_ := set $executor $key $scaling -}}
+{{- else -}}
+{{- $_ := set $executor $key $value -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $job "executor" $executor -}}
+{{- toYaml $job -}}
+{{- end -}}
+
+{{/* Environment of every process that talks to ZooKeeper: the connect string, TLS and the
+     digest identities. Drivers (role "writer") authenticate as the writer and grant the reader
+     identity read access; the exporter (role "reader") has the reader identity only. */}}
+{{- define "tidemark.zookeeper.env" -}}
+{{- $zk := .ctx.Values.zookeeper -}}
+- name: TIDEMARK_ZK
+  value: {{ include "tidemark.zookeeper.connect" .ctx | quote }}
+{{- if eq .role "writer" }}
+{{- with $zk.auth.existingSecret }}
+- name: TIDEMARK_ZK_USER
+  valueFrom:
+    secretKeyRef: {name: {{ . | quote }}, key: {{ $zk.auth.userKey | quote }}}
+- name: TIDEMARK_ZK_PASSWORD
+  valueFrom:
+    secretKeyRef: {name: {{ . | quote }}, key: {{ $zk.auth.passwordKey | quote }}}
+{{- end }}
+{{- end }}
+{{- with $zk.auth.readerSecret }}
+- name: TIDEMARK_ZK_READER_USER
+  valueFrom:
+    secretKeyRef: {name: {{ . | quote }}, key: {{ $zk.auth.readerUserKey | quote }}}
+- name: TIDEMARK_ZK_READER_PASSWORD
+  valueFrom:
+    secretKeyRef: {name: {{ . | quote }}, key: {{ $zk.auth.readerPasswordKey | quote }}}
+{{- end }}
+{{- if $zk.tls.enabled }}
+- name: TIDEMARK_ZK_TLS
+  value: "1"
+- name: TIDEMARK_ZK_TLS_CA
+  value: /etc/tidemark/zookeeper-tls/ca.crt
+{{- if $zk.tls.certKey }}
+- name: TIDEMARK_ZK_TLS_CERT
+  value: /etc/tidemark/zookeeper-tls/tls.crt
+- name: TIDEMARK_ZK_TLS_KEY
+  value: /etc/tidemark/zookeeper-tls/tls.key
+{{- end }}
+- name: TIDEMARK_ZK_TLS_CHECK_HOSTNAME
+  value: {{ ternary "1" "0" $zk.tls.checkHostname | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "tidemark.zookeeper.tlsVolumeMount" -}}
+{{- if .Values.zookeeper.tls.enabled -}}
+- name: zookeeper-tls
+  mountPath: /etc/tidemark/zookeeper-tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "tidemark.zookeeper.tlsVolume" -}}
+{{- $tls := .Values.zookeeper.tls -}}
+{{- if $tls.enabled -}}
+- name: zookeeper-tls
+  secret:
+    secretName: {{ $tls.existingSecret | quote }}
+    defaultMode: 0440
+    items:
+      - {key: {{ $tls.caKey | quote }}, path: ca.crt}
+      {{- if $tls.certKey }}
+      - {key: {{ $tls.certKey | quote }}, path: tls.crt}
+      - {key: {{ $tls.keyKey | quote }}, path: tls.key}
+      {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod anti-affinity that spreads the pods matching `labels` over nodes: soft or hard. */}}
+{{- define "tidemark.antiAffinity" -}}
+{{- $term := dict "labelSelector" (dict "matchLabels" .labels) "topologyKey" "kubernetes.io/hostname" -}}
+podAntiAffinity:
+{{- if eq .mode "hard" }}
+  requiredDuringSchedulingIgnoredDuringExecution:
+    {{- list $term | toYaml | nindent 4 }}
+{{- else }}
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        {{- $term | toYaml | nindent 8 }}
+{{- end }}
+{{- end -}}

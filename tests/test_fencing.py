@@ -1,0 +1,320 @@
+"""Monotonic fencing and Iceberg as the record of progress, on real ZooKeeper and a real SQLite catalog.
+
+A fenced leader of an unregistered (and re-registered) job can change nothing; a job with no
+ZooKeeper history (unregistered, or the whole tree wiped mid-run) resumes from its sinks'
+Iceberg metadata with no duplicate and no loss, and consistent reads stay consistent.
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+from kazoo.client import KazooClient
+
+from coordinator import EpochWriter, Fenced, Tidemark
+from coordinator.errors import UnregisterNotConfirmed
+from coordinator.publish import advance_committed_epoch, claim_table, publish_staged
+from coordinator.errors import VersionNotFound
+from coordinator.records import EpochProgress, EpochState, SourceRange, now_ms
+from coordinator.resolve import Resolver
+from coordinator.snapshots import (TERM_PROPERTY, main_lineage, recorded_term, snapshot_progress,
+                                   table_progress)
+from coordinator.staging import stage_append
+from tests.conftest import SESSION_TIMEOUT
+from tests.helpers.lake import SCHEMA, agree, commit_rows, create_table, lead_job, rows_of
+from tests.helpers.wait import wait_for
+
+DEADLINE = 90.0
+
+
+@pytest.fixture
+def catalog(catalog_settings):
+    return catalog_settings.load()
+
+
+def rows_in(table, snapshot_id=None) -> list[tuple[int, int]]:
+    if snapshot_id is None:
+        table.refresh()
+        if table.current_snapshot() is None:
+            return []
+        snapshot_id = table.current_snapshot().snapshot_id
+    data = table.scan(snapshot_id=snapshot_id).to_arrow()
+    return sorted(zip(data["epoch"].to_pylist(), data["row"].to_pylist()))
+
+
+def test_a_fenced_zombie_changes_nothing_after_unregister_and_reregister(tm, connect, catalog, catalog_settings,
+                                                                         namespace):
+    sink = f"{namespace}.counts"
+    table = create_table(catalog, sink)
+    zombie = lead_job(connect(), catalog_settings, "counts", [sink])  # its own session, alive throughout
+    commit_rows(zombie, 1000, rows=2)
+    agree(tm, 2000)
+    zombie.epochs.begin(2000, zombie.inputs_for(2000))
+    staged_by_zombie = stage_append(zombie.table(sink), rows_of(2000, 5), 2000, "counts", zombie.term)
+    old_term = zombie.term
+
+    fence_term = tm.fence_job("counts")
+    with pytest.raises(UnregisterNotConfirmed, match="committed epoch 1000"):
+        tm.unregister_job("counts", catalog=catalog_settings)
+    plan = tm.unregister_job("counts", confirm=True, catalog=catalog_settings)
+    assert plan.resume.committed.epoch == 1000 and plan.resume.term >= old_term
+    with pytest.raises(Fenced):  # fenced in Iceberg as soon as it is unregistered
+        publish_staged(zombie.table(sink), staged_by_zombie, 2000, old_term)
+
+    successor = lead_job(connect(), catalog_settings, "counts", [sink])  # registers a new incarnation
+    assert successor.term > fence_term > old_term, "a re-registered job must never reuse or go below a term"
+    assert successor.epochs.last_committed == 1000  # resumed from Iceberg, not from scratch
+    commit_rows(successor, 2000, rows=3)
+    commit_rows(successor, 3000, rows=1)
+    mark_before = tm.tidemarks([sink])[sink]
+    lineage_before = [s.snapshot_id for s in main_lineage(catalog.load_table(sink))]
+
+    # The zombie's session is still alive and it believes it leads: it tries every step, and every one is refused.
+    assert zombie.leadership.is_leading
+    with pytest.raises(Fenced):
+        zombie.epochs.precommit(2000, {sink: staged_by_zombie})  # refused by ZooKeeper: its incarnation is gone
+    with pytest.raises(Fenced):
+        zombie.epochs.begin(2000)
+    with pytest.raises(Fenced):
+        zombie.epochs.abort(2000)
+    zombie_table = zombie.table(sink)
+    with pytest.raises(Fenced):
+        publish_staged(zombie_table, staged_by_zombie, 2000, old_term)
+    with pytest.raises(Fenced):
+        advance_committed_epoch(zombie_table, EpochProgress("counts", 4000, old_term), old_term)
+    with pytest.raises(Fenced):
+        claim_table(zombie_table, "counts", old_term)
+    with pytest.raises(Fenced):
+        zombie.process(2000, lambda ctx: ctx.append(sink, rows_of(2000, 7)))
+    assert not zombie.leadership.confirm()
+
+    assert tm.tidemarks([sink])[sink] == mark_before, "the zombie moved the tidemark"
+    table = catalog.load_table(sink)
+    assert [s.snapshot_id for s in main_lineage(table)] == lineage_before, "a zombie snapshot was published"
+    assert int(table.properties[TERM_PROPERTY]) == successor.term
+    assert Counter(e for e, _ in rows_in(table)) == {1000: 2, 2000: 3, 3000: 1}
+    zombie.close()
+    successor.close()
+
+
+def barrier_after_appends(tm, interval_ms: int = 1000) -> int:
+    """Agree the next grid point once the clock has passed it: every row appended so far is before it."""
+    barrier = (now_ms() // interval_ms + 1) * interval_ms
+    wait_for(lambda: now_ms() > barrier, f"the clock to pass {barrier}", 10)
+    agree(tm, barrier)
+    return barrier
+
+
+def copy_job(source: str, sink: str):
+    return lambda ctx: ctx.append(sink, ctx.changes(source))
+
+
+def test_reregistered_job_resumes_from_iceberg_with_no_duplicate_and_no_loss(tm, connect, catalog, catalog_settings,
+                                                                             namespace):
+    source, sink = f"{namespace}.events", f"{namespace}.copy"
+    catalog.create_namespace_if_not_exists(namespace)
+    events = catalog.create_table(source, schema=SCHEMA)
+    create_table(catalog, sink)
+
+    def run(writer: EpochWriter, epochs: int) -> None:
+        for k in range(epochs):
+            events.append(rows_of(len(writer.committed) + 10 * k, 3))
+            epoch = barrier_after_appends(tm)
+            writer.process(epoch, copy_job(source, sink), inputs=writer.inputs_for(epoch))
+
+    first = EpochWriter(connect(), "copier", sources=[source], sinks=[sink], catalog=catalog_settings,
+                        interval_ms=1000, grace_ms=0)
+    first.open(leader_timeout=30)
+    run(first, 3)
+    last = first.committed[-1]
+    first.close()
+    first.tm.close()
+    plan = tm.unregister_job("copier", confirm=True, catalog=catalog_settings)
+    end = plan.resume.committed.inputs.sources[source].end
+    assert f"copier resumes from its sinks' Iceberg metadata: committed epoch {last}" in plan.describe()
+    assert end == events.current_snapshot().snapshot_id  # reads next after the last snapshot it read
+
+    again = EpochWriter(connect(), "copier", sources=[source], sinks=[sink], catalog=catalog_settings,
+                        interval_ms=1000, grace_ms=0)
+    again.open(leader_timeout=30)
+    assert again.epochs.current.inputs.sources[source] == SourceRange(plan.resume.committed.inputs.sources[source].start,
+                                                                       end)
+    run(again, 2)
+    term = again.term
+    again.close()
+    assert rows_in(catalog.load_table(sink)) == rows_in(events), "duplicates or losses after re-registration"
+    newest = table_progress(catalog.load_table(sink))
+    assert (newest.job, newest.epoch, newest.term) == ("copier", again.committed[-1], term)
+
+
+def test_resume_recomputes_an_epoch_only_some_sinks_published(tm, connect, catalog, catalog_settings, namespace):
+    """Two sinks; the ZooKeeper history is lost after one of them published epoch 2000: every sink then holds
+    that epoch exactly once, recomputed from the inputs its published snapshot records."""
+    source, left, right = f"{namespace}.events", f"{namespace}.left", f"{namespace}.right"
+    catalog.create_namespace_if_not_exists(namespace)
+    events = catalog.create_table(source, schema=SCHEMA)
+    for name in (left, right):
+        create_table(catalog, name)
+
+    def both(ctx):
+        changes = ctx.changes(source)
+        ctx.append(left, changes)
+        ctx.append(right, changes)
+
+    writer = EpochWriter(connect(), "split", sources=[source], sinks=[left, right], catalog=catalog_settings,
+                         interval_ms=1000, grace_ms=0)
+    writer.open(leader_timeout=30)
+    events.append(rows_of(1, 2))
+    first = barrier_after_appends(tm)
+    writer.process(first, both, inputs=writer.inputs_for(first))
+    events.append(rows_of(2, 4))
+    second = barrier_after_appends(tm)
+    record = writer.epochs.begin(second, writer.inputs_for(second))
+    ctx = writer.context(writer, record)
+    both(ctx)
+    writer.epochs.precommit(second, ctx.staged)
+    publish_staged(writer.table(left), ctx.staged[left], second, writer.term)
+    writer.tm.close()  # the driver dies here, with its session
+    plan = tm.unregister_job("split", confirm=True, catalog=catalog_settings)
+    assert plan.resume.committed.epoch == first and plan.resume.in_flight.epoch == second
+
+    again = EpochWriter(connect(), "split", sources=[source], sinks=[left, right], catalog=catalog_settings,
+                        interval_ms=1000, grace_ms=0)
+    again.open(leader_timeout=30)
+    assert again.epochs.current.state == EpochState.STARTED and again.epochs.current.epoch == second
+    assert again.epochs.last_committed == first
+    again.run(both, max_epochs=1, stop_on_sigterm=False)
+    again.close()
+    for name in (left, right):
+        assert rows_in(catalog.load_table(name)) == rows_in(events), f"{name}: duplicates or losses"
+        assert table_progress(catalog.load_table(name)).epoch == second
+
+
+def test_registration_clears_a_job_znode_a_lock_recipe_left_after_a_wipe(tm, connect):
+    """A standby contending while the tree is wiped re-creates ``/jobs/<job>/election`` (kazoo's lock recipe
+    ensures its path): the orphan is not a registration, and registering the job clears it."""
+    standby_lock = tm.paths.election("orphan") + "/lock"
+    tm.client.ensure_path(standby_lock)
+    assert "orphan" not in tm.topology().jobs
+    tm.register_job("orphan", sources=[], sinks=["lake.db.orphan"])
+    assert tm.get(standby_lock) is None
+    assert connect().leadership("orphan").acquire(timeout=30) == 1
+
+
+class Driver:
+    """One writer run in a thread with its own ZooKeeper session (a driver process, as far as ZooKeeper sees)."""
+
+    def __init__(self, zk_connect: str, settings, name: str, sources, sinks, function) -> None:
+        self.tm = Tidemark.connect(zk_connect, session_timeout=SESSION_TIMEOUT, operation_timeout=10)
+        self.writer = EpochWriter(self.tm, name, sources=sources, sinks=sinks, catalog=settings, interval_ms=500,
+                                  grace_ms=100, log_every=1.0)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(function,), daemon=True, name=f"driver-{name}")
+        self.thread.start()
+
+    def _run(self, function) -> None:
+        try:
+            self.writer.run(function, stop_on_sigterm=False, leader_timeout=DEADLINE)
+        except BaseException as exc:  # noqa: BLE001 - a crashed driver; the test decides whether that is expected
+            self.error = exc
+
+    def stop(self) -> None:
+        while self.thread.is_alive():
+            self.writer.stop()
+            self.thread.join(0.2)
+        self.tm.close()
+
+    def kill(self) -> None:
+        """The driver dies with its session (the writer thread then fails, or ends)."""
+        self.writer.stop()
+        self.tm.close()
+        self.thread.join(DEADLINE)
+        assert not self.thread.is_alive()
+
+
+def test_zookeeper_wiped_mid_run_resumes_from_iceberg_exactly_once(zk_server, zk_connect, catalog,
+                                                                   catalog_settings, namespace):
+    """A cascade ``events -> copy -> final`` keeps running; the whole chroot is deleted under it; the drivers
+    restart on the empty ensemble. Every consistent read checks out all along, and at the end every event is
+    in both derived tables exactly once."""
+    events, copy, final = f"{namespace}.events", f"{namespace}.copy", f"{namespace}.final"
+    catalog.create_namespace_if_not_exists(namespace)
+    source = catalog.create_table(events, schema=SCHEMA)
+    for name in (copy, final):
+        create_table(catalog, name)
+    appended = [0]
+
+    def feed(count: int = 1) -> None:
+        for _ in range(count):
+            appended[0] += 1
+            source.append(pa.table({"epoch": pa.array([appended[0]], pa.int64()),
+                                    "row": pa.array([appended[0]], pa.int64())}, schema=SCHEMA))
+
+    def start() -> list[Driver]:
+        return [Driver(zk_connect, catalog_settings, "copy", [events], [copy], copy_job(events, copy)),
+                Driver(zk_connect, catalog_settings, "final", [copy], [final], copy_job(copy, final))]
+
+    resolver = Resolver(catalog, catalog_settings, None)  # Iceberg alone: readable whatever ZooKeeper holds
+    checked = []
+
+    def consistent_read_checks_out() -> None:
+        try:
+            version = resolver.resolve([events, copy, final])
+        except VersionNotFound:
+            return  # before final's first epoch
+        if version.epoch is None:
+            return
+        snaps = version.snapshots
+        got = [rows_in(catalog.load_table(t), snaps[t]) if snaps[t] else [] for t in (events, copy, final)]
+        assert got[1] == got[2] == got[0], f"inconsistent read at epoch {version.epoch}: {[len(g) for g in got]}"
+        checked.append(version.epoch)
+
+    def final_holds(count: int):
+        def holds() -> bool:
+            feed()
+            consistent_read_checks_out()
+            return len(rows_in(catalog.load_table(final))) >= count
+        return holds
+
+    drivers = start()
+    wait_for(final_holds(5), "the cascade to carry 5 events through", DEADLINE, every=0.3)
+    for driver in drivers:
+        assert driver.error is None, driver.error
+    wiper = KazooClient(hosts=zk_server.connect_string)
+    wiper.start(30)
+    wiper.delete("/" + zk_connect.split("/", 1)[1], recursive=True)  # ZooKeeper loses everything
+    wiper.stop()
+    wiper.close()
+    for driver in drivers:
+        driver.kill()
+    consistent_read_checks_out()
+    before = len(rows_in(catalog.load_table(final)))
+    drivers = start()
+    wait_for(final_holds(before + 5), "the restarted cascade to carry 5 more events", DEADLINE, every=0.3)
+    for driver in drivers:
+        driver.stop()
+        assert driver.error is None, driver.error
+    consistent_read_checks_out()
+    # Drain: the events appended last may not be in any epoch yet; restart until final holds all of them.
+    drivers = start()
+    total = appended[0]
+    wait_for(lambda: len(rows_in(catalog.load_table(final))) >= total, "every event in final", DEADLINE, every=0.3)
+    for driver in drivers:
+        driver.stop()
+        assert driver.error is None, driver.error
+    everything = rows_in(source)
+    for name in (copy, final):
+        assert rows_in(catalog.load_table(name)) == everything, f"{name}: duplicates or losses across the wipe"
+    assert len(checked) > 3
+    fresh = Tidemark.connect(zk_connect, session_timeout=SESSION_TIMEOUT)
+    try:
+        newest = fresh.barriers.latest()
+        recorded = max(table_progress(catalog.load_table(t)).epoch for t in (copy, final))
+        assert newest is not None and newest >= recorded, "the barriers went back behind what the sinks record"
+        inputs = [snapshot_progress(s) for s in main_lineage(catalog.load_table(final))]
+        assert all(p.inputs is not None for p in inputs if p is not None)
+        assert recorded_term(catalog.load_table(copy)) >= 2  # the restart took a term above the first run's
+    finally:
+        fresh.close()

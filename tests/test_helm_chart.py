@@ -1,0 +1,615 @@
+"""The Helm chart (helm/tidemark) and the image (docker/), checked offline.
+
+The chart is rendered by Helm's own engine: helm-python-sdk bundles Helm 4's Go library
+(``libhelm_c.so``), so templates, ``values.schema.json`` and ``fail`` run exactly as under
+``helm install``. Every manifest is validated in strict mode (unknown fields are errors)
+against the Kubernetes OpenAPI schemas that kubernetes-validate ships, for KUBERNETES_VERSIONS,
+and ``helm lint`` (the same library) has nothing to warn about.
+The tests then assert what an operator relies on: replicas, RBAC rules, probes, scrape
+annotations, secret references, security contexts and the Spark settings of the drivers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk (Helm's engine) is a dev dependency")
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "tidemark"
+# The oldest version the chart supports (Chart.yaml's kubeVersion) and a current one.
+KUBERNETES_VERSIONS = ("1.25.0", "1.30.0")
+RELEASE, NAMESPACE = "lake", "pipelines"
+FULLNAME = f"{RELEASE}-tidemark"
+VALUES_FILES = [None] + sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
+SPARK_MASTER = "k8s://https://kubernetes.default.svc"
+
+
+@pytest.fixture(scope="module")
+def chart():
+    with helm.Chart.load(str(CHART)) as loaded:
+        yield loaded
+
+
+def values_of(name):
+    return yaml.safe_load((CHART / "ci" / name).read_text()) if name else {}
+
+
+def render(chart, values=None) -> list[dict]:
+    """Every manifest of one release, as ``helm template`` would print them (NOTES excluded)."""
+    rendered = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    docs = []
+    for template, text in sorted(rendered.items()):
+        if template.endswith("NOTES.txt"):
+            continue
+        docs.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return docs
+
+
+def only(docs, kind, name=None) -> dict:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def of_kind(docs, kind) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def pod_specs(docs) -> dict[str, dict]:
+    """Pod specs by owner: workloads' templates and the executor pod templates Spark reads."""
+    specs = {f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]["spec"]
+             for d in docs if d["kind"] in ("Deployment", "StatefulSet")}
+    for cm in of_kind(docs, "ConfigMap"):
+        if "executor-pod.yaml" in cm["data"]:
+            specs[f"executor-of/{cm['metadata']['name']}"] = yaml.safe_load(cm["data"]["executor-pod.yaml"])["spec"]
+    return specs
+
+
+def env_of(container) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def spark_defaults(docs, job) -> dict[str, str]:
+    text = only(docs, "ConfigMap", f"{FULLNAME}-{job}")["data"]["spark-defaults.conf"]
+    return dict(line.split(" ", 1) for line in text.splitlines() if line.strip())
+
+
+def driver(docs, job) -> tuple[dict, dict]:
+    deployment = only(docs, "Deployment", f"{FULLNAME}-{job}")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return deployment, container
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+# -- every values file: valid Kubernetes, consistent references, hardened pods ---------------
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda v: v or "defaults")
+def test_every_manifest_validates_against_the_kubernetes_schemas(chart, values_file, version):
+    docs = render(chart, values_of(values_file))
+    assert docs
+    custom = {"ServiceMonitor", "PrometheusRule"}  # prometheus-operator's CRDs: checked below
+    for doc in docs:
+        if doc["kind"] not in custom:
+            kubernetes_validate.validate(doc, version, strict=True)
+    for name, spec in pod_specs(docs).items():
+        if name.startswith("executor-of/"):
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "executor"}, "spec": spec}
+            kubernetes_validate.validate(pod, version, strict=True)
+    keys = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert len(keys) == len(set(keys)), "two manifests share a kind and name"
+    for doc in docs:
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", doc["metadata"]["name"]), doc["metadata"]["name"]
+        assert len(doc["metadata"]["name"]) <= 63
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda v: v or "defaults")
+def test_helm_lint_finds_nothing_to_warn_about(values_file):
+    report = helm.lint(str(CHART), values_of(values_file) or None, strict=True, namespace=NAMESPACE,
+                       kube_version=f"v{KUBERNETES_VERSIONS[0]}")
+    assert not report["errors"]
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []  # 1 is information ("icon is recommended")
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda v: v or "defaults")
+def test_services_configmaps_and_service_accounts_referenced_exist(chart, values_file):
+    docs = render(chart, values_of(values_file))
+    workloads = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    templates = [w["spec"]["template"]["metadata"]["labels"] for w in workloads]
+    for service in of_kind(docs, "Service"):
+        assert any(selects(service["spec"]["selector"], labels) for labels in templates), service["metadata"]["name"]
+    configmaps = {d["metadata"]["name"] for d in of_kind(docs, "ConfigMap")}
+    accounts = {d["metadata"]["name"] for d in of_kind(docs, "ServiceAccount")}
+    for workload in workloads:
+        spec = workload["spec"]["template"]["spec"]
+        assert selects(workload["spec"]["selector"]["matchLabels"], workload["spec"]["template"]["metadata"]["labels"])
+        for volume in spec.get("volumes", []):
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in configmaps
+        if "serviceAccountName" in spec:
+            assert spec["serviceAccountName"] in accounts
+    for pdb in of_kind(docs, "PodDisruptionBudget"):
+        assert sum(selects(pdb["spec"]["selector"]["matchLabels"], labels) for labels in templates) == 1
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda v: v or "defaults")
+def test_every_pod_runs_as_non_root_with_a_read_only_root_filesystem(chart, values_file):
+    docs = render(chart, values_of(values_file))
+    for owner, spec in pod_specs(docs).items():
+        assert spec["securityContext"]["runAsNonRoot"] is True, owner
+        # No <SERVICE>_PORT variables: a Service named like a setting (tidemark-zk) must not set one.
+        assert spec["enableServiceLinks"] is False, owner
+        assert spec["securityContext"]["runAsUser"] > 0, owner
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, owner
+        for container in spec["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False, owner
+            assert context["readOnlyRootFilesystem"] is True, owner
+            assert context["capabilities"]["drop"] == ["ALL"], owner
+            assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}, owner
+            if not owner.startswith("executor-of/"):  # Spark sizes executors from spark.executor.*
+                assert container["resources"]["requests"] and container["resources"]["limits"]["memory"], owner
+                assert container["readinessProbe"] and container["livenessProbe"], owner
+        if not owner.startswith("Deployment/") or owner.endswith("-exporter"):
+            assert spec.get("automountServiceAccountToken") is False, f"{owner} needs no API token"
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda v: v or "defaults")
+def test_secrets_are_referenced_by_name_never_inlined(chart, values_file):
+    docs = render(chart, values_of(values_file))
+    assert not of_kind(docs, "Secret")
+    for owner, spec in pod_specs(docs).items():
+        for container in spec["containers"]:
+            for name, entry in env_of(container).items():
+                if re.search(r"PASSWORD|SECRET|CATALOG_URI|ACCESS_KEY", name):
+                    assert "secretKeyRef" in entry["valueFrom"], f"{owner}: {name} is inlined"
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda v: v or "defaults")
+def test_the_notes_name_every_secret_the_release_reads(chart, values_file):
+    values = values_of(values_file)
+    notes = chart.render(values, name=RELEASE, namespace=NAMESPACE)["tidemark/templates/NOTES.txt"]
+    docs = render(chart, values)
+    referenced = {v["secret"]["secretName"] for spec in pod_specs(docs).values() for v in spec.get("volumes", [])
+                  if "secret" in v}
+    for spec in pod_specs(docs).values():
+        for container in spec["containers"]:
+            referenced |= {e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", [])
+                           if "secretKeyRef" in e.get("valueFrom", {})}
+    for conf in (spark_defaults(docs, job) for job in values.get("jobs", {})):
+        referenced |= {v.split(":")[0] for k, v in conf.items() if ".secretKeyRef." in k}
+    for secret in referenced:
+        assert re.search(rf"^  {re.escape(secret)} \(", notes, re.M), f"NOTES.txt does not name {secret}"
+
+
+# -- what each values file is about ----------------------------------------------------------
+
+def test_defaults_bundle_a_three_server_zookeeper_ensemble(chart):
+    docs = render(chart)
+    zk = only(docs, "StatefulSet", f"{FULLNAME}-zookeeper")
+    assert zk["spec"]["replicas"] == 3
+    assert zk["spec"]["podManagementPolicy"] == "Parallel"
+    (claim,) = zk["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "8Gi"
+    (server,) = zk["spec"]["template"]["spec"]["containers"]
+    assert {m["mountPath"]: m["name"] for m in server["volumeMounts"]}["/data"] == claim["metadata"]["name"]
+    for probe in (server["readinessProbe"], server["livenessProbe"]):
+        assert probe["httpGet"] == {"path": "/commands/ruok", "port": "admin"}
+    headless = only(docs, "Service", f"{FULLNAME}-zookeeper-headless")
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+    assert zk["spec"]["serviceName"] == headless["metadata"]["name"]
+    pdb = only(docs, "PodDisruptionBudget", f"{FULLNAME}-zookeeper")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    zoo_cfg = only(docs, "ConfigMap", f"{FULLNAME}-zookeeper")["data"]["zoo.cfg"]
+    servers = re.findall(r"^server\.(\d)=(\S+)$", zoo_cfg, re.M)
+    assert [(n, host) for n, host in servers] == [
+        (str(i + 1), f"{FULLNAME}-zookeeper-{i}.{FULLNAME}-zookeeper-headless.{NAMESPACE}.svc:2888:3888;2181")
+        for i in range(3)]
+    exporter = only(docs, "Deployment", f"{FULLNAME}-exporter")
+    (container,) = exporter["spec"]["template"]["spec"]["containers"]
+    assert env_of(container)["TIDEMARK_ZK"]["value"] == ",".join(
+        f"{FULLNAME}-zookeeper-{i}.{FULLNAME}-zookeeper-headless.{NAMESPACE}.svc:2181" for i in range(3)) + "/tidemark"
+    assert not [d for d in of_kind(docs, "Deployment") if d["metadata"]["labels"]["app.kubernetes.io/component"] == "driver"]
+    assert not of_kind(docs, "ServiceMonitor") and not of_kind(docs, "PrometheusRule")
+    assert f"{FULLNAME}-rules" not in {d["metadata"]["name"] for d in of_kind(docs, "ConfigMap")}
+
+
+def test_the_exporter_is_scraped_through_its_service(chart):
+    docs = render(chart)
+    service = only(docs, "Service", f"{FULLNAME}-exporter")
+    assert service["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "9464", "prometheus.io/path": "/metrics"}
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9464, "targetPort": "metrics"}]
+    deployment = only(docs, "Deployment", f"{FULLNAME}-exporter")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["exporter", "--port", "9464"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9464}]
+    for probe in (container["readinessProbe"], container["livenessProbe"]):
+        assert probe["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    dashboard = only(docs, "ConfigMap", f"{FULLNAME}-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["data"]["tidemark.json"].strip() == (CHART / "dashboards" / "tidemark.json").read_text().strip()
+
+
+def test_bundled_zookeeper_with_auth_and_an_inline_job_script(chart):
+    values = values_of("bundled-zk-auth-values.yaml")
+    docs = render(chart, values)
+    deployment, container = driver(docs, "word-counts")
+    exporter = only(docs, "Deployment", f"{FULLNAME}-exporter")["spec"]["template"]["spec"]["containers"][0]
+    writer, reader = env_of(container), env_of(exporter)
+    assert writer["TIDEMARK_ZK_USER"]["valueFrom"]["secretKeyRef"] == {"name": "tidemark-zk-auth", "key": "user"}
+    assert writer["TIDEMARK_ZK_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "tidemark-zk-auth", "key": "password"}
+    assert "TIDEMARK_ZK_USER" not in reader and "TIDEMARK_ZK_PASSWORD" not in reader  # read-only
+    for env in (writer, reader):  # drivers grant the reader read access; the exporter is the reader
+        assert env["TIDEMARK_ZK_READER_USER"]["valueFrom"]["secretKeyRef"] == {"name": "tidemark-zk-reader", "key": "user"}
+        assert env["TIDEMARK_ZK_READER_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+            "name": "tidemark-zk-reader", "key": "password"}
+    server = only(docs, "StatefulSet", f"{FULLNAME}-zookeeper")["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(server)["ZK_SUPER_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "tidemark-zk-admin", "key": "password"}
+    assert server["command"] == ["/bin/bash", "/conf/start.sh"]
+    start = only(docs, "ConfigMap", f"{FULLNAME}-zookeeper")["data"]["start.sh"]
+    assert "-Dzookeeper.DigestAuthenticationProvider.superDigest=super:" in start
+    config = only(docs, "ConfigMap", f"{FULLNAME}-word-counts")
+    assert config["data"]["job.py"] == values["jobs"]["word-counts"]["script"]
+    assert container["args"] == ["job", "/etc/tidemark/job/job.py"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["job-script"]["mountPath"] == "/etc/tidemark/job"
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["job-script"]["configMap"] == {"name": config["metadata"]["name"],
+                                                   "items": [{"key": "job.py", "path": "job.py"}]}
+
+
+def test_external_zookeeper_over_tls_with_s3_compatible_storage(chart):
+    docs = render(chart, values_of("external-zk-tls-values.yaml"))
+    assert not of_kind(docs, "StatefulSet")
+    deployment, container = driver(docs, "orders")
+    env = env_of(container)
+    assert env["TIDEMARK_ZK"]["value"] == "zk-0.zk.data:2281,zk-1.zk.data:2281,zk-2.zk.data:2281/pipelines/sales"
+    assert env["TIDEMARK_ZK_TLS"]["value"] == "1"
+    assert env["TIDEMARK_ZK_TLS_CHECK_HOSTNAME"]["value"] == "1"
+    assert env["TIDEMARK_ZK_TLS_CA"]["value"] == "/etc/tidemark/zookeeper-tls/ca.crt"
+    assert env["TIDEMARK_ZK_TLS_CERT"]["value"] == "/etc/tidemark/zookeeper-tls/tls.crt"
+    assert env["TIDEMARK_ZK_TLS_KEY"]["value"] == "/etc/tidemark/zookeeper-tls/tls.key"
+    mount = {m["name"]: m for m in container["volumeMounts"]}["zookeeper-tls"]
+    assert mount == {"name": "zookeeper-tls", "mountPath": "/etc/tidemark/zookeeper-tls", "readOnly": True}
+    volume = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}["zookeeper-tls"]
+    assert volume["secret"]["secretName"] == "sales-zk-tls"
+    assert {i["path"] for i in volume["secret"]["items"]} == {"ca.crt", "tls.crt", "tls.key"}
+    exporter = only(docs, "Deployment", f"{FULLNAME}-exporter")["spec"]["template"]["spec"]
+    exporter_env = env_of(exporter["containers"][0])
+    assert exporter_env["TIDEMARK_ZK_TLS_CA"] == env["TIDEMARK_ZK_TLS_CA"] and "TIDEMARK_ZK_USER" not in exporter_env
+    assert {v["name"]: v for v in exporter["volumes"]}["zookeeper-tls"] == volume
+    assert env["TIDEMARK_CATALOG_URI"]["valueFrom"]["secretKeyRef"] == {"name": "sales-catalog", "key": "jdbc-uri"}
+    assert env["TIDEMARK_CATALOG_NAME"]["value"] == "sales"
+    assert "AWS_ACCESS_KEY_ID" not in env  # the pods' own identity (IRSA)
+    assert env["PYICEBERG_CATALOG__SALES__S3__ENDPOINT"]["value"] == "http://minio.storage:9000"
+    assert env["PYICEBERG_CATALOG__SALES__S3__FORCE_VIRTUAL_ADDRESSING"]["value"] == "false"
+    conf = spark_defaults(docs, "orders")
+    assert conf["spark.sql.catalog.sales.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
+    assert conf["spark.sql.catalog.sales.s3.endpoint"] == "http://minio.storage:9000"
+    assert conf["spark.sql.catalog.sales.s3.path-style-access"] == "true"
+    assert conf["spark.sql.catalog.sales.client.region"] == "eu-west-1"
+    assert not [k for k in conf if "secretKeyRef" in k]
+    assert container["args"] == ["job", "/opt/jobs/orders.py", "--interval-ms", "10000"]
+    account = only(docs, "ServiceAccount")
+    assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/sales-lake"}
+    assert not only(docs, "ConfigMap", f"{FULLNAME}-orders")["data"].get("job.py")
+    assert not of_kind(docs, "PodDisruptionBudget")  # one replica: nothing to keep available
+
+
+def test_two_jobs_with_standby_replicas_spread_over_nodes(chart):
+    docs = render(chart, values_of("two-jobs-values.yaml"))
+    expected = {"word-counts": (3, "hard"), "count-histogram": (2, "soft")}
+    for job, (replicas, spread) in expected.items():
+        deployment, container = driver(docs, job)
+        spec = deployment["spec"]["template"]["spec"]
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        assert deployment["spec"]["replicas"] == replicas
+        assert selector["tidemark.io/job"] == job
+        anti = spec["affinity"]["podAntiAffinity"]
+        if spread == "hard":
+            (term,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+        else:
+            (weighted,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+            term = weighted["podAffinityTerm"]
+        assert term == {"labelSelector": {"matchLabels": selector}, "topologyKey": "kubernetes.io/hostname"}
+        assert only(docs, "PodDisruptionBudget", f"{FULLNAME}-{job}")["spec"]["maxUnavailable"] == 1
+        assert spec["terminationGracePeriodSeconds"] == 120
+        assert spec["imagePullSecrets"] == [{"name": "registry-credentials"}]
+        assert container["image"] == "registry.example.com/data/tidemark:0.1.0-build7"
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[kind]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert {"name": "metrics", "containerPort": 9465} in container["ports"]
+        assert env_of(container)["TIDEMARK_METRICS_PORT"]["value"] == "9465"
+
+        service = only(docs, "Service", f"{FULLNAME}-{job}")
+        assert service["spec"]["clusterIP"] == "None" and service["spec"]["selector"] == selector
+        assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+            "metrics": 9465, "spark-driver": 7078, "spark-blockmgr": 7079, "spark-ui": 4040}
+        assert service["metadata"]["annotations"]["prometheus.io/port"] == "9465"
+
+
+def test_drivers_run_spark_in_client_mode_against_the_kubernetes_api(chart):
+    docs = render(chart, values_of("two-jobs-values.yaml"))
+    for job, instances, cores, partitions in (("word-counts", "6", "2", "64"), ("count-histogram", None, "1", "8")):
+        conf = spark_defaults(docs, job)
+        assert conf["spark.master"] == SPARK_MASTER
+        assert conf["spark.submit.deployMode"] == "client"
+        assert conf["spark.kubernetes.namespace"] == NAMESPACE
+        assert conf["spark.kubernetes.container.image"] == "registry.example.com/data/tidemark:0.1.0-build7"
+        assert conf["spark.kubernetes.container.image.pullSecrets"] == "registry-credentials"
+        assert conf.get("spark.executor.instances") == instances
+        assert conf["spark.executor.cores"] == cores
+        assert conf["spark.executor.memory"] == "4g"
+        assert conf["spark.sql.shuffle.partitions"] == partitions
+        assert conf["spark.driver.port"] == "7078" and conf["spark.driver.blockManager.port"] == "7079"
+        assert conf["spark.kubernetes.executor.podTemplateFile"] == "/etc/tidemark/spark/executor-pod.yaml"
+        assert conf["spark.kubernetes.executor.secretKeyRef.AWS_SECRET_ACCESS_KEY"] == "tidemark-s3:AWS_SECRET_ACCESS_KEY"
+        # One prefix for every replica would make two drivers' executor pod names collide.
+        assert "spark.kubernetes.executor.podNamePrefix" not in conf
+        deployment, container = driver(docs, job)
+        names = [e["name"] for e in container["env"]]
+        env = env_of(container)
+        # Kubernetes expands $(VAR) only from variables defined earlier in the list.
+        assert names.index("POD_IP") < names.index("PYSPARK_SUBMIT_ARGS")
+        assert names.index("POD_NAME") < names.index("PYSPARK_SUBMIT_ARGS")
+        assert env["PYSPARK_SUBMIT_ARGS"]["value"] == (
+            "--conf spark.driver.host=$(POD_IP) --conf spark.kubernetes.driver.pod.name=$(POD_NAME) pyspark-shell")
+        assert env["SPARK_CONF_DIR"]["value"] == "/etc/tidemark/spark"
+        assert env["TIDEMARK_CATALOG_URI"]["valueFrom"]["secretKeyRef"] == {"name": "tidemark-catalog", "key": "uri"}
+        spec = deployment["spec"]["template"]["spec"]
+        assert spec["serviceAccountName"] == f"{FULLNAME}-driver"
+        executor = pod_specs(docs)[f"executor-of/{FULLNAME}-{job}"]
+        assert executor["automountServiceAccountToken"] is False
+        assert executor["containers"][0]["name"] == conf["spark.kubernetes.executor.podTemplateContainerName"]
+
+
+DRIVER_PROBE = """
+import json
+from coordinator import CatalogSettings
+from spark_hooks import build_spark_session
+spark = build_spark_session(CatalogSettings.embedded({home!r}), app_name="probe")
+conf = dict(spark.sparkContext.getConf().getAll())
+print(json.dumps(dict(conf, partitions=spark.conf.get("spark.sql.shuffle.partitions"))))
+spark.stop()
+"""
+
+
+@pytest.mark.spark
+def test_a_driver_session_takes_the_rendered_spark_settings(chart, tmp_path):
+    """The pod's SPARK_CONF_DIR and PYSPARK_SUBMIT_ARGS reach a real SparkSession started by the
+    image's entrypoint; only the master is local here, as no Kubernetes API is at hand."""
+    import pyspark
+
+    docs = render(chart, values_of("two-jobs-values.yaml"))
+    _, container = driver(docs, "word-counts")
+    conf_dir = tmp_path / "spark"
+    conf_dir.mkdir()
+    rendered = spark_defaults(docs, "word-counts")
+    local = dict(rendered, **{"spark.master": "local[1]", "spark.local.dir": str(tmp_path / "local")})
+    (conf_dir / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in local.items()))
+    pod = {"POD_IP": "127.0.0.1", "POD_NAME": "word-counts-7d9f-x2x"}
+    submit_args = re.sub(r"\$\((\w+)\)", lambda m: pod[m.group(1)], env_of(container)["PYSPARK_SUBMIT_ARGS"]["value"])
+    script = tmp_path / "probe.py"
+    script.write_text(DRIVER_PROBE.format(home=str(tmp_path / "lake")))
+    done = run_entrypoint("job", str(script), env={
+        "SPARK_HOME": str(Path(pyspark.__file__).parent), "SPARK_CONF_DIR": str(conf_dir),
+        "PYSPARK_SUBMIT_ARGS": submit_args}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    session = json.loads(done.stdout.strip().splitlines()[-1])
+    assert session["spark.master"] == "local[1]"
+    assert session["spark.driver.host"] == "127.0.0.1"
+    assert session["spark.kubernetes.driver.pod.name"] == pod["POD_NAME"]
+    assert session["partitions"] == "64"  # spark.conf from values, not the session's local default
+    for key in ("spark.executor.instances", "spark.executor.cores", "spark.kubernetes.container.image",
+                "spark.kubernetes.executor.podTemplateFile", "spark.sql.catalog.lake.io-impl", "spark.driver.port"):
+        assert session[key] == rendered[key], key
+    assert session["spark.sql.extensions"].endswith("IcebergSparkSessionExtensions")
+
+
+def test_standbys_give_their_executors_back_with_dynamic_allocation(chart):
+    docs = render(chart, values_of("two-jobs-values.yaml"))
+    conf = spark_defaults(docs, "count-histogram")
+    assert {k: v for k, v in conf.items() if k.startswith("spark.dynamicAllocation.")} == {
+        "spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+        "spark.dynamicAllocation.minExecutors": "0", "spark.dynamicAllocation.maxExecutors": "3",
+        "spark.dynamicAllocation.executorIdleTimeout": "60s"}
+    assert not [k for k in spark_defaults(docs, "word-counts") if k.startswith("spark.dynamicAllocation.")]
+
+
+def test_a_job_value_replaces_the_default_even_when_false_or_zero(chart):
+    values = {"spark": {"executor": {"dynamicAllocation": {"enabled": True}}},
+              "jobDefaults": {"terminationGracePeriodSeconds": 300},
+              "jobs": {"wc": {"scriptPath": "/j.py", "terminationGracePeriodSeconds": 0,
+                              "resources": {"requests": {"cpu": "4"}, "limits": {"memory": "8Gi"}},
+                              "executor": {"instances": 0, "dynamicAllocation": {"enabled": False}}}}}
+    docs = render(chart, values)
+    deployment, container = driver(docs, "wc")
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 0
+    assert container["resources"] == {"requests": {"cpu": "4"}, "limits": {"memory": "8Gi"}}
+    conf = spark_defaults(docs, "wc")
+    assert conf["spark.executor.instances"] == "0" and "spark.dynamicAllocation.enabled" not in conf
+
+
+def test_the_driver_role_lets_spark_manage_executors_and_nothing_else(chart):
+    docs = render(chart, values_of("two-jobs-values.yaml"))
+    role = only(docs, "Role", f"{FULLNAME}-driver")
+    assert role["rules"] == [{
+        "apiGroups": [""],
+        "resources": ["pods", "services", "configmaps", "persistentvolumeclaims"],
+        "verbs": ["create", "get", "list", "watch", "delete", "deletecollection"],
+    }]
+    binding = only(docs, "RoleBinding", f"{FULLNAME}-driver")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{FULLNAME}-driver", "namespace": NAMESPACE}]
+    assert not of_kind(docs, "ClusterRole") and not of_kind(docs, "ClusterRoleBinding")
+
+
+def test_service_monitor_and_prometheus_rule(chart):
+    docs = render(chart, values_of("monitoring-values.yaml"))
+    monitor = only(docs, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}]
+    scraped = [s for s in of_kind(docs, "Service") if selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+    assert sorted(s["metadata"]["name"] for s in scraped) == [f"{FULLNAME}-exporter", f"{FULLNAME}-word-counts"]
+    for service in scraped:
+        assert "metrics" in {p["name"] for p in service["spec"]["ports"]}
+    rule = only(docs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    rule_file = (CHART / "alerts" / "tidemark-rules.yaml").read_text()
+    assert rule["spec"] == {"groups": yaml.safe_load(rule_file)["groups"]}
+    assert "{{ $labels." in rule_file  # Prometheus' templating, which Helm must leave alone
+    assert only(docs, "ConfigMap", f"{FULLNAME}-rules")["data"]["tidemark-rules.yaml"].strip() == rule_file.strip()
+    for group in rule["spec"]["groups"]:
+        assert group["name"] and group["rules"]
+        for alert in group["rules"]:
+            assert set(alert) <= {"alert", "record", "expr", "for", "labels", "annotations", "keep_firing_for"}
+            assert alert["expr"] and ("alert" in alert) != ("record" in alert)
+
+
+# -- the values schema and the cross-value rules refuse bad values with a message ------------
+
+@pytest.mark.parametrize("values, message", [
+    ({"jobs": {"wc": {"scriptPath": "/j.py", "replicas": 0}}}, "at '/jobs/wc/replicas': minimum: got 0, want 1"),
+    ({"jobs": {"Word_Counts": {"scriptPath": "/j.py"}}}, "at '/jobs': additional properties 'Word_Counts' not allowed"),
+    ({"jobs": {"wc": {"scriptPath": "/j.py", "replica": 2}}}, "additional properties 'replica' not allowed"),
+    ({"jobs": {"wc": {"scriptPath": "/j.py", "antiAffinity": "strict"}}}, "at '/jobs/wc/antiAffinity'"),
+    ({"jobs": {"wc": {"scriptPath": "/j.py", "executor": {"memory": "4 GB"}}}}, "at '/jobs/wc/executor/memory'"),
+    ({"jobs": {"wc": {"scriptPath": "/j.py", "sparkConf": {"shuffle.partitions": "8"}}}}, "at '/jobs/wc/sparkConf': additional properties 'shuffle.partitions' not allowed"),
+    ({"zookeeper": {"chroot": "tidemark"}}, "at '/zookeeper/chroot'"),
+    ({"zookeeper": {"external": {"connect": "zk:2181/tidemark"}}}, "at '/zookeeper/external/connect'"),
+    ({"catalog": {"uri": {"existingSecret": ""}}}, "at '/catalog/uri/existingSecret'"),
+    ({"catalog": {"name": "my_lake"}}, "at '/catalog/name'"),
+    ({"podSecurityContext": {"runAsNonRoot": False}}, "at '/podSecurityContext/runAsNonRoot'"),
+    ({"driverMetricsPort": 80}, "at '/driverMetricsPort': minimum: got 80, want 1,024"),
+    ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "at '/metrics/serviceMonitor/interval'"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy'"),
+], ids=lambda v: None if isinstance(v, dict) else v[:40])
+def test_the_schema_refuses_bad_values_naming_them(chart, values, message):
+    with pytest.raises(helm.HelmValuesError) as refused:
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"zookeeper": {"bundled": {"enabled": False}}}, "zookeeper: no ensemble; set zookeeper.external.connect"),
+    ({"zookeeper": {"external": {"connect": "zk:2181"}}}, "both zookeeper.bundled.enabled and zookeeper.external.connect"),
+    ({"zookeeper": {"tls": {"enabled": True, "existingSecret": "zk-tls"}}}, "TLS is supported towards an external ensemble only"),
+    ({"zookeeper": {"bundled": {"enabled": False}, "external": {"connect": "zk:2281"}, "tls": {"enabled": True}}},
+     "zookeeper.tls.existingSecret: name the Secret"),
+    ({"zookeeper": {"bundled": {"replicas": 2}}}, "2 servers tolerate no failure"),
+    ({"catalog": {"warehouse": "hdfs://nn/warehouse"}}, "is not an s3:// location while catalog.s3.enabled=true"),
+    ({"jobs": {"wc": {}}}, "jobs.wc: no driver script"),
+    ({"jobs": {"wc": {"script": "print()", "scriptPath": "/j.py"}}}, "jobs.wc: set either script (inline) or scriptPath"),
+    ({"jobs": {"wc": {"scriptPath": "/j.py", "executor": {"dynamicAllocation": {"enabled": True, "minExecutors": 5}}}}},
+     "jobs.wc: executor.dynamicAllocation.maxExecutors (4) is below minExecutors (5)"),
+], ids=lambda v: None if isinstance(v, dict) else v[:40])
+def test_contradicting_values_fail_with_a_sentence(chart, values, message):
+    with pytest.raises(helm.HelmRenderError) as refused:
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    assert message in str(refused.value)
+
+
+def test_chart_version_follows_the_package_version(chart):
+    version = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert chart.metadata["version"] == version
+    assert chart.metadata["appVersion"] == version
+    assert chart.metadata["kubeVersion"].startswith(">=1.25")
+    assert not (ROOT / "helm" / "tidemark-job").exists()
+
+
+# -- the image ------------------------------------------------------------------------------
+
+DOCKER = ROOT / "docker"
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of docker/Dockerfile, continuation lines joined, comments dropped."""
+    logical, current = [], ""
+    for line in (DOCKER / "Dockerfile").read_text().splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        current += line.rstrip("\\").rstrip() + " " if line.endswith("\\") else line
+        if not line.endswith("\\"):
+            logical.append(current.strip())
+            current = ""
+    return [(text.split(None, 1)[0].upper(), text.split(None, 1)[1]) for text in logical]
+
+
+def final_stage() -> list[tuple[str, str]]:
+    instructions = dockerfile_instructions()
+    last_from = max(i for i, (op, _) in enumerate(instructions) if op == "FROM")
+    return instructions[last_from:]
+
+
+def test_the_image_runs_as_the_non_root_user_the_chart_expects(chart):
+    users = [args for op, args in final_stage() if op == "USER"]
+    assert users, "the final stage sets no USER: it would run as root"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "USER must be a numeric uid so that runAsNonRoot can check it"
+    assert int(uid) == chart.values["podSecurityContext"]["runAsUser"]
+
+
+def test_the_image_has_spark_iceberg_s3_and_an_entrypoint():
+    from spark_hooks.jars import ICEBERG_RUNTIME
+
+    stage = final_stage()
+    text = (DOCKER / "Dockerfile").read_text()
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-", text, re.M)
+    assert "pyspark==3.5" in text or "'.[spark]'" in text
+    iceberg_version = re.search(r"-(\d+\.\d+\.\d+)\.jar$", ICEBERG_RUNTIME).group(1)
+    assert re.search(rf"ICEBERG_VERSION={re.escape(iceberg_version)}\b", text), \
+        "iceberg-aws-bundle must match the Iceberg runtime that spark_hooks.jars installs"
+    (entrypoint,) = [args for op, args in stage if op == "ENTRYPOINT"]
+    assert entrypoint.startswith("["), "exec form, so that SIGTERM reaches the driver"
+    assert yaml.safe_load(entrypoint) == ["/usr/bin/tini", "--", "/usr/local/bin/tidemark-entrypoint"]
+    assert "COPY --chmod=0755 docker/entrypoint.sh /usr/local/bin/tidemark-entrypoint" in text
+
+
+def test_the_build_context_sends_what_the_dockerfile_copies():
+    allowed = {line[1:].rstrip("/") for line in (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()
+               if line.startswith("!")}
+    copied = set()
+    for op, args in dockerfile_instructions():
+        words = args.split()
+        if op == "COPY" and not any(w.startswith("--from") for w in words):
+            copied.update(w for w in words[:-1] if not w.startswith("--"))
+    assert copied and copied <= allowed, f"{sorted(copied - allowed)} are left out of the build context"
+
+
+def run_entrypoint(*args, env=None, timeout=60):
+    # The image's python3 and tidemark come first on PATH; here, this interpreter's.
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    return subprocess.run(["bash", str(DOCKER / "entrypoint.sh"), *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PATH": path, **(env or {})})
+
+
+def test_the_entrypoint_runs_a_job_script(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("import sys; print('job', sys.argv[1:]); sys.exit(3)\n")
+    done = run_entrypoint("job", str(script), "--interval-ms", "500")
+    assert done.returncode == 3 and "job ['--interval-ms', '500']" in done.stdout
+
+
+def test_the_entrypoint_explains_its_usage_and_missing_inputs(tmp_path):
+    done = run_entrypoint("job", str(tmp_path / "missing.py"))
+    assert done.returncode == 2 and "no job script at" in done.stderr
+    done = run_entrypoint("executor", env={"SPARK_DRIVER_URL": ""})
+    assert done.returncode == 2 and "SPARK_DRIVER_URL" in done.stderr
+    done = run_entrypoint()
+    assert done.returncode == 2 and "usage:" in done.stderr

@@ -1,0 +1,393 @@
+"""Driver metrics, the exporter, the alert rules and the dashboard, on real ZooKeeper and real EpochWriter loops.
+
+One module-scoped run: two pure-Python drivers (``up`` reads the root table ``raw``; ``down``
+reads ``up``) run their epoch loops in this process, each with its own registry and HTTP
+port, next to an exporter; ``up`` also rolls a precommitted epoch forward, recomputes a
+started one and is fenced once. The tests then check what was scraped, lint every series,
+and check that every query of the dashboard and of the alert rules names a real series.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from coordinator import EmbeddedZooKeeper, EpochWriter, Tidemark
+from coordinator.driver_metrics import PHASES
+from coordinator.exporter import Exporter
+from coordinator.metrics_server import MetricsServer
+from coordinator.records import EpochInputs, now_ms
+from coordinator.zookeeper_server import free_port
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from tests.helpers.background import InBackground
+from tests.helpers.lake import SCHEMA, agree, create_table
+from tests.helpers.metrics_lint import lint_exposition, series_names
+from tests.helpers.wait import wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+DASHBOARD = REPO / "helm" / "tidemark" / "dashboards" / "tidemark.json"
+RULES = REPO / "helm" / "tidemark" / "alerts" / "tidemark-rules.yaml"
+INTERVAL = 500
+
+
+def scrape(port: int, path: str = "/metrics", timeout: float = 10.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def samples(body: str) -> dict[tuple, float]:
+    """``{(name, (label, value), ...): value}``, labels sorted."""
+    return {(s.name, *sorted(s.labels.items())): s.value
+            for family in text_string_to_metric_families(body) for s in family.samples}
+
+
+def value(body: str, name: str, **labels: str) -> float:
+    found = samples(body).get((name, *sorted(labels.items())))
+    assert found is not None, f"no series {name}{labels} in the scrape"
+    return found
+
+
+@dataclass
+class Scraped:
+    drivers: str                   # /metrics of the port both drivers share, during their loops
+    drivers_at: float              # wall clock (Unix seconds) of that scrape
+    up_committed: tuple[int, int]  # epochs the up writer had committed just before and just after it
+    up_registry: str               # the up writer's own registry at the same time
+    exporter: str
+    exporter_at: float
+    health: list[int]              # /healthz: both loops running, up's run returned, both returned
+
+
+@pytest.fixture(scope="module")
+def scraped(zk_server, catalog_settings):
+    chroot = f"{zk_server.connect_string}/t-metrics-{uuid.uuid4().hex[:6]}"
+    sessions = [Tidemark.connect(chroot, session_timeout=4.0, operation_timeout=20) for _ in range(3)]
+    tm, up_tm, down_tm = sessions
+    namespace = "ns_" + uuid.uuid4().hex[:8]
+    raw, up, down = (f"{catalog_settings.name}.{namespace}.{t}" for t in ("raw", "up", "down"))
+    catalog = catalog_settings.load()
+    for table in (raw, up, down):
+        create_table(catalog, catalog_settings.identifier(table))
+    raw_table = catalog.load_table(catalog_settings.identifier(raw))
+
+    def append_raw(n: int = 3) -> None:
+        raw_table.append(pa.table({"epoch": [now_ms()] * n, "row": list(range(n))}, schema=SCHEMA))
+
+    port = free_port()  # both writers on one port: one server, one exposition, two registries
+
+    def writer(session, name, sources, sinks) -> EpochWriter:
+        return EpochWriter(session, name, sources=sources, sinks=sinks, catalog=catalog_settings,
+                           interval_ms=INTERVAL, grace_ms=100, metrics_port=port)
+    up_writer, down_writer = writer(up_tm, "up", [raw], [up]), writer(down_tm, "down", [up], [down])
+    tm.register_job("down", sources=[up], sinks=[down])  # the whole pipeline first: down never reads up by time
+
+    # A precommitted epoch left by a leader that stepped down: the next open rolls it forward.
+    up_writer.open(leader_timeout=30)
+    grid = tm.barriers.grid()
+    first = grid.floor(now_ms())
+    agree(tm, first)
+    up_writer.epochs.begin(first, up_writer.inputs_for(first))
+    up_writer.epochs.precommit(first, {up: None})
+    up_writer.close()
+    up_writer.open(leader_timeout=30)
+    assert up_writer.committed == [first]
+    # A started epoch with new rows: the loop recomputes it from its recorded inputs.
+    append_raw()
+    appended = now_ms()
+    second = wait_for(lambda: (t := grid.floor(now_ms())) > appended and t, "a grid point after the append")
+    agree(tm, second)
+    inputs = up_writer.inputs_for(second)
+    assert isinstance(inputs, EpochInputs) and not inputs.unchanged
+    up_writer.epochs.begin(second, inputs)
+    up_writer.close()
+
+    exporter = Exporter(lambda: Tidemark.connect(chroot, read_only=True, operation_timeout=5), refresh_every=0.5)
+    exporter_server = MetricsServer(0, "127.0.0.1")
+    exporter_server.attach(exporter.registry, healthy=exporter.alive)
+    running = [InBackground(up_writer, lambda ctx: ctx.append(up, ctx.changes(raw))),
+               InBackground(down_writer, lambda ctx: ctx.append(down, ctx.changes(up)))]
+    exporter.start()
+    try:
+        wait_for(lambda: second in up_writer.committed, "the started epoch to be recomputed")
+        append_raw()
+        computed = len(up_writer.committed)
+        wait_for(lambda: len(up_writer.committed) >= computed + 3 and len(down_writer.committed) >= 3,
+                 "a few more epochs of both jobs")
+        tm.fence_job("up")
+        wait_for(lambda: value(scrape(port)[1], "tidemark_driver_fencings_total",
+                               tidemark_job="up") == 1, "the up driver to count its fencing")
+        append_raw()
+        after_fence = len(up_writer.committed)
+        wait_for(lambda: len(up_writer.committed) >= after_fence + 2 and up_writer.leadership.is_leading,
+                 "up to lead again and commit")
+        wait_for(lambda: len(down_writer.committed) >= 5, "down to keep up")
+        drivers_at, committed_before = time.time(), len(up_writer.committed)
+        drivers_body = scrape(port)[1]
+        committed_range = (committed_before, len(up_writer.committed))
+        up_registry = generate_latest(up_writer.metrics.registry).decode()
+        health = [scrape(port, "/healthz")[0]]
+        wait_for(lambda: exporter.up(), "the exporter's view")
+        exporter_at = time.time()
+        exporter_body = scrape(exporter_server.port)[1]
+        for run in running:
+            run.stop()
+            health.append(scrape(port, "/healthz")[0])
+    finally:
+        for run in running:
+            run.writer.stop()
+            run.thread.join(60)
+            run.writer.metrics.close()
+        exporter_server.close()
+        exporter.close()
+        for session in sessions:
+            session.close()
+    yield Scraped(drivers_body, drivers_at, committed_range, up_registry, exporter_body, exporter_at, health)
+
+
+def test_a_driver_serves_every_series_with_sensible_values_during_its_epoch_loop(scraped):
+    body, at = scraped.drivers, scraped.drivers_at
+    job = {"tidemark_job": "up"}
+    for phase in PHASES:
+        assert value(body, "tidemark_driver_epoch_phase_duration_seconds_count", phase=phase, **job) > 0, phase
+        total = value(body, "tidemark_driver_epoch_phase_duration_seconds_sum", phase=phase, **job)
+        assert 0 < total < 120, f"{phase}: {total} s"
+    committed = value(body, "tidemark_driver_epochs_committed_total", **job)
+    assert scraped.up_committed[0] <= committed <= scraped.up_committed[1] and committed >= 6
+    assert value(body, "tidemark_driver_epochs_idle_total", **job) >= 1
+    assert value(body, "tidemark_driver_epochs_idle_total", **job) < committed
+    assert value(body, "tidemark_driver_epochs_recomputed_total", **job) == 1
+    assert value(body, "tidemark_driver_epochs_rolled_forward_total", **job) == 1
+    assert value(body, "tidemark_driver_fencings_total", **job) == 1
+    assert value(body, "tidemark_driver_leadership_changes_total", change="acquired", **job) == 4
+    assert value(body, "tidemark_driver_leadership_changes_total", change="stepped_down", **job) == 3
+    assert value(body, "tidemark_driver_leader", **job) == 1
+    assert value(body, "tidemark_driver_term", **job) == 5  # 3 opens, the operator's fence, the takeover after it
+    assert value(body, "tidemark_driver_zookeeper_connection_state", state="connected", **job) == 1
+    assert value(body, "tidemark_driver_zookeeper_connection_state", state="suspended", **job) == 0
+    assert value(body, "tidemark_driver_zookeeper_connection_changes_total", state="lost", **job) == 0
+    assert value(body, "tidemark_driver_retries_total", operation="zookeeper", **job) >= 0
+    epoch = value(body, "tidemark_driver_committed_epoch_timestamp_seconds", **job)
+    lag = value(body, "tidemark_driver_lag_seconds", **job)
+    assert abs(lag - (at - epoch)) < 5 and 0 <= lag < 20 * INTERVAL / 1000, lag  # a few intervals, not ms
+    consistent = value(body, "tidemark_driver_consistent_epoch_timestamp_seconds", **job)
+    assert consistent <= epoch and 0 <= value(body, "tidemark_driver_consistent_lag_seconds", **job) < 30
+    # Two writers in one process: their own registries, one server on the port they were given, and
+    # /healthz is 200 while either loop runs.
+    assert value(body, "tidemark_driver_leader", tidemark_job="down") == 1
+    assert value(body, "tidemark_driver_epoch_phase_duration_seconds_count", phase="wait", tidemark_job="down") > 0
+    assert not any(("tidemark_job", "down") in key for key in samples(scraped.up_registry))
+    assert scraped.health == [200, 200, 503]
+
+
+def test_the_exporter_serves_the_topology_view_per_job_and_table(scraped):
+    body, at = scraped.exporter, scraped.exporter_at
+    assert value(body, "tidemark_up") == 1 and value(body, "tidemark_jobs") == 2
+    assert value(body, "tidemark_exporter_view_age_seconds") < 10
+    for job in ("up", "down"):
+        labels = {"tidemark_job": job}
+        epoch = value(body, "tidemark_job_committed_epoch_timestamp_seconds", **labels)
+        assert 0 <= value(body, "tidemark_job_lag_seconds", **labels) < 30 and abs(at - epoch) < 30
+        assert value(body, "tidemark_job_leader_live", **labels) == 1
+        assert value(body, "tidemark_job_stale", **labels) in (0, 1)  # lag-based: no timing assert on a busy machine
+    assert value(body, "tidemark_job_term", tidemark_job="up") == 5
+    tables = {dict(k[1:])["table"]: v for k, v in samples(body).items()
+              if k[0] == "tidemark_table_committed_epoch_timestamp_seconds"}
+    assert sorted(t.rsplit(".", 1)[1] for t in tables) == ["down", "up"]
+    consistent = value(body, "tidemark_consistent_epoch_timestamp_seconds")
+    assert consistent == min(tables.values()) and 0 <= value(body, "tidemark_consistent_lag_seconds") < 30
+    bounding = [j for j in ("up", "down") if value(body, "tidemark_job_bounds_consistent_epoch", tidemark_job=j) == 1]
+    assert bounding and all(value(body, "tidemark_job_committed_epoch_timestamp_seconds", tidemark_job=j)
+                            == consistent for j in bounding)
+    assert value(body, "tidemark_barrier_interval_seconds") == INTERVAL / 1000
+
+
+def test_every_series_passes_the_naming_lint(scraped):
+    for name, body in (("drivers", scraped.drivers), ("exporter", scraped.exporter)):
+        assert lint_exposition(body) == [], name
+
+
+def test_the_lint_catches_what_breaks_the_conventions():
+    bad = "\n".join([
+        "# HELP tidemark_job_lag_ms lag", "# TYPE tidemark_job_lag_ms gauge", 'tidemark_job_lag_ms{job="a"} 5',
+        "# HELP tidemark_epoch_timestamp_seconds t", "# TYPE tidemark_epoch_timestamp_seconds gauge",
+        "tidemark_epoch_timestamp_seconds 1.795e+12",
+        "# HELP tidemark_Commits_total c", "# TYPE tidemark_Commits_total gauge", "tidemark_Commits_total 1",
+        "# HELP tidemark_jobs j", "# TYPE tidemark_jobs gauge", "tidemark_jobs 1",
+        "# HELP tidemark_jobs j", "# TYPE tidemark_jobs gauge", "tidemark_jobs 2", ""])
+    problems = "\n".join(lint_exposition(bad))
+    for expected in ("base units", "clashes with the scrape target", "not a Unix timestamp in seconds",
+                     "snake_case", "only counters end in _total", "tidemark_jobs: the family appears 2 times"):
+        assert expected in problems, expected
+
+
+def promql_selectors(expr: str) -> set[str]:
+    """Every metric name an expression selects, through the real PromQL parser."""
+    import promql_parser
+    names: set[str] = set()
+
+    def walk(node) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            names.add(node.name)
+            return
+        for attr in ("expr", "lhs", "rhs", "param", "vector_selector"):
+            child = getattr(node, attr, None)
+            if child is not None and not isinstance(child, (str, int, float)):
+                walk(child)
+        for arg in getattr(node, "args", None) or ():
+            walk(arg)
+    walk(promql_parser.parse(expr))
+    return names
+
+
+def grafana_queries(dashboard: dict) -> list[str]:
+    """Every PromQL query of the dashboard: panel targets (rows included) and query variables."""
+    queries: list[str] = []
+
+    def panels(items):
+        for panel in items:
+            yield panel
+            yield from panels(panel.get("panels", []))
+    for panel in panels(dashboard["panels"]):
+        queries += [t["expr"] for t in panel.get("targets", []) if t.get("expr")]
+    for variable in dashboard.get("templating", {}).get("list", []):
+        if variable.get("type") == "query":
+            query = variable["query"]
+            queries.append(query["query"] if isinstance(query, dict) else query)
+    return queries
+
+
+def as_promql(query: str) -> str:
+    """Grafana's variables and ``label_values(...)`` replaced by what Prometheus would get."""
+    import re
+    if query.startswith("label_values("):
+        inner = query[len("label_values("):-1]
+        query = inner.rsplit(",", 1)[0] if "," in inner else inner
+    query = query.replace("$__rate_interval", "5m").replace("$__range", "1h").replace("$__interval", "1m")
+    return re.sub(r"\$\{?(\w+)(:\w+)?\}?", ".*", query)
+
+
+def lost_keys(original, decoded, path: str = "") -> list[str]:
+    """Keys of ``original`` missing from ``decoded`` (what a decoder did not understand), recursively."""
+    if isinstance(original, dict) and isinstance(decoded, dict):
+        return [lost for key, inner in original.items()
+                for lost in ([f"{path}/{key}"] if key not in decoded else lost_keys(inner, decoded[key], f"{path}/{key}"))]
+    if isinstance(original, list) and isinstance(decoded, list):
+        return [lost for i, (a, b) in enumerate(zip(original, decoded)) for lost in lost_keys(a, b, f"{path}[{i}]")]
+    return []
+
+
+def test_the_dashboard_loads_into_grafanas_dashboard_model():
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+    dashboard = json.loads(DASHBOARD.read_text())
+    decoded = json.loads(json.dumps(Dashboard.from_json(dashboard), cls=JSONEncoder))
+    assert lost_keys(dashboard, decoded) == [], "keys Grafana's dashboard schema does not know"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        assert panel["type"] in ("row", "stat", "timeseries", "table"), panel["type"]
+        assert panel["type"] == "row" or (panel["datasource"]["uid"] == "${datasource}" and panel["targets"])
+
+
+def test_every_dashboard_query_names_a_series_the_exporter_or_the_drivers_export(scraped):
+    dashboard = json.loads(DASHBOARD.read_text())
+    exported = series_names(scraped.drivers) | series_names(scraped.exporter)
+    queries = grafana_queries(dashboard)
+    assert len(queries) >= 10
+    named: set[str] = set()
+    for query in queries:
+        selectors = promql_selectors(as_promql(query))
+        assert selectors, f"query names no metric: {query}"
+        assert selectors <= exported, f"{query}: {sorted(selectors - exported)} are not exported"
+        named |= selectors
+    for needed in ("tidemark_table_lag_seconds", "tidemark_consistent_lag_seconds",
+                   "tidemark_driver_epoch_phase_duration_seconds_bucket", "tidemark_driver_epochs_committed_total",
+                   "tidemark_job_leader_live", "tidemark_job_term"):
+        assert needed in named, f"the dashboard shows no {needed}"
+    assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 36
+
+
+def test_the_alert_rules_are_valid_and_query_real_series(scraped):
+    rules = yaml.safe_load(RULES.read_text())
+    exported = series_names(scraped.drivers) | series_names(scraped.exporter)
+    alerts = {}
+    for group in rules["groups"]:
+        assert group["name"] and group["rules"]
+        for rule in group["rules"]:
+            assert set(rule) <= {"alert", "expr", "for", "labels", "annotations", "keep_firing_for"}, rule
+            selectors = promql_selectors(rule["expr"])
+            assert selectors and selectors <= exported, f"{rule['alert']}: {sorted(selectors - exported)}"
+            assert rule["labels"]["severity"] in ("warning", "critical")
+            assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+            alerts[rule["alert"]] = rule
+    for needed in ("TidemarkJobStale", "TidemarkJobLagHigh", "TidemarkConsistentLagHigh", "TidemarkExporterDown"):
+        assert needed in alerts, needed
+
+
+def test_the_exporter_answers_tidemark_up_0_within_2_s_with_zookeeper_stopped(tmp_path):
+    """The `tidemark exporter` command on its own ZooKeeper: down at start, up, stopped, back."""
+    zk = EmbeddedZooKeeper(port=free_port(), data_dir=tmp_path / "zk")
+    port = free_port()
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "coordinator.cli", "--zk", f"{zk.connect_string}/tm", "--timeout", "2",
+         "exporter", "--port", str(port), "--address", "127.0.0.1", "--refresh", "0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def timed_scrape() -> str:
+        started = time.monotonic()
+        status, body = scrape(port, timeout=2)
+        assert status == 200 and time.monotonic() - started < 2, "a scrape took more than 2 s"
+        return body
+
+    def up_is(expected: int):
+        return lambda: value(timed_scrape(), "tidemark_up") == expected
+
+    def serving() -> bool:
+        if exporter.poll() is not None:
+            pytest.fail(f"the exporter exited: {exporter.stderr.read()}")
+        try:
+            return scrape(port, timeout=2)[0] == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(serving, "the exporter to serve")
+        assert value(timed_scrape(), "tidemark_up") == 0  # no ZooKeeper yet: up 0, not an error
+        assert scrape(port, "/healthz", timeout=2)[0] == 200
+        zk.start()
+        with Tidemark.connect(f"{zk.connect_string}/tm") as tm:
+            tm.register_job("solo", sources=[], sinks=["lake.db.solo"])
+        wait_for(lambda: ("tidemark_job_leader_live", ("tidemark_job", "solo")) in samples(timed_scrape()),
+                 "the exporter's view of the registered job once ZooKeeper runs", timeout=60)
+        body = timed_scrape()
+        assert value(body, "tidemark_up") == 1 and value(body, "tidemark_job_leader_live", tidemark_job="solo") == 0
+        zk.stop()
+        stopped = time.monotonic()
+        wait_for(up_is(0), "tidemark_up 0 with ZooKeeper stopped", timeout=30)
+        assert time.monotonic() - stopped < 10
+        body = timed_scrape()  # the last view, with its age
+        assert value(body, "tidemark_job_stale", tidemark_job="solo") == 1
+        assert value(body, "tidemark_exporter_view_age_seconds") >= 0
+        assert scrape(port, "/healthz", timeout=2)[0] == 200
+        zk.start()
+        wait_for(up_is(1), "tidemark_up 1 once ZooKeeper is back", timeout=60)
+    finally:
+        exporter.terminate()
+        exporter.wait(20)
+        zk.stop()
+    errors = exporter.stderr.read()
+    assert exporter.returncode == 0 and "Traceback" not in errors, errors
