@@ -17,6 +17,7 @@ from coordinator.resolve import Resolver, read_arrow
 from coordinator.snapshots import committed_epoch, main_lineage, snapshot_progress
 from coordinator.zookeeper_server import free_port
 from spark_hooks import EpochJob, read_consistent, snapshot_sql
+from tests.helpers.crash import crash_env
 
 REPO = Path(__file__).resolve().parents[1]
 # Every test here runs Spark, in this process or in driver subprocesses: none belongs in `make test-fast`.
@@ -125,8 +126,8 @@ def kill_lake(tmp_path):
 
 
 def run_driver(home: Path, zk: str, max_epochs: int, crash_at: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tests.helpers.spark_driver", str(home), zk, str(max_epochs),
-                           crash_at], cwd=REPO, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "tests.helpers.spark_driver", str(home), zk, str(max_epochs)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, env=crash_env(crash_at))
 
 
 @pytest.mark.fault

@@ -26,6 +26,7 @@ from coordinator.records import BarrierMode, LeaderRecord, TermRecord
 from coordinator.barriers import BarrierGrid
 from coordinator.resolve import Resolver, read_arrow
 from coordinator.snapshots import TERM_KEY, committed_epoch, main_lineage, snapshot_epoch
+from tests.helpers.crash import crash_env
 from tests.helpers.wait import wait_for
 from tests.helpers.python_driver import COUNT_SCHEMA, EPOCH_SCHEMA, NOISE, SOURCE_SCHEMA
 
@@ -57,7 +58,7 @@ class Driver:
         self.stderr = open(log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.python_driver", json.dumps(config)],
                                      cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     text=True, bufsize=1)
+                                     text=True, bufsize=1, env=crash_env(config.get("crash_at", "none")))
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

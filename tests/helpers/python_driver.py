@@ -8,7 +8,8 @@ CONFIG_JSON holds ``mode``, ``connect``, ``session_timeout``, ``catalog`` ({name
   sinks: ``log`` (the rows appended in the epoch, appended) and ``counts`` (rows per ``k`` except ``noise``:
   an overwrite of the previous counts plus the epoch's; not written in an epoch with nothing to count, so
   the sink publishes nothing then and its committed epoch is marked in Iceberg instead). Runs ``max_epochs`` epochs and prints
-  ``{"committed": [...]}``. With ``crash_at`` it SIGKILLs itself during its second computed epoch:
+  ``{"committed": [...]}``. The test's ``crash_at`` (which sets ``TIDEMARK_CRASH_AT=<step>:2``) makes it
+  SIGKILL itself during its second computed epoch:
   ``staged`` (sinks staged, nothing precommitted), ``precommitted`` (before any publish), ``published-one``
   (one of the two sinks published), ``committed`` (ZooKeeper commit done, Iceberg not marked yet) or ``none``.
 - ``serve``: job ``job`` with no source appends one row (epoch, term, member) per epoch to ``log``, unbounded
@@ -16,14 +17,13 @@ CONFIG_JSON holds ``mode``, ``connect``, ``session_timeout``, ``catalog`` ({name
 - ``agree``: a root job agreeing barriers on a 1 ms grid as fast as it can: prints ``READY``, waits for a
   line on stdin, then calls ``barriers.agree(T)`` with ``T`` from the clock until ``/barriers`` holds
   ``target`` barriers; writes every call as ``[T, agreed]`` to ``out`` (JSON).
-Crashes are injected by wrapping library functions in this process; the library itself is untouched.
+Crashes are injected from the environment (``TIDEMARK_CRASH_AT``, see coordinator/crashpoints.py), set by the
+test that starts this process; nothing here is patched.
 """
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import sys
 import time
 
@@ -37,10 +37,6 @@ SOURCE_SCHEMA = pa.schema([pa.field("k", pa.string()), pa.field("n", pa.int64())
 COUNT_SCHEMA = pa.schema([pa.field("k", pa.string()), pa.field("cnt", pa.int64())])
 NOISE = "noise"  # rows the count table does not count
 EPOCH_SCHEMA = pa.schema([pa.field("epoch", pa.int64()), pa.field("term", pa.int64()), pa.field("member", pa.string())])
-
-
-def die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def new_counts(ctx, rows: pa.Table, sink: str) -> pa.Table:
@@ -59,48 +55,11 @@ def new_counts(ctx, rows: pa.Table, sink: str) -> pa.Table:
     return summed.select(["k", "cnt"]).cast(COUNT_SCHEMA)
 
 
-def install_crash(crash_at: str, computed: list) -> None:
-    """Make this process SIGKILL itself at ``crash_at`` during its second computed epoch."""
-    import coordinator.commit as commit_module
-    from coordinator.epochs import EpochCoordinator
-
-    def crashing() -> bool:
-        return crash_at != "none" and len(computed) == 2
-
-    committer_cls = commit_module.EpochCommitter
-    original_finish, original_publish = committer_cls.finish, commit_module.publish_staged
-    original_commit = EpochCoordinator.commit
-
-    def finish(self, epoch, staged):
-        if crashing() and crash_at == "staged":
-            die()
-        return original_finish(self, epoch, staged)
-
-    def publish(table, snapshot_id, epoch, term):
-        if crashing() and crash_at == "precommitted":
-            die()
-        result = original_publish(table, snapshot_id, epoch, term)
-        if crashing() and crash_at == "published-one":
-            die()
-        return result
-
-    def commit(self, epoch, published):
-        record = original_commit(self, epoch, published)
-        if crashing() and crash_at == "committed":
-            die()
-        return record
-
-    committer_cls.finish = finish
-    commit_module.publish_staged = publish
-    EpochCoordinator.commit = commit
-
-
 def run_count(config: dict, tm: Tidemark, settings: CatalogSettings) -> None:
     source, log_sink, counts_sink = config["source"], config["log"], config["counts"]
     writer = EpochWriter(tm, "counter", sources=[source], sinks=[log_sink, counts_sink], catalog=settings,
                          interval_ms=1000, grace_ms=200)
     computed: list[int] = []
-    install_crash(config.get("crash_at", "none"), computed)
 
     def step(ctx) -> None:
         computed.append(ctx.epoch)
