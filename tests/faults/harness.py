@@ -49,6 +49,7 @@ from coordinator.resolve import Resolver
 from coordinator.zookeeper_server import free_port
 from tests.faults.cascade import JOBS, SRC_SCHEMA, Tables, counts_of, invariant
 from tests.helpers.postgres import PostgresServer
+from tests.helpers.wait import wait_for
 
 log = logging.getLogger("faults")
 REPO = Path(__file__).resolve().parents[2]
@@ -59,18 +60,6 @@ RECOVERY_DEADLINE = 90.0    # a fault not recovered by then fails the run
 DRAIN_DEADLINE = 120.0
 BATCH_PROPERTY = "faults.batch"
 KEYS = [f"k{i}" for i in range(8)]
-
-
-def wait_until(condition: Callable[[], object], what: str, timeout: float, every: float = 0.05) -> object:
-    """Poll ``condition`` until it returns something truthy; ``TimeoutError`` naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
 
 
 @dataclass
@@ -237,7 +226,7 @@ class Cascade:
             thread = threading.Thread(target=target, name=target.__name__, daemon=True)
             thread.start()
             self._threads.append(thread)
-        wait_until(lambda: all(self.committed_after(job, 0) for job in JOBS), "every job's first commit",
+        wait_for(lambda: all(self.committed_after(job, 0) for job in JOBS), "every job's first commit",
                    RECOVERY_DEADLINE, every=0.1)
 
     def deploy(self) -> None:
@@ -277,7 +266,7 @@ class Cascade:
         return fault
 
     def wait_recovered(self, fault: Fault, timeout: float = RECOVERY_DEADLINE) -> None:
-        wait_until(lambda: fault.recovered_ms is not None, f"recovery from {fault.kind}", timeout)
+        wait_for(lambda: fault.recovered_ms is not None, f"recovery from {fault.kind}", timeout)
 
     def leader_replica(self, job: str) -> Replica:
         """The replica that leads ``job`` now (waits until one does)."""
@@ -290,12 +279,12 @@ class Cascade:
                 return None
             member = LeaderRecord.from_json(found[0]).member
             return next((r for r in self.slots.values() if r.member == member and r.proc.poll() is None), None)
-        return wait_until(find, f"a live leader of job {job}", RECOVERY_DEADLINE)  # type: ignore[return-value]
+        return wait_for(find, f"a live leader of job {job}", RECOVERY_DEADLINE)  # type: ignore[return-value]
 
     def expire_session(self, replica: Replica) -> None:
         """Expire ``replica``'s ZooKeeper session on the server: a second client attaches to the same session
         and closes it, as Curator's KillSession does; the replica's next request finds it expired."""
-        session = wait_until(replica.session, f"{replica.member}'s session id", 30)
+        session = wait_for(replica.session, f"{replica.member}'s session id", 30)
         client = KazooClient(hosts=self.hosts, client_id=session, timeout=SESSION_TIMEOUT)  # type: ignore[arg-type]
         client.start(timeout=15)
         client.stop()
@@ -306,7 +295,7 @@ class Cascade:
         client = KazooClient(hosts=self.hosts, timeout=10)
         client.start(timeout=15)
         try:
-            wait_until(lambda: self._delete_tree(client), "the ZooKeeper tree to be deleted", 30)
+            wait_for(lambda: self._delete_tree(client), "the ZooKeeper tree to be deleted", 30)
         finally:
             client.stop()
             client.close()
@@ -436,11 +425,11 @@ class Cascade:
         next(t for t in self._threads if t.name == "_produce").join(30)
         target = self.last_append_ms + GRACE_MS
         try:
-            wait_until(lambda: all(self._epoch_of(job) and self._epoch_of(job) > target for job in JOBS),
+            wait_for(lambda: all(self._epoch_of(job) and self._epoch_of(job) > target for job in JOBS),
                        "every job to commit a barrier after the last produced row", DRAIN_DEADLINE, every=0.2)
-            wait_until(lambda: all(f.recovered_ms is not None for f in self.faults),
+            wait_for(lambda: all(f.recovered_ms is not None for f in self.faults),
                        "recovery from the last faults", RECOVERY_DEADLINE, every=0.2)
-        except TimeoutError as exc:
+        except AssertionError as exc:  # a wait that timed out
             problems.append(str(exc))
         self.held = True  # a crash point reached from now on is after the measurement: not a fault of the run
         self._stop.set()

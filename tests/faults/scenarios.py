@@ -22,8 +22,9 @@ from coordinator.crashpoints import STEPS
 from coordinator.records import TermRecord
 from coordinator.zookeeper_server import ZooKeeperEnsemble
 from tests.faults.cascade import COUNTER, JOBS
-from tests.faults.harness import (RECOVERY_DEADLINE, REPO, SESSION_TIMEOUT, Cascade, Environment, RunResult,
-                                  wait_until)
+from tests.faults.harness import (RECOVERY_DEADLINE, REPO, SESSION_TIMEOUT, Cascade, Environment, Replica,
+                                  RunResult)
+from tests.helpers.wait import wait_for
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def kill_nine(env: Environment, run: int, seed: int, faults: int) -> RunResult:
             return f"{next(steps[job])}:{1 if rng.random() < 0.75 else 2}"
     with Cascade(env, "kill-9", run, seed, crash_plan=plan) as cascade:
         cascade.start()
-        wait_until(lambda: len(cascade.faults) >= faults, f"{faults} crash points to be reached", faults * 20.0,
+        wait_for(lambda: len(cascade.faults) >= faults, f"{faults} crash points to be reached", faults * 20.0,
                    every=0.2)
         cascade.crash_plan = lambda job: None
         return cascade.finish()
@@ -67,33 +68,34 @@ def kill_nine(env: Environment, run: int, seed: int, faults: int) -> RunResult:
 def zombie(env: Environment, run: int, seed: int, faults: int) -> RunResult:
     """SIGSTOP a job's leader for the session timeout + 2 s: the standby takes over; then SIGCONT the zombie,
     which must find itself fenced, change nothing, and become a standby."""
-    rng = random.Random(seed)
-    with Cascade(env, "zombie", run, seed) as cascade:
-        cascade.start()
-        for i in range(faults):
-            job = JOBS[i % len(JOBS)]
-            leader = cascade.leader_replica(job)
-            pause(rng)
-            stopped_at = time.monotonic()
-            fault = cascade.inject("SIGSTOP past the session timeout", job, lambda: leader.signal(signal.SIGSTOP))
-            cascade.wait_recovered(fault)
-            wait_until(lambda: time.monotonic() - stopped_at > SESSION_TIMEOUT + 2, "the pause to end", 30)
-            leader.signal(signal.SIGCONT)
-        return cascade.finish()
+    def pause_past_session(cascade: Cascade, leader: Replica) -> None:
+        stopped_at = time.monotonic()
+        fault = cascade.inject("SIGSTOP past the session timeout", leader.job, lambda: leader.signal(signal.SIGSTOP))
+        cascade.wait_recovered(fault)
+        wait_for(lambda: time.monotonic() - stopped_at > SESSION_TIMEOUT + 2, "the pause to end", 30)
+        leader.signal(signal.SIGCONT)
+    return _hit_each_leader(env, "zombie", run, seed, faults, pause_past_session)
 
 
 def session_expiry(env: Environment, run: int, seed: int, faults: int) -> RunResult:
     """Expire a job leader's ZooKeeper session on the server (a second client attaches to the session and
     closes it); the leader must step down, and the job must go on under a new term."""
+    def expire(cascade: Cascade, leader: Replica) -> None:
+        cascade.wait_recovered(cascade.inject("ZooKeeper session expired", leader.job,
+                                              lambda: cascade.expire_session(leader)))
+    return _hit_each_leader(env, "session-expiry", run, seed, faults, expire)
+
+
+def _hit_each_leader(env: Environment, scenario: str, run: int, seed: int, faults: int,
+                     hit: Callable[[Cascade, Replica], None]) -> RunResult:
+    """``hit`` the leader of each job in turn, ``faults`` times, a seeded moment after finding it."""
     rng = random.Random(seed)
-    with Cascade(env, "session-expiry", run, seed) as cascade:
+    with Cascade(env, scenario, run, seed) as cascade:
         cascade.start()
         for i in range(faults):
-            job = JOBS[i % len(JOBS)]
-            leader = cascade.leader_replica(job)
+            leader = cascade.leader_replica(JOBS[i % len(JOBS)])
             pause(rng)
-            fault = cascade.inject("ZooKeeper session expired", job, lambda: cascade.expire_session(leader))
-            cascade.wait_recovered(fault)
+            hit(cascade, leader)
         return cascade.finish()
 
 
@@ -124,7 +126,7 @@ def zookeeper_ensemble(env: Environment, run: int, seed: int, faults: int) -> Ru
             if i % 2 == 0:
                 member, kind = rng.choice(ensemble.followers()), "ensemble lost a follower"
             else:
-                member = wait_until(_leader_of(ensemble), "the ensemble to elect a leader", 60)
+                member = wait_for(_leader_of(ensemble), "the ensemble to elect a leader", 60)
                 kind = "ensemble lost its leader"
             cascade.wait_recovered(cascade.inject(kind, None, member.kill))
             member.start()
@@ -148,7 +150,7 @@ def catalog_restart(env: Environment, run: int, seed: int, faults: int) -> RunRe
         cascade.start()
         for _ in range(faults):
             pause(rng)
-            wait_until(lambda: _mid_epoch(cascade), "the counter job to be mid-epoch", RECOVERY_DEADLINE, every=0.01)
+            wait_for(lambda: _mid_epoch(cascade), "the counter job to be mid-epoch", RECOVERY_DEADLINE, every=0.01)
             cascade.wait_recovered(cascade.inject("catalog database restarted mid-epoch", None,
                                                   lambda: env.postgres.restart("immediate")))
         return cascade.finish()
