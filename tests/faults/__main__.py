@@ -66,6 +66,9 @@ def report_run(result: RunResult, run: int, seconds: float) -> None:
         print(f"    problem: {problem}")
     for exit_ in result.unexpected_exits:
         print(f"    driver exit: {exit_}")
+    if result.unreadable:
+        errors = sorted({error.split(":")[0] for error in result.unreadable})
+        print(f"    checker: {len(result.unreadable)} reads failed during outages ({', '.join(errors)})")
     kinds: dict[str, int] = {}
     for fault in result.faults:
         kinds[fault.kind] = kinds.get(fault.kind, 0) + 1

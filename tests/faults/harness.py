@@ -87,6 +87,7 @@ class RunResult:
     inconsistencies: list[Inconsistency]
     unexpected_exits: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)   # a run that could not finish says why
+    unreadable: list[str] = field(default_factory=list)  # checks the checker could not make (an outage)
 
     @property
     def passed(self) -> bool:
@@ -218,7 +219,7 @@ class Cascade:
     def start(self) -> None:
         self.tables.create(self.settings.load())
         self.tm = Tidemark.connect(self.connect, session_timeout=10, operation_timeout=10)
-        self.deploy()
+        self.deploy(self.tm)
         self.start_drivers()
         self.checker = ConsistencyChecker(Resolver(self.settings.load(), self.settings, self.tm), self.tables.all,
                                           invariant(self.tables))
@@ -229,12 +230,12 @@ class Cascade:
         wait_for(lambda: all(self.committed_after(job, 0) for job in JOBS), "every job's first commit",
                    RECOVERY_DEADLINE, every=0.1)
 
-    def deploy(self) -> None:
+    def deploy(self, tm: Tidemark) -> None:
         """Register the pipeline before any driver starts (a job started before its upstream's registration
         would read the upstream's table as a root table)."""
         for job in JOBS:
             sources, sinks = self.tables.job(job)
-            self.tm.register_job(job, sources=sources, sinks=sinks)  # type: ignore[union-attr]
+            tm.register_job(job, sources=sources, sinks=sinks)
 
     def start_drivers(self) -> None:
         for job in JOBS:
@@ -313,10 +314,8 @@ class Cascade:
         try:
             self.stop_drivers(signal.SIGKILL)
             self.wipe_zookeeper()  # anything a dying replica re-created
-            with Tidemark.connect(self.connect, session_timeout=10, operation_timeout=10) as tm:
-                for job in JOBS:
-                    sources, sinks = self.tables.job(job)
-                    tm.register_job(job, sources=sources, sinks=sinks)
+            with Tidemark.connect(self.connect, session_timeout=10, operation_timeout=10) as tm:  # re-creates the root
+                self.deploy(tm)
             self.start_drivers()
         finally:
             self.held = False
@@ -453,14 +452,14 @@ class Cascade:
         self.stop_drivers()
         return RunResult(self.scenario, self.seed, list(self.faults), self._epochs_committed(), len(self.produced),
                          duplicates, losses, self.checker.checked, list(self.checker.failures),  # type: ignore[union-attr]
-                         list(self.unexpected), problems)
+                         list(self.unexpected), problems, list(self.errors))
 
     def broken_off(self, problem: str) -> RunResult:
         """The result of a run that could not finish: what it saw until then, and why it stopped."""
         checker = self.checker
         return RunResult(self.scenario, self.seed, list(self.faults), len(self.commits), len(self.produced), 0, 0,
                          checker.checked if checker else 0, list(checker.failures) if checker else [],
-                         list(self.unexpected), [problem])
+                         list(self.unexpected), [problem], list(self.errors))
 
     def _epoch_of(self, job: str) -> Optional[int]:
         try:

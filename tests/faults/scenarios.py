@@ -189,6 +189,7 @@ def fence_unregister(env: Environment, run: int, seed: int, faults: int) -> RunR
     rng = random.Random(seed)
     with Cascade(env, "fence-unregister", run, seed) as cascade:
         cascade.start()
+        violations: list[str] = []
         for _ in range(faults):
             cascade.leader_replica(COUNTER)
             pause(rng)
@@ -196,9 +197,9 @@ def fence_unregister(env: Environment, run: int, seed: int, faults: int) -> RunR
             fault = cascade.inject("fence, unregister --yes, re-register", COUNTER,
                                    lambda: fenced.append(_fence_and_unregister(cascade)))
             cascade.wait_recovered(fault)
-            cascade.errors += _committed_by_fenced_terms(cascade, fenced[0], fault.injected_ms)
+            violations += _committed_by_fenced_terms(cascade, fenced[0], fault.injected_ms)
         result = cascade.finish()
-        result.problems += [e for e in cascade.errors if e.startswith("fenced")]
+        result.problems += violations
         return result
 
 
