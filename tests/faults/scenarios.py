@@ -184,19 +184,33 @@ def zookeeper_wipe(env: Environment, run: int, seed: int, faults: int) -> RunRes
 
 
 def fence_unregister(env: Environment, run: int, seed: int, faults: int) -> RunResult:
-    """The operator sequence ``tidemark fence J``, ``tidemark unregister J --yes`` on the running counter job;
-    its drivers register it again. The fenced leader, still running, must commit nothing after the fence."""
+    """The operator sequence ``tidemark fence counter``, ``tidemark unregister counter --yes`` against a paused
+    leader (a zombie: a GC pause or a partition) and a paused standby, so that nobody takes over in between;
+    then the standby resumes and registers the job again, and only after it led does the old leader resume.
+    The fenced leader must commit nothing after the fence, and nothing may be counted twice."""
     rng = random.Random(seed)
     with Cascade(env, "fence-unregister", run, seed) as cascade:
         cascade.start()
         violations: list[str] = []
         for _ in range(faults):
-            cascade.leader_replica(COUNTER)
+            leader = cascade.leader_replica(COUNTER)
+            standby = next(r for r in cascade.slots.values()
+                           if r.job == COUNTER and r is not leader and r.proc.poll() is None)
             pause(rng)
             fenced: list[int] = []
-            fault = cascade.inject("fence, unregister --yes, re-register", COUNTER,
-                                   lambda: fenced.append(_fence_and_unregister(cascade)))
-            cascade.wait_recovered(fault)
+
+            def act() -> None:
+                leader.signal(signal.SIGSTOP)
+                standby.signal(signal.SIGSTOP)
+                try:
+                    fenced.append(_fence_and_unregister(cascade))
+                finally:
+                    standby.signal(signal.SIGCONT)
+            fault = cascade.inject("fence, unregister --yes, re-register", COUNTER, act)
+            try:
+                cascade.wait_recovered(fault)
+            finally:
+                leader.signal(signal.SIGCONT)
             violations += _committed_by_fenced_terms(cascade, fenced[0], fault.injected_ms)
         result = cascade.finish()
         result.problems += violations
@@ -204,20 +218,16 @@ def fence_unregister(env: Environment, run: int, seed: int, faults: int) -> RunR
 
 
 def _fence_and_unregister(cascade: Cascade) -> int:
-    """Run the CLI as an operator would; returns the term the fence set. A leader elected between the two
-    commands makes ``unregister`` refuse: fence that one too and try again."""
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "coordinator.cli", "--zk", cascade.connect, *args], cwd=REPO,
+    """Run the CLI as an operator would; returns the term the fence set."""
+    def cli(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "coordinator.cli", "--zk", cascade.connect, *args], cwd=REPO,
                               capture_output=True, text=True, timeout=120)
-    for _ in range(5):
-        fence = cli("fence", COUNTER)
-        if fence.returncode != 0:
-            raise RuntimeError(f"tidemark fence failed: {fence.stderr.strip()}")
-        term = int(fence.stdout.split("term is now ")[1].split(";")[0])
-        unregister = cli("unregister", COUNTER, "--yes")
-        if unregister.returncode == 0:
-            return term
-    raise RuntimeError(f"tidemark unregister kept refusing: {unregister.stderr.strip()}")
+        if done.returncode != 0:
+            raise RuntimeError(f"tidemark {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+    term = int(cli("fence", COUNTER).split("term is now ")[1].split(";")[0])
+    cli("unregister", COUNTER, "--yes")
+    return term
 
 
 def _committed_by_fenced_terms(cascade: Cascade, fenced_term: int, fenced_ms: int) -> list[str]:
