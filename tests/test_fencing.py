@@ -44,8 +44,11 @@ def rows_in(table, snapshot_id=None) -> list[tuple[int, int]]:
     return sorted(zip(data["epoch"].to_pylist(), data["row"].to_pylist()))
 
 
-def test_a_fenced_zombie_changes_nothing_after_unregister_and_reregister(tm, connect, catalog, catalog_settings,
+@pytest.mark.parametrize("catalog_fixture", ["catalog_settings", "pg_catalog_settings"])
+def test_a_fenced_zombie_changes_nothing_after_unregister_and_reregister(tm, connect, request, catalog_fixture,
                                                                          namespace):
+    catalog_settings = request.getfixturevalue(catalog_fixture)  # SQLite, and PostgreSQL as in production
+    catalog = catalog_settings.load()
     sink = f"{namespace}.counts"
     table = create_table(catalog, sink)
     zombie = lead_job(connect(), catalog_settings, "counts", [sink])  # its own session, alive throughout
