@@ -1,15 +1,16 @@
-"""``python -m bench [coordination] [iceberg] [spark] [pipeline] [takeover] [options]``: run the named benchmarks.
+"""``python -m bench [coordination] [iceberg] [spark] [pipeline] [takeover] [retention] [options]``: run the named benchmarks.
 
 With no name, all of them. Options (``--engine spark``, ``--minutes 1``, ...) go to the suites
-that take them: ``pipeline`` (see ``python -m bench pipeline --help``), ``spark`` and ``takeover``.
+that take them: ``pipeline`` (see ``python -m bench pipeline --help``), ``spark``, ``takeover`` and ``retention``.
 """
 import sys
 
-from . import coordination, iceberg, pipeline, spark, takeover
+from . import coordination, iceberg, pipeline, retention, spark, takeover
 
 SUITES = {"coordination": lambda argv: coordination.main(), "iceberg": lambda argv: iceberg.main(),
-          "spark": spark.main, "pipeline": pipeline.main, "takeover": takeover.main}
-TAKES_OPTIONS = {"spark", "pipeline", "takeover"}
+          "spark": spark.main, "pipeline": pipeline.main, "takeover": takeover.main,
+          "retention": retention.main}
+TAKES_OPTIONS = {"spark", "pipeline", "takeover", "retention"}
 
 if __name__ == "__main__":
     args = sys.argv[1:]

@@ -27,7 +27,7 @@ import bisect
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from kazoo.exceptions import BadVersionError, NodeExistsError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from .client import MultiFailed, create, delete, set_data
@@ -221,15 +221,28 @@ class Barriers:
             return None
         return self._newest(BarrierGrid.from_json(found[0], self.tm.paths.barriers))
 
-    def prune(self, keep: int = 1000) -> int:
-        """Delete all but the newest ``keep`` barrier znodes; returns how many went."""
-        old = self.agreed()[:-max(keep, 1)]
+    def prune(self, below: int) -> list[int]:
+        """Delete the agreed barrier znodes below ``below``; returns them.
+
+        Only ``coordinator.gc`` calls it, with the lowest last committed epoch of every
+        registered job: a job only ever looks for barriers after its own last committed
+        epoch, so a lagging or stopped job still finds each barrier it must process. The
+        newest agreed barrier is recorded in ``/barriers`` itself and is never needed here.
+        """
+        old = [t for t in self.agreed() if t < below]
         for start in range(0, len(old), 200):
             try:
                 self.tm.multi([delete(self.tm.paths.barrier(t)) for t in old[start:start + 200]])
-            except MultiFailed:
-                pass  # another job pruned the same barriers concurrently
-        return len(old)
+            except MultiFailed as failed:
+                if not isinstance(failed.error, NoNodeError):
+                    raise
+                for epoch in old[start:start + 200]:  # another GC pruned some of them concurrently
+                    path = self.tm.paths.barrier(epoch)
+                    try:
+                        self.tm.call(f"delete {path}", self.tm.client.delete_async, path)
+                    except NoNodeError:
+                        pass
+        return old
 
 
 __all__ = ["BarrierGrid", "Barriers", "BarrierMode"]

@@ -5,7 +5,9 @@
     tidemark topology [--format text|json|dot|mermaid]
     tidemark fence JOB | tidemark unregister JOB [--yes]
     tidemark barriers [--set-interval MS --from T]
-    tidemark resolve TABLE... [--level ...] [--as-of T] [--json]
+    tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--json]
+    tidemark gc [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file and znode clean-up
+    tidemark versions [--json]                      the retained versions, with their tier and age
     tidemark exporter [--port 9464] [--refresh S]   the topology-wide view for Prometheus, /metrics and /healthz
 
 Errors print one line, ``tidemark: error: ...``, and exit with status 1; a malformed command
@@ -188,6 +190,40 @@ def cmd_resolve(args) -> int:
     return 0
 
 
+def cmd_gc(args) -> int:
+    from .catalog import CatalogSettings
+    from .gc import GarbageCollector, summarize
+    from .retention import RetentionPolicy, store_policy
+    policy = RetentionPolicy.parse(args.policy) if args.policy else None
+    with _connect(args) as tm:
+        if policy is not None and not args.dry_run:
+            store_policy(tm, policy)
+        report = GarbageCollector(tm, CatalogSettings.from_env(), policy=policy).run(dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0
+    print(("dry run: nothing changed\n" if report.dry_run else "") + "\n".join(summarize(report.plan)))
+    if not report.dry_run:
+        print(f"expired {report.expired_snapshots} snapshots, deleted {report.deleted_files} files, pruned "
+              f"{report.pruned_barriers} barrier znodes")
+    return 0
+
+
+def cmd_versions(args) -> int:
+    from .versions import RetainedVersions, fmt_age, tier_listing
+    with _connect(args, read_only=True) as tm:
+        listing = tier_listing(tm, RetainedVersions(tm).all())
+    if args.json:
+        print(json.dumps([entry.to_dict() for entry in listing], indent=2))
+        return 0
+    if not listing:
+        print("no retained versions (run `tidemark gc`)")
+    for entry in listing:
+        print(f"{entry.tag}  {_fmt_epoch(entry.epoch)}  age {fmt_age(entry.age_ms)}  {entry.tier}  "
+              f"{len(entry.snapshots)} tables")
+    return 0
+
+
 def cmd_exporter(args) -> int:
     from .client import Tidemark
     from .exporter import Exporter
@@ -237,6 +273,16 @@ def _epoch(text: str) -> int:
     if not text.isascii() or not text.isdigit() or int(text) > MAX_EPOCH_MS:
         raise argparse.ArgumentTypeError(f"{text!r} is not an epoch (milliseconds since 1970, 0 to {MAX_EPOCH_MS})")
     return int(text)
+
+
+def _version(text: str) -> int:
+    """``--as-of``: an epoch, or the tag ``tidemark-<epoch>`` of a retained version."""
+    from .versions import parse_version_ref
+    try:
+        return _epoch(str(parse_version_ref(text)))
+    except (TidemarkError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an epoch (milliseconds since 1970) nor a tag "
+                                         "tidemark-<epoch>; `tidemark versions` lists the retained ones") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,11 +337,24 @@ def build_parser() -> argparse.ArgumentParser:
     resolve = sub.add_parser("resolve", help="the snapshot of each table at one consistency level")
     resolve.add_argument("tables", nargs="+")
     resolve.add_argument("--level", choices=["latest", "committed", "consistent"], default="consistent")
-    resolve.add_argument("--as-of", type=_epoch, metavar="T", help="a retained historical epoch")
+    resolve.add_argument("--as-of", type=_version, metavar="T", help="a retained version: its epoch or its tag "
+                         "tidemark-<T> (`tidemark versions` lists them)")
     resolve.add_argument("--no-zk", action="store_true", help="resolve from Iceberg metadata alone")
     resolve.add_argument("--json", action="store_true")
     resolve.set_defaults(func=cmd_resolve)
+
+    gc = sub.add_parser("gc", help="keep the versions the retention policy wants, expire the rest and delete its files")
+    gc.add_argument("--dry-run", action="store_true", help="print what would be kept and dropped, and why")
+    gc.add_argument("--json", action="store_true")
+    gc.add_argument("--policy", metavar="SPEC", help="record this retention policy for the deployment first, e.g. "
+                    "all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo (with --dry-run: preview it only)")
+    gc.set_defaults(func=cmd_gc)
+
+    versions = sub.add_parser("versions", help="the retained consistent versions, with their tier and age")
+    versions.add_argument("--json", action="store_true")
+    versions.set_defaults(func=cmd_versions)
     return parser
+
 
 
 def main(argv: Optional[list[str]] = None) -> int:

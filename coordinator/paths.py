@@ -83,6 +83,14 @@ class Paths:
         return f"{self.versions}/{_epoch_segment(epoch)}"
 
     @property
+    def gc(self) -> str:
+        return self._join("gc")
+
+    @property
+    def gc_lock(self) -> str:
+        return self.gc + "/lock"
+
+    @property
     def readers(self) -> str:
         return self._join("readers")
 

@@ -38,6 +38,7 @@ from pyiceberg.table.update import (AssertRefSnapshotId, AssertTableUUID, SetPro
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from .errors import Fenced, PublishConflict
+from .metadata_files import delete_unlogged_metadata
 from .records import EpochProgress
 from .snapshots import (FIRST_EPOCH_PROPERTY, TERM_PROPERTY, WRITER_PROPERTY, claimed_term, committed_epoch,
                         committed_properties, first_epoch, snapshot_epoch, snapshot_of_epoch, staged_snapshots, table_progress)
@@ -99,6 +100,7 @@ def _commit(table: Table, term: int, updates: tuple[TableUpdate, ...], requireme
         if claimed_term(table.properties) > term:
             raise _fenced(table, term) from None
         raise _Lost() from None
+    delete_unlogged_metadata(table, table.metadata, response.metadata)
     table.metadata, table.metadata_location = response.metadata, response.metadata_location
 
 

@@ -146,7 +146,11 @@ def fence_job(tm, name: str, by: str = "operator") -> int:
     retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
                         retry=retry_if_exception_type(_TopologyMoved), reraise=True,
                         before_sleep=tm.count_retries("registration"))
-    return retrying(attempt)
+    try:
+        return retrying(attempt)
+    except _TopologyMoved:
+        raise ZooKeeperUnavailable(f"fencing job {name!r} kept racing with its leader elections for "
+                                   f"{tm.operation_timeout:.0f}s; try again") from None
 
 
 @dataclass(frozen=True)

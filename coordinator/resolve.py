@@ -9,7 +9,9 @@ Levels (docs/design.md, "Consistency levels"):
 - ``committed``: each table at its own committed epoch;
 - ``consistent``: ``T*`` = the minimum committed epoch over the tables, each table at its
   newest snapshot with ``tidemark.epoch <= T*``;
-- ``as_of=T``: the same at an older epoch ``T`` every table has committed.
+- ``as_of=T``: the same at an older epoch ``T`` every table has committed: a retained version
+  (``/versions/<T>``, or without ZooKeeper the tag ``tidemark-<T>`` on every table) is read from
+  its record; any other epoch only while every table's history back to it is still there.
 
 A table no Tidemark job writes (a root table fed from outside) has no epochs: it is read
 at its newest snapshot committed at or before ``T*`` (barrier ``T*`` covers its commits up
@@ -18,7 +20,7 @@ to time ``T*``) and does not hold ``T*`` back.
 No version exists below a managed table's **first epoch** (its writer's first committed
 epoch: the table has no exact state before it), nor where the table's history was expired:
 ``consistent`` and ``as_of`` then raise ``VersionNotFound`` naming the table and its first
-epoch. That happens to a set of siblings whose writers started at different times (one
+epoch, or the retained versions nearest to the one asked for. That happens to a set of siblings whose writers started at different times (one
 table's first epoch is above another's committed epoch) until the slower one catches up.
 
 With ZooKeeper, committed epochs come from the tables' tidemarks (a watch-backed cache
@@ -41,6 +43,7 @@ from .names import validate_epoch, validate_name
 from .records import ConsistencyLevel, ConsistentVersion, ReaderPins, TableTidemark
 from .snapshots import (committed_epoch, first_epoch, is_tidemark_table, main_lineage, snapshot_at_epoch,
                         snapshot_at_time)
+from .versions import RetainedVersions, nearest, tag_epoch, tag_name
 
 ROOT = "root"  # marker: a table written outside Tidemark
 
@@ -88,6 +91,10 @@ class Resolver:
         level = ConsistencyLevel.AS_OF if as_of is not None else _level(level)
         if isinstance(as_of, int):
             validate_epoch(as_of, "as_of")
+        if as_of is not None:
+            retained = self._retained(names, as_of)
+            if retained is not None:
+                return retained
         if level == ConsistencyLevel.LATEST:
             return ConsistentVersion(None, self._current(names), level)
         marks = self._tidemarks(names)
@@ -118,6 +125,33 @@ class Resolver:
             raise VersionNotFound(f"epoch {as_of} is before the history of every table in {names}: none had a "
                                   "snapshot then. Ask for a later epoch")
         return ConsistentVersion(target, snapshots, level)
+
+    def _retained(self, names: list[str], epoch: int) -> Optional[ConsistentVersion]:
+        """The retained version at ``epoch`` when it covers every table of ``names`` (None otherwise)."""
+        if self.tm is not None:
+            record = RetainedVersions(self.tm).get(epoch)
+            if record is None or not set(names) <= set(record.snapshots):
+                return None
+            return ConsistentVersion(epoch, {n: record.snapshots[n] for n in names}, ConsistencyLevel.AS_OF)
+        tags = {n: self.table(n).metadata.refs.get(tag_name(epoch)) for n in names}
+        if any(ref is None for ref in tags.values()):
+            return None
+        return ConsistentVersion(epoch, {n: ref.snapshot_id for n, ref in tags.items()},  # type: ignore[union-attr]
+                                 ConsistencyLevel.AS_OF)
+
+    def retained_epochs(self, names: Iterable[str]) -> list[int]:
+        """The retained versions (from ZooKeeper, or the ``tidemark-<T>`` tags every table of ``names`` has)."""
+        if self.tm is not None:
+            return RetainedVersions(self.tm).epochs()
+        tagged = [{tag_epoch(ref) for ref in self.table(n, refresh=False).metadata.refs} - {None} for n in names]
+        return sorted(set.intersection(*tagged)) if tagged else []  # type: ignore[arg-type]
+
+    def _expired(self, what: str, names: Iterable[str], epoch: int) -> VersionNotFound:
+        below, above = nearest(self.retained_epochs(names), epoch)
+        near = " and ".join(f"{tag_name(e)}" for e in (below, above) if e is not None)
+        hint = (f"the nearest retained versions are {near}" if near else "no version is retained")
+        return VersionNotFound(f"{what}: {hint} (`tidemark versions` lists them; `--as-of` takes a tag or an "
+                               "epoch)")
 
     def first_epochs(self, tables: Iterable[str],
                      marks: Optional[Mapping[str, Optional[TableTidemark]]] = None) -> dict[str, Optional[int]]:
@@ -175,15 +209,14 @@ class Resolver:
                 return _id(table.current_snapshot())
             found = snapshot_at_time(table, wall_ms)
             if found is None and _truncated(table):
-                raise VersionNotFound(f"root table {name}'s history at {wall_ms} was expired (its oldest retained "
-                                      "snapshot is newer); ask for a later epoch")
+                raise self._expired(f"root table {name}'s history at {wall_ms} was expired", [name], wall_ms)
             return _id(found)
         if epoch is None:
             return None
         found = snapshot_at_epoch(table, epoch)  # type: ignore[arg-type]
         if found is None and _truncated(table):
-            raise VersionNotFound(f"table {name}'s history at epoch {epoch} was expired (its oldest retained "
-                                  "snapshot is newer); ask for a later epoch, or keep more snapshots")
+            raise self._expired(f"epoch {epoch} is not a retained version and table {name}'s history there was "
+                                "expired", [name], epoch)  # type: ignore[arg-type]
         return _id(found)
 
 
@@ -199,11 +232,12 @@ def _id(snapshot) -> Optional[int]:
 
 
 def _truncated(table: Table) -> bool:
-    """True when ``main``'s oldest retained snapshot has a parent that was expired."""
+    """True when ``main``'s older history was expired. Expiry clears the parent id of the oldest snapshot
+    left, so it is recognised by its sequence number: only a table's first snapshot has number 1."""
     oldest = None
     for oldest in main_lineage(table):
         pass
-    return oldest is not None and oldest.parent_snapshot_id is not None
+    return oldest is not None and (oldest.parent_snapshot_id is not None or (oldest.sequence_number or 0) > 1)
 
 
 class ReaderSession:
@@ -265,18 +299,16 @@ class ReaderSession:
             self.tm.call("unpin", self.tm.client.delete_async, self.tm.paths.reader(self.reader_id))
 
 
-def pinned_snapshots(tm) -> dict[str, set[int]]:
-    """Every snapshot id pinned by a live reader, per table (what expiry must keep)."""
-    kept: dict[str, set[int]] = {}
+def pinned_versions(tm) -> dict[int, dict[str, Optional[int]]]:
+    """Every version pinned by a live reader: ``{epoch: {table: snapshot id}}`` (what GC must keep)."""
+    pinned: dict[int, dict[str, Optional[int]]] = {}
     paths = [tm.paths.reader(r) for r in tm.children(tm.paths.readers)]
     for path, raw in zip(paths, tm.get_many(paths)):
         if raw is None:
-            continue
-        for snapshots in ReaderPins.from_json(raw[0] or b"{}", path).versions.values():
-            for table, snapshot_id in snapshots.items():
-                if snapshot_id is not None:
-                    kept.setdefault(table, set()).add(snapshot_id)
-    return kept
+            continue  # the reader's session ended meanwhile
+        for epoch, snapshots in ReaderPins.from_json(raw[0] or b"{}", path).versions.items():
+            pinned.setdefault(epoch, {}).update(snapshots)
+    return pinned
 
 
 def scans(resolver: Resolver, version: ConsistentVersion) -> dict[str, object]:

@@ -220,7 +220,11 @@ def first_epoch(table: Table) -> Optional[int]:
     """The writer's first epoch as Iceberg records it (property, else the oldest epoch in ``main``'s lineage)."""
     value = table.properties.get(FIRST_EPOCH_PROPERTY)
     if value is not None:
-        return int(value)
+        try:
+            return int(value)
+        except ValueError:
+            raise CorruptState(f"table {'.'.join(table.name())}: {FIRST_EPOCH_PROPERTY}={value[:30]!r} is not "
+                               "an epoch") from None
     epochs = [e for e in (snapshot_epoch(s) for s in main_lineage(table)) if e is not None]
     return min(epochs) if epochs else None
 

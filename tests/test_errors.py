@@ -146,3 +146,14 @@ def test_a_closed_pipe_ends_the_command_quietly(zk_connect):
                             stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
     os.close(write_end)
     assert result.returncode == 141 and result.stderr == ""
+
+
+def test_unreadable_tidemark_table_properties_are_one_line(capsys, monkeypatch, tmp_path, namespace):
+    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path))
+    table = create_table(CatalogSettings.embedded(tmp_path).load(), f"{namespace}.t")
+    with table.transaction() as tx:
+        tx.set_properties({"tidemark.writer": "j", "tidemark.committed-epoch": "1000", "tidemark.first-epoch": "x"})
+    assert_one_line_error(*cli(capsys, "resolve", "--no-zk", f"{namespace}.t")[::2], "tidemark.first-epoch")
+    with table.transaction() as tx:
+        tx.set_properties({"tidemark.committed-epoch": "soon"})
+    assert_one_line_error(*cli(capsys, "resolve", "--no-zk", f"{namespace}.t")[::2], "tidemark.committed-epoch")

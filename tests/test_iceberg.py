@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from coordinator import ConsistencyLevel, EpochState, PublishConflict, Tidemark, VersionNotFound
 from coordinator.publish import PublishOutcome, expire_unpublished, publish_staged
 from coordinator.records import EpochProgress
-from coordinator.resolve import ReaderSession, Resolver, pinned_snapshots, read_arrow
+from coordinator.resolve import ReaderSession, Resolver, pinned_versions, read_arrow
 from coordinator.snapshots import (COMMITTED_EPOCH_PROPERTY, committed_epoch, committed_properties, highest_epoch, snapshot_at_epoch,
                                    staged_snapshots)
 from tests.helpers.lake import agree, commit_rows, create_table, lead_job, rows_of, stage_rows
@@ -204,7 +204,7 @@ def test_reader_session_is_monotonic_and_pins_vanish_with_the_session(tm, connec
     version = session.resolve([name])
     assert version.epoch == 2000 and version.snapshots == {name: first}
     session.pin(version)
-    assert pinned_snapshots(tm) == {name: {version.snapshots[name]}}
+    assert pinned_versions(tm) == {version.epoch: dict(version.snapshots)}
     # Iceberg metadata lagging ZooKeeper (the property mark of epoch 2000 not made yet) must not move the
     # reader backwards
     session.resolver = Resolver(catalog, catalog_settings, None)
@@ -213,7 +213,7 @@ def test_reader_session_is_monotonic_and_pins_vanish_with_the_session(tm, connec
     assert session.resolve([name]) == version
     assert ConsistencyLevel(version.level) == ConsistencyLevel.CONSISTENT
     reader_tm.close()
-    assert pinned_snapshots(tm) == {}
+    assert pinned_versions(tm) == {}
 
 
 def test_cli_resolve_prints_epoch_and_snapshots(tm, writers, zk_connect, catalog, lake_home, namespace):

@@ -1,0 +1,213 @@
+"""Retained versions and garbage collection on real ZooKeeper and Iceberg tables, on a simulated clock.
+
+A year of barriers is driven through the real protocol (the idle ones on its one-multi path), with
+``tidemark gc`` running every simulated week: the kept versions match the policy exactly, every kept
+version reads back consistently (from ZooKeeper and from Iceberg tags alone), and a table keeps no more
+snapshots than the versions need. Other tests: a pinned version and a lagging job's next inputs survive
+GC; the CLI; GC on a schedule in one elected process; old metadata files go.
+"""
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from coordinator import VersionNotFound
+from coordinator.cli import main as cli
+from coordinator.gc import GarbageCollector
+from coordinator.gc_schedule import GcSchedule
+from coordinator.resolve import ReaderSession, Resolver
+from coordinator.retention import DAY_MS, DEFAULT_POLICY, HOUR_MS, RetentionPolicy
+from coordinator.snapshots import snapshot_epoch
+from coordinator.versions import RetainedVersions, tag_epoch, tag_name
+
+from tests.helpers.lake import stage_rows
+from tests.helpers.retention import INTERVAL_MS, Pipeline, naive_keep
+from tests.helpers.wait import wait_for
+
+START = int(datetime(2025, 1, 6, tzinfo=timezone.utc).timestamp() * 1000)  # a Monday
+
+
+@pytest.fixture
+def pipeline(tm, catalog_settings, namespace):
+    built = Pipeline(tm, catalog_settings, namespace)
+    yield built
+    built.close()
+
+
+def tidemark_tags(table) -> dict[int, int]:
+    table.refresh()
+    return {tag_epoch(name): ref.snapshot_id for name, ref in table.metadata.refs.items() if tag_epoch(name)}
+
+
+def assert_matches_policy(tm, pipeline: Pipeline, now: int) -> list[int]:
+    retained = RetainedVersions(tm).epochs()
+    expected = naive_keep(DEFAULT_POLICY, pipeline.committed, now) | {pipeline.committed[-1]}
+    assert retained == sorted(expected)
+    for name in pipeline.tables:
+        table = pipeline.catalog.load_table(name)
+        assert set(tidemark_tags(table)) <= set(retained)
+        assert set(tidemark_tags(table)) == {e for e in retained if RetainedVersions(tm).get(e).snapshots.get(name)}
+    return retained
+
+
+def test_a_simulated_year_keeps_exactly_the_policy_and_every_kept_version_reads_back(tm, pipeline, catalog_settings):
+    now = [START]
+    collector = GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.default(), clock=lambda: now[0])
+    year = [START + k * 4 * HOUR_MS for k in range(365 * 6)]                      # every 4 h for a year
+    last_hours = [year[-1] + k * INTERVAL_MS for k in range(1, 25)]              # then every 5 min for 2 h
+    for k, epoch in enumerate(year + last_hours):
+        pipeline.epoch(epoch, rows=2 if k % 73 == 0 or k >= len(year) + 20 else 0)  # data every ~12 days
+        now[0] = epoch + 60_000
+        if k % 42 == 41:                                                          # a GC every simulated week
+            collector.run()
+            assert_matches_policy(tm, pipeline, now[0])
+    report = collector.run()
+    retained = assert_matches_policy(tm, pipeline, now[0])
+    tiers = [v.reason for v in report.plan.versions if v.action != "drop"]
+    assert {"all", "hourly", "daily", "weekly", "monthly"} <= set(tiers), tiers
+    assert len(pipeline.committed) > 2000
+
+    with_zk, iceberg_only = Resolver(pipeline.catalog, catalog_settings, tm), Resolver(pipeline.catalog,
+                                                                                         catalog_settings, None)
+    for epoch in retained:
+        pipeline.check(with_zk, with_zk.resolve(pipeline.tables, as_of=epoch))
+        pipeline.check(iceberg_only, iceberg_only.resolve(pipeline.tables, as_of=epoch))
+    for name in pipeline.tables:  # storage bounded by the policy, not by a year of epochs
+        table = pipeline.catalog.load_table(name)
+        assert len(table.snapshots()) <= len(retained) + 2, name
+    dropped = next(e for e in pipeline.committed if e not in retained)
+    with pytest.raises(VersionNotFound, match="nearest retained versions are tidemark-"):
+        with_zk.resolve(pipeline.tables, as_of=dropped)
+    assert len(tm.barriers.agreed()) <= 2, "barrier znodes below every job's last epoch are pruned"
+
+
+def test_a_pinned_version_and_a_lagging_jobs_next_inputs_survive_gc(tm, connect, pipeline, catalog_settings):
+    epochs = [START + k * INTERVAL_MS for k in range(1, 11)]
+    for epoch in epochs[:5]:
+        pipeline.epoch(epoch, rows=3)
+    now = [epochs[4] + 1]
+    GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1h"), clock=lambda: now[0]).run()
+    assert RetainedVersions(tm).epochs() == epochs[:5]
+
+    reader_tm = connect()
+    session = ReaderSession(Resolver(pipeline.catalog, catalog_settings, reader_tm), reader_tm)
+    pinned = session.resolve(pipeline.tables, as_of=epochs[1])
+    session.pin(pinned)
+
+    for epoch in epochs[5:]:  # rollup stops at epochs[4]: it lags five barriers behind
+        pipeline.produce(epoch, rows=4)
+    events = pipeline.catalog.load_table(pipeline.events)
+    aborted = stage_rows(events, epochs[6], "ingest", 1, 5)  # a staged write never published
+
+    now[0] = epochs[-1] + 30 * DAY_MS  # everything is out of the 1 h policy now
+    collector = GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1h"), clock=lambda: now[0])
+    plan = collector.plan()
+    decisions = {v.epoch: (v.action, v.reason) for v in plan.versions}
+    assert decisions[epochs[1]] == ("keep", "pinned by a live reader")
+    assert decisions[epochs[4]] == ("keep", "newest consistent version")
+    assert {decisions[e][0] for e in (epochs[0], epochs[2], epochs[3])} == {"drop"}
+    events_plan = next(t for t in plan.tables if t.table == pipeline.events)
+    assert [d.reason for d in events_plan.expire if d.snapshot_id == aborted] == [
+        f"staged write of aborted epoch {epochs[6]}"]
+    kept_why = {d.snapshot_id: d.reason for d in events_plan.keep}
+    events.refresh()
+    head = events.current_snapshot()
+    assert kept_why[head.parent_snapshot_id] == f"main since epoch {epochs[4]}, the next inputs of job rollup" or \
+        kept_why[head.parent_snapshot_id].startswith("main since epoch")
+
+    report = collector.run()
+    assert report.expired_snapshots >= 4 and report.deleted_files > 0
+    events.refresh()
+    assert events.snapshot_by_id(aborted) is None
+    kept_epochs = {snapshot_epoch(s) for s in events.snapshots()}
+    assert {epochs[0], epochs[2], epochs[3]}.isdisjoint(kept_epochs) and set(epochs[4:]) <= kept_epochs
+    assert tm.barriers.agreed() == epochs[4:], "the lagging job still finds every barrier it must process"
+
+    pipeline.check(session.resolver, session.resolve(pipeline.tables, as_of=epochs[1]))  # the pin held
+    for epoch in epochs[5:]:  # the lagging job's next epochs compute what they would have without GC
+        pipeline.roll(epoch)
+    resolver = Resolver(pipeline.catalog, catalog_settings, tm)
+    version = resolver.resolve(pipeline.tables)
+    assert version.epoch == epochs[-1]
+    pipeline.check(resolver, version)
+    with pytest.raises(VersionNotFound, match=f"nearest retained versions are {tag_name(epochs[1])} and "
+                                              f"{tag_name(epochs[4])}"):
+        resolver.resolve(pipeline.tables, as_of=epochs[2])
+
+    session.close()
+    reader_tm.close()
+    collector.run()  # unpinned: the pinned version falls out of the policy now
+    assert RetainedVersions(tm).epochs() == [epochs[-1]]
+
+
+def test_the_cli_lists_versions_dry_runs_gc_and_resolves_a_tag(tm, zk_connect, pipeline, catalog_settings,
+                                                               monkeypatch, capsys):
+    monkeypatch.setenv("TIDEMARK_CATALOG_URI", catalog_settings.uri)
+    monkeypatch.setenv("TIDEMARK_WAREHOUSE", catalog_settings.warehouse)
+    base = (datetime.now(timezone.utc).timestamp() * 1000 // INTERVAL_MS - 5) * INTERVAL_MS
+    epochs = [int(base + k * INTERVAL_MS) for k in range(3)]
+    for epoch in epochs:
+        pipeline.epoch(epoch, rows=1)
+    args = ["--zk", zk_connect]
+
+    assert cli([*args, "gc", "--dry-run", "--json", "--policy", "all:1d"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["dry_run"] and [v["action"] for v in planned["plan"]["versions"]] == ["create"] * 3
+    assert RetainedVersions(tm).epochs() == [], "a dry run changes nothing"
+
+    assert cli([*args, "gc", "--policy", "all:1d"]) == 0
+    out = capsys.readouterr().out
+    assert f"version {epochs[0]}: create (all)" in out and "expired" in out
+    assert cli([*args, "versions", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(v["tag"], v["tier"]) for v in listed] == [(tag_name(e), "all") for e in epochs]
+    assert cli([*args, "versions"]) == 0
+    assert tag_name(epochs[0]) in capsys.readouterr().out
+
+    assert cli([*args, "resolve", *pipeline.tables, "--as-of", tag_name(epochs[1]), "--json"]) == 0
+    resolved = json.loads(capsys.readouterr().out)
+    assert resolved["epoch"] == epochs[1] and resolved["level"] == "as_of"
+    assert cli([*args, "resolve", *pipeline.tables, "--as-of", "yesterday"]) == 2
+    assert "'yesterday' is neither an epoch (milliseconds since 1970) nor a tag" in capsys.readouterr().err
+    assert cli([*args, "gc", "--policy", "hourly"]) == 1
+    assert "must be <every>:<for>" in capsys.readouterr().err
+
+
+def test_scheduled_gc_runs_in_one_process_at_a_time(tm, connect, pipeline, catalog_settings):
+    epoch = START + INTERVAL_MS
+    pipeline.epoch(epoch, rows=1)
+    now = [epoch + 1]
+    first = GcSchedule(tm, catalog_settings, every_s=3600, clock=lambda: now[0])
+    second = GcSchedule(connect(), catalog_settings, every_s=3600, clock=lambda: now[0])
+    tm.ensure_path(tm.paths.gc)
+    assert first.run_if_due() is not None
+    assert second.run_if_due() is None, "ran less than every_s ago, by the other process"
+    holder = tm.client.Lock(tm.paths.gc_lock, identifier="someone")
+    now[0] += 3600 * 1000
+    assert holder.acquire(timeout=10)
+    assert second.run_if_due() is None, "another process holds the GC lock"
+    holder.release()
+    assert second.run_if_due() is not None and RetainedVersions(tm).epochs() == [epoch]
+
+    now[0] += 3600 * 1000
+    threaded = GcSchedule(tm, catalog_settings, every_s=0.05, clock=lambda: now[0]).start()
+    wait_for(lambda: threaded.runs >= 1, "the scheduled GC's first run")
+    threaded.stop()
+    assert threaded.last_error is None
+
+
+def test_gc_bounds_old_metadata_files(tm, pipeline, catalog_settings):
+    for k in range(1, 4):
+        pipeline.epoch(START + k * INTERVAL_MS, rows=1)
+    GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1h"),
+                     clock=lambda: START + 4 * INTERVAL_MS).run()
+    for k in range(4, 9):
+        pipeline.epoch(START + k * INTERVAL_MS, rows=1)
+    table = pipeline.catalog.load_table(pipeline.events)
+    metadata_dir = Path(table.metadata_location.replace("file://", "")).parent
+    files = [f for f in os.listdir(metadata_dir) if f.endswith(".metadata.json")]
+    assert len(files) <= 11, f"{len(files)} metadata files kept"
