@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -218,6 +219,20 @@ def test_registration_clears_a_job_znode_a_lock_recipe_left_after_a_wipe(tm, con
     tm.register_job("orphan", sources=[], sinks=["lake.db.orphan"])
     assert tm.get(standby_lock) is None
     assert connect().leadership("orphan").acquire(timeout=30) == 1
+
+
+def test_a_registration_without_incarnation_gets_one_and_its_leaders_check_it(tm, connect):
+    """A job registered by a release before incarnations: registering it again (every driver does at start)
+    gives it one, and from then on its leaders check it."""
+    tm.register_job("legacy", sources=[], sinks=["lake.db.legacy"])
+    record = tm.topology().jobs["legacy"]
+    tm.client.delete(tm.paths.incarnation("legacy", record.incarnation))
+    tm.client.set(tm.paths.job("legacy"), replace(record, incarnation=None).to_json())
+    upgraded = connect().register_job("legacy", sources=[], sinks=["lake.db.legacy"])
+    assert upgraded.incarnation is not None and tm.get(tm.paths.incarnation("legacy", upgraded.incarnation))
+    leadership = connect().leadership("legacy")
+    leadership.acquire(timeout=30)
+    assert any(op.path.endswith(f"incarnation-{upgraded.incarnation}") for op in leadership.fencing_checks())
 
 
 class Driver:
