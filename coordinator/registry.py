@@ -95,6 +95,12 @@ def register_job(tm, name: str, *, sources: Iterable[str], sinks: Iterable[str],
     def decide(topo: Topology) -> JobRecord:
         existing = topo.jobs.get(name)
         if existing and (existing.sources, existing.sinks) == (sources_t, sinks_t):
+            if existing.incarnation is None:  # registered by a release before incarnations: give it one
+                upgraded = JobRecord(existing.sources, existing.sinks, existing.created_ms, uuid.uuid4().hex)
+                _apply(tm, topo, [set_data(tm.paths.job(name), upgraded.to_json()),
+                                  create(tm.paths.incarnation(name, upgraded.incarnation), b"")],  # type: ignore[arg-type]
+                       topo.with_job(name, upgraded))
+                return upgraded
             return existing
         if existing and not replace:
             raise RegistrationError(

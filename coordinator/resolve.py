@@ -25,7 +25,8 @@ table's first epoch is above another's committed epoch) until the slower one cat
 
 With ZooKeeper, committed epochs come from the tables' tidemarks (a watch-backed cache
 when given one) and a table already at ``T*`` needs no metadata load at all; without it,
-from each table's ``tidemark.committed-epoch`` property; first epochs come from the
+from each table's Iceberg progress (``snapshots.table_progress``: the newer of ``main``'s
+newest epoch snapshot and the committed-epoch marker); first epochs come from the
 tidemarks' ``first_epoch`` and from ``tidemark.first-epoch`` (or the oldest epoch in
 ``main``) respectively. On the same state both agree.
 """

@@ -64,11 +64,11 @@ from .commit import EpochCommitter
 from .crashpoints import crash_point
 from .driver_metrics import DriverMetrics
 from .epochs import EpochCoordinator, RecoveryAction
-from .errors import ConfigurationError, EpochOrderError, Fenced, NotLeader, ZooKeeperUnavailable
+from .errors import ConfigurationError, EpochOrderError, Fenced, NotLeader, TableNotFound, ZooKeeperUnavailable
 from .names import validate_name, validate_names
 from .progress import ResumePoint, recorded_epochs, resume_point
 from .records import EpochInputs, EpochRecord, EpochState, FinishedRecord, LeaderRecord, SourceRange, TermRecord, now_ms
-from .snapshots import recorded_term, snapshot_at_epoch, snapshot_at_time
+from .snapshots import WRITER_PROPERTY, recorded_term, snapshot_at_epoch, snapshot_at_time
 from .staging import stage_append, stage_overwrite
 from .tidemarks import TidemarkCache
 
@@ -478,10 +478,22 @@ class EpochWriter:
 
     def _read_managed_sources(self) -> None:
         """Which sources a Tidemark job writes. Read again before every barrier (one versioned read of a
-        cached topology): a source whose writer registers after this job stops being a root table."""
+        cached topology): a source whose writer registers after this job stops being a root table.
+
+        A source whose Iceberg metadata names a Tidemark writer counts too, registered or not: after a
+        ZooKeeper wipe (or an unregister) this job may restart before its upstream does, and reading the
+        upstream's table by commit time then would break the epochs' consistency. It waits for the
+        upstream's tidemark instead (the table object is the one already loaded: no extra metadata load).
+        """
         writers = self.tm.topology().writers
-        self._managed = tuple(s for s in self.sources if s in writers)
+        self._managed = tuple(s for s in self.sources if s in writers or self._claimed_in_iceberg(s))
         self.metrics.watch_tables(writers)
+
+    def _claimed_in_iceberg(self, source: str) -> bool:
+        try:
+            return self.table(source).properties.get(WRITER_PROPERTY) is not None
+        except TableNotFound:
+            return False  # not created yet: nothing to read either way
 
     def next_barrier(self, until: Optional[int] = None) -> Optional[int]:
         """Block until the next epoch may be processed and return its barrier; None when stopped or past ``until``."""
@@ -618,7 +630,10 @@ class EpochWriter:
         notes = []
         for source in lagging:
             writer = topo.writer_of(source)
-            if writer is not None and self.tm.get(self.tm.paths.leader(writer)) is None:
+            if writer is None:
+                notes.append(f"{source}'s writer job {self.table(source).properties.get(WRITER_PROPERTY)} "
+                             "(named in its Iceberg metadata) is not registered: start it")
+            elif self.tm.get(self.tm.paths.leader(writer)) is None:
                 notes.append(f"{source}'s writer job {writer} has no live leader")
         return " (" + "; ".join(notes) + ")" if notes else ""
 

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
 from kazoo.client import KazooClient
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table.update import SetPropertiesUpdate
 
 from coordinator import EpochWriter, Fenced, Tidemark
 from coordinator.errors import UnregisterNotConfirmed
-from coordinator.publish import advance_committed_epoch, claim_table, publish_staged
+from coordinator.publish import AssertTermAtMost, advance_committed_epoch, claim_table, publish_staged
 from coordinator.errors import VersionNotFound
 from coordinator.records import EpochProgress, EpochState, SourceRange, now_ms
 from coordinator.resolve import Resolver
@@ -44,8 +47,11 @@ def rows_in(table, snapshot_id=None) -> list[tuple[int, int]]:
     return sorted(zip(data["epoch"].to_pylist(), data["row"].to_pylist()))
 
 
-def test_a_fenced_zombie_changes_nothing_after_unregister_and_reregister(tm, connect, catalog, catalog_settings,
+@pytest.mark.parametrize("catalog_fixture", ["catalog_settings", "pg_catalog_settings"])
+def test_a_fenced_zombie_changes_nothing_after_unregister_and_reregister(tm, connect, request, catalog_fixture,
                                                                          namespace):
+    catalog_settings = request.getfixturevalue(catalog_fixture)  # SQLite, and PostgreSQL as in production
+    catalog = catalog_settings.load()
     sink = f"{namespace}.counts"
     table = create_table(catalog, sink)
     zombie = lead_job(connect(), catalog_settings, "counts", [sink])  # its own session, alive throughout
@@ -105,6 +111,18 @@ def barrier_after_appends(tm, interval_ms: int = 1000) -> int:
     wait_for(lambda: now_ms() > barrier, f"the clock to pass {barrier}", 10)
     agree(tm, barrier)
     return barrier
+
+
+def test_the_catalog_checks_the_term_claim_atomically_with_the_commit(catalog, namespace):
+    """A zombie whose own look at the table predates the takeover still cannot commit: the catalog validates
+    ``AssertTermAtMost`` against the metadata it replaces."""
+    table = create_table(catalog, f"{namespace}.t")
+    stale = catalog.load_table(f"{namespace}.t")  # loaded before the new leader's claim
+    claim_table(table, "j", 5)
+    with pytest.raises(CommitFailedException, match="claimed by term 5"):
+        catalog.commit_table(stale, (AssertTermAtMost(term=4),), (SetPropertiesUpdate(updates={"zombie": "1"}),))
+    catalog.commit_table(stale, (AssertTermAtMost(term=5),), (SetPropertiesUpdate(updates={"leader": "1"}),))
+    assert catalog.load_table(f"{namespace}.t").properties.get("zombie") is None
 
 
 def copy_job(source: str, sink: str):
@@ -203,6 +221,20 @@ def test_registration_clears_a_job_znode_a_lock_recipe_left_after_a_wipe(tm, con
     assert connect().leadership("orphan").acquire(timeout=30) == 1
 
 
+def test_a_registration_without_incarnation_gets_one_and_its_leaders_check_it(tm, connect):
+    """A job registered by a release before incarnations: registering it again (every driver does at start)
+    gives it one, and from then on its leaders check it."""
+    tm.register_job("legacy", sources=[], sinks=["lake.db.legacy"])
+    record = tm.topology().jobs["legacy"]
+    tm.client.delete(tm.paths.incarnation("legacy", record.incarnation))
+    tm.client.set(tm.paths.job("legacy"), replace(record, incarnation=None).to_json())
+    upgraded = connect().register_job("legacy", sources=[], sinks=["lake.db.legacy"])
+    assert upgraded.incarnation is not None and tm.get(tm.paths.incarnation("legacy", upgraded.incarnation))
+    leadership = connect().leadership("legacy")
+    leadership.acquire(timeout=30)
+    assert any(op.path.endswith(f"incarnation-{upgraded.incarnation}") for op in leadership.fencing_checks())
+
+
 class Driver:
     """One writer run in a thread with its own ZooKeeper session (a driver process, as far as ZooKeeper sees)."""
 
@@ -252,9 +284,15 @@ def test_zookeeper_wiped_mid_run_resumes_from_iceberg_exactly_once(zk_server, zk
             source.append(pa.table({"epoch": pa.array([appended[0]], pa.int64()),
                                     "row": pa.array([appended[0]], pa.int64())}, schema=SCHEMA))
 
-    def start() -> list[Driver]:
-        return [Driver(zk_connect, catalog_settings, "copy", [events], [copy], copy_job(events, copy)),
-                Driver(zk_connect, catalog_settings, "final", [copy], [final], copy_job(copy, final))]
+    def start(downstream_first: bool = False) -> list[Driver]:
+        def downstream() -> Driver:
+            return Driver(zk_connect, catalog_settings, "final", [copy], [final], copy_job(copy, final))
+        first = downstream() if downstream_first else None
+        if first is not None:  # it must wait for copy's writer, not read copy as a root table by commit time
+            wait_for(lambda: first.writer.waiting is not None, "final to wait for its upstream", DEADLINE)
+            assert not first.writer.agrees_barriers, "final took its unregistered upstream for a root table"
+        started = [Driver(zk_connect, catalog_settings, "copy", [events], [copy], copy_job(events, copy))]
+        return [*started, first or downstream()]
 
     resolver = Resolver(catalog, catalog_settings, None)  # Iceberg alone: readable whatever ZooKeeper holds
     checked = []
@@ -291,7 +329,7 @@ def test_zookeeper_wiped_mid_run_resumes_from_iceberg_exactly_once(zk_server, zk
         driver.kill()
     consistent_read_checks_out()
     before = len(rows_in(catalog.load_table(final)))
-    drivers = start()
+    drivers = start(downstream_first=True)  # restarted in the wrong order, on an empty ensemble
     wait_for(final_holds(before + 5), "the restarted cascade to carry 5 more events", DEADLINE, every=0.3)
     for driver in drivers:
         driver.stop()

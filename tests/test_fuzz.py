@@ -167,7 +167,10 @@ def command_lines(connect: str, data_dir: str) -> st.SearchStrategy:
     root = st.one_of(st.sampled_from(["tidemark", "/", "/a/", "/a\n", "/²", "//x", "/other"]),
                      weird.map(lambda r: "/" + r))
     name = st.one_of(st.sampled_from(["counts", "db.counts", "db.words", "lake.db.counts", "nojob", "words"]), tokens)
-    number = st.one_of(st.integers(-10, 10 ** 16).map(str), st.sampled_from(["1700000002000", "2000", "nan", "1e3"]))
+    number = st.one_of(st.integers(-10, 10 ** 16).map(str), st.sampled_from(["1700000002000", "2000", "nan", "1e3",
+                                                                             "tidemark-1700000000000", "tidemark-x"]))
+    policy = st.one_of(st.sampled_from(["hourly:48h,daily:7d", "hourly:48h", "x=1", "", "hourly:-1h", "daily:0d"]),
+                       weird)
     optional = lambda *parts: st.booleans().map(lambda on: list(parts) if on else [])  # noqa: E731
     maybe = lambda strategy: st.one_of(st.just([]), strategy)  # noqa: E731
     commands = st.one_of(
@@ -183,6 +186,9 @@ def command_lines(connect: str, data_dir: str) -> st.SearchStrategy:
                   maybe(st.sampled_from(["latest", "committed", "consistent"]).map(lambda lv: ["--level", lv])),
                   maybe(number.map(lambda t: ["--as-of", t])), optional("--no-zk"), optional("--json")
                   ).map(sum_lists),
+        st.tuples(st.just(["gc"]), optional("--dry-run"), optional("--json"),
+                  maybe(policy.map(lambda spec: ["--policy", spec]))).map(sum_lists),
+        st.tuples(st.just(["versions"]), optional("--json")).map(sum_lists),
         st.tuples(st.just(["zk"]), st.sampled_from(["status", "stop"]).map(lambda a: [a]),
                   st.sampled_from([data_dir, data_dir + "/x\n", data_dir + "/²"]).map(lambda d: ["--data-dir", d])
                   ).map(sum_lists),
