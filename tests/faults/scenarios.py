@@ -231,7 +231,8 @@ def _fence_and_unregister(cascade: Cascade) -> int:
 
 
 def _committed_by_fenced_terms(cascade: Cascade, fenced_term: int, fenced_ms: int) -> list[str]:
-    """Epochs committed after the fence by a term at or below the fenced one (a fenced leader that moved on)."""
+    """Epochs committed after the fence under a term at or below the fenced one: a fenced leader that committed,
+    or a term reused after re-registration (a job's term must never go backwards nor be reused)."""
     tm = cascade.tm
     path = tm.paths.epochs(COUNTER)  # type: ignore[union-attr]
     term = tm.read(tm.paths.term(COUNTER), TermRecord)  # type: ignore[union-attr]
@@ -239,8 +240,9 @@ def _committed_by_fenced_terms(cascade: Cascade, fenced_term: int, fenced_ms: in
     for child in (c for c in tm.children(path) if c.isdigit()):  # type: ignore[union-attr]
         read = tm.read(f"{path}/{child}", EpochRecord)  # type: ignore[union-attr]
         if read is not None and read[0].updated_ms > fenced_ms and read[0].term <= fenced_term:
-            found.append(f"fenced term {read[0].term} committed epoch {read[0].epoch} after the fence "
-                         f"(the term is now {term[0].term if term else '?'})")
+            found.append(f"epoch {read[0].epoch} committed after the fence under term {read[0].term}, not above the "
+                         f"fenced term {fenced_term} (a fenced leader committed, or a term was reused; the term is "
+                         f"now {term[0].term if term else '?'})")
     return found
 
 
