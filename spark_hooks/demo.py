@@ -5,7 +5,8 @@
       -> job "count_histogram": count_histogram(cnt, num_words)  recomputed from word_counts as of T
 
 The two jobs run as separate Spark driver processes on a shared barrier grid, both bounded:
-``run(until=F)`` for a final barrier ``F`` a little after the producer stops. While they
+``run(until=F)`` for a final barrier ``F`` a little after the producer stops, chosen once both
+drivers lead their jobs (Spark's start-up is not part of the run). While they
 run, a reader resolves consistent versions and checks at every one that word_counts is
 ``GROUP BY word`` over words and count_histogram is ``GROUP BY cnt`` over word_counts,
 shows what naive reads of each table's latest snapshot would have got, and samples the
@@ -49,6 +50,7 @@ VOCABULARY = ["tide", "mark", "epoch", "barrier", "iceberg", "spark", "zoo", "ke
 DEFAULT_TIMEOUT_S = 900.0
 FRESHNESS_EVERY_S = 0.2
 PRODUCE_EVERY_S = 0.4
+FINAL_BARRIER_FILE = "final-barrier"  # written by the demo once both drivers are ready, read by the drivers
 DRIVER_STOP_S = 60.0  # how long a driver told to stop (SIGTERM) may take before it is killed
 
 
@@ -57,7 +59,8 @@ class DemoError(Exception):
 
 
 def run_job(args) -> int:
-    """One driver process: the word_counts or the count_histogram job, until barrier ``--until``."""
+    """One driver process: the word_counts or the count_histogram job, until the final barrier the demo chooses
+    once both drivers are ready."""
     from coordinator import CatalogSettings, Tidemark
     from spark_hooks import EpochJob, build_spark_session
 
@@ -78,11 +81,26 @@ def run_job(args) -> int:
             counts = ctx.table(COUNTS_TABLE)
             ctx.overwrite(HIST_TABLE, counts.groupBy("cnt").count().withColumnRenamed("count", "num_words"))
     _stop_when_orphaned(job)
-    committed = job.run(until=args.until)
+    job.open()  # registered and leading before the final barrier is chosen: both jobs then start before it
+    (Path(args.home) / f"{args.job}.ready").touch()
+    until = _await_final_barrier(Path(args.home) / FINAL_BARRIER_FILE, args.timeout)
+    committed = job.run(until=until) if until is not None else []
     print(json.dumps({"job": args.job, "committed": committed}), flush=True)
     tm.close()
     spark.stop()
     return 0
+
+
+def _await_final_barrier(path: Path, timeout: float) -> Optional[int]:
+    """The final barrier, once the demo has written it; None if the demo process died meanwhile."""
+    parent, deadline = os.getppid(), time.monotonic() + timeout
+    while not path.exists():
+        if os.getppid() != parent:
+            return None
+        if time.monotonic() > deadline:
+            raise DemoError(f"no final barrier in {path} after {timeout:.0f} s")
+        time.sleep(0.1)
+    return int(path.read_text())
 
 
 def _stop_when_orphaned(job) -> None:
@@ -158,7 +176,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--home", help="data directory (default: a fresh temporary one)")
     parser.add_argument("--job", choices=sorted(JOB_SINKS), help=argparse.SUPPRESS)
     parser.add_argument("--zk", help=argparse.SUPPRESS)
-    parser.add_argument("--until", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.getLogger("kazoo").setLevel(logging.ERROR)  # reconnection chatter; outcomes are reported below
     if args.job:
@@ -213,7 +230,6 @@ def run_demo(seconds: float, interval_ms: int, home: Optional[Path] = None, verb
     """Run the cascade with ``seconds`` of produced words on a fresh data directory, until both jobs committed the
     final barrier, and check it; returns the figures. ``DemoError`` after ``timeout`` seconds or a failed driver."""
     from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark
-    from coordinator.records import now_ms
     from coordinator.zookeeper_server import free_port
 
     home = home or Path(tempfile.mkdtemp(prefix="tidemark-demo-"))
@@ -231,11 +247,10 @@ def run_demo(seconds: float, interval_ms: int, home: Optional[Path] = None, verb
         cache = tm.tidemark_cache()
         try:
             grid = tm.barriers.ensure_grid(interval_ms)
-            until = grid.next_candidate(now_ms() + int(seconds * 1000))
             reader = _Reader()
             produced: Counter = Counter()
-            committed = _run_cascade(home, zk.connect_string, settings, tm, cache, interval_ms, until, seconds,
-                                     deadline, reader, produced, say)
+            until, committed = _run_cascade(home, zk.connect_string, settings, tm, cache, grid, seconds, deadline,
+                                            reader, produced, say)
             final, final_problem, counted = _check_final(settings, tm, cache, until, reader, deadline, say)
         finally:
             cache.close()
@@ -245,11 +260,13 @@ def run_demo(seconds: float, interval_ms: int, home: Optional[Path] = None, verb
                       counted == dict(produced))
 
 
-def _run_cascade(home: Path, zk: str, settings, tm, cache, interval_ms: int, until: int, seconds: float,
-                 deadline: Deadline, reader: _Reader, produced: Counter, say) -> dict:
-    """Start both drivers, produce words, and read, until both drivers ended; returns each job's committed epochs."""
+def _run_cascade(home: Path, zk: str, settings, tm, cache, grid, seconds: float, deadline: Deadline,
+                 reader: _Reader, produced: Counter, say) -> tuple[int, dict]:
+    """Start both drivers; once both lead their jobs, choose the final barrier, produce words and read until both
+    drivers ended. Returns the final barrier and each job's committed epochs."""
     from coordinator.records import now_ms
 
+    interval_ms = grid.interval_ms
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     drivers: dict[str, subprocess.Popen] = {}
     stop_producing, produced_all = threading.Event(), threading.Event()
@@ -302,19 +319,25 @@ def _run_cascade(home: Path, zk: str, settings, tm, cache, interval_ms: int, unt
             with open(home / f"{name}.out", "w") as out, open(home / f"{name}.log", "w") as err:
                 drivers[name] = subprocess.Popen(
                     [sys.executable, "-m", "spark_hooks.demo", "--job", name, "--zk", zk, "--home", str(home),
-                     "--until", str(until), "--interval-ms", str(interval_ms), "--timeout", str(deadline.seconds)],
+                     "--interval-ms", str(interval_ms), "--timeout", str(deadline.seconds)],
                     stdout=out, stderr=err, env=env, text=True)
-        say(f"demo: 2 driver processes started, barrier every {interval_ms} ms, producing words for "
+        # Spark's start-up can take longer than the whole production on a busy machine: the clock of the run
+        # starts only when both jobs lead (a job starts after the newest barrier agreed when it opened).
+        deadline.describe = lambda: f"waiting for both drivers to start (driver logs: {home}/<job>.log)"
+        while not all((home / f"{name}.ready").exists() for name in drivers):
+            _raise_if_failed(drivers, home, "while starting")
+            deadline.check()
+            time.sleep(0.2)
+        until = grid.next_candidate(now_ms() + int(seconds * 1000))
+        (home / f"{FINAL_BARRIER_FILE}.tmp").write_text(str(until))
+        os.replace(home / f"{FINAL_BARRIER_FILE}.tmp", home / FINAL_BARRIER_FILE)
+        say(f"demo: 2 driver processes ready, barrier every {interval_ms} ms, producing words for "
             f"{seconds:.0f} s, final barrier {until}")
         producer.start()
         sampler.start()
         deadline.describe = lambda: describe() + f" (driver logs: {home}/<job>.log)"
         while True:
-            failed = {n: d.returncode for n, d in drivers.items() if d.poll() not in (None, 0)}
-            if failed:
-                name, code = next(iter(failed.items()))
-                raise DemoError(f"job {name}'s driver exited with code {code} before the final barrier {until}: "
-                                f"{_last_line(home / f'{name}.log')} (log: {home / (name + '.log')})")
+            _raise_if_failed(drivers, home, f"before the final barrier {until}")
             if errors:
                 raise DemoError(f"the producer failed: {_one_line(errors[0])}")
             if all(d.returncode == 0 for d in drivers.values()):
@@ -339,7 +362,15 @@ def _run_cascade(home: Path, zk: str, settings, tm, cache, interval_ms: int, unt
     for name in JOB_SINKS:
         lines = [line for line in (home / f"{name}.out").read_text().splitlines() if line.startswith("{")]
         committed[name] = json.loads(lines[-1])["committed"] if lines else []
-    return committed
+    return until, committed
+
+
+def _raise_if_failed(drivers: dict, home: Path, when: str) -> None:
+    failed = {n: d.returncode for n, d in drivers.items() if d.poll() not in (None, 0)}
+    if failed:
+        name, code = next(iter(failed.items()))
+        raise DemoError(f"job {name}'s driver exited with code {code} {when}: "
+                        f"{_last_line(home / f'{name}.log')} (log: {home / (name + '.log')})")
 
 
 def _observe(reader: _Reader, say) -> None:
