@@ -40,8 +40,8 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from .errors import Fenced, PublishConflict
 from .metadata_files import delete_unlogged_metadata
 from .records import EpochProgress
-from .snapshots import (FIRST_EPOCH_PROPERTY, TERM_PROPERTY, WRITER_PROPERTY, claimed_term, committed_epoch,
-                        committed_properties, first_epoch, snapshot_epoch, snapshot_of_epoch, staged_snapshots, table_progress)
+from .snapshots import (FIRST_EPOCH_PROPERTY, TERM_PROPERTY, WRITER_PROPERTY, claimed_term, committed_properties,
+                        first_epoch, snapshot_epoch, snapshot_of_epoch, table_progress)
 
 
 class PublishOutcome(str, enum.Enum):
@@ -213,21 +213,3 @@ def claim_table(table: Table, job: str, term: int) -> None:
         _commit(table, term, (SetPropertiesUpdate(updates={WRITER_PROPERTY: job, TERM_PROPERTY: str(term)}),))
 
     _retry_lost_races(attempt, f"claiming table {'.'.join(table.name())} for job {job} (term {term})")
-
-
-def expire_unpublished(table: Table, up_to_epoch: Optional[int] = None) -> list[int]:
-    """Expire staged snapshots that were never published (aborted or superseded epochs).
-
-    Only snapshots with ``tidemark.epoch <= up_to_epoch`` (default: the committed epoch) go:
-    an epoch still in flight keeps its staged snapshot. Returns the expired ids.
-    """
-    table.refresh()
-    limit = committed_epoch(table) if up_to_epoch is None else up_to_epoch
-    if limit is None:
-        return []
-    tagged = {ref.snapshot_id for ref in table.metadata.refs.values()}
-    doomed = [s.snapshot_id for s in staged_snapshots(table)
-              if snapshot_epoch(s) <= limit and s.snapshot_id not in tagged]  # type: ignore[operator]
-    if doomed:
-        table.maintenance.expire_snapshots().by_ids(doomed).commit()
-    return doomed
