@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from coordinator import EmbeddedZooKeeper
-from coordinator.zookeeper_server import four_letter_word, free_port
+from coordinator.operations.zookeeper_server import four_letter_word, free_port
 
 
 @contextmanager

@@ -12,10 +12,10 @@ from pathlib import Path
 import pyarrow as pa
 
 from coordinator import CatalogSettings, EpochWriter, Tidemark
-from coordinator.publish import advance_committed_epoch, publish_staged
+from coordinator.iceberg.publish import advance_committed_epoch, publish_staged
 from coordinator.records import EpochProgress
-from coordinator.resolve import Resolver
-from coordinator.snapshots import summary_properties
+from coordinator.history.resolve import Resolver
+from coordinator.iceberg.snapshots import summary_properties
 
 from .common import header, ms, timed, zookeeper
 

@@ -318,7 +318,7 @@ class Cascade:
     def check(self) -> str:
         """The final consistent version: every event counted exactly once by all three jobs?"""
         import pyarrow.compute as pc
-        from coordinator.resolve import Resolver, read_arrow
+        from coordinator.history.resolve import Resolver, read_arrow
         resolver = Resolver(self.catalog, self.settings, self.tm)
         version = resolver.resolve([ROOT, *SINKS])
         frames = read_arrow(resolver, version)

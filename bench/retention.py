@@ -29,8 +29,8 @@ from typing import Optional
 import pyarrow as pa
 
 from coordinator import CatalogSettings, EpochWriter, Tidemark
-from coordinator.gc import GarbageCollector
-from coordinator.retention import RetentionPolicy
+from coordinator.history.gc import GarbageCollector
+from coordinator.history.retention import RetentionPolicy
 
 from .common import header, zookeeper
 

@@ -1,23 +1,42 @@
-"""Tidemark's coordinator: ZooKeeper protocol and Iceberg metadata, in pure Python (never imports Spark)."""
-from .barriers import BarrierGrid, Barriers
-from .catalog import CatalogSettings
-from .client import Tidemark, TlsSettings
-from .epochs import EpochCoordinator, Recovery, RecoveryAction
-from .errors import (ConfigurationError, CorruptState, CycleError, EpochOrderError, Fenced, InvalidName, JobNotFound,
-                     NotLeader, PermissionDenied, PublishConflict, RegistrationError, TableNotFound, TidemarkError,
-                     TlsError, VersionNotFound, WriterConflict, ZooKeeperUnavailable)
-from .leadership import Leadership, LeaderState
-from .records import (BarrierMode, ConsistencyLevel, ConsistentVersion, EpochInputs, EpochRecord, EpochState,
-                      JobRecord, SourceRange, TableTidemark)
-from .topology import Topology
-from .writer import EpochContext, EpochWriter, Waiting
-from .zookeeper_server import EmbeddedZooKeeper
+"""Tidemark's coordinator: the ZooKeeper protocol and the Iceberg metadata rules, in pure Python (never imports Spark).
+
+The public API is what this module exports. Underneath, each sub-package holds one concern and
+imports only the ones listed before it:
+
+- ``errors``, ``names``, ``records``: the error hierarchy, name rules and the records stored in
+  znodes and snapshot summaries (the foundation every other module uses);
+- ``coordinator.zookeeper``: the session, multi-operations, znode paths, ACLs and TLS;
+- ``coordinator.iceberg``: catalogs, snapshot summaries, staging, publishing, progress records;
+- ``coordinator.protocol``: the ZooKeeper recipes (topology, registry, leadership, barriers,
+  epochs, tidemarks, status);
+- ``coordinator.history``: consistent reads, retained versions and garbage collection;
+- ``coordinator.job``: the epoch loop that runs in a driver, with its metrics;
+- ``coordinator.tidemark``: ``Tidemark``, the session with the recipes at hand;
+- ``coordinator.operations``: the ``tidemark`` command, the exporter and the local ZooKeeper server.
+"""
+from coordinator.errors import (ConfigurationError, CorruptState, CycleError, EpochOrderError, Fenced, InvalidName,
+                                JobNotFound, NotLeader, PermissionDenied, PublishConflict, RegistrationError,
+                                TableNotFound, TidemarkError, TlsError, VersionNotFound, WriterConflict,
+                                ZooKeeperUnavailable)
+from coordinator.history.resolve import ReaderSession, Resolver, read_arrow
+from coordinator.iceberg.catalog import CatalogSettings
+from coordinator.job.writer import EpochContext, EpochWriter, Waiting
+from coordinator.operations.zookeeper_server import EmbeddedZooKeeper
+from coordinator.protocol.barriers import BarrierGrid, Barriers
+from coordinator.protocol.epochs import EpochCoordinator, Recovery, RecoveryAction
+from coordinator.protocol.leadership import Leadership, LeaderState
+from coordinator.protocol.topology import Topology
+from coordinator.records import (BarrierMode, ConsistencyLevel, ConsistentVersion, EpochInputs, EpochRecord,
+                                 EpochState, JobRecord, SourceRange, TableTidemark)
+from coordinator.tidemark import Tidemark
+from coordinator.zookeeper.security import TlsSettings
 
 __all__ = [
     "BarrierGrid", "BarrierMode", "Barriers", "CatalogSettings", "ConfigurationError", "ConsistencyLevel",
     "ConsistentVersion", "CorruptState", "CycleError", "EmbeddedZooKeeper", "EpochContext", "EpochCoordinator",
-    "EpochInputs", "EpochOrderError", "EpochRecord", "EpochState", "EpochWriter", "Fenced", "InvalidName", "JobNotFound", "JobRecord", "LeaderState", "Leadership",
-    "NotLeader", "PermissionDenied", "PublishConflict", "Recovery", "RecoveryAction", "RegistrationError", "SourceRange",
-    "TableNotFound", "TableTidemark", "Tidemark", "TidemarkError", "TlsError", "TlsSettings", "Topology", "VersionNotFound", "Waiting",
-    "WriterConflict", "ZooKeeperUnavailable",
+    "EpochInputs", "EpochOrderError", "EpochRecord", "EpochState", "EpochWriter", "Fenced", "InvalidName",
+    "JobNotFound", "JobRecord", "LeaderState", "Leadership", "NotLeader", "PermissionDenied", "PublishConflict",
+    "ReaderSession", "Recovery", "RecoveryAction", "RegistrationError", "Resolver", "SourceRange", "TableNotFound",
+    "TableTidemark", "Tidemark", "TidemarkError", "TlsError", "TlsSettings", "Topology", "VersionNotFound",
+    "Waiting", "WriterConflict", "ZooKeeperUnavailable", "read_arrow",
 ]

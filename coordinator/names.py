@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import InvalidName
+from coordinator.errors import InvalidName
 
 MAX_NAME_LENGTH = 200
 # Iceberg identifiers are dotted (catalog.namespace.table); ZooKeeper forbids "/" and

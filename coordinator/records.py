@@ -12,8 +12,8 @@ import time
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Mapping, Optional, TypeVar
 
-from .errors import CorruptState, InvalidName
-from .names import parse_epoch, validate_epoch
+from coordinator.errors import CorruptState, InvalidName
+from coordinator.names import parse_epoch, validate_epoch
 
 R = TypeVar("R", bound="JsonRecord")
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from coordinator.errors import TidemarkError
 
 if TYPE_CHECKING:
-    from coordinator.checker import ConsistencyChecker
+    from coordinator.history.checker import ConsistencyChecker
 
 WORDS_TABLE, COUNTS_TABLE, HIST_TABLE = "lake.demo.words", "lake.demo.word_counts", "lake.demo.count_histogram"
 TABLES = [WORDS_TABLE, COUNTS_TABLE, HIST_TABLE]
@@ -209,7 +209,7 @@ class Deadline:
 
 @dataclass
 class _Reader:
-    """The reader's findings: consistent versions checked (by ``coordinator.checker``), naive reads, freshness."""
+    """The reader's findings: consistent versions checked (by ``coordinator.history.checker``), naive reads, freshness."""
 
     checker: Optional["ConsistencyChecker"] = None   # made once the catalog is opened
     naive_total: int = 0
@@ -230,7 +230,7 @@ def run_demo(seconds: float, interval_ms: int, home: Optional[Path] = None, verb
     """Run the cascade with ``seconds`` of produced words on a fresh data directory, until both jobs committed the
     final barrier, and check it; returns the figures. ``DemoError`` after ``timeout`` seconds or a failed driver."""
     from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark
-    from coordinator.zookeeper_server import free_port
+    from coordinator.operations.zookeeper_server import free_port
 
     home = home or Path(tempfile.mkdtemp(prefix="tidemark-demo-"))
     if home.exists():
@@ -345,8 +345,8 @@ def _run_cascade(home: Path, zk: str, settings, tm, cache, grid, seconds: float,
             deadline.check()
             generation = cache.generation
             if reader.checker is None:
-                from coordinator.checker import ConsistencyChecker
-                from coordinator.resolve import Resolver
+                from coordinator.history.checker import ConsistencyChecker
+                from coordinator.history.resolve import Resolver
                 reader.checker = ConsistencyChecker(Resolver(settings.load(), settings, tm, cache), TABLES, check)
             _observe(reader, say)
             cache.wait_changed(generation, 0.5)
@@ -375,7 +375,7 @@ def _raise_if_failed(drivers: dict, home: Path, when: str) -> None:
 
 def _observe(reader: _Reader, say) -> None:
     """Check the consistent version if it is new, and count a naive latest-snapshot read."""
-    from coordinator.resolve import read_arrow
+    from coordinator.history.resolve import read_arrow
     checker = reader.checker
     before = checker.checked  # type: ignore[union-attr]
     version = checker.observe()  # type: ignore[union-attr]
@@ -395,8 +395,8 @@ def _say_checked(checker, version, say) -> None:
 
 def _check_final(settings, tm, cache, until: int, reader: _Reader, deadline: Deadline, say):
     """Both jobs ended: the consistent version must be the final barrier; check it (always) and count the words."""
-    from coordinator.checker import ConsistencyChecker
-    from coordinator.resolve import Resolver, read_arrow
+    from coordinator.history.checker import ConsistencyChecker
+    from coordinator.history.resolve import Resolver, read_arrow
     marks = tm.tidemarks(list(JOB_SINKS.values()))
     behind = [f"job {job} ended at epoch {marks[sink].epoch if marks[sink] else None}"
               for job, sink in JOB_SINKS.items() if marks[sink] is None or marks[sink].epoch != until]

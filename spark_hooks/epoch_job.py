@@ -15,7 +15,7 @@ barrier, record inputs, compute, stage, precommit, publish, commit; see there fo
 barrier and failure rules). This module adds Spark: ``ctx.changes``/``ctx.table`` return
 DataFrames at the recorded snapshot range, and ``append``/``overwrite``/``merge`` write
 staged snapshots through Iceberg's write-audit-publish (``spark.wap.id``), with the
-epoch's progress record (job, epoch, term, input ranges: ``coordinator.snapshots``) in
+epoch's progress record (job, epoch, term, input ranges: ``coordinator.iceberg.snapshots``) in
 each snapshot's summary. The summary keys go through Iceberg's
 ``CommitMetadata.withCommitProperties``, which Iceberg's Spark writes (DataFrame writes and
 SQL ``MERGE INTO`` alike, which has no write options) add to the snapshot they commit on
@@ -29,13 +29,13 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable, Optional, Sequence
 
-from coordinator.barriers import DEFAULT_MAX_PENDING_BARRIERS
-from coordinator.catalog import CatalogSettings
-from coordinator.client import Tidemark
+from coordinator.protocol.barriers import DEFAULT_MAX_PENDING_BARRIERS
+from coordinator.iceberg.catalog import CatalogSettings
+from coordinator.tidemark import Tidemark
 from coordinator.errors import ConfigurationError, NotLeader
 from coordinator.records import EpochInputs, EpochRecord, EpochState
-from coordinator.snapshots import summary_properties, wap_id
-from coordinator.writer import EpochContext, EpochWriter
+from coordinator.iceberg.snapshots import summary_properties, wap_id
+from coordinator.job.writer import EpochContext, EpochWriter
 
 log = logging.getLogger(__name__)
 

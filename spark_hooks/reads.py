@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Optional, Union
 
-from coordinator.catalog import CatalogSettings
+from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.records import ConsistencyLevel, ConsistentVersion
-from coordinator.resolve import Resolver
+from coordinator.history.resolve import Resolver
 
 
 class ConsistentFrames(dict):

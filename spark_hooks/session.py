@@ -11,7 +11,7 @@ import os
 import shutil
 from typing import Mapping, Optional
 
-from coordinator.catalog import CatalogSettings
+from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.errors import ConfigurationError
 
 from .jars import JNI_DIR, spark_jars

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark
-from coordinator.zookeeper_server import free_port
+from coordinator.operations.zookeeper_server import free_port
 from tests.helpers.postgres import PostgresServer
 
 SESSION_TIMEOUT = 4.0

@@ -11,12 +11,12 @@ import pytest
 
 from coordinator import (CatalogSettings, ConfigurationError, CorruptState, EmbeddedZooKeeper, InvalidName,
                          TidemarkError, Tidemark, VersionNotFound, ZooKeeperUnavailable)
-from coordinator.cli import main
-from coordinator.client import MultiFailed
+from coordinator.operations.cli import main
+from coordinator.errors import MultiFailed
 from coordinator.names import validate_name
 from coordinator.records import now_ms
-from coordinator.resolve import Resolver
-from coordinator.zookeeper_server import free_port
+from coordinator.history.resolve import Resolver
+from coordinator.operations.zookeeper_server import free_port
 
 from tests.helpers.lake import commit_rows, create_table, lead_job
 
@@ -142,7 +142,7 @@ def test_exporter_port_in_use_is_one_line(zk_connect, capsys):
 def test_a_closed_pipe_ends_the_command_quietly(zk_connect):
     read_end, write_end = os.pipe()
     os.close(read_end)  # nobody will ever read: the first write fails with EPIPE
-    result = subprocess.run([sys.executable, "-m", "coordinator.cli", "--zk", zk_connect, "topology"],
+    result = subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "topology"],
                             stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
     os.close(write_end)
     assert result.returncode == 141 and result.stderr == ""

@@ -18,13 +18,13 @@ from pyiceberg.table.update import SetPropertiesUpdate
 
 from coordinator import EpochWriter, Fenced, Tidemark
 from coordinator.errors import UnregisterNotConfirmed
-from coordinator.publish import AssertTermAtMost, advance_committed_epoch, claim_table, publish_staged
+from coordinator.iceberg.publish import AssertTermAtMost, advance_committed_epoch, claim_table, publish_staged
 from coordinator.errors import VersionNotFound
 from coordinator.records import EpochProgress, EpochState, SourceRange, now_ms
-from coordinator.resolve import Resolver
-from coordinator.snapshots import (TERM_PROPERTY, main_lineage, recorded_term, snapshot_progress,
+from coordinator.history.resolve import Resolver
+from coordinator.iceberg.snapshots import (TERM_PROPERTY, main_lineage, recorded_term, snapshot_progress,
                                    table_progress)
-from coordinator.staging import stage_append
+from coordinator.iceberg.staging import stage_append
 from tests.conftest import SESSION_TIMEOUT
 from tests.helpers.lake import SCHEMA, agree, commit_rows, create_table, lead_job, rows_of
 from tests.helpers.wait import wait_for

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from coordinator import CatalogSettings, ConfigurationError, EmbeddedZooKeeper
-from coordinator.zookeeper_server import four_letter_word, free_port
+from coordinator.operations.zookeeper_server import four_letter_word, free_port
 
-TIDEMARK = [sys.executable, "-m", "coordinator.cli"]
+TIDEMARK = [sys.executable, "-m", "coordinator.operations.cli"]
 
 
 def run_cli(*args: str, env=None) -> subprocess.CompletedProcess:
@@ -69,7 +69,7 @@ def test_unreachable_catalog_database_is_a_clear_error():
 
 
 def test_coordinator_does_not_import_pyspark():
-    code = "import sys, coordinator, coordinator.cli, coordinator.resolve; print('pyspark' in sys.modules)"
+    code = "import sys, coordinator, coordinator.operations.cli, coordinator.history.resolve; print('pyspark' in sys.modules)"
     assert subprocess.check_output([sys.executable, "-c", code], text=True).strip() == "False"
 
 

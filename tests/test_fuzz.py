@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 import coordinator  # noqa: F401 - imports every module, so every record class is a JsonRecord subclass below
 from coordinator import CatalogSettings, CorruptState, InvalidName, Tidemark
-from coordinator.cli import main
+from coordinator.operations.cli import main
 from coordinator.names import MAX_EPOCH_MS, MAX_NAME_LENGTH, parse_epoch, validate_epoch, validate_name, validate_names
-from coordinator.paths import Paths
+from coordinator.zookeeper.paths import Paths
 from coordinator.records import JsonRecord, now_ms
 from tests.helpers.lake import commit_rows, create_table, lead_job
 
@@ -238,7 +238,7 @@ def test_cli_never_leaks(fuzz_tree, tmp_path, monkeypatch):
 
 def test_python_api_never_leaks(zk_server, tmp_path):
     from coordinator import TidemarkError
-    from coordinator.resolve import Resolver
+    from coordinator.history.resolve import Resolver
 
     lake = CatalogSettings.embedded(tmp_path)
     tm = Tidemark.connect(f"{zk_server.connect_string}/fuzz-api", session_timeout=4, operation_timeout=5)

@@ -4,9 +4,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.barriers import BarrierGrid
+from coordinator.protocol.barriers import BarrierGrid
 from coordinator.records import JobRecord
-from coordinator.topology import Topology
+from coordinator.protocol.topology import Topology
 
 PURE = settings(max_examples=300, deadline=None, derandomize=True)
 

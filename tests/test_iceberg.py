@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coordinator import ConsistencyLevel, EpochState, PublishConflict, Tidemark, VersionNotFound
-from coordinator.publish import PublishOutcome, publish_staged
+from coordinator.iceberg.publish import PublishOutcome, publish_staged
 from coordinator.records import EpochProgress
-from coordinator.resolve import ReaderSession, Resolver, pinned_versions, read_arrow
-from coordinator.snapshots import (COMMITTED_EPOCH_PROPERTY, committed_epoch, committed_properties, highest_epoch, snapshot_at_epoch,
+from coordinator.history.resolve import ReaderSession, Resolver, pinned_versions, read_arrow
+from coordinator.iceberg.snapshots import (COMMITTED_EPOCH_PROPERTY, committed_epoch, committed_properties, highest_epoch, snapshot_at_epoch,
                                    staged_snapshots)
 from tests.helpers.lake import agree, commit_rows, create_table, lead_job, rows_of, stage_rows
 
@@ -219,10 +219,10 @@ def test_cli_resolve_prints_epoch_and_snapshots(tm, writers, zk_connect, catalog
     create_table(catalog, name)
     sid = commit_rows(writers("j", [name]), 1000)
     env = {"TIDEMARK_HOME": str(lake_home), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "coordinator.cli", "--zk", zk_connect, "resolve", name, "--json"],
+    out = subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "resolve", name, "--json"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"epoch": 1000, "level": "consistent", "snapshots": {name: sid}}
-    missing = subprocess.run([sys.executable, "-m", "coordinator.cli", "--zk", zk_connect, "resolve", "nope.t"],
+    missing = subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "resolve", "nope.t"],
                              capture_output=True, text=True, env=env, timeout=60)
     assert missing.returncode == 1 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr

@@ -23,11 +23,11 @@ import pytest
 import yaml
 
 from coordinator import EmbeddedZooKeeper, EpochWriter, Tidemark
-from coordinator.driver_metrics import PHASES
-from coordinator.exporter import Exporter
-from coordinator.metrics_server import MetricsServer
+from coordinator.job.driver_metrics import PHASES
+from coordinator.operations.exporter import Exporter
+from coordinator.job.metrics_server import MetricsServer
 from coordinator.records import EpochInputs, now_ms
-from coordinator.zookeeper_server import free_port
+from coordinator.operations.zookeeper_server import free_port
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.helpers.background import InBackground
@@ -343,7 +343,7 @@ def test_the_exporter_answers_tidemark_up_0_within_2_s_with_zookeeper_stopped(tm
     zk = EmbeddedZooKeeper(port=free_port(), data_dir=tmp_path / "zk")
     port = free_port()
     exporter = subprocess.Popen(
-        [sys.executable, "-m", "coordinator.cli", "--zk", f"{zk.connect_string}/tm", "--timeout", "2",
+        [sys.executable, "-m", "coordinator.operations.cli", "--zk", f"{zk.connect_string}/tm", "--timeout", "2",
          "exporter", "--port", str(port), "--address", "127.0.0.1", "--refresh", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

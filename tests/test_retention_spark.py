@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from coordinator.gc import GarbageCollector
-from coordinator.resolve import Resolver
-from coordinator.retention import RetentionPolicy
-from coordinator.versions import RetainedVersions, tag_name
+from coordinator.history.gc import GarbageCollector
+from coordinator.history.resolve import Resolver
+from coordinator.history.retention import RetentionPolicy
+from coordinator.history.versions import RetainedVersions, tag_name
 from spark_hooks.reads import read_consistent
 from tests.helpers.retention import INTERVAL_MS, Pipeline
 

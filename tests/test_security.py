@@ -9,9 +9,9 @@ from kazoo.exceptions import NoAuthError
 from kazoo.security import make_acl
 
 from coordinator import PermissionDenied, Tidemark
-from coordinator.cli import main
-from coordinator.resolve import ReaderSession, Resolver
-from coordinator.security import is_open
+from coordinator.operations.cli import main
+from coordinator.history.resolve import ReaderSession, Resolver
+from coordinator.zookeeper.security import is_open
 
 WRITER = ("etl", "s3cret")
 READER = ("dashboards", "r3ad")

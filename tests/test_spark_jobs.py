@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 
 from coordinator import CatalogSettings, EmbeddedZooKeeper, EpochOrderError, Tidemark
-from coordinator.resolve import Resolver, read_arrow
-from coordinator.snapshots import committed_epoch, main_lineage, snapshot_progress
-from coordinator.zookeeper_server import free_port
+from coordinator.history.resolve import Resolver, read_arrow
+from coordinator.iceberg.snapshots import committed_epoch, main_lineage, snapshot_progress
+from coordinator.operations.zookeeper_server import free_port
 from spark_hooks import EpochJob, read_consistent, snapshot_sql
 from tests.helpers.crash import crash_env
 

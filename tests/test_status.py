@@ -12,14 +12,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator.records import now_ms
-from coordinator.zookeeper_server import free_port
+from coordinator.operations.zookeeper_server import free_port
 from tests.helpers.lake import SCHEMA, agree, create_table, lead_job
 
 
 def cli(zk_connect: str, *args: str, catalog=None) -> subprocess.CompletedProcess:
     env = None if catalog is None else {**os.environ, "TIDEMARK_CATALOG_URI": catalog.uri,
                                         "TIDEMARK_WAREHOUSE": catalog.warehouse, "TIDEMARK_CATALOG_NAME": catalog.name}
-    return subprocess.run([sys.executable, "-m", "coordinator.cli", "--zk", zk_connect, *args],
+    return subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, *args],
                           capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
 
 
@@ -66,7 +66,7 @@ def test_status_topology_fence_unregister_from_the_cli(tm, zk_connect, two_epoch
 
 
 def test_unreachable_zookeeper_is_a_one_line_error():
-    result = subprocess.run([sys.executable, "-m", "coordinator.cli", "--zk", f"127.0.0.1:{free_port()}",
+    result = subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", f"127.0.0.1:{free_port()}",
                              "--timeout", "1", "status"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0 and "no ZooKeeper server answered" in result.stderr
@@ -75,7 +75,7 @@ def test_unreachable_zookeeper_is_a_one_line_error():
 def test_exporter_serves_the_status(tm, zk_connect, two_epochs):
     _, last = two_epochs
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "--zk", zk_connect, "exporter",
+    server = subprocess.Popen([sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "exporter",
                                "--port", str(port), "--address", "127.0.0.1"], stdout=subprocess.PIPE, text=True)
     try:
         fetch = Retrying(stop=stop_after_delay(30), wait=wait_fixed(0.2), reraise=True,

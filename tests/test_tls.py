@@ -6,8 +6,8 @@ import time
 import pytest
 
 from coordinator import ConfigurationError, EmbeddedZooKeeper, Tidemark, TlsError, TlsSettings
-from coordinator.cli import main
-from coordinator.zookeeper_server import ServerTls, free_port
+from coordinator.operations.cli import main
+from coordinator.operations.zookeeper_server import ServerTls, free_port
 from tests.helpers.tls import make_certificates
 
 CONNECT_TIMEOUT = 30.0

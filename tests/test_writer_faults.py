@@ -23,9 +23,9 @@ import pytest
 
 from coordinator import EpochRecord, EpochState, EpochWriter, Tidemark
 from coordinator.records import BarrierMode, LeaderRecord, TermRecord
-from coordinator.barriers import BarrierGrid
-from coordinator.resolve import Resolver, read_arrow
-from coordinator.snapshots import TERM_KEY, committed_epoch, main_lineage, snapshot_epoch
+from coordinator.protocol.barriers import BarrierGrid
+from coordinator.history.resolve import Resolver, read_arrow
+from coordinator.iceberg.snapshots import TERM_KEY, committed_epoch, main_lineage, snapshot_epoch
 from tests.helpers.crash import crash_env
 from tests.helpers.wait import wait_for
 from tests.helpers.python_driver import COUNT_SCHEMA, EPOCH_SCHEMA, NOISE, SOURCE_SCHEMA

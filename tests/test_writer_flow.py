@@ -16,7 +16,7 @@ import pytest
 
 from coordinator import EpochRecord, EpochState, EpochWriter
 from coordinator.records import FinishedRecord, now_ms
-from coordinator.snapshots import COMMITTED_EPOCH_PROPERTY
+from coordinator.iceberg.snapshots import COMMITTED_EPOCH_PROPERTY
 from tests.helpers.wait import wait_for
 from tests.helpers.lake import SCHEMA
 
@@ -482,7 +482,7 @@ def test_a_new_job_starts_no_earlier_than_its_sources_histories(tm, slow_fleet, 
 # -- 5. visible waits ----------------------------------------------------------------------------
 
 def test_a_wait_on_a_source_without_a_live_leader_is_visible(tm, fleet, catalog, namespace, caplog):
-    caplog.set_level(logging.INFO, logger="coordinator.writer")
+    caplog.set_level(logging.INFO, logger="coordinator.job.writer")
     events = new_table(catalog, f"{namespace}.events")
     events.append(rows(0, [1]))
     up_out, down_out = f"{namespace}.up_out", f"{namespace}.down_out"

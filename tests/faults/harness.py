@@ -17,7 +17,7 @@ logs every row it wrote, and four threads watching it:
   (``kill -9 at <step>``), any other exit not caused by the harness is recorded as unexpected;
 - the **tracker** follows each job's tidemark: a fault is recovered at the first commit of every
   affected job after the fault was injected (recovery time = that commit's time - injection time);
-- the **checker** (``coordinator.checker``) resolves and checks every consistent version it can;
+- the **checker** (``coordinator.history.checker``) resolves and checks every consistent version it can;
 - the **producer** (seeded) appends batches in bursts, so that some epochs are idle.
 
 ``finish`` stops the producer, waits until every job committed a barrier past the last row, checks
@@ -43,10 +43,10 @@ import pyarrow as pa
 from kazoo.client import KazooClient
 
 from coordinator import CatalogSettings, EmbeddedZooKeeper, EpochRecord, EpochState, Tidemark, TidemarkError
-from coordinator.checker import ConsistencyChecker, Inconsistency, exactly_once
+from coordinator.history.checker import ConsistencyChecker, Inconsistency, exactly_once
 from coordinator.records import LeaderRecord, now_ms
-from coordinator.resolve import Resolver
-from coordinator.zookeeper_server import free_port
+from coordinator.history.resolve import Resolver
+from coordinator.operations.zookeeper_server import free_port
 from tests.faults.cascade import JOBS, SRC_SCHEMA, Tables, counts_of, invariant
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.wait import wait_for

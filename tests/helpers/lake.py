@@ -6,7 +6,7 @@ import uuid
 import pyarrow as pa
 
 from coordinator import CatalogSettings, EpochState, EpochWriter
-from coordinator.snapshots import summary_properties
+from coordinator.iceberg.snapshots import summary_properties
 
 SCHEMA = pa.schema([pa.field("epoch", pa.int64(), nullable=False), pa.field("row", pa.int64(), nullable=False)])
 

@@ -18,7 +18,7 @@ from typing import Optional
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-from coordinator.zookeeper_server import free_port
+from coordinator.operations.zookeeper_server import free_port
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 DATABASE = "catalog"

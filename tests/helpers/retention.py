@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 
 from coordinator import CatalogSettings, EpochInputs, EpochWriter, SourceRange
-from coordinator.resolve import Resolver, read_arrow
+from coordinator.history.resolve import Resolver, read_arrow
 
 from .lake import create_table, rows_of
 

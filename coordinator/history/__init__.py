@@ -1,0 +1,6 @@
+"""Reading and keeping consistent versions: resolving a consistent version across tables
+(``resolve``), checking one (``checker``), the retention policy, retained versions and their
+Iceberg tags, and garbage collection (``gc``, ``gc_schedule``).
+
+May import the foundation, ``coordinator.zookeeper``, ``coordinator.iceberg`` and ``coordinator.protocol``.
+"""

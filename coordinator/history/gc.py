@@ -1,0 +1,501 @@
+"""Garbage collection: retained versions, snapshot expiry, file deletion and barrier pruning, in one pass.
+
+    collector = GarbageCollector(tm, settings)        # policy: the deployment's (``/versions``); clock: now_ms
+    plan = collector.plan()                            # what would be kept and dropped, and why (changes nothing)
+    report = collector.run()                           # apply it; run(dry_run=True) == plan() wrapped in a report
+
+What one run does (``tidemark gc`` runs it; ``GcSchedule`` runs it in one elected driver):
+
+1. **Versions.** The candidates are the retained versions plus every agreed barrier after the
+   newest of them, up to the newest consistent epoch ``C`` (the minimum tidemark of the managed
+   tables). The policy (``coordinator.retention``) keeps some; ``C`` is always kept (the newest
+   consistent version), and so is a retained version a live reader pinned. A kept version gets
+   the tag ``tidemark-<T>`` on every table it covers and ``/versions/<T>``; a dropped one loses
+   both (``coordinator.versions`` defines what a version covers).
+2. **Snapshots** of each managed table are expired unless they are: a ref's head (every tag,
+   ours or not, and every branch with its ancestors); pinned by a live reader (``/readers``);
+   in ``main``'s lineage from the snapshot at ``F`` up to the head, where ``F`` is the lower of
+   ``C`` and the last committed epoch of every registered job reading the table (its next
+   epoch's inputs start there, like Paimon's consumer ids: a lagging or stopped job keeps its
+   inputs); or the staged write of an epoch not committed yet. A staged write of an epoch at
+   or below the table's tidemark was aborted and goes. Root tables (written outside Tidemark)
+   are only tagged, never expired: their owner expires them, and the tags protect the
+   retained versions from that.
+3. **Files.** pyiceberg's expiry removes metadata only. The manifest lists, manifests and data
+   files referenced by expired snapshots and by no remaining snapshot are deleted through the
+   table's FileIO, computed from the metadata the expiry commit produced (so a snapshot
+   committed concurrently counts as remaining). Old metadata files go with every commit once
+   ``write.metadata.delete-after-commit.enabled`` is set, which GC sets on managed tables
+   (with ``write.metadata.previous-versions-max``).
+4. **ZooKeeper.** Barrier znodes below every registered job's last committed epoch are
+   pruned (a lagging job still finds every barrier it must process). Epoch znodes are already
+   bounded per job by the leader (``EpochWriter(history=...)``): only the leader, under its
+   term, may delete them.
+
+Order and safety: the ZooKeeper records of dropped versions go first, then each table's one
+commit (new tags, removed tags, expiry, properties, conditional on ``main`` and the changed tags
+not having moved: a concurrent publish makes GC plan that table again), then the records of new versions,
+then files. ZooKeeper tidemarks are read before table metadata, so a snapshot published
+after the read is never mistaken for an aborted one. Failures raise ``TidemarkError``
+subclasses; a run that stops half-way leaves nothing unsafe, and the next run finishes it.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Optional
+
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import Table
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import (AssertRefSnapshotId, RemoveSnapshotRefUpdate, RemoveSnapshotsUpdate,
+                                    SetPropertiesUpdate, SetSnapshotRefUpdate)
+from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from coordinator.iceberg.catalog import CatalogSettings, load_table
+from coordinator.zookeeper.ops import Create, Delete
+from coordinator.errors import PublishConflict, TableNotFound
+from coordinator.iceberg.metadata_files import DELETE_AFTER_COMMIT, PREVIOUS_VERSIONS_MAX, delete_unlogged_metadata
+from coordinator.iceberg.reachability import FileIndex
+from coordinator.records import JsonRecord, TableTidemark, now_ms
+from coordinator.history.resolve import pinned_versions
+from coordinator.history.retention import RetentionPolicy, read_policy
+from coordinator.iceberg.snapshots import snapshot_epoch
+from coordinator.history.versions import RetainedVersions, VersionRecord, tag_epoch, tag_name
+from coordinator.protocol.topology import read_topology
+from coordinator.protocol.tidemarks import read_tidemarks
+from coordinator.zookeeper.session import ZooKeeperSession
+
+log = logging.getLogger(__name__)
+METADATA_VERSIONS_KEPT = 10
+ZK_BATCH = 200
+
+
+@dataclass(frozen=True)
+class VersionDecision(JsonRecord):
+    """One candidate version: ``create`` (newly retained), ``keep`` or ``drop``, and why."""
+
+    epoch: int
+    action: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SnapshotDecision(JsonRecord):
+    snapshot_id: int
+    epoch: Optional[int]
+    reason: str
+
+
+@dataclass(frozen=True)
+class TablePlan(JsonRecord):
+    """What GC does to one table: tags to create (tag -> snapshot) and remove, snapshots kept and expired."""
+
+    table: str
+    managed: bool
+    tags_to_create: Mapping[str, int] = field(default_factory=dict)
+    tags_to_remove: tuple[str, ...] = ()
+    keep: tuple[SnapshotDecision, ...] = ()
+    expire: tuple[SnapshotDecision, ...] = ()
+    set_properties: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def changes_anything(self) -> bool:
+        return bool(self.tags_to_create or self.tags_to_remove or self.expire or self.set_properties)
+
+
+@dataclass(frozen=True)
+class GcPlan(JsonRecord):
+    now_ms: int
+    policy: str
+    consistent_epoch: Optional[int]
+    versions: tuple[VersionDecision, ...]
+    tables: tuple[TablePlan, ...]
+    barriers_to_prune: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def kept_epochs(self) -> list[int]:
+        return [v.epoch for v in self.versions if v.action != "drop"]
+
+
+@dataclass(frozen=True)
+class GcReport(JsonRecord):
+    plan: GcPlan
+    dry_run: bool
+    expired_snapshots: int = 0
+    deleted_files: int = 0
+    pruned_barriers: int = 0
+
+
+class _Lineage:
+    """One table's snapshots indexed once (pyiceberg looks snapshots up by scanning the list)."""
+
+    def __init__(self, table: Table) -> None:
+        self.by_id = {s.snapshot_id: s for s in table.snapshots()}
+        self.main: list[Snapshot] = list(self.ancestors(table.metadata.current_snapshot_id))  # newest first
+        self.main_ids = {s.snapshot_id for s in self.main}
+        self._epoch_at = [(i, snapshot_epoch(s)) for i, s in enumerate(self.main)]
+        self._epoch_at = [(i, e) for i, e in self._epoch_at if e is not None]  # epochs never rise going back
+
+    def ancestors(self, snapshot_id: Optional[int]) -> Iterable[Snapshot]:
+        snapshot = self.by_id.get(snapshot_id) if snapshot_id is not None else None
+        while snapshot is not None:
+            yield snapshot
+            snapshot = self.by_id.get(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id is not None else None
+
+    def index_at_epoch(self, epoch: int) -> Optional[int]:
+        """Position in ``main`` (newest first) of the newest snapshot with ``tidemark.epoch <= epoch``."""
+        low, high = 0, len(self._epoch_at)
+        while low < high:  # the first entry whose epoch is <= ``epoch``
+            middle = (low + high) // 2
+            if self._epoch_at[middle][1] <= epoch:  # type: ignore[operator]
+                high = middle
+            else:
+                low = middle + 1
+        return self._epoch_at[low][0] if low < len(self._epoch_at) else None
+
+    def at_time(self, wall_ms: int) -> Optional[Snapshot]:
+        return next((s for s in self.main if s.timestamp_ms <= wall_ms), None)
+
+    @property
+    def truncated(self) -> bool:
+        """True when ``main``'s older history was expired (its oldest snapshot is not the table's first)."""
+        if not self.main:
+            return False
+        oldest = self.main[-1]
+        return oldest.parent_snapshot_id is not None or (oldest.sequence_number or 0) > 1
+
+
+@dataclass
+class _State:
+    """Everything one run decides on, read once: ZooKeeper first, then the tables."""
+
+    now: int
+    policy: RetentionPolicy
+    managed: dict[str, TableTidemark]            # managed table -> its tidemark (with a committed epoch)
+    roots: list[str]                             # root tables read by registered jobs
+    readers: dict[str, list[tuple[str, int]]]    # table -> (job, last committed epoch) of jobs reading it
+    job_epochs: dict[str, int]                   # job -> last committed epoch
+    consistent: Optional[int]
+    retained: dict[int, VersionRecord]
+    pinned: dict[int, Mapping[str, Optional[int]]]
+    barriers: list[int]
+    tables: dict[str, Table]
+    lineages: dict[str, _Lineage]
+    notes: list[str]
+
+
+class GarbageCollector:
+    def __init__(self, tm: ZooKeeperSession, settings: Optional[CatalogSettings] = None, *, policy: Optional[RetentionPolicy] = None,
+                 clock: Callable[[], int] = now_ms, metadata_versions: int = METADATA_VERSIONS_KEPT) -> None:
+        self.tm = tm
+        self.settings = settings or CatalogSettings.from_env()
+        self.catalog = self.settings.load()
+        self.policy, self.clock, self.metadata_versions = policy, clock, metadata_versions
+        self._files: dict[str, FileIndex] = {}
+        self._tables: dict[str, Table] = {}
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _table(self, name: str) -> Table:
+        table = self._tables.get(name)
+        if table is None:
+            table = self._tables[name] = load_table(self.catalog, self.settings, name)
+        else:
+            table.refresh()
+        return table
+
+    def _read_state(self) -> _State:
+        topo = read_topology(self.tm)
+        writers = topo.writers
+        marks = read_tidemarks(self.tm, sorted(writers)) if writers else {}
+        managed = {t: m for t, m in marks.items() if m is not None and m.epoch is not None}
+        job_epochs = {}
+        for name, job in topo.jobs.items():
+            epochs = [managed[s].epoch for s in job.sinks if s in managed]
+            if job.sinks and len(epochs) == len(job.sinks):
+                job_epochs[name] = min(epochs)  # type: ignore[type-var]
+        readers: dict[str, list[tuple[str, int]]] = {}
+        for name, job in topo.jobs.items():
+            for source in job.sources:
+                if name in job_epochs:
+                    readers.setdefault(source, []).append((name, job_epochs[name]))
+        consistent = min((m.epoch for m in managed.values()), default=None)  # type: ignore[type-var]
+        versions = RetainedVersions(self.tm)
+        state = _State(now=self.clock(), policy=self.policy or read_policy(self.tm), managed=managed,
+                       roots=sorted(topo.root_tables), readers=readers, job_epochs=job_epochs, consistent=consistent,
+                       retained={r.epoch: r for r in versions.all()}, pinned=pinned_versions(self.tm),
+                       barriers=self.tm.barriers.agreed(), tables={}, lineages={}, notes=[])
+        for name in [*sorted(managed), *state.roots]:  # after ZooKeeper: see the module docstring
+            try:
+                state.tables[name] = self._table(name)
+            except TableNotFound:
+                state.notes.append(f"table {name} is registered but not in the catalog: skipped")
+                continue
+            state.lineages[name] = _Lineage(state.tables[name])
+        return state
+
+    # -- deciding --------------------------------------------------------------------------------
+
+    def plan(self) -> GcPlan:
+        """What a run would do now, with the reason for every version and snapshot kept or dropped."""
+        return self._plan(self._read_state())[0]
+
+    def _plan(self, state: _State) -> tuple[GcPlan, dict[int, VersionRecord]]:
+        decisions, kept = self._decide_versions(state)
+        tables = tuple(self._plan_table(state, name, kept) for name in state.tables)
+        floor = min(state.job_epochs.values(), default=None)
+        prune = tuple(b for b in state.barriers if floor is not None and b < floor)
+        plan = GcPlan(state.now, state.policy.to_text(), state.consistent, tuple(decisions), tables, prune,
+                      tuple(state.notes))
+        return plan, kept
+
+    def _decide_versions(self, state: _State) -> tuple[list[VersionDecision], dict[int, VersionRecord]]:
+        """Which versions are kept (with their records: existing, or computed for new ones)."""
+        retained = state.retained
+        newest = max(retained, default=None)
+        fresh = [b for b in state.barriers if (newest is None or b > newest) and state.consistent is not None
+                 and b <= state.consistent]
+        if state.consistent is not None and state.consistent not in retained and state.consistent not in fresh:
+            fresh.append(state.consistent)  # its barrier znode may be gone: it is still the newest version
+        reasons = dict(state.policy.keep([*retained, *fresh], state.now))
+        if state.consistent is not None:
+            reasons.setdefault(state.consistent, "newest consistent version")
+        for epoch in state.pinned:
+            if epoch in retained:
+                reasons.setdefault(epoch, "pinned by a live reader")
+        decisions, kept = [], {}
+        for epoch in sorted(set(retained) | set(fresh)):
+            if epoch in retained:
+                if epoch in reasons:
+                    kept[epoch] = retained[epoch]
+                    decisions.append(VersionDecision(epoch, "keep", reasons[epoch]))
+                else:
+                    decisions.append(VersionDecision(epoch, "drop", "out of policy"))
+                continue
+            if epoch not in reasons:
+                continue  # a barrier the policy never retained: it never was a version
+            record = self._new_version(state, epoch)
+            if record is not None:
+                kept[epoch] = record
+                decisions.append(VersionDecision(epoch, "create", reasons[epoch]))
+        return decisions, kept
+
+    def _new_version(self, state: _State, epoch: int) -> Optional[VersionRecord]:
+        """Every covered table's snapshot at ``epoch``; None when no table covers it or history is gone."""
+        snapshots: dict[str, Optional[int]] = {}
+        for name, mark in state.managed.items():
+            lineage = state.lineages.get(name)
+            if lineage is None or mark.first_epoch is None or epoch < mark.first_epoch:
+                continue  # the table has no exact state at ``epoch``: the version does not cover it
+            if mark.epoch == epoch:
+                snapshots[name] = mark.snapshot_id
+                continue
+            at = lineage.index_at_epoch(epoch)
+            if at is None and lineage.truncated:
+                state.notes.append(f"epoch {epoch} cannot become a version: table {name}'s history there expired")
+                return None
+            snapshots[name] = None if at is None else lineage.main[at].snapshot_id
+        if not snapshots:
+            return None
+        for name in state.roots:
+            lineage = state.lineages.get(name)
+            if lineage is not None:
+                found = lineage.at_time(epoch)
+                snapshots[name] = None if found is None else found.snapshot_id
+        return VersionRecord(epoch, snapshots, state.now)
+
+    def _plan_table(self, state: _State, name: str, kept: Mapping[int, VersionRecord]) -> TablePlan:
+        table, lineage = state.tables[name], state.lineages[name]
+        managed = name in state.managed
+        wanted = {tag_name(e): r.snapshots[name] for e, r in kept.items() if r.snapshots.get(name) is not None}
+        present = {ref: r.snapshot_id for ref, r in table.metadata.refs.items()
+                   if r.snapshot_ref_type == SnapshotRefType.TAG and tag_epoch(ref) is not None}
+        create_tags = {t: s for t, s in wanted.items() if present.get(t) != s}
+        remove_tags = tuple(sorted(t for t in present if t not in wanted or t in create_tags))
+        if not managed:
+            return TablePlan(name, False, create_tags, remove_tags)
+        keep = self._protected(state, name, table, lineage, wanted)
+        expire = []
+        for snapshot in lineage.by_id.values():
+            if snapshot.snapshot_id in keep:
+                continue
+            epoch = snapshot_epoch(snapshot)
+            if snapshot.snapshot_id not in lineage.main_ids and epoch is not None:
+                why = f"staged write of aborted epoch {epoch}"
+            elif epoch is not None:
+                why = f"epoch {epoch}: in no retained version, below every reader's next inputs"
+            else:
+                why = "no epoch, in no retained version"
+            expire.append(SnapshotDecision(snapshot.snapshot_id, epoch, why))
+        properties = {DELETE_AFTER_COMMIT: "true", PREVIOUS_VERSIONS_MAX: str(self.metadata_versions)}
+        properties = {k: v for k, v in properties.items() if table.properties.get(k) != v}
+        decisions = tuple(SnapshotDecision(s, snapshot_epoch(lineage.by_id[s]), why) for s, why in sorted(keep.items()))
+        return TablePlan(name, True, create_tags, remove_tags, decisions,
+                         tuple(sorted(expire, key=lambda d: d.snapshot_id)), properties)
+
+    def _protected(self, state: _State, name: str, table: Table, lineage: _Lineage,
+                   wanted_tags: Mapping[str, int]) -> dict[int, str]:
+        """Snapshot id -> why it must stay."""
+        keep: dict[int, str] = {}
+
+        def protect(snapshot_id: Optional[int], why: str) -> None:
+            if snapshot_id is not None and snapshot_id in lineage.by_id:
+                keep.setdefault(snapshot_id, why)
+
+        for tag, snapshot_id in sorted(wanted_tags.items()):
+            protect(snapshot_id, f"retained version {tag}")
+        for ref_name, ref in table.metadata.refs.items():
+            if ref_name == MAIN_BRANCH:
+                protect(ref.snapshot_id, "head of main")
+            elif ref.snapshot_ref_type == SnapshotRefType.BRANCH:
+                for snapshot in lineage.ancestors(ref.snapshot_id):
+                    protect(snapshot.snapshot_id, f"in branch {ref_name}")
+            elif tag_epoch(ref_name) is None:
+                protect(ref.snapshot_id, f"tag {ref_name}")
+        for epoch, snapshots in state.pinned.items():
+            protect(snapshots.get(name), f"pinned by a live reader (version {epoch})")
+        floors = [(state.consistent, "the newest consistent version")] if state.consistent is not None else []
+        floors += [(e, f"the next inputs of job {job}") for job, e in state.readers.get(name, [])]
+        for epoch, why in sorted(floors, key=lambda f: f[0], reverse=True):  # type: ignore[arg-type,return-value]
+            at = lineage.index_at_epoch(epoch)  # type: ignore[arg-type]
+            bottom = len(lineage.main) if at is None else at + 1  # no snapshot that old: keep all of main
+            for snapshot in lineage.main[:bottom]:
+                protect(snapshot.snapshot_id, f"main since epoch {epoch}, {why}")
+        committed = state.managed[name].epoch
+        for snapshot in lineage.by_id.values():
+            epoch = snapshot_epoch(snapshot)
+            if epoch is not None and committed is not None and epoch > committed:
+                protect(snapshot.snapshot_id, f"staged write of epoch {epoch}, not committed yet")
+        return keep
+
+    # -- applying --------------------------------------------------------------------------------
+
+    def run(self, dry_run: bool = False) -> GcReport:
+        """Apply one pass (see the module docstring); with ``dry_run`` only plan it."""
+        state = self._read_state()
+        plan, kept = self._plan(state)
+        if dry_run:
+            return GcReport(plan, True)
+        p = self.tm.paths
+        dropped = [v.epoch for v in plan.versions if v.action == "drop"]
+        self._zk_batches([Delete(p.version(e)) for e in dropped])
+        expired = deleted = 0
+        final_tables = []
+        for table_plan in plan.tables:
+            done, table_plan, files = self._apply_table(state, table_plan, kept)
+            final_tables.append(table_plan)
+            expired += done
+            deleted += files
+        created = [v.epoch for v in plan.versions if v.action == "create"]
+        self._zk_batches([Create(p.version(e), kept[e].to_json()) for e in created])
+        pruned = self.tm.barriers.prune(below=min(state.job_epochs.values())) if plan.barriers_to_prune else []
+        final = GcPlan(plan.now_ms, plan.policy, plan.consistent_epoch, plan.versions, tuple(final_tables),
+                       tuple(pruned), plan.notes)
+        log.info("gc: %d versions created, %d dropped; %d snapshots expired, %d files deleted, %d barriers pruned",
+                 len(created), len(dropped), expired, deleted, len(pruned))
+        return GcReport(final, False, expired, deleted, len(pruned))
+
+    def _zk_batches(self, ops: list) -> None:
+        for start in range(0, len(ops), ZK_BATCH):
+            self.tm.multi(ops[start:start + ZK_BATCH])
+
+    def _apply_table(self, state: _State, table_plan: TablePlan,
+                     kept: Mapping[int, VersionRecord]) -> tuple[int, TablePlan, int]:
+        """One commit for the table (planned again after losing a race with a writer), then its files."""
+        name = table_plan.table
+        table = state.tables[name]
+        try:
+            for attempt in Retrying(stop=stop_after_attempt(8), wait=wait_random_exponential(0.05, 1.0),
+                                    retry=retry_if_exception_type(CommitFailedException)):
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:  # main moved: plan again on the new metadata
+                        table.refresh()
+                        state.lineages[name] = _Lineage(table)
+                        table_plan = self._plan_table(state, name, kept)
+                    doomed = [state.lineages[name].by_id[d.snapshot_id] for d in table_plan.expire]
+                    if table_plan.changes_anything:
+                        self._commit(table, table_plan)
+        except RetryError:
+            raise PublishConflict(f"gc kept losing commit races with the writer of table {name}; "
+                                  "run it again") from None
+        return len(doomed), table_plan, self._delete_files(name, table, doomed)
+
+    def _commit(self, table: Table, plan: TablePlan) -> None:
+        """Tags, expiry and properties in one catalog commit, conditional on ``main`` and every changed tag.
+
+        The updates go to the catalog directly: pyiceberg's builders recompute (deep-copy) the whole
+        metadata for each tag and each expired snapshot, which makes a large GC quadratic.
+        """
+        refs = table.metadata.refs
+        requirements = [AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=table.metadata.current_snapshot_id)]
+        updates: list = []
+        for tag in plan.tags_to_remove:
+            requirements.append(AssertRefSnapshotId(ref=tag, snapshot_id=refs[tag].snapshot_id))
+            updates.append(RemoveSnapshotRefUpdate(ref_name=tag))
+        for tag, snapshot_id in sorted(plan.tags_to_create.items()):
+            if tag not in plan.tags_to_remove:
+                requirements.append(AssertRefSnapshotId(ref=tag, snapshot_id=None))
+            updates.append(SetSnapshotRefUpdate(ref_name=tag, type=SnapshotRefType.TAG, snapshot_id=snapshot_id))
+        if plan.expire:
+            updates.append(RemoveSnapshotsUpdate(snapshot_ids=[d.snapshot_id for d in plan.expire]))
+        if plan.set_properties:
+            updates.append(SetPropertiesUpdate(updates=dict(plan.set_properties)))
+        previous = table.metadata
+        table.catalog.commit_table(table, tuple(requirements), tuple(updates))
+        table.refresh()
+        delete_unlogged_metadata(table, previous, table.metadata)
+
+    def _delete_files(self, name: str, table: Table, doomed: list[Snapshot]) -> int:
+        """Delete the files only expired snapshots referenced (reachability from the committed metadata)."""
+        if not doomed:
+            return 0
+        files = self._files.setdefault(name, FileIndex())
+        remaining = list(table.snapshots())
+        orphaned = sorted(files.referenced(table, doomed) - files.referenced(table, remaining))
+        files.forget_except(remaining)
+        for path in orphaned:
+            try:
+                table.io.delete(path)
+            except FileNotFoundError:
+                pass  # deleted by an earlier run that stopped before its commit was recorded
+        return len(orphaned)
+
+
+def summarize(plan: GcPlan) -> list[str]:
+    """Human-readable lines for ``tidemark gc``: versions kept and dropped, and per table what goes and why."""
+    lines = [f"policy {plan.policy}; newest consistent epoch {plan.consistent_epoch}"]
+    for v in plan.versions:
+        lines.append(f"  version {v.epoch}: {v.action} ({v.reason})")
+    for t in plan.tables:
+        head = f"  table {t.table}" + ("" if t.managed else " (root table: tagged, never expired)")
+        parts = []
+        if t.tags_to_create:
+            parts.append(f"{len(t.tags_to_create)} tags to create")
+        if t.tags_to_remove:
+            parts.append(f"{len(t.tags_to_remove)} tags to remove")
+        if t.managed:
+            parts.append(f"{len(t.keep)} snapshots kept, {len(t.expire)} expired")
+        if t.set_properties:
+            parts.append("sets " + ", ".join(f"{k}={v}" for k, v in sorted(t.set_properties.items())))
+        lines.append(head + ": " + "; ".join(parts))
+        for why, count in sorted(Counter(_reason_kind(d.reason) for d in t.keep).items()):
+            lines.append(f"    keep   {count:>6}  {why}")
+        for why, count in sorted(Counter(_reason_kind(d.reason) for d in t.expire).items()):
+            lines.append(f"    expire {count:>6}  {why}")
+    if plan.barriers_to_prune:
+        lines.append(f"  barriers: {len(plan.barriers_to_prune)} znodes below every job's last committed epoch "
+                     f"pruned (up to {plan.barriers_to_prune[-1]})")
+    lines.extend(f"  note: {n}" for n in plan.notes)
+    return lines
+
+
+def _reason_kind(reason: str) -> str:
+    """A reason without its numbers (epochs, tags), for counting."""
+    return re.sub(r"\d+", "N", reason)
+
+
+__all__ = ["GarbageCollector", "GcPlan", "GcReport", "SnapshotDecision", "TablePlan", "VersionDecision", "summarize"]

@@ -1,0 +1,95 @@
+"""Garbage collection on a schedule, run by one elected driver at a time.
+
+    schedule = GcSchedule(tm, settings, every_s=600).start()   # in every driver that may run it
+    ...
+    schedule.stop()
+
+Every process with a schedule wakes every ``every_s`` seconds and, when the last run (by
+anyone) is at least ``every_s`` old, takes the kazoo ``Lock`` ``/gc/lock`` without waiting:
+one process wins, runs ``GarbageCollector.run()`` and records the time in ``/gc``; the
+others see the recorded run and sleep again. A driver that dies mid-run loses the lock with
+its session and the next due process runs GC again (a run is safe to repeat).
+
+Failure behaviour: an error of a run is logged and kept in ``last_error``; the schedule goes
+on (GC is housekeeping: it must never stop the driver's epochs).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Callable, Optional
+
+from coordinator.iceberg.catalog import CatalogSettings
+from coordinator.errors import CorruptState
+from coordinator.history.gc import GarbageCollector, GcReport
+from coordinator.records import now_ms
+from coordinator.history.retention import RetentionPolicy
+from coordinator.zookeeper.session import ZooKeeperSession
+
+log = logging.getLogger(__name__)
+
+
+class GcSchedule:
+    def __init__(self, tm: ZooKeeperSession, settings: Optional[CatalogSettings] = None, *, every_s: float = 600.0,
+                 policy: Optional[RetentionPolicy] = None, clock: Callable[[], int] = now_ms) -> None:
+        if every_s <= 0:
+            raise ValueError(f"every_s must be positive, got {every_s}")
+        self.tm, self.every_s, self.clock = tm, every_s, clock
+        self.collector = GarbageCollector(tm, settings, policy=policy, clock=clock)
+        self.runs = 0
+        self.last_report: Optional[GcReport] = None
+        self.last_error: Optional[Exception] = None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> "GcSchedule":
+        self.tm.ensure_path(self.tm.paths.gc)
+        self._thread = threading.Thread(target=self._loop, name="tidemark-gc", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop waking up; waits for a run in progress to finish."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_if_due()
+            except Exception as exc:  # noqa: BLE001 - housekeeping never takes the driver down
+                self.last_error = exc
+                log.warning("gc: run failed (%s: %s); trying again in %.0f s", type(exc).__name__, exc, self.every_s)
+            self._stop.wait(self.every_s)
+
+    def run_if_due(self) -> Optional[GcReport]:
+        """Run GC if no process ran it in the last ``every_s`` seconds and this one wins the lock."""
+        if not self._due():
+            return None
+        lock = self.tm.client.Lock(self.tm.paths.gc_lock, identifier=self.tm.member)
+        if not lock.acquire(blocking=False):
+            return None  # another driver is running it
+        try:
+            if not self._due():  # it ran between our look and our lock
+                return None
+            report = self.collector.run()
+            data = json.dumps({"last_run_ms": self.clock(), "by": self.tm.member}).encode()
+            self.tm.call(f"set {self.tm.paths.gc}", self.tm.client.set_async, self.tm.paths.gc, data)
+            self.runs += 1
+            self.last_report, self.last_error = report, None
+            return report
+        finally:
+            lock.release()
+
+    def _due(self) -> bool:
+        found = self.tm.get(self.tm.paths.gc)
+        try:
+            last = json.loads(found[0])["last_run_ms"] if found is not None and found[0] else None
+        except (ValueError, KeyError, TypeError):
+            raise CorruptState(f"{self.tm.paths.gc}: not a GC record; delete the znode") from None
+        return last is None or self.clock() - last >= self.every_s * 1000
+
+
+__all__ = ["GcSchedule"]

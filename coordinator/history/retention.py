@@ -1,0 +1,173 @@
+"""The tiered retention policy: which consistent versions a deployment keeps.
+
+    policy = RetentionPolicy.parse("all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo")
+    kept = policy.keep(epochs, now_ms=clock())     # {epoch: tier that keeps it}
+    store_policy(tm, policy); read_policy(tm)      # one policy per deployment, in /versions
+
+A tier ``<every>:<for>`` keeps the **oldest** version of every ``<every>`` bucket for as long as
+that version is at most ``<for>`` old. Buckets are fixed calendar intervals in UTC: ``all`` (every
+version), ``minutely``, ``hourly``, ``daily``, ``weekly`` (weeks start on Monday), ``monthly``,
+or any fixed length such as ``15m`` or ``6h``. ``<for>`` is a length: ``30s``, ``90m``, ``48h``,
+``30d``, ``52w`` or ``24mo`` (a month is 30 days here, a year ``1y`` 365 days).
+
+Why the oldest of each bucket: the choice never changes once made (new versions only arrive
+later), and a version a coarser tier will keep is the oldest of its finer buckets too, so it is
+never dropped in between. Applying the policy again and again to what earlier runs left
+(``tidemark gc`` on a schedule) therefore keeps exactly the set one pass over the full history
+would keep, for any policy whose windows grow with its buckets (a coarser tier keeps for longer
+than a finer one, by more than a bucket), as the default does. Otherwise a version kept by a
+finer tier can stand in for its bucket's dropped oldest version in a coarser tier a little
+longer than the full history would keep it.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable, Iterable, Optional
+
+from coordinator.errors import ConfigurationError, CorruptState
+from coordinator.zookeeper.session import ZooKeeperSession
+
+SECOND_MS = 1000
+MINUTE_MS = 60 * SECOND_MS
+HOUR_MS = 60 * MINUTE_MS
+DAY_MS = 24 * HOUR_MS
+WEEK_MS = 7 * DAY_MS
+MONDAY_OFFSET_MS = 4 * DAY_MS  # 1970-01-01 was a Thursday; weeks start on Monday
+LENGTH_UNITS = {"s": SECOND_MS, "m": MINUTE_MS, "h": HOUR_MS, "d": DAY_MS, "w": WEEK_MS, "mo": 30 * DAY_MS,
+                "y": 365 * DAY_MS}
+NAMED_BUCKETS = {"minutely": MINUTE_MS, "hourly": HOUR_MS, "daily": DAY_MS}
+DEFAULT_POLICY = "all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo"
+
+
+def parse_length(text: str) -> int:
+    """``"48h"`` -> milliseconds; ``ConfigurationError`` naming the accepted units otherwise."""
+    match = re.fullmatch(r"(\d+)(s|m|h|d|w|mo|y)", text.strip())
+    if not match or int(match.group(1)) <= 0:
+        raise ConfigurationError(f"{text!r} is not a length: write a positive number and a unit, one of "
+                                 f"{', '.join(LENGTH_UNITS)} (e.g. 90m, 48h, 30d, 52w, 24mo)")
+    return int(match.group(1)) * LENGTH_UNITS[match.group(2)]
+
+
+def _month(epoch_ms: int) -> int:
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+    return moment.year * 12 + moment.month - 1
+
+
+@dataclass(frozen=True)
+class Tier:
+    """Keep the oldest version of every ``every`` bucket while it is at most ``keep_for_ms`` old."""
+
+    every: str
+    keep_for_ms: int
+
+    def __post_init__(self) -> None:
+        self.bucket_of(0)  # validates ``every``
+        if self.keep_for_ms <= 0:
+            raise ConfigurationError(f"tier {self.every!r} must keep versions for a positive time")
+
+    @property
+    def name(self) -> str:
+        return self.every
+
+    def bucket_of(self, epoch: int) -> Optional[int]:
+        """The bucket ``epoch`` falls in (None for ``all``: every version is its own bucket)."""
+        return self._bucketer()(epoch)
+
+    def _bucketer(self) -> Callable[[int], Optional[int]]:
+        if self.every == "all":
+            return lambda epoch: None
+        if self.every == "weekly":
+            return lambda epoch: (epoch - MONDAY_OFFSET_MS) // WEEK_MS
+        if self.every == "monthly":
+            return _month
+        length = NAMED_BUCKETS.get(self.every) or parse_length(self.every)
+        return lambda epoch: epoch // length
+
+    def keep(self, epochs: list[int], now_ms: int) -> list[int]:
+        """The versions this tier keeps from ``epochs`` (sorted, oldest first)."""
+        bucketer, seen, kept = self._bucketer(), set(), []
+        for epoch in epochs:
+            bucket = bucketer(epoch)
+            if bucket is None or bucket not in seen:
+                seen.add(bucket)
+                if now_ms - epoch <= self.keep_for_ms:
+                    kept.append(epoch)
+        return kept
+
+    def to_text(self) -> str:
+        return f"{self.every}:{_length_text(self.keep_for_ms)}"
+
+
+def _length_text(ms: int) -> str:
+    for unit in ("w", "d", "h", "m", "s"):
+        if ms % LENGTH_UNITS[unit] == 0:
+            return f"{ms // LENGTH_UNITS[unit]}{unit}"
+    return f"{ms}ms"
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """Tiers, finest first; a version is kept while any tier keeps it."""
+
+    tiers: tuple[Tier, ...]
+
+    def __post_init__(self) -> None:
+        if not self.tiers:
+            raise ConfigurationError("a retention policy needs at least one tier, e.g. all:1h")
+
+    @classmethod
+    def parse(cls, text: str) -> "RetentionPolicy":
+        """``"all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo"`` (tiers separated by commas)."""
+        tiers = []
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            every, sep, keep_for = part.partition(":")
+            if not sep:
+                raise ConfigurationError(f"retention tier {part!r} must be <every>:<for>, e.g. hourly:48h")
+            try:
+                tiers.append(Tier(every.strip(), parse_length(keep_for)))
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"retention tier {part!r}: {exc}") from None
+        return cls(tuple(tiers))
+
+    @classmethod
+    def default(cls) -> "RetentionPolicy":
+        """Every version for 1 h, hourly for 48 h, daily for 30 days, weekly for 52 weeks, monthly for 24 months."""
+        return cls.parse(DEFAULT_POLICY)
+
+    def to_text(self) -> str:
+        return ",".join(t.to_text() for t in self.tiers)
+
+    def keep(self, epochs: Iterable[int], now_ms: int) -> dict[int, str]:
+        """``{epoch: name of the finest tier keeping it}`` for the versions the policy keeps at ``now_ms``."""
+        ordered = sorted(set(epochs))
+        kept: dict[int, str] = {}
+        for tier in self.tiers:
+            for epoch in tier.keep(ordered, now_ms):
+                kept.setdefault(epoch, tier.name)
+        return kept
+
+
+def read_policy(tm: ZooKeeperSession) -> RetentionPolicy:
+    """The deployment's policy recorded in ``/versions`` (the default when none was recorded)."""
+    found = tm.get(tm.paths.versions)
+    if found is None or not found[0]:
+        return RetentionPolicy.default()
+    try:
+        text = json.loads(found[0])["policy"]
+        return RetentionPolicy.parse(text)
+    except (ValueError, KeyError, TypeError, ConfigurationError) as exc:
+        raise CorruptState(f"{tm.paths.versions}: not a retention policy ({exc}); set one with "
+                           "`tidemark gc --policy SPEC`") from None
+
+
+def store_policy(tm: ZooKeeperSession, policy: RetentionPolicy) -> None:
+    """Record ``policy`` as the deployment's (every later GC, from any process, applies it)."""
+    tm.ensure_path(tm.paths.versions)
+    tm.call(f"set {tm.paths.versions}", tm.client.set_async, tm.paths.versions,
+            json.dumps({"policy": policy.to_text()}).encode())
+
+
+__all__ = ["DEFAULT_POLICY", "RetentionPolicy", "Tier", "parse_length", "read_policy", "store_policy"]

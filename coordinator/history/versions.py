@@ -1,0 +1,133 @@
+"""Retained consistent versions: ``/versions/<T>`` in ZooKeeper plus the Iceberg tag ``tidemark-<T>`` on every table.
+
+    versions = RetainedVersions(tm)
+    versions.epochs()                      # retained epochs, oldest first
+    versions.get(T)                        # VersionRecord: every covered table's snapshot at T, or None
+    versions.nearest(T)                    # the retained versions just below and above T (for error messages)
+    parse_version_ref("tidemark-1700000000000")  # -> 1700000000000; a bare epoch is accepted too
+
+A version at ``T`` covers every managed table (a table some registered job writes) whose
+writer's first epoch is at or before ``T``, plus the root tables those jobs read (each at its
+newest snapshot committed at or before ``T``). A table that was empty at ``T`` is recorded
+with ``None`` and carries no tag (a tag needs a snapshot). With the tag, any engine reads the
+version by name: Spark SQL ``SELECT * FROM t VERSION AS OF 'tidemark-<T>'``, Trino
+``FOR VERSION AS OF``, pyiceberg ``table.scan(snapshot_id=table.refs()['tidemark-<T>'].snapshot_id)``.
+
+Only ``coordinator.gc`` creates and drops versions (``tidemark gc``); the ZooKeeper record is
+written after every tag exists and deleted before any tag is removed, so a record always
+names snapshots that exist.
+"""
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from coordinator.errors import ConfigurationError
+from coordinator.records import JsonRecord, _int, _opt_int_map, now_ms
+from coordinator.history.retention import read_policy
+from coordinator.zookeeper.session import ZooKeeperSession
+
+TAG_PREFIX = "tidemark-"
+
+
+def tag_name(epoch: int) -> str:
+    """The Iceberg tag of the retained version at ``epoch``."""
+    return f"{TAG_PREFIX}{epoch}"
+
+
+def tag_epoch(name: str) -> Optional[int]:
+    """The epoch a Tidemark tag names (None for any other ref)."""
+    match = re.fullmatch(re.escape(TAG_PREFIX) + r"(\d+)", name)
+    return int(match.group(1)) if match else None
+
+
+def parse_version_ref(text: str) -> int:
+    """An epoch from ``"tidemark-<T>"`` or ``"<T>"`` (what ``--as-of`` accepts)."""
+    epoch = tag_epoch(text.strip())
+    if epoch is None and text.strip().isdigit():
+        epoch = int(text.strip())
+    if epoch is None:
+        raise ConfigurationError(f"{text!r} names no version: give an epoch (milliseconds) or a tag "
+                                 f"{TAG_PREFIX}<epoch>; `tidemark versions` lists the retained ones")
+    return epoch
+
+
+@dataclass(frozen=True)
+class VersionRecord(JsonRecord):
+    """``/versions/<T>``: each covered table's snapshot at epoch ``T`` (None: the table was empty then)."""
+
+    epoch: int
+    snapshots: Mapping[str, Optional[int]]
+    created_ms: int = field(default_factory=now_ms)
+
+    def __post_init__(self) -> None:
+        _int(self.epoch, "epoch")
+        _int(self.created_ms, "created_ms")
+        object.__setattr__(self, "snapshots", _opt_int_map(self.snapshots, "snapshots"))
+
+
+class RetainedVersions:
+    """Read access to ``/versions`` (``coordinator.gc`` writes it)."""
+
+    def __init__(self, tm: ZooKeeperSession) -> None:
+        self.tm = tm
+
+    def epochs(self) -> list[int]:
+        return sorted(int(c) for c in self.tm.children(self.tm.paths.versions) if c.isdigit())
+
+    def get(self, epoch: int) -> Optional[VersionRecord]:
+        found = self.tm.read(self.tm.paths.version(epoch), VersionRecord)
+        return None if found is None else found[0]
+
+    def all(self) -> list[VersionRecord]:
+        """Every retained version, oldest first (one pipelined read)."""
+        epochs = self.epochs()
+        raw = self.tm.get_many([self.tm.paths.version(e) for e in epochs])
+        return [VersionRecord.from_json(r[0], self.tm.paths.version(e)) for e, r in zip(epochs, raw) if r is not None]
+
+    def nearest(self, epoch: int) -> tuple[Optional[int], Optional[int]]:
+        return nearest(self.epochs(), epoch)
+
+
+@dataclass(frozen=True)
+class VersionListing(JsonRecord):
+    """One line of ``tidemark versions``: a retained version, the tier keeping it and its age."""
+
+    epoch: int
+    tag: str
+    tier: str
+    age_ms: int
+    snapshots: Mapping[str, Optional[int]]
+
+
+def tier_listing(tm: ZooKeeperSession, records: list[VersionRecord], now: Optional[int] = None) -> list[VersionListing]:
+    """``records`` with the tier of the deployment's policy that keeps each (the newest is always kept; a
+    version no tier keeps any more goes at the next ``tidemark gc``, unless a live reader pinned it)."""
+    now = now_ms() if now is None else now
+    tiers = read_policy(tm).keep([r.epoch for r in records], now)
+    newest = max((r.epoch for r in records), default=None)
+    fallback = {newest: "newest consistent version"}
+    return [VersionListing(r.epoch, tag_name(r.epoch), tiers.get(r.epoch) or fallback.get(r.epoch, "out of policy (kept while a reader pins it)"),
+                           now - r.epoch, dict(r.snapshots)) for r in records]
+
+
+def fmt_age(ms: int) -> str:
+    """``93784000`` -> ``1d 2h 3m``."""
+    minutes = max(ms, 0) // 60_000
+    days, hours, minutes = minutes // 1440, minutes // 60 % 24, minutes % 60
+    return " ".join(f"{v}{u}" for v, u in ((days, "d"), (hours, "h"), (minutes, "m")) if v) or "0m"
+
+
+def nearest(epochs: list[int], epoch: int) -> tuple[Optional[int], Optional[int]]:
+    """The retained epochs just below and just above ``epoch`` in the sorted ``epochs``."""
+    at = bisect.bisect_left(epochs, epoch)
+    below = epochs[at - 1] if at > 0 else None
+    above = epochs[at] if at < len(epochs) and epochs[at] != epoch else (
+        epochs[at + 1] if at + 1 < len(epochs) else None)
+    return below, above
+
+
+__all__ = ["RetainedVersions", "TAG_PREFIX", "VersionListing", "VersionRecord", "fmt_age", "nearest", "parse_version_ref",
+           "tag_epoch", "tag_name", "tier_listing"]

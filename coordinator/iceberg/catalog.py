@@ -1,0 +1,189 @@
+"""One Iceberg catalog, described once, opened from Python (pyiceberg) and from Spark alike.
+
+    settings = CatalogSettings.from_env()             # TIDEMARK_CATALOG_URI or the embedded SQLite default
+    catalog = settings.load()                          # pyiceberg SqlCatalog on the same database
+    settings.spark_conf()                              # spark.sql.catalog.<name>.* for the session
+
+Supported URIs: ``sqlite:///abs/path/catalog.db`` and ``postgresql://user:password@host:port/db``.
+Any other catalog (REST, Glue, Hive, ...) is described with ``CatalogSettings.custom``.
+
+Only the embedded default (``CatalogSettings.embedded``, or ``create_if_missing=True``) creates
+its SQLite database and directories; any other SQLite URI must name an existing database, so a
+mistyped URI is a ``ConfigurationError``, never a new empty catalog.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional
+from urllib.parse import unquote, urlsplit
+
+from coordinator.errors import ConfigurationError, InvalidName, TableNotFound
+from coordinator.names import validate_name
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+DEFAULT_CATALOG = "lake"
+
+
+def is_catalog_outage(exc: BaseException) -> bool:
+    """True when ``exc`` says the catalog's database could not be reached or dropped the connection (it is
+    restarting or failing over, or the network failed): a transient failure, worth trying again."""
+    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+    return isinstance(exc, (OperationalError, InterfaceError)) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated)
+
+
+def data_home() -> Path:
+    """Where the embedded defaults live: ``TIDEMARK_HOME`` or ``~/.local/share/tidemark``."""
+    configured = os.environ.get("TIDEMARK_HOME")
+    if configured:
+        return Path(configured).absolute()
+    base = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+    return Path(base) / "tidemark"
+
+
+@dataclass(frozen=True)
+class CatalogSettings:
+    """The catalog's name, its database URI and warehouse, or verbatim properties for a custom catalog."""
+
+    name: str = DEFAULT_CATALOG
+    uri: Optional[str] = None
+    warehouse: Optional[str] = None
+    spark_properties: Mapping[str, str] = field(default_factory=dict)
+    python_properties: Mapping[str, str] = field(default_factory=dict)
+    create_if_missing: bool = False
+
+    def __post_init__(self) -> None:
+        validate_name(self.name, "catalog name")
+        if self.uri is not None:
+            _parse_uri(self.uri)  # fail at construction, with the message, not deep inside a driver
+
+    @classmethod
+    def embedded(cls, home: Optional[Path] = None, name: str = DEFAULT_CATALOG) -> "CatalogSettings":
+        home = Path(home or data_home())
+        return cls(name=name, uri=f"sqlite:///{home / 'catalog.db'}", warehouse=f"file://{home / 'warehouse'}",
+                   create_if_missing=True)
+
+    @classmethod
+    def from_env(cls) -> "CatalogSettings":
+        """``TIDEMARK_CATALOG_URI`` / ``TIDEMARK_WAREHOUSE`` / ``TIDEMARK_CATALOG_NAME``, else the embedded default."""
+        name = os.environ.get("TIDEMARK_CATALOG_NAME", DEFAULT_CATALOG)
+        uri = os.environ.get("TIDEMARK_CATALOG_URI")
+        if not uri:
+            return cls.embedded(name=name)
+        warehouse = os.environ.get("TIDEMARK_WAREHOUSE") or f"file://{data_home() / 'warehouse'}"
+        return cls(name=name, uri=uri, warehouse=warehouse)
+
+    @classmethod
+    def custom(cls, name: str, *, spark_properties: Mapping[str, str],
+               python_properties: Mapping[str, str]) -> "CatalogSettings":
+        """Any Iceberg catalog: properties as Spark's SparkCatalog and pyiceberg's ``load_catalog`` expect them."""
+        return cls(name=name, spark_properties=dict(spark_properties), python_properties=dict(python_properties))
+
+    def spark_conf(self) -> dict[str, str]:
+        prefix = f"spark.sql.catalog.{self.name}"
+        conf = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.cache-enabled": "false"}
+        if self.uri is None:
+            conf.update({f"{prefix}.{k}": v for k, v in self.spark_properties.items()})
+            conf[f"{prefix}.cache-enabled"] = "false"  # Spark must see refs that Python moved
+            return conf
+        kind, parts = _parse_uri(self.uri)
+        conf[f"{prefix}.catalog-impl"] = "org.apache.iceberg.jdbc.JdbcCatalog"
+        # pyiceberg creates the catalog tables (already in the V1 layout). Java must not probe them
+        # itself: that probe leaves a read transaction open on its pooled connection, which pins a
+        # stale SQLite snapshot and makes Python's commits fail with "database is locked".
+        conf[f"{prefix}.jdbc.schema-version"] = "V1"
+        conf[f"{prefix}.jdbc.init-catalog-tables"] = "false"
+        if self.warehouse:
+            conf[f"{prefix}.warehouse"] = self.warehouse
+        if kind == "sqlite":
+            self._require_database(parts["path"])
+            conf[f"{prefix}.uri"] = f"jdbc:sqlite:{parts['path']}?journal_mode=WAL"
+            conf[f"{prefix}.jdbc.busy_timeout"] = str(SQLITE_BUSY_TIMEOUT_MS)
+        else:
+            conf[f"{prefix}.uri"] = f"jdbc:postgresql://{parts['host']}:{parts['port']}/{parts['database']}"
+            if parts["user"]:
+                conf[f"{prefix}.jdbc.user"] = parts["user"]
+            if parts["password"]:
+                conf[f"{prefix}.jdbc.password"] = parts["password"]
+        return conf
+
+    def python_catalog_properties(self) -> dict[str, str]:
+        if self.uri is None:
+            return dict(self.python_properties)
+        kind, parts = _parse_uri(self.uri)
+        props = {"type": "sql"}
+        if self.warehouse:
+            props["warehouse"] = self.warehouse
+        if kind == "sqlite":
+            self._require_database(parts["path"])
+            props["uri"] = f"sqlite:///{parts['path']}?timeout={SQLITE_BUSY_TIMEOUT_MS // 1000}"
+        else:
+            auth = parts["user"] + (f":{parts['password']}" if parts["password"] else "") + "@" if parts["user"] else ""
+            props["uri"] = f"postgresql+psycopg2://{auth}{parts['host']}:{parts['port']}/{parts['database']}"
+        return props
+
+    def _require_database(self, path: str) -> None:
+        if not self.create_if_missing:
+            if not Path(path).is_file():
+                raise ConfigurationError(f"the SQLite catalog database {path} does not exist: check "
+                                         "TIDEMARK_CATALOG_URI (only the embedded default catalog is created "
+                                         "when missing)")
+            return
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigurationError(f"cannot create the catalog's directory {Path(path).parent}: "
+                                     f"{exc.strerror or exc}; set TIDEMARK_HOME to a writable directory") from None
+
+    def load(self):
+        """The pyiceberg catalog, or a ConfigurationError saying why the database cannot be opened."""
+        from pyiceberg.catalog import load_catalog
+        try:
+            return load_catalog(self.name, **self.python_catalog_properties())
+        except Exception as exc:  # noqa: BLE001 - any driver error becomes one readable line
+            raise ConfigurationError(
+                f"cannot open Iceberg catalog {self.name!r} at {self.uri or self.python_properties}: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; check the URI, "
+                "that the database server is running and that the credentials are right") from None
+
+    def identifier(self, table: str) -> str:
+        """Strip the catalog name Spark uses (``lake.db.t``) to the identifier pyiceberg uses (``db.t``)."""
+        prefix = self.name + "."
+        return table[len(prefix):] if table.startswith(prefix) else table
+
+
+def load_table(catalog, settings: CatalogSettings, table: str):
+    """The pyiceberg table; ``TableNotFound`` when it does not exist, ``InvalidName`` without a namespace."""
+    from pyiceberg.exceptions import NoSuchIdentifierError, NoSuchNamespaceError, NoSuchTableError
+    identifier = settings.identifier(validate_name(table, "table name"))
+    if "." not in identifier:
+        raise InvalidName(f"table {table!r} has no namespace: name it namespace.table "
+                          f"(or {settings.name}.namespace.table)")
+    try:
+        return catalog.load_table(identifier)
+    except (NoSuchTableError, NoSuchNamespaceError, NoSuchIdentifierError):
+        raise TableNotFound(f"Iceberg table {table!r} does not exist in catalog {settings.name!r}") from None
+
+
+def _parse_uri(uri: str) -> tuple[str, dict[str, str]]:
+    hint = ("use sqlite:///absolute/path/catalog.db or postgresql://user:password@host:port/database, "
+            "or CatalogSettings.custom(...) for another catalog")
+    try:
+        parts = urlsplit(uri)
+        port = parts.port
+    except ValueError:
+        raise ConfigurationError(f"catalog URI {uri!r} is malformed: {hint}") from None
+    if parts.scheme == "sqlite":
+        path = unquote(parts.path)
+        if parts.netloc or not path.startswith("/") or path == "/":
+            raise ConfigurationError(f"catalog URI {uri!r} needs an absolute file path: {hint}")
+        return "sqlite", {"path": path}
+    if parts.scheme in ("postgresql", "postgres"):
+        database = parts.path.lstrip("/")
+        if not parts.hostname or not database:
+            raise ConfigurationError(f"catalog URI {uri!r} needs a host and a database: {hint}")
+        return "postgresql", {"host": parts.hostname, "port": str(port or 5432), "database": database,
+                              "user": unquote(parts.username or ""), "password": unquote(parts.password or "")}
+    raise ConfigurationError(f"catalog URI {uri!r} has an unsupported scheme {parts.scheme!r}: {hint}")

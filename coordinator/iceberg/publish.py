@@ -1,0 +1,215 @@
+"""Publishing staged snapshots (write-audit-publish) conditionally and idempotently, fenced by term.
+
+    claim_table(table, job, term)                        # a new leader, before anything else: Fenced if outranked
+    result = publish_staged(table, staged_snapshot_id, epoch=T, term=term)
+    result.outcome        # PUBLISHED, or ALREADY_PUBLISHED when main's lineage already holds epoch T
+    advance_committed_epoch(table, EpochProgress(job, T, term_of_T, inputs), term)   # after the ZooKeeper commit
+
+The ref move is alone in its commit and is conditional twice: we check that ``main`` is
+the staged write's base (``staged_base``), and the commit asserts ``main`` has not moved
+since we loaded the table. Losing a race is therefore never silent: either the winner
+published this epoch (``ALREADY_PUBLISHED``) or ``PublishConflict`` is raised.
+
+**Fencing in Iceberg.** Every commit Tidemark makes to a sink (claim, publish, marker)
+carries the requirement ``tidemark.term <= term`` (``AssertTermAtMost``), and a new leader
+raises ``tidemark.term`` to its own term (``claim_table``) before it writes anything. The
+catalog validates requirements against the metadata it is about to replace and swaps the
+metadata pointer only if that is still current (pyiceberg's SQL, Hive, Glue and DynamoDB
+catalogs), so once a leader has claimed a table no commit of an older term can land, even
+from a zombie that lost ZooKeeper long ago and never noticed. A REST catalog cannot be
+sent the custom requirement: there the term is checked just before the commit (a
+narrower, non-atomic guard; ZooKeeper fencing still holds).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from pydantic import Field
+from pyiceberg.catalog.rest import RestCatalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import (AssertRefSnapshotId, AssertTableUUID, SetPropertiesUpdate, SetSnapshotRefUpdate,
+                                    TableUpdate, ValidatableTableRequirement)
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from coordinator.errors import Fenced, PublishConflict
+from coordinator.iceberg.metadata_files import delete_unlogged_metadata
+from coordinator.records import EpochProgress
+from coordinator.iceberg.snapshots import (FIRST_EPOCH_PROPERTY, TERM_PROPERTY, WRITER_PROPERTY, claimed_term, committed_properties,
+                        first_epoch, snapshot_epoch, snapshot_of_epoch, table_progress)
+
+
+class PublishOutcome(str, enum.Enum):
+    PUBLISHED = "PUBLISHED"
+    ALREADY_PUBLISHED = "ALREADY_PUBLISHED"
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    table: str
+    epoch: int
+    snapshot_id: int          # the snapshot of epoch ``epoch`` now in main
+    outcome: PublishOutcome
+
+
+class _Lost(Exception):
+    """Our conditional commit lost a race; look again at what the winner did."""
+
+
+class AssertTermAtMost(ValidatableTableRequirement):
+    """Tidemark's fencing requirement: the table's ``tidemark.term`` property is at most ``term``."""
+
+    type: Literal["tidemark-assert-term-at-most"] = Field(default="tidemark-assert-term-at-most")
+    term: int
+
+    def validate(self, base_metadata: Optional[TableMetadata]) -> None:
+        if base_metadata is None:
+            raise CommitFailedException("Requirement failed: current table metadata is missing")
+        recorded = claimed_term(base_metadata.properties)
+        if recorded > self.term:
+            raise CommitFailedException(f"Requirement failed: the table is claimed by term {recorded}, "
+                                        f"above this writer's term {self.term}")
+
+
+def _fenced(table: Table, term: int) -> Fenced:
+    return Fenced(f"table {'.'.join(table.name())} is claimed by term {claimed_term(table.properties)}, above this "
+                  f"writer's term {term}: a newer leader took over; this driver is a zombie and changes nothing")
+
+
+def _commit(table: Table, term: int, updates: tuple[TableUpdate, ...], requirements: tuple = ()) -> None:
+    """One catalog commit of ``updates``, refused (``Fenced``) when the table is claimed by a higher term.
+
+    A commit that failed on a requirement is told apart after a reload: outranked (``Fenced``) or a lost
+    race (``_Lost``, the caller looks again).
+    """
+    guard = (AssertTableUUID(uuid=table.metadata.table_uuid), *requirements)
+    if isinstance(table.catalog, RestCatalog):
+        if claimed_term(table.properties) > term:
+            raise _fenced(table, term)
+    else:
+        guard = (*guard, AssertTermAtMost(term=term))
+    try:
+        response = table.catalog.commit_table(table, guard, updates)  # type: ignore[arg-type]
+    except CommitFailedException:
+        table.refresh()
+        if claimed_term(table.properties) > term:
+            raise _fenced(table, term) from None
+        raise _Lost() from None
+    delete_unlogged_metadata(table, table.metadata, response.metadata)
+    table.metadata, table.metadata_location = response.metadata, response.metadata_location
+
+
+def _retry_lost_races(attempt, what: str):
+    retrying = Retrying(stop=stop_after_attempt(5), wait=wait_random_exponential(0.01, 0.5),
+                        retry=retry_if_exception_type(_Lost), reraise=True)
+    try:
+        return retrying(attempt)
+    except _Lost:
+        raise PublishConflict(f"kept losing commit races while {what}") from None
+
+
+def publish_staged(table: Table, snapshot_id: int, epoch: int, term: int) -> PublishResult:
+    """Move ``main`` to the staged ``snapshot_id`` of epoch ``epoch``, unless that epoch is already there.
+
+    ``Fenced`` when the table is claimed by a term above ``term`` (checked atomically with the ref move).
+
+    The first attempt uses the table's loaded metadata when it already holds the staged snapshot (the
+    writer loaded it after staging): if ``main`` moved since, the commit's ``main``-unchanged
+    requirement fails and the next attempt reloads. One metadata load per epoch saved.
+    """
+    name = ".".join(table.name())
+    attempts = 0
+
+    def attempt() -> PublishResult:
+        nonlocal attempts
+        if attempts or table.snapshot_by_id(snapshot_id) is None:
+            table.refresh()
+        attempts += 1
+        if claimed_term(table.properties) > term:
+            raise _fenced(table, term)
+        present = snapshot_of_epoch(table, epoch)
+        if present is not None:
+            return PublishResult(name, epoch, present.snapshot_id, PublishOutcome.ALREADY_PUBLISHED)
+        staged = table.snapshot_by_id(snapshot_id)
+        if staged is None:
+            raise PublishConflict(f"table {name}: staged snapshot {snapshot_id} of epoch {epoch} does not exist "
+                                  "(expired?); the epoch must be recomputed")
+        if snapshot_epoch(staged) != epoch:
+            raise PublishConflict(f"table {name}: snapshot {snapshot_id} carries epoch {snapshot_epoch(staged)}, "
+                                  f"not {epoch}")
+        current = table.current_snapshot()
+        current_id = current.snapshot_id if current else None
+        base = staged_base(table, staged, epoch)
+        if base != current_id:
+            raise PublishConflict(
+                f"table {name}: main moved to {current_id} since snapshot {snapshot_id} (epoch {epoch}) was staged "
+                f"on {base}; publishing it would drop that snapshot. Recompute the epoch "
+                "(is another writer committing to this table outside Tidemark?)")
+        _commit(table, term, (SetSnapshotRefUpdate(ref_name=MAIN_BRANCH, type=SnapshotRefType.BRANCH,
+                                                   snapshot_id=snapshot_id),),
+                (AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=current_id),))
+        return PublishResult(name, epoch, snapshot_id, PublishOutcome.PUBLISHED)
+
+    return _retry_lost_races(attempt, f"publishing epoch {epoch} of table {name}")
+
+
+def staged_base(table: Table, staged: Snapshot, epoch: int) -> Optional[int]:
+    """The snapshot a staged write of ``epoch`` was built on: the first ancestor not of that epoch.
+
+    A staged write may be several snapshots (pyiceberg's overwrite is a delete, then an append).
+    """
+    snapshot: Optional[Snapshot] = staged
+    while snapshot is not None and snapshot_epoch(snapshot) == epoch:
+        parent = snapshot.parent_snapshot_id
+        if parent is None:
+            return None
+        snapshot = table.snapshot_by_id(parent)
+    return snapshot.snapshot_id if snapshot is not None else None
+
+
+def advance_committed_epoch(table: Table, progress: EpochProgress, term: int) -> bool:
+    """Record in the table that ``progress.epoch`` committed (monotonic, idempotent), as leader ``term``;
+    False when the table already records it or a later epoch.
+
+    This is how an epoch with no new data is marked: one metadata-only commit, no snapshot,
+    no manifest, carrying the whole ``EpochProgress`` (job, epoch, term, inputs). An epoch
+    that published a snapshot needs no mark (its snapshot carries the same), except the
+    writer's first, which records ``tidemark.first-epoch``.
+    """
+    def attempt() -> bool:
+        table.refresh()
+        current = table_progress(table)
+        newer = current is None or current.epoch < progress.epoch or (
+            current.epoch == progress.epoch and current.inputs is None and progress.inputs is not None)
+        updates = committed_properties(progress) if newer else {}
+        if table.properties.get(FIRST_EPOCH_PROPERTY) is None:
+            updates[FIRST_EPOCH_PROPERTY] = str(first_epoch(table) or progress.epoch)
+        if not updates:
+            return False
+        _commit(table, term, (SetPropertiesUpdate(updates=updates),))
+        return True
+
+    return _retry_lost_races(attempt, f"marking epoch {progress.epoch} committed in table {'.'.join(table.name())}")
+
+
+def claim_table(table: Table, job: str, term: int) -> None:
+    """Record ``job`` as the table's writer and ``term`` as its fencing floor (idempotent).
+
+    A new leader calls it before it writes anything: from then on no commit of a lower term
+    lands on the table. ``Fenced`` when the table is already claimed by a higher term.
+    """
+    def attempt() -> None:
+        table.refresh()
+        recorded = claimed_term(table.properties)
+        if recorded > term:
+            raise _fenced(table, term)
+        if table.properties.get(WRITER_PROPERTY) == job and recorded == term:
+            return
+        _commit(table, term, (SetPropertiesUpdate(updates={WRITER_PROPERTY: job, TERM_PROPERTY: str(term)}),))
+
+    _retry_lost_races(attempt, f"claiming table {'.'.join(table.name())} for job {job} (term {term})")

@@ -1,0 +1,241 @@
+"""Epochs in Iceberg metadata: the record of progress a restart resumes from, with no ZooKeeper at hand.
+
+Format 1 (``tidemark.format = 1``). Every snapshot Tidemark stages carries in its summary::
+
+    tidemark.format   1
+    tidemark.job      the writer job
+    tidemark.epoch    the epoch (a barrier, milliseconds)
+    tidemark.term     the writer's fencing term
+    tidemark.inputs   {"sources":{"<table>":{"start":S,"end":E}},"batch_id":B}   (compact JSON: EpochInputs)
+
+Spark's ``MERGE INTO`` gets the same keys through Iceberg's ``CommitMetadata`` (older
+snapshots may carry only ``wap.id = tidemark:<job>:<epoch>:<term>``, which gives the epoch
+and term but no inputs). Table properties:
+
+    tidemark.writer           the job that claimed the table
+    tidemark.term             the highest term that claimed it: a publisher with a lower term is refused
+    tidemark.committed        the committed-epoch marker, {"job","epoch","term","inputs"} (EpochProgress JSON),
+                              written after the ZooKeeper commit of an epoch that published nothing here
+    tidemark.committed-epoch  the marker's epoch alone (kept for readers of the 0.1 layout)
+    tidemark.first-epoch      the writer's first epoch: the table has no exact state before it
+
+**The one rule** (``table_progress``): a table's progress is the newer, by epoch, of (a) the
+newest snapshot in ``main``'s lineage that carries an epoch and (b) the committed-epoch
+marker. A published snapshot belongs to a precommitted epoch, which always commits with
+exactly that snapshot, so it counts as committed for that table. A job with several sinks
+is committed in Iceberg up to the *lowest* of its sinks' progress; a higher epoch found in
+some sink was precommitted and is recomputed from the inputs its snapshot records (see
+``progress.py``). The lineage helpers walk ``main`` from its head through parent ids;
+pyiceberg's ``Summary`` is read with ``.get`` only (``in`` and ``dict()`` misbehave on it).
+"""
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot, ancestors_of
+
+from coordinator.errors import CorruptState
+from coordinator.records import EpochInputs, EpochProgress
+
+FORMAT = "1"
+FORMAT_KEY = "tidemark.format"
+EPOCH_KEY = "tidemark.epoch"
+JOB_KEY = "tidemark.job"
+TERM_KEY = "tidemark.term"
+INPUTS_KEY = "tidemark.inputs"
+COMMITTED_PROPERTY = "tidemark.committed"
+COMMITTED_EPOCH_PROPERTY = "tidemark.committed-epoch"
+FIRST_EPOCH_PROPERTY = "tidemark.first-epoch"
+WRITER_PROPERTY = "tidemark.writer"
+TERM_PROPERTY = "tidemark.term"
+
+
+WAP_ID_KEY = "wap.id"
+WAP_PREFIX = "tidemark:"
+
+
+def summary_properties(epoch: int, job: str, term: int, inputs: Optional[EpochInputs] = None) -> dict[str, str]:
+    """The summary keys of a snapshot staged for ``job``'s epoch ``epoch`` under ``term``, reading ``inputs``."""
+    keys = {FORMAT_KEY: FORMAT, EPOCH_KEY: str(epoch), JOB_KEY: job, TERM_KEY: str(term)}
+    if inputs is not None:
+        keys[INPUTS_KEY] = inputs.to_json().decode()
+    return keys
+
+
+def committed_properties(progress: EpochProgress) -> dict[str, str]:
+    """The table properties of the committed-epoch marker for ``progress``."""
+    return {FORMAT_KEY: FORMAT, COMMITTED_PROPERTY: progress.to_json().decode(),
+            COMMITTED_EPOCH_PROPERTY: str(progress.epoch)}
+
+
+def wap_id(epoch: int, job: str, term: int) -> str:
+    """The ``spark.wap.id`` of a staged write. Spark records it in every staged snapshot's summary,
+    including SQL ``MERGE INTO``, which cannot carry custom summary keys."""
+    return f"{WAP_PREFIX}{job}:{epoch}:{term}"
+
+
+def _wap_parts(summary) -> Optional[list[str]]:
+    """``[job, epoch, term]`` of a Tidemark ``wap.id`` (None: no such wap id)."""
+    wap = summary.get(WAP_ID_KEY)
+    if wap is None or not wap.startswith(WAP_PREFIX):
+        return None
+    parts = wap[len(WAP_PREFIX):].rsplit(":", 2)
+    return parts if len(parts) == 3 else None
+
+
+def snapshot_epoch(snapshot: Snapshot) -> Optional[int]:
+    """The epoch a snapshot belongs to: ``tidemark.epoch``, else a Tidemark ``wap.id``, else None."""
+    if snapshot.summary is None:
+        return None
+    value = snapshot.summary.get(EPOCH_KEY)
+    if value is None:
+        wap = _wap_parts(snapshot.summary)
+        value = wap[1] if wap else None
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        raise CorruptState(f"snapshot {snapshot.snapshot_id}: epoch {value[:30]!r} is not an integer") from None
+
+
+def snapshot_progress(snapshot: Snapshot) -> Optional[EpochProgress]:
+    """What a snapshot records about its epoch (None: not a Tidemark snapshot); ``inputs`` is None for a
+    snapshot of an older release (summary keys without inputs, or a ``wap.id`` only)."""
+    summary = snapshot.summary
+    if summary is None:
+        return None
+    epoch, job, term = summary.get(EPOCH_KEY), summary.get(JOB_KEY), summary.get(TERM_KEY)
+    where = f"snapshot {snapshot.snapshot_id}"
+    if epoch is None:
+        wap = _wap_parts(summary)
+        if wap is None:
+            return None
+        job, epoch, term = wap
+    raw_inputs = summary.get(INPUTS_KEY)
+    try:
+        inputs = None if raw_inputs is None else EpochInputs.from_json(raw_inputs.encode(), f"{where} {INPUTS_KEY}")
+        return EpochProgress(job=job or "", epoch=int(epoch), term=int(term or 0), inputs=inputs)
+    except ValueError as exc:
+        raise CorruptState(f"{where}: unreadable Tidemark summary keys ({exc})") from None
+
+
+def marker_progress(table: Table) -> Optional[EpochProgress]:
+    """The committed-epoch marker (a 0.1 ``tidemark.committed-epoch`` alone gives the epoch, no inputs)."""
+    where = f"table {'.'.join(table.name())} property {COMMITTED_PROPERTY}"
+    raw = table.properties.get(COMMITTED_PROPERTY)
+    if raw is not None:
+        return EpochProgress.from_json(raw.encode(), where)
+    legacy = table.properties.get(COMMITTED_EPOCH_PROPERTY)
+    if legacy is None:
+        return None
+    try:
+        return EpochProgress(job=table.properties.get(WRITER_PROPERTY) or "", epoch=int(legacy), term=0)
+    except ValueError:
+        raise CorruptState(f"table {'.'.join(table.name())}: {COMMITTED_EPOCH_PROPERTY}={legacy[:30]!r} is not "
+                           "an epoch") from None
+
+
+def newest_snapshot_progress(table: Table) -> Optional[tuple[EpochProgress, Snapshot]]:
+    """The newest snapshot of ``main`` that carries an epoch, with what it records."""
+    for snapshot in main_lineage(table):
+        found = snapshot_progress(snapshot)
+        if found is not None:
+            return found, snapshot
+    return None
+
+
+def table_progress(table: Table) -> Optional[EpochProgress]:
+    """The one rule: the newer of ``main``'s newest epoch snapshot and the committed-epoch marker (on a tie, the
+    one that records inputs)."""
+    published = newest_snapshot_progress(table)
+    candidates = [p for p in (published[0] if published else None, marker_progress(table)) if p is not None]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda p: (p.epoch, p.inputs is not None))
+
+
+def claimed_term(properties) -> int:
+    """The term that claimed a table last (its ``tidemark.term`` property; 0 for none)."""
+    value = properties.get(TERM_PROPERTY)
+    try:
+        return int(value or 0)
+    except ValueError:
+        raise CorruptState(f"table property {TERM_PROPERTY}={value[:30]!r} is not a term") from None
+
+
+def recorded_term(table: Table) -> int:
+    """The highest term the table records anywhere (claims, published and staged snapshots; 0 for none)."""
+    terms = [claimed_term(table.properties)]
+    terms += [p.term for p in (snapshot_progress(s) for s in table.snapshots()) if p is not None]
+    marker = marker_progress(table)
+    return max(terms + ([marker.term] if marker else []))
+
+
+def main_lineage(table: Table) -> Iterator[Snapshot]:
+    """``main``'s snapshots, newest first."""
+    return iter(ancestors_of(table.current_snapshot(), table.metadata))
+
+
+def snapshot_of_epoch(table: Table, epoch: int) -> Optional[Snapshot]:
+    """The snapshot of ``main``'s lineage that carries epoch ``epoch``, if any."""
+    for snapshot in main_lineage(table):
+        found = snapshot_epoch(snapshot)
+        if found == epoch:
+            return snapshot
+        if found is not None and found < epoch:
+            return None
+    return None
+
+
+def snapshot_at_epoch(table: Table, epoch: int) -> Optional[Snapshot]:
+    """The newest snapshot of ``main`` with ``tidemark.epoch <= epoch`` (None: the table was empty then)."""
+    for snapshot in main_lineage(table):
+        found = snapshot_epoch(snapshot)
+        if found is not None and found <= epoch:
+            return snapshot
+    return None
+
+
+def snapshot_at_time(table: Table, wall_ms: int) -> Optional[Snapshot]:
+    """For a root table written outside Tidemark: the newest ``main`` snapshot committed at or before ``wall_ms``."""
+    for snapshot in main_lineage(table):
+        if snapshot.timestamp_ms <= wall_ms:
+            return snapshot
+    return None
+
+
+def highest_epoch(table: Table) -> Optional[int]:
+    """The highest epoch present in ``main``'s lineage (published, not necessarily committed)."""
+    found = newest_snapshot_progress(table)
+    return found[0].epoch if found else None
+
+
+def committed_epoch(table: Table) -> Optional[int]:
+    """The table's committed epoch as Iceberg records it (``table_progress``)."""
+    progress = table_progress(table)
+    return progress.epoch if progress else None
+
+
+def first_epoch(table: Table) -> Optional[int]:
+    """The writer's first epoch as Iceberg records it (property, else the oldest epoch in ``main``'s lineage)."""
+    value = table.properties.get(FIRST_EPOCH_PROPERTY)
+    if value is not None:
+        try:
+            return int(value)
+        except ValueError:
+            raise CorruptState(f"table {'.'.join(table.name())}: {FIRST_EPOCH_PROPERTY}={value[:30]!r} is not "
+                               "an epoch") from None
+    epochs = [e for e in (snapshot_epoch(s) for s in main_lineage(table)) if e is not None]
+    return min(epochs) if epochs else None
+
+
+def is_tidemark_table(table: Table) -> bool:
+    """True for a table some Tidemark job writes (as opposed to a root table written by something else)."""
+    return (table.properties.get(WRITER_PROPERTY) is not None or committed_epoch(table) is not None
+            or highest_epoch(table) is not None)
+
+
+def staged_snapshots(table: Table) -> list[Snapshot]:
+    """Snapshots that carry an epoch but are not in ``main``'s lineage (staged, never published)."""
+    lineage = {s.snapshot_id for s in main_lineage(table)}
+    return [s for s in table.snapshots() if s.snapshot_id not in lineage and snapshot_epoch(s) is not None]

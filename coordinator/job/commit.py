@@ -1,0 +1,102 @@
+"""Steps 3 to 5 of the epoch protocol, shared by every writer: precommit, publish, commit.
+
+    committer = EpochCommitter(epochs, table)     # table(name): the sink's pyiceberg Table, loaded once
+                                                  # timed=metrics.phase: time precommit, publish, commit
+    committer.finish(T, staged={"lake.db.counts": 123, "lake.db.hist": None})   # None: nothing new
+    committer.commit_idle(T, inputs)                                            # no source changed
+    committer.roll_forward(recovery.epoch)                                      # after a failover
+
+Publishing is idempotent (a table whose ``main`` already holds epoch T is skipped), so a
+precommitted epoch is rolled forward by running the same steps again. After the
+ZooKeeper commit, a sink that published nothing in the epoch gets its committed-epoch
+marker advanced (its one Iceberg commit of the epoch); a sink that published a snapshot
+needs nothing more, because the snapshot carries the epoch, its term and its inputs.
+Every Iceberg commit here is fenced by the leader's term (``publish.py``): the committer
+claims each sink for its term first, so an older leader can no longer change any of them.
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Callable, Mapping, Optional
+
+from pyiceberg.table import Table
+
+from coordinator.job.crashpoints import crash_point
+from coordinator.protocol.epochs import EpochCoordinator
+from coordinator.errors import EpochOrderError
+from coordinator.iceberg.publish import advance_committed_epoch, claim_table, publish_staged
+from coordinator.records import EpochInputs, EpochProgress, EpochRecord, EpochState
+from coordinator.iceberg.snapshots import snapshot_at_epoch
+
+
+class EpochCommitter:
+    def __init__(self, epochs: EpochCoordinator, table: Callable[[str], Table],
+                 timed: Callable[[str], AbstractContextManager] = lambda phase: nullcontext()) -> None:
+        self.epochs = epochs
+        self.table = table
+        self.timed = timed
+        for name in epochs.sinks:
+            claim_table(table(name), epochs.job, self.term)
+
+    @property
+    def term(self) -> int:
+        return self.epochs.leadership.term  # type: ignore[return-value]
+
+    def finish(self, epoch: int, staged: Mapping[str, Optional[int]]) -> EpochRecord:
+        """Precommit ``staged`` (every sink; None for a sink with no new data), publish, commit."""
+        crash_point("staged")
+        with self.timed("precommit"):
+            record = self.epochs.precommit(epoch, staged)
+        return self.roll_forward(record)
+
+    def commit_idle(self, epoch: int, inputs: Optional[EpochInputs] = None) -> EpochRecord:
+        """Commit an epoch whose sinks do not change: one ZooKeeper multi, one property commit per sink."""
+        with self.timed("commit"):
+            committed = self.epochs.commit_idle(epoch, inputs)
+            crash_point("idle-commit")
+            self.mark_committed(committed)
+        return committed
+
+    def roll_forward(self, record: EpochRecord) -> EpochRecord:
+        """Publish a precommitted epoch's staged snapshots (skipping those already published) and commit it."""
+        if record.state != EpochState.PRECOMMITTED:
+            raise EpochOrderError(f"only a PRECOMMITTED epoch rolls forward; epoch {record.epoch} is "
+                                  f"{record.state.value}")
+        crash_point("precommitted")
+        published: dict[str, Optional[int]] = {}
+        with self.timed("publish"):
+            for name, snapshot_id in sorted(record.staged.items()):
+                self.epochs.leadership.ensure_leading()  # a fenced zombie must not even move refs
+                if snapshot_id is not None:
+                    published[name] = publish_staged(self.table(name), snapshot_id, record.epoch,
+                                                     self.term).snapshot_id
+                    if sum(record.staged.get(n) is not None for n in published) == 1:
+                        crash_point("published-one")
+                else:
+                    published[name] = self._unchanged_snapshot(name, record.epoch)
+        with self.timed("commit"):
+            committed = self.epochs.commit(record.epoch, published)
+            crash_point("committed")
+            self.mark_committed(committed)
+        return committed
+
+    def _unchanged_snapshot(self, name: str, epoch: int) -> Optional[int]:
+        """The snapshot of a sink that published nothing in ``epoch``: the one its tidemark already names."""
+        mark = self.epochs.mark(name)
+        if mark.epoch is not None:
+            return mark.snapshot_id
+        table = self.table(name)  # no commit yet under this job: look at what the table holds
+        table.refresh()
+        newest = snapshot_at_epoch(table, epoch)
+        return newest.snapshot_id if newest else None
+
+    def mark_committed(self, record: EpochRecord) -> None:
+        """Advance the committed-epoch property of every sink that published nothing in ``record``'s epoch,
+        and record the first epoch in every sink at the writer's first.
+
+        Idempotent: run again after a crash between the ZooKeeper commit and these marks.
+        """
+        progress = EpochProgress(self.epochs.job, record.epoch, record.term, record.inputs)
+        for name in self.epochs.sinks:
+            if record.staged.get(name) is None or self.epochs.mark(name).first_epoch == record.epoch:
+                advance_committed_epoch(self.table(name), progress, self.term)

@@ -1,0 +1,278 @@
+"""A driver's own Prometheus metrics: its epoch loop, leadership, ZooKeeper session, retries and lag.
+
+    writer = EpochWriter(tm, "counts", sources=[...], sinks=[...], metrics_port=9465)
+    writer.run(step)                   # serves http://0.0.0.0:9465/metrics and /healthz while it runs
+    writer.metrics.registry            # or expose the registry yourself (one per writer, never the global one)
+
+The port comes from ``metrics_port`` or else ``TIDEMARK_METRICS_PORT`` (unset: nothing is
+served, the registry still counts); ``TIDEMARK_METRICS_ADDRESS`` picks the address (default
+``0.0.0.0``); writers of one process given the same port share it. ``/healthz`` answers 200
+while a writer's loop runs (a standby waiting for leadership included) and 503 once ``run``
+returned or its thread died.
+
+Every series carries the label ``tidemark_job`` (not ``job``, which Prometheus gives the
+scrape target). Base units: seconds, and epochs as Unix timestamps in seconds.
+
+- ``tidemark_driver_epoch_phase_duration_seconds{phase}``: a histogram per phase of the loop,
+  disjoint so the phases add up to the loop's time: ``wait`` (for the next agreed barrier and
+  its sources, then reading the input snapshot ranges), ``compute`` (recording the inputs and
+  the epoch function, less its staged writes), ``stage`` (writing staged snapshots),
+  ``precommit``, ``publish`` (moving each sink's ``main``) and ``commit`` (the ZooKeeper
+  commit and the Iceberg committed-epoch marks; an idle epoch has only this phase).
+- counters ``tidemark_driver_epochs_{committed,idle,recomputed,rolled_forward}_total``,
+  ``tidemark_driver_fencings_total`` (leadership taken away: fenced, or session expired) and
+  ``tidemark_driver_leadership_changes_total{change=acquired|stepped_down}``;
+- ``tidemark_driver_retries_total{operation}`` and
+  ``tidemark_driver_zookeeper_connection_changes_total{state}``: the session's own counts;
+- gauges read at scrape time, from memory: ``tidemark_driver_leader``, ``tidemark_driver_term``,
+  ``tidemark_driver_zookeeper_connection_state{state}``, and while leading
+  ``tidemark_driver_committed_epoch_timestamp_seconds``, ``tidemark_driver_lag_seconds``
+  (local lag: wall clock minus the job's committed epoch),
+  ``tidemark_driver_consistent_epoch_timestamp_seconds`` and
+  ``tidemark_driver_consistent_lag_seconds`` (global lag: wall clock minus the minimum
+  committed epoch over every table of the topology, kept by ZooKeeper watches).
+
+Failure behaviour: instrumentation never raises into the epoch loop and a scrape never waits
+on ZooKeeper (the consistent epoch is read from a watch-backed cache the loop keeps loaded);
+only ``serve`` raises, ``ConfigurationError``, for a port it cannot bind.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
+
+from kazoo.client import KazooState
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from coordinator.errors import ConfigurationError, NotLeader
+from coordinator.protocol.leadership import LeaderState
+from coordinator.protocol.tidemarks import TidemarkCache
+from coordinator.job.metrics_server import MetricsServer
+
+if TYPE_CHECKING:
+    from coordinator.job.writer import EpochWriter
+
+log = logging.getLogger(__name__)
+
+METRICS_PORT_ENV = "TIDEMARK_METRICS_PORT"
+METRICS_ADDRESS_ENV = "TIDEMARK_METRICS_ADDRESS"
+JOB_LABEL = "tidemark_job"
+PHASES = ("wait", "compute", "stage", "precommit", "publish", "commit")
+# An idle commit takes milliseconds, a Spark epoch can take many minutes: the buckets cover both.
+PHASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+                 1800.0)
+CONNECTION_STATES = (KazooState.CONNECTED, KazooState.SUSPENDED, KazooState.LOST)
+# What the coordinator retries (client, barriers, leadership, registry modules): exported from 0 so that
+# rate() sees the first retry.
+RETRIED_OPERATIONS = ("zookeeper", "barriers", "leader_election", "registration")
+
+
+def metrics_port_from_env() -> Optional[int]:
+    """``TIDEMARK_METRICS_PORT`` as a port number, None when unset or empty."""
+    raw = os.environ.get(METRICS_PORT_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) > 65535:
+        raise ConfigurationError(f"{METRICS_PORT_ENV}={raw!r} is not a port number (0-65535; unset it to serve "
+                                 "no metrics)")
+    return int(raw)
+
+
+class DriverMetrics:
+    """The metrics of one ``EpochWriter``, in a registry of its own (several writers may share a process)."""
+
+    def __init__(self, writer: "EpochWriter", port: Optional[int] = None, address: Optional[str] = None) -> None:
+        self.writer = writer
+        self.job = writer.name
+        self.port = port if port is not None else metrics_port_from_env()
+        self.address = address or os.environ.get(METRICS_ADDRESS_ENV) or "0.0.0.0"
+        self.registry = CollectorRegistry()
+        job = [JOB_LABEL]
+        phases = Histogram("tidemark_driver_epoch_phase_duration_seconds",
+                           "Time spent in each phase of the epoch loop (phases are disjoint)",
+                           job + ["phase"], buckets=PHASE_BUCKETS, registry=self.registry)
+        self._phases = {phase: phases.labels(self.job, phase) for phase in PHASES}
+
+        def counter(name: str, documentation: str) -> Counter:
+            return Counter(name, documentation, job, registry=self.registry)
+        self.committed = counter("tidemark_driver_epochs_committed", "Epochs this replica committed").labels(self.job)
+        self.idle = counter("tidemark_driver_epochs_idle",
+                            "Epochs committed without computing: no source changed").labels(self.job)
+        self.recomputed = counter("tidemark_driver_epochs_recomputed",
+                                  "Epochs committed after recomputing them from their recorded inputs "
+                                  "(left started or aborted by a failure)").labels(self.job)
+        self.rolled_forward = counter("tidemark_driver_epochs_rolled_forward",
+                                      "Precommitted epochs this replica published and committed after "
+                                      "taking over").labels(self.job)
+        self.fencings = counter("tidemark_driver_fencings",
+                                "Times this replica's leadership was taken away (fenced by a newer term, or "
+                                "its session expired)").labels(self.job)
+        changes = Counter("tidemark_driver_leadership_changes", "Times this replica became leader or stepped down",
+                          job + ["change"], registry=self.registry)
+        self.acquired, self.stepped_down = changes.labels(self.job, "acquired"), changes.labels(self.job,
+                                                                                                 "stepped_down")
+        self.registry.register(_DriverState(self))
+        self._nested = threading.local()
+        self._server: Optional[MetricsServer] = None
+        self._loop: Optional[threading.Thread] = None
+        self._tables: tuple[str, ...] = ()
+        self._consistent: Optional["TidemarkCache"] = None
+
+    # -- serving --------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Serve ``/metrics`` and ``/healthz`` if a port is configured (once); the calling thread is the loop.
+
+        Writers of one process configured with the same port share its server.
+        """
+        self._loop = threading.current_thread()
+        if self.port is not None and self._server is None:
+            self._server = MetricsServer.shared(self.port, self.address)
+            self._server.attach(self.registry, healthy=self.healthy)
+            self.port = self._server.port
+            log.info("job %s: serving metrics on http://%s:%s/metrics", self.job, self.address, self.port)
+
+    def healthy(self) -> bool:
+        """The loop runs: its thread is alive and ``run`` has not returned."""
+        return self._loop is not None and self._loop.is_alive()
+
+    def loop_ended(self) -> None:
+        self._loop = None
+
+    def close(self) -> None:
+        """Stop serving (the registry keeps counting)."""
+        if self._server is not None:
+            self._server.detach(self.registry)
+            self._server = None
+
+    # -- hooks the loop calls -------------------------------------------------------------------
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time one phase; time spent in phases nested inside it (staging inside compute) is not counted twice."""
+        stack = self._nested.__dict__.setdefault("stack", [])
+        stack.append(0.0)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - started
+            nested = stack.pop()
+            if stack:
+                stack[-1] += elapsed
+            self._phases[name].observe(max(0.0, elapsed - nested))
+
+    def epoch_committed(self, *, idle: bool = False, recomputed: bool = False, rolled_forward: bool = False) -> None:
+        self.committed.inc()
+        for happened, counter in ((idle, self.idle), (recomputed, self.recomputed),
+                                  (rolled_forward, self.rolled_forward)):
+            if happened:
+                counter.inc()
+
+    def became_leader(self) -> None:
+        """Count the takeover and start watching every table's tidemark for the consistent (global) lag."""
+        self.acquired.inc()
+        if self._consistent is None:
+            self._consistent = TidemarkCache(self.writer.tm)
+            self.watch_tables(self._tables)
+
+    def stepping_down(self, state: LeaderState) -> None:
+        """``state``: the leadership's state when it ends (FENCED or LOST: it was taken away)."""
+        self.stepped_down.inc()
+        if state in (LeaderState.FENCED, LeaderState.LOST):
+            self.fencings.inc()
+        if self._consistent is not None:
+            self._consistent.close()
+            self._consistent = None
+
+    def watch_tables(self, tables: Sequence[str]) -> None:
+        """The topology's tables (every sink of every job): keep their tidemarks loaded for the global lag.
+
+        Called from the loop after each topology read; loads only tables not loaded yet (the
+        watches keep the others fresh), and never raises into the loop.
+        """
+        self._tables = tuple(sorted(tables))
+        cache = self._consistent
+        if cache is None:
+            return
+        try:
+            cache.get(self._tables)
+        except Exception as exc:  # noqa: BLE001 - a metric must never stop an epoch; the next pass retries
+            log.debug("job %s: could not load the tidemarks for the consistent lag: %s", self.job, exc)
+
+    def consistent_epoch(self) -> Optional[int]:
+        """The minimum committed epoch over every table, from memory (None until all are known)."""
+        cache = self._consistent
+        if cache is None or not self._tables:
+            return None
+        marks = cache.cached(self._tables)
+        epochs = [m.epoch if m is not None else None for m in marks.values()]
+        if len(epochs) < len(self._tables) or any(e is None for e in epochs):
+            return None
+        return min(epochs)  # type: ignore[type-var]
+
+
+class _DriverState(Collector):
+    """The gauges read at scrape time from the writer's and its session's memory."""
+
+    def __init__(self, metrics: DriverMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self):
+        metrics, writer = self.metrics, self.metrics.writer
+        job, labels = metrics.job, [JOB_LABEL]
+        leadership = writer.leadership
+        leading = leadership.state == LeaderState.LEADING
+        yield _gauge("tidemark_driver_leader", "1 while this replica leads the job", job, 1 if leading else 0)
+        state = writer.tm.connection_state
+        connection = GaugeMetricFamily("tidemark_driver_zookeeper_connection_state",
+                                       "1 for the ZooKeeper session's current state", labels=labels + ["state"])
+        for known in CONNECTION_STATES:
+            connection.add_metric([job, known.lower()], 1 if state == known else 0)
+        yield connection
+        changes = CounterMetricFamily("tidemark_driver_zookeeper_connection_changes",
+                                      "Times the ZooKeeper connection entered each state", labels=labels + ["state"])
+        counts = writer.tm.connection_changes()
+        for known in CONNECTION_STATES:
+            changes.add_metric([job, known.lower()], counts.get(known, 0))
+        yield changes
+        retries = CounterMetricFamily("tidemark_driver_retries",
+                                      "Retried operations of this driver's ZooKeeper session, per operation",
+                                      labels=labels + ["operation"])
+        counts = {operation: 0 for operation in RETRIED_OPERATIONS} | writer.tm.retry_counts()
+        for operation, count in sorted(counts.items()):
+            retries.add_metric([job, operation], count)
+        yield retries
+        if not leading:
+            return
+        now = time.time()
+        if leadership.term is not None:
+            yield _gauge("tidemark_driver_term", "Fencing term this replica leads the job with", job, leadership.term)
+        try:
+            committed = writer.epochs.last_committed
+        except NotLeader:  # stepping down or taking over right now
+            committed = None
+        if committed is not None:
+            yield _gauge("tidemark_driver_committed_epoch_timestamp_seconds",
+                         "The job's committed epoch, as a Unix timestamp", job, committed / 1000)
+            yield _gauge("tidemark_driver_lag_seconds",
+                         "Local lag: wall clock minus the job's committed epoch", job, max(0.0, now - committed / 1000))
+        consistent = metrics.consistent_epoch()
+        if consistent is not None:
+            yield _gauge("tidemark_driver_consistent_epoch_timestamp_seconds",
+                         "Consistent epoch (minimum committed epoch over every table), as a Unix timestamp",
+                         job, consistent / 1000)
+            yield _gauge("tidemark_driver_consistent_lag_seconds",
+                         "Global lag: wall clock minus the consistent epoch", job, max(0.0, now - consistent / 1000))
+
+
+def _gauge(name: str, documentation: str, job: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=[JOB_LABEL])
+    family.add_metric([job], value)
+    return family

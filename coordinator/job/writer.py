@@ -1,0 +1,643 @@
+"""An exactly-once epoch writer in plain Python: one call of your function per agreed barrier, in order.
+
+    tm = Tidemark.connect()
+    writer = EpochWriter(tm, "counts", sources=["lake.db.events"], sinks=["lake.db.counts"])
+
+    def step(ctx: EpochContext) -> None:
+        new = ctx.changes("lake.db.events")                  # pyarrow.Table: rows appended in (previous, T]
+        ctx.append("lake.db.counts", summarize(new))         # staged, published at commit
+
+    writer.run(step)            # until stop() / SIGTERM; run(step, max_epochs=3) or until=T for a bounded run
+
+What ``run`` does, in order (every step is safe to crash in):
+
+1. **register** the job's sources and sinks (idempotent) and join the shared barrier grid;
+2. **lead**: contend for leadership; a standby replica waits here, calling ``while_standby``
+   every minute to stay warm, and takes over when the leader's session ends;
+3. **recover** the last epoch: roll a precommitted one forward, recompute a started one
+   from its recorded inputs. With no epoch history in ZooKeeper (unregistered, new chroot,
+   wiped ensemble) the history is first re-created from the sinks' Iceberg progress
+   (``progress.py``), and the barriers the sinks record are agreed again;
+4. **wait for the barrier**: the next *agreed* barrier after the last committed one. A job
+   with a root source (one no Tidemark job writes), or no source, agrees barriers itself:
+   once it has processed every agreed barrier it agrees the newest grid point the clock
+   has passed (minus ``grace_ms``), unless a job with a live leader is more than
+   ``max_pending_barriers`` agreed barriers behind (backpressure). A job with managed
+   sources also waits until each source's tidemark reached the barrier. While it waits it
+   says why (``waiting``, and a log line every ``log_every`` seconds);
+5. **record the inputs**: per source, the snapshot range ``(previous barrier, T]``;
+6. **compute**: call the function (skipped when no source changed and ``always_run`` is
+   False: the epoch then commits in one ZooKeeper multi);
+7. **stage, precommit, publish, commit** (``EpochCommitter``).
+
+Every job processes every agreed barrier, in order: that is what makes the minimum of the
+tables' tidemarks a version at which every table holds exactly the inputs up to it. A new
+job starts no earlier than the first epoch of each of its sources (a table has no exact
+state before its writer's first epoch).
+
+Metrics: ``writer.metrics`` (``coordinator.driver_metrics``) times every phase and counts
+epochs, takeovers, fencings and retries; ``metrics_port`` (or ``TIDEMARK_METRICS_PORT``)
+serves them with ``/healthz`` while ``run`` runs.
+
+Failure behaviour: a leader that is fenced or whose session expires steps down and
+contends again (``run`` does not raise for it); so does a leader that loses the catalog's
+database (restarted, failing over: ``is_catalog_outage``), contending again after a pause, until
+it has been unreachable for ``CATALOG_OUTAGE_TIMEOUT_S``. Any other error while this replica
+still leads is raised, and the epoch is recomputed by the next leader.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
+
+from pyiceberg.table import Table
+
+from coordinator.iceberg.catalog import CatalogSettings, is_catalog_outage, load_table
+from coordinator.protocol.barriers import DEFAULT_MAX_PENDING_BARRIERS
+from coordinator.zookeeper.ops import Create, Delete, SetData
+from coordinator.zookeeper.session import ZooKeeperSession
+from coordinator.job.commit import EpochCommitter
+from coordinator.job.crashpoints import crash_point
+from coordinator.job.driver_metrics import DriverMetrics
+from coordinator.protocol.epochs import EpochCoordinator, RecoveryAction
+from coordinator.errors import ConfigurationError, EpochOrderError, Fenced, NotLeader, TableNotFound, ZooKeeperUnavailable
+from coordinator.names import validate_name, validate_names
+from coordinator.iceberg.progress import ResumePoint, recorded_epochs, resume_point
+from coordinator.records import EpochInputs, EpochRecord, EpochState, FinishedRecord, LeaderRecord, SourceRange, TermRecord, now_ms
+from coordinator.iceberg.snapshots import WRITER_PROPERTY, recorded_term, snapshot_at_epoch, snapshot_at_time
+from coordinator.iceberg.staging import stage_append, stage_overwrite
+from coordinator.protocol.tidemarks import TidemarkCache
+from coordinator.protocol.topology import read_topology
+from coordinator.protocol.leadership import Leadership
+from coordinator.protocol.registry import register_job
+
+log = logging.getLogger(__name__)
+STANDBY_WARM_EVERY_S = 60.0
+WAIT_SLICE_S = 0.5  # how often a waiting writer looks at stop() and the clock
+CATALOG_RETRY_S = 1.0  # a leader that lost the catalog steps down, and contends again after this pause
+CATALOG_OUTAGE_TIMEOUT_S = 300.0  # ... until the catalog has been unreachable this long: then run() raises
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Why a writer is not processing an epoch right now."""
+
+    barrier: Optional[int]   # the barrier it waits to process (None: no barrier is agreed yet)
+    reason: str
+    since_ms: int
+
+
+class EpochContext:
+    """What one epoch's function sees: its inputs and staged writes to its sinks, as ``pyarrow`` tables."""
+
+    def __init__(self, writer: "EpochWriter", record: EpochRecord) -> None:
+        self.writer, self.record = writer, record
+        self.epoch: int = record.epoch
+        self.inputs: EpochInputs = record.inputs
+        self.staged: dict[str, Optional[int]] = {}
+
+    def range_of(self, source: str) -> SourceRange:
+        if source not in self.writer.sources:
+            raise ConfigurationError(f"{source!r} is not a declared source of job {self.writer.name!r}")
+        return self.inputs.sources.get(source) or SourceRange()
+
+    def changes(self, source: str):
+        """Rows appended to ``source`` in ``(previous barrier, T]``, as a ``pyarrow.Table`` (append-only sources)."""
+        from pyiceberg.io.pyarrow import ArrowScan
+        bounds = self.range_of(source)
+        table = self.writer.table(source)
+        if bounds.end is None or bounds.is_empty:
+            return table.schema().as_arrow().empty_table()
+        if table.snapshot_by_id(bounds.end) is None:
+            table.refresh()
+        before = set() if bounds.start is None else {
+            task.file.file_path for task in table.scan(snapshot_id=bounds.start).plan_files()}
+        scan = table.scan(snapshot_id=bounds.end)
+        added = [task for task in scan.plan_files() if task.file.file_path not in before]
+        return ArrowScan(table.metadata, table.io, table.schema(), scan.row_filter).to_table(added)
+
+    def table(self, source: str):
+        """All of ``source`` as of barrier ``T``, as a ``pyarrow.Table``."""
+        bounds = self.range_of(source)
+        table = self.writer.table(source)
+        if bounds.end is None:
+            return table.schema().as_arrow().empty_table()
+        if table.snapshot_by_id(bounds.end) is None:
+            table.refresh()
+        return table.scan(snapshot_id=bounds.end).to_arrow()
+
+    def append(self, sink: str, rows) -> None:
+        """Stage ``rows`` (a ``pyarrow.Table``) appended to ``sink``."""
+        self._stage_with(sink, stage_append, rows)
+
+    def overwrite(self, sink: str, rows) -> None:
+        """Stage ``sink`` replaced by ``rows``."""
+        self._stage_with(sink, stage_overwrite, rows)
+
+    def _stage_with(self, sink: str, stage, rows) -> None:
+        self.check_sink(sink)
+        term = self.writer.term
+        with self.writer.metrics.phase("stage"):
+            self.stage(sink, stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term, self.inputs))
+
+    def check_sink(self, sink: str) -> None:
+        """Refuse a sink that is not declared, or already written in this epoch (one write per sink and epoch)."""
+        if sink not in self.writer.sinks:
+            raise ConfigurationError(f"{sink!r} is not a declared sink of job {self.writer.name!r}")
+        if sink in self.staged:
+            raise EpochOrderError(f"job {self.writer.name!r} wrote {sink!r} twice in epoch {self.epoch}: "
+                                  "combine the data into one write per sink and epoch")
+
+    def stage(self, sink: str, snapshot_id: Optional[int]) -> None:
+        """Record the staged snapshot of ``sink`` for this epoch (for writes made by other means)."""
+        self.check_sink(sink)
+        self.staged[sink] = snapshot_id
+
+
+class EpochWriter:
+    def __init__(self, tm: ZooKeeperSession, name: str, *, sources: Iterable[str], sinks: Iterable[str],
+                 catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000, grace_ms: int = 1000,
+                 max_pending_barriers: int = DEFAULT_MAX_PENDING_BARRIERS, always_run: bool = False, history: int = 100,
+                 log_every: float = 5.0, context: Callable[["EpochWriter", EpochRecord], Any] = EpochContext,
+                 metrics_port: Optional[int] = None) -> None:
+        if max_pending_barriers < 1:
+            raise ConfigurationError(f"max_pending_barriers must be at least 1, got {max_pending_barriers}")
+        if grace_ms < 0:
+            raise ConfigurationError(f"grace_ms must not be negative, got {grace_ms}")
+        if interval_ms <= 0:
+            raise ConfigurationError(f"interval_ms must be positive, got {interval_ms}")
+        if history < 2:
+            raise ConfigurationError(f"history must keep at least 2 epochs, got {history}")
+        self.tm = tm
+        self.name = validate_name(name, "job name")
+        self.sources, self.sinks = validate_names(sources, "source table"), validate_names(sinks, "sink table")
+        self.catalog_settings = catalog or CatalogSettings.from_env()
+        self.catalog = self.catalog_settings.load()
+        self.interval_ms, self.grace_ms, self.history = interval_ms, grace_ms, history
+        self.max_pending_barriers, self.always_run, self.log_every = max_pending_barriers, always_run, log_every
+        self.context = context
+        self.leadership = Leadership(tm, self.name)
+        self.committed: list[int] = []
+        self.waiting: Optional[Waiting] = None
+        self._stop = threading.Event()
+        self._tables: dict[str, Table] = {}
+        self._epochs: Optional[EpochCoordinator] = None
+        self._committer: Optional[EpochCommitter] = None
+        self._cache: Optional[TidemarkCache] = None
+        self._managed: tuple[str, ...] = ()
+        self._newest_at_open: Optional[int] = None
+        self._logged_at = 0.0
+        self.metrics = DriverMetrics(self, port=metrics_port)  # port None: TIDEMARK_METRICS_PORT, unset: not served
+
+    # -- what the loop reads ----------------------------------------------------------------
+
+    @property
+    def term(self) -> int:
+        if self.leadership.term is None:
+            raise NotLeader(f"job {self.name!r}: this replica does not lead the job")
+        return self.leadership.term
+
+    @property
+    def epochs(self) -> EpochCoordinator:
+        if self._epochs is None:
+            raise NotLeader(f"job {self.name!r}: open() the writer (or run it) first")
+        return self._epochs
+
+    @property
+    def agrees_barriers(self) -> bool:
+        """A job with a root source, or none, agrees barriers; a job fed only by Tidemark jobs follows them."""
+        return len(self._managed) < len(self.sources) or not self.sources
+
+    def table(self, name: str) -> Table:
+        """The pyiceberg table, loaded once per writer (callers refresh it when they need its newest metadata)."""
+        table = self._tables.get(name)
+        if table is None:
+            table = self._tables[name] = load_table(self.catalog, self.catalog_settings, name)
+        return table
+
+    def stop(self) -> None:
+        """Finish the epoch in flight, commit it, and return from ``run``."""
+        self._stop.set()
+
+    # -- leadership --------------------------------------------------------------------------
+
+    def open(self, leader_timeout: Optional[float] = None,
+             while_standby: Optional[Callable[[], None]] = None) -> None:
+        """Register, wait for leadership and roll a precommitted epoch forward (``run`` calls it)."""
+        if self._epochs is not None:
+            return
+        self.metrics.serve()
+        register_job(self.tm, self.name, sources=self.sources, sinks=self.sinks)
+        self.tm.barriers.ensure_grid(self.interval_ms)
+        self._read_managed_sources()
+        sinks = {sink: self.table(sink) for sink in self.sinks}  # TableNotFound names a missing sink first
+        for table in sinks.values():
+            table.refresh()
+        self._acquire(leader_timeout, while_standby, max(recorded_term(t) for t in sinks.values()))
+        self.metrics.became_leader()
+        try:
+            epochs = EpochCoordinator(self.leadership, self.sinks, self.history)
+            self._committer = EpochCommitter(epochs, self.table, timed=self.metrics.phase)
+            self._cache = TidemarkCache(self.tm)
+            plan = epochs.recover(lambda: resume_point(self.name, sinks))
+            if plan.resumed_from is not None:
+                log.info("%s", plan.resumed_from.describe())
+                self._restore_barriers(plan.resumed_from, sinks)
+            self._newest_at_open = self.tm.barriers.latest() if plan.action == RecoveryAction.START else None
+            self._epochs = epochs
+            self._clear_finished()
+            if plan.action == RecoveryAction.ROLL_FORWARD:
+                log.info("job %s: rolling precommitted epoch %s forward", self.name, plan.epoch.epoch)  # type: ignore[union-attr]
+                self._committer.roll_forward(plan.epoch)  # type: ignore[arg-type]
+                self.committed.append(plan.epoch.epoch)  # type: ignore[union-attr]
+                self.metrics.epoch_committed(rolled_forward=True)
+            elif plan.action == RecoveryAction.NEXT:
+                self._committer.mark_committed(plan.epoch)  # type: ignore[arg-type]  # the last run may have died first
+        except BaseException:
+            self.close()
+            raise
+
+    def _restore_barriers(self, resumed: ResumePoint, sinks: dict[str, Table]) -> None:
+        """Agree again the barriers the sinks record above the newest agreed one (ZooKeeper lost them), so the
+        barriers never go back behind the sinks and downstream jobs process the same epochs as before."""
+        newest = self.tm.barriers.latest()
+        grid = self.tm.barriers.grid()
+        epochs = set(recorded_epochs(sinks, newest, self.history))
+        epochs |= {p.epoch for p in (resumed.committed, resumed.in_flight) if p is not None}
+        for epoch in sorted(e for e in epochs if newest is None or e > newest):
+            if grid.is_barrier(epoch):
+                self.tm.barriers.agree(epoch, proposed_by=self.name)
+            else:
+                log.warning("job %s: epoch %s recorded in its sinks is not on the current barrier grid; not "
+                            "agreed again", self.name, epoch)
+
+    def _acquire(self, leader_timeout: Optional[float], while_standby: Optional[Callable[[], None]],
+                 term_floor: int) -> None:
+        deadline = None if leader_timeout is None else time.monotonic() + leader_timeout
+        warmed = None
+        while True:
+            if while_standby is not None and (warmed is None or time.monotonic() - warmed > STANDBY_WARM_EVERY_S):
+                warmed = time.monotonic()
+                try:
+                    while_standby()
+                except Exception as exc:  # noqa: BLE001 - a failed warm-up must not end a standby
+                    log.warning("job %s: standby warm-up failed (%s); the first epoch after takeover will be slower",
+                                self.name, exc)
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            slice_s = 5.0 if remaining is None else min(5.0, remaining)
+            try:
+                self.leadership.acquire(timeout=slice_s, term_floor=term_floor)
+                return
+            except (NotLeader, ZooKeeperUnavailable) as exc:
+                if self._stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+                    raise
+                if isinstance(exc, ZooKeeperUnavailable):
+                    log.warning("job %s: %s; contending again", self.name, exc)
+
+    def close(self) -> None:
+        """Step down (a standby takes over). Nothing is left half-committed: every epoch finished or recovers."""
+        if self._cache is not None:
+            self._cache.close()
+        if self.leadership.term is not None:
+            self.metrics.stepping_down(self.leadership.state)
+        self.leadership.release()
+        self._epochs = self._committer = self._cache = None
+        self.leadership = Leadership(self.tm, self.name)
+
+    def _clear_finished(self) -> None:
+        path = self.tm.paths.finished(self.name)
+        if self.tm.get(path) is not None:
+            self.leadership.transact([Delete(path)])
+
+    def _mark_finished(self) -> None:
+        """A bounded run ended: say so, so that status does not call the job stale nor hold barriers for it."""
+        path = self.tm.paths.finished(self.name)
+        data = FinishedRecord(self.epochs.last_committed, self.tm.member).to_json()
+        self.leadership.transact([SetData(path, data) if self.tm.get(path) is not None else Create(path, data)])
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self, function: Callable[..., None], *, max_epochs: Optional[int] = None, until: Optional[int] = None,
+            leader_timeout: Optional[float] = None, while_standby: Optional[Callable[[], None]] = None,
+            stop_on_sigterm: bool = True) -> list[int]:
+        """Process agreed barriers in order until ``max_epochs`` epochs, barrier ``until``, or ``stop()``.
+
+        Returns the epochs this call committed; every one of them is committed before it
+        returns (FLIP-147). A replica that loses leadership (fenced, session expired) steps
+        down and contends again; ``leader_timeout`` bounds only the wait to become leader.
+        """
+        if stop_on_sigterm and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        start = len(self.committed)
+        self._stop.clear()
+        outage_since: Optional[float] = None
+        while not self._stop.is_set():
+            try:
+                self.open(leader_timeout, while_standby)
+            except NotLeader as exc:
+                if self._stop.is_set():
+                    break
+                if not isinstance(exc, Fenced):
+                    raise  # not elected within leader_timeout
+                # Elected, then fenced (or the session expired) while recovering: contend again.
+                log.warning("job %s: leadership lost while taking over (%s); contending again", self.name,
+                            str(exc).splitlines()[0] if str(exc) else "Fenced")
+                continue
+            except Exception as exc:
+                outage_since = self._ride_out_catalog_outage(exc, outage_since)
+                continue
+            outage_since, outage = None, None
+            try:
+                remaining = None if max_epochs is None else max_epochs - (len(self.committed) - start)
+                if self._loop(function, remaining, until):
+                    self._mark_finished()
+                break
+            except Exception as exc:
+                if is_catalog_outage(exc):
+                    outage = exc
+                elif self.leadership.confirm():
+                    raise
+                else:
+                    log.warning("job %s: leadership lost (%s: %s); stepping down to contend again", self.name,
+                                type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            finally:
+                self.close()
+            if outage is not None:
+                outage_since = self._ride_out_catalog_outage(outage, outage_since)
+        self.metrics.loop_ended()
+        return self.committed[start:]
+
+    def _ride_out_catalog_outage(self, exc: Exception, since: Optional[float]) -> float:
+        """After stepping down for a catalog outage, pause before contending again (the epoch in flight is
+        recovered by whoever leads next); re-raise ``exc`` if it is not an outage, or the catalog has been
+        unreachable for ``CATALOG_OUTAGE_TIMEOUT_S``. Returns when the outage began."""
+        now = time.monotonic()
+        since = now if since is None else since
+        if not is_catalog_outage(exc) or now - since > CATALOG_OUTAGE_TIMEOUT_S:
+            raise exc
+        log.warning("job %s: the catalog is unreachable (%s: %s); contending again in %.0f s", self.name,
+                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", CATALOG_RETRY_S)
+        self._stop.wait(CATALOG_RETRY_S)
+        return since
+
+    def _loop(self, function: Callable[..., None], max_epochs: Optional[int], until: Optional[int]) -> bool:
+        """Process epochs; True when the bounded run is complete (False when stopped)."""
+        done = 0
+        while not self._stop.is_set():
+            if max_epochs is not None and done >= max_epochs:
+                return True
+            current = self.epochs.current
+            if current is not None and current.state in (EpochState.STARTED, EpochState.ABORTED):
+                log.info("job %s: recomputing epoch %s from its recorded inputs", self.name, current.epoch)
+                self.process(current.epoch, function)
+            else:
+                with self.metrics.phase("wait"):
+                    target = self.next_barrier(until)
+                    inputs = None if target is None else self.inputs_for(target)
+                if target is None:
+                    return not self._stop.is_set()
+                if inputs is None:
+                    continue  # a root source got a writer meanwhile: wait for its tidemark instead
+                self.process(target, function, inputs=inputs)
+            done += 1
+        return False
+
+    def process(self, epoch: int, function: Callable[..., None], *args: Any,
+                inputs: Optional[EpochInputs] = None) -> EpochRecord:
+        """Run one epoch: record its inputs, compute (unless idle), stage, precommit, publish, commit."""
+        epochs, committer = self.epochs, self._committer
+        current = epochs.current
+        redo = current is not None and current.epoch == epoch and current.state in (EpochState.STARTED,
+                                                                                     EpochState.ABORTED)
+        recorded = current.inputs if redo else inputs  # type: ignore[union-attr]
+        idle = not self.always_run and not args and recorded is not None and recorded.unchanged
+        if idle:
+            committed = committer.commit_idle(epoch, inputs)  # type: ignore[union-attr]
+        else:
+            with self.metrics.phase("compute"):
+                record = epochs.begin(epoch, inputs)
+                crash_point("begin")
+                ctx = self.context(self, record)
+                function(ctx, *args)
+            committed = committer.finish(epoch, {sink: ctx.staged.get(sink) for sink in self.sinks})  # type: ignore[union-attr]
+        self.committed.append(committed.epoch)
+        self.metrics.epoch_committed(idle=idle, recomputed=redo)
+        self.waiting = None
+        return committed
+
+    def commit_idle(self, epoch: int) -> EpochRecord:
+        """Commit barrier ``epoch`` without computing, recording its inputs; refused unless no source changed.
+
+        A streaming job (no source tables) uses it for barriers that passed with no micro-batch.
+        """
+        inputs = self.inputs_for(epoch)
+        if inputs is None or (self.sources and not inputs.unchanged):
+            raise EpochOrderError(f"job {self.name!r} epoch {epoch}: its sources changed, so it must be computed")
+        committed = self._committer.commit_idle(epoch, inputs)  # type: ignore[union-attr]
+        self.committed.append(committed.epoch)
+        self.metrics.epoch_committed(idle=True)
+        return committed
+
+    # -- inputs --------------------------------------------------------------------------------
+
+    def inputs_for(self, epoch: int) -> Optional[EpochInputs]:
+        """Each source's snapshot range ``(previous epoch, epoch]``; None when a source read as a root table
+        turned out to have a Tidemark writer by now (the caller must wait for its tidemark instead)."""
+        current = self.epochs.current
+        previous = current.inputs.sources if current is not None and current.state == EpochState.COMMITTED else {}
+        managed = self._managed
+        ranges = {}
+        for source in self.sources:
+            end = self._managed_snapshot(source, epoch) if source in managed else self._root_snapshot(source, epoch)
+            ranges[source] = SourceRange(previous[source].end if source in previous else None, end)
+        if len(managed) < len(self.sources):
+            # A writer registers before its first commit, so a source still without a writer now had none
+            # when its metadata was loaded above: it was read as the root table it then was.
+            self._read_managed_sources()
+            if self._managed != managed:
+                return None
+        return EpochInputs(ranges)
+
+    def _managed_snapshot(self, source: str, epoch: int) -> Optional[int]:
+        mark = self._cache.get([source])[source]  # type: ignore[union-attr]
+        if mark is not None and mark.epoch == epoch:
+            return mark.snapshot_id  # recorded by the source's writer at commit: no metadata load
+        table = self.table(source)
+        table.refresh()
+        found = snapshot_at_epoch(table, epoch)
+        return found.snapshot_id if found else None
+
+    def _root_snapshot(self, source: str, epoch: int) -> Optional[int]:
+        table = self.table(source)
+        table.refresh()
+        found = snapshot_at_time(table, epoch)
+        return found.snapshot_id if found else None
+
+    # -- waiting for the next barrier ----------------------------------------------------------
+
+    def _read_managed_sources(self) -> None:
+        """Which sources a Tidemark job writes. Read again before every barrier (one versioned read of a
+        cached topology): a source whose writer registers after this job stops being a root table.
+
+        A source whose Iceberg metadata names a Tidemark writer counts too, registered or not: after a
+        ZooKeeper wipe (or an unregister) this job may restart before its upstream does, and reading the
+        upstream's table by commit time then would break the epochs' consistency. It waits for the
+        upstream's tidemark instead (the table object is the one already loaded: no extra metadata load).
+        """
+        writers = read_topology(self.tm).writers
+        self._managed = tuple(s for s in self.sources if s in writers or self._claimed_in_iceberg(s))
+        self.metrics.watch_tables(writers)
+
+    def _claimed_in_iceberg(self, source: str) -> bool:
+        try:
+            return self.table(source).properties.get(WRITER_PROPERTY) is not None
+        except TableNotFound:
+            return False  # not created yet: nothing to read either way
+
+    def next_barrier(self, until: Optional[int] = None) -> Optional[int]:
+        """Block until the next epoch may be processed and return its barrier; None when stopped or past ``until``."""
+        last = self.epochs.last_committed
+        bound = last if last is not None else self._newest_at_open  # a new job starts after the latter
+        while not self._stop.is_set():
+            generation = self._cache.generation  # type: ignore[union-attr]
+            grid = self.tm.barriers.grid()  # read each pass: an interval change may take effect meanwhile
+            if until is not None and bound is not None and bound >= grid.floor(until):
+                return None
+            self._read_managed_sources()
+            target, why, wake_in = self._candidate(grid, last, until)
+            if target is not None and until is not None and target > until:
+                return None
+            behind: dict[str, Optional[int]] = {}
+            if target is not None:
+                behind = self._sources_behind(target)
+                if not behind:
+                    self.waiting = None
+                    return target
+                why = "; ".join(f"source {s} is at epoch {e}" for s, e in behind.items())
+            self._note_wait(target, why, tuple(behind))
+            self._cache.wait_changed(generation, min(wake_in, WAIT_SLICE_S))  # type: ignore[union-attr]
+        return None
+
+    def _candidate(self, grid, last: Optional[int], until: Optional[int]) -> tuple[Optional[int], str, float]:
+        """The barrier to process next (agreeing one when this job may), or None, why not, and when to look again."""
+        if last is None:
+            return self._first_candidate(grid, until)
+        agreed = self.tm.barriers.after(last)
+        if agreed:
+            return agreed[0], "", 0.0
+        if not self.agrees_barriers:
+            return None, f"no barrier is agreed after epoch {last} yet (jobs with root sources agree them)", WAIT_SLICE_S
+        return self._agree_next(grid, last, until)
+
+    def _first_candidate(self, grid, until: Optional[int]) -> tuple[Optional[int], str, float]:
+        """A new job's first barrier: after the newest barrier agreed when it opened (a job reading its sinks
+        may have processed those reading them as empty root tables), at or after each source's first epoch,
+        and for a derived job no earlier than its slowest source (nothing older is worth replaying)."""
+        floor = self._start_floor()
+        if isinstance(floor, str):
+            return None, floor, WAIT_SLICE_S
+        bounds = [e for e in (self._newest_at_open, None if floor is None else floor - 1) if e is not None]
+        if self.agrees_barriers:
+            return self._agree_next(grid, max(bounds) if bounds else None, until)
+        marks = self._cache.get(self._managed)  # type: ignore[union-attr]
+        bounds.append(min(m.epoch for m in marks.values()) - 1)  # type: ignore[union-attr,operator,type-var]
+        after = max(bounds)
+        eligible = self.tm.barriers.after(after)
+        if eligible:
+            return eligible[0], "", 0.0
+        return None, f"a new job starts after barrier {after}; none is agreed yet", WAIT_SLICE_S
+
+    def _agree_next(self, grid, after: Optional[int], until: Optional[int]) -> tuple[Optional[int], str, float]:
+        """Agree the newest grid point the clock has passed (minus grace) if it is after ``after`` and nobody
+        is too far behind."""
+        now = now_ms()
+        candidate = grid.floor(now - self.grace_ms)
+        if until is not None:
+            candidate = min(candidate, grid.floor(until))
+        if after is not None and candidate <= after:
+            wake_in = (grid.next_candidate(after) + self.grace_ms - now) / 1000
+            return None, f"the clock has not passed the next grid point plus {self.grace_ms} ms grace", max(wake_in, 0)
+        holding = self._holding_back(self.tm.barriers.agreed())
+        if holding:
+            return None, "backpressure: " + ", ".join(holding), WAIT_SLICE_S
+        self.tm.barriers.agree(candidate, proposed_by=self.name)
+        crash_point("agreed")
+        # Another root job may have agreed a barrier between our listing and our agreement (below
+        # ours, or ours lost): every agreed barrier is processed in order, so take the next one.
+        agreed = self.tm.barriers.after(after)
+        return agreed[0], "", 0.0
+
+    def _start_floor(self):
+        """A new job's lowest possible first epoch: the newest first epoch of its managed sources (or a reason)."""
+        if not self._managed:
+            return None
+        marks = self._cache.get(self._managed)  # type: ignore[union-attr]
+        missing = [s for s, m in marks.items() if m is None or m.first_epoch is None]
+        if missing:
+            return f"sources {', '.join(missing)} have no committed epoch yet (their writers' first epoch)"
+        return max(m.first_epoch for m in marks.values())  # type: ignore[union-attr,type-var]
+
+    def _sources_behind(self, target: int) -> dict[str, Optional[int]]:
+        """The managed sources below ``target``, with their tidemarks."""
+        marks = self._cache.get(self._managed)  # type: ignore[union-attr]
+        return {s: (m.epoch if m else None) for s, m in marks.items()
+                if m is None or m.epoch is None or m.epoch < target}
+
+    def _holding_back(self, agreed: list[int]) -> list[str]:
+        """Jobs with a live leader that are more than ``max_pending_barriers`` agreed barriers behind."""
+        topo = read_topology(self.tm)
+        others = sorted(n for n in topo.jobs if n != self.name)
+        if not others or not agreed:
+            return []
+        p = self.tm.paths
+        raw = self.tm.get_many([p.leader(n) for n in others] + [p.term(n) for n in others])
+        writers = topo.writers
+        marks = self._cache.get(sorted(writers))  # type: ignore[union-attr]
+        held = []
+        for name, leader_raw, term_raw in zip(others, raw[:len(others)], raw[len(others):]):
+            if leader_raw is None or term_raw is None:
+                continue  # no live leader: it does not hold the others back
+            leader = LeaderRecord.from_json(leader_raw[0], p.leader(name))
+            if leader.term < TermRecord.from_json(term_raw[0], p.term(name)).term:
+                continue  # a fenced zombie's leftover
+            epochs = [marks[t].epoch if marks.get(t) else None for t in topo.jobs[name].sinks]
+            if any(e is None for e in epochs):
+                continue  # not started yet: it joins at the newest barrier
+            committed = min(epochs)  # type: ignore[type-var]
+            upstream = [marks[s].epoch if marks.get(s) else None for s in topo.jobs[name].sources if s in writers]
+            if any(e is None or e <= committed for e in upstream):
+                continue  # it waits for its own upstream, which holds back in its place (or has no leader)
+            pending = len(agreed) - bisect.bisect_right(agreed, committed)
+            if pending > self.max_pending_barriers:
+                held.append(f"job {name} is {pending} agreed barriers behind (at epoch {committed})")
+        return held
+
+    def _note_wait(self, barrier: Optional[int], reason: str, lagging: tuple[str, ...] = ()) -> None:
+        """Record why the writer waits; log it once the wait has lasted ``log_every`` seconds, and every
+        ``log_every`` seconds after (short waits for the clock are the normal rhythm, not news)."""
+        if self.waiting is None or (self.waiting.barrier, self.waiting.reason) != (barrier, reason):
+            self.waiting = Waiting(barrier, reason, now_ms())
+            self._logged_at = time.monotonic()
+        if time.monotonic() - self._logged_at >= self.log_every:
+            log.info("job %s waiting %.0f s%s: %s%s", self.name, (now_ms() - self.waiting.since_ms) / 1000,
+                     f" for barrier {barrier}" if barrier else "", reason, self._leaderless_writers(lagging))
+            self._logged_at = time.monotonic()
+
+    def _leaderless_writers(self, lagging: tuple[str, ...]) -> str:
+        """For a wait on sources: which lagging source's writer has no live leader."""
+        topo = read_topology(self.tm)
+        notes = []
+        for source in lagging:
+            writer = topo.writer_of(source)
+            if writer is None:
+                notes.append(f"{source}'s writer job {self.table(source).properties.get(WRITER_PROPERTY)} "
+                             "(named in its Iceberg metadata) is not registered: start it")
+            elif self.tm.get(self.tm.paths.leader(writer)) is None:
+                notes.append(f"{source}'s writer job {writer} has no live leader")
+        return " (" + "; ".join(notes) + ")" if notes else ""
+

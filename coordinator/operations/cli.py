@@ -1,0 +1,394 @@
+"""The ``tidemark`` command: status and operations.
+
+    tidemark zk start [--port P] [--data-dir D]     a local ZooKeeper server in the background
+    tidemark status [--json]                        jobs, leaders, tidemarks, lag (s), what each job waits for
+    tidemark topology [--format text|json|dot|mermaid]
+    tidemark fence JOB | tidemark unregister JOB [--yes]
+    tidemark barriers [--set-interval MS --from T]
+    tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--json]
+    tidemark gc [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file and znode clean-up
+    tidemark versions [--json]                      the retained versions, with their tier and age
+    tidemark exporter [--port 9464] [--refresh S]   the topology-wide view for Prometheus, /metrics and /healthz
+
+Errors print one line, ``tidemark: error: ...``, and exit with status 1; a malformed command
+line exits with status 2. Output into a closed pipe (``tidemark status | head -2``) ends the
+command quietly with status 141, as a SIGPIPE would.
+
+ZooKeeper credentials come from the environment only (``TIDEMARK_ZK_USER``/``_PASSWORD``,
+``TIDEMARK_ZK_READER_USER``/``_PASSWORD``: a password on a command line is visible to every
+user of the machine); TLS from ``--tls-*`` options or ``TIDEMARK_ZK_TLS*`` variables.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+from coordinator.errors import TidemarkError
+from coordinator.operations.zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper, four_letter_word
+
+EXIT_ERROR, EXIT_USAGE, EXIT_CLOSED_PIPE = 1, 2, 141
+
+
+def _connect(args, read_only: bool = False):
+    """The session; commands that only read never create znodes (so they never leave any open to anyone)."""
+    from coordinator.tidemark import Tidemark
+    return Tidemark.connect(args.zk, root=args.root, connect_timeout=args.timeout, operation_timeout=args.timeout,
+                            tls=_tls(args), read_only=read_only)
+
+
+def _tls(args):
+    """TLS settings from the ``--tls-*`` options; None leaves it to the ``TIDEMARK_ZK_TLS*`` variables."""
+    from coordinator.zookeeper.security import TlsSettings
+    if not (args.tls or args.tls_ca or args.tls_cert or args.tls_key):
+        return None
+    env = TlsSettings.from_env() or TlsSettings()
+    return TlsSettings(ca=args.tls_ca or env.ca, certfile=args.tls_cert or env.certfile,
+                       keyfile=args.tls_key or env.keyfile, verify_certs=env.verify_certs,
+                       check_hostname=env.check_hostname, keyfile_password=env.keyfile_password)
+
+
+def _fmt_epoch(epoch: Optional[int]) -> str:
+    from coordinator.protocol.status import fmt_epoch
+    return fmt_epoch(epoch)
+
+
+def cmd_zk(args) -> int:
+    server = EmbeddedZooKeeper(port=args.port, data_dir=args.data_dir)
+    if args.action == "start":
+        server.start()
+        print(server.connect_string)
+    elif args.action == "stop":
+        print("stopped" if server.stop() else f"no ZooKeeper server recorded in {server.data_dir}")
+    else:
+        state = server.recorded_state()
+        if state is None:
+            print(f"not running (nothing recorded in {server.data_dir})")
+            return 3
+        reply = four_letter_word("127.0.0.1", state.port, b"srvr") or b""
+        mode = next((line for line in reply.decode(errors="replace").splitlines() if line.startswith("Mode")), "")
+        print(f"pid {state.pid}, 127.0.0.1:{state.port}, data {state.data_dir}: "
+              f"{'serving, ' + mode if reply else 'NOT answering'}")
+        return 0 if reply else 3
+    return 0
+
+
+def cmd_status(args) -> int:
+    from coordinator.protocol.status import fmt_seconds
+    with _connect(args, read_only=True) as tm:
+        status = tm.status()
+    if args.json:
+        print(json.dumps(status.to_dict(), indent=2))
+        return 0
+    consistent = _fmt_epoch(status.consistent_epoch)
+    if status.consistent_epoch is not None:
+        consistent += f", lag {fmt_seconds(status.consistent_lag_ms)}"
+    print(f"newest barrier: {_fmt_epoch(status.newest_barrier)}   interval: {status.interval_ms or '-'} ms   "
+          f"consistent epoch: {consistent}")
+    if not status.jobs:
+        print("no jobs registered")
+    for job in status.jobs:
+        print(_job_line(job))
+        for table, epoch in sorted(job.tidemarks.items()):
+            print(f"    {table}: {_fmt_epoch(epoch)}")
+        for reason in job.reasons():
+            print(f"    {reason}")
+    return 0
+
+
+def _job_line(job) -> str:
+    from coordinator.protocol.status import FINISHED, fmt_seconds
+    leader = f"{job.leader.member} (term {job.leader.term})" if job.leader else "-"
+    if job.state == FINISHED:
+        head = f"{job.name}: term {job.term}, finished at epoch {_fmt_epoch(job.finished.epoch)}"
+    else:
+        head = f"{job.name}: term {job.term}, {job.leader_state}: {leader}, committed {_fmt_epoch(job.committed_epoch)}"
+    parts = [head, f"lag {fmt_seconds(job.lag_ms)}"]
+    if job.pending_barriers:
+        parts.append(f"{job.pending_barriers} barrier{'s' if job.pending_barriers != 1 else ''} pending "
+                     f"(next {_fmt_epoch(job.next_barrier)})")
+    line = ", ".join(parts)
+    if job.stale:
+        line += f"  STALE: {job.stale_reason}"
+        if job.holds_back_ms is not None:
+            line += f"; holds the consistent epoch back {fmt_seconds(job.holds_back_ms)}"
+        elif job.committed_epoch is None:
+            line += "; no consistent epoch until it commits"
+    return line
+
+
+def cmd_topology(args) -> int:
+    with _connect(args, read_only=True) as tm:
+        topo = tm.topology()
+    render = {"text": topo.to_text, "dot": topo.to_dot, "mermaid": topo.to_mermaid,
+              "json": lambda: json.dumps(topo.to_dict(), indent=2)}
+    print(render[args.format]())
+    return 0
+
+
+def cmd_fence(args) -> int:
+    with _connect(args) as tm:
+        term = tm.fence_job(args.job, by=args.by)
+    print(f"job {args.job} fenced: term is now {term}; its old leader can no longer commit")
+    return 0
+
+
+def cmd_unregister(args) -> int:
+    from coordinator.iceberg.catalog import CatalogSettings
+    from coordinator.errors import UnregisterNotConfirmed
+    catalog = CatalogSettings.from_env()
+    with _connect(args) as tm:
+        try:
+            plan = tm.unregister_job(args.job, confirm=args.yes, catalog=catalog)
+        except UnregisterNotConfirmed as refused:
+            if not sys.stdin.isatty():
+                raise TidemarkError(f"{refused.plan.describe()}; nothing changed: pass --yes to unregister") from None
+            print(refused.plan.describe())
+            if input(f"Type the job name ({args.job}) to unregister it: ").strip() != args.job:
+                raise TidemarkError("not confirmed; nothing changed") from None
+            plan = tm.unregister_job(args.job, confirm=True, catalog=catalog)
+    print(f"job {args.job} unregistered (it wrote {', '.join(plan.record.sinks)}). "
+          + (plan.resume.describe() if plan.resume is not None else "Its sinks' Iceberg progress is unknown."))
+    return 0
+
+
+def cmd_barriers(args) -> int:
+    with _connect(args, read_only=args.set_interval is None) as tm:
+        if args.set_interval is not None:
+            if args.effective_from is None:
+                raise TidemarkError("--set-interval needs --from T, a future barrier where the change takes effect")
+            grid = tm.barriers.change_interval(args.set_interval, args.effective_from)
+        else:
+            grid = tm.barriers.grid()
+        latest = tm.barriers.latest()
+    print(json.dumps({"grid": grid.to_dict(), "newest_barrier": latest}, indent=2))
+    return 0
+
+
+def cmd_resolve(args) -> int:
+    from coordinator.iceberg.catalog import CatalogSettings
+    from coordinator.history.resolve import Resolver
+    settings = CatalogSettings.from_env()
+    tm = None if args.no_zk else _connect(args, read_only=True)
+    try:
+        version = Resolver(settings.load(), settings, tm).resolve(args.tables, level=args.level, as_of=args.as_of)
+    finally:
+        if tm is not None:
+            tm.close()
+    if args.json:
+        print(version.to_json().decode())
+    else:
+        print(f"level {version.level.value}, epoch {_fmt_epoch(version.epoch)}")
+        for table, snapshot in sorted(version.snapshots.items()):
+            print(f"  {table}: {snapshot if snapshot is not None else '(empty)'}")
+    return 0
+
+
+def cmd_gc(args) -> int:
+    from coordinator.iceberg.catalog import CatalogSettings
+    from coordinator.history.gc import GarbageCollector, summarize
+    from coordinator.history.retention import RetentionPolicy, store_policy
+    policy = RetentionPolicy.parse(args.policy) if args.policy else None
+    with _connect(args) as tm:
+        if policy is not None and not args.dry_run:
+            store_policy(tm, policy)
+        report = GarbageCollector(tm, CatalogSettings.from_env(), policy=policy).run(dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0
+    print(("dry run: nothing changed\n" if report.dry_run else "") + "\n".join(summarize(report.plan)))
+    if not report.dry_run:
+        print(f"expired {report.expired_snapshots} snapshots, deleted {report.deleted_files} files, pruned "
+              f"{report.pruned_barriers} barrier znodes")
+    return 0
+
+
+def cmd_versions(args) -> int:
+    from coordinator.history.versions import RetainedVersions, fmt_age, tier_listing
+    with _connect(args, read_only=True) as tm:
+        listing = tier_listing(tm, RetainedVersions(tm).all())
+    if args.json:
+        print(json.dumps([entry.to_dict() for entry in listing], indent=2))
+        return 0
+    if not listing:
+        print("no retained versions (run `tidemark gc`)")
+    for entry in listing:
+        print(f"{entry.tag}  {_fmt_epoch(entry.epoch)}  age {fmt_age(entry.age_ms)}  {entry.tier}  "
+              f"{len(entry.snapshots)} tables")
+    return 0
+
+
+def cmd_exporter(args) -> int:
+    from coordinator.tidemark import Tidemark
+    from coordinator.operations.exporter import Exporter
+    from coordinator.job.metrics_server import MetricsServer
+    exporter = Exporter(lambda: Tidemark.connect(args.zk, root=args.root, connect_timeout=args.timeout,
+                                                 operation_timeout=args.timeout, tls=_tls(args), read_only=True),
+                        refresh_every=args.refresh, max_age=args.refresh + args.timeout)
+    server = MetricsServer(args.port, args.address)
+    server.attach(exporter.registry, healthy=exporter.alive)
+    exporter.start()
+    print(f"serving Prometheus metrics on http://{args.address}:{server.port}/metrics (health: /healthz)", flush=True)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        stopped.wait()
+    finally:
+        server.close()
+        exporter.close()
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a malformed command line in one line (usage stays in ``--help``)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"tidemark: error: {_one_line(message)} (see `{self.prog} --help`)\n")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 3600:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 3600")
+    return value
+
+
+def _port(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return int(text)
+
+
+def _epoch(text: str) -> int:
+    from coordinator.names import MAX_EPOCH_MS
+    if not text.isascii() or not text.isdigit() or int(text) > MAX_EPOCH_MS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an epoch (milliseconds since 1970, 0 to {MAX_EPOCH_MS})")
+    return int(text)
+
+
+def _version(text: str) -> int:
+    """``--as-of``: an epoch, or the tag ``tidemark-<epoch>`` of a retained version."""
+    from coordinator.history.versions import parse_version_ref
+    try:
+        return _epoch(str(parse_version_ref(text)))
+    except (TidemarkError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an epoch (milliseconds since 1970) nor a tag "
+                                         "tidemark-<epoch>; `tidemark versions` lists the retained ones") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tidemark", description="Consistent, exactly-once Iceberg tables")
+    parser.add_argument("--zk", help="ZooKeeper connect string (default: $TIDEMARK_ZK or 127.0.0.1:2181)")
+    parser.add_argument("--root", default="/tidemark", help="root znode (default /tidemark)")
+    parser.add_argument("--timeout", type=_seconds, default=15.0, help="seconds to wait for ZooKeeper (up to 3600)")
+    tls = parser.add_argument_group("TLS to ZooKeeper's secureClientPort (or TIDEMARK_ZK_TLS* variables)")
+    tls.add_argument("--tls", action="store_true", help="use TLS with the system's CAs ($TIDEMARK_ZK_TLS=1)")
+    tls.add_argument("--tls-ca", metavar="PEM", help="CA of the servers' certificates ($TIDEMARK_ZK_TLS_CA)")
+    tls.add_argument("--tls-cert", metavar="PEM", help="client certificate ($TIDEMARK_ZK_TLS_CERT)")
+    tls.add_argument("--tls-key", metavar="PEM", help="client certificate's key ($TIDEMARK_ZK_TLS_KEY)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    zk = sub.add_parser("zk", help="a local ZooKeeper server")
+    zk.add_argument("action", choices=["start", "stop", "status"])
+    zk.add_argument("--port", type=_port, default=DEFAULT_PORT)
+    zk.add_argument("--data-dir", type=Path, help="default: $TIDEMARK_HOME/zookeeper")
+    zk.set_defaults(func=cmd_zk)
+
+    status = sub.add_parser("status", help="jobs, leaders, tidemarks, lag and what each job waits for")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    topology = sub.add_parser("topology", help="the job graph")
+    topology.add_argument("--format", choices=["text", "json", "dot", "mermaid"], default="text")
+    topology.set_defaults(func=cmd_topology)
+
+    fence = sub.add_parser("fence", help="bump a job's term so its current leader can no longer commit")
+    fence.add_argument("job")
+    fence.add_argument("--by", default="operator", help="who fenced it (recorded in the term znode)")
+    fence.set_defaults(func=cmd_fence)
+
+    unregister = sub.add_parser("unregister", help="remove a fenced or leaderless job (says what a re-registration "
+                                                   "resumes from; asks for confirmation)")
+    unregister.add_argument("job")
+    unregister.add_argument("--yes", action="store_true", help="go ahead without asking")
+    unregister.set_defaults(func=cmd_unregister)
+
+    barriers = sub.add_parser("barriers", help="show the barrier grid, or change its interval at a future barrier")
+    barriers.add_argument("--set-interval", type=int, metavar="MS")
+    barriers.add_argument("--from", dest="effective_from", type=_epoch, metavar="T")
+    barriers.set_defaults(func=cmd_barriers)
+
+    exporter = sub.add_parser("exporter", help="serve the topology-wide view as Prometheus metrics (read-only)")
+    exporter.add_argument("--port", type=_port, default=9464)
+    exporter.add_argument("--address", default="0.0.0.0")
+    exporter.add_argument("--refresh", type=_seconds, default=5.0, metavar="S",
+                          help="seconds between reads of ZooKeeper (scrapes never wait on it)")
+    exporter.set_defaults(func=cmd_exporter)
+
+    resolve = sub.add_parser("resolve", help="the snapshot of each table at one consistency level")
+    resolve.add_argument("tables", nargs="+")
+    resolve.add_argument("--level", choices=["latest", "committed", "consistent"], default="consistent")
+    resolve.add_argument("--as-of", type=_version, metavar="T", help="a retained version: its epoch or its tag "
+                         "tidemark-<T> (`tidemark versions` lists them)")
+    resolve.add_argument("--no-zk", action="store_true", help="resolve from Iceberg metadata alone")
+    resolve.add_argument("--json", action="store_true")
+    resolve.set_defaults(func=cmd_resolve)
+
+    gc = sub.add_parser("gc", help="keep the versions the retention policy wants, expire the rest and delete its files")
+    gc.add_argument("--dry-run", action="store_true", help="print what would be kept and dropped, and why")
+    gc.add_argument("--json", action="store_true")
+    gc.add_argument("--policy", metavar="SPEC", help="record this retention policy for the deployment first, e.g. "
+                    "all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo (with --dry-run: preview it only)")
+    gc.set_defaults(func=cmd_gc)
+
+    versions = sub.add_parser("versions", help="the retained consistent versions, with their tier and age")
+    versions.add_argument("--json", action="store_true")
+    versions.set_defaults(func=cmd_versions)
+    return parser
+
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run one command; every failure is one ``tidemark: error:`` line on stderr, never a traceback."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # --help, or a usage error already reported in one line
+        return done.code if isinstance(done.code, int) else EXIT_USAGE
+    # kazoo logs every reconnection attempt; the command reports the outcome in one line instead.
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+    try:
+        return args.func(args)
+    except TidemarkError as exc:
+        return _fail(str(exc))
+    except BrokenPipeError:
+        # The reader of our output went away (`| head`): stop quietly. Point stdout at /dev/null so the
+        # interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the last resort: a bug still gets one line, not a traceback
+        return _fail(f"unexpected {type(exc).__name__}: {exc}. This is a bug in tidemark: please report it "
+                     "with the command that caused it")
+
+
+def _fail(message: str) -> int:
+    print(f"tidemark: error: {_one_line(message)}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())  # every line break Python knows is whitespace to split()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

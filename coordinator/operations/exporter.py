@@ -1,0 +1,204 @@
+"""``tidemark exporter``: the topology-wide view for Prometheus, served at once whether ZooKeeper is up or not.
+
+    tidemark exporter --port 9464 [--refresh 5] [--zk zk1:2181/tidemark]
+
+    exporter = Exporter(lambda: Tidemark.connect(hosts, read_only=True), refresh_every=5.0, max_age=20.0)
+    exporter.start()                      # the background refresher
+    MetricsServer(9464).attach(exporter.registry, healthy=exporter.alive)
+
+A background thread connects (read-only: it creates no znode) and reads the cluster status
+(``coordinator.status``: a few pipelined ZooKeeper batches) every ``refresh_every`` seconds.
+A scrape never touches ZooKeeper: it serves the last good view from memory, with lags
+measured against the wall clock at the scrape. ``tidemark_up`` is 1 only while the session
+is connected and the last refresh succeeded less than ``max_age`` seconds ago; otherwise
+it is 0 and the last view stays exported, with ``tidemark_exporter_view_age_seconds``
+saying how old it is. Every series is in base units (seconds; epochs as Unix timestamps in
+seconds); jobs are labelled ``tidemark_job`` (``job`` is the scrape target's label).
+
+- per job: ``tidemark_job_committed_epoch_timestamp_seconds``, ``tidemark_job_lag_seconds``,
+  ``tidemark_job_pending_barriers``, ``tidemark_job_term``, ``tidemark_job_leader_live``,
+  ``tidemark_job_finished``, ``tidemark_job_stale``, ``tidemark_job_holds_back_seconds``
+  (stale jobs), ``tidemark_job_bounds_consistent_epoch`` and ``tidemark_job_blocked_by``
+  (one series per source below the job's next barrier);
+- per table: ``tidemark_table_committed_epoch_timestamp_seconds``, ``tidemark_table_lag_seconds``;
+- overall: ``tidemark_jobs``, ``tidemark_consistent_epoch_timestamp_seconds``,
+  ``tidemark_consistent_lag_seconds``, ``tidemark_newest_barrier_timestamp_seconds``,
+  ``tidemark_barrier_interval_seconds``;
+- the exporter itself: ``tidemark_up``, ``tidemark_exporter_view_age_seconds``,
+  ``tidemark_exporter_refresh_duration_seconds``, ``tidemark_exporter_refresh_failures_total``.
+
+Failure behaviour: nothing here raises once started. An unreachable ZooKeeper (at start or
+later), an expired session or corrupt znodes make refreshes fail (logged once per kind of
+failure, counted in ``tidemark_exporter_refresh_failures_total``) and ``tidemark_up`` 0;
+kazoo reconnects in the background and the next refresh after that brings the view back.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Optional
+
+from kazoo.client import KazooState
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from coordinator.tidemark import Tidemark
+from coordinator.job.driver_metrics import JOB_LABEL
+from coordinator.errors import TidemarkError
+from coordinator.protocol.status import FINISHED, LEADING, Status, read_status
+
+log = logging.getLogger(__name__)
+DEFAULT_EXPORTER_PORT = 9464
+
+
+class Exporter(Collector):
+    def __init__(self, connect: Callable[[], Tidemark], refresh_every: float = 5.0,
+                 max_age: Optional[float] = None) -> None:
+        self.connect = connect
+        self.refresh_every = refresh_every
+        self.max_age = max_age if max_age is not None else 3 * refresh_every
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
+        self.tm: Optional[Tidemark] = None
+        self._view: Optional[Status] = None
+        self._view_at = 0.0          # time.monotonic() when the view was read
+        self._last_ok = False        # did the last refresh succeed
+        self._refresh_seconds: Optional[float] = None
+        self._failures = 0
+        self._last_error: Optional[str] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._refresh_forever, name="tidemark-exporter-refresh", daemon=True)
+
+    # -- the background refresh -------------------------------------------------------------------
+
+    def start(self) -> "Exporter":
+        self._thread.start()
+        return self
+
+    def alive(self) -> bool:
+        """The refresher runs (whatever ZooKeeper's state: that is ``tidemark_up``'s job)."""
+        return self._thread.is_alive()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.max_age)
+        if self.tm is not None:
+            self.tm.close()
+
+    def _refresh_forever(self) -> None:
+        while not self._stop.is_set():
+            self.refresh()
+            self._stop.wait(self.refresh_every)
+
+    def refresh(self) -> None:
+        """One refresh: connect if needed, read the status; a failure keeps the last view."""
+        started = time.monotonic()
+        try:
+            if self.tm is None:
+                self.tm = self.connect()
+            view = read_status(self.tm)
+        except Exception as exc:  # noqa: BLE001 - whatever failed, keep serving the last view with tidemark_up 0
+            self._last_ok = False
+            self._failures += 1
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if error != self._last_error:
+                log.warning("tidemark exporter: refresh failed (%s); serving the last view with tidemark_up 0",
+                            error if isinstance(exc, TidemarkError) else repr(exc))
+            self._last_error = error
+            return
+        finally:
+            self._refresh_seconds = time.monotonic() - started
+        if self._last_error is not None:
+            log.warning("tidemark exporter: refresh works again")
+        self._view, self._view_at, self._last_ok, self._last_error = view, time.monotonic(), True, None
+
+    def up(self) -> bool:
+        tm = self.tm
+        return (tm is not None and tm.connection_state == KazooState.CONNECTED and self._last_ok
+                and time.monotonic() - self._view_at <= self.max_age)
+
+    # -- the scrape: memory only ------------------------------------------------------------------
+
+    def collect(self):
+        yield _plain("tidemark_up", "1 when the exporter reads ZooKeeper and its view is fresh", 1 if self.up() else 0)
+        failures = CounterMetricFamily("tidemark_exporter_refresh_failures", "Refreshes of the view that failed")
+        failures.add_metric([], self._failures)
+        yield failures
+        if self._refresh_seconds is not None:
+            yield _plain("tidemark_exporter_refresh_duration_seconds", "Duration of the last refresh of the view",
+                         self._refresh_seconds)
+        view = self._view
+        if view is None:
+            return
+        yield _plain("tidemark_exporter_view_age_seconds", "Age of the exported view (grows while tidemark_up is 0)",
+                     time.monotonic() - self._view_at)
+        yield from view_families(view, time.time())
+
+
+def view_families(view: Status, now: float):
+    """The status as metric families, lags measured at ``now`` (Unix seconds)."""
+    def job_gauge(name: str, documentation: str, *extra: str) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, documentation, labels=[JOB_LABEL, *extra])
+    committed = job_gauge("tidemark_job_committed_epoch_timestamp_seconds",
+                          "Epoch committed in every sink of the job, as a Unix timestamp")
+    lag = job_gauge("tidemark_job_lag_seconds", "Wall clock minus the job's committed epoch")
+    pending = job_gauge("tidemark_job_pending_barriers", "Agreed barriers after the job's committed epoch")
+    term = job_gauge("tidemark_job_term", "Fencing term of the job's leadership")
+    leading = job_gauge("tidemark_job_leader_live", "1 when the job has a live, unfenced leader")
+    finished = job_gauge("tidemark_job_finished",
+                         "1 when the job's last leader finished a bounded run and no leader runs it now")
+    stale = job_gauge("tidemark_job_stale", "1 when the job holds back consistent reads")
+    holds_back = job_gauge("tidemark_job_holds_back_seconds",
+                           "For a stale job: how far it holds the consistent epoch back")
+    bounds = job_gauge("tidemark_job_bounds_consistent_epoch",
+                       "1 when the job's committed epoch is the consistent epoch (it must commit for it to advance)")
+    blocked = job_gauge("tidemark_job_blocked_by", "1 per source below the barrier the job must process next",
+                        "source", "source_job")
+    table_epoch = GaugeMetricFamily("tidemark_table_committed_epoch_timestamp_seconds",
+                                    "The table's tidemark (its committed epoch), as a Unix timestamp",
+                                    labels=["table", JOB_LABEL])
+    table_lag = GaugeMetricFamily("tidemark_table_lag_seconds", "Wall clock minus the table's committed epoch",
+                                  labels=["table", JOB_LABEL])
+    consistent = view.consistent_epoch
+    for job in view.jobs:
+        name = [job.name]
+        epoch = job.committed_epoch
+        if epoch is not None:
+            committed.add_metric(name, epoch / 1000)
+            lag.add_metric(name, max(0.0, now - epoch / 1000))
+            bounds.add_metric(name, 1 if epoch == consistent else 0)
+        if job.pending_barriers is not None:
+            pending.add_metric(name, job.pending_barriers)
+        if job.term is not None:
+            term.add_metric(name, job.term)
+        leading.add_metric(name, 1 if job.leader_state == LEADING else 0)
+        finished.add_metric(name, 1 if job.state == FINISHED else 0)
+        stale.add_metric(name, 1 if job.stale else 0)
+        if job.holds_back_ms is not None:
+            holds_back.add_metric(name, job.holds_back_ms / 1000)
+        for blocker in job.waiting_for:
+            blocked.add_metric([job.name, blocker.table, blocker.writer], 1)
+        for table, mark in sorted(job.tidemarks.items()):
+            if mark is not None:
+                table_epoch.add_metric([table, job.name], mark / 1000)
+                table_lag.add_metric([table, job.name], max(0.0, now - mark / 1000))
+    yield from (committed, lag, pending, term, leading, finished, stale, holds_back, bounds, blocked, table_epoch,
+                table_lag)
+    yield _plain("tidemark_jobs", "Registered jobs", len(view.jobs))
+    if consistent is not None:
+        yield _plain("tidemark_consistent_epoch_timestamp_seconds",
+                     "Consistent epoch (minimum committed epoch over every job), as a Unix timestamp", consistent / 1000)
+        yield _plain("tidemark_consistent_lag_seconds", "Wall clock minus the consistent epoch",
+                     max(0.0, now - consistent / 1000))
+    if view.newest_barrier is not None:
+        yield _plain("tidemark_newest_barrier_timestamp_seconds", "Newest agreed barrier, as a Unix timestamp",
+                     view.newest_barrier / 1000)
+    if view.interval_ms is not None:
+        yield _plain("tidemark_barrier_interval_seconds", "Interval of the barrier grid at the newest barrier",
+                     view.interval_ms / 1000)
+
+
+def _plain(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)

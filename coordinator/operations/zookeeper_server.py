@@ -1,0 +1,352 @@
+"""A real standalone ZooKeeper server on a loopback port, for local runs, the demo and tests.
+
+    with EmbeddedZooKeeper(port=2181) as zk:
+        tm = Tidemark.connect(zk.connect_string)
+
+    with ZooKeeperEnsemble(base_dir) as ensemble:      # three servers on loopback: a real quorum
+        tm = Tidemark.connect(ensemble.connect_string)
+        ensemble.leader().kill()                       # fault tests: lose the leader, then restart it
+
+The server is Debian's ZooKeeper 3.8 (``/usr/share/java/zookeeper.jar``, whose manifest
+brings its dependencies) run in the background with its own session, so it outlives the
+process that started it until ``stop()``. Its pid, port and data directory are recorded in
+``<data_dir>/server.json`` so that ``tidemark zk stop`` ends exactly that process.
+
+With ``tls=ServerTls(...)`` the server also listens for TLS on ``secure_port``
+(ZooKeeper's ``secureClientPort``, served by Netty), next to the plaintext ``port``:
+
+    with EmbeddedZooKeeper(port, tls=ServerTls(keystore, truststore), secure_port=other) as zk:
+        tm = Tidemark.connect(zk.secure_connect_string, tls=TlsSettings(ca="ca.pem"))
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
+
+from coordinator.iceberg.catalog import data_home
+from coordinator.errors import ConfigurationError, ZooKeeperUnavailable
+
+DEFAULT_PORT = 2181
+MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+STATE_FILE = "server.json"
+# A small tick keeps the minimum session timeout low (2 ticks) so fault tests run quickly.
+TICK_MS = 200
+# Netty, which serves TLS, needs these next to the jars zookeeper.jar's manifest lists.
+NETTY_EXTRA_JARS = ("/usr/share/java/netty-codec.jar", "/usr/share/java/netty-resolver.jar")
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """TLS on the server's secure client port, from PEM files.
+
+    ``keystore`` holds the server's private key followed by its certificate; ``truststore`` the
+    CA certificates a client certificate must be signed by; ``client_auth`` is ZooKeeper's
+    ``ssl.clientAuth`` (``none``, ``want`` or ``need`` a client certificate).
+    """
+
+    keystore: Path
+    truststore: Path
+    client_auth: str = "none"
+
+    def config_lines(self, secure_port: int) -> list[str]:
+        return [f"secureClientPort={secure_port}",
+                "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+                f"ssl.keyStore.location={self.keystore}", "ssl.keyStore.type=PEM",
+                f"ssl.trustStore.location={self.truststore}", "ssl.trustStore.type=PEM",
+                f"ssl.clientAuth={self.client_auth}"]
+
+
+def zookeeper_classpath() -> str:
+    configured = os.environ.get("TIDEMARK_ZK_CLASSPATH")
+    if configured:
+        return configured
+    jar = Path("/usr/share/java/zookeeper.jar")
+    if not jar.is_file():
+        raise ConfigurationError(f"ZooKeeper's jars are not installed ({jar} is missing): "
+                                 "apt-get install zookeeper (make setup does), or set TIDEMARK_ZK_CLASSPATH")
+    return str(jar)
+
+
+def java_executable() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if not java or not Path(java).is_file():
+        raise ConfigurationError("Java not found: install a Java 17 runtime "
+                                 "(apt-get install openjdk-17-jre-headless; make setup does) or set JAVA_HOME")
+    return java
+
+
+def four_letter_word(host: str, port: int, word: bytes = b"ruok", timeout: float = 1.0) -> Optional[bytes]:
+    """Send a ZooKeeper four-letter command; None when nothing answers."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(word)
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except OSError:
+        return None
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class QuorumPeer:
+    """One member of an ensemble: its id (``myid``) and its three loopback ports."""
+
+    server_id: int
+    client_port: int
+    quorum_port: int
+    election_port: int
+
+    @property
+    def config_line(self) -> str:
+        return f"server.{self.server_id}=127.0.0.1:{self.quorum_port}:{self.election_port}"
+
+
+@dataclass
+class ServerState:
+    pid: int
+    port: int
+    data_dir: str
+    started_ms: int
+
+
+class EmbeddedZooKeeper:
+    """One standalone ZooKeeper server process bound to 127.0.0.1.
+
+    ``start()`` refuses a port already in use and waits (up to ``start_timeout``) until the
+    server answers ``ruok``; ``stop()`` ends it with SIGTERM, then SIGKILL after a deadline;
+    ``kill()`` is ``kill -9`` for fault tests. The data directory survives a stop, so a
+    restart on the same directory brings back every znode and live session.
+
+    With ``quorum`` (every member of an ensemble, this one being ``server_id``) it runs as one
+    peer of that ensemble (``ZooKeeperEnsemble`` builds them); ``start(wait=False)`` then lets
+    the caller start the other peers before the quorum can serve.
+    """
+
+    def __init__(self, port: int = DEFAULT_PORT, data_dir: Optional[os.PathLike] = None,
+                 start_timeout: float = 30.0, tls: Optional[ServerTls] = None,
+                 secure_port: Optional[int] = None, quorum: Sequence[QuorumPeer] = (),
+                 server_id: Optional[int] = None) -> None:
+        if (tls is None) != (secure_port is None):
+            raise ConfigurationError("a TLS ZooKeeper needs both tls=ServerTls(...) and secure_port")
+        self.port = port
+        self.data_dir = Path(data_dir or data_home() / "zookeeper").absolute()
+        self.start_timeout = start_timeout
+        self.tls, self.secure_port = tls, secure_port
+        self.quorum, self.server_id = tuple(quorum), server_id
+        self._process: Optional[subprocess.Popen] = None
+
+    @property
+    def connect_string(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def secure_connect_string(self) -> str:
+        return f"127.0.0.1:{self.secure_port}"
+
+    @property
+    def state_path(self) -> Path:
+        return self.data_dir / STATE_FILE
+
+    def start(self, wait: bool = True) -> "EmbeddedZooKeeper":
+        recorded = self.recorded_state()
+        if recorded and _is_our_server(recorded):
+            raise ConfigurationError(f"a ZooKeeper server (pid {recorded.pid}) already runs on port "
+                                     f"{recorded.port} with data dir {self.data_dir}: `tidemark zk stop` first")
+        if _port_in_use(self.port) or (self.secure_port is not None and _port_in_use(self.secure_port)):
+            raise ConfigurationError(f"port {self.port} (or the secure port) on 127.0.0.1 is already in use: pick another with "
+                                     "--port, or stop what listens there")
+        java, classpath = java_executable(), zookeeper_classpath()
+        if self.tls is not None:
+            classpath = ":".join([classpath, *(jar for jar in NETTY_EXTRA_JARS if Path(jar).is_file())])
+        config = self.data_dir / "zoo.cfg"
+        lines = [
+            f"tickTime={TICK_MS}", f"dataDir={self.data_dir / 'data'}", f"clientPort={self.port}",
+            "clientPortAddress=127.0.0.1", "maxClientCnxns=0", f"minSessionTimeout={2 * TICK_MS}",
+            "maxSessionTimeout=60000", "admin.enableServer=false", "4lw.commands.whitelist=ruok,srvr,mntr,stat",
+            "autopurge.snapRetainCount=3", "autopurge.purgeInterval=1", *self._quorum_config(),
+            *(self.tls.config_lines(self.secure_port) if self.tls is not None else []), "",  # type: ignore[arg-type]
+        ]
+        try:
+            (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+            if self.quorum:
+                (self.data_dir / "data" / "myid").write_text(f"{self.server_id}\n")
+            config.write_text("\n".join(lines))
+            log = open(self.data_dir / "zookeeper.log", "ab")
+        except OSError as exc:
+            raise ConfigurationError(f"cannot use {self.data_dir} as ZooKeeper's data directory ({exc.strerror or exc}): "
+                                     "pick another with --data-dir") from None
+        main_class = QUORUM_MAIN_CLASS if self.quorum else MAIN_CLASS
+        self._process = subprocess.Popen(
+            [java, "-Xmx256m", "-Dzookeeper.jmx.log4j.disable=true", "-cp", classpath, main_class, str(config)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        self._write_state(ServerState(self._process.pid, self.port, str(self.data_dir), int(time.time() * 1000)))
+        if wait:
+            self.wait_until_serving()
+        return self
+
+    def _quorum_config(self) -> list[str]:
+        if not self.quorum:
+            return []
+        # Limits in ticks: generous enough that a loaded machine does not drop a follower by itself.
+        return ["initLimit=25", "syncLimit=10", *(peer.config_line for peer in self.quorum)]
+
+    def mode(self) -> Optional[str]:
+        """``standalone``, ``leader`` or ``follower`` while serving; None otherwise."""
+        reply = (four_letter_word("127.0.0.1", self.port, b"srvr") or b"").decode(errors="replace")
+        return next((line.split(":", 1)[1].strip() for line in reply.splitlines() if line.startswith("Mode:")), None)
+
+    def wait_until_serving(self) -> None:
+        # "ruok" answers before the server accepts sessions; "srvr" reports a Mode only once it does.
+        def serving() -> Optional[bytes]:
+            if self._process is not None and self._process.poll() is not None:
+                return b"exited"
+            return four_letter_word("127.0.0.1", self.port, b"srvr")
+
+        retrying = Retrying(stop=stop_after_delay(self.start_timeout), wait=wait_fixed(0.1),
+                            retry=retry_if_result(lambda r: r != b"exited" and b"Mode:" not in (r or b"")),
+                            retry_error_callback=lambda s: None)
+        reply = retrying(serving)
+        if reply is None or b"Mode:" not in reply:
+            self.stop()
+            raise ZooKeeperUnavailable(f"ZooKeeper on port {self.port} did not start within {self.start_timeout:.0f}s; "
+                                       f"see {self.data_dir / 'zookeeper.log'}")
+
+    def recorded_state(self) -> Optional[ServerState]:
+        try:
+            return ServerState(**json.loads(self.state_path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _write_state(self, state: ServerState) -> None:
+        self.state_path.write_text(json.dumps(state.__dict__))
+
+    def is_serving(self) -> bool:
+        return b"Mode:" in (four_letter_word("127.0.0.1", self.port, b"srvr") or b"")
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """End the recorded server (SIGTERM, then SIGKILL); False when none was running."""
+        return self._signal(signal.SIGTERM, timeout)
+
+    def kill(self) -> bool:
+        """``kill -9`` the server, as a crash would."""
+        return self._signal(signal.SIGKILL, 10.0)
+
+    def _signal(self, sig: int, timeout: float) -> bool:
+        state = self.recorded_state()
+        if state is None or not _is_our_server(state):
+            self.state_path.unlink(missing_ok=True)
+            return False
+        os.kill(state.pid, sig)
+        if self._process is not None and self._process.pid == state.pid:
+            try:
+                self._process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(state.pid, signal.SIGKILL)
+                self._process.wait()
+        else:
+            Retrying(stop=stop_after_delay(timeout), wait=wait_fixed(0.1), retry=retry_if_result(bool),
+                     retry_error_callback=lambda s: os.kill(state.pid, signal.SIGKILL))(_is_our_server, state)
+        self._process = None
+        self.state_path.unlink(missing_ok=True)
+        return True
+
+    def __enter__(self) -> "EmbeddedZooKeeper":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def _is_our_server(state: ServerState) -> bool:
+    """True when ``state.pid`` is still a live ZooKeeper server using ``state.data_dir``'s config."""
+    try:
+        cmdline = Path(f"/proc/{state.pid}/cmdline").read_bytes().split(b"\0")
+        status = Path(f"/proc/{state.pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    if status == "Z":
+        return False
+    config = str(Path(state.data_dir) / "zoo.cfg").encode()
+    return (MAIN_CLASS.encode() in cmdline or QUORUM_MAIN_CLASS.encode() in cmdline) and config in cmdline
+
+
+class ZooKeeperEnsemble:
+    """``size`` ZooKeeper servers on loopback forming one quorum, each in ``<base_dir>/server-<id>``.
+
+    ``start()`` launches every peer, then waits until each serves (a peer serves only once a
+    quorum has elected a leader); ``leader()`` and ``followers()`` ask each peer its mode, so a
+    fault test can stop exactly the member it means to. A stopped member is restarted with its
+    own ``start()``; it rejoins the quorum from its data directory.
+    """
+
+    def __init__(self, base_dir: os.PathLike, size: int = 3, start_timeout: float = 60.0) -> None:
+        if size < 3 or size % 2 == 0:
+            raise ConfigurationError(f"an ensemble needs an odd number of servers, at least 3; got {size}")
+        peers = [QuorumPeer(i, free_port(), free_port(), free_port()) for i in range(1, size + 1)]
+        self.members = [EmbeddedZooKeeper(p.client_port, Path(base_dir) / f"server-{p.server_id}", start_timeout,
+                                          quorum=peers, server_id=p.server_id) for p in peers]
+
+    @property
+    def connect_string(self) -> str:
+        return ",".join(m.connect_string for m in self.members)
+
+    def start(self) -> "ZooKeeperEnsemble":
+        try:
+            for member in self.members:
+                member.start(wait=False)
+            for member in self.members:
+                member.wait_until_serving()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for member in self.members:
+            member.stop()
+
+    def leader(self) -> EmbeddedZooKeeper:
+        """The member that leads the quorum now (``ZooKeeperUnavailable`` while none does)."""
+        for member in self.members:
+            if member.mode() == "leader":
+                return member
+        raise ZooKeeperUnavailable("no member of the ensemble is leading right now (an election is under way)")
+
+    def followers(self) -> list[EmbeddedZooKeeper]:
+        return [m for m in self.members if m.mode() == "follower"]
+
+    def __enter__(self) -> "ZooKeeperEnsemble":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()

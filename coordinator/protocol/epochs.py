@@ -1,0 +1,291 @@
+"""The epoch state machine of one job, driven by its leader. The whole protocol is here.
+
+    epochs = EpochCoordinator(leadership, sinks=["lake.db.word_counts"])
+    recovery = epochs.recover()                     # what to do with the last epoch after a failover
+    epochs.begin(T, EpochInputs(...))               # T = tm.barriers.next_after(epochs.last_committed)
+    ... stage each sink, with summary tidemark.epoch=T ...
+    epochs.precommit(T, staged={"lake.db.word_counts": 42})
+    ... publish each staged snapshot (idempotent) ...
+    epochs.commit(T, published={"lake.db.word_counts": 42})
+
+    epochs.commit_idle(T, inputs)                   # no source changed: STARTED..COMMITTED in one multi
+
+Transitions (anything else raises ``EpochOrderError``)::
+
+    (none) | COMMITTED(L) --begin(T)--> STARTED(T)          T = the next agreed barrier after L
+    (none) | COMMITTED(L) --commit_idle(T)--> COMMITTED(T)  inputs unchanged: nothing to compute
+    STARTED(T) | ABORTED(T) --begin(T)--> STARTED(T)        recompute, same recorded inputs
+    STARTED(T) | ABORTED(T) --commit_idle(T)--> COMMITTED(T)
+    STARTED(T) --precommit--> PRECOMMITTED(T) --commit--> COMMITTED(T)
+    STARTED(T) --abort--> ABORTED(T)
+
+``begin`` refuses any barrier but the next agreed one: every job processes every agreed
+barrier, in order, and that is what makes ``T* = min(tidemarks)`` a version at which every
+table holds exactly the inputs up to ``T*`` (see ``barriers.py``).
+
+Every write is a leader ``transact`` (term check in the same multi). ``commit`` advances the
+tidemark of every sink table and marks the epoch COMMITTED in one multi: the epoch becomes
+visible to consistent readers everywhere at once, or not at all. A write whose reply was
+lost and that is retried is recognised as already applied by re-reading the epoch znode.
+Only the newest ``history`` epoch znodes are kept.
+
+A leader that finds no epoch history in ZooKeeper (a new chroot, an unregistered and
+re-registered job, a rebuilt ensemble) passes ``recover`` the ``ResumePoint`` read from its
+sinks' Iceberg metadata (``progress.py``): the committed epoch is written back as the
+job's COMMITTED epoch (with its input ranges, and the sinks' tidemarks at it) and an epoch
+in flight as STARTED with its recorded inputs, in one leader multi, so the job carries on
+exactly where its sinks say it was.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Optional
+
+from coordinator.errors import MultiFailed
+from coordinator.zookeeper.ops import Create, Delete, Op, SetData
+from coordinator.errors import ConfigurationError, CorruptState, EpochOrderError
+from coordinator.protocol.leadership import Leadership
+from coordinator.names import parse_epoch
+from coordinator.iceberg.progress import ResumePoint
+from coordinator.records import EpochInputs, EpochRecord, EpochState, TableTidemark, now_ms
+
+
+class RecoveryAction(str, enum.Enum):
+    START = "START"                # no epoch yet: begin at the first barrier the job may process
+    NEXT = "NEXT"                  # the last epoch is committed: begin the next agreed barrier
+    ROLL_FORWARD = "ROLL_FORWARD"  # precommitted: publish the staged snapshots, then commit
+    RECOMPUTE = "RECOMPUTE"        # started or aborted: recompute from the recorded inputs
+
+
+@dataclass(frozen=True)
+class Recovery:
+    action: RecoveryAction
+    epoch: Optional[EpochRecord]        # the last epoch's record (None for START)
+    last_committed: Optional[int]
+    resumed_from: Optional[ResumePoint] = None   # the Iceberg progress written back (no ZooKeeper history)
+
+
+class EpochCoordinator:
+    def __init__(self, leadership: Leadership, sinks, history: int = 100) -> None:
+        if history < 2:
+            raise ConfigurationError("history must keep at least 2 epochs (the last committed and the one in flight)")
+        self.leadership = leadership
+        self.tm = leadership.tm
+        self.job = leadership.job
+        self.sinks = tuple(sorted(sinks))
+        self.history = history
+        self.current: Optional[EpochRecord] = None
+        self.last_committed: Optional[int] = None
+        self._version = -1       # znode version of the current epoch's record
+        self._known: list[int] = []
+        self._marks: dict[str, TableTidemark] = {}
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    def recover(self, resume: Optional[Callable[[], ResumePoint]] = None) -> Recovery:
+        """Read the job's epochs and say what the new leader must do; call it once after acquiring leadership.
+
+        With no epoch in ZooKeeper, ``resume()`` (the sinks' Iceberg progress) is read and written back first.
+        """
+        p = self.tm.paths
+        self._known = sorted(e for e in map(parse_epoch, self.tm.children(p.epochs(self.job))) if e is not None)
+        seeded = resume() if not self._known and resume is not None else None
+        if seeded is not None and seeded.is_fresh:
+            seeded = None
+        if seeded is not None:
+            self._seed(seeded)
+            self._known = sorted(e for e in map(parse_epoch, self.tm.children(p.epochs(self.job))) if e is not None)
+        marks = self.tm.get_many([p.tidemark(t) for t in self.sinks])
+        self._marks = {t: TableTidemark.from_json(m[0], p.tidemark(t)) if m else TableTidemark(t)
+                       for t, m in zip(self.sinks, marks)}
+        self.current, self.last_committed = None, None
+        for epoch in reversed(self._known):
+            found = self.tm.read(p.epoch(self.job, epoch), EpochRecord)
+            if found is None:
+                continue
+            record, stat = found
+            if self.current is None:
+                self.current, self._version = record, stat.version
+            if record.state == EpochState.COMMITTED:
+                self.last_committed = record.epoch
+                break
+        last = self.current
+        if last is None:
+            return Recovery(RecoveryAction.START, None, None)
+        if last.state == EpochState.COMMITTED:
+            return Recovery(RecoveryAction.NEXT, last, last.epoch, seeded)
+        if last.state == EpochState.PRECOMMITTED:
+            return Recovery(RecoveryAction.ROLL_FORWARD, last, self.last_committed, seeded)
+        return Recovery(RecoveryAction.RECOMPUTE, last, self.last_committed, seeded)
+
+    def _seed(self, resume: ResumePoint) -> None:
+        """Write the Iceberg progress back as the job's epoch history (one leader multi)."""
+        p = self.tm.paths
+        ops: list[Op] = []
+        stamp = now_ms()
+        committed, in_flight = resume.committed, resume.in_flight
+        if committed is not None:
+            published = {t: resume.snapshots.get(t) for t in self.sinks}
+            record = EpochRecord(epoch=committed.epoch, state=EpochState.COMMITTED, term=committed.term,
+                                 inputs=committed.inputs or EpochInputs(), published=published, updated_ms=stamp)
+            ops.append(Create(p.epoch(self.job, committed.epoch), record.to_json()))
+            first = resume.first_epoch if resume.first_epoch is not None else committed.epoch
+            ops += [SetData(p.tidemark(t), TableTidemark(t, committed.epoch, published[t], stamp, first).to_json())
+                    for t in self.sinks]
+        if in_flight is not None:
+            record = EpochRecord(epoch=in_flight.epoch, state=EpochState.STARTED, term=self.leadership.term,  # type: ignore[arg-type]
+                                 inputs=in_flight.inputs or EpochInputs(), updated_ms=stamp)
+            ops.append(Create(p.epoch(self.job, in_flight.epoch), record.to_json()))
+        self.leadership.transact(ops)
+
+    def mark(self, table: str) -> TableTidemark:
+        """The sink's tidemark as this leader last read or wrote it."""
+        return self._marks.get(table) or TableTidemark(table)
+
+    @property
+    def first_epoch(self) -> Optional[int]:
+        """The job's first committed epoch (its sinks have no exact state before it)."""
+        firsts = [m.first_epoch for m in self._marks.values() if m.first_epoch is not None]
+        return min(firsts) if firsts else None
+
+    # -- transitions ----------------------------------------------------------------------------
+
+    def begin(self, epoch: int, inputs: Optional[EpochInputs] = None) -> EpochRecord:
+        """Record epoch ``epoch``'s inputs (or reuse the recorded ones when recomputing)."""
+        redo, inputs = self._prepare(epoch, inputs)
+        record = EpochRecord(epoch=epoch, state=EpochState.STARTED, term=self.leadership.term,  # type: ignore[arg-type]
+                             inputs=inputs)
+        self._write(self._record_ops(record, redo), record, created=not redo)
+        return record
+
+    def commit_idle(self, epoch: int, inputs: Optional[EpochInputs] = None) -> EpochRecord:
+        """Commit epoch ``epoch`` in which no sink changes (the caller established that its inputs did not
+        change): one multi, and every sink keeps its snapshot."""
+        redo, inputs = self._prepare(epoch, inputs)
+        published = {t: self._marks[t].snapshot_id if t in self._marks else None for t in self.sinks}
+        record = EpochRecord(epoch=epoch, state=EpochState.COMMITTED, term=self.leadership.term,  # type: ignore[arg-type]
+                             inputs=inputs, published=published)
+        self._write(self._tidemark_ops(epoch, published, record.updated_ms) + self._record_ops(record, redo), record,
+                    created=not redo)
+        self._committed(epoch, published, record.updated_ms)
+        return record
+
+    def _prepare(self, epoch: int, inputs: Optional[EpochInputs]) -> tuple[bool, EpochInputs]:
+        current = self.current
+        redo = current is not None and current.epoch == epoch and current.state in (EpochState.STARTED,
+                                                                                     EpochState.ABORTED)
+        if redo:
+            recorded = current.inputs  # type: ignore[union-attr]
+            if inputs is not None and inputs != recorded:
+                raise EpochOrderError(f"job {self.job!r} epoch {epoch} is being recomputed: it must read the "
+                                      f"recorded inputs {recorded.to_dict()}, not {inputs.to_dict()}")
+            return True, recorded
+        self._check_can_begin(epoch)
+        return False, inputs or EpochInputs()
+
+    def _record_ops(self, record: EpochRecord, redo: bool) -> list[Op]:
+        path = self.tm.paths.epoch(self.job, record.epoch)
+        ops: list[Op] = [SetData(path, record.to_json(), self._version) if redo else Create(path, record.to_json())]
+        excess = len(self._known) + (0 if redo else 1) - self.history
+        stale = [e for e in self._known if e != record.epoch][:max(0, excess)]
+        return ops + [Delete(self.tm.paths.epoch(self.job, e)) for e in stale]
+
+    def _check_can_begin(self, epoch: int) -> None:
+        current = self.current
+        if current is not None and current.state == EpochState.PRECOMMITTED:
+            raise EpochOrderError(f"job {self.job!r} epoch {current.epoch} is PRECOMMITTED: commit it (roll it "
+                                  f"forward) before beginning {epoch}")
+        if current is not None and current.state in (EpochState.STARTED, EpochState.ABORTED):
+            raise EpochOrderError(f"job {self.job!r} epoch {current.epoch} is {current.state.value}: finish or "
+                                  f"recompute it before beginning {epoch}")
+        if self.last_committed is not None and epoch <= self.last_committed:
+            raise EpochOrderError(f"job {self.job!r} already committed barrier {self.last_committed}; {epoch} is "
+                                  "not after it (barriers are never repeated)")
+        pending = self.tm.barriers.after(self.last_committed)
+        if epoch not in pending:
+            raise EpochOrderError(f"{epoch} is not an agreed barrier: only barriers agreed under "
+                                  f"{self.tm.paths.barriers} are epochs")
+        if self.last_committed is not None and epoch != pending[0]:
+            raise EpochOrderError(f"job {self.job!r} must process barrier {pending[0]} next; {epoch} skips "
+                                  "agreed barriers (every job processes every agreed barrier, in order)")
+
+    def precommit(self, epoch: int, staged: Mapping[str, Optional[int]]) -> EpochRecord:
+        """Record the staged snapshot of every sink (None: nothing to publish); from now on the epoch must commit."""
+        current = self._require(epoch, EpochState.STARTED, "precommit")
+        self._require_sinks(staged, epoch, "precommit")
+        record = replace(current, state=EpochState.PRECOMMITTED, term=self.leadership.term, staged=dict(staged),
+                         updated_ms=now_ms())
+        self._write([SetData(self.tm.paths.epoch(self.job, epoch), record.to_json(), self._version)], record)
+        return record
+
+    def commit(self, epoch: int, published: Mapping[str, Optional[int]]) -> EpochRecord:
+        """Advance every sink's tidemark to ``epoch`` and mark the epoch COMMITTED, in one multi.
+
+        ``published`` is each sink's snapshot at epoch ``epoch`` (its newest snapshot with
+        ``tidemark.epoch <= epoch``; None for a table that has none).
+        """
+        current = self._require(epoch, EpochState.PRECOMMITTED, "commit")
+        self._require_sinks(published, epoch, "commit")
+        stamp = now_ms()
+        record = replace(current, state=EpochState.COMMITTED, term=self.leadership.term, published=dict(published),
+                         updated_ms=stamp)
+        ops = self._tidemark_ops(epoch, published, stamp)
+        ops.append(SetData(self.tm.paths.epoch(self.job, epoch), record.to_json(), self._version))
+        self._write(ops, record)
+        self._committed(epoch, published, stamp)
+        return record
+
+    def _tidemark_ops(self, epoch: int, published: Mapping[str, Optional[int]], stamp: int) -> list[Op]:
+        return [SetData(self.tm.paths.tidemark(t), self._mark(t, epoch, published[t], stamp).to_json())
+                for t in self.sinks]
+
+    def _mark(self, table: str, epoch: int, snapshot_id: Optional[int], stamp: int) -> TableTidemark:
+        first = self._marks[table].first_epoch if table in self._marks else None
+        return TableTidemark(table, epoch, snapshot_id, stamp, first if first is not None else epoch)
+
+    def _committed(self, epoch: int, published: Mapping[str, Optional[int]], stamp: int) -> None:
+        self.last_committed = epoch
+        self._marks = {t: self._mark(t, epoch, published[t], stamp) for t in self.sinks}
+
+    def abort(self, epoch: int, reason: str = "") -> EpochRecord:
+        """Give up an epoch that was not precommitted: its staged snapshots will never be published."""
+        current = self._require(epoch, EpochState.STARTED, "abort")
+        record = replace(current, state=EpochState.ABORTED, abort_reason=reason or None, updated_ms=now_ms())
+        self._write([SetData(self.tm.paths.epoch(self.job, epoch), record.to_json(), self._version)], record)
+        return record
+
+    # -- plumbing -----------------------------------------------------------------------------------
+
+    def _require(self, epoch: int, state: EpochState, step: str) -> EpochRecord:
+        current = self.current
+        if current is None or current.epoch != epoch:
+            raise EpochOrderError(f"job {self.job!r} cannot {step} epoch {epoch}: the epoch in flight is "
+                                  f"{current.epoch if current else 'none'}")
+        if current.state != state:
+            raise EpochOrderError(f"job {self.job!r} cannot {step} epoch {epoch}: it is {current.state.value}, "
+                                  f"not {state.value}")
+        return current
+
+    def _require_sinks(self, per_sink: Mapping[str, Any], epoch: int, step: str) -> None:
+        if tuple(sorted(per_sink)) != self.sinks:
+            raise EpochOrderError(f"{step} of job {self.job!r} epoch {epoch} must name exactly its sinks "
+                                  f"{list(self.sinks)}, got {sorted(per_sink)}")
+
+    def _write(self, ops: list[Op], record: EpochRecord, created: bool = False) -> None:
+        path = self.tm.paths.epoch(self.job, record.epoch)
+        try:
+            self.leadership.transact(ops)
+        except MultiFailed:
+            # The reply of an earlier attempt may have been lost after it was applied: check.
+            found = self.tm.read(path, EpochRecord)
+            if found is None or found[0].state != record.state or found[0].term != record.term:
+                raise CorruptState(f"{path}: changed behind this leader's back (found "
+                                   f"{found[0].state.value if found else 'nothing'}); run recover()") from None
+            self.current, self._version = found[0], found[1].version
+            self._known = sorted(set(self._known) | {record.epoch})
+            return
+        self.current = record
+        self._version = 0 if created else self._version + 1
+        deleted = {int(op.path.rsplit("/", 1)[1]) for op in ops if op.kind == "delete"}
+        self._known = sorted(set(self._known) - deleted | {record.epoch})

@@ -1,0 +1,245 @@
+"""Leadership of one job among its driver replicas, with a fencing term.
+
+    leadership = tm.leadership("word_counts")
+    term = leadership.acquire(term_floor=t)   # a standby replica blocks here until it wins; term > t
+    leadership.transact([SetData(...)])      # = multi(Check(term, version), Check(incarnation), ...)
+    leadership.release()
+
+States: ``IDLE -> CONTENDING -> LEADING <-> SUSPENDED``, then ``LOST`` (session expired),
+``FENCED`` (the term moved on: a newer leader or an operator) or ``RELEASED``.
+
+Contention uses kazoo's ``Lock`` recipe under ``/jobs/<job>/election``. The winner bumps
+the job's term with a version-checked set and creates the ephemeral ``/leader`` in the
+same multi. Every later write of the leader goes through ``transact``, which carries two
+checks: the term znode's version (an operator's ``fence`` or a newer leader bumps it) and
+the existence of ``/jobs/<job>/incarnation-<id>``, the znode of the registration it was
+elected in. Unregistering deletes that znode and a new registration creates one with a
+fresh id, so a term znode re-created with a repeating version (after unregister and
+re-register, or a wiped chroot) can never satisfy an old leader's checks: a zombie, an old
+leader whose session expired while it was paused, can never change anything and gets
+``Fenced``. Terms never go backwards: the new term is above both the term znode and
+``term_floor``, which a writer reads from its sinks' Iceberg metadata (a re-registered
+job's term znode starts again at 0), and a leader claims its sinks in Iceberg for its
+term before it writes (``publish.claim_table``), so no commit of an older term lands there.
+
+Failure behaviour (Curator's rules): on SUSPENDED the leader stops committing at once
+(``transact`` raises ``NotLeader``) until the connection comes back with the same session;
+on LOST it is over (``Fenced``): release and contend again with a new ``Leadership``.
+The state listener only flips the state; it never blocks.
+"""
+from __future__ import annotations
+
+import enum
+import socket
+import threading
+from typing import Any, Optional, Sequence
+
+from kazoo.client import KazooState
+from kazoo.exceptions import BadVersionError, KazooException, LockTimeout, NodeExistsError, NoNodeError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+
+from coordinator.errors import MultiFailed
+from coordinator.zookeeper.ops import Check, Create, Delete, Op, SetData
+from coordinator.errors import Fenced, JobNotFound, NotLeader, TidemarkError, ZooKeeperUnavailable
+from coordinator.names import validate_name
+from coordinator.records import JobRecord, LeaderRecord, TermRecord
+from coordinator.zookeeper.session import ZooKeeperSession
+
+
+class LeaderState(str, enum.Enum):
+    IDLE = "IDLE"
+    CONTENDING = "CONTENDING"
+    LEADING = "LEADING"
+    SUSPENDED = "SUSPENDED"
+    LOST = "LOST"
+    FENCED = "FENCED"
+    RELEASED = "RELEASED"
+
+
+class _Raced(Exception):
+    pass
+
+
+class Leadership:
+    def __init__(self, tm: ZooKeeperSession, job: str) -> None:
+        self.tm = tm
+        self.job = validate_name(job, "job name")
+        self.state = LeaderState.IDLE
+        self.term: Optional[int] = None
+        self._term_version: Optional[int] = None
+        self._incarnation: Optional[str] = None
+        self._lock = tm.client.Lock(tm.paths.election(job), identifier=tm.member)
+        self._state_lock = threading.Condition()
+
+    # -- contention -------------------------------------------------------------------------
+
+    def acquire(self, timeout: Optional[float] = None, term_floor: int = 0) -> int:
+        """Block until this replica leads the job (or ``timeout`` passes: ``NotLeader``); returns the term,
+        which is above ``term_floor`` and every term this registration handed out."""
+        found = self.tm.read(self.tm.paths.job(self.job), JobRecord)
+        if found is None:
+            raise JobNotFound(f"job {self.job!r} is not registered: register_job() it first")
+        self._incarnation = found[0].incarnation
+        self.state = LeaderState.CONTENDING
+        try:
+            if not self._lock.acquire(blocking=True, timeout=timeout):
+                raise LockTimeout()
+        except LockTimeout:
+            self.state = LeaderState.IDLE
+            raise NotLeader(f"job {self.job!r}: not elected within {timeout}s; another replica leads") from None
+        except KazooException as exc:  # kazoo's lock recipe gave up on its own retries
+            self.state = LeaderState.IDLE
+            raise ZooKeeperUnavailable(f"job {self.job!r}: could not contend for leadership "
+                                       f"({type(exc).__name__}); check that ZooKeeper is up") from None
+        self.tm.add_state_listener(self._on_state_change)
+        try:
+            retrying = Retrying(stop=stop_after_delay(self.tm.operation_timeout), reraise=True,
+                                wait=wait_random_exponential(0.01, 0.2), retry=retry_if_exception_type(_Raced),
+                                before_sleep=self.tm.count_retries("leader_election"))
+            retrying(lambda: self._take_term(term_floor))
+        except BaseException:
+            self._give_up_lock()
+            raise
+        return self.term  # type: ignore[return-value]
+
+    def _take_term(self, term_floor: int) -> None:
+        p = self.tm.paths
+        found = self.tm.read(p.term(self.job), TermRecord)
+        if found is None:
+            raise JobNotFound(f"job {self.job!r} was unregistered while this replica contended")
+        current, stat = found
+        new = TermRecord(max(current.term, term_floor) + 1)
+        leader = LeaderRecord(member=self.tm.member, term=new.term, host=socket.gethostname())
+        ops = [*self._incarnation_check(), SetData(p.term(self.job), new.to_json(), stat.version)]
+        if self.tm.get(p.leader(self.job)) is not None:
+            ops.append(Delete(p.leader(self.job)))  # left by a fenced zombie whose session is still alive
+        ops.append(Create(p.leader(self.job), leader.to_json(), ephemeral=True))
+        try:
+            self.tm.multi(ops)
+        except MultiFailed as failed:
+            if failed.op.kind == "check":  # not elected: acquiring again reads the registration there is now
+                raise NotLeader(f"job {self.job!r} was unregistered (and perhaps registered again) while this "
+                                "replica contended; contend again") from None
+            if isinstance(failed.error, (BadVersionError, NodeExistsError, NoNodeError)):
+                raise _Raced() from None
+            raise
+        with self._state_lock:
+            self.term, self._term_version = new.term, stat.version + 1
+            if self.state == LeaderState.CONTENDING:
+                self.state = LeaderState.LEADING
+
+    def _on_state_change(self, state: str) -> None:
+        with self._state_lock:
+            if state == KazooState.SUSPENDED and self.state == LeaderState.LEADING:
+                self.state = LeaderState.SUSPENDED
+            elif state == KazooState.CONNECTED and self.state == LeaderState.SUSPENDED:
+                self.state = LeaderState.LEADING
+            elif state == KazooState.LOST and self.state in (LeaderState.LEADING, LeaderState.SUSPENDED,
+                                                              LeaderState.CONTENDING):
+                self.state = LeaderState.LOST
+            self._state_lock.notify_all()
+
+    # -- fenced writes ------------------------------------------------------------------------
+
+    @property
+    def is_leading(self) -> bool:
+        return self.state == LeaderState.LEADING
+
+    def ensure_leading(self) -> None:
+        """Raise unless this replica may write right now.
+
+        While the connection is SUSPENDED nothing is written; the caller waits (at most one
+        session timeout) to learn whether the session survived (LEADING again) or expired
+        (``Fenced``), and gets ``NotLeader`` if it is still unknown by then.
+        """
+        with self._state_lock:
+            self._state_lock.wait_for(lambda: self.state != LeaderState.SUSPENDED,
+                                      timeout=self.tm.session_timeout)
+        state = self.state
+        if state == LeaderState.LEADING:
+            return
+        if state == LeaderState.SUSPENDED:
+            raise NotLeader(f"job {self.job!r}: the ZooKeeper connection is suspended; not committing until "
+                            "it is back (the epoch resumes then, or a new leader recovers it)")
+        if state == LeaderState.LOST:
+            raise Fenced(f"job {self.job!r}: this replica's ZooKeeper session expired, so its leadership "
+                         f"(term {self.term}) is over; another replica may lead now. Contend again.")
+        if state == LeaderState.FENCED:
+            raise self._fenced_error()
+        raise NotLeader(f"job {self.job!r}: this replica is {state.value}, not the leader")
+
+    def confirm(self) -> bool:
+        """Ask ZooKeeper whether this replica still holds its term: after an error that fencing may explain
+        (another leader's commit can make this one's Iceberg write fail before any ``transact`` notices)."""
+        if self.state != LeaderState.LEADING:
+            return False
+        try:
+            found = self.tm.get(self.tm.paths.term(self.job))
+            registered = self._incarnation is None or self.tm.get(
+                self.tm.paths.incarnation(self.job, self._incarnation)) is not None
+        except TidemarkError:
+            return False
+        if found is None or found[1].version != self._term_version or not registered:
+            with self._state_lock:
+                self.state = LeaderState.FENCED
+            return False
+        return True
+
+    def _incarnation_check(self) -> list[Op]:
+        """A registration made before incarnations existed has none: its term version alone fences it."""
+        if self._incarnation is None:
+            return []
+        return [Check(self.tm.paths.incarnation(self.job, self._incarnation), -1)]
+
+    def fencing_checks(self) -> list[Op]:
+        """The checks every write of this leader carries: its term is current, in the registration it won."""
+        return [*self._incarnation_check(), Check(self.tm.paths.term(self.job), self._term_version)]  # type: ignore[arg-type]
+
+    def transact(self, ops: Sequence[Op]) -> list[Any]:
+        """Apply ``ops`` atomically, only if this replica still holds the job's term."""
+        self.ensure_leading()
+        try:
+            return self.tm.multi([*self.fencing_checks(), *ops])
+        except MultiFailed as failed:
+            if failed.op.kind == "check":
+                with self._state_lock:
+                    self.state = LeaderState.FENCED
+                raise self._fenced_error() from None
+            raise
+
+    def _fenced_error(self) -> Fenced:
+        if self._incarnation is not None and self.tm.get(self.tm.paths.incarnation(self.job, self._incarnation)) is None:
+            return Fenced(f"job {self.job!r}: the registration this replica was elected in (term {self.term}) was "
+                          "unregistered; whatever is registered now is another incarnation. Stop writing: this "
+                          "driver is a zombie.")
+        found = self.tm.read(self.tm.paths.term(self.job), TermRecord)
+        now = found[0] if found else None
+        by = f"by {now.fenced_by}" if now and now.fenced_by else "by a newer leader"
+        return Fenced(f"job {self.job!r}: this replica's term {self.term} was fenced {by}; the term is now "
+                      f"{now.term if now else 'gone (job unregistered)'}. Stop writing: this driver is a zombie.")
+
+    # -- stepping down ------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Step down: remove ``/leader`` (if still ours) and leave the election."""
+        if self.state in (LeaderState.LEADING, LeaderState.SUSPENDED):
+            try:
+                self.tm.multi([*self.fencing_checks(), Delete(self.tm.paths.leader(self.job))])
+            except Exception:  # noqa: BLE001 - stepping down must not fail; the ephemeral goes with the session
+                pass
+        self._give_up_lock()
+        self.state = LeaderState.RELEASED
+
+    def _give_up_lock(self) -> None:
+        self.tm.remove_state_listener(self._on_state_change)
+        try:
+            self._lock.release()
+        except Exception:  # noqa: BLE001 - the lock node is ephemeral: it goes with the session anyway
+            pass
+
+    def __enter__(self) -> "Leadership":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()

@@ -1,0 +1,271 @@
+"""Registering, fencing and unregistering jobs: FLIP-276's MetaService duties, atomically.
+
+Every registration is an *incarnation* with a fresh id (``JobRecord.incarnation``) and
+the znode ``/jobs/<job>/incarnation-<id>``; leaders check that znode in every write, so a
+leader of an earlier incarnation is fenced for good (``leadership.py``). Unregistering
+deletes the job's ZooKeeper history; its progress stays in the sinks' Iceberg metadata,
+which a re-registered job resumes from (``progress.py``). ``unregister_job`` therefore
+says what that resume point is and goes ahead only with ``confirm=True``.
+
+Registration is one multi: the job's znodes, ``/tables/<sink>`` for each sink (which fails if
+another job already writes it) and ``set(/topology, v+1)`` conditional on version ``v``. The
+decision (writer conflict, cycle) is taken on the topology read at version ``v``, so a
+concurrent registration makes the multi fail and the whole decision is retried, with a
+deadline, on the new topology.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Optional
+
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+
+from coordinator.errors import MultiFailed
+from coordinator.zookeeper.ops import Create, Delete, Op, SetData
+from coordinator.errors import (CycleError, JobNotFound, RegistrationError, TidemarkError, UnregisterNotConfirmed, WriterConflict,
+                     ZooKeeperUnavailable)
+from coordinator.names import validate_name, validate_names
+from coordinator.records import JobRecord, LeaderRecord, TableRecord, TableTidemark, TermRecord, TopologyVersion, now_ms
+from coordinator.protocol.topology import Topology
+from coordinator.protocol.topology import read_topology
+from coordinator.zookeeper.session import ZooKeeperSession
+
+if TYPE_CHECKING:
+    from coordinator.iceberg.catalog import CatalogSettings
+    from coordinator.iceberg.progress import ResumePoint
+
+
+class _TopologyMoved(Exception):
+    """A version-checked multi lost a race; decide again on what is there now."""
+
+
+def _with_topology(tm: ZooKeeperSession, decide):
+    retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
+                        retry=retry_if_exception_type(_TopologyMoved), reraise=False,
+                        before_sleep=tm.count_retries("registration"))
+    try:
+        return retrying(lambda: decide(read_topology(tm)))
+    except RetryError:
+        raise ZooKeeperUnavailable(
+            f"registration kept racing with other registrations for {tm.operation_timeout:.0f}s; try again") from None
+
+
+def _apply(tm: ZooKeeperSession, topo: Topology, ops: list[Op], after: Topology) -> None:
+    """Apply ``ops`` if the topology is still ``topo``; ``after`` is what it is then (kept as the cache).
+
+    The version-checked bump of ``/topology`` in the same multi is the compare-and-set.
+    """
+    bump = SetData(tm.paths.topology, TopologyVersion(topo.version + 1).to_json(), topo.znode_version)
+    try:
+        tm.multi([*ops, bump])
+    except MultiFailed as failed:
+        if isinstance(failed.error, (BadVersionError, NodeExistsError, NoNodeError)):
+            raise _TopologyMoved() from None
+        raise
+    tm._topology = Topology(topo.version + 1, topo.znode_version + 1, after.jobs)
+
+
+def _orphan_removal(tm: ZooKeeperSession, name: str) -> list[Op]:
+    """Deletes for a ``/jobs/<job>`` znode without a record: kazoo's lock recipe re-creates the election path of
+    a standby that was contending when the tree was wiped. Nothing else writes there, and that standby can
+    never lead this new registration (its election checks the incarnation it started with), so it goes."""
+    found = tm.get(tm.paths.job(name))
+    if found is None or found[0]:
+        return []
+
+    def below(path: str) -> list[Op]:
+        ops: list[Op] = []
+        for child in tm.children(path):
+            ops += below(f"{path}/{child}")
+        return ops + [Delete(path)]
+    return below(tm.paths.job(name))
+
+
+def register_job(tm: ZooKeeperSession, name: str, *, sources: Iterable[str], sinks: Iterable[str], replace: bool = False) -> JobRecord:
+    """Register ``name`` reading ``sources`` and writing ``sinks``; idempotent for the same tables.
+
+    Raises ``WriterConflict`` when a sink has another writer, ``CycleError`` naming the cycle
+    the job would close, and ``RegistrationError`` when the job exists with other tables
+    and ``replace`` is not set.
+    """
+    validate_name(name, "job name")
+    sources_t, sinks_t = validate_names(sources, "source table"), validate_names(sinks, "sink table")
+    if not sinks_t:
+        raise RegistrationError(f"job {name!r} declares no sink table; every job writes at least one table")
+
+    def decide(topo: Topology) -> JobRecord:
+        existing = topo.jobs.get(name)
+        if existing and (existing.sources, existing.sinks) == (sources_t, sinks_t):
+            if existing.incarnation is None:  # registered by a release before incarnations: give it one
+                upgraded = JobRecord(existing.sources, existing.sinks, existing.created_ms, uuid.uuid4().hex)
+                _apply(tm, topo, [SetData(tm.paths.job(name), upgraded.to_json()),
+                                  Create(tm.paths.incarnation(name, upgraded.incarnation), b"")],  # type: ignore[arg-type]
+                       topo.with_job(name, upgraded))
+                return upgraded
+            return existing
+        if existing and not replace:
+            raise RegistrationError(
+                f"job {name!r} is registered with sources {list(existing.sources)} and sinks {list(existing.sinks)}; "
+                "pass replace=True to change them (or unregister it first)")
+        writers = topo.writers
+        for sink in sinks_t:
+            if writers.get(sink, name) != name:
+                raise WriterConflict(sink, writers[sink], name)
+        record = JobRecord(sources_t, sinks_t, existing.created_ms if existing else now_ms(),
+                           existing.incarnation if existing else uuid.uuid4().hex)
+        cycle = topo.with_job(name, record).find_cycle()
+        if cycle:
+            raise CycleError(cycle)
+        p = tm.paths
+        if existing:
+            ops = [SetData(p.job(name), record.to_json())]
+            for dropped in sorted(set(existing.sinks) - set(sinks_t)):
+                ops += [Delete(p.tidemark(dropped)), Delete(p.table(dropped))]
+        else:
+            ops = [*_orphan_removal(tm, name),
+                   Create(p.job(name), record.to_json()), Create(p.incarnation(name, record.incarnation), b""),  # type: ignore[arg-type]
+                   Create(p.term(name), TermRecord(0).to_json()), Create(p.election(name)), Create(p.epochs(name))]
+        for added in sorted(set(sinks_t) - set(existing.sinks if existing else ())):
+            ops += [Create(p.table(added), TableRecord(name).to_json()),
+                    Create(p.tidemark(added), TableTidemark(added).to_json())]
+        _apply(tm, topo, ops, topo.with_job(name, record))
+        return record
+
+    return _with_topology(tm, decide)
+
+
+def fence_job(tm: ZooKeeperSession, name: str, by: str = "operator") -> int:
+    """Bump the job's term so its current leader can no longer precommit or commit; returns the new term."""
+    validate_name(name, "job name")
+
+    def attempt() -> int:
+        found = tm.read(tm.paths.term(name), TermRecord)
+        if found is None:
+            raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
+        record, stat = found
+        new = TermRecord(record.term + 1, fenced_by=by)
+        try:
+            tm.multi([SetData(tm.paths.term(name), new.to_json(), stat.version)])
+        except MultiFailed:
+            raise _TopologyMoved() from None  # a leader was elected meanwhile: fence that one
+        return new.term
+
+    retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
+                        retry=retry_if_exception_type(_TopologyMoved), reraise=True,
+                        before_sleep=tm.count_retries("registration"))
+    try:
+        return retrying(attempt)
+    except _TopologyMoved:
+        raise ZooKeeperUnavailable(f"fencing job {name!r} kept racing with its leader elections for "
+                                   f"{tm.operation_timeout:.0f}s; try again") from None
+
+
+@dataclass(frozen=True)
+class UnregisterPlan:
+    """What unregistering ``job`` removes, and what a re-registration of it will resume from."""
+
+    job: str
+    record: JobRecord
+    resume: Optional["ResumePoint"]     # None when the sinks' Iceberg metadata could not be read
+    unreadable: Optional[str] = None    # why not
+
+    def describe(self) -> str:
+        """One line for operators."""
+        removes = f"unregistering job {self.job} deletes its ZooKeeper history and its claim on {', '.join(self.record.sinks)}"
+        if self.resume is None:
+            return (f"{removes}; its sinks' Iceberg metadata could not be read ({self.unreadable}), so what a "
+                    "re-registration resumes from is unknown")
+        return f"{removes}; {self.resume.describe()}"
+
+
+def plan_unregister(tm: ZooKeeperSession, name: str, catalog: Optional["CatalogSettings"] = None) -> UnregisterPlan:
+    """Check that ``name`` may be unregistered (registered, no live leader) and read its Iceberg resume point."""
+    from coordinator.iceberg.progress import resume_point
+    validate_name(name, "job name")
+    record = read_topology(tm).jobs.get(name)
+    if record is None:
+        raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
+    _refuse_live_leader(tm, name)
+    try:
+        resume = resume_point(name, _sink_tables(record, catalog))
+    except TidemarkError as exc:
+        return UnregisterPlan(name, record, None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return UnregisterPlan(name, record, resume)
+
+
+def _sink_tables(record: JobRecord, catalog: Optional["CatalogSettings"]) -> dict:
+    from coordinator.iceberg.catalog import CatalogSettings, load_table
+    settings = catalog or CatalogSettings.from_env()
+    loaded = settings.load()
+    return {sink: load_table(loaded, settings, sink) for sink in record.sinks}
+
+
+def _fence_in_iceberg(tm: ZooKeeperSession, name: str, record: JobRecord, catalog: Optional["CatalogSettings"]) -> None:
+    """Claim the sinks for a term above every term of this registration, before its ZooKeeper state goes:
+    none of its leaders (a paused one included) can commit there any more, and the terms of the next
+    registration start above it."""
+    from coordinator.errors import Fenced
+    from coordinator.iceberg.publish import claim_table
+    found = tm.read(tm.paths.term(name), TermRecord)
+    if found is None:
+        return
+    for table in _sink_tables(record, catalog).values():
+        try:
+            claim_table(table, name, found[0].term + 1)
+        except Fenced:
+            pass  # already claimed by a higher term: fenced as well
+
+
+def _refuse_live_leader(tm: ZooKeeperSession, name: str) -> None:
+    p = tm.paths
+    term = tm.read(p.term(name), TermRecord)
+    leader = tm.read(p.leader(name), LeaderRecord)
+    if leader is not None and term is not None and leader[0].term >= term[0].term:
+        raise RegistrationError(
+            f"job {name!r} has a live leader ({leader[0].member} on {leader[0].host}, term {leader[0].term}): "
+            f"stop it, or `tidemark fence {name}` first")
+
+
+def unregister_job(tm: ZooKeeperSession, name: str, *, confirm: bool = False,
+                   catalog: Optional["CatalogSettings"] = None) -> UnregisterPlan:
+    """Remove a job, its ZooKeeper history and its tables' writer claims; returns what was planned.
+
+    Refused (``RegistrationError``) while the job has a live, unfenced leader. Without
+    ``confirm=True`` nothing changes and ``UnregisterNotConfirmed`` (carrying the plan: what
+    a re-registration will resume from, read from the sinks' Iceberg metadata) is raised.
+    Confirmed, it first claims the sinks in Iceberg for a term above the job's current one,
+    so no leader of this registration can commit to them any more.
+    """
+    plan = plan_unregister(tm, name, catalog)
+    if not confirm:
+        raise UnregisterNotConfirmed(plan)
+    if plan.resume is not None:
+        _fence_in_iceberg(tm, name, plan.record, catalog)
+
+    def decide(topo: Topology) -> JobRecord:
+        record = topo.jobs.get(name)
+        if record is None:
+            raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
+        p = tm.paths
+        _refuse_live_leader(tm, name)
+        leader = tm.get(p.leader(name))
+        ops: list[Op] = []
+        for sub in ("election", "epochs"):
+            ops += [Delete(f"{p.job(name)}/{sub}/{child}") for child in tm.children(f"{p.job(name)}/{sub}")]
+        ops += [Delete(path) for path in (p.election(name), p.epochs(name), p.term(name))]
+        if record.incarnation is not None:
+            ops.append(Delete(p.incarnation(name, record.incarnation)))
+        if leader is not None:
+            ops.append(Delete(p.leader(name)))
+        if tm.get(p.finished(name)) is not None:
+            ops.append(Delete(p.finished(name)))
+        ops.append(Delete(p.job(name)))
+        for sink in record.sinks:
+            ops += [Delete(p.tidemark(sink)), Delete(p.table(sink))]
+        _apply(tm, topo, ops, topo.without_job(name))
+        return record
+
+    _with_topology(tm, decide)
+    return plan

@@ -1,0 +1,181 @@
+"""The job graph: which job writes which table, who reads it, and the cycle check.
+
+    topo = tm.topology()
+    topo.writer_of("lake.db.word_counts")          # "word_counts"
+    topo.upstream("count_histogram")              # {"word_counts"}
+    topo.find_cycle()                             # None, or ["a", "b", "a"] with the tables between
+
+A ``Topology`` is an immutable snapshot read at one ``/topology`` version; registration
+compares that version in its multi so decisions made on it are never stale.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Mapping, Optional
+
+from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_random
+
+from coordinator.errors import ZooKeeperUnavailable
+from coordinator.records import JobRecord, TopologyVersion
+from coordinator.zookeeper.session import ZooKeeperSession
+
+
+@dataclass(frozen=True)
+class Topology:
+    version: int
+    znode_version: int
+    jobs: Mapping[str, JobRecord] = field(default_factory=dict)
+
+    @cached_property
+    def writers(self) -> dict[str, str]:
+        return {table: name for name, job in self.jobs.items() for table in job.sinks}
+
+    def writer_of(self, table: str) -> Optional[str]:
+        return self.writers.get(table)
+
+    @property
+    def root_tables(self) -> set[str]:
+        """Tables read by some job but written by none (FLIP-276's root tables)."""
+        writers = self.writers
+        return {t for job in self.jobs.values() for t in job.sources if t not in writers}
+
+    def edges(self) -> list[tuple[str, str, str]]:
+        """``(upstream job, table, downstream job)`` for every table one job writes and another reads."""
+        writers = self.writers
+        return sorted((writers[t], t, name) for name, job in self.jobs.items() for t in job.sources if t in writers)
+
+    def _neighbours(self, downstream: bool) -> dict[str, set[str]]:
+        graph: dict[str, set[str]] = {name: set() for name in self.jobs}
+        for up, _, down in self.edges():
+            graph[up if downstream else down].add(down if downstream else up)
+        return graph
+
+    def _reachable(self, job: str, downstream: bool) -> set[str]:
+        graph, seen, stack = self._neighbours(downstream), set(), [job]
+        while stack:
+            for nxt in graph.get(stack.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        seen.discard(job)
+        return seen
+
+    def upstream(self, job: str) -> set[str]:
+        """Every job whose output ``job`` reads, directly or transitively."""
+        return self._reachable(job, downstream=False)
+
+    def downstream(self, job: str) -> set[str]:
+        return self._reachable(job, downstream=True)
+
+    def with_job(self, name: str, record: JobRecord) -> "Topology":
+        jobs = dict(self.jobs)
+        jobs[name] = record
+        return Topology(self.version, self.znode_version, jobs)
+
+    def without_job(self, name: str) -> "Topology":
+        return Topology(self.version, self.znode_version, {k: v for k, v in self.jobs.items() if k != name})
+
+    def find_cycle(self) -> Optional[list[str]]:
+        """A cycle as ``["a -[t1]->", "b -[t2]->", "a"]`` (jobs and the tables between them), or None."""
+        edges_by_job: dict[str, list[tuple[str, str]]] = {name: [] for name in self.jobs}
+        for up, table, down in self.edges():
+            edges_by_job[up].append((table, down))
+        # Iterative depth-first search: job chains can be thousands long (no recursion limit).
+        WHITE, GREY, BLACK = 0, 1, 2
+        colour = {name: WHITE for name in self.jobs}
+        for root in sorted(self.jobs):
+            if colour[root] != WHITE:
+                continue
+            colour[root] = GREY
+            stack: list[tuple[str, int]] = [(root, 0)]
+            path: list[tuple[str, str]] = []  # (job, the table it passes downstream)
+            while stack:
+                job, index = stack[-1]
+                if index == len(edges_by_job[job]):
+                    colour[job] = BLACK
+                    stack.pop()
+                    if path:
+                        path.pop()
+                    continue
+                stack[-1] = (job, index + 1)
+                table, down = edges_by_job[job][index]
+                if colour[down] == GREY:
+                    steps = path + [(job, table)]
+                    start = next(i for i, (j, _) in enumerate(steps) if j == down)
+                    return [f"{j} -[{t}]->" for j, t in steps[start:]] + [down]
+                if colour[down] == WHITE:
+                    colour[down] = GREY
+                    path.append((job, table))
+                    stack.append((down, 0))
+        return None
+
+    def to_dict(self) -> dict:
+        return {
+            "version": self.version,
+            "jobs": {n: {"sources": list(j.sources), "sinks": list(j.sinks)} for n, j in sorted(self.jobs.items())},
+            "edges": [{"from": u, "table": t, "to": d} for u, t, d in self.edges()],
+            "root_tables": sorted(self.root_tables),
+        }
+
+    def to_dot(self) -> str:
+        lines = ["digraph tidemark {", "  rankdir=LR;"]
+        for name, job in sorted(self.jobs.items()):
+            lines.append(f'  "{name}" [shape=box];')
+            lines += [f'  "{t}" -> "{name}";' for t in job.sources]
+            lines += [f'  "{name}" -> "{t}";' for t in job.sinks]
+        lines.append("}")
+        return "\n".join(lines)
+
+    def to_mermaid(self) -> str:
+        ids: dict[str, str] = {}
+
+        def node(name: str, job: bool) -> str:
+            if name not in ids:
+                ids[name] = f"n{len(ids)}"
+            return f'{ids[name]}["{name}"]' if job else f'{ids[name]}[("{name}")]'
+        lines = ["flowchart LR"]
+        for name, job in sorted(self.jobs.items()):
+            lines += [f"  {node(t, False)} --> {node(name, True)}" for t in job.sources]
+            lines += [f"  {node(name, True)} --> {node(t, False)}" for t in job.sinks]
+        return "\n".join(lines)
+
+    def to_text(self) -> str:
+        if not self.jobs:
+            return f"topology v{self.version}: no jobs registered"
+        lines = [f"topology v{self.version}: {len(self.jobs)} jobs"]
+        for name, job in sorted(self.jobs.items()):
+            lines.append(f"  {name}: {', '.join(job.sources) or '-'}  =>  {', '.join(job.sinks) or '-'}")
+        return "\n".join(lines)
+
+
+def read_topology(tm: ZooKeeperSession) -> Topology:
+    """Read ``/topology`` and every job (pipelined), consistent with the version returned.
+
+    The last topology read is kept on ``tm`` and reused while ``/topology``'s version is
+    unchanged, so a check costs one round trip instead of one read per job.
+    """
+    cached: Optional[Topology] = getattr(tm, "_topology", None)
+
+    def attempt() -> Optional[Topology]:
+        found = tm.read(tm.paths.topology, TopologyVersion)
+        if cached is not None and found is not None and found[1].version == cached.znode_version:
+            return cached
+        topo_record, stat = found if found else (TopologyVersion(0), None)
+        names = tm.children(tm.paths.jobs)
+        records = tm.get_many([tm.paths.job(n) for n in names])
+        # A job znode without a record is an orphan a lock recipe left after the tree was wiped (see registry).
+        jobs = {n: JobRecord.from_json(r[0], tm.paths.job(n)) for n, r in zip(names, records) if r is not None and r[0]}
+        again = tm.get(tm.paths.topology)
+        # Registration bumps /topology in the same multi, so an unchanged version means a consistent read.
+        if stat is None or (again is not None and again[1].version == stat.version):
+            tm._topology = Topology(topo_record.version, stat.version if stat else -1, jobs)
+            return tm._topology
+        return None
+
+    retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random(0, 0.05),
+                        retry=retry_if_result(lambda t: t is None))
+    try:
+        return retrying(attempt)
+    except RetryError:
+        raise ZooKeeperUnavailable("the topology kept changing while it was read; try again") from None

@@ -1,0 +1,63 @@
+"""``Tidemark``: a ZooKeeper session with the recipes at hand, the object users start from.
+
+    tm = Tidemark.connect("zk1:2181,zk2:2181/tidemark-prod", session_timeout=10)
+    tm.register_job("word_counts", sources=["lake.db.words"], sinks=["lake.db.word_counts"])
+    print(tm.status().consistent_epoch)
+
+Each method is a shortcut to one recipe module (``coordinator.protocol``); the recipes take
+the plain ``ZooKeeperSession`` underneath, so this module is the only place that knows them all.
+Failure behaviour is each recipe's, documented in its module.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Optional
+
+from coordinator.errors import InvalidName
+from coordinator.protocol.barriers import Barriers
+from coordinator.protocol.leadership import Leadership
+from coordinator.protocol.registry import UnregisterPlan, fence_job, register_job, unregister_job
+from coordinator.protocol.status import Status, read_status
+from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
+from coordinator.protocol.topology import Topology, read_topology
+from coordinator.records import JobRecord, TableTidemark
+from coordinator.zookeeper.session import ZooKeeperSession
+
+if TYPE_CHECKING:
+    from coordinator.iceberg.catalog import CatalogSettings
+
+
+class Tidemark(ZooKeeperSession):
+    """A ZooKeeper session plus the Tidemark recipes; see ``ZooKeeperSession.connect`` for the options."""
+
+    def topology(self) -> Topology:
+        return read_topology(self)
+
+    def register_job(self, name: str, *, sources: Iterable[str], sinks: Iterable[str],
+                     replace: bool = False) -> JobRecord:
+        return register_job(self, name, sources=sources, sinks=sinks, replace=replace)
+
+    def unregister_job(self, name: str, *, confirm: bool = False,
+                       catalog: Optional[CatalogSettings] = None) -> UnregisterPlan:
+        """See ``registry.unregister_job``: without ``confirm=True`` it only raises ``UnregisterNotConfirmed``."""
+        return unregister_job(self, name, confirm=confirm, catalog=catalog)
+
+    def fence_job(self, name: str, by: str = "operator") -> int:
+        if not isinstance(by, str):
+            raise InvalidName(f"who fenced the job (by=) must be a string, got {str(by)[:40]!r}")
+        return fence_job(self, name, by=by)
+
+    def leadership(self, job: str) -> Leadership:
+        return Leadership(self, job)
+
+    @property
+    def barriers(self) -> Barriers:
+        return Barriers(self)
+
+    def tidemarks(self, tables: Iterable[str]) -> dict[str, Optional[TableTidemark]]:
+        return read_tidemarks(self, tables)
+
+    def tidemark_cache(self) -> TidemarkCache:
+        return TidemarkCache(self)
+
+    def status(self) -> Status:
+        return read_status(self)

@@ -1,0 +1,256 @@
+"""Who may change the Tidemark tree, and TLS towards ZooKeeper.
+
+    creds = Credentials.from_env()       # TIDEMARK_ZK_USER/_PASSWORD, TIDEMARK_ZK_READER_USER/_PASSWORD
+    tls = TlsSettings.from_env()         # TIDEMARK_ZK_TLS, TIDEMARK_ZK_TLS_CA/_CERT/_KEY, ...
+    tm = Tidemark.connect(auth=(creds.user, creds.password), reader=(...), tls=tls)
+
+**Identities.** ZooKeeper digest auth, one *writer* identity (``user``/``password``) shared by
+the jobs and operators of one tree, and optionally one *reader* identity for status, metrics
+and resolution. A session with the writer identity creates every znode with the ACL
+``digest:<writer>:cdrwa`` plus ``digest:<reader>:r`` (or ``world:anyone:r`` when no reader
+identity is configured); ``/readers`` also lets the reader identity create and delete its pins. A
+session with only the reader identity is read-only: it creates nothing. A session without
+credentials creates znodes open to anyone, as ZooKeeper does by default.
+
+**Repair.** A session with the writer identity looks at the top-level znodes when it
+connects. One that anyone may change (``world:anyone`` with more than read, left by an
+earlier unauthenticated client) gets the writer's ACL; when ZooKeeper does not let the
+writer change it, ``connect`` refuses with ``PermissionDenied`` saying what to run.
+
+What the shared secret protects, and what not: see "Security" in the README.
+
+**TLS.** ``TlsSettings`` are kazoo's ``use_ssl``/``ca``/``certfile``/``keyfile``/
+``verify_certs``/``check_hostname``. When a session does not come up within a second,
+``diagnose_tls`` handshakes with each server itself and turns a certificate or protocol
+mismatch into ``TlsError`` naming the likely cause, instead of waiting out the timeout.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from kazoo.security import ACL, ANYONE_ID_UNSAFE, Permissions, make_acl, make_digest_acl
+
+from coordinator.errors import ConfigurationError, TlsError
+
+_CHANGES = Permissions.WRITE | Permissions.CREATE | Permissions.DELETE | Permissions.ADMIN
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value not in _TRUE + _FALSE:
+        raise ConfigurationError(f"{name}={os.environ[name]!r} is not a yes/no value: use 1 or 0")
+    return value in _TRUE
+
+
+def _identity(user: str, password: str, role: str) -> tuple[str, str]:
+    if not isinstance(user, str) or not user or ":" in user or any(c.isspace() for c in user):
+        raise ConfigurationError(f"ZooKeeper {role} user {user!r} is not usable: a digest user name is non-empty "
+                                 "and has no ':' or spaces")
+    if not isinstance(password, str):
+        raise ConfigurationError(f"ZooKeeper {role} password must be a string")
+    return user, password
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The writer identity this session authenticates as, and the reader identity granted read access."""
+
+    user: Optional[str] = None
+    password: str = ""
+    reader_user: Optional[str] = None
+    reader_password: str = ""
+
+    def __post_init__(self) -> None:
+        if self.user is not None:
+            _identity(self.user, self.password, "writer")
+        if self.reader_user is not None:
+            _identity(self.reader_user, self.reader_password, "reader")
+
+    @classmethod
+    def from_env(cls) -> "Credentials":
+        return cls(os.environ.get("TIDEMARK_ZK_USER") or None, os.environ.get("TIDEMARK_ZK_PASSWORD", ""),
+                   os.environ.get("TIDEMARK_ZK_READER_USER") or None,
+                   os.environ.get("TIDEMARK_ZK_READER_PASSWORD", ""))
+
+    @property
+    def is_writer(self) -> bool:
+        return self.user is not None
+
+    @property
+    def read_only(self) -> bool:
+        """Only the reader identity is configured: this session creates and repairs nothing."""
+        return self.user is None and self.reader_user is not None
+
+    @property
+    def identity(self) -> str:
+        who = self.user or self.reader_user
+        return f"ZooKeeper user {who!r}" if who else "an unauthenticated client"
+
+    def auth_data(self) -> list[tuple[str, str]]:
+        who = (self.user, self.password) if self.user is not None else (self.reader_user, self.reader_password)
+        return [] if who[0] is None else [("digest", f"{who[0]}:{who[1]}")]
+
+    def _readers(self, **perms: bool) -> ACL:
+        if self.reader_user is None:
+            return make_acl("world", "anyone", **perms)
+        return make_digest_acl(self.reader_user, self.reader_password, **perms)
+
+    def default_acl(self) -> Optional[list[ACL]]:
+        """The ACL of every znode this session creates (None: ZooKeeper's open default)."""
+        if self.user is not None:
+            return [make_digest_acl(self.user, self.password, all=True), self._readers(read=True)]
+        if self.reader_user is not None:  # its pins: its own, readable by whoever runs retention
+            return [make_digest_acl(self.reader_user, self.reader_password, all=True),
+                    make_acl("world", "anyone", read=True)]
+        return None
+
+    def readers_acl(self) -> Optional[list[ACL]]:
+        """``/readers``: the reader identity also creates and deletes its pins there."""
+        if self.user is None or self.reader_user is None:
+            return self.default_acl()
+        return [make_digest_acl(self.user, self.password, all=True),
+                self._readers(read=True, create=True, delete=True)]
+
+
+def is_open(acl: Sequence[ACL]) -> bool:
+    """True when anyone at all may change the znode (more than read for ``world:anyone``)."""
+    return any(entry.id == ANYONE_ID_UNSAFE and entry.perms & _CHANGES for entry in acl)
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """TLS towards ZooKeeper's secure client port (``secureClientPort``).
+
+    ``ca`` is the PEM file of the CA that signed the servers' certificates (None: the
+    system's CAs); ``certfile``/``keyfile`` a client certificate, for servers with
+    ``ssl.clientAuth=need``. ``check_hostname`` checks the certificate names the host in
+    the connect string, as ZooKeeper's Java client does by default.
+    """
+
+    ca: Optional[str] = None
+    certfile: Optional[str] = None
+    keyfile: Optional[str] = None
+    verify_certs: bool = True
+    check_hostname: bool = True
+    keyfile_password: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if (self.certfile is None) != (self.keyfile is None):
+            raise ConfigurationError("a TLS client certificate needs both --tls-cert and --tls-key "
+                                     "(TIDEMARK_ZK_TLS_CERT, TIDEMARK_ZK_TLS_KEY)")
+        for what, path in (("CA", self.ca), ("certificate", self.certfile), ("key", self.keyfile)):
+            if path is not None and not os.path.isfile(path):
+                raise ConfigurationError(f"TLS {what} file {path!r} does not exist")
+        if not self.verify_certs:
+            object.__setattr__(self, "check_hostname", False)  # kazoo refuses the combination
+
+    @classmethod
+    def from_env(cls) -> Optional["TlsSettings"]:
+        """``TIDEMARK_ZK_TLS=1`` or any of ``TIDEMARK_ZK_TLS_CA``/``_CERT``/``_KEY``; None when TLS is off."""
+        ca, cert, key = (os.environ.get(f"TIDEMARK_ZK_TLS_{k}") or None for k in ("CA", "CERT", "KEY"))
+        if not _env_flag("TIDEMARK_ZK_TLS", default=bool(ca or cert or key)):
+            return None
+        return cls(ca, cert, key, verify_certs=_env_flag("TIDEMARK_ZK_TLS_VERIFY", True),
+                   check_hostname=_env_flag("TIDEMARK_ZK_TLS_CHECK_HOSTNAME", True),
+                   keyfile_password=os.environ.get("TIDEMARK_ZK_TLS_KEY_PASSWORD") or None)
+
+    def kazoo_kwargs(self) -> dict:
+        return dict(use_ssl=True, ca=self.ca, certfile=self.certfile, keyfile=self.keyfile,
+                    keyfile_password=self.keyfile_password, verify_certs=self.verify_certs,
+                    check_hostname=self.check_hostname)
+
+    def context(self) -> ssl.SSLContext:
+        """The client context kazoo builds from these settings; ``ConfigurationError`` if a file is unusable."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.load_default_certs(ssl.Purpose.SERVER_AUTH)
+        context.check_hostname = self.check_hostname
+        context.verify_mode = ssl.CERT_REQUIRED if self.verify_certs else ssl.CERT_NONE
+        try:
+            if self.ca:
+                context.load_verify_locations(self.ca)
+            if self.certfile and self.keyfile:
+                context.load_cert_chain(self.certfile, self.keyfile, password=self.keyfile_password)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigurationError(f"cannot load the TLS files ({self.ca or '-'}, {self.certfile or '-'}, "
+                                     f"{self.keyfile or '-'}): {exc}") from None
+        return context
+
+
+def diagnose_tls(hosts: Sequence[tuple[str, int]], tls: Optional[TlsSettings],
+                 timeout: float = 2.0) -> Optional[TlsError]:
+    """Handshake with each server as the session would; a ``TlsError`` for the first mismatch found, else None."""
+    for host, port in hosts:
+        try:
+            raw = socket.create_connection((host, port), timeout=timeout)
+        except OSError:
+            continue  # nothing listens there: not a TLS problem, the timeout message covers it
+        with raw:
+            problem = _check_tls(raw, host, port, tls) if tls else _check_plaintext(raw, host, port)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _check_tls(raw: socket.socket, host: str, port: int, tls: TlsSettings) -> Optional[TlsError]:
+    where = f"{host}:{port}"
+    try:
+        with tls.context().wrap_socket(raw, server_hostname=host) as conn:
+            # TLS 1.3 servers check the client certificate after the handshake: an alert arrives on the first read.
+            conn.settimeout(0.5)
+            try:
+                conn.recv(1)
+            except ssl.SSLError as exc:
+                return _client_certificate_refused(where, exc.reason or str(exc))
+            except OSError:  # the server waits for our request: all is well
+                pass
+    except ssl.SSLCertVerificationError as exc:
+        message = exc.verify_message or str(exc)
+        if "hostname" in message.lower() or "match" in message.lower():
+            return TlsError(f"the TLS certificate of ZooKeeper at {where} does not name {host!r} ({message}): "
+                            "connect by a name in the certificate, or set TIDEMARK_ZK_TLS_CHECK_HOSTNAME=0")
+        return TlsError(f"the TLS certificate of ZooKeeper at {where} was not accepted ({message}): "
+                        "check that --tls-ca (TIDEMARK_ZK_TLS_CA) is the CA that signed the server's certificate")
+    except ssl.SSLError as exc:
+        if _server_alert(exc):
+            return _client_certificate_refused(where, exc.reason or str(exc))
+        return _not_tls(where, exc.reason or str(exc))
+    except OSError as exc:  # reset or timed out mid-handshake
+        return _not_tls(where, type(exc).__name__)
+    return None
+
+
+def _server_alert(exc: ssl.SSLError) -> bool:
+    """True when the server answered the handshake with a TLS alert: it speaks TLS and refused something of ours."""
+    return "ALERT" in (exc.reason or "")
+
+
+def _client_certificate_refused(where: str, reason: str) -> TlsError:
+    return TlsError(f"ZooKeeper at {where} requires a client certificate it accepts ({reason}): pass --tls-cert "
+                    "and --tls-key (TIDEMARK_ZK_TLS_CERT, TIDEMARK_ZK_TLS_KEY) signed by a CA the server trusts")
+
+
+def _not_tls(where: str, reason: str) -> TlsError:
+    return TlsError(f"ZooKeeper at {where} did not complete a TLS handshake ({reason}): it is probably a plaintext "
+                    "clientPort; connect to its secureClientPort, or drop the TLS options")
+
+
+def _check_plaintext(raw: socket.socket, host: str, port: int) -> Optional[TlsError]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with context.wrap_socket(raw, server_hostname=host):
+            pass
+    except ssl.SSLError as exc:
+        if not _server_alert(exc):
+            return None  # not a TLS port: a plaintext server that is slow or unhealthy
+    except OSError:
+        return None
+    return TlsError(f"ZooKeeper at {host}:{port} speaks TLS (a secureClientPort): pass --tls-ca "
+                    "(TIDEMARK_ZK_TLS_CA) with the CA of its certificate, or connect to its plaintext clientPort")

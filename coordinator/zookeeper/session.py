@@ -1,0 +1,345 @@
+"""The connection to ZooKeeper: ``connect()`` and the deadline-bounded operations every recipe uses.
+
+    session = ZooKeeperSession.connect("zk1:2181,zk2:2181/tidemark-prod", session_timeout=10)
+    session.multi([Create(session.paths.job("word_counts"), record.to_json())])
+
+Users get this through ``coordinator.Tidemark``, which adds the recipes; recipes take a
+``ZooKeeperSession`` and never the other way round.
+
+Failure behaviour: every operation is retried through tenacity on connection loss and
+timeouts until ``operation_timeout`` passes, then raises ``ZooKeeperUnavailable``. The
+connection itself is re-established in the background for as long as the object is open
+(ZooKeeper sessions survive short outages that way); state changes are recorded by a
+listener that never blocks, and recipes (leadership) read them. The session counts its
+retries per operation and its connection state changes (``retry_counts``,
+``connection_changes``) for the driver's metrics.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (AuthFailedError, BadArgumentsError, ConnectionLoss, InvalidACLError, NoAuthError,
+                              NodeExistsError, NoNodeError, OperationTimeoutError, RolledBackError,
+                              SessionExpiredError)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+
+from coordinator.errors import ConfigurationError, InvalidName, MultiFailed, PermissionDenied, ZooKeeperUnavailable
+from coordinator.names import validate_chroot
+from coordinator.zookeeper.ops import Op
+from coordinator.zookeeper.paths import Paths
+from coordinator.records import JsonRecord, TopologyVersion
+from coordinator.zookeeper.security import Credentials, TlsSettings, diagnose_tls, is_open
+
+log = logging.getLogger(__name__)
+R = TypeVar("R", bound=JsonRecord)
+S = TypeVar("S", bound="ZooKeeperSession")
+DEFAULT_CONNECT = "127.0.0.1:2181"
+RETRYABLE = (ConnectionLoss, OperationTimeoutError, KazooTimeoutError, SessionExpiredError)
+# A healthy session comes up in milliseconds; after this long, look for a TLS mismatch instead of waiting it out.
+TLS_DIAGNOSIS_AFTER_S = 1.0
+__all__ = ["ZooKeeperSession"]
+
+
+class ZooKeeperSession:
+    """A ZooKeeper session plus the Tidemark znode layout under ``root``: what every recipe is given."""
+
+    def __init__(self, client: KazooClient, *, root: str = "/tidemark", operation_timeout: float = 30.0,
+                 session_timeout: float = 10.0, member: Optional[str] = None,
+                 credentials: Optional[Credentials] = None) -> None:
+        self.client = client
+        self.credentials = credentials or Credentials()
+        self.session_timeout = session_timeout
+        self.paths = Paths(root)
+        self.operation_timeout = operation_timeout
+        self.member = member or f"{socket.gethostname()}-{os.getpid()}"
+        self._state = KazooState.CONNECTED if client.connected else KazooState.LOST
+        self._state_listeners: list[Callable[[str], None]] = []
+        self._lock = threading.Lock()
+        self._topology = None  # the last topology read (coordinator.topology keeps it fresh)
+        self._retries: Counter[str] = Counter()
+        self._state_changes: Counter[str] = Counter()
+        client.add_listener(self._on_state_change)
+
+    @classmethod
+    def connect(cls: type[S], hosts: Optional[str] = None, *, root: str = "/tidemark", session_timeout: float = 10.0,
+                connect_timeout: float = 15.0, operation_timeout: float = 30.0,
+                auth: Optional[tuple[str, str]] = None, reader: Optional[tuple[str, str]] = None,
+                tls: Optional[TlsSettings] = None, member: Optional[str] = None,
+                read_only: bool = False) -> S:
+        """Connect to ``hosts`` (``host:port,...[/chroot]``; default ``TIDEMARK_ZK``, else 127.0.0.1:2181).
+
+        ``auth`` is the writer identity, a digest ``(user, password)`` (default
+        ``TIDEMARK_ZK_USER`` / ``TIDEMARK_ZK_PASSWORD``), and ``reader`` the reader identity
+        (default ``TIDEMARK_ZK_READER_USER`` / ``TIDEMARK_ZK_READER_PASSWORD``); see
+        ``coordinator.security`` for the ACLs they give. With the writer identity, top-level
+        znodes that anyone may change are repaired, or ``PermissionDenied`` says what to do.
+        ``tls`` defaults to ``TlsSettings.from_env()``. ``read_only`` creates and repairs nothing
+        (neither the chroot nor the layout), whatever the identity, for observers such as the exporter.
+
+        Raises ``ZooKeeperUnavailable`` when no server answers within ``connect_timeout``,
+        ``TlsError`` for a certificate or protocol mismatch (within about a second),
+        ``ConfigurationError`` for a malformed connect string and ``InvalidName`` for a bad root.
+        """
+        hosts = hosts or os.environ.get("TIDEMARK_ZK") or DEFAULT_CONNECT
+        env = Credentials.from_env()
+        user, password = _identity(auth, "auth") if auth is not None else (env.user, env.password)
+        reader_user, reader_password = (_identity(reader, "reader") if reader is not None
+                                        else (env.reader_user, env.reader_password))
+        credentials = Credentials(user, password, reader_user, reader_password)
+        tls = tls if tls is not None else TlsSettings.from_env()
+        paths = Paths(root)  # InvalidName before any connection
+        kwargs: dict[str, Any] = {"auth_data": credentials.auth_data(), "default_acl": credentials.default_acl()}
+        if tls is not None:
+            tls.context()  # a missing or unreadable CA, certificate or key: say so now, not after the timeout
+            kwargs.update(tls.kazoo_kwargs())
+        try:
+            client = KazooClient(
+                hosts=hosts, timeout=session_timeout,
+                # Reconnection keeps the session alive through short outages; it runs in the
+                # background and never blocks a caller. Operations have their own deadline.
+                connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2),
+                command_retry=KazooRetry(max_tries=-1, delay=0.05, max_delay=1, deadline=operation_timeout),
+                **kwargs)
+        except ValueError as exc:
+            raise ConfigurationError(f"ZooKeeper connect string {hosts!r} is invalid ({exc}): use "
+                                     "host:port[,host:port...][/chroot]") from None
+        # Connect outside the chroot so we can create it; "host:2181/" has none.
+        chroot, client.chroot = ("" if client.chroot == "/" else client.chroot), ""
+        if chroot:
+            validate_chroot(chroot)
+        _start(client, hosts, tls, connect_timeout)
+        tm = cls(client, root=paths.root, operation_timeout=operation_timeout, session_timeout=session_timeout,
+                 member=member, credentials=credentials)
+        try:
+            if chroot and not (read_only or credentials.read_only):
+                tm.ensure_path(chroot)
+            client.chroot = chroot
+            if not read_only:
+                tm.ensure_layout()
+        except BaseException:
+            tm.close()
+            raise
+        return tm
+
+    # -- lifecycle and connection state --------------------------------------------------
+
+    def close(self) -> None:
+        self.client.stop()
+        self.client.close()
+
+    def __enter__(self: S) -> S:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @property
+    def connection_state(self) -> str:
+        return self._state
+
+    def add_state_listener(self, listener: Callable[[str], None]) -> None:
+        """``listener(state)`` runs on kazoo's event thread: it must not block."""
+        with self._lock:
+            self._state_listeners.append(listener)
+
+    def remove_state_listener(self, listener: Callable[[str], None]) -> None:
+        with self._lock:
+            if listener in self._state_listeners:
+                self._state_listeners.remove(listener)
+
+    def _on_state_change(self, state: str) -> None:
+        self._state = state
+        with self._lock:
+            self._state_changes[state] += 1
+            listeners = list(self._state_listeners)
+        for listener in listeners:
+            try:
+                listener(state)
+            except Exception:  # noqa: BLE001 - a listener's bug must not break the session
+                log.exception("state listener %r failed", listener)
+
+    def connection_changes(self) -> dict[str, int]:
+        """How many times the connection entered each state (``CONNECTED``, ``SUSPENDED``, ``LOST``)."""
+        with self._lock:
+            return dict(self._state_changes)
+
+    # -- retries ---------------------------------------------------------------------------
+
+    def count_retries(self, operation: str) -> Callable[[RetryCallState], None]:
+        """A tenacity ``before_sleep`` hook that counts each retry of ``operation`` (see ``retry_counts``)."""
+        def count(_: RetryCallState) -> None:
+            with self._lock:
+                self._retries[operation] += 1
+        return count
+
+    def retry_counts(self) -> dict[str, int]:
+        """Retries so far in this session, per operation (``zookeeper``, ``barriers``, ``leader_election``, ...)."""
+        with self._lock:
+            return dict(self._retries)
+
+    # -- deadline-bounded operations -------------------------------------------------------
+
+    def _with_deadline(self, what: str, attempt: Callable[[], Any]) -> Any:
+        """Run ``attempt``, retrying transient failures until ``operation_timeout``, then ``ZooKeeperUnavailable``.
+
+        A refusal by the znode's ACL is ``PermissionDenied``; ZooKeeper's other answers
+        (no node, node exists, bad version) reach the caller, which decides what they mean.
+        """
+        retrying = Retrying(stop=stop_after_delay(self.operation_timeout),
+                            wait=wait_random_exponential(multiplier=0.05, max=1.0),
+                            retry=retry_if_exception_type(RETRYABLE), reraise=True,
+                            before_sleep=self.count_retries("zookeeper"))
+        try:
+            return retrying(attempt)
+        except RETRYABLE as exc:
+            raise ZooKeeperUnavailable(f"ZooKeeper did not complete {what} within {self.operation_timeout:.0f}s "
+                                       f"({type(exc).__name__}); check that the ensemble is up") from None
+        except NoAuthError:
+            raise self._denied(what) from None
+        except (InvalidACLError, AuthFailedError) as exc:
+            raise ConfigurationError(f"ZooKeeper refused {what} for {self.credentials.identity} "
+                                     f"({type(exc).__name__}): check TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD"
+                                     ) from None
+        except BadArgumentsError:
+            raise ConfigurationError(f"ZooKeeper refused {what} as malformed (BadArguments): check the connect "
+                                     "string's chroot and the root") from None
+
+    def _denied(self, what: str) -> PermissionDenied:
+        hint = ("set TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD to the writer identity this tree is secured with"
+                if not self.credentials.is_writer else
+                "this tree is secured with another writer identity: use that one (TIDEMARK_ZK_USER/_PASSWORD)")
+        return PermissionDenied(f"ZooKeeper refused {what} to {self.credentials.identity} (NoAuth): {hint}")
+
+    def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a kazoo async call and wait for it, retrying transient failures until the deadline."""
+        return self._with_deadline(what, lambda: fn(*args).get(timeout=self.operation_timeout))
+
+    def get(self, path: str) -> Optional[tuple[bytes, Any]]:
+        """Data and stat of ``path``, or None when it does not exist."""
+        try:
+            return self.call(f"get {path}", self.client.get_async, path)
+        except NoNodeError:
+            return None
+
+    def get_many(self, paths: Sequence[str]) -> list[Optional[tuple[bytes, Any]]]:
+        """Pipelined gets: one round trip's latency for any number of znodes."""
+        def attempt() -> list[Optional[tuple[bytes, Any]]]:
+            pending = [self.client.get_async(p) for p in paths]
+            results: list[Optional[tuple[bytes, Any]]] = []
+            for result in pending:
+                try:
+                    results.append(result.get(timeout=self.operation_timeout))
+                except NoNodeError:
+                    results.append(None)
+            return results
+        return self._with_deadline(f"{len(paths)} reads", attempt)
+
+    def read(self, path: str, record: type[R]) -> Optional[tuple[R, Any]]:
+        """Decode ``path`` as ``record`` (``CorruptState`` naming the znode if it cannot be)."""
+        found = self.get(path)
+        return None if found is None else (record.from_json(found[0], path), found[1])
+
+    def children(self, path: str) -> list[str]:
+        try:
+            return self.call(f"list {path}", self.client.get_children_async, path)
+        except NoNodeError:
+            return []
+
+    def multi(self, ops: Iterable[Op]) -> list[Any]:
+        """Apply ``ops`` atomically; raises ``MultiFailed`` naming the first failing operation."""
+        ops = list(ops)
+
+        def attempt() -> list[Any]:
+            tx = self.client.transaction()
+            for op in ops:
+                op.add_to(tx)
+            return tx.commit_async().get(timeout=self.operation_timeout)
+        results = self._with_deadline(f"a {len(ops)}-operation multi", attempt)
+        for op, result in zip(ops, results):
+            if isinstance(result, NoAuthError):
+                raise self._denied(f"{op.kind} {op.path}")
+            if isinstance(result, Exception) and not isinstance(result, RolledBackError):
+                raise MultiFailed(op, result)
+        return results
+
+    def ensure_path(self, path: str, data: bytes = b"", acl: Optional[list] = None) -> None:
+        # Look first: creating an existing znode under another user's ACL fails with NoAuth, not NodeExists.
+        if self.call(f"exists {path}", self.client.exists_async, path) is not None:
+            return
+        try:
+            self.call(f"create {path}", self.client.create_async, path, data, acl, False, False, True)
+        except NodeExistsError:
+            pass
+
+    def ensure_layout(self) -> None:
+        """Create the top-level znodes once (idempotent, safe to race) and, with the writer identity, secure them.
+
+        A read-only session (only the reader identity) creates nothing.
+        """
+        if self.credentials.read_only:
+            return
+        self.ensure_path(self.paths.topology, TopologyVersion(0).to_json())
+        for path in self.paths.top_level():
+            self.ensure_path(path, acl=self._acl_of(path))
+        if self.credentials.is_writer:
+            self._repair_open_acls()
+
+    def _acl_of(self, path: str) -> Optional[list]:
+        return self.credentials.readers_acl() if path == self.paths.readers else self.credentials.default_acl()
+
+    def _repair_open_acls(self) -> None:
+        """Give the writer's ACL to every top-level znode anyone may change (an unauthenticated client made it)."""
+        nodes = [self.paths.topology, *self.paths.top_level()]
+        if self.paths.root != "/":
+            nodes.insert(0, self.paths.root)
+
+        def read_acls() -> list:
+            pending = [self.client.get_acls_async(path) for path in nodes]
+            return [result.get(timeout=self.operation_timeout)[0] for result in pending]
+        for path, acl in zip(nodes, self._with_deadline("reading the top-level ACLs", read_acls)):
+            if not is_open(acl):
+                continue
+            try:
+                self.call(f"set the ACL of {path}", self.client.set_acls_async, path, self._acl_of(path))
+            except PermissionDenied:
+                full = (self.client.chroot or "") + path
+                raise PermissionDenied(
+                    f"{full} was created by an unauthenticated client, anyone may change it, and ZooKeeper does "
+                    f"not let {self.credentials.identity} repair its ACL: have a ZooKeeper admin run "
+                    f"`setAcl {full} digest:{self.credentials.user}:<digest>:cdrwa,world:anyone:r` (zkCli.sh), "
+                    "or delete the tree if it holds nothing yet, then connect again") from None
+            log.warning("%s was open to anyone (created by an unauthenticated client): gave it the writer's ACL",
+                        path)
+
+
+def _identity(pair: object, what: str) -> tuple[str, str]:
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise ConfigurationError(f"{what} must be a (user, password) pair")
+    return pair[0], pair[1]
+
+
+def _start(client: KazooClient, hosts: str, tls: Optional[TlsSettings], connect_timeout: float) -> None:
+    """Start the session; a TLS mismatch is reported within about a second, silence after ``connect_timeout``."""
+    started = client.start_async()
+    if not started.wait(min(TLS_DIAGNOSIS_AFTER_S, connect_timeout)):
+        mismatch = diagnose_tls(client.hosts, tls)
+        if mismatch is not None:
+            client.stop()
+            client.close()
+            raise mismatch
+        started.wait(max(0.0, connect_timeout - TLS_DIAGNOSIS_AFTER_S))
+    if not client.connected:
+        client.stop()
+        client.close()
+        raise ZooKeeperUnavailable(
+            f"no ZooKeeper server answered at {hosts} within {connect_timeout:.0f}s: check TIDEMARK_ZK, "
+            "that the servers run (`tidemark zk start` for a local one) and the network")

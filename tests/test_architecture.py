@@ -1,0 +1,134 @@
+"""The package's shape: imports go one way, sub-packages keep to their layers, Spark stays out.
+
+The import graph is read from the source (every ``import``, including those inside functions;
+``if TYPE_CHECKING:`` blocks are left out, as they never run), so a cycle hidden in a function
+body is found as surely as one at the top of a module.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "coordinator"
+
+# Each layer may import the layers before it (and itself); "coordinator" is the package's public re-exports.
+LAYERS = ["foundation", "zookeeper", "iceberg", "protocol", "history", "job", "tidemark", "operations"]
+FOUNDATION = {"coordinator.errors", "coordinator.names", "coordinator.records"}
+MAY_IMPORT = {
+    "foundation": {"foundation"},
+    "zookeeper": {"foundation", "zookeeper"},
+    "iceberg": {"foundation", "iceberg"},
+    "protocol": {"foundation", "zookeeper", "iceberg", "protocol"},
+    "history": {"foundation", "zookeeper", "iceberg", "protocol", "history"},
+    "job": {"foundation", "zookeeper", "iceberg", "protocol", "history", "job"},
+    "tidemark": {"foundation", "zookeeper", "protocol", "tidemark"},
+    "operations": set(LAYERS),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> str:
+    if module in FOUNDATION:
+        return "foundation"
+    if module == "coordinator.tidemark":
+        return "tidemark"
+    return module.split(".")[1]
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node except those under ``if TYPE_CHECKING:``."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                raise AssertionError(f"{module}: relative import; the package uses absolute imports only")
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            graph[module] |= {t for t in targets if t in modules and t != module}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path of module names, or None (depth-first search with colours)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle_and_accepts_a_dag():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_module_of_the_package_imports_itself_through_a_cycle():
+    graph = {m: deps - {"coordinator"} for m, deps in import_graph().items() if m != "coordinator"}
+    assert find_cycle(graph) is None
+
+
+def test_each_sub_package_imports_only_the_layers_below_it():
+    wrong = []
+    for module, deps in import_graph().items():
+        if module == "coordinator":
+            continue
+        if "coordinator" in deps:
+            wrong.append(f"{module} imports the package root (import from the defining module instead)")
+        for dep in deps - {"coordinator"}:
+            if layer_of(dep) not in MAY_IMPORT[layer_of(module)]:
+                wrong.append(f"{module} ({layer_of(module)}) imports {dep} ({layer_of(dep)})")
+    assert wrong == []
+
+
+def test_every_sub_package_says_what_it_holds_and_may_import():
+    for init in PACKAGE.glob("*/__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert "import" in doc.lower(), f"{init.relative_to(ROOT)} must say what it may import"
+
+
+@pytest.mark.parametrize("module", ["coordinator", "coordinator.operations.cli"])
+def test_importing_the_coordinator_loads_no_spark(module):
+    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j')))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
