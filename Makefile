@@ -2,17 +2,21 @@ PY := .venv/bin/python
 # pytest exits 5 when it collected no tests: that is a failure here, never a green run.
 PYTEST = $(PY) -m pytest -q $(1); rc=$$?; [ $$rc -ne 5 ] || { echo "pytest: no tests ran" >&2; exit 1; }; exit $$rc
 
-.PHONY: setup demo test test-fast test-faults bench clean
+.PHONY: setup demo lint test test-fast test-faults bench clean
 setup:
 	@bash scripts/setup.sh
 
 demo: setup
 	$(PY) -m spark_hooks.demo
 
-test: setup
+# ruff, configured in pyproject.toml (under a second).
+lint: setup
+	$(PY) -m ruff check
+
+test: setup lint
 	@$(call PYTEST,)
 
-test-fast: setup
+test-fast: setup lint
 	@$(call PYTEST,-m "not spark")
 
 # The whole fault suite (about 20 minutes, CPU-heavy): prints the summary table kept in README.md.

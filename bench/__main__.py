@@ -1,4 +1,5 @@
-"""``python -m bench [coordination] [iceberg] [spark] [pipeline] [takeover] [retention] [options]``: run the named benchmarks.
+"""``python -m bench [coordination] [iceberg] [spark] [pipeline] [takeover] [retention] [options]``:
+run the named benchmarks.
 
 With no name, all of them. Options (``--engine spark``, ``--minutes 1``, ...) go to the suites
 that take them: ``pipeline`` (see ``python -m bench pipeline --help``), ``spark``, ``takeover`` and ``retention``.

@@ -4,9 +4,10 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from coordinator import EmbeddedZooKeeper
 from coordinator.operations.zookeeper_server import four_letter_word, free_port
@@ -14,9 +15,9 @@ from coordinator.operations.zookeeper_server import four_letter_word, free_port
 
 @contextmanager
 def zookeeper() -> Iterator[EmbeddedZooKeeper]:
-    with tempfile.TemporaryDirectory(prefix="tidemark-bench-zk-") as data:
-        with EmbeddedZooKeeper(port=free_port(), data_dir=Path(data)) as server:
-            yield server
+    with tempfile.TemporaryDirectory(prefix="tidemark-bench-zk-") as data, \
+            EmbeddedZooKeeper(port=free_port(), data_dir=Path(data)) as server:
+        yield server
 
 
 def packets_received(server: EmbeddedZooKeeper) -> int:

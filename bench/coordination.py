@@ -65,7 +65,7 @@ def status_of_many_jobs(server, jobs: int) -> None:
         def sequential() -> None:
             p = tm.paths
             for name in tm.children(p.jobs):
-                for path, record in ((p.job(name), None), (p.term(name), TermRecord), (p.leader(name), LeaderRecord)):
+                for path, _record in ((p.job(name), None), (p.term(name), TermRecord), (p.leader(name), LeaderRecord)):
                     tm.get(path)
             for table in tm.children(p.tables):
                 tm.read(p.tidemark(table), TableTidemark)

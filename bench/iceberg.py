@@ -12,10 +12,10 @@ from pathlib import Path
 import pyarrow as pa
 
 from coordinator import CatalogSettings, EpochWriter, Tidemark
-from coordinator.iceberg.publish import advance_committed_epoch, publish_staged
-from coordinator.records import EpochProgress
 from coordinator.history.resolve import Resolver
+from coordinator.iceberg.publish import advance_committed_epoch, publish_staged
 from coordinator.iceberg.snapshots import summary_properties
+from coordinator.records import EpochProgress
 
 from .common import header, ms, timed, zookeeper
 

@@ -138,7 +138,7 @@ def run_driver(args) -> int:
         if args.sleep_s:
             time.sleep(args.sleep_s)  # the overloaded job: each epoch takes longer than the interval
 
-    events = open(args.events, "a", buffering=1)
+    events = open(args.events, "a", buffering=1)  # noqa: SIM115 - written by every epoch until the driver exits
     process = writer.process
 
     def timed_process(epoch, fn, *rest, **kwargs):
@@ -164,6 +164,7 @@ def run_driver(args) -> int:
 def run_producer(args) -> int:
     """Append ``--rows`` random events to the root table every ``--every`` seconds until SIGTERM."""
     import pyarrow as pa
+
     from coordinator import CatalogSettings
     from coordinator.records import now_ms
 
@@ -282,7 +283,8 @@ class Cascade:
             time.sleep(SAMPLE_EVERY_S)
         return time.time()
 
-    def sample(self, seconds: float, until: Optional[Callable[[float], bool]] = None) -> list[tuple[float, float, float]]:
+    def sample(self, seconds: float,
+               until: Optional[Callable[[float], bool]] = None) -> list[tuple[float, float, float]]:
         """``(wall s, lag s, ingest-only lag s)`` every 200 ms for ``seconds`` (or until ``until(lag)``)."""
         samples: list[tuple[float, float, float]] = []
         due = time.monotonic()
@@ -318,6 +320,7 @@ class Cascade:
     def check(self) -> str:
         """The final consistent version: every event counted exactly once by all three jobs?"""
         import pyarrow.compute as pc
+
         from coordinator.history.resolve import Resolver, read_arrow
         resolver = Resolver(self.catalog, self.settings, self.tm)
         version = resolver.resolve([ROOT, *SINKS])
@@ -358,7 +361,7 @@ class Cascade:
         else:
             shutil.rmtree(self.home, ignore_errors=True)
 
-    def __enter__(self) -> "Cascade":
+    def __enter__(self) -> Cascade:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -485,7 +488,8 @@ def catchup(opts, zk: str) -> None:
         print("epochs each job ran to get there: " + ", ".join(
             f"{j} {len(r)}" + (f" (first started +{r[0]['start_ms'] / 1000 - restarted:.0f} s)" if r else "")
             for j, r in runs.items()) + f"; goal <= 2 per job: {verdict(all(len(r) <= 2 for r in runs.values()))}")
-        print(f"barriers agreed before the stop that not every job had run: {sum(last < b <= newest_before for b in agreed)};"
+        print("barriers agreed before the stop that not every job had run: "
+              f"{sum(last < b <= newest_before for b in agreed)};"
               f" first barrier agreed after the restart: {after[0] if after else None}, covering "
               f"{(after[0] - newest_before) / 1000 if after else 0:.0f} s of input; agreed from the restart until "
               f"caught up: {sum(b <= caught * 1000 for b in after)}")

@@ -62,10 +62,10 @@ LOGS = Path(tempfile.gettempdir()) / "tidemark-bench-takeover-logs"
 
 def _start(zk: str, home: Path, engine: str, interval_ms: int, warm: bool) -> subprocess.Popen:
     LOGS.mkdir(exist_ok=True)
-    log = open(LOGS / f"replica-{time.monotonic_ns()}.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "bench.takeover", "--driver", "--zk", zk, "--home", str(home),
-                             "--engine", engine, "--interval-ms", str(interval_ms)] + ([] if warm else ["--cold"]),
-                            stdout=log, stderr=subprocess.STDOUT)
+    with open(LOGS / f"replica-{time.monotonic_ns()}.log", "w") as log:  # the replica keeps its own descriptor
+        return subprocess.Popen([sys.executable, "-m", "bench.takeover", "--driver", "--zk", zk, "--home", str(home),
+                                 "--engine", engine, "--interval-ms", str(interval_ms), *([] if warm else ["--cold"])],
+                                stdout=log, stderr=subprocess.STDOUT)
 
 
 def _wait(condition, timeout: float, what: str):

@@ -14,10 +14,25 @@ imports only the ones listed before it:
 - ``coordinator.tidemark``: ``Tidemark``, the session with the recipes at hand;
 - ``coordinator.operations``: the ``tidemark`` command, the exporter and the local ZooKeeper server.
 """
-from coordinator.errors import (ConfigurationError, CorruptState, CycleError, EpochOrderError, Fenced, InvalidName,
-                                JobNotFound, NotLeader, PermissionDenied, PublishConflict, RegistrationError,
-                                TableNotFound, TidemarkError, TlsError, VersionNotFound, WriterConflict,
-                                ZooKeeperUnavailable)
+from coordinator.errors import (
+                                ConfigurationError,
+                                CorruptState,
+                                CycleError,
+                                EpochOrderError,
+                                Fenced,
+                                InvalidName,
+                                JobNotFound,
+                                NotLeader,
+                                PermissionDenied,
+                                PublishConflict,
+                                RegistrationError,
+                                TableNotFound,
+                                TidemarkError,
+                                TlsError,
+                                VersionNotFound,
+                                WriterConflict,
+                                ZooKeeperUnavailable,
+)
 from coordinator.history.resolve import ReaderSession, Resolver, read_arrow
 from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.job.writer import EpochContext, EpochWriter, Waiting
@@ -26,8 +41,17 @@ from coordinator.protocol.barriers import BarrierGrid, Barriers
 from coordinator.protocol.epochs import EpochCoordinator, Recovery, RecoveryAction
 from coordinator.protocol.leadership import Leadership, LeaderState
 from coordinator.protocol.topology import Topology
-from coordinator.records import (BarrierMode, ConsistencyLevel, ConsistentVersion, EpochInputs, EpochRecord,
-                                 EpochState, JobRecord, SourceRange, TableTidemark)
+from coordinator.records import (
+                                BarrierMode,
+                                ConsistencyLevel,
+                                ConsistentVersion,
+                                EpochInputs,
+                                EpochRecord,
+                                EpochState,
+                                JobRecord,
+                                SourceRange,
+                                TableTidemark,
+)
 from coordinator.tidemark import Tidemark
 from coordinator.zookeeper.security import TlsSettings
 

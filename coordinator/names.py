@@ -59,7 +59,7 @@ def validate_epoch(epoch: object, kind: str = "epoch") -> int:
     return epoch
 
 
-def parse_epoch(segment: str) -> "int | None":
+def parse_epoch(segment: str) -> int | None:
     """The epoch a child znode such as ``/barriers/<T>`` names, or None for a name that is not one."""
     if not _EPOCH_SEGMENT.match(segment):
         return None

@@ -9,8 +9,9 @@ from __future__ import annotations
 import enum
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, Mapping, Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 from coordinator.errors import CorruptState, InvalidName
 from coordinator.names import parse_epoch, validate_epoch
@@ -211,7 +212,7 @@ class EpochInputs(JsonRecord):
         _opt_int(self.batch_id, "batch_id")
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "value") -> "EpochInputs":
+    def from_dict(cls, data: Mapping[str, Any], where: str = "value") -> EpochInputs:
         if isinstance(data, Mapping) and set(data) - {"sources", "batch_id"}:
             # The 0.1 layout: {table: {"from": s, "to": e}, "batch_id": n}.
             data = {"batch_id": data.get("batch_id"), "sources": {

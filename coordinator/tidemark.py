@@ -10,7 +10,8 @@ Failure behaviour is each recipe's, documented in its module.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Optional
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Optional
 
 from coordinator.errors import InvalidName
 from coordinator.protocol.barriers import Barriers

@@ -209,9 +209,10 @@ class Deadline:
 
 @dataclass
 class _Reader:
-    """The reader's findings: consistent versions checked (by ``coordinator.history.checker``), naive reads, freshness."""
+    """The reader's findings: consistent versions checked (by ``coordinator.history.checker``), naive reads,
+    freshness."""
 
-    checker: Optional["ConsistencyChecker"] = None   # made once the catalog is opened
+    checker: Optional[ConsistencyChecker] = None   # made once the catalog is opened
     naive_total: int = 0
     naive_bad: int = 0
     freshness_ms: list = field(default_factory=list)

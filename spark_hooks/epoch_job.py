@@ -20,22 +20,24 @@ each snapshot's summary. The summary keys go through Iceberg's
 ``CommitMetadata.withCommitProperties``, which Iceberg's Spark writes (DataFrame writes and
 SQL ``MERGE INTO`` alike, which has no write options) add to the snapshot they commit on
 the calling thread: the write runs inside a ``java.util.concurrent.Callable`` that calls
-back into Python over py4j (PySpark's pinned-thread mode keeps it on the same JVM thread). While a replica is a standby it keeps its SparkSession warm
-(the tables loaded and a query run every minute), so a takeover costs about one session
-timeout plus one epoch. One job per SparkSession: ``spark.wap.id`` is a session setting.
+back into Python over py4j (PySpark's pinned-thread mode keeps it on the same JVM thread).
+While a replica is a standby it keeps its SparkSession warm (the tables loaded and a query run
+every minute), so a takeover costs about one session timeout plus one epoch. One job per
+SparkSession: ``spark.wap.id`` is a session setting.
 """
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Callable, ClassVar, Optional
 
-from coordinator.protocol.barriers import DEFAULT_MAX_PENDING_BARRIERS
-from coordinator.iceberg.catalog import CatalogSettings
-from coordinator.tidemark import Tidemark
 from coordinator.errors import ConfigurationError, NotLeader
-from coordinator.records import EpochInputs, EpochRecord, EpochState
+from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.iceberg.snapshots import summary_properties, wap_id
 from coordinator.job.writer import EpochContext, EpochWriter
+from coordinator.protocol.barriers import DEFAULT_MAX_PENDING_BARRIERS
+from coordinator.records import EpochInputs, EpochRecord, EpochState
+from coordinator.tidemark import Tidemark
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ log = logging.getLogger(__name__)
 class SparkEpochContext(EpochContext):
     """What one epoch's function sees: its inputs as DataFrames, and staged Spark writes to its sinks."""
 
-    def __init__(self, job: "EpochJob", writer: EpochWriter, record: EpochRecord) -> None:
+    def __init__(self, job: EpochJob, writer: EpochWriter, record: EpochRecord) -> None:
         super().__init__(writer, record)
         self.spark = job.spark
 
@@ -114,20 +116,20 @@ class _JavaCallable:
     def call(self) -> None:
         try:
             self.action()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in Python once the JVM call returns
+        except BaseException as exc:
             self.error = exc
             raise
         return None
 
     class Java:
-        implements = ["java.util.concurrent.Callable"]
+        implements: ClassVar[list[str]] = ["java.util.concurrent.Callable"]
 
 
 def with_commit_properties(spark, properties: dict[str, str], action: Callable[[], object]) -> None:
     """Run ``action`` (a Spark write to an Iceberg table) so that every snapshot it commits carries ``properties``
     in its summary, through ``org.apache.iceberg.spark.CommitMetadata.withCommitProperties``."""
-    from pyspark.java_gateway import ensure_callback_server_started
     from py4j.protocol import Py4JJavaError
+    from pyspark.java_gateway import ensure_callback_server_started
     gateway = spark.sparkContext._gateway
     ensure_callback_server_started(gateway)
     jvm = spark.sparkContext._jvm

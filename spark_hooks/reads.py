@@ -8,11 +8,12 @@
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional, Union
+from collections.abc import Iterable, Mapping
+from typing import Optional, Union
 
+from coordinator.history.resolve import Resolver
 from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.records import ConsistencyLevel, ConsistentVersion
-from coordinator.history.resolve import Resolver
 
 
 class ConsistentFrames(dict):

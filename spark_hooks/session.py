@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
-from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.errors import ConfigurationError
+from coordinator.iceberg.catalog import CatalogSettings
 
 from .jars import JNI_DIR, spark_jars
 

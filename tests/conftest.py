@@ -23,7 +23,8 @@ def zk_server(tmp_path_factory):
 @pytest.fixture
 def zk_connect(zk_server, request) -> str:
     """A connect string with a fresh chroot for this test."""
-    return f"{zk_server.connect_string}/t-{request.node.name[:40].replace('[', '-').replace(']', '')}-{uuid.uuid4().hex[:6]}"
+    test = request.node.name[:40].replace('[', '-').replace(']', '')
+    return f"{zk_server.connect_string}/t-{test}-{uuid.uuid4().hex[:6]}"
 
 
 @pytest.fixture

@@ -6,8 +6,21 @@ import threading
 
 import pytest
 
-from coordinator import (BarrierGrid, BarrierMode, ConfigurationError, EpochCoordinator, EpochInputs, EpochOrderError,
-                         EpochRecord, EpochState, Fenced, NotLeader, RecoveryAction, SourceRange, TidemarkError)
+from coordinator import (
+    BarrierGrid,
+    BarrierMode,
+    ConfigurationError,
+    EpochCoordinator,
+    EpochInputs,
+    EpochOrderError,
+    EpochRecord,
+    EpochState,
+    Fenced,
+    NotLeader,
+    RecoveryAction,
+    SourceRange,
+    TidemarkError,
+)
 from coordinator.records import BarrierRecord
 
 SINKS = ["lake.db.a", "lake.db.b"]
@@ -289,7 +302,7 @@ def test_derived_job_waits_on_a_watch_until_sources_reach_the_barrier(tm, connec
     assert {t: v.epoch for t, v in cache.get(SINKS).items()} == {s: 2000 for s in SINKS}
     with pytest.raises(TidemarkError, match="did not reach epoch 9000"):
         cache.wait_for(SINKS, 9000, timeout=0.3)
-    assert EpochState.COMMITTED == epochs.current.state
+    assert epochs.current.state == EpochState.COMMITTED
     cache.close()
 
 

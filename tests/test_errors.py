@@ -9,15 +9,23 @@ import sys
 
 import pytest
 
-from coordinator import (CatalogSettings, ConfigurationError, CorruptState, EmbeddedZooKeeper, InvalidName,
-                         TidemarkError, Tidemark, VersionNotFound, ZooKeeperUnavailable)
-from coordinator.operations.cli import main
+from coordinator import (
+    CatalogSettings,
+    ConfigurationError,
+    CorruptState,
+    EmbeddedZooKeeper,
+    InvalidName,
+    Tidemark,
+    TidemarkError,
+    VersionNotFound,
+    ZooKeeperUnavailable,
+)
 from coordinator.errors import MultiFailed
-from coordinator.names import validate_name
-from coordinator.records import now_ms
 from coordinator.history.resolve import Resolver
+from coordinator.names import validate_name
+from coordinator.operations.cli import main
 from coordinator.operations.zookeeper_server import free_port
-
+from coordinator.records import now_ms
 from tests.helpers.lake import commit_rows, create_table, lead_job
 
 

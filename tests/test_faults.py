@@ -11,8 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import (EpochCoordinator, EpochRecord, EpochState, Fenced, NotLeader, RecoveryAction, Tidemark,
-                         ZooKeeperUnavailable)
+from coordinator import (
+    EpochCoordinator,
+    EpochRecord,
+    EpochState,
+    Fenced,
+    NotLeader,
+    RecoveryAction,
+    Tidemark,
+    ZooKeeperUnavailable,
+)
 from coordinator.records import TermRecord
 from tests.helpers.leader import inputs
 

@@ -17,14 +17,12 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table.update import SetPropertiesUpdate
 
 from coordinator import EpochWriter, Fenced, Tidemark
-from coordinator.errors import UnregisterNotConfirmed
-from coordinator.iceberg.publish import AssertTermAtMost, advance_committed_epoch, claim_table, publish_staged
-from coordinator.errors import VersionNotFound
-from coordinator.records import EpochProgress, EpochState, SourceRange, now_ms
+from coordinator.errors import UnregisterNotConfirmed, VersionNotFound
 from coordinator.history.resolve import Resolver
-from coordinator.iceberg.snapshots import (TERM_PROPERTY, main_lineage, recorded_term, snapshot_progress,
-                                   table_progress)
+from coordinator.iceberg.publish import AssertTermAtMost, advance_committed_epoch, claim_table, publish_staged
+from coordinator.iceberg.snapshots import TERM_PROPERTY, main_lineage, recorded_term, snapshot_progress, table_progress
 from coordinator.iceberg.staging import stage_append
+from coordinator.records import EpochProgress, EpochState, SourceRange, now_ms
 from tests.conftest import SESSION_TIMEOUT
 from tests.helpers.lake import SCHEMA, agree, commit_rows, create_table, lead_job, rows_of
 from tests.helpers.wait import wait_for
@@ -157,8 +155,8 @@ def test_reregistered_job_resumes_from_iceberg_with_no_duplicate_and_no_loss(tm,
     again = EpochWriter(connect(), "copier", sources=[source], sinks=[sink], catalog=catalog_settings,
                         interval_ms=1000, grace_ms=0)
     again.open(leader_timeout=30)
-    assert again.epochs.current.inputs.sources[source] == SourceRange(plan.resume.committed.inputs.sources[source].start,
-                                                                       end)
+    start = plan.resume.committed.inputs.sources[source].start
+    assert again.epochs.current.inputs.sources[source] == SourceRange(start, end)
     run(again, 2)
     term = again.term
     again.close()

@@ -69,7 +69,8 @@ def test_unreachable_catalog_database_is_a_clear_error():
 
 
 def test_coordinator_does_not_import_pyspark():
-    code = "import sys, coordinator, coordinator.operations.cli, coordinator.history.resolve; print('pyspark' in sys.modules)"
+    code = ("import sys, coordinator, coordinator.operations.cli, coordinator.history.resolve; "
+            "print('pyspark' in sys.modules)")
     assert subprocess.check_output([sys.executable, "-c", code], text=True).strip() == "False"
 
 

@@ -8,7 +8,6 @@ import json
 import re
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import fields
-
 from pathlib import Path
 
 import pytest
@@ -17,10 +16,10 @@ from hypothesis import strategies as st
 
 import coordinator  # noqa: F401 - imports every module, so every record class is a JsonRecord subclass below
 from coordinator import CatalogSettings, CorruptState, InvalidName, Tidemark
-from coordinator.operations.cli import main
 from coordinator.names import MAX_EPOCH_MS, MAX_NAME_LENGTH, parse_epoch, validate_epoch, validate_name, validate_names
-from coordinator.zookeeper.paths import Paths
+from coordinator.operations.cli import main
 from coordinator.records import JsonRecord, now_ms
+from coordinator.zookeeper.paths import Paths
 from tests.helpers.lake import commit_rows, create_table, lead_job
 
 FUZZ = settings(derandomize=True, database=None, deadline=None, max_examples=300,
@@ -123,7 +122,7 @@ def test_root_validator(root):
 
 @FUZZ
 @given(value=st.one_of(st.integers(), edge_ints, st.floats(), st.booleans(), st.text(max_size=5)),
-       segment=st.one_of(st.text(max_size=20), st.text(alphabet="0123456789²١", max_size=20)))
+       segment=st.one_of(st.text(max_size=20), st.text(alphabet="0123456789²١", max_size=20)))  # noqa: RUF001 - non-ASCII digits on purpose
 def test_epoch_validators(value, segment):
     try:
         assert 0 <= validate_epoch(value) <= MAX_EPOCH_MS

@@ -16,14 +16,13 @@ from pathlib import Path
 import pytest
 
 from coordinator import VersionNotFound
-from coordinator.operations.cli import main as cli
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.gc_schedule import GcSchedule
 from coordinator.history.resolve import ReaderSession, Resolver
 from coordinator.history.retention import DAY_MS, DEFAULT_POLICY, HOUR_MS, RetentionPolicy
-from coordinator.iceberg.snapshots import snapshot_epoch
 from coordinator.history.versions import RetainedVersions, tag_epoch, tag_name
-
+from coordinator.iceberg.snapshots import snapshot_epoch
+from coordinator.operations.cli import main as cli
 from tests.helpers.lake import stage_rows
 from tests.helpers.retention import INTERVAL_MS, Pipeline, naive_keep
 from tests.helpers.wait import wait_for

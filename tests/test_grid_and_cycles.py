@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.protocol.barriers import BarrierGrid
-from coordinator.records import JobRecord
 from coordinator.protocol.topology import Topology
+from coordinator.records import JobRecord
 
 PURE = settings(max_examples=300, deadline=None, derandomize=True)
 

@@ -221,7 +221,8 @@ def test_defaults_bundle_a_three_server_zookeeper_ensemble(chart):
     (container,) = exporter["spec"]["template"]["spec"]["containers"]
     assert env_of(container)["TIDEMARK_ZK"]["value"] == ",".join(
         f"{FULLNAME}-zookeeper-{i}.{FULLNAME}-zookeeper-headless.{NAMESPACE}.svc:2181" for i in range(3)) + "/tidemark"
-    assert not [d for d in of_kind(docs, "Deployment") if d["metadata"]["labels"]["app.kubernetes.io/component"] == "driver"]
+    assert not [d for d in of_kind(docs, "Deployment")
+                if d["metadata"]["labels"]["app.kubernetes.io/component"] == "driver"]
     assert not of_kind(docs, "ServiceMonitor") and not of_kind(docs, "PrometheusRule")
     assert f"{FULLNAME}-rules" not in {d["metadata"]["name"] for d in of_kind(docs, "ConfigMap")}
 
@@ -250,14 +251,17 @@ def test_bundled_zookeeper_with_auth_and_an_inline_job_script(chart):
     exporter = only(docs, "Deployment", f"{FULLNAME}-exporter")["spec"]["template"]["spec"]["containers"][0]
     writer, reader = env_of(container), env_of(exporter)
     assert writer["TIDEMARK_ZK_USER"]["valueFrom"]["secretKeyRef"] == {"name": "tidemark-zk-auth", "key": "user"}
-    assert writer["TIDEMARK_ZK_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "tidemark-zk-auth", "key": "password"}
+    assert writer["TIDEMARK_ZK_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "tidemark-zk-auth",
+                                                                          "key": "password"}
     assert "TIDEMARK_ZK_USER" not in reader and "TIDEMARK_ZK_PASSWORD" not in reader  # read-only
     for env in (writer, reader):  # drivers grant the reader read access; the exporter is the reader
-        assert env["TIDEMARK_ZK_READER_USER"]["valueFrom"]["secretKeyRef"] == {"name": "tidemark-zk-reader", "key": "user"}
+        assert env["TIDEMARK_ZK_READER_USER"]["valueFrom"]["secretKeyRef"] == {"name": "tidemark-zk-reader",
+                                                                               "key": "user"}
         assert env["TIDEMARK_ZK_READER_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
             "name": "tidemark-zk-reader", "key": "password"}
     server = only(docs, "StatefulSet", f"{FULLNAME}-zookeeper")["spec"]["template"]["spec"]["containers"][0]
-    assert env_of(server)["ZK_SUPER_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "tidemark-zk-admin", "key": "password"}
+    admin = {"name": "tidemark-zk-admin", "key": "password"}
+    assert env_of(server)["ZK_SUPER_PASSWORD"]["valueFrom"]["secretKeyRef"] == admin
     assert server["command"] == ["/bin/bash", "/conf/start.sh"]
     start = only(docs, "ConfigMap", f"{FULLNAME}-zookeeper")["data"]["start.sh"]
     assert "-Dzookeeper.DigestAuthenticationProvider.superDigest=super:" in start
@@ -304,7 +308,8 @@ def test_external_zookeeper_over_tls_with_s3_compatible_storage(chart):
     assert not [k for k in conf if "secretKeyRef" in k]
     assert container["args"] == ["job", "/opt/jobs/orders.py", "--interval-ms", "10000"]
     account = only(docs, "ServiceAccount")
-    assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/sales-lake"}
+    role_arn = "arn:aws:iam::123456789012:role/sales-lake"
+    assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": role_arn}
     assert not only(docs, "ConfigMap", f"{FULLNAME}-orders")["data"].get("job.py")
     assert not of_kind(docs, "PodDisruptionBudget")  # one replica: nothing to keep available
 
@@ -356,7 +361,8 @@ def test_drivers_run_spark_in_client_mode_against_the_kubernetes_api(chart):
         assert conf["spark.sql.shuffle.partitions"] == partitions
         assert conf["spark.driver.port"] == "7078" and conf["spark.driver.blockManager.port"] == "7079"
         assert conf["spark.kubernetes.executor.podTemplateFile"] == "/etc/tidemark/spark/executor-pod.yaml"
-        assert conf["spark.kubernetes.executor.secretKeyRef.AWS_SECRET_ACCESS_KEY"] == "tidemark-s3:AWS_SECRET_ACCESS_KEY"
+        secret = "tidemark-s3:AWS_SECRET_ACCESS_KEY"
+        assert conf["spark.kubernetes.executor.secretKeyRef.AWS_SECRET_ACCESS_KEY"] == secret
         # One prefix for every replica would make two drivers' executor pod names collide.
         assert "spark.kubernetes.executor.podNamePrefix" not in conf
         deployment, container = driver(docs, job)
@@ -452,7 +458,8 @@ def test_the_driver_role_lets_spark_manage_executors_and_nothing_else(chart):
         "verbs": ["create", "get", "list", "watch", "delete", "deletecollection"],
     }]
     binding = only(docs, "RoleBinding", f"{FULLNAME}-driver")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{FULLNAME}-driver", "namespace": NAMESPACE}]
     assert not of_kind(docs, "ClusterRole") and not of_kind(docs, "ClusterRoleBinding")
 
@@ -463,8 +470,10 @@ def test_service_monitor_and_prometheus_rule(chart):
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
-    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}]
-    scraped = [s for s in of_kind(docs, "Service") if selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s",
+                                             "scrapeTimeout": "10s"}]
+    scraped = [s for s in of_kind(docs, "Service")
+               if selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
     assert sorted(s["metadata"]["name"] for s in scraped) == [f"{FULLNAME}-exporter", f"{FULLNAME}-word-counts"]
     for service in scraped:
         assert "metrics" in {p["name"] for p in service["spec"]["ports"]}
@@ -490,7 +499,8 @@ def test_service_monitor_and_prometheus_rule(chart):
     ({"jobs": {"wc": {"scriptPath": "/j.py", "replica": 2}}}, "additional properties 'replica' not allowed"),
     ({"jobs": {"wc": {"scriptPath": "/j.py", "antiAffinity": "strict"}}}, "at '/jobs/wc/antiAffinity'"),
     ({"jobs": {"wc": {"scriptPath": "/j.py", "executor": {"memory": "4 GB"}}}}, "at '/jobs/wc/executor/memory'"),
-    ({"jobs": {"wc": {"scriptPath": "/j.py", "sparkConf": {"shuffle.partitions": "8"}}}}, "at '/jobs/wc/sparkConf': additional properties 'shuffle.partitions' not allowed"),
+    ({"jobs": {"wc": {"scriptPath": "/j.py", "sparkConf": {"shuffle.partitions": "8"}}}},
+     "at '/jobs/wc/sparkConf': additional properties 'shuffle.partitions' not allowed"),
     ({"zookeeper": {"chroot": "tidemark"}}, "at '/zookeeper/chroot'"),
     ({"zookeeper": {"external": {"connect": "zk:2181/tidemark"}}}, "at '/zookeeper/external/connect'"),
     ({"catalog": {"uri": {"existingSecret": ""}}}, "at '/catalog/uri/existingSecret'"),
@@ -508,14 +518,17 @@ def test_the_schema_refuses_bad_values_naming_them(chart, values, message):
 
 @pytest.mark.parametrize("values, message", [
     ({"zookeeper": {"bundled": {"enabled": False}}}, "zookeeper: no ensemble; set zookeeper.external.connect"),
-    ({"zookeeper": {"external": {"connect": "zk:2181"}}}, "both zookeeper.bundled.enabled and zookeeper.external.connect"),
-    ({"zookeeper": {"tls": {"enabled": True, "existingSecret": "zk-tls"}}}, "TLS is supported towards an external ensemble only"),
+    ({"zookeeper": {"external": {"connect": "zk:2181"}}},
+     "both zookeeper.bundled.enabled and zookeeper.external.connect"),
+    ({"zookeeper": {"tls": {"enabled": True, "existingSecret": "zk-tls"}}},
+     "TLS is supported towards an external ensemble only"),
     ({"zookeeper": {"bundled": {"enabled": False}, "external": {"connect": "zk:2281"}, "tls": {"enabled": True}}},
      "zookeeper.tls.existingSecret: name the Secret"),
     ({"zookeeper": {"bundled": {"replicas": 2}}}, "2 servers tolerate no failure"),
     ({"catalog": {"warehouse": "hdfs://nn/warehouse"}}, "is not an s3:// location while catalog.s3.enabled=true"),
     ({"jobs": {"wc": {}}}, "jobs.wc: no driver script"),
-    ({"jobs": {"wc": {"script": "print()", "scriptPath": "/j.py"}}}, "jobs.wc: set either script (inline) or scriptPath"),
+    ({"jobs": {"wc": {"script": "print()", "scriptPath": "/j.py"}}},
+     "jobs.wc: set either script (inline) or scriptPath"),
     ({"jobs": {"wc": {"scriptPath": "/j.py", "executor": {"dynamicAllocation": {"enabled": True, "minExecutors": 5}}}}},
      "jobs.wc: executor.dynamicAllocation.maxExecutors (4) is below minExecutors (5)"),
 ], ids=lambda v: None if isinstance(v, dict) else v[:40])

@@ -11,11 +11,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coordinator import ConsistencyLevel, EpochState, PublishConflict, Tidemark, VersionNotFound
-from coordinator.iceberg.publish import PublishOutcome, publish_staged
-from coordinator.records import EpochProgress
 from coordinator.history.resolve import ReaderSession, Resolver, pinned_versions, read_arrow
-from coordinator.iceberg.snapshots import (COMMITTED_EPOCH_PROPERTY, committed_epoch, committed_properties, highest_epoch, snapshot_at_epoch,
-                                   staged_snapshots)
+from coordinator.iceberg.publish import PublishOutcome, publish_staged
+from coordinator.iceberg.snapshots import (
+    COMMITTED_EPOCH_PROPERTY,
+    committed_epoch,
+    committed_properties,
+    highest_epoch,
+    snapshot_at_epoch,
+    staged_snapshots,
+)
+from coordinator.records import EpochProgress
 from tests.helpers.lake import agree, commit_rows, create_table, lead_job, rows_of, stage_rows
 
 
@@ -40,7 +46,7 @@ def writers(tm, catalog_settings):
 def test_racing_publishers_of_one_epoch_make_exactly_one_snapshot_current(catalog, catalog_settings, namespace):
     table = create_table(catalog, f"{namespace}.t")
     stage_rows(table, 1000, "j", 1, 3)
-    publish_staged(table, [s for s in staged_snapshots(table)][0].snapshot_id, 1000, 1)
+    publish_staged(table, next(iter(staged_snapshots(table))).snapshot_id, 1000, 1)
     for trial in range(5):
         epoch = 2000 + 1000 * trial
         candidates = [stage_rows(table, epoch, "j", 1, 2) for _ in range(2)]  # two attempts, same parent
@@ -219,10 +225,9 @@ def test_cli_resolve_prints_epoch_and_snapshots(tm, writers, zk_connect, catalog
     create_table(catalog, name)
     sid = commit_rows(writers("j", [name]), 1000)
     env = {"TIDEMARK_HOME": str(lake_home), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "resolve", name, "--json"],
-                         capture_output=True, text=True, env=env, timeout=60)
+    cli = [sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "resolve"]
+    out = subprocess.run([*cli, name, "--json"], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"epoch": 1000, "level": "consistent", "snapshots": {name: sid}}
-    missing = subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "resolve", "nope.t"],
-                             capture_output=True, text=True, env=env, timeout=60)
+    missing = subprocess.run([*cli, "nope.t"], capture_output=True, text=True, env=env, timeout=60)
     assert missing.returncode == 1 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr

@@ -21,15 +21,15 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator import EmbeddedZooKeeper, EpochWriter, Tidemark
 from coordinator.job.driver_metrics import PHASES
-from coordinator.operations.exporter import Exporter
 from coordinator.job.metrics_server import MetricsServer
-from coordinator.records import EpochInputs, now_ms
+from coordinator.operations.exporter import Exporter
 from coordinator.operations.zookeeper_server import free_port
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
+from coordinator.records import EpochInputs, now_ms
 from tests.helpers.background import InBackground
 from tests.helpers.lake import SCHEMA, agree, create_table
 from tests.helpers.metrics_lint import lint_exposition, series_names
@@ -284,7 +284,8 @@ def lost_keys(original, decoded, path: str = "") -> list[str]:
     """Keys of ``original`` missing from ``decoded`` (what a decoder did not understand), recursively."""
     if isinstance(original, dict) and isinstance(decoded, dict):
         return [lost for key, inner in original.items()
-                for lost in ([f"{path}/{key}"] if key not in decoded else lost_keys(inner, decoded[key], f"{path}/{key}"))]
+                for lost in ([f"{path}/{key}"] if key not in decoded
+                             else lost_keys(inner, decoded[key], f"{path}/{key}"))]
     if isinstance(original, list) and isinstance(decoded, list):
         return [lost for i, (a, b) in enumerate(zip(original, decoded)) for lost in lost_keys(a, b, f"{path}[{i}]")]
     return []

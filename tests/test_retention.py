@@ -9,7 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.errors import ConfigurationError
-from coordinator.history.retention import DAY_MS, DEFAULT_POLICY, HOUR_MS, MINUTE_MS, RetentionPolicy, Tier, parse_length
+from coordinator.history.retention import (
+    DAY_MS,
+    DEFAULT_POLICY,
+    HOUR_MS,
+    MINUTE_MS,
+    RetentionPolicy,
+    Tier,
+    parse_length,
+)
 from coordinator.history.versions import nearest, parse_version_ref
 from tests.helpers.retention import naive_keep
 

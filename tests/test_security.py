@@ -9,8 +9,8 @@ from kazoo.exceptions import NoAuthError
 from kazoo.security import make_acl
 
 from coordinator import PermissionDenied, Tidemark
-from coordinator.operations.cli import main
 from coordinator.history.resolve import ReaderSession, Resolver
+from coordinator.operations.cli import main
 from coordinator.zookeeper.security import is_open
 
 WRITER = ("etl", "s3cret")

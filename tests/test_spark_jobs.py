@@ -80,7 +80,8 @@ def test_epoch_job_appends_overwrites_merges_and_commits_empty_epochs(spark, tm,
     # the driver's metrics count them, and time the Spark writes (3 sinks, 2 epochs) as staging
     metric = job.writer.metrics.registry.get_sample_value
     assert metric("tidemark_driver_epochs_idle_total", {"tidemark_job": "multi"}) == len(job.committed) - 2
-    assert metric("tidemark_driver_epoch_phase_duration_seconds_count", {"tidemark_job": "multi", "phase": "stage"}) == 6
+    stage = {"tidemark_job": "multi", "phase": "stage"}
+    assert metric("tidemark_driver_epoch_phase_duration_seconds_count", stage) == 6
     version = Resolver(catalog, catalog_settings, tm).resolve(t.values())
     assert version.epoch == idle[-1]
     data = read_arrow(Resolver(catalog, catalog_settings), version)

@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from coordinator.records import now_ms
 from coordinator.operations.zookeeper_server import free_port
+from coordinator.records import now_ms
 from tests.helpers.lake import SCHEMA, agree, create_table, lead_job
 
 

@@ -22,13 +22,13 @@ import pyarrow as pa
 import pytest
 
 from coordinator import EpochRecord, EpochState, EpochWriter, Tidemark
-from coordinator.records import BarrierMode, LeaderRecord, TermRecord
-from coordinator.protocol.barriers import BarrierGrid
 from coordinator.history.resolve import Resolver, read_arrow
 from coordinator.iceberg.snapshots import TERM_KEY, committed_epoch, main_lineage, snapshot_epoch
+from coordinator.protocol.barriers import BarrierGrid
+from coordinator.records import BarrierMode, LeaderRecord, TermRecord
 from tests.helpers.crash import crash_env
-from tests.helpers.wait import wait_for
 from tests.helpers.python_driver import COUNT_SCHEMA, EPOCH_SCHEMA, NOISE, SOURCE_SCHEMA
+from tests.helpers.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER_SESSION = 3.0
@@ -55,7 +55,7 @@ class Driver:
 
     def __init__(self, config: dict, log_path: Path) -> None:
         self.log_path = log_path
-        self.stderr = open(log_path, "w")
+        self.stderr = open(log_path, "w")  # noqa: SIM115 - the driver's stderr, closed when the driver stops
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.python_driver", json.dumps(config)],
                                      cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                      text=True, bufsize=1, env=crash_env(config.get("crash_at", "none")))

@@ -15,10 +15,10 @@ import pyarrow as pa
 import pytest
 
 from coordinator import EpochRecord, EpochState, EpochWriter
-from coordinator.records import FinishedRecord, now_ms
 from coordinator.iceberg.snapshots import COMMITTED_EPOCH_PROPERTY
-from tests.helpers.wait import wait_for
+from coordinator.records import FinishedRecord, now_ms
 from tests.helpers.lake import SCHEMA
+from tests.helpers.wait import wait_for
 
 POLL = 0.05
 DEADLINE = 90.0

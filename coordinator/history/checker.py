@@ -20,12 +20,13 @@ caller decides whether it is a fault it injected (an outage) or a failure.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Iterable, Mapping, Optional
+from typing import Callable, Optional
 
 from coordinator.errors import VersionNotFound
-from coordinator.records import ConsistentVersion
 from coordinator.history.resolve import Resolver, read_arrow
+from coordinator.records import ConsistentVersion
 
 Invariant = Callable[[Mapping[str, object]], Optional[str]]
 

@@ -44,29 +44,35 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Callable, Optional
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
-from pyiceberg.table.update import (AssertRefSnapshotId, RemoveSnapshotRefUpdate, RemoveSnapshotsUpdate,
-                                    SetPropertiesUpdate, SetSnapshotRefUpdate)
+from pyiceberg.table.update import (
+    AssertRefSnapshotId,
+    RemoveSnapshotRefUpdate,
+    RemoveSnapshotsUpdate,
+    SetPropertiesUpdate,
+    SetSnapshotRefUpdate,
+)
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from coordinator.iceberg.catalog import CatalogSettings, load_table
-from coordinator.zookeeper.ops import Create, Delete
 from coordinator.errors import PublishConflict, TableNotFound
-from coordinator.iceberg.metadata_files import DELETE_AFTER_COMMIT, PREVIOUS_VERSIONS_MAX, delete_unlogged_metadata
-from coordinator.iceberg.reachability import FileIndex
-from coordinator.records import JsonRecord, TableTidemark, now_ms
 from coordinator.history.resolve import pinned_versions
 from coordinator.history.retention import RetentionPolicy, read_policy
-from coordinator.iceberg.snapshots import snapshot_epoch
 from coordinator.history.versions import RetainedVersions, VersionRecord, tag_epoch, tag_name
-from coordinator.protocol.topology import read_topology
+from coordinator.iceberg.catalog import CatalogSettings, load_table
+from coordinator.iceberg.metadata_files import DELETE_AFTER_COMMIT, PREVIOUS_VERSIONS_MAX, delete_unlogged_metadata
+from coordinator.iceberg.reachability import FileIndex
+from coordinator.iceberg.snapshots import snapshot_epoch
 from coordinator.protocol.tidemarks import read_tidemarks
+from coordinator.protocol.topology import read_topology
+from coordinator.records import JsonRecord, TableTidemark, now_ms
+from coordinator.zookeeper.ops import Create, Delete
 from coordinator.zookeeper.session import ZooKeeperSession
 
 log = logging.getLogger(__name__)
@@ -189,7 +195,8 @@ class _State:
 
 
 class GarbageCollector:
-    def __init__(self, tm: ZooKeeperSession, settings: Optional[CatalogSettings] = None, *, policy: Optional[RetentionPolicy] = None,
+    def __init__(self, tm: ZooKeeperSession, settings: Optional[CatalogSettings] = None, *,
+                 policy: Optional[RetentionPolicy] = None,
                  clock: Callable[[], int] = now_ms, metadata_versions: int = METADATA_VERSIONS_KEPT) -> None:
         self.tm = tm
         self.settings = settings or CatalogSettings.from_env()

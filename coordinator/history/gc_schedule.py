@@ -20,11 +20,11 @@ import logging
 import threading
 from typing import Callable, Optional
 
-from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.errors import CorruptState
 from coordinator.history.gc import GarbageCollector, GcReport
-from coordinator.records import now_ms
 from coordinator.history.retention import RetentionPolicy
+from coordinator.iceberg.catalog import CatalogSettings
+from coordinator.records import now_ms
 from coordinator.zookeeper.session import ZooKeeperSession
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class GcSchedule:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def start(self) -> "GcSchedule":
+    def start(self) -> GcSchedule:
         self.tm.ensure_path(self.tm.paths.gc)
         self._thread = threading.Thread(target=self._loop, name="tidemark-gc", daemon=True)
         self._thread.start()

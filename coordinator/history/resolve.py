@@ -20,8 +20,9 @@ to time ``T*``) and does not hold ``T*`` back.
 No version exists below a managed table's **first epoch** (its writer's first committed
 epoch: the table has no exact state before it), nor where the table's history was expired:
 ``consistent`` and ``as_of`` then raise ``VersionNotFound`` naming the table and its first
-epoch, or the retained versions nearest to the one asked for. That happens to a set of siblings whose writers started at different times (one
-table's first epoch is above another's committed epoch) until the slower one catches up.
+epoch, or the retained versions nearest to the one asked for. That happens to a set of siblings
+whose writers started at different times (one table's first epoch is above another's committed
+epoch) until the slower one catches up.
 
 With ZooKeeper, committed epochs come from the tables' tidemarks (a watch-backed cache
 when given one) and a table already at ``T*`` needs no metadata load at all; without it,
@@ -33,19 +34,27 @@ tidemarks' ``first_epoch`` and from ``tidemark.first-epoch`` (or the oldest epoc
 from __future__ import annotations
 
 import uuid
-from typing import Iterable, Mapping, Optional, Union
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Optional, Union
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from coordinator.iceberg.catalog import CatalogSettings, load_table
 from coordinator.errors import ConfigurationError, EpochOrderError, InvalidName, VersionNotFound
-from coordinator.names import validate_epoch, validate_name
-from coordinator.records import ConsistencyLevel, ConsistentVersion, ReaderPins, TableTidemark
-from coordinator.iceberg.snapshots import (committed_epoch, first_epoch, is_tidemark_table, main_lineage, snapshot_at_epoch,
-                        snapshot_at_time)
 from coordinator.history.versions import RetainedVersions, nearest, tag_epoch, tag_name
+from coordinator.iceberg.catalog import CatalogSettings, load_table
+from coordinator.iceberg.snapshots import (
+    committed_epoch,
+    first_epoch,
+    is_tidemark_table,
+    main_lineage,
+    snapshot_at_epoch,
+    snapshot_at_time,
+)
+from coordinator.names import validate_epoch, validate_name
 from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
+from coordinator.records import ConsistencyLevel, ConsistentVersion, ReaderPins, TableTidemark
 from coordinator.zookeeper.session import ZooKeeperSession
 
 ROOT = "root"  # marker: a table written outside Tidemark
@@ -71,11 +80,12 @@ class Resolver:
         return self.cache.get(tables) if self.cache is not None else read_tidemarks(self.tm, tables)
 
     def committed_epochs(self, tables: Iterable[str],
-                         marks: Optional[Mapping[str, Optional[TableTidemark]]] = None) -> dict[str, Union[int, None, str]]:
+                         marks: Optional[Mapping[str, Optional[TableTidemark]]] = None,
+                         ) -> dict[str, Union[int, str, None]]:
         """Each table's committed epoch, None if it has none yet, or ``ROOT`` for a root table."""
         names = sorted(set(tables))
         marks = self._tidemarks(names) if marks is None else marks
-        result: dict[str, Union[int, None, str]] = {}
+        result: dict[str, Union[int, str, None]] = {}
         for name in names:
             mark = marks[name]
             if mark is not None:  # a registered writer exists: ZooKeeper is the authority
@@ -169,7 +179,7 @@ class Resolver:
         return self._first_epochs(names, marks, self.committed_epochs(names, marks))
 
     def _first_epochs(self, names: list[str], marks: Mapping[str, Optional[TableTidemark]],
-                      epochs: Mapping[str, Union[int, None, str]]) -> dict[str, Optional[int]]:
+                      epochs: Mapping[str, Union[int, str, None]]) -> dict[str, Optional[int]]:
         result: dict[str, Optional[int]] = {}
         for name in names:
             if epochs[name] == ROOT:
@@ -182,7 +192,7 @@ class Resolver:
         return result
 
     def _refuse_below_first_epochs(self, names: list[str], marks: Mapping[str, Optional[TableTidemark]],
-                                   epochs: Mapping[str, Union[int, None, str]], target: int,
+                                   epochs: Mapping[str, Union[int, str, None]], target: int,
                                    as_of: Optional[int]) -> None:
         """``VersionNotFound`` when ``target`` is below the first epoch of a managed table of the set."""
         firsts = self._first_epochs(names, marks, epochs)
@@ -206,7 +216,7 @@ class Resolver:
     def _current(self, names: list[str]) -> dict[str, Optional[int]]:
         return {n: _id(self.table(n).current_snapshot()) for n in names}
 
-    def _snapshot_at(self, name: str, epoch: Union[int, None, str], wall_ms: Optional[int] = None) -> Optional[int]:
+    def _snapshot_at(self, name: str, epoch: Union[int, str, None], wall_ms: Optional[int] = None) -> Optional[int]:
         table = self.table(name)
         if epoch == ROOT:
             if wall_ms is None:
@@ -238,9 +248,7 @@ def _id(snapshot) -> Optional[int]:
 def _truncated(table: Table) -> bool:
     """True when ``main``'s older history was expired. Expiry clears the parent id of the oldest snapshot
     left, so it is recognised by its sequence number: only a table's first snapshot has number 1."""
-    oldest = None
-    for oldest in main_lineage(table):
-        pass
+    oldest = next(iter(deque(main_lineage(table), maxlen=1)), None)
     return oldest is not None and (oldest.parent_snapshot_id is not None or (oldest.sequence_number or 0) > 1)
 
 
@@ -254,7 +262,8 @@ class ReaderSession:
     Pins live in one ephemeral znode per reader and vanish with the reader's session.
     """
 
-    def __init__(self, resolver: Resolver, tm: Optional[ZooKeeperSession] = None, reader_id: Optional[str] = None) -> None:
+    def __init__(self, resolver: Resolver, tm: Optional[ZooKeeperSession] = None,
+                 reader_id: Optional[str] = None) -> None:
         self.resolver, self.tm = resolver, tm
         self.reader_id = validate_name(reader_id or f"reader-{uuid.uuid4().hex[:12]}", "reader id")
         self._last: dict[tuple[str, ...], ConsistentVersion] = {}

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Iterable, Optional
+from typing import Callable, Optional
 
 from coordinator.errors import ConfigurationError, CorruptState
 from coordinator.zookeeper.session import ZooKeeperSession
@@ -119,7 +120,7 @@ class RetentionPolicy:
             raise ConfigurationError("a retention policy needs at least one tier, e.g. all:1h")
 
     @classmethod
-    def parse(cls, text: str) -> "RetentionPolicy":
+    def parse(cls, text: str) -> RetentionPolicy:
         """``"all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo"`` (tiers separated by commas)."""
         tiers = []
         for part in filter(None, (p.strip() for p in text.split(","))):
@@ -133,7 +134,7 @@ class RetentionPolicy:
         return cls(tuple(tiers))
 
     @classmethod
-    def default(cls) -> "RetentionPolicy":
+    def default(cls) -> RetentionPolicy:
         """Every version for 1 h, hourly for 48 h, daily for 30 days, weekly for 52 weeks, monthly for 24 months."""
         return cls.parse(DEFAULT_POLICY)
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Optional
 
 from coordinator.errors import ConfigurationError
-from coordinator.records import JsonRecord, _int, _opt_int_map, now_ms
 from coordinator.history.retention import read_policy
+from coordinator.records import JsonRecord, _int, _opt_int_map, now_ms
 from coordinator.zookeeper.session import ZooKeeperSession
 
 TAG_PREFIX = "tidemark-"
@@ -109,7 +110,8 @@ def tier_listing(tm: ZooKeeperSession, records: list[VersionRecord], now: Option
     tiers = read_policy(tm).keep([r.epoch for r in records], now)
     newest = max((r.epoch for r in records), default=None)
     fallback = {newest: "newest consistent version"}
-    return [VersionListing(r.epoch, tag_name(r.epoch), tiers.get(r.epoch) or fallback.get(r.epoch, "out of policy (kept while a reader pins it)"),
+    unlisted = "out of policy (kept while a reader pins it)"
+    return [VersionListing(r.epoch, tag_name(r.epoch), tiers.get(r.epoch) or fallback.get(r.epoch, unlisted),
                            now - r.epoch, dict(r.snapshots)) for r in records]
 
 
@@ -129,5 +131,15 @@ def nearest(epochs: list[int], epoch: int) -> tuple[Optional[int], Optional[int]
     return below, above
 
 
-__all__ = ["RetainedVersions", "TAG_PREFIX", "VersionListing", "VersionRecord", "fmt_age", "nearest", "parse_version_ref",
-           "tag_epoch", "tag_name", "tier_listing"]
+__all__ = [
+    "TAG_PREFIX",
+    "RetainedVersions",
+    "VersionListing",
+    "VersionRecord",
+    "fmt_age",
+    "nearest",
+    "parse_version_ref",
+    "tag_epoch",
+    "tag_name",
+    "tier_listing",
+]

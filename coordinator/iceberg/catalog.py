@@ -14,9 +14,10 @@ mistyped URI is a ``ConfigurationError``, never a new empty catalog.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Optional
 from urllib.parse import unquote, urlsplit
 
 from coordinator.errors import ConfigurationError, InvalidName, TableNotFound
@@ -60,13 +61,13 @@ class CatalogSettings:
             _parse_uri(self.uri)  # fail at construction, with the message, not deep inside a driver
 
     @classmethod
-    def embedded(cls, home: Optional[Path] = None, name: str = DEFAULT_CATALOG) -> "CatalogSettings":
+    def embedded(cls, home: Optional[Path] = None, name: str = DEFAULT_CATALOG) -> CatalogSettings:
         home = Path(home or data_home())
         return cls(name=name, uri=f"sqlite:///{home / 'catalog.db'}", warehouse=f"file://{home / 'warehouse'}",
                    create_if_missing=True)
 
     @classmethod
-    def from_env(cls) -> "CatalogSettings":
+    def from_env(cls) -> CatalogSettings:
         """``TIDEMARK_CATALOG_URI`` / ``TIDEMARK_WAREHOUSE`` / ``TIDEMARK_CATALOG_NAME``, else the embedded default."""
         name = os.environ.get("TIDEMARK_CATALOG_NAME", DEFAULT_CATALOG)
         uri = os.environ.get("TIDEMARK_CATALOG_URI")
@@ -77,7 +78,7 @@ class CatalogSettings:
 
     @classmethod
     def custom(cls, name: str, *, spark_properties: Mapping[str, str],
-               python_properties: Mapping[str, str]) -> "CatalogSettings":
+               python_properties: Mapping[str, str]) -> CatalogSettings:
         """Any Iceberg catalog: properties as Spark's SparkCatalog and pyiceberg's ``load_catalog`` expect them."""
         return cls(name=name, spark_properties=dict(spark_properties), python_properties=dict(python_properties))
 

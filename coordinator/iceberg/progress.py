@@ -24,14 +24,22 @@ then decides (see README, "What survives a ZooKeeper wipe").
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Callable, Optional
 
 from pyiceberg.table import Table
 
 from coordinator.errors import CorruptState
+from coordinator.iceberg.snapshots import (
+    first_epoch,
+    main_lineage,
+    recorded_term,
+    snapshot_at_epoch,
+    snapshot_epoch,
+    table_progress,
+)
 from coordinator.records import EpochProgress, SourceRange
-from coordinator.iceberg.snapshots import first_epoch, main_lineage, recorded_term, snapshot_at_epoch, snapshot_epoch, table_progress
 
 
 @dataclass(frozen=True)
@@ -61,8 +69,8 @@ class ResumePoint:
             parts.append(f"committed epoch {self.committed.epoch} (term {self.committed.term}), input read up to "
                          f"{_inputs_text(self.committed, lambda t, r: f'{t} snapshot {r.end}')}")
         if self.in_flight is not None:
-            parts.append(f"epoch {self.in_flight.epoch} is in flight (published in "
-                         f"{', '.join(s for s, p in sorted(self.sinks.items()) if p and p.epoch == self.in_flight.epoch)}"
+            published = (s for s, p in sorted(self.sinks.items()) if p and p.epoch == self.in_flight.epoch)
+            parts.append(f"epoch {self.in_flight.epoch} is in flight (published in {', '.join(published)}"
                          f") and is recomputed from its recorded inputs "
                          f"({_inputs_text(self.in_flight, lambda t, r: f'{t}: {r.start}..{r.end}')})")
         return f"job {self.job} resumes from its sinks' Iceberg metadata: " + "; ".join(parts) + \
@@ -103,8 +111,8 @@ def resume_point(job: str, tables: Mapping[str, Table]) -> ResumePoint:
             found = snapshot_at_epoch(table, committed.epoch)
             snapshots[name] = found.snapshot_id if found else None
     firsts = [e for e in (first_epoch(t) for t in tables.values()) if e is not None]
-    return ResumePoint(job, committed, in_flight, sinks, snapshots, max([0, *(recorded_term(t) for t in tables.values())]),
-                       min(firsts) if firsts else None)
+    term = max([0, *(recorded_term(t) for t in tables.values())])
+    return ResumePoint(job, committed, in_flight, sinks, snapshots, term, min(firsts) if firsts else None)
 
 
 def recorded_epochs(tables: Mapping[str, Table], above: Optional[int], limit: int) -> list[int]:
@@ -116,7 +124,7 @@ def recorded_epochs(tables: Mapping[str, Table], above: Optional[int], limit: in
             epoch = snapshot_epoch(snapshot)
             if epoch is None:
                 continue
-            if above is not None and epoch <= above or len(found) >= limit * len(tables):
+            if (above is not None and epoch <= above) or len(found) >= limit * len(tables):
                 break
             found.add(epoch)
     return sorted(found)[-limit:]

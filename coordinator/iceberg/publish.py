@@ -33,15 +33,30 @@ from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
-from pyiceberg.table.update import (AssertRefSnapshotId, AssertTableUUID, SetPropertiesUpdate, SetSnapshotRefUpdate,
-                                    TableUpdate, ValidatableTableRequirement)
+from pyiceberg.table.update import (
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    SetPropertiesUpdate,
+    SetSnapshotRefUpdate,
+    TableUpdate,
+    ValidatableTableRequirement,
+)
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from coordinator.errors import Fenced, PublishConflict
 from coordinator.iceberg.metadata_files import delete_unlogged_metadata
+from coordinator.iceberg.snapshots import (
+    FIRST_EPOCH_PROPERTY,
+    TERM_PROPERTY,
+    WRITER_PROPERTY,
+    claimed_term,
+    committed_properties,
+    first_epoch,
+    snapshot_epoch,
+    snapshot_of_epoch,
+    table_progress,
+)
 from coordinator.records import EpochProgress
-from coordinator.iceberg.snapshots import (FIRST_EPOCH_PROPERTY, TERM_PROPERTY, WRITER_PROPERTY, claimed_term, committed_properties,
-                        first_epoch, snapshot_epoch, snapshot_of_epoch, table_progress)
 
 
 class PublishOutcome(str, enum.Enum):

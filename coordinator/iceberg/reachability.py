@@ -11,7 +11,7 @@ always safe.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot

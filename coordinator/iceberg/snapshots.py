@@ -30,7 +30,8 @@ pyiceberg's ``Summary`` is read with ``.get`` only (``in`` and ``dict()`` misbeh
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of

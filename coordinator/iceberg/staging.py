@@ -5,7 +5,8 @@
 
 The rows are committed to a private branch ``tidemark-stage-<job>-<T>-<term>`` cut from
 ``main``'s head; the branch is then dropped, leaving a snapshot that is in no ref (invisible
-to readers) whose summary carries the epoch's progress record (``snapshots.summary_properties``), until ``publish_staged`` moves ``main`` to it.
+to readers) whose summary carries the epoch's progress record (``snapshots.summary_properties``),
+until ``publish_staged`` moves ``main`` to it.
 pyiceberg cannot branch from a table with no snapshot, so an empty table first gets one
 empty snapshot on ``main`` (it carries no epoch and no rows).
 """
@@ -15,8 +16,8 @@ from typing import Callable, Optional
 
 from pyiceberg.table import Table
 
-from coordinator.records import EpochInputs
 from coordinator.iceberg.snapshots import summary_properties
+from coordinator.records import EpochInputs
 
 
 def _stage(table: Table, epoch: int, job: str, term: int, inputs: Optional[EpochInputs],

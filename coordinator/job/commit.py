@@ -16,17 +16,18 @@ claims each sink for its term first, so an older leader can no longer change any
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Callable, Mapping, Optional
+from typing import Callable, Optional
 
 from pyiceberg.table import Table
 
-from coordinator.job.crashpoints import crash_point
-from coordinator.protocol.epochs import EpochCoordinator
 from coordinator.errors import EpochOrderError
 from coordinator.iceberg.publish import advance_committed_epoch, claim_table, publish_staged
-from coordinator.records import EpochInputs, EpochProgress, EpochRecord, EpochState
 from coordinator.iceberg.snapshots import snapshot_at_epoch
+from coordinator.job.crashpoints import crash_point
+from coordinator.protocol.epochs import EpochCoordinator
+from coordinator.records import EpochInputs, EpochProgress, EpochRecord, EpochState
 
 
 class EpochCommitter:

@@ -42,8 +42,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Optional
 
 from kazoo.client import KazooState
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -51,9 +52,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from coordinator.errors import ConfigurationError, NotLeader
+from coordinator.job.metrics_server import MetricsServer
 from coordinator.protocol.leadership import LeaderState
 from coordinator.protocol.tidemarks import TidemarkCache
-from coordinator.job.metrics_server import MetricsServer
 
 if TYPE_CHECKING:
     from coordinator.job.writer import EpochWriter
@@ -87,7 +88,7 @@ def metrics_port_from_env() -> Optional[int]:
 class DriverMetrics:
     """The metrics of one ``EpochWriter``, in a registry of its own (several writers may share a process)."""
 
-    def __init__(self, writer: "EpochWriter", port: Optional[int] = None, address: Optional[str] = None) -> None:
+    def __init__(self, writer: EpochWriter, port: Optional[int] = None, address: Optional[str] = None) -> None:
         self.writer = writer
         self.job = writer.name
         self.port = port if port is not None else metrics_port_from_env()
@@ -122,7 +123,7 @@ class DriverMetrics:
         self._server: Optional[MetricsServer] = None
         self._loop: Optional[threading.Thread] = None
         self._tables: tuple[str, ...] = ()
-        self._consistent: Optional["TidemarkCache"] = None
+        self._consistent: Optional[TidemarkCache] = None
 
     # -- serving --------------------------------------------------------------------------------
 

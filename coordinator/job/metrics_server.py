@@ -37,7 +37,7 @@ class _Server(ThreadingMixIn, WSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the stdlib's signature
+    def log_message(self, format: str, *args) -> None:
         """Scrapes every few seconds are not news: no access log on stderr."""
 
 
@@ -59,11 +59,11 @@ class _Merged(Collector):
 
 
 class MetricsServer:
-    _shared: ClassVar[dict[tuple[str, int], "MetricsServer"]] = {}
+    _shared: ClassVar[dict[tuple[str, int], MetricsServer]] = {}
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
 
     @classmethod
-    def shared(cls, port: int, address: str = "0.0.0.0") -> "MetricsServer":
+    def shared(cls, port: int, address: str = "0.0.0.0") -> MetricsServer:
         """The server of this process on ``address:port``, started on first use (port 0: always a new one)."""
         with cls._shared_lock:
             server = cls._shared.get((address, port))

@@ -52,29 +52,46 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
 from pyiceberg.table import Table
 
+from coordinator.errors import (
+    ConfigurationError,
+    EpochOrderError,
+    Fenced,
+    NotLeader,
+    TableNotFound,
+    ZooKeeperUnavailable,
+)
 from coordinator.iceberg.catalog import CatalogSettings, is_catalog_outage, load_table
-from coordinator.protocol.barriers import DEFAULT_MAX_PENDING_BARRIERS
-from coordinator.zookeeper.ops import Create, Delete, SetData
-from coordinator.zookeeper.session import ZooKeeperSession
+from coordinator.iceberg.progress import ResumePoint, recorded_epochs, resume_point
+from coordinator.iceberg.snapshots import WRITER_PROPERTY, recorded_term, snapshot_at_epoch, snapshot_at_time
+from coordinator.iceberg.staging import stage_append, stage_overwrite
 from coordinator.job.commit import EpochCommitter
 from coordinator.job.crashpoints import crash_point
 from coordinator.job.driver_metrics import DriverMetrics
-from coordinator.protocol.epochs import EpochCoordinator, RecoveryAction
-from coordinator.errors import ConfigurationError, EpochOrderError, Fenced, NotLeader, TableNotFound, ZooKeeperUnavailable
 from coordinator.names import validate_name, validate_names
-from coordinator.iceberg.progress import ResumePoint, recorded_epochs, resume_point
-from coordinator.records import EpochInputs, EpochRecord, EpochState, FinishedRecord, LeaderRecord, SourceRange, TermRecord, now_ms
-from coordinator.iceberg.snapshots import WRITER_PROPERTY, recorded_term, snapshot_at_epoch, snapshot_at_time
-from coordinator.iceberg.staging import stage_append, stage_overwrite
-from coordinator.protocol.tidemarks import TidemarkCache
-from coordinator.protocol.topology import read_topology
+from coordinator.protocol.barriers import DEFAULT_MAX_PENDING_BARRIERS
+from coordinator.protocol.epochs import EpochCoordinator, RecoveryAction
 from coordinator.protocol.leadership import Leadership
 from coordinator.protocol.registry import register_job
+from coordinator.protocol.tidemarks import TidemarkCache
+from coordinator.protocol.topology import read_topology
+from coordinator.records import (
+    EpochInputs,
+    EpochRecord,
+    EpochState,
+    FinishedRecord,
+    LeaderRecord,
+    SourceRange,
+    TermRecord,
+    now_ms,
+)
+from coordinator.zookeeper.ops import Create, Delete, SetData
+from coordinator.zookeeper.session import ZooKeeperSession
 
 log = logging.getLogger(__name__)
 STANDBY_WARM_EVERY_S = 60.0
@@ -95,7 +112,7 @@ class Waiting:
 class EpochContext:
     """What one epoch's function sees: its inputs and staged writes to its sinks, as ``pyarrow`` tables."""
 
-    def __init__(self, writer: "EpochWriter", record: EpochRecord) -> None:
+    def __init__(self, writer: EpochWriter, record: EpochRecord) -> None:
         self.writer, self.record = writer, record
         self.epoch: int = record.epoch
         self.inputs: EpochInputs = record.inputs
@@ -163,7 +180,7 @@ class EpochWriter:
     def __init__(self, tm: ZooKeeperSession, name: str, *, sources: Iterable[str], sinks: Iterable[str],
                  catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000, grace_ms: int = 1000,
                  max_pending_barriers: int = DEFAULT_MAX_PENDING_BARRIERS, always_run: bool = False, history: int = 100,
-                 log_every: float = 5.0, context: Callable[["EpochWriter", EpochRecord], Any] = EpochContext,
+                 log_every: float = 5.0, context: Callable[[EpochWriter, EpochRecord], Any] = EpochContext,
                  metrics_port: Optional[int] = None) -> None:
         if max_pending_barriers < 1:
             raise ConfigurationError(f"max_pending_barriers must be at least 1, got {max_pending_barriers}")
@@ -348,7 +365,7 @@ class EpochWriter:
                 log.warning("job %s: leadership lost while taking over (%s); contending again", self.name,
                             str(exc).splitlines()[0] if str(exc) else "Fenced")
                 continue
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - re-raised unless the catalog is unreachable
                 outage_since = self._ride_out_catalog_outage(exc, outage_since)
                 continue
             outage_since, outage = None, None
@@ -531,7 +548,8 @@ class EpochWriter:
         if agreed:
             return agreed[0], "", 0.0
         if not self.agrees_barriers:
-            return None, f"no barrier is agreed after epoch {last} yet (jobs with root sources agree them)", WAIT_SLICE_S
+            why = f"no barrier is agreed after epoch {last} yet (jobs with root sources agree them)"
+            return None, why, WAIT_SLICE_S
         return self._agree_next(grid, last, until)
 
     def _first_candidate(self, grid, until: Optional[int]) -> tuple[Optional[int], str, float]:

@@ -140,8 +140,8 @@ def cmd_fence(args) -> int:
 
 
 def cmd_unregister(args) -> int:
-    from coordinator.iceberg.catalog import CatalogSettings
     from coordinator.errors import UnregisterNotConfirmed
+    from coordinator.iceberg.catalog import CatalogSettings
     catalog = CatalogSettings.from_env()
     with _connect(args) as tm:
         try:
@@ -172,8 +172,8 @@ def cmd_barriers(args) -> int:
 
 
 def cmd_resolve(args) -> int:
-    from coordinator.iceberg.catalog import CatalogSettings
     from coordinator.history.resolve import Resolver
+    from coordinator.iceberg.catalog import CatalogSettings
     settings = CatalogSettings.from_env()
     tm = None if args.no_zk else _connect(args, read_only=True)
     try:
@@ -191,9 +191,9 @@ def cmd_resolve(args) -> int:
 
 
 def cmd_gc(args) -> int:
-    from coordinator.iceberg.catalog import CatalogSettings
     from coordinator.history.gc import GarbageCollector, summarize
     from coordinator.history.retention import RetentionPolicy, store_policy
+    from coordinator.iceberg.catalog import CatalogSettings
     policy = RetentionPolicy.parse(args.policy) if args.policy else None
     with _connect(args) as tm:
         if policy is not None and not args.dry_run:
@@ -225,9 +225,9 @@ def cmd_versions(args) -> int:
 
 
 def cmd_exporter(args) -> int:
-    from coordinator.tidemark import Tidemark
-    from coordinator.operations.exporter import Exporter
     from coordinator.job.metrics_server import MetricsServer
+    from coordinator.operations.exporter import Exporter
+    from coordinator.tidemark import Tidemark
     exporter = Exporter(lambda: Tidemark.connect(args.zk, root=args.root, connect_timeout=args.timeout,
                                                  operation_timeout=args.timeout, tls=_tls(args), read_only=True),
                         refresh_every=args.refresh, max_age=args.refresh + args.timeout)

@@ -44,10 +44,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from coordinator.tidemark import Tidemark
-from coordinator.job.driver_metrics import JOB_LABEL
 from coordinator.errors import TidemarkError
+from coordinator.job.driver_metrics import JOB_LABEL
 from coordinator.protocol.status import FINISHED, LEADING, Status, read_status
+from coordinator.tidemark import Tidemark
 
 log = logging.getLogger(__name__)
 DEFAULT_EXPORTER_PORT = 9464
@@ -73,7 +73,7 @@ class Exporter(Collector):
 
     # -- the background refresh -------------------------------------------------------------------
 
-    def start(self) -> "Exporter":
+    def start(self) -> Exporter:
         self._thread.start()
         return self
 
@@ -189,7 +189,8 @@ def view_families(view: Status, now: float):
     yield _plain("tidemark_jobs", "Registered jobs", len(view.jobs))
     if consistent is not None:
         yield _plain("tidemark_consistent_epoch_timestamp_seconds",
-                     "Consistent epoch (minimum committed epoch over every job), as a Unix timestamp", consistent / 1000)
+                     "Consistent epoch (minimum committed epoch over every job), as a Unix timestamp",
+                     consistent / 1000)
         yield _plain("tidemark_consistent_lag_seconds", "Wall clock minus the consistent epoch",
                      max(0.0, now - consistent / 1000))
     if view.newest_barrier is not None:

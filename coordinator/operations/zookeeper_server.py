@@ -27,14 +27,15 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-from coordinator.iceberg.catalog import data_home
 from coordinator.errors import ConfigurationError, ZooKeeperUnavailable
+from coordinator.iceberg.catalog import data_home
 
 DEFAULT_PORT = 2181
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -176,13 +177,14 @@ class EmbeddedZooKeeper:
     def state_path(self) -> Path:
         return self.data_dir / STATE_FILE
 
-    def start(self, wait: bool = True) -> "EmbeddedZooKeeper":
+    def start(self, wait: bool = True) -> EmbeddedZooKeeper:
         recorded = self.recorded_state()
         if recorded and _is_our_server(recorded):
             raise ConfigurationError(f"a ZooKeeper server (pid {recorded.pid}) already runs on port "
                                      f"{recorded.port} with data dir {self.data_dir}: `tidemark zk stop` first")
         if _port_in_use(self.port) or (self.secure_port is not None and _port_in_use(self.secure_port)):
-            raise ConfigurationError(f"port {self.port} (or the secure port) on 127.0.0.1 is already in use: pick another with "
+            raise ConfigurationError(f"port {self.port} (or the secure port) on 127.0.0.1 is already in use: "
+                                     "pick another with "
                                      "--port, or stop what listens there")
         java, classpath = java_executable(), zookeeper_classpath()
         if self.tls is not None:
@@ -200,15 +202,18 @@ class EmbeddedZooKeeper:
             if self.quorum:
                 (self.data_dir / "data" / "myid").write_text(f"{self.server_id}\n")
             config.write_text("\n".join(lines))
-            log = open(self.data_dir / "zookeeper.log", "ab")
+            log = open(self.data_dir / "zookeeper.log", "ab")  # noqa: SIM115 - the server process inherits it
         except OSError as exc:
-            raise ConfigurationError(f"cannot use {self.data_dir} as ZooKeeper's data directory ({exc.strerror or exc}): "
+            raise ConfigurationError(f"cannot use {self.data_dir} as ZooKeeper's data directory "
+                                     f"({exc.strerror or exc}): "
                                      "pick another with --data-dir") from None
         main_class = QUORUM_MAIN_CLASS if self.quorum else MAIN_CLASS
-        self._process = subprocess.Popen(
-            [java, "-Xmx256m", "-Dzookeeper.jmx.log4j.disable=true", "-cp", classpath, main_class, str(config)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        try:
+            self._process = subprocess.Popen(
+                [java, "-Xmx256m", "-Dzookeeper.jmx.log4j.disable=true", "-cp", classpath, main_class, str(config)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            log.close()
         self._write_state(ServerState(self._process.pid, self.port, str(self.data_dir), int(time.time() * 1000)))
         if wait:
             self.wait_until_serving()
@@ -280,7 +285,7 @@ class EmbeddedZooKeeper:
         self.state_path.unlink(missing_ok=True)
         return True
 
-    def __enter__(self) -> "EmbeddedZooKeeper":
+    def __enter__(self) -> EmbeddedZooKeeper:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
@@ -320,7 +325,7 @@ class ZooKeeperEnsemble:
     def connect_string(self) -> str:
         return ",".join(m.connect_string for m in self.members)
 
-    def start(self) -> "ZooKeeperEnsemble":
+    def start(self) -> ZooKeeperEnsemble:
         try:
             for member in self.members:
                 member.start(wait=False)
@@ -345,7 +350,7 @@ class ZooKeeperEnsemble:
     def followers(self) -> list[EmbeddedZooKeeper]:
         return [m for m in self.members if m.mode() == "follower"]
 
-    def __enter__(self) -> "ZooKeeperEnsemble":
+    def __enter__(self) -> ZooKeeperEnsemble:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

@@ -30,11 +30,10 @@ from typing import Any, Optional
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
-from coordinator.errors import MultiFailed
-from coordinator.zookeeper.ops import Create, Delete, SetData
-from coordinator.errors import ConfigurationError, EpochOrderError, InvalidName, ZooKeeperUnavailable
+from coordinator.errors import ConfigurationError, EpochOrderError, InvalidName, MultiFailed, ZooKeeperUnavailable
 from coordinator.names import parse_epoch, validate_epoch
 from coordinator.records import BarrierMode, BarrierRecord, JsonRecord, _epoch, _int, _opt_epoch, now_ms
+from coordinator.zookeeper.ops import Create, Delete, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
 # Backpressure: a root job agrees no new barrier while a live job is more agreed barriers behind than this.
@@ -247,4 +246,4 @@ class Barriers:
         return old
 
 
-__all__ = ["BarrierGrid", "Barriers", "BarrierMode"]
+__all__ = ["BarrierGrid", "BarrierMode", "Barriers"]

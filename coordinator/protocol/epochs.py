@@ -39,16 +39,16 @@ exactly where its sinks say it was.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional
 
-from coordinator.errors import MultiFailed
-from coordinator.zookeeper.ops import Create, Delete, Op, SetData
-from coordinator.errors import ConfigurationError, CorruptState, EpochOrderError
-from coordinator.protocol.leadership import Leadership
-from coordinator.names import parse_epoch
+from coordinator.errors import ConfigurationError, CorruptState, EpochOrderError, MultiFailed
 from coordinator.iceberg.progress import ResumePoint
+from coordinator.names import parse_epoch
+from coordinator.protocol.leadership import Leadership
 from coordinator.records import EpochInputs, EpochRecord, EpochState, TableTidemark, now_ms
+from coordinator.zookeeper.ops import Create, Delete, Op, SetData
 
 
 class RecoveryAction(str, enum.Enum):

@@ -32,17 +32,17 @@ from __future__ import annotations
 import enum
 import socket
 import threading
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, KazooException, LockTimeout, NodeExistsError, NoNodeError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
-from coordinator.errors import MultiFailed
-from coordinator.zookeeper.ops import Check, Create, Delete, Op, SetData
-from coordinator.errors import Fenced, JobNotFound, NotLeader, TidemarkError, ZooKeeperUnavailable
+from coordinator.errors import Fenced, JobNotFound, MultiFailed, NotLeader, TidemarkError, ZooKeeperUnavailable
 from coordinator.names import validate_name
 from coordinator.records import JobRecord, LeaderRecord, TermRecord
+from coordinator.zookeeper.ops import Check, Create, Delete, Op, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
 
@@ -208,7 +208,8 @@ class Leadership:
             raise
 
     def _fenced_error(self) -> Fenced:
-        if self._incarnation is not None and self.tm.get(self.tm.paths.incarnation(self.job, self._incarnation)) is None:
+        if (self._incarnation is not None
+                and self.tm.get(self.tm.paths.incarnation(self.job, self._incarnation)) is None):
             return Fenced(f"job {self.job!r}: the registration this replica was elected in (term {self.term}) was "
                           "unregistered; whatever is registered now is another incarnation. Stop writing: this "
                           "driver is a zombie.")
@@ -237,7 +238,7 @@ class Leadership:
         except Exception:  # noqa: BLE001 - the lock node is ephemeral: it goes with the session anyway
             pass
 
-    def __enter__(self) -> "Leadership":
+    def __enter__(self) -> Leadership:
         self.acquire()
         return self
 

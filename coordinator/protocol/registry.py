@@ -16,20 +16,27 @@ deadline, on the new topology.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Optional
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
-from coordinator.errors import MultiFailed
-from coordinator.zookeeper.ops import Create, Delete, Op, SetData
-from coordinator.errors import (CycleError, JobNotFound, RegistrationError, TidemarkError, UnregisterNotConfirmed, WriterConflict,
-                     ZooKeeperUnavailable)
+from coordinator.errors import (
+    CycleError,
+    JobNotFound,
+    MultiFailed,
+    RegistrationError,
+    TidemarkError,
+    UnregisterNotConfirmed,
+    WriterConflict,
+    ZooKeeperUnavailable,
+)
 from coordinator.names import validate_name, validate_names
+from coordinator.protocol.topology import Topology, read_topology
 from coordinator.records import JobRecord, LeaderRecord, TableRecord, TableTidemark, TermRecord, TopologyVersion, now_ms
-from coordinator.protocol.topology import Topology
-from coordinator.protocol.topology import read_topology
+from coordinator.zookeeper.ops import Create, Delete, Op, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
 if TYPE_CHECKING:
@@ -83,7 +90,8 @@ def _orphan_removal(tm: ZooKeeperSession, name: str) -> list[Op]:
     return below(tm.paths.job(name))
 
 
-def register_job(tm: ZooKeeperSession, name: str, *, sources: Iterable[str], sinks: Iterable[str], replace: bool = False) -> JobRecord:
+def register_job(tm: ZooKeeperSession, name: str, *, sources: Iterable[str], sinks: Iterable[str],
+                 replace: bool = False) -> JobRecord:
     """Register ``name`` reading ``sources`` and writing ``sinks``; idempotent for the same tables.
 
     Raises ``WriterConflict`` when a sink has another writer, ``CycleError`` naming the cycle
@@ -168,19 +176,20 @@ class UnregisterPlan:
 
     job: str
     record: JobRecord
-    resume: Optional["ResumePoint"]     # None when the sinks' Iceberg metadata could not be read
+    resume: Optional[ResumePoint]     # None when the sinks' Iceberg metadata could not be read
     unreadable: Optional[str] = None    # why not
 
     def describe(self) -> str:
         """One line for operators."""
-        removes = f"unregistering job {self.job} deletes its ZooKeeper history and its claim on {', '.join(self.record.sinks)}"
+        removes = (f"unregistering job {self.job} deletes its ZooKeeper history and its claim on "
+                   f"{', '.join(self.record.sinks)}")
         if self.resume is None:
             return (f"{removes}; its sinks' Iceberg metadata could not be read ({self.unreadable}), so what a "
                     "re-registration resumes from is unknown")
         return f"{removes}; {self.resume.describe()}"
 
 
-def plan_unregister(tm: ZooKeeperSession, name: str, catalog: Optional["CatalogSettings"] = None) -> UnregisterPlan:
+def plan_unregister(tm: ZooKeeperSession, name: str, catalog: Optional[CatalogSettings] = None) -> UnregisterPlan:
     """Check that ``name`` may be unregistered (registered, no live leader) and read its Iceberg resume point."""
     from coordinator.iceberg.progress import resume_point
     validate_name(name, "job name")
@@ -195,14 +204,14 @@ def plan_unregister(tm: ZooKeeperSession, name: str, catalog: Optional["CatalogS
     return UnregisterPlan(name, record, resume)
 
 
-def _sink_tables(record: JobRecord, catalog: Optional["CatalogSettings"]) -> dict:
+def _sink_tables(record: JobRecord, catalog: Optional[CatalogSettings]) -> dict:
     from coordinator.iceberg.catalog import CatalogSettings, load_table
     settings = catalog or CatalogSettings.from_env()
     loaded = settings.load()
     return {sink: load_table(loaded, settings, sink) for sink in record.sinks}
 
 
-def _fence_in_iceberg(tm: ZooKeeperSession, name: str, record: JobRecord, catalog: Optional["CatalogSettings"]) -> None:
+def _fence_in_iceberg(tm: ZooKeeperSession, name: str, record: JobRecord, catalog: Optional[CatalogSettings]) -> None:
     """Claim the sinks for a term above every term of this registration, before its ZooKeeper state goes:
     none of its leaders (a paused one included) can commit there any more, and the terms of the next
     registration start above it."""
@@ -229,7 +238,7 @@ def _refuse_live_leader(tm: ZooKeeperSession, name: str) -> None:
 
 
 def unregister_job(tm: ZooKeeperSession, name: str, *, confirm: bool = False,
-                   catalog: Optional["CatalogSettings"] = None) -> UnregisterPlan:
+                   catalog: Optional[CatalogSettings] = None) -> UnregisterPlan:
     """Remove a job, its ZooKeeper history and its tables' writer claims; returns what was planned.
 
     Refused (``RegistrationError``) while the job has a live, unfenced leader. Without

@@ -33,12 +33,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from coordinator.protocol.barriers import DEFAULT_MAX_PENDING_BARRIERS
 from coordinator.errors import JobNotFound
 from coordinator.names import parse_epoch
+from coordinator.protocol.barriers import DEFAULT_MAX_PENDING_BARRIERS
+from coordinator.protocol.topology import Topology, read_topology
 from coordinator.records import FinishedRecord, LeaderRecord, TableTidemark, TermRecord, now_ms
-from coordinator.protocol.topology import Topology
-from coordinator.protocol.topology import read_topology
 from coordinator.zookeeper.session import ZooKeeperSession
 
 STALE_INTERVALS = 3
@@ -135,7 +134,8 @@ class JobStatus:
 
     @property
     def state(self) -> str:
-        """``leading``, ``finished`` (no live leader, its last run was bounded and ended), ``fenced`` or ``no leader``."""
+        """``leading``, ``finished`` (no live leader, its last run was bounded and ended), ``fenced``
+        or ``no leader``."""
         live = self.leader_state
         return FINISHED if live != LEADING and self.finished is not None else live
 
@@ -335,4 +335,4 @@ def _blocker(source: str, marks, writers, states, base) -> Blocker:
     return Blocker(source, mark.epoch if mark else None, writer, states[writer], fin.epoch if fin else None)
 
 
-__all__ = ["Blocker", "JobStatus", "Status", "read_status", "fmt_epoch", "fmt_time", "fmt_seconds"]
+__all__ = ["Blocker", "JobStatus", "Status", "fmt_epoch", "fmt_seconds", "fmt_time", "read_status"]

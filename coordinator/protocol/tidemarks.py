@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss, NoNodeError
@@ -92,7 +93,8 @@ class TidemarkCache:
         with self._changed:
             self._errors.pop(table, None)
             try:
-                self._values[table] = None if raw is None else TableTidemark.from_json(raw, self.tm.paths.tidemark(table))
+                where = self.tm.paths.tidemark(table)
+                self._values[table] = None if raw is None else TableTidemark.from_json(raw, where)
             except CorruptState as exc:
                 self._errors[table] = exc
                 self._values[table] = None

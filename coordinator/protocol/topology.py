@@ -10,9 +10,10 @@ compares that version in its multi so decisions made on it are never stale.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Mapping, Optional
+from typing import Optional
 
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_random
 
@@ -68,12 +69,12 @@ class Topology:
     def downstream(self, job: str) -> set[str]:
         return self._reachable(job, downstream=True)
 
-    def with_job(self, name: str, record: JobRecord) -> "Topology":
+    def with_job(self, name: str, record: JobRecord) -> Topology:
         jobs = dict(self.jobs)
         jobs[name] = record
         return Topology(self.version, self.znode_version, jobs)
 
-    def without_job(self, name: str) -> "Topology":
+    def without_job(self, name: str) -> Topology:
         return Topology(self.version, self.znode_version, {k: v for k, v in self.jobs.items() if k != name})
 
     def find_cycle(self) -> Optional[list[str]]:

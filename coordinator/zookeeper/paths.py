@@ -15,7 +15,8 @@ class Paths:
     root: str = "/tidemark"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.root, str) or not self.root.startswith("/") or self.root.endswith("/") and self.root != "/":
+        if (not isinstance(self.root, str) or not self.root.startswith("/")
+                or (self.root.endswith("/") and self.root != "/")):
             raise InvalidName(f"root {self.root!r} must be an absolute znode path without a trailing '/'")
         for segment in self.root.strip("/").split("/"):
             if segment:

@@ -29,8 +29,9 @@ from __future__ import annotations
 import os
 import socket
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 from kazoo.security import ACL, ANYONE_ID_UNSAFE, Permissions, make_acl, make_digest_acl
 
@@ -74,7 +75,7 @@ class Credentials:
             _identity(self.reader_user, self.reader_password, "reader")
 
     @classmethod
-    def from_env(cls) -> "Credentials":
+    def from_env(cls) -> Credentials:
         return cls(os.environ.get("TIDEMARK_ZK_USER") or None, os.environ.get("TIDEMARK_ZK_PASSWORD", ""),
                    os.environ.get("TIDEMARK_ZK_READER_USER") or None,
                    os.environ.get("TIDEMARK_ZK_READER_PASSWORD", ""))
@@ -152,7 +153,7 @@ class TlsSettings:
             object.__setattr__(self, "check_hostname", False)  # kazoo refuses the combination
 
     @classmethod
-    def from_env(cls) -> Optional["TlsSettings"]:
+    def from_env(cls) -> Optional[TlsSettings]:
         """``TIDEMARK_ZK_TLS=1`` or any of ``TIDEMARK_ZK_TLS_CA``/``_CERT``/``_KEY``; None when TLS is off."""
         ca, cert, key = (os.environ.get(f"TIDEMARK_ZK_TLS_{k}") or None for k in ("CA", "CERT", "KEY"))
         if not _env_flag("TIDEMARK_ZK_TLS", default=bool(ca or cert or key)):

@@ -21,22 +21,31 @@ import os
 import socket
 import threading
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any, Callable, Optional, TypeVar
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import (AuthFailedError, BadArgumentsError, ConnectionLoss, InvalidACLError, NoAuthError,
-                              NodeExistsError, NoNodeError, OperationTimeoutError, RolledBackError,
-                              SessionExpiredError)
+from kazoo.exceptions import (
+    AuthFailedError,
+    BadArgumentsError,
+    ConnectionLoss,
+    InvalidACLError,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+    OperationTimeoutError,
+    RolledBackError,
+    SessionExpiredError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
-from coordinator.errors import ConfigurationError, InvalidName, MultiFailed, PermissionDenied, ZooKeeperUnavailable
+from coordinator.errors import ConfigurationError, MultiFailed, PermissionDenied, ZooKeeperUnavailable
 from coordinator.names import validate_chroot
+from coordinator.records import JsonRecord, TopologyVersion
 from coordinator.zookeeper.ops import Op
 from coordinator.zookeeper.paths import Paths
-from coordinator.records import JsonRecord, TopologyVersion
 from coordinator.zookeeper.security import Credentials, TlsSettings, diagnose_tls, is_open
 
 log = logging.getLogger(__name__)
@@ -164,7 +173,7 @@ class ZooKeeperSession:
         for listener in listeners:
             try:
                 listener(state)
-            except Exception:  # noqa: BLE001 - a listener's bug must not break the session
+            except Exception:
                 log.exception("state listener %r failed", listener)
 
     def connection_changes(self) -> dict[str, int]:

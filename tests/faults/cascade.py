@@ -11,8 +11,9 @@ the jobs' own logic, shared with it.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Optional
 
 import pyarrow as pa
 

@@ -44,9 +44,9 @@ from kazoo.client import KazooClient
 
 from coordinator import CatalogSettings, EmbeddedZooKeeper, EpochRecord, EpochState, Tidemark, TidemarkError
 from coordinator.history.checker import ConsistencyChecker, Inconsistency, exactly_once
-from coordinator.records import LeaderRecord, now_ms
 from coordinator.history.resolve import Resolver
 from coordinator.operations.zookeeper_server import free_port
+from coordinator.records import LeaderRecord, now_ms
 from tests.faults.cascade import JOBS, SRC_SCHEMA, Tables, counts_of, invariant
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.wait import wait_for
@@ -103,9 +103,9 @@ class Environment:
         base.mkdir(parents=True, exist_ok=True)
         self.zookeeper = EmbeddedZooKeeper(port=free_port(), data_dir=base / "zookeeper")
         self.postgres = PostgresServer()
-        self.cascade: Optional["Cascade"] = None   # the latest run, for reporting one that broke off
+        self.cascade: Optional[Cascade] = None   # the latest run, for reporting one that broke off
 
-    def __enter__(self) -> "Environment":
+    def __enter__(self) -> Environment:
         self.zookeeper.start()
         self.postgres.start()
         return self
@@ -121,7 +121,7 @@ class Environment:
 class Replica:
     """One driver process of ``job``; its stderr goes to ``<run dir>/<member>.log``."""
 
-    def __init__(self, cascade: "Cascade", job: str, slot: int, crash_at: Optional[str]) -> None:
+    def __init__(self, cascade: Cascade, job: str, slot: int, crash_at: Optional[str]) -> None:
         cascade.started += 1
         self.job, self.slot, self.crash_at = job, slot, crash_at
         self.member = f"{job}-{slot}-{cascade.started}"
@@ -204,7 +204,7 @@ class Cascade:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def __enter__(self) -> "Cascade":
+    def __enter__(self) -> Cascade:
         return self
 
     def __exit__(self, *exc_info) -> None:

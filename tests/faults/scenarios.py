@@ -19,11 +19,10 @@ from typing import Callable
 
 from coordinator import EpochRecord, EpochState, TidemarkError
 from coordinator.job.crashpoints import STEPS
-from coordinator.records import TermRecord
 from coordinator.operations.zookeeper_server import ZooKeeperEnsemble
+from coordinator.records import TermRecord
 from tests.faults.cascade import COUNTER, JOBS
-from tests.faults.harness import (RECOVERY_DEADLINE, REPO, SESSION_TIMEOUT, Cascade, Environment, Replica,
-                                  RunResult)
+from tests.faults.harness import RECOVERY_DEADLINE, REPO, SESSION_TIMEOUT, Cascade, Environment, Replica, RunResult
 from tests.helpers.wait import wait_for
 
 
@@ -220,8 +219,8 @@ def fence_unregister(env: Environment, run: int, seed: int, faults: int) -> RunR
 def _fence_and_unregister(cascade: Cascade) -> int:
     """Run the CLI as an operator would; returns the term the fence set."""
     def cli(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", cascade.connect, *args], cwd=REPO,
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", cascade.connect, *args],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"tidemark {' '.join(args)} failed: {done.stderr.strip()}")
         return done.stdout

@@ -1,8 +1,9 @@
 """The fault suite's summary table: one row per scenario, and a total."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Optional
 
 from tests.faults.harness import SESSION_TIMEOUT, RunResult
 
@@ -44,7 +45,7 @@ class Row:
                 and self.problems == 0 and self.runs > 0)
 
     @classmethod
-    def of(cls, scenario: str, results: Iterable[RunResult]) -> "Row":
+    def of(cls, scenario: str, results: Iterable[RunResult]) -> Row:
         results = list(results)
         faults = [f for r in results for f in r.faults]
         return cls(scenario, len(results), len(faults), sum(r.epochs_committed for r in results),

@@ -54,7 +54,7 @@ class PostgresServer:
     def uri(self) -> str:
         return f"postgresql://tidemark@127.0.0.1:{self.port}/{DATABASE}"
 
-    def start(self) -> "PostgresServer":
+    def start(self) -> PostgresServer:
         fresh = not (self.data / "postmaster.opts").exists()
         self._server = _as_postgres([str(PG_BIN / "postgres"), "-D", str(self.data), "-p", str(self.port),
                                      "-h", "127.0.0.1", "-k", str(self.base)],
@@ -85,7 +85,7 @@ class PostgresServer:
         self.stop()
         shutil.rmtree(self.base, ignore_errors=True)
 
-    def __enter__(self) -> "PostgresServer":
+    def __enter__(self) -> PostgresServer:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

@@ -7,9 +7,9 @@ CONFIG_JSON holds ``mode``, ``connect``, ``session_timeout``, ``catalog`` ({name
 - ``count``: job ``counter`` reads the root table ``source`` (``k`` string, ``n`` int64) and writes two
   sinks: ``log`` (the rows appended in the epoch, appended) and ``counts`` (rows per ``k`` except ``noise``:
   an overwrite of the previous counts plus the epoch's; not written in an epoch with nothing to count, so
-  the sink publishes nothing then and its committed epoch is marked in Iceberg instead). Runs ``max_epochs`` epochs and prints
-  ``{"committed": [...]}``. The test's ``crash_at`` (which sets ``TIDEMARK_CRASH_AT=<step>:2``) makes it
-  SIGKILL itself during its second computed epoch:
+  the sink publishes nothing then and its committed epoch is marked in Iceberg instead). Runs ``max_epochs``
+  epochs and prints ``{"committed": [...]}``. The test's ``crash_at`` (which sets
+  ``TIDEMARK_CRASH_AT=<step>:2``) makes it SIGKILL itself during its second computed epoch:
   ``staged`` (sinks staged, nothing precommitted), ``precommitted`` (before any publish), ``published-one``
   (one of the two sinks published), ``committed`` (ZooKeeper commit done, Iceberg not marked yet) or ``none``.
 - ``serve``: job ``job`` with no source appends one row (epoch, term, member) per epoch to ``log``, unbounded
