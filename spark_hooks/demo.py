@@ -39,6 +39,10 @@ from typing import TYPE_CHECKING, Callable, Optional
 from coordinator.errors import TidemarkError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import pyarrow as pa
+
     from coordinator.history.checker import ConsistencyChecker
 
 WORDS_TABLE, COUNTS_TABLE, HIST_TABLE = "lake.demo.words", "lake.demo.word_counts", "lake.demo.count_histogram"
@@ -125,7 +129,7 @@ def create_tables(catalog) -> None:
                                                                    pa.field("num_words", pa.int64())]))
 
 
-def check(frames: dict) -> Optional[str]:
+def check(frames: Mapping[str, pa.Table]) -> Optional[str]:
     """None when the three tables are mutually consistent, else what is wrong."""
     words = Counter(frames[WORDS_TABLE].column("word").to_pylist())
     counts = dict(zip(frames[COUNTS_TABLE].column("word").to_pylist(), frames[COUNTS_TABLE].column("cnt").to_pylist()))

@@ -12,12 +12,16 @@ empty snapshot on ``main`` (it carries no epoch and no rows).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from pyiceberg.table import Table
+from pyiceberg.table.refs import MAIN_BRANCH
 
 from coordinator.iceberg.snapshots import summary_properties
 from coordinator.records import EpochInputs
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def _stage(table: Table, epoch: int, job: str, term: int, inputs: Optional[EpochInputs],
@@ -28,20 +32,21 @@ def _stage(table: Table, epoch: int, job: str, term: int, inputs: Optional[Epoch
     branch = f"tidemark-stage-{job}-{epoch}-{term}"
     if branch in table.metadata.refs:  # left by a crashed attempt of this very epoch and term
         table.manage_snapshots().remove_branch(branch).commit()
-    table.manage_snapshots().create_branch(table.current_snapshot().snapshot_id, branch).commit()  # type: ignore[union-attr]
+    table.manage_snapshots().create_branch(table.metadata.refs[MAIN_BRANCH].snapshot_id, branch).commit()
     write(branch, summary_properties(epoch, job, term, inputs))
     staged = table.metadata.refs[branch].snapshot_id
     table.manage_snapshots().remove_branch(branch).commit()
     return staged
 
 
-def stage_append(table: Table, rows, epoch: int, job: str, term: int, inputs: Optional[EpochInputs] = None) -> int:
+def stage_append(table: Table, rows: pa.Table, epoch: int, job: str, term: int,
+                 inputs: Optional[EpochInputs] = None) -> int:
     """Stage ``rows`` (a ``pyarrow.Table``) appended to ``table`` as epoch ``epoch``; returns the staged snapshot."""
     return _stage(table, epoch, job, term, inputs,
                   lambda branch, props: table.append(rows, snapshot_properties=props, branch=branch))
 
 
-def stage_overwrite(table: Table, rows, epoch: int, job: str, term: int,
+def stage_overwrite(table: Table, rows: pa.Table, epoch: int, job: str, term: int,
                     inputs: Optional[EpochInputs] = None) -> int:
     """Stage ``table`` replaced by ``rows`` as epoch ``epoch``; returns the staged snapshot (the last of the write)."""
     return _stage(table, epoch, job, term, inputs,

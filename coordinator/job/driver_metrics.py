@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Optional
 from kazoo.client import KazooState
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from coordinator.errors import ConfigurationError, NotLeader
@@ -225,7 +226,7 @@ class _DriverState(Collector):
     def __init__(self, metrics: DriverMetrics) -> None:
         self.metrics = metrics
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         metrics, writer = self.metrics, self.metrics.writer
         job, labels = metrics.job, [JOB_LABEL]
         leadership = writer.leadership

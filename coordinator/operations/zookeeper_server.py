@@ -288,7 +288,7 @@ class EmbeddedZooKeeper:
     def __enter__(self) -> EmbeddedZooKeeper:
         return self.start()
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
 
@@ -353,5 +353,5 @@ class ZooKeeperEnsemble:
     def __enter__(self) -> ZooKeeperEnsemble:
         return self.start()
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()

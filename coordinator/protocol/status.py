@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
@@ -217,7 +218,7 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
     for name, term_raw, leader_raw in zip(names, raw[:n], raw[n:2 * n]):
         term = TermRecord.from_json(term_raw[0], p.term(name)) if term_raw else None
         leader = LeaderRecord.from_json(leader_raw[0], p.leader(name)) if leader_raw else None
-        tidemarks = {t: (marks[t].epoch if marks.get(t) else None) for t in topo.jobs[name].sinks}
+        tidemarks = {t: (m.epoch if (m := marks.get(t)) else None) for t in topo.jobs[name].sinks}
         base[name] = JobStatus(name, topo.jobs[name].sources, topo.jobs[name].sinks, term.term if term else None,
                                leader, term.fenced_by if term else None, tidemarks)
     # Finished markers matter only for jobs with no live leader (a leader removes it when it starts):
@@ -272,13 +273,12 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
         if job.state == FINISHED:
             pass
         elif c is None:
-            blockers = [_blocker(s, marks, writers, states, base) for s in managed
-                        if marks.get(s) is None or marks[s].epoch is None]  # type: ignore[union-attr]
+            blockers = [_blocker(s, marks, writers, states, base) for s in managed if _epoch_of(marks, s) is None]
             if not blockers:
                 waiting = "has not committed an epoch yet"
         elif nxt is not None:
             blockers = [_blocker(s, marks, writers, states, base) for s in managed
-                        if marks.get(s) is None or marks[s].epoch is None or marks[s].epoch < nxt]  # type: ignore[union-attr,operator]
+                        if (e := _epoch_of(marks, s)) is None or e < nxt]
         lagging = lag is not None and stale_after is not None and lag > stale_after
         explained = bool(blockers)
         if not explained and lagging and job.state == LEADING and not pending:
@@ -328,11 +328,16 @@ def _agrees_barriers(topo: Topology, name: str) -> bool:
     return not sources or any(s not in topo.writers for s in sources)
 
 
-def _blocker(source: str, marks, writers, states, base) -> Blocker:
-    mark = marks.get(source)
+def _blocker(source: str, marks: Mapping[str, Optional[TableTidemark]], writers: Mapping[str, str],
+             states: Mapping[str, str], base: Mapping[str, JobStatus]) -> Blocker:
     writer = writers[source]
     fin = base[writer].finished if states[writer] == FINISHED else None
-    return Blocker(source, mark.epoch if mark else None, writer, states[writer], fin.epoch if fin else None)
+    return Blocker(source, _epoch_of(marks, source), writer, states[writer], fin.epoch if fin else None)
+
+
+def _epoch_of(marks: Mapping[str, Optional[TableTidemark]], table: str) -> Optional[int]:
+    mark = marks.get(table)
+    return mark.epoch if mark else None
 
 
 __all__ = ["Blocker", "JobStatus", "Status", "fmt_epoch", "fmt_seconds", "fmt_time", "read_status"]
