@@ -382,15 +382,17 @@ def _observe(reader: _Reader, say) -> None:
     """Check the consistent version if it is new, and count a naive latest-snapshot read."""
     from coordinator.history.resolve import read_arrow
     checker = reader.checker
-    before = checker.checked  # type: ignore[union-attr]
-    version = checker.observe()  # type: ignore[union-attr]
+    if checker is None:
+        return  # the reader has no resolver yet
+    before = checker.checked
+    version = checker.observe()
     if version is None:
         return  # no consistent version yet: the jobs have not registered, or not committed a first epoch
-    if checker.checked > before:  # type: ignore[union-attr]
+    if checker.checked > before:
         _say_checked(checker, version, say)
-    naive = checker.resolver.resolve(TABLES, level="latest")  # type: ignore[union-attr]
+    naive = checker.resolver.resolve(TABLES, level="latest")
     reader.naive_total += 1
-    reader.naive_bad += check(read_arrow(checker.resolver, naive)) is not None  # type: ignore[union-attr]
+    reader.naive_bad += check(read_arrow(checker.resolver, naive)) is not None
 
 
 def _say_checked(checker, version, say) -> None:

@@ -144,8 +144,8 @@ class _Lineage:
         self.by_id = {s.snapshot_id: s for s in table.snapshots()}
         self.main: list[Snapshot] = list(self.ancestors(table.metadata.current_snapshot_id))  # newest first
         self.main_ids = {s.snapshot_id for s in self.main}
-        self._epoch_at = [(i, snapshot_epoch(s)) for i, s in enumerate(self.main)]
-        self._epoch_at = [(i, e) for i, e in self._epoch_at if e is not None]  # epochs never rise going back
+        # epochs never rise going back
+        self._epoch_at = [(i, e) for i, s in enumerate(self.main) if (e := snapshot_epoch(s)) is not None]
 
     def ancestors(self, snapshot_id: Optional[int]) -> Iterable[Snapshot]:
         snapshot = self.by_id.get(snapshot_id) if snapshot_id is not None else None
@@ -158,7 +158,7 @@ class _Lineage:
         low, high = 0, len(self._epoch_at)
         while low < high:  # the first entry whose epoch is <= ``epoch``
             middle = (low + high) // 2
-            if self._epoch_at[middle][1] <= epoch:  # type: ignore[operator]
+            if self._epoch_at[middle][1] <= epoch:
                 high = middle
             else:
                 low = middle + 1

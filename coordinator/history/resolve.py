@@ -208,7 +208,7 @@ class Resolver:
             raise VersionNotFound(
                 f"epoch {as_of} is before the first epoch of {tables}: a table has no exact state before its "
                 f"writer's first epoch. Ask for as_of {need} or later, or leave {', '.join(below)} out of the set")
-        lagging = sorted(n for n, e in epochs.items() if e != ROOT and e < need)  # type: ignore[operator]
+        lagging = sorted(n for n, e in epochs.items() if isinstance(e, int) and e < need)  # not ROOT
         at = ", ".join(f"{n} at {epochs[n]}" for n in lagging)
         raise VersionNotFound(
             f"no consistent version of {names} exists yet: the consistent epoch is {target} ({at}), below the "
@@ -292,7 +292,8 @@ class ReaderSession:
         self._write_pins()
 
     def unpin(self, version: ConsistentVersion) -> None:
-        self._pinned.pop(version.epoch, None)  # type: ignore[arg-type]
+        if version.epoch is not None:
+            self._pinned.pop(version.epoch, None)
         self._write_pins()
 
     @property

@@ -214,10 +214,8 @@ class DriverMetrics:
         if cache is None or not self._tables:
             return None
         marks = cache.cached(self._tables)
-        epochs = [m.epoch if m is not None else None for m in marks.values()]
-        if len(epochs) < len(self._tables) or any(e is None for e in epochs):
-            return None
-        return min(epochs)  # type: ignore[type-var]
+        epochs = [m.epoch for m in marks.values() if m is not None and m.epoch is not None]
+        return min(epochs) if len(epochs) == len(self._tables) else None
 
 
 class _DriverState(Collector):

@@ -195,7 +195,7 @@ class EmbeddedZooKeeper:
             "clientPortAddress=127.0.0.1", "maxClientCnxns=0", f"minSessionTimeout={2 * TICK_MS}",
             "maxSessionTimeout=60000", "admin.enableServer=false", "4lw.commands.whitelist=ruok,srvr,mntr,stat",
             "autopurge.snapRetainCount=3", "autopurge.purgeInterval=1", *self._quorum_config(),
-            *(self.tls.config_lines(self.secure_port) if self.tls is not None else []), "",  # type: ignore[arg-type]
+            *(self.tls.config_lines(self.secure_port) if self.tls and self.secure_port else []), "",  # both or none
         ]
         try:
             (self.data_dir / "data").mkdir(parents=True, exist_ok=True)

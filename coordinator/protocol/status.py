@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
@@ -121,8 +121,7 @@ class JobStatus:
 
     @property
     def committed_epoch(self) -> Optional[int]:
-        epochs = list(self.tidemarks.values())
-        return None if not epochs or any(e is None for e in epochs) else min(epochs)  # type: ignore[type-var]
+        return _minimum(self.tidemarks.values())
 
     @property
     def leader_state(self) -> str:
@@ -180,8 +179,7 @@ class Status:
     @property
     def consistent_epoch(self) -> Optional[int]:
         """The minimum committed epoch over every job (None while some job has committed nothing)."""
-        epochs = [j.committed_epoch for j in self.jobs]
-        return None if not epochs or any(e is None for e in epochs) else min(epochs)  # type: ignore[type-var]
+        return _minimum(j.committed_epoch for j in self.jobs)
 
     @property
     def consistent_lag_ms(self) -> Optional[int]:
@@ -307,13 +305,13 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
 
     # How far each stale job holds the consistent epoch back: the consistent epoch the healthy jobs (neither
     # stale nor waiting on something) would give, or the wall clock when there are none, minus its epoch.
-    healthy = [committed[j] for j in names if not partial[j].stale and not blocked[j] and committed[j] is not None]
-    reference = min(healthy) if healthy else read_ms  # type: ignore[type-var]
+    healthy = [c for j in names if not partial[j].stale and not blocked[j] and (c := committed[j]) is not None]
+    reference = min(healthy) if healthy else read_ms
     jobs = []
     for name in names:
-        job = partial[name]
-        if job.stale and committed[name] is not None:
-            job = replace(job, holds_back_ms=max(0, reference - committed[name]))  # type: ignore[operator]
+        job, c = partial[name], committed[name]
+        if job.stale and c is not None:
+            job = replace(job, holds_back_ms=max(0, reference - c))
         jobs.append(job)
     return Status(topo, tuple(jobs), newest, interval, read_ms)
 
@@ -333,6 +331,13 @@ def _blocker(source: str, marks: Mapping[str, Optional[TableTidemark]], writers:
     writer = writers[source]
     fin = base[writer].finished if states[writer] == FINISHED else None
     return Blocker(source, _epoch_of(marks, source), writer, states[writer], fin.epoch if fin else None)
+
+
+def _minimum(epochs: Iterable[Optional[int]]) -> Optional[int]:
+    """The lowest of ``epochs``; None when there are none or one is None (not committed yet)."""
+    listed = list(epochs)
+    known = [e for e in listed if e is not None]
+    return min(known) if known and len(known) == len(listed) else None
 
 
 def _epoch_of(marks: Mapping[str, Optional[TableTidemark]], table: str) -> Optional[int]:
