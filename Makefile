@@ -28,4 +28,4 @@ bench: setup
 	$(PY) -m bench
 
 clean:
-	rm -rf .venv .pytest_cache .hypothesis
+	rm -rf .venv .pytest_cache .hypothesis .mypy_cache .ruff_cache
