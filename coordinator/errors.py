@@ -5,6 +5,12 @@ Each message says what is wrong and what to do about it; callers catch
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from coordinator.protocol.registry import UnregisterPlan
+    from coordinator.zookeeper.ops import Op
+
 
 class TidemarkError(Exception):
     """Base of every error Tidemark raises on purpose."""
@@ -94,7 +100,7 @@ class MultiFailed(TidemarkError):
     Usually another process changed the same znodes meanwhile; the recipes retry or explain it.
     """
 
-    def __init__(self, op, error: Exception) -> None:
+    def __init__(self, op: Op, error: Exception) -> None:
         super().__init__(f"ZooKeeper refused a change ({op.kind} {op.path}: {type(error).__name__}): another "
                          "process changed the same state meanwhile; see `tidemark status` and try again")
         self.op, self.error = op, error
@@ -104,7 +110,7 @@ class UnregisterNotConfirmed(RegistrationError):
     """``unregister_job`` was called without ``confirm=True``; ``plan`` says what it would remove and what a
     re-registration would resume from."""
 
-    def __init__(self, plan) -> None:
+    def __init__(self, plan: UnregisterPlan) -> None:
         super().__init__(f"{plan.describe()}. Nothing was changed: confirm to go ahead "
                          "(`tidemark unregister --yes`, or unregister_job(..., confirm=True))")
         self.plan = plan

@@ -45,7 +45,7 @@ def validate_names(names: object, kind: str) -> tuple[str, ...]:
     """Validate a list of names, refusing duplicates; returns them as a sorted tuple."""
     if isinstance(names, str) or not hasattr(names, "__iter__"):
         raise InvalidName(f"{kind}s must be a list of names, got {names!r}")
-    checked = [validate_name(n, kind) for n in names]  # type: ignore[union-attr]
+    checked = [validate_name(n, kind) for n in names]
     duplicates = sorted({n for n in checked if checked.count(n) > 1})
     if duplicates:
         raise InvalidName(f"{kind}s list {', '.join(duplicates)} more than once")

@@ -10,8 +10,8 @@ import enum
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, Optional, TypeVar
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from typing import Any, ClassVar, Optional, TypeVar
 
 from coordinator.errors import CorruptState, InvalidName
 from coordinator.names import parse_epoch, validate_epoch
@@ -26,8 +26,10 @@ def now_ms() -> int:
 class JsonRecord:
     """Mixin: compact JSON encoding of a frozen dataclass, strict decoding."""
 
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # set by @dataclass on every subclass
+
     def to_dict(self) -> dict[str, Any]:
-        return {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(self).items()}  # type: ignore[call-overload]
+        return {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(self).items()}
 
     def to_json(self) -> bytes:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
@@ -37,7 +39,7 @@ class JsonRecord:
         if not isinstance(data, Mapping):
             raise CorruptState(f"{where}: expected a JSON object for {cls.__name__}, got {type(data).__name__}")
         kwargs = {}
-        for f in fields(cls):  # type: ignore[arg-type]
+        for f in fields(cls):
             if f.name in data:
                 kwargs[f.name] = data[f.name]
             elif f.default is MISSING and f.default_factory is MISSING:

@@ -39,6 +39,10 @@ from typing import TYPE_CHECKING, Callable, Optional
 from coordinator.errors import TidemarkError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import pyarrow as pa
+
     from coordinator.history.checker import ConsistencyChecker
 
 WORDS_TABLE, COUNTS_TABLE, HIST_TABLE = "lake.demo.words", "lake.demo.word_counts", "lake.demo.count_histogram"
@@ -125,7 +129,7 @@ def create_tables(catalog) -> None:
                                                                    pa.field("num_words", pa.int64())]))
 
 
-def check(frames: dict) -> Optional[str]:
+def check(frames: Mapping[str, pa.Table]) -> Optional[str]:
     """None when the three tables are mutually consistent, else what is wrong."""
     words = Counter(frames[WORDS_TABLE].column("word").to_pylist())
     counts = dict(zip(frames[COUNTS_TABLE].column("word").to_pylist(), frames[COUNTS_TABLE].column("cnt").to_pylist()))
@@ -378,15 +382,17 @@ def _observe(reader: _Reader, say) -> None:
     """Check the consistent version if it is new, and count a naive latest-snapshot read."""
     from coordinator.history.resolve import read_arrow
     checker = reader.checker
-    before = checker.checked  # type: ignore[union-attr]
-    version = checker.observe()  # type: ignore[union-attr]
+    if checker is None:
+        return  # the reader has no resolver yet
+    before = checker.checked
+    version = checker.observe()
     if version is None:
         return  # no consistent version yet: the jobs have not registered, or not committed a first epoch
-    if checker.checked > before:  # type: ignore[union-attr]
+    if checker.checked > before:
         _say_checked(checker, version, say)
-    naive = checker.resolver.resolve(TABLES, level="latest")  # type: ignore[union-attr]
+    naive = checker.resolver.resolve(TABLES, level="latest")
     reader.naive_total += 1
-    reader.naive_bad += check(read_arrow(checker.resolver, naive)) is not None  # type: ignore[union-attr]
+    reader.naive_bad += check(read_arrow(checker.resolver, naive)) is not None
 
 
 def _say_checked(checker, version, say) -> None:

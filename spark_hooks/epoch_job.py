@@ -233,7 +233,7 @@ class EpochJob:
                 writer.process(current.epoch, function, batch)
                 return
         last = writer.epochs.last_committed
-        pending = writer.tm.barriers.after(last) if last is not None else []  # a new job starts at a new barrier
+        pending = writer.barriers.after(last) if last is not None else []  # a new job starts at a new barrier
         for idle in pending[:-1]:
             writer.commit_idle(idle)
         target = pending[-1] if pending else writer.next_barrier()

@@ -21,7 +21,9 @@ from coordinator import (
     SourceRange,
     TidemarkError,
 )
+from coordinator.protocol.leadership import Leadership
 from coordinator.records import BarrierRecord
+from coordinator.zookeeper.session import ZooKeeperSession
 
 SINKS = ["lake.db.a", "lake.db.b"]
 
@@ -81,6 +83,23 @@ def test_epochs_run_strictly_in_agreed_order(tm, job):
         epochs.precommit(7000, {"lake.db.a": 1})
     with pytest.raises(EpochOrderError, match="is STARTED"):
         epochs.begin(8000)
+
+
+def test_the_epoch_machine_runs_on_a_plain_zookeeper_session(tm, zk_connect, job):
+    """The recipes take a ``ZooKeeperSession``, so they must not need ``Tidemark``'s shortcuts (``begin`` once
+    read ``tm.barriers``, which only ``Tidemark`` has: an AttributeError on the session its signature accepts)."""
+    agree(tm, 1000, 2000)
+    session = ZooKeeperSession.connect(zk_connect, operation_timeout=20)
+    try:
+        leadership = Leadership(session, job)
+        leadership.acquire()
+        epochs = EpochCoordinator(leadership, SINKS)
+        epochs.recover()
+        run_epoch(epochs, 1000)
+        run_epoch(epochs, 2000)
+    finally:
+        session.close()
+    assert {m.epoch for m in tm.tidemarks(SINKS).values()} == {2000}
 
 
 def test_a_new_job_starts_at_any_agreed_barrier_then_follows_every_one(tm, job):

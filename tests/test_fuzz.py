@@ -170,8 +170,13 @@ def command_lines(connect: str, data_dir: str) -> st.SearchStrategy:
                                                                              "tidemark-1700000000000", "tidemark-x"]))
     policy = st.one_of(st.sampled_from(["hourly:48h,daily:7d", "hourly:48h", "x=1", "", "hourly:-1h", "daily:0d"]),
                        weird)
-    optional = lambda *parts: st.booleans().map(lambda on: list(parts) if on else [])  # noqa: E731
-    maybe = lambda strategy: st.one_of(st.just([]), strategy)  # noqa: E731
+
+    def optional(*parts: str) -> st.SearchStrategy[list[str]]:
+        return st.booleans().map(lambda on: list(parts) if on else [])
+
+    def maybe(strategy: st.SearchStrategy[list[str]]) -> st.SearchStrategy[list[str]]:
+        return st.one_of(st.just([]), strategy)
+
     commands = st.one_of(
         st.tuples(st.just(["status"]), optional("--json")).map(sum_lists),
         st.tuples(st.just(["topology", "--format"]), st.sampled_from(["text", "json", "dot", "mermaid", "xml"])

@@ -22,13 +22,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from coordinator.errors import VersionNotFound
 from coordinator.history.resolve import Resolver, read_arrow
 from coordinator.records import ConsistentVersion
 
-Invariant = Callable[[Mapping[str, object]], Optional[str]]
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+Invariant = Callable[[Mapping[str, "pa.Table"]], Optional[str]]
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ class ConsistencyChecker:
             self.check(version)
         return version
 
-    def check(self, version: ConsistentVersion) -> tuple[dict, Optional[str]]:
+    def check(self, version: ConsistentVersion) -> tuple[dict[str, pa.Table], Optional[str]]:
         """Read ``version`` and apply the invariant (counted in ``checked``; a problem in ``failures``)."""
         frames = read_arrow(self.resolver, version)
         problem = self.invariant(frames)

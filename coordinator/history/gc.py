@@ -69,6 +69,7 @@ from coordinator.iceberg.catalog import CatalogSettings, load_table
 from coordinator.iceberg.metadata_files import DELETE_AFTER_COMMIT, PREVIOUS_VERSIONS_MAX, delete_unlogged_metadata
 from coordinator.iceberg.reachability import FileIndex
 from coordinator.iceberg.snapshots import snapshot_epoch
+from coordinator.protocol.barriers import Barriers
 from coordinator.protocol.tidemarks import read_tidemarks
 from coordinator.protocol.topology import read_topology
 from coordinator.records import JsonRecord, TableTidemark, now_ms
@@ -143,8 +144,8 @@ class _Lineage:
         self.by_id = {s.snapshot_id: s for s in table.snapshots()}
         self.main: list[Snapshot] = list(self.ancestors(table.metadata.current_snapshot_id))  # newest first
         self.main_ids = {s.snapshot_id for s in self.main}
-        self._epoch_at = [(i, snapshot_epoch(s)) for i, s in enumerate(self.main)]
-        self._epoch_at = [(i, e) for i, e in self._epoch_at if e is not None]  # epochs never rise going back
+        # epochs never rise going back
+        self._epoch_at = [(i, e) for i, s in enumerate(self.main) if (e := snapshot_epoch(s)) is not None]
 
     def ancestors(self, snapshot_id: Optional[int]) -> Iterable[Snapshot]:
         snapshot = self.by_id.get(snapshot_id) if snapshot_id is not None else None
@@ -157,7 +158,7 @@ class _Lineage:
         low, high = 0, len(self._epoch_at)
         while low < high:  # the first entry whose epoch is <= ``epoch``
             middle = (low + high) // 2
-            if self._epoch_at[middle][1] <= epoch:  # type: ignore[operator]
+            if self._epoch_at[middle][1] <= epoch:
                 high = middle
             else:
                 low = middle + 1
@@ -187,7 +188,7 @@ class _State:
     job_epochs: dict[str, int]                   # job -> last committed epoch
     consistent: Optional[int]
     retained: dict[int, VersionRecord]
-    pinned: dict[int, Mapping[str, Optional[int]]]
+    pinned: Mapping[int, Mapping[str, Optional[int]]]
     barriers: list[int]
     tables: dict[str, Table]
     lineages: dict[str, _Lineage]
@@ -220,22 +221,23 @@ class GarbageCollector:
         writers = topo.writers
         marks = read_tidemarks(self.tm, sorted(writers)) if writers else {}
         managed = {t: m for t, m in marks.items() if m is not None and m.epoch is not None}
+        committed = {t: m.epoch for t, m in managed.items() if m.epoch is not None}
         job_epochs = {}
         for name, job in topo.jobs.items():
-            epochs = [managed[s].epoch for s in job.sinks if s in managed]
+            epochs = [committed[s] for s in job.sinks if s in committed]
             if job.sinks and len(epochs) == len(job.sinks):
-                job_epochs[name] = min(epochs)  # type: ignore[type-var]
+                job_epochs[name] = min(epochs)
         readers: dict[str, list[tuple[str, int]]] = {}
         for name, job in topo.jobs.items():
             for source in job.sources:
                 if name in job_epochs:
                     readers.setdefault(source, []).append((name, job_epochs[name]))
-        consistent = min((m.epoch for m in managed.values()), default=None)  # type: ignore[type-var]
+        consistent = min(committed.values(), default=None)
         versions = RetainedVersions(self.tm)
         state = _State(now=self.clock(), policy=self.policy or read_policy(self.tm), managed=managed,
                        roots=sorted(topo.root_tables), readers=readers, job_epochs=job_epochs, consistent=consistent,
                        retained={r.epoch: r for r in versions.all()}, pinned=pinned_versions(self.tm),
-                       barriers=self.tm.barriers.agreed(), tables={}, lineages={}, notes=[])
+                       barriers=Barriers(self.tm).agreed(), tables={}, lineages={}, notes=[])
         for name in [*sorted(managed), *state.roots]:  # after ZooKeeper: see the module docstring
             try:
                 state.tables[name] = self._table(name)
@@ -318,7 +320,7 @@ class GarbageCollector:
     def _plan_table(self, state: _State, name: str, kept: Mapping[int, VersionRecord]) -> TablePlan:
         table, lineage = state.tables[name], state.lineages[name]
         managed = name in state.managed
-        wanted = {tag_name(e): r.snapshots[name] for e, r in kept.items() if r.snapshots.get(name) is not None}
+        wanted = {tag_name(e): s for e, r in kept.items() if (s := r.snapshots.get(name)) is not None}
         present = {ref: r.snapshot_id for ref, r in table.metadata.refs.items()
                    if r.snapshot_ref_type == SnapshotRefType.TAG and tag_epoch(ref) is not None}
         create_tags = {t: s for t, s in wanted.items() if present.get(t) != s}
@@ -363,15 +365,15 @@ class GarbageCollector:
                     protect(snapshot.snapshot_id, f"in branch {ref_name}")
             elif tag_epoch(ref_name) is None:
                 protect(ref.snapshot_id, f"tag {ref_name}")
-        for epoch, snapshots in state.pinned.items():
-            protect(snapshots.get(name), f"pinned by a live reader (version {epoch})")
+        for pinned, snapshots in state.pinned.items():
+            protect(snapshots.get(name), f"pinned by a live reader (version {pinned})")
         floors = [(state.consistent, "the newest consistent version")] if state.consistent is not None else []
         floors += [(e, f"the next inputs of job {job}") for job, e in state.readers.get(name, [])]
-        for epoch, why in sorted(floors, key=lambda f: f[0], reverse=True):  # type: ignore[arg-type,return-value]
-            at = lineage.index_at_epoch(epoch)  # type: ignore[arg-type]
+        for floor, why in sorted(floors, key=lambda f: f[0], reverse=True):
+            at = lineage.index_at_epoch(floor)
             bottom = len(lineage.main) if at is None else at + 1  # no snapshot that old: keep all of main
             for snapshot in lineage.main[:bottom]:
-                protect(snapshot.snapshot_id, f"main since epoch {epoch}, {why}")
+                protect(snapshot.snapshot_id, f"main since epoch {floor}, {why}")
         committed = state.managed[name].epoch
         for snapshot in lineage.by_id.values():
             epoch = snapshot_epoch(snapshot)
@@ -399,7 +401,7 @@ class GarbageCollector:
             deleted += files
         created = [v.epoch for v in plan.versions if v.action == "create"]
         self._zk_batches([Create(p.version(e), kept[e].to_json()) for e in created])
-        pruned = self.tm.barriers.prune(below=min(state.job_epochs.values())) if plan.barriers_to_prune else []
+        pruned = Barriers(self.tm).prune(below=min(state.job_epochs.values())) if plan.barriers_to_prune else []
         final = GcPlan(plan.now_ms, plan.policy, plan.consistent_epoch, plan.versions, tuple(final_tables),
                        tuple(pruned), plan.notes)
         log.info("gc: %d versions created, %d dropped; %d snapshots expired, %d files deleted, %d barriers pruned",
@@ -446,7 +448,9 @@ class GarbageCollector:
         for tag, snapshot_id in sorted(plan.tags_to_create.items()):
             if tag not in plan.tags_to_remove:
                 requirements.append(AssertRefSnapshotId(ref=tag, snapshot_id=None))
-            updates.append(SetSnapshotRefUpdate(ref_name=tag, type=SnapshotRefType.TAG, snapshot_id=snapshot_id))
+            updates.append(SetSnapshotRefUpdate(ref_name=tag, type=SnapshotRefType.TAG, snapshot_id=snapshot_id,
+                                                max_ref_age_ms=None, max_snapshot_age_ms=None,
+                                                min_snapshots_to_keep=None))
         if plan.expire:
             updates.append(RemoveSnapshotsUpdate(snapshot_ids=[d.snapshot_id for d in plan.expire]))
         if plan.set_properties:

@@ -36,10 +36,10 @@ from __future__ import annotations
 import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.table import Table
+from pyiceberg.table import DataScan, Snapshot, Table
 
 from coordinator.errors import ConfigurationError, EpochOrderError, InvalidName, VersionNotFound
 from coordinator.history.versions import RetainedVersions, nearest, tag_epoch, tag_name
@@ -56,6 +56,9 @@ from coordinator.names import validate_epoch, validate_name
 from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
 from coordinator.records import ConsistencyLevel, ConsistentVersion, ReaderPins, TableTidemark
 from coordinator.zookeeper.session import ZooKeeperSession
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 ROOT = "root"  # marker: a table written outside Tidemark
 
@@ -118,8 +121,8 @@ class Resolver:
         never = sorted(n for n, e in epochs.items() if e is None)
         if never:
             raise VersionNotFound(f"tables {never} have no committed epoch yet: no consistent version exists")
-        managed = [e for e in epochs.values() if e != ROOT]
-        target = min(managed) if managed else None  # type: ignore[type-var]
+        managed = [e for e in epochs.values() if isinstance(e, int)]  # not ROOT (and none is None, above)
+        target = min(managed) if managed else None
         if as_of is not None:
             if target is not None and as_of > target:
                 raise VersionNotFound(f"epoch {as_of} is not committed in every table (the consistent epoch is "
@@ -147,18 +150,18 @@ class Resolver:
             if record is None or not set(names) <= set(record.snapshots):
                 return None
             return ConsistentVersion(epoch, {n: record.snapshots[n] for n in names}, ConsistencyLevel.AS_OF)
-        tags = {n: self.table(n).metadata.refs.get(tag_name(epoch)) for n in names}
-        if any(ref is None for ref in tags.values()):
+        tags = {n: ref for n in names if (ref := self.table(n).metadata.refs.get(tag_name(epoch))) is not None}
+        if len(tags) < len(set(names)):
             return None
-        return ConsistentVersion(epoch, {n: ref.snapshot_id for n, ref in tags.items()},  # type: ignore[union-attr]
-                                 ConsistencyLevel.AS_OF)
+        return ConsistentVersion(epoch, {n: ref.snapshot_id for n, ref in tags.items()}, ConsistencyLevel.AS_OF)
 
     def retained_epochs(self, names: Iterable[str]) -> list[int]:
         """The retained versions (from ZooKeeper, or the ``tidemark-<T>`` tags every table of ``names`` has)."""
         if self.tm is not None:
             return RetainedVersions(self.tm).epochs()
-        tagged = [{tag_epoch(ref) for ref in self.table(n, refresh=False).metadata.refs} - {None} for n in names]
-        return sorted(set.intersection(*tagged)) if tagged else []  # type: ignore[arg-type]
+        tagged = [{e for e in map(tag_epoch, self.table(n, refresh=False).metadata.refs) if e is not None}
+                  for n in names]
+        return sorted(set.intersection(*tagged)) if tagged else []
 
     def _expired(self, what: str, names: Iterable[str], epoch: int) -> VersionNotFound:
         below, above = nearest(self.retained_epochs(names), epoch)
@@ -205,7 +208,7 @@ class Resolver:
             raise VersionNotFound(
                 f"epoch {as_of} is before the first epoch of {tables}: a table has no exact state before its "
                 f"writer's first epoch. Ask for as_of {need} or later, or leave {', '.join(below)} out of the set")
-        lagging = sorted(n for n, e in epochs.items() if e != ROOT and e < need)  # type: ignore[operator]
+        lagging = sorted(n for n, e in epochs.items() if isinstance(e, int) and e < need)  # not ROOT
         at = ", ".join(f"{n} at {epochs[n]}" for n in lagging)
         raise VersionNotFound(
             f"no consistent version of {names} exists yet: the consistent epoch is {target} ({at}), below the "
@@ -218,7 +221,7 @@ class Resolver:
 
     def _snapshot_at(self, name: str, epoch: Union[int, str, None], wall_ms: Optional[int] = None) -> Optional[int]:
         table = self.table(name)
-        if epoch == ROOT:
+        if isinstance(epoch, str):  # ROOT
             if wall_ms is None:
                 return _id(table.current_snapshot())
             found = snapshot_at_time(table, wall_ms)
@@ -227,10 +230,10 @@ class Resolver:
             return _id(found)
         if epoch is None:
             return None
-        found = snapshot_at_epoch(table, epoch)  # type: ignore[arg-type]
+        found = snapshot_at_epoch(table, epoch)
         if found is None and _truncated(table):
             raise self._expired(f"epoch {epoch} is not a retained version and table {name}'s history there was "
-                                "expired", [name], epoch)  # type: ignore[arg-type]
+                                "expired", [name], epoch)
         return _id(found)
 
 
@@ -241,7 +244,7 @@ def _level(level: Union[str, ConsistencyLevel]) -> ConsistencyLevel:
         raise ConfigurationError(f"consistency level {level!r} is not one of latest, committed, consistent") from None
 
 
-def _id(snapshot) -> Optional[int]:
+def _id(snapshot: Optional[Snapshot]) -> Optional[int]:
     return None if snapshot is None else snapshot.snapshot_id
 
 
@@ -289,7 +292,8 @@ class ReaderSession:
         self._write_pins()
 
     def unpin(self, version: ConsistentVersion) -> None:
-        self._pinned.pop(version.epoch, None)  # type: ignore[arg-type]
+        if version.epoch is not None:
+            self._pinned.pop(version.epoch, None)
         self._write_pins()
 
     @property
@@ -324,9 +328,9 @@ def pinned_versions(tm: ZooKeeperSession) -> dict[int, dict[str, Optional[int]]]
     return pinned
 
 
-def scans(resolver: Resolver, version: ConsistentVersion) -> dict[str, object]:
+def scans(resolver: Resolver, version: ConsistentVersion) -> dict[str, Optional[DataScan]]:
     """A pyiceberg scan per table at its snapshot (None for a table that was empty at that point)."""
-    result: dict[str, object] = {}
+    result: dict[str, Optional[DataScan]] = {}
     for name, sid in version.snapshots.items():
         table = resolver.table(name, refresh=False)
         if sid is not None and table.snapshot_by_id(sid) is None:
@@ -335,10 +339,10 @@ def scans(resolver: Resolver, version: ConsistentVersion) -> dict[str, object]:
     return result
 
 
-def read_arrow(resolver: Resolver, version: ConsistentVersion) -> dict[str, object]:
+def read_arrow(resolver: Resolver, version: ConsistentVersion) -> dict[str, pa.Table]:
     """Every table at its snapshot as a ``pyarrow.Table`` (empty with the table's schema when it had none)."""
     result = {}
     for name, scan in scans(resolver, version).items():
         result[name] = (resolver.table(name, refresh=False).schema().as_arrow().empty_table() if scan is None
-                        else scan.to_arrow())  # type: ignore[attr-defined]
+                        else scan.to_arrow())
     return result

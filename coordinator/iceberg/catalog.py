@@ -17,11 +17,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 from urllib.parse import unquote, urlsplit
 
 from coordinator.errors import ConfigurationError, InvalidName, TableNotFound
 from coordinator.names import validate_name
+
+if TYPE_CHECKING:  # pyiceberg is imported when first used: reading settings needs none of it
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 DEFAULT_CATALOG = "lake"
@@ -138,7 +142,7 @@ class CatalogSettings:
             raise ConfigurationError(f"cannot create the catalog's directory {Path(path).parent}: "
                                      f"{exc.strerror or exc}; set TIDEMARK_HOME to a writable directory") from None
 
-    def load(self):
+    def load(self) -> Catalog:
         """The pyiceberg catalog, or a ConfigurationError saying why the database cannot be opened."""
         from pyiceberg.catalog import load_catalog
         try:
@@ -155,7 +159,7 @@ class CatalogSettings:
         return table[len(prefix):] if table.startswith(prefix) else table
 
 
-def load_table(catalog, settings: CatalogSettings, table: str):
+def load_table(catalog: Catalog, settings: CatalogSettings, table: str) -> Table:
     """The pyiceberg table; ``TableNotFound`` when it does not exist, ``InvalidName`` without a namespace."""
     from pyiceberg.exceptions import NoSuchIdentifierError, NoSuchNamespaceError, NoSuchTableError
     identifier = settings.identifier(validate_name(table, "table name"))

@@ -108,8 +108,8 @@ def resume_point(job: str, tables: Mapping[str, Table]) -> ResumePoint:
     snapshots = {}
     if committed is not None:
         for name, table in tables.items():
-            found = snapshot_at_epoch(table, committed.epoch)
-            snapshots[name] = found.snapshot_id if found else None
+            at_epoch = snapshot_at_epoch(table, committed.epoch)
+            snapshots[name] = at_epoch.snapshot_id if at_epoch else None
     firsts = [e for e in (first_epoch(t) for t in tables.values()) if e is not None]
     term = max([0, *(recorded_term(t) for t in tables.values())])
     return ResumePoint(job, committed, in_flight, sinks, snapshots, term, min(firsts) if firsts else None)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Callable, Literal, Optional, TypeVar
 
 from pydantic import Field
 from pyiceberg.catalog.rest import RestCatalog
@@ -58,6 +58,8 @@ from coordinator.iceberg.snapshots import (
 )
 from coordinator.records import EpochProgress
 
+T = TypeVar("T")
+
 
 class PublishOutcome(str, enum.Enum):
     PUBLISHED = "PUBLISHED"
@@ -82,7 +84,8 @@ class AssertTermAtMost(ValidatableTableRequirement):
     type: Literal["tidemark-assert-term-at-most"] = Field(default="tidemark-assert-term-at-most")
     term: int
 
-    def validate(self, base_metadata: Optional[TableMetadata]) -> None:
+    # pyiceberg's requirements all override pydantic's deprecated classmethod BaseModel.validate this way.
+    def validate(self, base_metadata: Optional[TableMetadata]) -> None:  # type: ignore[override]
         if base_metadata is None:
             raise CommitFailedException("Requirement failed: current table metadata is missing")
         recorded = claimed_term(base_metadata.properties)
@@ -109,7 +112,7 @@ def _commit(table: Table, term: int, updates: tuple[TableUpdate, ...], requireme
     else:
         guard = (*guard, AssertTermAtMost(term=term))
     try:
-        response = table.catalog.commit_table(table, guard, updates)  # type: ignore[arg-type]
+        response = table.catalog.commit_table(table, guard, updates)
     except CommitFailedException:
         table.refresh()
         if claimed_term(table.properties) > term:
@@ -119,7 +122,7 @@ def _commit(table: Table, term: int, updates: tuple[TableUpdate, ...], requireme
     table.metadata, table.metadata_location = response.metadata, response.metadata_location
 
 
-def _retry_lost_races(attempt, what: str):
+def _retry_lost_races(attempt: Callable[[], T], what: str) -> T:
     retrying = Retrying(stop=stop_after_attempt(5), wait=wait_random_exponential(0.01, 0.5),
                         retry=retry_if_exception_type(_Lost), reraise=True)
     try:
@@ -166,7 +169,8 @@ def publish_staged(table: Table, snapshot_id: int, epoch: int, term: int) -> Pub
                 f"on {base}; publishing it would drop that snapshot. Recompute the epoch "
                 "(is another writer committing to this table outside Tidemark?)")
         _commit(table, term, (SetSnapshotRefUpdate(ref_name=MAIN_BRANCH, type=SnapshotRefType.BRANCH,
-                                                   snapshot_id=snapshot_id),),
+                                                   snapshot_id=snapshot_id, max_ref_age_ms=None,
+                                                   max_snapshot_age_ms=None, min_snapshots_to_keep=None),),
                 (AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=current_id),))
         return PublishResult(name, epoch, snapshot_id, PublishOutcome.PUBLISHED)
 

@@ -36,7 +36,8 @@ class FileIndex:
 
     def referenced(self, table: Table, snapshots: Iterable[Snapshot]) -> set[str]:
         """Every file the ``snapshots`` reference, their manifest lists included."""
-        lists, manifests = set(), set()
+        lists: set[str] = set()
+        manifests: set[str] = set()
         for snapshot in snapshots:
             lists.add(snapshot.manifest_list)
             manifests.update(self._manifests_of(table, snapshot))

@@ -30,11 +30,11 @@ pyiceberg's ``Summary`` is read with ``.get`` only (``in`` and ``dict()`` misbeh
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Optional
 
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Snapshot, ancestors_of
+from pyiceberg.table.snapshots import Snapshot, Summary, ancestors_of
 
 from coordinator.errors import CorruptState
 from coordinator.records import EpochInputs, EpochProgress
@@ -76,7 +76,7 @@ def wap_id(epoch: int, job: str, term: int) -> str:
     return f"{WAP_PREFIX}{job}:{epoch}:{term}"
 
 
-def _wap_parts(summary) -> Optional[list[str]]:
+def _wap_parts(summary: Summary) -> Optional[list[str]]:
     """``[job, epoch, term]`` of a Tidemark ``wap.id`` (None: no such wap id)."""
     wap = summary.get(WAP_ID_KEY)
     if wap is None or not wap.startswith(WAP_PREFIX):
@@ -96,7 +96,7 @@ def snapshot_epoch(snapshot: Snapshot) -> Optional[int]:
     try:
         return None if value is None else int(value)
     except ValueError:
-        raise CorruptState(f"snapshot {snapshot.snapshot_id}: epoch {value[:30]!r} is not an integer") from None
+        raise CorruptState(f"snapshot {snapshot.snapshot_id}: epoch {str(value)[:30]!r} is not an integer") from None
 
 
 def snapshot_progress(snapshot: Snapshot) -> Optional[EpochProgress]:
@@ -155,13 +155,13 @@ def table_progress(table: Table) -> Optional[EpochProgress]:
     return max(candidates, key=lambda p: (p.epoch, p.inputs is not None))
 
 
-def claimed_term(properties) -> int:
+def claimed_term(properties: Mapping[str, str]) -> int:
     """The term that claimed a table last (its ``tidemark.term`` property; 0 for none)."""
     value = properties.get(TERM_PROPERTY)
     try:
         return int(value or 0)
     except ValueError:
-        raise CorruptState(f"table property {TERM_PROPERTY}={value[:30]!r} is not a term") from None
+        raise CorruptState(f"table property {TERM_PROPERTY}={str(value)[:30]!r} is not a term") from None
 
 
 def recorded_term(table: Table) -> int:

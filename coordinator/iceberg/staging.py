@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.update.snapshot import ManageSnapshots
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
@@ -70,7 +71,7 @@ def _stage(table: Table, epoch: int, job: str, term: int, inputs: Optional[Epoch
         refs = ManageSnapshots(transaction)
         if branch in table.metadata.refs:  # left by a crashed attempt of this very epoch and term (older releases)
             refs.remove_branch(branch)
-        refs.create_branch(table.current_snapshot().snapshot_id, branch).commit()  # type: ignore[union-attr]
+        refs.create_branch(table.metadata.refs[MAIN_BRANCH].snapshot_id, branch).commit()
         write(transaction, branch, summary_properties(epoch, job, term, inputs))
         staged = transaction.table_metadata.refs[branch].snapshot_id
         ManageSnapshots(transaction).remove_branch(branch).commit()

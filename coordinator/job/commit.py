@@ -41,7 +41,7 @@ class EpochCommitter:
 
     @property
     def term(self) -> int:
-        return self.epochs.leadership.term  # type: ignore[return-value]
+        return self.epochs.leadership.leading_term
 
     def finish(self, epoch: int, staged: Mapping[str, Optional[int]]) -> EpochRecord:
         """Precommit ``staged`` (every sink; None for a sink with no new data), publish, commit."""

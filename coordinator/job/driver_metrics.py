@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Optional
 from kazoo.client import KazooState
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from coordinator.errors import ConfigurationError, NotLeader
@@ -213,10 +214,8 @@ class DriverMetrics:
         if cache is None or not self._tables:
             return None
         marks = cache.cached(self._tables)
-        epochs = [m.epoch if m is not None else None for m in marks.values()]
-        if len(epochs) < len(self._tables) or any(e is None for e in epochs):
-            return None
-        return min(epochs)  # type: ignore[type-var]
+        epochs = [m.epoch for m in marks.values() if m is not None and m.epoch is not None]
+        return min(epochs) if len(epochs) == len(self._tables) else None
 
 
 class _DriverState(Collector):
@@ -225,7 +224,7 @@ class _DriverState(Collector):
     def __init__(self, metrics: DriverMetrics) -> None:
         self.metrics = metrics
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         metrics, writer = self.metrics, self.metrics.writer
         job, labels = metrics.job, [JOB_LABEL]
         leadership = writer.leadership

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Iterable
 from socketserver import ThreadingMixIn
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from coordinator.errors import ConfigurationError
@@ -37,7 +39,7 @@ class _Server(ThreadingMixIn, WSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args) -> None:
+    def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds are not news: no access log on stderr."""
 
 
@@ -47,8 +49,8 @@ class _Merged(Collector):
     def __init__(self) -> None:
         self.registries: dict[int, CollectorRegistry] = {}
 
-    def collect(self):
-        merged = {}
+    def collect(self) -> list[Metric]:
+        merged: dict[str, Metric] = {}
         for registry in list(self.registries.values()):
             for family in registry.collect():
                 if family.name in merged:
@@ -80,7 +82,7 @@ class MetricsServer:
         exposition.register(self._merged)
         metrics = make_wsgi_app(exposition)
 
-        def app(environ, start_response):
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
             if environ.get("PATH_INFO") != HEALTH_PATH:
                 return metrics(environ, start_response)
             ok = any(healthy() for healthy in list(self._health.values()))
@@ -92,7 +94,8 @@ class MetricsServer:
             family, _, _, _, sockaddr = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM,
                                                            flags=socket.AI_PASSIVE)[0]
             server_class = type("MetricsHTTPServer", (_Server,), {"address_family": family})
-            self._httpd = make_server(sockaddr[0], port, app, server_class, handler_class=_QuietHandler)
+            self._httpd: WSGIServer = make_server(str(sockaddr[0]), port, app, server_class,
+                                                  handler_class=_QuietHandler)
         except OSError as exc:
             raise ConfigurationError(f"cannot serve metrics on {address}:{port} ({exc.strerror or exc}): "
                                      "pick another port (--port, or TIDEMARK_METRICS_PORT for a driver)") from None

@@ -54,7 +54,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from pyiceberg.table import Table
 
@@ -74,7 +74,7 @@ from coordinator.job.commit import EpochCommitter
 from coordinator.job.crashpoints import crash_point
 from coordinator.job.driver_metrics import DriverMetrics
 from coordinator.names import validate_name, validate_names
-from coordinator.protocol.barriers import DEFAULT_MAX_PENDING_BARRIERS
+from coordinator.protocol.barriers import DEFAULT_MAX_PENDING_BARRIERS, BarrierGrid, Barriers
 from coordinator.protocol.epochs import EpochCoordinator, RecoveryAction
 from coordinator.protocol.leadership import Leadership
 from coordinator.protocol.registry import register_job
@@ -93,6 +93,11 @@ from coordinator.records import (
 from coordinator.zookeeper.ops import Create, Delete, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# The barrier to process next (None: none yet), why not, and in how many seconds to look again.
+_Candidate = tuple[Optional[int], str, float]
 log = logging.getLogger(__name__)
 STANDBY_WARM_EVERY_S = 60.0
 WAIT_SLICE_S = 0.5  # how often a waiting writer looks at stop() and the clock
@@ -123,7 +128,7 @@ class EpochContext:
             raise ConfigurationError(f"{source!r} is not a declared source of job {self.writer.name!r}")
         return self.inputs.sources.get(source) or SourceRange()
 
-    def changes(self, source: str):
+    def changes(self, source: str) -> pa.Table:
         """Rows appended to ``source`` in ``(previous barrier, T]``, as a ``pyarrow.Table`` (append-only sources)."""
         from pyiceberg.io.pyarrow import ArrowScan
         bounds = self.range_of(source)
@@ -138,7 +143,7 @@ class EpochContext:
         added = [task for task in scan.plan_files() if task.file.file_path not in before]
         return ArrowScan(table.metadata, table.io, table.schema(), scan.row_filter).to_table(added)
 
-    def table(self, source: str):
+    def table(self, source: str) -> pa.Table:
         """All of ``source`` as of barrier ``T``, as a ``pyarrow.Table``."""
         bounds = self.range_of(source)
         table = self.writer.table(source)
@@ -148,15 +153,15 @@ class EpochContext:
             table.refresh()
         return table.scan(snapshot_id=bounds.end).to_arrow()
 
-    def append(self, sink: str, rows) -> None:
+    def append(self, sink: str, rows: pa.Table) -> None:
         """Stage ``rows`` (a ``pyarrow.Table``) appended to ``sink``."""
         self._stage_with(sink, stage_append, rows)
 
-    def overwrite(self, sink: str, rows) -> None:
+    def overwrite(self, sink: str, rows: pa.Table) -> None:
         """Stage ``sink`` replaced by ``rows``."""
         self._stage_with(sink, stage_overwrite, rows)
 
-    def _stage_with(self, sink: str, stage, rows) -> None:
+    def _stage_with(self, sink: str, stage: Callable[..., int], rows: pa.Table) -> None:
         self.check_sink(sink)
         term = self.writer.term
         with self.writer.metrics.phase("stage"):
@@ -191,6 +196,7 @@ class EpochWriter:
         if history < 2:
             raise ConfigurationError(f"history must keep at least 2 epochs, got {history}")
         self.tm = tm
+        self.barriers = Barriers(tm)
         self.name = validate_name(name, "job name")
         self.sources, self.sinks = validate_names(sources, "source table"), validate_names(sinks, "sink table")
         self.catalog_settings = catalog or CatalogSettings.from_env()
@@ -226,6 +232,18 @@ class EpochWriter:
         return self._epochs
 
     @property
+    def _open_committer(self) -> EpochCommitter:
+        if self._committer is None:
+            raise NotLeader(f"job {self.name!r}: open() the writer (or run it) first")
+        return self._committer
+
+    @property
+    def _open_cache(self) -> TidemarkCache:
+        if self._cache is None:
+            raise NotLeader(f"job {self.name!r}: open() the writer (or run it) first")
+        return self._cache
+
+    @property
     def agrees_barriers(self) -> bool:
         """A job with a root source, or none, agrees barriers; a job fed only by Tidemark jobs follows them."""
         return len(self._managed) < len(self.sources) or not self.sources
@@ -250,7 +268,7 @@ class EpochWriter:
             return
         self.metrics.serve()
         register_job(self.tm, self.name, sources=self.sources, sinks=self.sinks)
-        self.tm.barriers.ensure_grid(self.interval_ms)
+        self.barriers.ensure_grid(self.interval_ms)
         self._read_managed_sources()
         sinks = {sink: self.table(sink) for sink in self.sinks}  # TableNotFound names a missing sink first
         for table in sinks.values():
@@ -259,22 +277,23 @@ class EpochWriter:
         self.metrics.became_leader()
         try:
             epochs = EpochCoordinator(self.leadership, self.sinks, self.history)
-            self._committer = EpochCommitter(epochs, self.table, timed=self.metrics.phase)
+            committer = self._committer = EpochCommitter(epochs, self.table, timed=self.metrics.phase)
             self._cache = TidemarkCache(self.tm)
             plan = epochs.recover(lambda: resume_point(self.name, sinks))
             if plan.resumed_from is not None:
                 log.info("%s", plan.resumed_from.describe())
                 self._restore_barriers(plan.resumed_from, sinks)
-            self._newest_at_open = self.tm.barriers.latest() if plan.action == RecoveryAction.START else None
+            self._newest_at_open = self.barriers.latest() if plan.action == RecoveryAction.START else None
             self._epochs = epochs
             self._clear_finished()
-            if plan.action == RecoveryAction.ROLL_FORWARD:
-                log.info("job %s: rolling precommitted epoch %s forward", self.name, plan.epoch.epoch)  # type: ignore[union-attr]
-                self._committer.roll_forward(plan.epoch)  # type: ignore[arg-type]
-                self.committed.append(plan.epoch.epoch)  # type: ignore[union-attr]
+            last = plan.epoch  # None only for START
+            if plan.action == RecoveryAction.ROLL_FORWARD and last is not None:
+                log.info("job %s: rolling precommitted epoch %s forward", self.name, last.epoch)
+                committer.roll_forward(last)
+                self.committed.append(last.epoch)
                 self.metrics.epoch_committed(rolled_forward=True)
-            elif plan.action == RecoveryAction.NEXT:
-                self._committer.mark_committed(plan.epoch)  # type: ignore[arg-type]  # the last run may have died first
+            elif plan.action == RecoveryAction.NEXT and last is not None:
+                committer.mark_committed(last)  # the last run may have died first
         except BaseException:
             self.close()
             raise
@@ -282,13 +301,13 @@ class EpochWriter:
     def _restore_barriers(self, resumed: ResumePoint, sinks: dict[str, Table]) -> None:
         """Agree again the barriers the sinks record above the newest agreed one (ZooKeeper lost them), so the
         barriers never go back behind the sinks and downstream jobs process the same epochs as before."""
-        newest = self.tm.barriers.latest()
-        grid = self.tm.barriers.grid()
+        newest = self.barriers.latest()
+        grid = self.barriers.grid()
         epochs = set(recorded_epochs(sinks, newest, self.history))
         epochs |= {p.epoch for p in (resumed.committed, resumed.in_flight) if p is not None}
         for epoch in sorted(e for e in epochs if newest is None or e > newest):
             if grid.is_barrier(epoch):
-                self.tm.barriers.agree(epoch, proposed_by=self.name)
+                self.barriers.agree(epoch, proposed_by=self.name)
             else:
                 log.warning("job %s: epoch %s recorded in its sinks is not on the current barrier grid; not "
                             "agreed again", self.name, epoch)
@@ -427,21 +446,21 @@ class EpochWriter:
     def process(self, epoch: int, function: Callable[..., None], *args: Any,
                 inputs: Optional[EpochInputs] = None) -> EpochRecord:
         """Run one epoch: record its inputs, compute (unless idle), stage, precommit, publish, commit."""
-        epochs, committer = self.epochs, self._committer
+        epochs, committer = self.epochs, self._open_committer
         current = epochs.current
         redo = current is not None and current.epoch == epoch and current.state in (EpochState.STARTED,
                                                                                      EpochState.ABORTED)
-        recorded = current.inputs if redo else inputs  # type: ignore[union-attr]
+        recorded = current.inputs if current is not None and redo else inputs
         idle = not self.always_run and not args and recorded is not None and recorded.unchanged
         if idle:
-            committed = committer.commit_idle(epoch, inputs)  # type: ignore[union-attr]
+            committed = committer.commit_idle(epoch, inputs)
         else:
             with self.metrics.phase("compute"):
                 record = epochs.begin(epoch, inputs)
                 crash_point("begin")
                 ctx = self.context(self, record)
                 function(ctx, *args)
-            committed = committer.finish(epoch, {sink: ctx.staged.get(sink) for sink in self.sinks})  # type: ignore[union-attr]
+            committed = committer.finish(epoch, {sink: ctx.staged.get(sink) for sink in self.sinks})
         self.committed.append(committed.epoch)
         self.metrics.epoch_committed(idle=idle, recomputed=redo)
         self.waiting = None
@@ -455,7 +474,7 @@ class EpochWriter:
         inputs = self.inputs_for(epoch)
         if inputs is None or (self.sources and not inputs.unchanged):
             raise EpochOrderError(f"job {self.name!r} epoch {epoch}: its sources changed, so it must be computed")
-        committed = self._committer.commit_idle(epoch, inputs)  # type: ignore[union-attr]
+        committed = self._open_committer.commit_idle(epoch, inputs)
         self.committed.append(committed.epoch)
         self.metrics.epoch_committed(idle=True)
         return committed
@@ -481,7 +500,7 @@ class EpochWriter:
         return EpochInputs(ranges)
 
     def _managed_snapshot(self, source: str, epoch: int) -> Optional[int]:
-        mark = self._cache.get([source])[source]  # type: ignore[union-attr]
+        mark = self._open_cache.get([source])[source]
         if mark is not None and mark.epoch == epoch:
             return mark.snapshot_id  # recorded by the source's writer at commit: no metadata load
         table = self.table(source)
@@ -508,7 +527,7 @@ class EpochWriter:
         """
         writers = read_topology(self.tm).writers
         self._managed = tuple(s for s in self.sources if s in writers or self._claimed_in_iceberg(s))
-        self.metrics.watch_tables(writers)
+        self.metrics.watch_tables(sorted(writers))
 
     def _claimed_in_iceberg(self, source: str) -> bool:
         try:
@@ -521,8 +540,8 @@ class EpochWriter:
         last = self.epochs.last_committed
         bound = last if last is not None else self._newest_at_open  # a new job starts after the latter
         while not self._stop.is_set():
-            generation = self._cache.generation  # type: ignore[union-attr]
-            grid = self.tm.barriers.grid()  # read each pass: an interval change may take effect meanwhile
+            generation = self._open_cache.generation
+            grid = self.barriers.grid()  # read each pass: an interval change may take effect meanwhile
             if until is not None and bound is not None and bound >= grid.floor(until):
                 return None
             self._read_managed_sources()
@@ -537,14 +556,14 @@ class EpochWriter:
                     return target
                 why = "; ".join(f"source {s} is at epoch {e}" for s, e in behind.items())
             self._note_wait(target, why, tuple(behind))
-            self._cache.wait_changed(generation, min(wake_in, WAIT_SLICE_S))  # type: ignore[union-attr]
+            self._open_cache.wait_changed(generation, min(wake_in, WAIT_SLICE_S))
         return None
 
-    def _candidate(self, grid, last: Optional[int], until: Optional[int]) -> tuple[Optional[int], str, float]:
+    def _candidate(self, grid: BarrierGrid, last: Optional[int], until: Optional[int]) -> _Candidate:
         """The barrier to process next (agreeing one when this job may), or None, why not, and when to look again."""
         if last is None:
             return self._first_candidate(grid, until)
-        agreed = self.tm.barriers.after(last)
+        agreed = self.barriers.after(last)
         if agreed:
             return agreed[0], "", 0.0
         if not self.agrees_barriers:
@@ -552,7 +571,7 @@ class EpochWriter:
             return None, why, WAIT_SLICE_S
         return self._agree_next(grid, last, until)
 
-    def _first_candidate(self, grid, until: Optional[int]) -> tuple[Optional[int], str, float]:
+    def _first_candidate(self, grid: BarrierGrid, until: Optional[int]) -> _Candidate:
         """A new job's first barrier: after the newest barrier agreed when it opened (a job reading its sinks
         may have processed those reading them as empty root tables), at or after each source's first epoch,
         and for a derived job no earlier than its slowest source (nothing older is worth replaying)."""
@@ -562,15 +581,18 @@ class EpochWriter:
         bounds = [e for e in (self._newest_at_open, None if floor is None else floor - 1) if e is not None]
         if self.agrees_barriers:
             return self._agree_next(grid, max(bounds) if bounds else None, until)
-        marks = self._cache.get(self._managed)  # type: ignore[union-attr]
-        bounds.append(min(m.epoch for m in marks.values()) - 1)  # type: ignore[union-attr,operator,type-var]
+        marks = self._open_cache.get(self._managed)
+        epochs = [m.epoch for m in marks.values() if m is not None and m.epoch is not None]
+        if len(epochs) < len(marks):  # a source's tidemark went away since _start_floor read it
+            return None, "a source's writer has no committed epoch now", WAIT_SLICE_S
+        bounds.append(min(epochs) - 1)
         after = max(bounds)
-        eligible = self.tm.barriers.after(after)
+        eligible = self.barriers.after(after)
         if eligible:
             return eligible[0], "", 0.0
         return None, f"a new job starts after barrier {after}; none is agreed yet", WAIT_SLICE_S
 
-    def _agree_next(self, grid, after: Optional[int], until: Optional[int]) -> tuple[Optional[int], str, float]:
+    def _agree_next(self, grid: BarrierGrid, after: Optional[int], until: Optional[int]) -> _Candidate:
         """Agree the newest grid point the clock has passed (minus grace) if it is after ``after`` and nobody
         is too far behind."""
         now = now_ms()
@@ -580,29 +602,29 @@ class EpochWriter:
         if after is not None and candidate <= after:
             wake_in = (grid.next_candidate(after) + self.grace_ms - now) / 1000
             return None, f"the clock has not passed the next grid point plus {self.grace_ms} ms grace", max(wake_in, 0)
-        holding = self._holding_back(self.tm.barriers.agreed())
+        holding = self._holding_back(self.barriers.agreed())
         if holding:
             return None, "backpressure: " + ", ".join(holding), WAIT_SLICE_S
-        self.tm.barriers.agree(candidate, proposed_by=self.name)
+        self.barriers.agree(candidate, proposed_by=self.name)
         crash_point("agreed")
         # Another root job may have agreed a barrier between our listing and our agreement (below
         # ours, or ours lost): every agreed barrier is processed in order, so take the next one.
-        agreed = self.tm.barriers.after(after)
+        agreed = self.barriers.after(after)
         return agreed[0], "", 0.0
 
-    def _start_floor(self):
+    def _start_floor(self) -> Union[int, str, None]:
         """A new job's lowest possible first epoch: the newest first epoch of its managed sources (or a reason)."""
         if not self._managed:
             return None
-        marks = self._cache.get(self._managed)  # type: ignore[union-attr]
-        missing = [s for s, m in marks.items() if m is None or m.first_epoch is None]
+        firsts = {s: m.first_epoch if m else None for s, m in self._open_cache.get(self._managed).items()}
+        missing = [s for s, first in firsts.items() if first is None]
         if missing:
             return f"sources {', '.join(missing)} have no committed epoch yet (their writers' first epoch)"
-        return max(m.first_epoch for m in marks.values())  # type: ignore[union-attr,type-var]
+        return max(first for first in firsts.values() if first is not None)
 
     def _sources_behind(self, target: int) -> dict[str, Optional[int]]:
         """The managed sources below ``target``, with their tidemarks."""
-        marks = self._cache.get(self._managed)  # type: ignore[union-attr]
+        marks = self._open_cache.get(self._managed)
         return {s: (m.epoch if m else None) for s, m in marks.items()
                 if m is None or m.epoch is None or m.epoch < target}
 
@@ -615,7 +637,7 @@ class EpochWriter:
         p = self.tm.paths
         raw = self.tm.get_many([p.leader(n) for n in others] + [p.term(n) for n in others])
         writers = topo.writers
-        marks = self._cache.get(sorted(writers))  # type: ignore[union-attr]
+        marks = self._open_cache.get(sorted(writers))
         held = []
         for name, leader_raw, term_raw in zip(others, raw[:len(others)], raw[len(others):]):
             if leader_raw is None or term_raw is None:
@@ -623,11 +645,12 @@ class EpochWriter:
             leader = LeaderRecord.from_json(leader_raw[0], p.leader(name))
             if leader.term < TermRecord.from_json(term_raw[0], p.term(name)).term:
                 continue  # a fenced zombie's leftover
-            epochs = [marks[t].epoch if marks.get(t) else None for t in topo.jobs[name].sinks]
-            if any(e is None for e in epochs):
+            sink_marks = [marks.get(t) for t in topo.jobs[name].sinks]
+            epochs = [m.epoch for m in sink_marks if m is not None and m.epoch is not None]
+            if not epochs or len(epochs) < len(sink_marks):
                 continue  # not started yet: it joins at the newest barrier
-            committed = min(epochs)  # type: ignore[type-var]
-            upstream = [marks[s].epoch if marks.get(s) else None for s in topo.jobs[name].sources if s in writers]
+            committed = min(epochs)
+            upstream = [m.epoch if m else None for m in (marks.get(s) for s in topo.jobs[name].sources if s in writers)]
             if any(e is None or e <= committed for e in upstream):
                 continue  # it waits for its own upstream, which holds back in its place (or has no leader)
             pending = len(agreed) - bisect.bisect_right(agreed, committed)

@@ -28,22 +28,27 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, NoReturn, Optional
 
 from coordinator.errors import TidemarkError
 from coordinator.operations.zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper, four_letter_word
 
+if TYPE_CHECKING:  # imported by the commands that use them: `tidemark --help` stays quick
+    from coordinator.protocol.status import JobStatus
+    from coordinator.tidemark import Tidemark
+    from coordinator.zookeeper.security import TlsSettings
+
 EXIT_ERROR, EXIT_USAGE, EXIT_CLOSED_PIPE = 1, 2, 141
 
 
-def _connect(args, read_only: bool = False):
+def _connect(args: argparse.Namespace, read_only: bool = False) -> Tidemark:
     """The session; commands that only read never create znodes (so they never leave any open to anyone)."""
     from coordinator.tidemark import Tidemark
     return Tidemark.connect(args.zk, root=args.root, connect_timeout=args.timeout, operation_timeout=args.timeout,
                             tls=_tls(args), read_only=read_only)
 
 
-def _tls(args):
+def _tls(args: argparse.Namespace) -> Optional[TlsSettings]:
     """TLS settings from the ``--tls-*`` options; None leaves it to the ``TIDEMARK_ZK_TLS*`` variables."""
     from coordinator.zookeeper.security import TlsSettings
     if not (args.tls or args.tls_ca or args.tls_cert or args.tls_key):
@@ -59,7 +64,7 @@ def _fmt_epoch(epoch: Optional[int]) -> str:
     return fmt_epoch(epoch)
 
 
-def cmd_zk(args) -> int:
+def cmd_zk(args: argparse.Namespace) -> int:
     server = EmbeddedZooKeeper(port=args.port, data_dir=args.data_dir)
     if args.action == "start":
         server.start()
@@ -79,7 +84,7 @@ def cmd_zk(args) -> int:
     return 0
 
 
-def cmd_status(args) -> int:
+def cmd_status(args: argparse.Namespace) -> int:
     from coordinator.protocol.status import fmt_seconds
     with _connect(args, read_only=True) as tm:
         status = tm.status()
@@ -102,10 +107,10 @@ def cmd_status(args) -> int:
     return 0
 
 
-def _job_line(job) -> str:
+def _job_line(job: JobStatus) -> str:
     from coordinator.protocol.status import FINISHED, fmt_seconds
     leader = f"{job.leader.member} (term {job.leader.term})" if job.leader else "-"
-    if job.state == FINISHED:
+    if job.state == FINISHED and job.finished is not None:
         head = f"{job.name}: term {job.term}, finished at epoch {_fmt_epoch(job.finished.epoch)}"
     else:
         head = f"{job.name}: term {job.term}, {job.leader_state}: {leader}, committed {_fmt_epoch(job.committed_epoch)}"
@@ -123,7 +128,7 @@ def _job_line(job) -> str:
     return line
 
 
-def cmd_topology(args) -> int:
+def cmd_topology(args: argparse.Namespace) -> int:
     with _connect(args, read_only=True) as tm:
         topo = tm.topology()
     render = {"text": topo.to_text, "dot": topo.to_dot, "mermaid": topo.to_mermaid,
@@ -132,14 +137,14 @@ def cmd_topology(args) -> int:
     return 0
 
 
-def cmd_fence(args) -> int:
+def cmd_fence(args: argparse.Namespace) -> int:
     with _connect(args) as tm:
         term = tm.fence_job(args.job, by=args.by)
     print(f"job {args.job} fenced: term is now {term}; its old leader can no longer commit")
     return 0
 
 
-def cmd_unregister(args) -> int:
+def cmd_unregister(args: argparse.Namespace) -> int:
     from coordinator.errors import UnregisterNotConfirmed
     from coordinator.iceberg.catalog import CatalogSettings
     catalog = CatalogSettings.from_env()
@@ -158,7 +163,7 @@ def cmd_unregister(args) -> int:
     return 0
 
 
-def cmd_barriers(args) -> int:
+def cmd_barriers(args: argparse.Namespace) -> int:
     with _connect(args, read_only=args.set_interval is None) as tm:
         if args.set_interval is not None:
             if args.effective_from is None:
@@ -171,7 +176,7 @@ def cmd_barriers(args) -> int:
     return 0
 
 
-def cmd_resolve(args) -> int:
+def cmd_resolve(args: argparse.Namespace) -> int:
     from coordinator.history.resolve import Resolver
     from coordinator.iceberg.catalog import CatalogSettings
     settings = CatalogSettings.from_env()
@@ -190,7 +195,7 @@ def cmd_resolve(args) -> int:
     return 0
 
 
-def cmd_gc(args) -> int:
+def cmd_gc(args: argparse.Namespace) -> int:
     from coordinator.history.gc import GarbageCollector, summarize
     from coordinator.history.retention import RetentionPolicy, store_policy
     from coordinator.iceberg.catalog import CatalogSettings
@@ -209,7 +214,7 @@ def cmd_gc(args) -> int:
     return 0
 
 
-def cmd_versions(args) -> int:
+def cmd_versions(args: argparse.Namespace) -> int:
     from coordinator.history.versions import RetainedVersions, fmt_age, tier_listing
     with _connect(args, read_only=True) as tm:
         listing = tier_listing(tm, RetainedVersions(tm).all())
@@ -224,7 +229,7 @@ def cmd_versions(args) -> int:
     return 0
 
 
-def cmd_exporter(args) -> int:
+def cmd_exporter(args: argparse.Namespace) -> int:
     from coordinator.job.metrics_server import MetricsServer
     from coordinator.operations.exporter import Exporter
     from coordinator.tidemark import Tidemark
@@ -248,7 +253,7 @@ def cmd_exporter(args) -> int:
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a malformed command line in one line (usage stays in ``--help``)."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"tidemark: error: {_one_line(message)} (see `{self.prog} --help`)\n")
 
 

@@ -37,11 +37,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Callable, Optional
 
 from kazoo.client import KazooState
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from coordinator.errors import TidemarkError
@@ -121,7 +123,7 @@ class Exporter(Collector):
 
     # -- the scrape: memory only ------------------------------------------------------------------
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         yield _plain("tidemark_up", "1 when the exporter reads ZooKeeper and its view is fresh", 1 if self.up() else 0)
         failures = CounterMetricFamily("tidemark_exporter_refresh_failures", "Refreshes of the view that failed")
         failures.add_metric([], self._failures)
@@ -137,7 +139,7 @@ class Exporter(Collector):
         yield from view_families(view, time.time())
 
 
-def view_families(view: Status, now: float):
+def view_families(view: Status, now: float) -> Iterator[Metric]:
     """The status as metric families, lags measured at ``now`` (Unix seconds)."""
     def job_gauge(name: str, documentation: str, *extra: str) -> GaugeMetricFamily:
         return GaugeMetricFamily(name, documentation, labels=[JOB_LABEL, *extra])

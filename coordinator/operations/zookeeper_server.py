@@ -195,7 +195,7 @@ class EmbeddedZooKeeper:
             "clientPortAddress=127.0.0.1", "maxClientCnxns=0", f"minSessionTimeout={2 * TICK_MS}",
             "maxSessionTimeout=60000", "admin.enableServer=false", "4lw.commands.whitelist=ruok,srvr,mntr,stat",
             "autopurge.snapRetainCount=3", "autopurge.purgeInterval=1", *self._quorum_config(),
-            *(self.tls.config_lines(self.secure_port) if self.tls is not None else []), "",  # type: ignore[arg-type]
+            *(self.tls.config_lines(self.secure_port) if self.tls and self.secure_port else []), "",  # both or none
         ]
         try:
             (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
@@ -288,7 +288,7 @@ class EmbeddedZooKeeper:
     def __enter__(self) -> EmbeddedZooKeeper:
         return self.start()
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
 
@@ -353,5 +353,5 @@ class ZooKeeperEnsemble:
     def __enter__(self) -> ZooKeeperEnsemble:
         return self.start()
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()

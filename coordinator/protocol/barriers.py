@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
@@ -33,11 +33,12 @@ from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_d
 from coordinator.errors import ConfigurationError, EpochOrderError, InvalidName, MultiFailed, ZooKeeperUnavailable
 from coordinator.names import parse_epoch, validate_epoch
 from coordinator.records import BarrierMode, BarrierRecord, JsonRecord, _epoch, _int, _opt_epoch, now_ms
-from coordinator.zookeeper.ops import Create, Delete, SetData
+from coordinator.zookeeper.ops import Create, Delete, Op, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
 # Backpressure: a root job agrees no new barrier while a live job is more agreed barriers behind than this.
 DEFAULT_MAX_PENDING_BARRIERS = 2
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ class Barriers:
     def grid(self) -> BarrierGrid:
         return self._read()[0]
 
-    def _conditionally(self, what: str, attempt):
+    def _conditionally(self, what: str, attempt: Callable[[], T]) -> T:
         retrying = Retrying(stop=stop_after_delay(self.tm.operation_timeout), reraise=False,
                             wait=wait_random_exponential(0.005, 0.2), retry=retry_if_exception_type(_Moved),
                             before_sleep=self.tm.count_retries("barriers"))
@@ -117,11 +118,12 @@ class Barriers:
             raise ZooKeeperUnavailable(f"{what} kept racing with other writers of /barriers for "
                                        f"{self.tm.operation_timeout:.0f}s; try again") from None
 
-    def _write(self, ops: list, expected_version: int) -> None:
+    def _write(self, ops: list[Op], expected_version: int) -> None:
         try:
             self.tm.multi(ops)
         except MultiFailed as failed:
-            if isinstance(failed.error, BadVersionError) and failed.op.version == expected_version:
+            if (isinstance(failed.error, BadVersionError) and not isinstance(failed.op, Create)
+                    and failed.op.version == expected_version):
                 raise _Moved() from None
             raise
 

@@ -39,13 +39,14 @@ exactly where its sinks say it was.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 from coordinator.errors import ConfigurationError, CorruptState, EpochOrderError, MultiFailed
 from coordinator.iceberg.progress import ResumePoint
 from coordinator.names import parse_epoch
+from coordinator.protocol.barriers import Barriers
 from coordinator.protocol.leadership import Leadership
 from coordinator.records import EpochInputs, EpochRecord, EpochState, TableTidemark, now_ms
 from coordinator.zookeeper.ops import Create, Delete, Op, SetData
@@ -67,7 +68,7 @@ class Recovery:
 
 
 class EpochCoordinator:
-    def __init__(self, leadership: Leadership, sinks, history: int = 100) -> None:
+    def __init__(self, leadership: Leadership, sinks: Iterable[str], history: int = 100) -> None:
         if history < 2:
             raise ConfigurationError("history must keep at least 2 epochs (the last committed and the one in flight)")
         self.leadership = leadership
@@ -134,7 +135,7 @@ class EpochCoordinator:
             ops += [SetData(p.tidemark(t), TableTidemark(t, committed.epoch, published[t], stamp, first).to_json())
                     for t in self.sinks]
         if in_flight is not None:
-            record = EpochRecord(epoch=in_flight.epoch, state=EpochState.STARTED, term=self.leadership.term,  # type: ignore[arg-type]
+            record = EpochRecord(epoch=in_flight.epoch, state=EpochState.STARTED, term=self.leadership.leading_term,
                                  inputs=in_flight.inputs or EpochInputs(), updated_ms=stamp)
             ops.append(Create(p.epoch(self.job, in_flight.epoch), record.to_json()))
         self.leadership.transact(ops)
@@ -154,7 +155,7 @@ class EpochCoordinator:
     def begin(self, epoch: int, inputs: Optional[EpochInputs] = None) -> EpochRecord:
         """Record epoch ``epoch``'s inputs (or reuse the recorded ones when recomputing)."""
         redo, inputs = self._prepare(epoch, inputs)
-        record = EpochRecord(epoch=epoch, state=EpochState.STARTED, term=self.leadership.term,  # type: ignore[arg-type]
+        record = EpochRecord(epoch=epoch, state=EpochState.STARTED, term=self.leadership.leading_term,
                              inputs=inputs)
         self._write(self._record_ops(record, redo), record, created=not redo)
         return record
@@ -164,7 +165,7 @@ class EpochCoordinator:
         change): one multi, and every sink keeps its snapshot."""
         redo, inputs = self._prepare(epoch, inputs)
         published = {t: self._marks[t].snapshot_id if t in self._marks else None for t in self.sinks}
-        record = EpochRecord(epoch=epoch, state=EpochState.COMMITTED, term=self.leadership.term,  # type: ignore[arg-type]
+        record = EpochRecord(epoch=epoch, state=EpochState.COMMITTED, term=self.leadership.leading_term,
                              inputs=inputs, published=published)
         self._write(self._tidemark_ops(epoch, published, record.updated_ms) + self._record_ops(record, redo), record,
                     created=not redo)
@@ -175,8 +176,8 @@ class EpochCoordinator:
         current = self.current
         redo = current is not None and current.epoch == epoch and current.state in (EpochState.STARTED,
                                                                                      EpochState.ABORTED)
-        if redo:
-            recorded = current.inputs  # type: ignore[union-attr]
+        if current is not None and redo:
+            recorded = current.inputs
             if inputs is not None and inputs != recorded:
                 raise EpochOrderError(f"job {self.job!r} epoch {epoch} is being recomputed: it must read the "
                                       f"recorded inputs {recorded.to_dict()}, not {inputs.to_dict()}")
@@ -202,7 +203,7 @@ class EpochCoordinator:
         if self.last_committed is not None and epoch <= self.last_committed:
             raise EpochOrderError(f"job {self.job!r} already committed barrier {self.last_committed}; {epoch} is "
                                   "not after it (barriers are never repeated)")
-        pending = self.tm.barriers.after(self.last_committed)
+        pending = Barriers(self.tm).after(self.last_committed)
         if epoch not in pending:
             raise EpochOrderError(f"{epoch} is not an agreed barrier: only barriers agreed under "
                                   f"{self.tm.paths.barriers} are epochs")
@@ -214,7 +215,7 @@ class EpochCoordinator:
         """Record the staged snapshot of every sink (None: nothing to publish); from now on the epoch must commit."""
         current = self._require(epoch, EpochState.STARTED, "precommit")
         self._require_sinks(staged, epoch, "precommit")
-        record = replace(current, state=EpochState.PRECOMMITTED, term=self.leadership.term, staged=dict(staged),
+        record = replace(current, state=EpochState.PRECOMMITTED, term=self.leadership.leading_term, staged=dict(staged),
                          updated_ms=now_ms())
         self._write([SetData(self.tm.paths.epoch(self.job, epoch), record.to_json(), self._version)], record)
         return record
@@ -228,8 +229,8 @@ class EpochCoordinator:
         current = self._require(epoch, EpochState.PRECOMMITTED, "commit")
         self._require_sinks(published, epoch, "commit")
         stamp = now_ms()
-        record = replace(current, state=EpochState.COMMITTED, term=self.leadership.term, published=dict(published),
-                         updated_ms=stamp)
+        record = replace(current, state=EpochState.COMMITTED, term=self.leadership.leading_term,
+                         published=dict(published), updated_ms=stamp)
         ops = self._tidemark_ops(epoch, published, stamp)
         ops.append(SetData(self.tm.paths.epoch(self.job, epoch), record.to_json(), self._version))
         self._write(ops, record)

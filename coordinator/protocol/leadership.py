@@ -96,13 +96,19 @@ class Leadership:
             retrying = Retrying(stop=stop_after_delay(self.tm.operation_timeout), reraise=True,
                                 wait=wait_random_exponential(0.01, 0.2), retry=retry_if_exception_type(_Raced),
                                 before_sleep=self.tm.count_retries("leader_election"))
-            retrying(lambda: self._take_term(term_floor))
+            return retrying(lambda: self._take_term(term_floor))
         except BaseException:
             self._give_up_lock()
             raise
-        return self.term  # type: ignore[return-value]
 
-    def _take_term(self, term_floor: int) -> None:
+    @property
+    def leading_term(self) -> int:
+        """The term this replica won; ``NotLeader`` before it won one."""
+        if self.term is None:
+            raise NotLeader(f"job {self.job!r}: this replica holds no term; acquire() first")
+        return self.term
+
+    def _take_term(self, term_floor: int) -> int:
         p = self.tm.paths
         found = self.tm.read(p.term(self.job), TermRecord)
         if found is None:
@@ -127,6 +133,7 @@ class Leadership:
             self.term, self._term_version = new.term, stat.version + 1
             if self.state == LeaderState.CONTENDING:
                 self.state = LeaderState.LEADING
+        return new.term
 
     def _on_state_change(self, state: str) -> None:
         with self._state_lock:
@@ -193,7 +200,9 @@ class Leadership:
 
     def fencing_checks(self) -> list[Op]:
         """The checks every write of this leader carries: its term is current, in the registration it won."""
-        return [*self._incarnation_check(), Check(self.tm.paths.term(self.job), self._term_version)]  # type: ignore[arg-type]
+        if self._term_version is None:
+            raise NotLeader(f"job {self.job!r}: this replica holds no term; acquire() first")
+        return [*self._incarnation_check(), Check(self.tm.paths.term(self.job), self._term_version)]
 
     def transact(self, ops: Sequence[Op]) -> list[Any]:
         """Apply ``ops`` atomically, only if this replica still holds the job's term."""
@@ -242,5 +251,5 @@ class Leadership:
         self.acquire()
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
@@ -43,12 +43,14 @@ if TYPE_CHECKING:
     from coordinator.iceberg.catalog import CatalogSettings
     from coordinator.iceberg.progress import ResumePoint
 
+T = TypeVar("T")
+
 
 class _TopologyMoved(Exception):
     """A version-checked multi lost a race; decide again on what is there now."""
 
 
-def _with_topology(tm: ZooKeeperSession, decide):
+def _with_topology(tm: ZooKeeperSession, decide: Callable[[Topology], T]) -> T:
     retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
                         retry=retry_if_exception_type(_TopologyMoved), reraise=False,
                         before_sleep=tm.count_retries("registration"))
@@ -105,11 +107,12 @@ def register_job(tm: ZooKeeperSession, name: str, *, sources: Iterable[str], sin
 
     def decide(topo: Topology) -> JobRecord:
         existing = topo.jobs.get(name)
+        fresh = uuid.uuid4().hex  # the incarnation of a new registration
         if existing and (existing.sources, existing.sinks) == (sources_t, sinks_t):
             if existing.incarnation is None:  # registered by a release before incarnations: give it one
-                upgraded = JobRecord(existing.sources, existing.sinks, existing.created_ms, uuid.uuid4().hex)
+                upgraded = JobRecord(existing.sources, existing.sinks, existing.created_ms, fresh)
                 _apply(tm, topo, [SetData(tm.paths.job(name), upgraded.to_json()),
-                                  Create(tm.paths.incarnation(name, upgraded.incarnation), b"")],  # type: ignore[arg-type]
+                                  Create(tm.paths.incarnation(name, fresh), b"")],
                        topo.with_job(name, upgraded))
                 return upgraded
             return existing
@@ -122,18 +125,18 @@ def register_job(tm: ZooKeeperSession, name: str, *, sources: Iterable[str], sin
             if writers.get(sink, name) != name:
                 raise WriterConflict(sink, writers[sink], name)
         record = JobRecord(sources_t, sinks_t, existing.created_ms if existing else now_ms(),
-                           existing.incarnation if existing else uuid.uuid4().hex)
+                           existing.incarnation if existing else fresh)
         cycle = topo.with_job(name, record).find_cycle()
         if cycle:
             raise CycleError(cycle)
         p = tm.paths
         if existing:
-            ops = [SetData(p.job(name), record.to_json())]
+            ops: list[Op] = [SetData(p.job(name), record.to_json())]
             for dropped in sorted(set(existing.sinks) - set(sinks_t)):
                 ops += [Delete(p.tidemark(dropped)), Delete(p.table(dropped))]
         else:
             ops = [*_orphan_removal(tm, name),
-                   Create(p.job(name), record.to_json()), Create(p.incarnation(name, record.incarnation), b""),  # type: ignore[arg-type]
+                   Create(p.job(name), record.to_json()), Create(p.incarnation(name, fresh), b""),
                    Create(p.term(name), TermRecord(0).to_json()), Create(p.election(name)), Create(p.epochs(name))]
         for added in sorted(set(sinks_t) - set(existing.sinks if existing else ())):
             ops += [Create(p.table(added), TableRecord(name).to_json()),

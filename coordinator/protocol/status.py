@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
@@ -120,8 +121,7 @@ class JobStatus:
 
     @property
     def committed_epoch(self) -> Optional[int]:
-        epochs = list(self.tidemarks.values())
-        return None if not epochs or any(e is None for e in epochs) else min(epochs)  # type: ignore[type-var]
+        return _minimum(self.tidemarks.values())
 
     @property
     def leader_state(self) -> str:
@@ -179,8 +179,7 @@ class Status:
     @property
     def consistent_epoch(self) -> Optional[int]:
         """The minimum committed epoch over every job (None while some job has committed nothing)."""
-        epochs = [j.committed_epoch for j in self.jobs]
-        return None if not epochs or any(e is None for e in epochs) else min(epochs)  # type: ignore[type-var]
+        return _minimum(j.committed_epoch for j in self.jobs)
 
     @property
     def consistent_lag_ms(self) -> Optional[int]:
@@ -217,7 +216,7 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
     for name, term_raw, leader_raw in zip(names, raw[:n], raw[n:2 * n]):
         term = TermRecord.from_json(term_raw[0], p.term(name)) if term_raw else None
         leader = LeaderRecord.from_json(leader_raw[0], p.leader(name)) if leader_raw else None
-        tidemarks = {t: (marks[t].epoch if marks.get(t) else None) for t in topo.jobs[name].sinks}
+        tidemarks = {t: (m.epoch if (m := marks.get(t)) else None) for t in topo.jobs[name].sinks}
         base[name] = JobStatus(name, topo.jobs[name].sources, topo.jobs[name].sinks, term.term if term else None,
                                leader, term.fenced_by if term else None, tidemarks)
     # Finished markers matter only for jobs with no live leader (a leader removes it when it starts):
@@ -272,13 +271,12 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
         if job.state == FINISHED:
             pass
         elif c is None:
-            blockers = [_blocker(s, marks, writers, states, base) for s in managed
-                        if marks.get(s) is None or marks[s].epoch is None]  # type: ignore[union-attr]
+            blockers = [_blocker(s, marks, writers, states, base) for s in managed if _epoch_of(marks, s) is None]
             if not blockers:
                 waiting = "has not committed an epoch yet"
         elif nxt is not None:
             blockers = [_blocker(s, marks, writers, states, base) for s in managed
-                        if marks.get(s) is None or marks[s].epoch is None or marks[s].epoch < nxt]  # type: ignore[union-attr,operator]
+                        if (e := _epoch_of(marks, s)) is None or e < nxt]
         lagging = lag is not None and stale_after is not None and lag > stale_after
         explained = bool(blockers)
         if not explained and lagging and job.state == LEADING and not pending:
@@ -307,13 +305,13 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
 
     # How far each stale job holds the consistent epoch back: the consistent epoch the healthy jobs (neither
     # stale nor waiting on something) would give, or the wall clock when there are none, minus its epoch.
-    healthy = [committed[j] for j in names if not partial[j].stale and not blocked[j] and committed[j] is not None]
-    reference = min(healthy) if healthy else read_ms  # type: ignore[type-var]
+    healthy = [c for j in names if not partial[j].stale and not blocked[j] and (c := committed[j]) is not None]
+    reference = min(healthy) if healthy else read_ms
     jobs = []
     for name in names:
-        job = partial[name]
-        if job.stale and committed[name] is not None:
-            job = replace(job, holds_back_ms=max(0, reference - committed[name]))  # type: ignore[operator]
+        job, c = partial[name], committed[name]
+        if job.stale and c is not None:
+            job = replace(job, holds_back_ms=max(0, reference - c))
         jobs.append(job)
     return Status(topo, tuple(jobs), newest, interval, read_ms)
 
@@ -328,11 +326,23 @@ def _agrees_barriers(topo: Topology, name: str) -> bool:
     return not sources or any(s not in topo.writers for s in sources)
 
 
-def _blocker(source: str, marks, writers, states, base) -> Blocker:
-    mark = marks.get(source)
+def _blocker(source: str, marks: Mapping[str, Optional[TableTidemark]], writers: Mapping[str, str],
+             states: Mapping[str, str], base: Mapping[str, JobStatus]) -> Blocker:
     writer = writers[source]
     fin = base[writer].finished if states[writer] == FINISHED else None
-    return Blocker(source, mark.epoch if mark else None, writer, states[writer], fin.epoch if fin else None)
+    return Blocker(source, _epoch_of(marks, source), writer, states[writer], fin.epoch if fin else None)
+
+
+def _minimum(epochs: Iterable[Optional[int]]) -> Optional[int]:
+    """The lowest of ``epochs``; None when there are none or one is None (not committed yet)."""
+    listed = list(epochs)
+    known = [e for e in listed if e is not None]
+    return min(known) if known and len(known) == len(listed) else None
+
+
+def _epoch_of(marks: Mapping[str, Optional[TableTidemark]], table: str) -> Optional[int]:
+    mark = marks.get(table)
+    return mark.epoch if mark else None
 
 
 __all__ = ["Blocker", "JobStatus", "Status", "fmt_epoch", "fmt_seconds", "fmt_time", "read_status"]

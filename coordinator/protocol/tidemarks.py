@@ -20,6 +20,7 @@ from typing import Optional
 
 from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss, NoNodeError
+from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import WatchedEvent
 
 from coordinator.errors import CorruptState, TidemarkError
@@ -78,7 +79,7 @@ class TidemarkCache:
                 pass
             self._arrived(table, result)
 
-    def _arrived(self, table: str, result) -> None:
+    def _arrived(self, table: str, result: IAsyncResult) -> None:
         """Store a finished read; a missing znode is watched for creation instead."""
         try:
             self._store(table, result.get_nowait()[0])

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Optional
 
-from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_random
+from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random
 
 from coordinator.errors import ZooKeeperUnavailable
 from coordinator.records import JobRecord, TopologyVersion
@@ -150,6 +150,10 @@ class Topology:
         return "\n".join(lines)
 
 
+class _Changed(Exception):
+    """The topology changed while it was read: read it again."""
+
+
 def read_topology(tm: ZooKeeperSession) -> Topology:
     """Read ``/topology`` and every job (pipelined), consistent with the version returned.
 
@@ -158,7 +162,7 @@ def read_topology(tm: ZooKeeperSession) -> Topology:
     """
     cached: Optional[Topology] = getattr(tm, "_topology", None)
 
-    def attempt() -> Optional[Topology]:
+    def attempt() -> Topology:
         found = tm.read(tm.paths.topology, TopologyVersion)
         if cached is not None and found is not None and found[1].version == cached.znode_version:
             return cached
@@ -170,12 +174,12 @@ def read_topology(tm: ZooKeeperSession) -> Topology:
         again = tm.get(tm.paths.topology)
         # Registration bumps /topology in the same multi, so an unchanged version means a consistent read.
         if stat is None or (again is not None and again[1].version == stat.version):
-            tm._topology = Topology(topo_record.version, stat.version if stat else -1, jobs)
-            return tm._topology
-        return None
+            topo = tm._topology = Topology(topo_record.version, stat.version if stat else -1, jobs)
+            return topo
+        raise _Changed()
 
     retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random(0, 0.05),
-                        retry=retry_if_result(lambda t: t is None))
+                        retry=retry_if_exception_type(_Changed))
     try:
         return retrying(attempt)
     except RetryError:

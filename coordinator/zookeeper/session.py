@@ -73,7 +73,7 @@ class ZooKeeperSession:
         self._state = KazooState.CONNECTED if client.connected else KazooState.LOST
         self._state_listeners: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
-        self._topology = None  # the last topology read (coordinator.topology keeps it fresh)
+        self._topology: Optional[object] = None  # the last topology read (protocol.topology keeps it fresh)
         self._retries: Counter[str] = Counter()
         self._state_changes: Counter[str] = Counter()
         client.add_listener(self._on_state_change)
@@ -148,7 +148,7 @@ class ZooKeeperSession:
     def __enter__(self: S) -> S:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     @property
