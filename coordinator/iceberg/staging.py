@@ -12,7 +12,7 @@ first gets one empty snapshot on ``main`` (it carries no epoch and no rows).
 
 Failure behaviour: a commit that loses a race with another commit on the table (GC, a
 tag) is retried from a fresh load of the table, up to ``STAGE_ATTEMPTS`` times; then
-pyiceberg's ``CommitFailedException`` propagates and the epoch is recomputed.
+``PublishConflict`` is raised (the epoch is recomputed).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.update.snapshot import ManageSnapshots
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from coordinator.errors import PublishConflict
 from coordinator.iceberg.snapshots import summary_properties
 from coordinator.records import EpochInputs
 
@@ -80,7 +81,11 @@ def _stage(table: Table, epoch: int, job: str, term: int, inputs: Optional[Epoch
 
     retrying = Retrying(stop=stop_after_attempt(STAGE_ATTEMPTS), wait=wait_random_exponential(0.01, 0.5),
                         retry=retry_if_exception_type(CommitFailedException), reraise=True)
-    return retrying(attempt)
+    try:
+        return retrying(attempt)
+    except CommitFailedException as exc:
+        raise PublishConflict(f"table {'.'.join(table.name())}: staging epoch {epoch} lost {STAGE_ATTEMPTS} commit "
+                              f"races in a row ({exc}); is something else committing to it all the time?") from None
 
 
 def stage_append(table: Table, rows: pa.Table, epoch: int, job: str, term: int,
