@@ -10,14 +10,35 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Optional
 
 from coordinator.errors import ConfigurationError
 from coordinator.iceberg.catalog import CatalogSettings
-
-from .jars import JNI_DIR, spark_jars
+from coordinator.settings import DEFAULT_SPARK_MASTER, Settings
 
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+ICEBERG_RUNTIME_PREFIX = "iceberg-spark-runtime-"
+JNI_DIR = Path("/usr/lib/x86_64-linux-gnu/jni")  # where Debian's sqlite-jdbc finds its native library
+
+
+def spark_jars(settings: Optional[Settings] = None) -> list[str]:
+    """The jars for the driver's and executors' class path: ``TIDEMARK_SPARK_JARS``, else every jar in
+    ``$TIDEMARK_CACHE/jars``; a ConfigurationError saying how to provide Iceberg's runtime when neither has it."""
+    settings = settings or Settings.from_env()
+    if settings.spark_jars:
+        missing = [j for j in settings.spark_jars if not Path(j).is_file()]
+        if missing:
+            raise ConfigurationError(f"TIDEMARK_SPARK_JARS names jars that do not exist: {', '.join(missing)}")
+        return list(settings.spark_jars)
+    cache = settings.cache / "jars"
+    jars = sorted(str(p) for p in cache.glob("*.jar")) if cache.is_dir() else []
+    if not any(Path(j).name.startswith(ICEBERG_RUNTIME_PREFIX) for j in jars):
+        raise ConfigurationError(
+            f"Iceberg's Spark runtime jar is not in {cache}: set TIDEMARK_SPARK_JARS to your "
+            "iceberg-spark-runtime-3.5_2.12 jar and JDBC driver (comma separated), or, in a clone of "
+            "Tidemark, run `make setup` (python -m tools.jars install)")
+    return jars
 
 
 def spark_conf(catalog: CatalogSettings, jars: Optional[list[str]] = None) -> dict[str, str]:
@@ -43,7 +64,8 @@ def build_spark_session(catalog: Optional[CatalogSettings] = None, *, app_name: 
                         master: Optional[str] = None, jars: Optional[list[str]] = None,
                         extra_conf: Optional[Mapping[str, str]] = None):
     """Create (or return the running) SparkSession configured for Iceberg and ``catalog``."""
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+    settings = Settings.from_env()
+    if shutil.which("java") is None and not settings.java_home:
         raise ConfigurationError("Java not found: install a Java 17 runtime "
                                  "(apt-get install openjdk-17-jre-headless; make setup does) or set JAVA_HOME")
     try:
@@ -53,10 +75,10 @@ def build_spark_session(catalog: Optional[CatalogSettings] = None, *, app_name: 
     catalog = catalog or CatalogSettings.from_env()
     builder = SparkSession.builder.appName(app_name)
     conf = {"spark.ui.showConsoleProgress": "false"}
-    # With SPARK_HOME set (the image), spark-defaults.conf in SPARK_CONF_DIR names the master and
-    # every other setting: builder settings would override it.
-    if master or not os.environ.get("SPARK_HOME"):
-        master = master or os.environ.get("TIDEMARK_SPARK_MASTER", "local[2]")
+    # With SPARK_HOME set (the image) and no master asked for, spark-defaults.conf in SPARK_CONF_DIR names
+    # the master and every other setting: builder settings would override it.
+    if master or settings.spark_master or not settings.spark_home:
+        master = master or settings.spark_master or DEFAULT_SPARK_MASTER
         builder = builder.master(master)
         if master.startswith("local"):
             conf["spark.sql.shuffle.partitions"] = "4"  # Spark's 200 only slow a local session down

@@ -1,6 +1,7 @@
 """Fixtures on real components: a ZooKeeper server, a PostgreSQL server, a SparkSession."""
 from __future__ import annotations
 
+import sys
 import uuid
 from pathlib import Path
 
@@ -94,6 +95,43 @@ def namespace(request) -> str:
 
 
 def pytest_collection_modifyitems(items):
-    for item in items:
-        if "spark" in item.fixturenames:
-            item.add_marker(pytest.mark.spark)
+    """A test is marked by what it does: one that uses the SparkSession must say so, or `-m "not spark"` runs it."""
+    unmarked = [item.nodeid for item in items if "spark" in item.fixturenames and not item.get_closest_marker("spark")]
+    if unmarked:
+        raise pytest.UsageError("these tests use the spark fixture but are not marked @pytest.mark.spark: "
+                                + ", ".join(unmarked))
+
+
+@pytest.fixture(scope="session")
+def spark_launch_trap(tmp_path_factory) -> Path:
+    """A SPARK_HOME whose spark-submit records the launch and fails: pyspark starts every JVM through it."""
+    home = tmp_path_factory.mktemp("no-spark")
+    (home / "bin").mkdir()
+    launcher = home / "bin" / "spark-submit"
+    launcher.write_text(f"#!/bin/sh\necho launched >> '{home / 'launches'}'\n"
+                        "echo 'a test not marked spark started Spark: mark it @pytest.mark.spark' >&2\nexit 1\n")
+    launcher.chmod(0o755)
+    return home
+
+
+@pytest.fixture(autouse=True)
+def _no_spark_unless_marked(request, monkeypatch):
+    """Keeps `make test-fast` (`-m "not spark"`) free of Spark: a test not marked `spark` that starts Spark,
+    in this process or in a driver subprocess (which inherits SPARK_HOME), fails."""
+    if request.node.get_closest_marker("spark"):
+        yield
+        return
+    trap = request.getfixturevalue("spark_launch_trap")
+    monkeypatch.setenv("SPARK_HOME", str(trap))
+    launches = trap / "launches"
+    before = launches.read_text() if launches.exists() else ""
+    running = _active_spark_context()
+    yield
+    if (launches.read_text() if launches.exists() else "") != before or (
+            running is None and _active_spark_context() is not None):
+        pytest.fail("this test started Spark but is not marked @pytest.mark.spark", pytrace=False)
+
+
+def _active_spark_context() -> object:
+    context = sys.modules.get("pyspark.context")  # only a test that imported pyspark can have started it
+    return getattr(context, "SparkContext", None) and context.SparkContext._active_spark_context

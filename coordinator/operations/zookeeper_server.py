@@ -36,6 +36,7 @@ from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from coordinator.errors import ConfigurationError, ZooKeeperUnavailable
 from coordinator.iceberg.catalog import data_home
+from coordinator.settings import Settings
 
 DEFAULT_PORT = 2181
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -69,7 +70,7 @@ class ServerTls:
 
 
 def zookeeper_classpath() -> str:
-    configured = os.environ.get("TIDEMARK_ZK_CLASSPATH")
+    configured = Settings.from_env().zk_classpath
     if configured:
         return configured
     jar = Path("/usr/share/java/zookeeper.jar")
@@ -80,7 +81,7 @@ def zookeeper_classpath() -> str:
 
 
 def java_executable() -> str:
-    java_home = os.environ.get("JAVA_HOME")
+    java_home = Settings.from_env().java_home
     java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
     if not java or not Path(java).is_file():
         raise ConfigurationError("Java not found: install a Java 17 runtime "

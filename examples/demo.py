@@ -15,7 +15,7 @@ have committed ``F``; the version at ``F`` is always checked, and must hold ever
 word exactly once. An overall deadline (``--timeout``) or any Tidemark error ends it with
 one ``demo: error: ...`` line and exit code 1.
 
-    python -m spark_hooks.demo [--seconds 45] [--interval-ms 3000] [--timeout 900] [--home DIR]
+    python -m examples.demo [--seconds 45] [--interval-ms 3000] [--timeout 900] [--home DIR]
 """
 from __future__ import annotations
 
@@ -172,7 +172,7 @@ class DemoReport:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spark_hooks.demo")
+    parser = argparse.ArgumentParser(prog="python -m examples.demo")
     parser.add_argument("--seconds", type=float, default=45.0, help="how long the producer writes words")
     parser.add_argument("--interval-ms", type=int, default=3000, help="the shared barrier interval")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
@@ -272,7 +272,10 @@ def _run_cascade(home: Path, zk: str, settings, tm, cache, grid, seconds: float,
     from coordinator.records import now_ms
 
     interval_ms = grid.interval_ms
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # The drivers run this module too: the clone's root on their path, wherever the demo was started from.
+    clone = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [clone, os.environ.get("PYTHONPATH")]))}
     drivers: dict[str, subprocess.Popen] = {}
     stop_producing, produced_all = threading.Event(), threading.Event()
     errors: list[BaseException] = []
@@ -323,7 +326,7 @@ def _run_cascade(home: Path, zk: str, settings, tm, cache, grid, seconds: float,
         for name in JOB_SINKS:
             with open(home / f"{name}.out", "w") as out, open(home / f"{name}.log", "w") as err:
                 drivers[name] = subprocess.Popen(
-                    [sys.executable, "-m", "spark_hooks.demo", "--job", name, "--zk", zk, "--home", str(home),
+                    [sys.executable, "-m", "examples.demo", "--job", name, "--zk", zk, "--home", str(home),
                      "--interval-ms", str(interval_ms), "--timeout", str(deadline.seconds)],
                     stdout=out, stderr=err, env=env, text=True)
         # Spark's start-up can take longer than the whole production on a busy machine: the clock of the run

@@ -1,12 +1,17 @@
-"""The jars a local SparkSession needs for Iceberg, and how ``make setup`` builds them.
+"""Build the jar cache a local SparkSession uses for Iceberg (``make setup`` and the image build run it).
 
-In production, add ``org.apache.iceberg:iceberg-spark-runtime-3.5_2.12`` as usual and point
-``TIDEMARK_SPARK_JARS`` at your jars (comma separated). On a machine that reaches only PyPI
-and Debian, ``install()`` takes Iceberg's official runtime jar from the PyPI package
-``snowpark-connect-deps-iceberg`` and relocates Spark's own Jackson jars to
-``org.apache.iceberg.shaded.com.fasterxml.jackson`` (which that jar lacks) with jarjar.
+A development tool, not part of the wheel: ``spark_hooks.session`` puts every jar of
+``$TIDEMARK_CACHE/jars`` on Spark's class path, or the jars ``TIDEMARK_SPARK_JARS`` names. In
+production, add ``org.apache.iceberg:iceberg-spark-runtime-3.5_2.12`` as usual and point
+``TIDEMARK_SPARK_JARS`` at your jars. On a machine that reaches only PyPI and Debian, ``install()``
+takes Iceberg's official runtime jar from the PyPI package ``snowpark-connect-deps-iceberg``,
+relocates Spark's own Jackson jars to ``org.apache.iceberg.shaded.com.fasterxml.jackson`` (which
+that jar lacks) with jarjar, and links Debian's SQLite and PostgreSQL JDBC drivers.
 
-Run ``python -m spark_hooks.jars install`` (``make setup`` does) to build the cache.
+    python -m tools.jars install        # from the clone's root; idempotent
+
+Failure behaviour: a missing tool (pyspark, java, jarjar) is a ``ConfigurationError`` printed as one
+``jars: error: ...`` line, exit code 1.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import zipfile
 from pathlib import Path
 
 from coordinator.errors import ConfigurationError
+from coordinator.settings import Settings
 
 ICEBERG_PACKAGE = "snowpark-connect-deps-iceberg==1.0.3"
 ICEBERG_RUNTIME = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
@@ -26,32 +32,10 @@ JACKSON_MODULES = ("jackson-core", "jackson-databind", "jackson-annotations")
 RELOCATION_RULE = "rule com.fasterxml.jackson.** org.apache.iceberg.shaded.com.fasterxml.jackson.@1\n"
 JARJAR = Path("/usr/share/java/jarjar.jar")
 JDBC_DRIVERS = (Path("/usr/share/java/sqlite-jdbc.jar"), Path("/usr/share/java/postgresql.jar"))
-JNI_DIR = Path("/usr/lib/x86_64-linux-gnu/jni")
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("TIDEMARK_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tidemark")
-    return Path(base) / "jars"
-
-
-def spark_jars() -> list[str]:
-    """The jars to put on the driver and executor class path, or a ConfigurationError saying how to get them."""
-    configured = os.environ.get("TIDEMARK_SPARK_JARS")
-    if configured:
-        jars = [j.strip() for j in configured.split(",") if j.strip()]
-        missing = [j for j in jars if not Path(j).is_file()]
-        if missing:
-            raise ConfigurationError(f"TIDEMARK_SPARK_JARS names jars that do not exist: {', '.join(missing)}")
-        return jars
-    cache = cache_dir()
-    wanted = [cache / ICEBERG_RUNTIME] + [cache / f"{m}-relocated.jar" for m in JACKSON_MODULES]
-    if not all(p.is_file() for p in wanted):
-        raise ConfigurationError(
-            f"Iceberg's Spark runtime jars are not in {cache}: run `make setup` "
-            "(or `python -m spark_hooks.jars install`), or set TIDEMARK_SPARK_JARS to your own "
-            "iceberg-spark-runtime-3.5_2.12 jar(s), comma separated")
-    return [str(p) for p in wanted] + [str(p) for p in JDBC_DRIVERS if p.is_file()]
+    return Settings.from_env().cache / "jars"
 
 
 def install() -> Path:
@@ -65,6 +49,10 @@ def install() -> Path:
         target = cache / f"{module}-relocated.jar"
         if not target.is_file():
             _relocate(_spark_jar(module), target)
+    for driver in JDBC_DRIVERS:
+        link = cache / driver.name
+        if driver.is_file() and not link.exists():
+            link.symlink_to(driver)
     return cache
 
 
@@ -113,7 +101,7 @@ def _relocate(source: Path, target: Path) -> None:
 
 def main(argv: list[str]) -> int:
     if argv[1:] != ["install"]:
-        print("usage: python -m spark_hooks.jars install", file=sys.stderr)
+        print("usage: python -m tools.jars install", file=sys.stderr)
         return 2
     try:
         print(f"jars: ready in {install()}")

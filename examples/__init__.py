@@ -1,0 +1,1 @@
+"""Runnable examples (``make demo``); not part of the wheel."""
