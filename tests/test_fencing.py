@@ -16,7 +16,7 @@ from kazoo.client import KazooClient
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table.update import SetPropertiesUpdate
 
-from coordinator import EpochWriter, Fenced, Tidemark
+from coordinator import EpochWriter, Fenced, LeaderState, Tidemark
 from coordinator.errors import UnregisterNotConfirmed, VersionNotFound
 from coordinator.history.resolve import Resolver
 from coordinator.iceberg.publish import AssertTermAtMost, advance_committed_epoch, claim_table, publish_staged
@@ -356,3 +356,40 @@ def test_zookeeper_wiped_mid_run_resumes_from_iceberg_exactly_once(zk_server, zk
         assert recorded_term(catalog.load_table(copy)) >= 2  # the restart took a term above the first run's
     finally:
         fresh.close()
+
+
+def test_a_waiting_replica_of_an_unregistered_job_registers_it_again_and_takes_over(tm, connect, catalog,
+                                                                                   catalog_settings, namespace):
+    """The operator's sequence with a standby waiting: fence, unregister. The standby neither exits nor
+    reuses a term: it registers the job again, leads above the fence and resumes from the sink."""
+    sink = f"{namespace}.counts"
+    create_table(catalog, sink)
+    old = lead_job(connect(), catalog_settings, "counts", [sink])
+    commit_rows(old, 1000, rows=2)
+    standby = EpochWriter(connect(), "counts", sources=[], sinks=[sink], catalog=catalog_settings,
+                          interval_ms=1000, grace_ms=0, always_run=True)
+    outcome: dict[str, object] = {}
+
+    def write(ctx) -> None:
+        outcome["term"] = ctx.writer.term
+        ctx.append(sink, rows_of(ctx.epoch, 1))
+
+    def run_standby() -> None:
+        try:
+            outcome["epochs"] = standby.run(write, max_epochs=1, stop_on_sigterm=False)
+        except Exception as exc:  # noqa: BLE001 - the assertion below reports it
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run_standby, daemon=True)
+    thread.start()
+    wait_for(lambda: standby.leadership.state == LeaderState.CONTENDING, "the standby to contend", DEADLINE)
+    fence_term = tm.fence_job("counts")
+    tm.unregister_job("counts", confirm=True, catalog=catalog_settings)
+    old.close()
+    thread.join(DEADLINE)
+    assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
+    (epoch,) = outcome["epochs"]
+    assert epoch > 1000 and "counts" in tm.topology().jobs
+    assert outcome["term"] > fence_term, "the new registration reused a term at or below the fence"
+    assert Counter(e for e, _ in rows_in(catalog.load_table(sink))) == {1000: 2, epoch: 1}
+    standby.tm.close()
