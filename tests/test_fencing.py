@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import replace
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -368,7 +369,7 @@ def test_a_waiting_replica_of_an_unregistered_job_registers_it_again_and_takes_o
     commit_rows(old, 1000, rows=2)
     standby = EpochWriter(connect(), "counts", sources=[], sinks=[sink], catalog=catalog_settings,
                           interval_ms=1000, grace_ms=0, always_run=True)
-    outcome: dict[str, object] = {}
+    outcome: dict[str, Any] = {}
 
     def write(ctx) -> None:
         outcome["term"] = ctx.writer.term
