@@ -134,4 +134,4 @@ def _no_spark_unless_marked(request, monkeypatch):
 
 def _active_spark_context() -> object:
     context = sys.modules.get("pyspark.context")  # only a test that imported pyspark can have started it
-    return getattr(context, "SparkContext", None) and context.SparkContext._active_spark_context
+    return None if context is None else context.SparkContext._active_spark_context
