@@ -94,6 +94,9 @@ def namespace(request) -> str:
 
 
 def pytest_collection_modifyitems(items):
-    for item in items:
-        if "spark" in item.fixturenames:
-            item.add_marker(pytest.mark.spark)
+    """A test that starts Spark says so with ``@pytest.mark.spark`` (``make test-fast`` deselects those);
+    one that takes the ``spark`` fixture without the mark would run Spark in the fast suite: refuse it."""
+    unmarked = [item.nodeid for item in items
+                if "spark" in item.fixturenames and item.get_closest_marker("spark") is None]
+    if unmarked:
+        raise pytest.UsageError(f"these tests start Spark but are not marked @pytest.mark.spark: {unmarked}")

@@ -74,6 +74,7 @@ def test_coordinator_does_not_import_pyspark():
     assert subprocess.check_output([sys.executable, "-c", code], text=True).strip() == "False"
 
 
+@pytest.mark.spark
 def test_spark_stages_wap_snapshot_that_pyiceberg_publishes(spark, catalog_settings, namespace):
     table = f"lake.{namespace}.events"
     spark.sql(f"CREATE NAMESPACE lake.{namespace}")
@@ -97,6 +98,7 @@ def test_spark_stages_wap_snapshot_that_pyiceberg_publishes(spark, catalog_setti
     assert sorted(r.id for r in spark.table(table).collect()) == [1, 2]
 
 
+@pytest.mark.spark
 def test_postgresql_catalog_works_from_spark_and_python(spark, pg_catalog_settings, namespace):
     spark.sql(f"CREATE NAMESPACE pg.{namespace}")
     spark.sql(f"CREATE TABLE pg.{namespace}.t (id bigint) USING iceberg")

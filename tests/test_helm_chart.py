@@ -579,7 +579,7 @@ def test_the_image_runs_as_the_non_root_user_the_chart_expects(chart):
 
 
 def test_the_image_has_spark_iceberg_s3_and_an_entrypoint():
-    from spark_hooks.jars import ICEBERG_RUNTIME
+    from tools.jars import ICEBERG_RUNTIME
 
     stage = final_stage()
     text = (DOCKER / "Dockerfile").read_text()
@@ -587,7 +587,7 @@ def test_the_image_has_spark_iceberg_s3_and_an_entrypoint():
     assert "pyspark==3.5" in text or "'.[spark]'" in text
     iceberg_version = re.search(r"-(\d+\.\d+\.\d+)\.jar$", ICEBERG_RUNTIME).group(1)
     assert re.search(rf"ICEBERG_VERSION={re.escape(iceberg_version)}\b", text), \
-        "iceberg-aws-bundle must match the Iceberg runtime that spark_hooks.jars installs"
+        "iceberg-aws-bundle must match the Iceberg runtime that tools/jars.py installs"
     (entrypoint,) = [args for op, args in stage if op == "ENTRYPOINT"]
     assert entrypoint.startswith("["), "exec form, so that SIGTERM reaches the driver"
     assert yaml.safe_load(entrypoint) == ["/usr/bin/tini", "--", "/usr/local/bin/tidemark-entrypoint"]

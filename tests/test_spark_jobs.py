@@ -254,7 +254,7 @@ def test_read_consistent_frames_and_sql_version_as_of(spark, tm, catalog_setting
 
 
 def test_demo_runs_and_its_check_passes(spark, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "spark_hooks.demo", "--seconds", "12", "--interval-ms", "2000",
+    result = subprocess.run([sys.executable, "-m", "examples.demo", "--seconds", "12", "--interval-ms", "2000",
                              "--timeout", "540", "--home", str(tmp_path / "demo")], cwd=REPO, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
