@@ -12,6 +12,7 @@ import pytest
 
 from coordinator import CatalogSettings, ConfigurationError, EmbeddedZooKeeper
 from coordinator.operations.zookeeper_server import four_letter_word, free_port
+from tests.helpers.present import present
 
 TIDEMARK = [sys.executable, "-m", "coordinator.operations.cli"]
 
@@ -25,7 +26,7 @@ def test_zk_start_status_stop_end_a_real_server(tmp_path):
     started = run_cli("zk", "start", "--port", str(port), "--data-dir", str(tmp_path))
     assert started.returncode == 0, started.stderr
     assert started.stdout.strip() == f"127.0.0.1:{port}"
-    pid = EmbeddedZooKeeper(port, tmp_path).recorded_state().pid
+    pid = present(EmbeddedZooKeeper(port, tmp_path).recorded_state()).pid
     assert four_letter_word("127.0.0.1", port) == b"imok"
     status = run_cli("zk", "status", "--port", str(port), "--data-dir", str(tmp_path))
     assert status.returncode == 0 and "standalone" in status.stdout

@@ -152,7 +152,7 @@ def fuzz_tree(zk_server, tmp_path_factory) -> tuple[str, Path]:
     with Tidemark.connect(connect, session_timeout=4, operation_timeout=20) as tm:
         writer = lead_job(tm, lake, "counts", ["db.counts"], sources=("db.words",))
         try:
-            commit_rows(writer, writer.tm.barriers.ensure_grid(1000).floor(now_ms()))
+            commit_rows(writer, writer.barriers.ensure_grid(1000).floor(now_ms()))
         finally:
             writer.close()
     return connect, home

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Optional
 
 import pytest
 
@@ -135,11 +136,12 @@ def test_digest_auth_makes_znodes_writable_only_by_their_owner(zk_connect, conne
 def topology(**jobs: tuple[list[str], list[str]]) -> Topology:
     """``topology(a=(sources, sinks), ...)``."""
     return Topology(version=1, znode_version=1,
-                    jobs={name: JobRecord(sources=src, sinks=dst) for name, (src, dst) in jobs.items()})
+                    jobs={name: JobRecord(sources=tuple(src), sinks=tuple(dst)) for name, (src, dst) in jobs.items()})
 
 
-def assert_is_cycle(topo: Topology, cycle: list[str]) -> list[str]:
+def assert_is_cycle(topo: Topology, cycle: Optional[list[str]]) -> list[str]:
     """``cycle`` is ``["a -[t]->", "b -[u]->", "a"]`` and every step is a real edge; returns its jobs."""
+    assert cycle is not None, "no cycle found"
     assert cycle[0].split(" ")[0] == cycle[-1], cycle
     jobs = [step.split(" ")[0] for step in cycle]
     for step, downstream in zip(cycle, jobs[1:]):
