@@ -51,7 +51,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
                        "where `make setup` keeps the Spark jars (`<cache>/jars`)"),
     "TIDEMARK_SPARK_MASTER": ("`local[2]`", "Spark master of `build_spark_session` (unless `SPARK_HOME` is set: "
                                             "then `spark-defaults.conf` decides)"),
-    "TIDEMARK_SPARK_JARS": ("the jars in `<cache>/jars`", "Iceberg's Spark runtime jar(s) and JDBC drivers, comma separated"),
+    "TIDEMARK_SPARK_JARS": ("the jars in `<cache>/jars`",
+                            "Iceberg's Spark runtime jar(s) and JDBC drivers, comma separated"),
     "TIDEMARK_METRICS_PORT": ("unset: no endpoint", "port of a driver's `/metrics` and `/healthz`"),
     "TIDEMARK_METRICS_ADDRESS": (f"`{DEFAULT_METRICS_ADDRESS}`", "address that endpoint listens on"),
     "TIDEMARK_CRASH_AT": ("unset", "fault tests only: `<step>[:<nth>]` makes the driver SIGKILL itself there"),
