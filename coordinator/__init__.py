@@ -3,9 +3,9 @@
 The public API is what this module exports. Underneath, each sub-package holds one concern and
 imports only the ones listed before it:
 
-- ``errors``, ``names``, ``records``, ``settings``: the error hierarchy, name rules, the records stored in
-  znodes and snapshot summaries and the settings read from the environment (the foundation every other
-  module uses);
+- ``errors``, ``names``, ``records``, ``settings``: the error hierarchy, name rules, the records
+  stored in znodes and snapshot summaries, and the environment's configuration (the foundation
+  every other module uses);
 - ``coordinator.zookeeper``: the session, multi-operations, znode paths, ACLs and TLS;
 - ``coordinator.iceberg``: catalogs, snapshot summaries, staging, publishing, progress records;
 - ``coordinator.protocol``: the ZooKeeper recipes (topology, registry, leadership, barriers,
@@ -53,7 +53,6 @@ from coordinator.records import (
                                 SourceRange,
                                 TableTidemark,
 )
-from coordinator.settings import Settings
 from coordinator.tidemark import Tidemark
 from coordinator.zookeeper.security import TlsSettings
 
@@ -62,7 +61,7 @@ __all__ = [
     "ConsistentVersion", "CorruptState", "CycleError", "EmbeddedZooKeeper", "EpochContext", "EpochCoordinator",
     "EpochInputs", "EpochOrderError", "EpochRecord", "EpochState", "EpochWriter", "Fenced", "InvalidName",
     "JobNotFound", "JobRecord", "LeaderState", "Leadership", "NotLeader", "PermissionDenied", "PublishConflict",
-    "ReaderSession", "Recovery", "RecoveryAction", "RegistrationError", "Resolver", "Settings", "SourceRange",
-    "TableNotFound", "TableTidemark", "Tidemark", "TidemarkError", "TlsError", "TlsSettings", "Topology",
-    "VersionNotFound", "Waiting", "WriterConflict", "ZooKeeperUnavailable", "read_arrow",
+    "ReaderSession", "Recovery", "RecoveryAction", "RegistrationError", "Resolver", "SourceRange", "TableNotFound",
+    "TableTidemark", "Tidemark", "TidemarkError", "TlsError", "TlsSettings", "Topology", "VersionNotFound",
+    "Waiting", "WriterConflict", "ZooKeeperUnavailable", "read_arrow",
 ]

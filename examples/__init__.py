@@ -1,1 +1,1 @@
-"""Runnable examples (``make demo``); not part of the wheel."""
+"""Examples that run against the embedded defaults (``make demo``); not part of the installed package."""

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
     from coordinator.history.checker import ConsistencyChecker
 
+REPO = Path(__file__).resolve().parent.parent  # where `python -m examples.demo` runs the drivers from
 WORDS_TABLE, COUNTS_TABLE, HIST_TABLE = "lake.demo.words", "lake.demo.word_counts", "lake.demo.count_histogram"
 TABLES = [WORDS_TABLE, COUNTS_TABLE, HIST_TABLE]
 JOB_TABLES = {"word_counts": ([WORDS_TABLE], [COUNTS_TABLE]), "count_histogram": ([COUNTS_TABLE], [HIST_TABLE])}
@@ -272,10 +273,7 @@ def _run_cascade(home: Path, zk: str, settings, tm, cache, grid, seconds: float,
     from coordinator.records import now_ms
 
     interval_ms = grid.interval_ms
-    # The drivers run this module too: the clone's root on their path, wherever the demo was started from.
-    clone = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [clone, os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     drivers: dict[str, subprocess.Popen] = {}
     stop_producing, produced_all = threading.Event(), threading.Event()
     errors: list[BaseException] = []
@@ -328,7 +326,7 @@ def _run_cascade(home: Path, zk: str, settings, tm, cache, grid, seconds: float,
                 drivers[name] = subprocess.Popen(
                     [sys.executable, "-m", "examples.demo", "--job", name, "--zk", zk, "--home", str(home),
                      "--interval-ms", str(interval_ms), "--timeout", str(deadline.seconds)],
-                    stdout=out, stderr=err, env=env, text=True)
+                    stdout=out, stderr=err, env=env, text=True, cwd=REPO)
         # Spark's start-up can take longer than the whole production on a busy machine: the clock of the run
         # starts only when both jobs lead (a job starts after the newest barrier agreed when it opened).
         deadline.describe = lambda: f"waiting for both drivers to start (driver logs: {home}/<job>.log)"

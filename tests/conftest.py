@@ -95,11 +95,12 @@ def namespace(request) -> str:
 
 
 def pytest_collection_modifyitems(items):
-    """A test is marked by what it does: one that uses the SparkSession must say so, or `-m "not spark"` runs it."""
-    unmarked = [item.nodeid for item in items if "spark" in item.fixturenames and not item.get_closest_marker("spark")]
+    """A test that starts Spark says so with ``@pytest.mark.spark`` (``make test-fast`` deselects those);
+    one that takes the ``spark`` fixture without the mark would run Spark in the fast suite: refuse it."""
+    unmarked = [item.nodeid for item in items
+                if "spark" in item.fixturenames and item.get_closest_marker("spark") is None]
     if unmarked:
-        raise pytest.UsageError("these tests use the spark fixture but are not marked @pytest.mark.spark: "
-                                + ", ".join(unmarked))
+        raise pytest.UsageError(f"these tests start Spark but are not marked @pytest.mark.spark: {unmarked}")
 
 
 @pytest.fixture(scope="session")
@@ -116,8 +117,9 @@ def spark_launch_trap(tmp_path_factory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _no_spark_unless_marked(request, monkeypatch):
-    """Keeps `make test-fast` (`-m "not spark"`) free of Spark: a test not marked `spark` that starts Spark,
-    in this process or in a driver subprocess (which inherits SPARK_HOME), fails."""
+    """Keeps ``make test-fast`` (``-m "not spark"``) free of Spark at run time, not only by the fixture check
+    above: a test not marked ``spark`` that starts Spark, in this process or in a driver subprocess (which
+    inherits SPARK_HOME, so its JVM launch fails at once), fails by name."""
     if request.node.get_closest_marker("spark"):
         yield
         return

@@ -1,4 +1,4 @@
-"""The settings object: every variable parsed in one place, bad values named, and the README's table in step."""
+"""One settings object reads the environment; the README's table lists exactly its variables."""
 from __future__ import annotations
 
 import re
@@ -6,57 +6,58 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import ConfigurationError
-from coordinator.settings import Settings
+from coordinator import ConfigurationError, Tidemark
+from coordinator.iceberg.catalog import CatalogSettings
+from coordinator.settings import VARIABLES, Settings
+from coordinator.zookeeper.security import TlsSettings
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-# Read by a tool of the clone, not by the library: documented in the table, marked as such.
-OUTSIDE_SETTINGS = {"TIDEMARK_CRASH_AT": "fault tests", "TIDEMARK_SKIP_APT": "make setup",
-                    "TIDEMARK_BENCH_KEEP": "make bench"}
-
-
-def _table_rows() -> dict[str, str]:
-    text = README.read_text()
-    start = text.index("| variable | default | what it does |")
-    rows = {}
-    for line in text[start:].splitlines()[2:]:
-        if not line.startswith("|"):
-            break
-        names = re.findall(r"`([A-Z][A-Z0-9_]+)`", line.split("|")[1])
-        assert len(names) == 1, f"one variable per row of the README's table: {line}"
-        rows[names[0]] = line
-    return rows
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_readme_table_documents_exactly_the_settings_variables():
-    rows = _table_rows()
-    assert set(rows) == set(Settings.variables()) | set(OUTSIDE_SETTINGS)
-    for name, tool in OUTSIDE_SETTINGS.items():
-        assert f"for `{tool}` only" in rows[name] or f"for {tool} only" in rows[name], rows[name]
+def test_the_readme_table_lists_exactly_the_variables_the_settings_read():
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| variable | what it does | default |"):]
+    table = table[:table.index("\n\n")]
+    assert re.findall(r"^\| `(TIDEMARK_[A-Z_]+)` \|", table, re.M) == list(VARIABLES)
 
 
-def test_defaults_from_an_empty_environment():
-    settings = Settings.from_env({"HOME": "/home/u"})
-    assert settings.zk_connect == "127.0.0.1:2181" and settings.catalog_name == "lake"
-    assert settings.zk_user is None and settings.zk_tls is None and settings.zk_tls_verify
-    assert settings.metrics_port is None and settings.metrics_address == "0.0.0.0"
-    assert settings.spark_jars == () and settings.spark_master is None
+def test_no_module_reads_the_environment_but_the_settings():
+    readers = []
+    for path in [*ROOT.glob("coordinator/**/*.py"), *ROOT.glob("spark_hooks/**/*.py")]:
+        for match in re.finditer(r"os\.environ(?:\.get)?\s*[\[(]\s*[\"'](TIDEMARK_\w+)", path.read_text()):
+            readers.append(f"{path.relative_to(ROOT)}: {match.group(1)}")
+    assert readers == []
+    source = (ROOT / "coordinator" / "settings.py").read_text()
+    assert all(f'"{name}"' in source.split("class Settings")[1] for name in VARIABLES), \
+        "every documented variable is read in Settings.from_env"
 
 
-def test_values_are_parsed():
-    settings = Settings.from_env({"TIDEMARK_ZK": "zk1:2181/t", "TIDEMARK_METRICS_PORT": " 9465 ",
-                                  "TIDEMARK_ZK_TLS": "yes", "TIDEMARK_ZK_TLS_VERIFY": "0",
-                                  "TIDEMARK_SPARK_JARS": "/a.jar, /b.jar,", "TIDEMARK_HOME": "/data/tm",
-                                  "XDG_CACHE_HOME": "/xdg", "TIDEMARK_CATALOG_NAME": ""})
-    assert settings.zk_connect == "zk1:2181/t" and settings.metrics_port == 9465
-    assert settings.zk_tls is True and settings.zk_tls_verify is False
-    assert settings.spark_jars == ("/a.jar", "/b.jar")
-    assert settings.home == Path("/data/tm") and settings.cache == Path("/xdg/tidemark")
-    assert settings.catalog_name == "lake"  # empty counts as unset
+def test_settings_read_every_variable_and_defaults_without_them(tmp_path):
+    assert Settings.from_env({}) == Settings.from_env({"TIDEMARK_ZK": " "})
+    defaults = Settings.from_env({"XDG_DATA_HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "c")})
+    assert defaults.zk_connect == "127.0.0.1:2181" and defaults.catalog_name == "lake"
+    assert defaults.home == tmp_path / "tidemark" and defaults.cache == tmp_path / "c" / "tidemark"
+    assert defaults.metrics_port is None and not defaults.tls_enabled and defaults.spark_jars == ()
+    given = Settings.from_env({
+        "TIDEMARK_ZK": "zk1:2181/t", "TIDEMARK_ZK_USER": "w", "TIDEMARK_ZK_PASSWORD": "pw",
+        "TIDEMARK_ZK_TLS_CA": str(tmp_path / "ca.pem"), "TIDEMARK_ZK_TLS_VERIFY": "no",
+        "TIDEMARK_CATALOG_NAME": "prod", "TIDEMARK_CATALOG_URI": "postgresql://u@db/c", "TIDEMARK_HOME": str(tmp_path),
+        "TIDEMARK_SPARK_JARS": "a.jar, b.jar,", "TIDEMARK_SPARK_MASTER": "k8s://x", "TIDEMARK_METRICS_PORT": "9465",
+    })
+    assert (given.zk_connect, given.zk_user, given.zk_password) == ("zk1:2181/t", "w", "pw")
+    assert given.tls_enabled and not given.zk_tls_verify
+    assert given.spark_jars == ("a.jar", "b.jar") and given.spark_master == "k8s://x" and given.metrics_port == 9465
+    catalog = CatalogSettings.from_env(given)
+    assert (catalog.name, catalog.uri, catalog.warehouse) == ("prod", "postgresql://u@db/c",
+                                                              f"file://{tmp_path / 'warehouse'}")
+    assert TlsSettings.from_env(Settings.from_env({"TIDEMARK_ZK_TLS": "0", "TIDEMARK_ZK_TLS_CA": "x"})) is None
 
 
 @pytest.mark.parametrize(("name", "value"), [("TIDEMARK_METRICS_PORT", "http"), ("TIDEMARK_METRICS_PORT", "70000"),
-                                             ("TIDEMARK_ZK_TLS", "maybe"), ("TIDEMARK_ZK_TLS_CHECK_HOSTNAME", "2")])
-def test_an_unusable_value_names_its_variable(name, value):
-    with pytest.raises(ConfigurationError, match=f"{name}='{value}'"):
+                                             ("TIDEMARK_ZK_TLS", "maybe"), ("TIDEMARK_ZK_TLS_VERIFY", "2")])
+def test_an_unusable_value_is_an_error_naming_the_variable(name, value, monkeypatch):
+    with pytest.raises(ConfigurationError, match=name):
         Settings.from_env({name: value})
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError, match=name):  # before any connection is tried
+        Tidemark.connect("127.0.0.1:1", connect_timeout=1)

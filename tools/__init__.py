@@ -1,1 +1,1 @@
-"""Development tools run from a clone (``make setup``, the image build); not part of the wheel."""
+"""Development tooling: not part of the installed package (see README, Development)."""

@@ -1,17 +1,13 @@
-"""Build the jar cache a local SparkSession uses for Iceberg (``make setup`` and the image build run it).
+"""Prepare the jars a local SparkSession needs for Iceberg (``make setup`` runs this; not shipped in the wheel).
 
-A development tool, not part of the wheel: ``spark_hooks.session`` puts every jar of
-``$TIDEMARK_CACHE/jars`` on Spark's class path, or the jars ``TIDEMARK_SPARK_JARS`` names. In
-production, add ``org.apache.iceberg:iceberg-spark-runtime-3.5_2.12`` as usual and point
-``TIDEMARK_SPARK_JARS`` at your jars. On a machine that reaches only PyPI and Debian, ``install()``
-takes Iceberg's official runtime jar from the PyPI package ``snowpark-connect-deps-iceberg``,
-relocates Spark's own Jackson jars to ``org.apache.iceberg.shaded.com.fasterxml.jackson`` (which
-that jar lacks) with jarjar, and links Debian's SQLite and PostgreSQL JDBC drivers.
+    python -m tools.jars install
 
-    python -m tools.jars install        # from the clone's root; idempotent
-
-Failure behaviour: a missing tool (pyspark, java, jarjar) is a ``ConfigurationError`` printed as one
-``jars: error: ...`` line, exit code 1.
+On a machine that reaches only PyPI and Debian, it takes Iceberg's official runtime jar from the
+PyPI package ``snowpark-connect-deps-iceberg`` and relocates Spark's own Jackson jars to
+``org.apache.iceberg.shaded.com.fasterxml.jackson`` (which that jar lacks) with jarjar. It adds
+Debian's JDBC drivers (SQLite, PostgreSQL) and their native library directory, and writes the
+manifest ``<cache>/jars/classpath.json`` that ``spark_hooks.classpath`` reads. In production,
+set ``TIDEMARK_SPARK_JARS`` instead.
 """
 from __future__ import annotations
 
@@ -22,9 +18,11 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Optional
 
 from coordinator.errors import ConfigurationError
 from coordinator.settings import Settings
+from spark_hooks.classpath import SparkClasspath, manifest_path
 
 ICEBERG_PACKAGE = "snowpark-connect-deps-iceberg==1.0.3"
 ICEBERG_RUNTIME = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
@@ -32,27 +30,27 @@ JACKSON_MODULES = ("jackson-core", "jackson-databind", "jackson-annotations")
 RELOCATION_RULE = "rule com.fasterxml.jackson.** org.apache.iceberg.shaded.com.fasterxml.jackson.@1\n"
 JARJAR = Path("/usr/share/java/jarjar.jar")
 JDBC_DRIVERS = (Path("/usr/share/java/sqlite-jdbc.jar"), Path("/usr/share/java/postgresql.jar"))
+JNI_DIR = Path("/usr/lib/x86_64-linux-gnu/jni")
 
 
-def cache_dir() -> Path:
-    return Settings.from_env().cache / "jars"
-
-
-def install() -> Path:
-    """Build the jar cache (idempotent): Iceberg's runtime jar plus relocated Jackson."""
-    cache = cache_dir()
+def install(settings: Optional[Settings] = None) -> Path:
+    """Build the jar cache (idempotent): Iceberg's runtime jar, relocated Jackson, the manifest naming them."""
+    settings = settings or Settings.from_env()
+    manifest = manifest_path(settings)
+    cache = manifest.parent
     cache.mkdir(parents=True, exist_ok=True)
     runtime = cache / ICEBERG_RUNTIME
     if not runtime.is_file():
         _fetch_iceberg_runtime(runtime)
+    jars = [runtime]
     for module in JACKSON_MODULES:
         target = cache / f"{module}-relocated.jar"
         if not target.is_file():
             _relocate(_spark_jar(module), target)
-    for driver in JDBC_DRIVERS:
-        link = cache / driver.name
-        if driver.is_file() and not link.exists():
-            link.symlink_to(driver)
+        jars.append(target)
+    jars += [p for p in JDBC_DRIVERS if p.is_file()]
+    classpath = SparkClasspath(tuple(str(j) for j in jars), str(JNI_DIR) if JNI_DIR.is_dir() else None)
+    manifest.write_text(classpath.to_json())
     return cache
 
 

@@ -38,11 +38,6 @@ def is_catalog_outage(exc: BaseException) -> bool:
         isinstance(exc, DBAPIError) and exc.connection_invalidated)
 
 
-def data_home() -> Path:
-    """Where the embedded defaults live: ``TIDEMARK_HOME`` or ``~/.local/share/tidemark``."""
-    return Settings.from_env().home
-
-
 @dataclass(frozen=True)
 class CatalogSettings:
     """The catalog's name, its database URI and warehouse, or verbatim properties for a custom catalog."""
@@ -61,14 +56,14 @@ class CatalogSettings:
 
     @classmethod
     def embedded(cls, home: Optional[Path] = None, name: str = DEFAULT_CATALOG) -> CatalogSettings:
-        home = Path(home or data_home())
+        home = Path(home or Settings.from_env().home)
         return cls(name=name, uri=f"sqlite:///{home / 'catalog.db'}", warehouse=f"file://{home / 'warehouse'}",
                    create_if_missing=True)
 
     @classmethod
-    def from_env(cls) -> CatalogSettings:
+    def from_env(cls, settings: Optional[Settings] = None) -> CatalogSettings:
         """``TIDEMARK_CATALOG_URI`` / ``TIDEMARK_WAREHOUSE`` / ``TIDEMARK_CATALOG_NAME``, else the embedded default."""
-        settings = Settings.from_env()
+        settings = settings or Settings.from_env()
         if not settings.catalog_uri:
             return cls.embedded(settings.home, name=settings.catalog_name)
         warehouse = settings.warehouse or f"file://{settings.home / 'warehouse'}"

@@ -79,7 +79,7 @@ class DriverMetrics:
     def __init__(self, writer: EpochWriter, port: Optional[int] = None, address: Optional[str] = None) -> None:
         self.writer = writer
         self.job = writer.name
-        settings = Settings.from_env()
+        settings = Settings.from_env()  # TIDEMARK_METRICS_PORT / _ADDRESS, unless given
         self.port = port if port is not None else settings.metrics_port
         self.address = address or settings.metrics_address
         self.registry = CollectorRegistry()

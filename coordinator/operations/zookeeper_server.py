@@ -35,7 +35,6 @@ from typing import Optional
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from coordinator.errors import ConfigurationError, ZooKeeperUnavailable
-from coordinator.iceberg.catalog import data_home
 from coordinator.settings import Settings
 
 DEFAULT_PORT = 2181
@@ -81,7 +80,7 @@ def zookeeper_classpath() -> str:
 
 
 def java_executable() -> str:
-    java_home = Settings.from_env().java_home
+    java_home = os.environ.get("JAVA_HOME")
     java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
     if not java or not Path(java).is_file():
         raise ConfigurationError("Java not found: install a Java 17 runtime "
@@ -160,7 +159,7 @@ class EmbeddedZooKeeper:
         if (tls is None) != (secure_port is None):
             raise ConfigurationError("a TLS ZooKeeper needs both tls=ServerTls(...) and secure_port")
         self.port = port
-        self.data_dir = Path(data_dir or data_home() / "zookeeper").absolute()
+        self.data_dir = Path(data_dir or Settings.from_env().home / "zookeeper").absolute()
         self.start_timeout = start_timeout
         self.tls, self.secure_port = tls, secure_port
         self.quorum, self.server_id = tuple(quorum), server_id

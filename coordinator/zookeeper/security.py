@@ -67,7 +67,7 @@ class Credentials:
 
     @classmethod
     def from_env(cls, settings: Optional[Settings] = None) -> Credentials:
-        """The identities of ``settings`` (default ``Settings.from_env()``)."""
+        """The identities ``TIDEMARK_ZK_USER``/``_PASSWORD`` and ``TIDEMARK_ZK_READER_USER``/``_PASSWORD``."""
         settings = settings or Settings.from_env()
         return cls(settings.zk_user, settings.zk_password, settings.zk_reader_user, settings.zk_reader_password)
 
@@ -146,12 +146,12 @@ class TlsSettings:
     @classmethod
     def from_env(cls, settings: Optional[Settings] = None) -> Optional[TlsSettings]:
         """``TIDEMARK_ZK_TLS=1`` or any of ``TIDEMARK_ZK_TLS_CA``/``_CERT``/``_KEY``; None when TLS is off."""
-        s = settings or Settings.from_env()
-        enabled = s.zk_tls if s.zk_tls is not None else bool(s.zk_tls_ca or s.zk_tls_cert or s.zk_tls_key)
-        if not enabled:
+        settings = settings or Settings.from_env()
+        if not settings.tls_enabled:
             return None
-        return cls(s.zk_tls_ca, s.zk_tls_cert, s.zk_tls_key, verify_certs=s.zk_tls_verify,
-                   check_hostname=s.zk_tls_check_hostname, keyfile_password=s.zk_tls_key_password)
+        return cls(settings.zk_tls_ca, settings.zk_tls_cert, settings.zk_tls_key,
+                   verify_certs=settings.zk_tls_verify, check_hostname=settings.zk_tls_check_hostname,
+                   keyfile_password=settings.zk_tls_key_password)
 
     def kazoo_kwargs(self) -> dict:
         return dict(use_ssl=True, ca=self.ca, certfile=self.certfile, keyfile=self.keyfile,

@@ -174,7 +174,7 @@ class ZooKeeperSession:
         for listener in listeners:
             try:
                 listener(state)
-            except Exception:
+            except Exception:  # a listener's bug must not break the session
                 log.exception("state listener %r failed", listener)
 
     def connection_changes(self) -> dict[str, int]:
