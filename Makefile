@@ -7,7 +7,7 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	$(PY) -m spark_hooks.demo
+	$(PY) -m examples.demo
 
 # ruff and mypy, configured in pyproject.toml (about 15 seconds; mypy's cache makes later runs quicker).
 lint: setup

@@ -5,12 +5,13 @@ With no name, all of them. Options (``--engine spark``, ``--minutes 1``, ...) go
 that take them: ``pipeline`` (see ``python -m bench pipeline --help``), ``spark``, ``takeover`` and ``retention``.
 """
 import sys
+from typing import Callable, Optional
 
 from . import coordination, iceberg, pipeline, retention, spark, takeover
 
-SUITES = {"coordination": lambda argv: coordination.main(), "iceberg": lambda argv: iceberg.main(),
-          "spark": spark.main, "pipeline": pipeline.main, "takeover": takeover.main,
-          "retention": retention.main}
+SUITES: dict[str, Callable[[list[str]], Optional[int]]] = {
+    "coordination": lambda argv: coordination.main(), "iceberg": lambda argv: iceberg.main(),
+    "spark": spark.main, "pipeline": pipeline.main, "takeover": takeover.main, "retention": retention.main}
 TAKES_OPTIONS = {"spark", "pipeline", "takeover", "retention"}
 
 if __name__ == "__main__":

@@ -147,7 +147,8 @@ def run_driver(args) -> int:
         events.write(json.dumps({"epoch": record.epoch, "ran": record.epoch in ran, "start_ms": started,
                                  "end_ms": now_ms()}) + "\n")
         return record
-    writer.process = timed_process  # the loop calls self.process: every committed epoch is logged
+    # The loop calls self.process: replacing it logs every committed epoch, whichever path committed it.
+    writer.process = timed_process  # type: ignore[method-assign,assignment]
     if spark is not None:
         job.epoch(step)
         committed = job.run()
@@ -271,7 +272,8 @@ class Cascade:
         """``now - T*`` over ``tables`` (None while one of them has no committed epoch)."""
         from coordinator.records import now_ms
         epochs = [self.marks()[t] for t in tables]
-        return None if any(e is None for e in epochs) else now_ms() - min(epochs)  # type: ignore[type-var]
+        known = [e for e in epochs if e is not None]
+        return now_ms() - min(known) if known and len(known) == len(epochs) else None
 
     def wait_consistent(self, timeout: float = 600) -> float:
         """Wait until every sink has a committed epoch; returns the wall time it happened."""
@@ -292,8 +294,8 @@ class Cascade:
         while time.monotonic() < end:
             self.check_alive()
             lag, first = self.lag_ms(), self.lag_ms((CLEAN,))
-            if lag is not None:
-                samples.append((time.time(), lag / 1000, first / 1000))  # type: ignore[operator]
+            if lag is not None and first is not None:
+                samples.append((time.time(), lag / 1000, first / 1000))
                 if until is not None and until(lag / 1000):
                     break
             due += SAMPLE_EVERY_S

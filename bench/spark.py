@@ -52,6 +52,7 @@ def epoch_overhead(spark, connect: str, settings: CatalogSettings, rows: int, re
         for _ in range(WARMUP + repeat):
             start = time.perf_counter()
             target = writer.next_barrier()  # agreed on the spot: the clock passed a new 1 ms grid point
+            assert target is not None  # None only once the writer is stopped
             writer.process(target, append, inputs=writer.inputs_for(target))
             epochs.append(time.perf_counter() - start)
             start = time.perf_counter()

@@ -3,8 +3,9 @@
 The public API is what this module exports. Underneath, each sub-package holds one concern and
 imports only the ones listed before it:
 
-- ``errors``, ``names``, ``records``: the error hierarchy, name rules and the records stored in
-  znodes and snapshot summaries (the foundation every other module uses);
+- ``errors``, ``names``, ``records``, ``settings``: the error hierarchy, name rules, the records
+  stored in znodes and snapshot summaries, and the environment's configuration (the foundation
+  every other module uses);
 - ``coordinator.zookeeper``: the session, multi-operations, znode paths, ACLs and TLS;
 - ``coordinator.iceberg``: catalogs, snapshot summaries, staging, publishing, progress records;
 - ``coordinator.protocol``: the ZooKeeper recipes (topology, registry, leadership, barriers,

@@ -114,3 +114,17 @@ class UnregisterNotConfirmed(RegistrationError):
         super().__init__(f"{plan.describe()}. Nothing was changed: confirm to go ahead "
                          "(`tidemark unregister --yes`, or unregister_job(..., confirm=True))")
         self.plan = plan
+
+
+class SinksNotFenced(RegistrationError):
+    """``unregister_job`` could not fence the job's sinks in Iceberg (catalog unreachable or not
+    configured, a sink missing), so it changed nothing: a still-running leader of this registration
+    could otherwise commit to them again, and the next registration could reuse its terms."""
+
+    def __init__(self, plan: UnregisterPlan) -> None:
+        super().__init__(
+            f"cannot unregister job {plan.job}: its sinks ({', '.join(plan.record.sinks)}) cannot be fenced in "
+            f"Iceberg ({plan.unreadable}). Nothing was changed: give the catalog settings (TIDEMARK_CATALOG_NAME, "
+            "TIDEMARK_CATALOG_URI, TIDEMARK_WAREHOUSE), or, only if the sinks are gone for good, "
+            "`tidemark unregister --unfenced` (unregister_job(..., allow_unfenced=True))")
+        self.plan = plan

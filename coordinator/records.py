@@ -23,8 +23,8 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class JsonRecord:
-    """Mixin: compact JSON encoding of a frozen dataclass, strict decoding."""
+class JsonOutput:
+    """Mixin: compact JSON encoding of a frozen dataclass, for reports that are printed and never read back."""
 
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # set by @dataclass on every subclass
 
@@ -33,6 +33,10 @@ class JsonRecord:
 
     def to_json(self) -> bytes:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+
+
+class JsonRecord(JsonOutput):
+    """Mixin: compact JSON encoding of a frozen dataclass, strict decoding (znodes, snapshot summaries)."""
 
     @classmethod
     def from_dict(cls: type[R], data: Mapping[str, Any], where: str = "value") -> R:

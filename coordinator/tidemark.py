@@ -37,10 +37,11 @@ class Tidemark(ZooKeeperSession):
                      replace: bool = False) -> JobRecord:
         return register_job(self, name, sources=sources, sinks=sinks, replace=replace)
 
-    def unregister_job(self, name: str, *, confirm: bool = False,
-                       catalog: Optional[CatalogSettings] = None) -> UnregisterPlan:
-        """See ``registry.unregister_job``: without ``confirm=True`` it only raises ``UnregisterNotConfirmed``."""
-        return unregister_job(self, name, confirm=confirm, catalog=catalog)
+    def unregister_job(self, name: str, *, confirm: bool = False, catalog: Optional[CatalogSettings] = None,
+                       allow_unfenced: bool = False) -> UnregisterPlan:
+        """See ``registry.unregister_job``: without ``confirm=True`` it only raises ``UnregisterNotConfirmed``,
+        and without a readable catalog ``SinksNotFenced`` (unless ``allow_unfenced=True``)."""
+        return unregister_job(self, name, confirm=confirm, catalog=catalog, allow_unfenced=allow_unfenced)
 
     def fence_job(self, name: str, by: str = "operator") -> int:
         if not isinstance(by, str):

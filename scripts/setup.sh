@@ -53,6 +53,6 @@ install_venv() {
 [ -n "${TIDEMARK_SKIP_APT:-}" ] || install_debian_packages
 install_venv
 if [ -z "${TIDEMARK_SPARK_JARS:-}" ]; then
-    "$VENV/bin/python" -c 'import sys; from spark_hooks.jars import main; sys.exit(main(["jars", "install"]))'
+    "$VENV/bin/python" -m tools.jars install
 fi
 say "ready"

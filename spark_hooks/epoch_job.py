@@ -116,7 +116,7 @@ class _JavaCallable:
     def call(self) -> None:
         try:
             self.action()
-        except BaseException as exc:
+        except BaseException as exc:  # re-raised in Python once the JVM call returns
             self.error = exc
             raise
         return None

@@ -14,25 +14,25 @@ from typing import Optional
 
 from coordinator.errors import ConfigurationError
 from coordinator.iceberg.catalog import CatalogSettings
-
-from .jars import JNI_DIR, spark_jars
+from coordinator.settings import Settings
+from spark_hooks.classpath import SparkClasspath, spark_classpath
 
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 
 
 def spark_conf(catalog: CatalogSettings, jars: Optional[list[str]] = None) -> dict[str, str]:
     """Every Spark setting Tidemark needs, as a plain dict (for spark-submit or a Kubernetes manifest)."""
-    jars = spark_jars() if jars is None else jars
-    classpath = os.pathsep.join(jars)
+    classpath = spark_classpath() if jars is None else SparkClasspath(tuple(jars))
+    joined = os.pathsep.join(classpath.jars)
     # JDBC drivers must be on the JVM class path (DriverManager ignores spark.jars' class loader).
     conf = {
-        "spark.driver.extraClassPath": classpath,
-        "spark.executor.extraClassPath": classpath,
+        "spark.driver.extraClassPath": joined,
+        "spark.executor.extraClassPath": joined,
         "spark.sql.extensions": ICEBERG_EXTENSIONS,
         "spark.sql.defaultCatalog": catalog.name,
     }
-    if JNI_DIR.is_dir():  # Debian's sqlite-jdbc loads its native library from here
-        java_opts = f"-Djava.library.path={JNI_DIR}"
+    if classpath.java_library_path:  # e.g. Debian's sqlite-jdbc loads its native library from there
+        java_opts = f"-Djava.library.path={classpath.java_library_path}"
         conf["spark.driver.extraJavaOptions"] = java_opts
         conf["spark.executor.extraJavaOptions"] = java_opts
     conf.update(catalog.spark_conf())
@@ -56,7 +56,7 @@ def build_spark_session(catalog: Optional[CatalogSettings] = None, *, app_name: 
     # With SPARK_HOME set (the image), spark-defaults.conf in SPARK_CONF_DIR names the master and
     # every other setting: builder settings would override it.
     if master or not os.environ.get("SPARK_HOME"):
-        master = master or os.environ.get("TIDEMARK_SPARK_MASTER", "local[2]")
+        master = master or Settings.from_env().spark_master or "local[2]"
         builder = builder.master(master)
         if master.startswith("local"):
             conf["spark.sql.shuffle.partitions"] = "4"  # Spark's 200 only slow a local session down

@@ -1,6 +1,7 @@
 """Fixtures on real components: a ZooKeeper server, a PostgreSQL server, a SparkSession."""
 from __future__ import annotations
 
+import sys
 import uuid
 from pathlib import Path
 
@@ -94,6 +95,45 @@ def namespace(request) -> str:
 
 
 def pytest_collection_modifyitems(items):
-    for item in items:
-        if "spark" in item.fixturenames:
-            item.add_marker(pytest.mark.spark)
+    """A test that starts Spark says so with ``@pytest.mark.spark`` (``make test-fast`` deselects those);
+    one that takes the ``spark`` fixture without the mark would run Spark in the fast suite: refuse it."""
+    unmarked = [item.nodeid for item in items
+                if "spark" in item.fixturenames and item.get_closest_marker("spark") is None]
+    if unmarked:
+        raise pytest.UsageError(f"these tests start Spark but are not marked @pytest.mark.spark: {unmarked}")
+
+
+@pytest.fixture(scope="session")
+def spark_launch_trap(tmp_path_factory) -> Path:
+    """A SPARK_HOME whose spark-submit records the launch and fails: pyspark starts every JVM through it."""
+    home = tmp_path_factory.mktemp("no-spark")
+    (home / "bin").mkdir()
+    launcher = home / "bin" / "spark-submit"
+    launcher.write_text(f"#!/bin/sh\necho launched >> '{home / 'launches'}'\n"
+                        "echo 'a test not marked spark started Spark: mark it @pytest.mark.spark' >&2\nexit 1\n")
+    launcher.chmod(0o755)
+    return home
+
+
+@pytest.fixture(autouse=True)
+def _no_spark_unless_marked(request, monkeypatch):
+    """Keeps ``make test-fast`` (``-m "not spark"``) free of Spark at run time, not only by the fixture check
+    above: a test not marked ``spark`` that starts Spark, in this process or in a driver subprocess (which
+    inherits SPARK_HOME, so its JVM launch fails at once), fails by name."""
+    if request.node.get_closest_marker("spark"):
+        yield
+        return
+    trap = request.getfixturevalue("spark_launch_trap")
+    monkeypatch.setenv("SPARK_HOME", str(trap))
+    launches = trap / "launches"
+    before = launches.read_text() if launches.exists() else ""
+    running = _active_spark_context()
+    yield
+    if (launches.read_text() if launches.exists() else "") != before or (
+            running is None and _active_spark_context() is not None):
+        pytest.fail("this test started Spark but is not marked @pytest.mark.spark", pytrace=False)
+
+
+def _active_spark_context() -> object:
+    context = sys.modules.get("pyspark.context")  # only a test that imported pyspark can have started it
+    return None if context is None else context.SparkContext._active_spark_context

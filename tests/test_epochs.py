@@ -24,6 +24,7 @@ from coordinator import (
 from coordinator.protocol.leadership import Leadership
 from coordinator.records import BarrierRecord
 from coordinator.zookeeper.session import ZooKeeperSession
+from tests.helpers.present import present
 
 SINKS = ["lake.db.a", "lake.db.b"]
 
@@ -136,7 +137,7 @@ def test_idle_epoch_commits_in_one_multi_and_keeps_every_snapshot(tm, job):
     with pytest.raises(EpochOrderError, match="recorded inputs"):
         epochs.commit_idle(3000, idle)
     epochs.commit_idle(3000)
-    assert epochs.last_committed == 3000 and epochs.current.inputs == inputs(3000)
+    assert epochs.last_committed == 3000 and present(epochs.current).inputs == inputs(3000)
 
 
 def test_recovery_rolls_forward_a_precommitted_epoch_and_recomputes_a_started_one(tm, connect, job):
@@ -154,8 +155,8 @@ def test_recovery_rolls_forward_a_precommitted_epoch_and_recomputes_a_started_on
     assert second.acquire() == first.term + 1
     recovered = EpochCoordinator(second, SINKS)
     plan = recovered.recover()
-    assert plan.action == RecoveryAction.ROLL_FORWARD and plan.epoch.epoch == 2000
-    assert plan.epoch.staged == {"lake.db.a": 7, "lake.db.b": None} and plan.last_committed == 1000
+    assert plan.action == RecoveryAction.ROLL_FORWARD and present(plan.epoch).epoch == 2000
+    assert present(plan.epoch).staged == {"lake.db.a": 7, "lake.db.b": None} and plan.last_committed == 1000
     recovered.commit(2000, {"lake.db.a": 7, "lake.db.b": 1000})
     recovered.begin(3000, inputs(3000))
     second.release()
@@ -165,7 +166,7 @@ def test_recovery_rolls_forward_a_precommitted_epoch_and_recomputes_a_started_on
     third.acquire()
     again = EpochCoordinator(third, SINKS)
     plan = again.recover()
-    assert plan.action == RecoveryAction.RECOMPUTE and plan.epoch.inputs == inputs(3000)
+    assert plan.action == RecoveryAction.RECOMPUTE and present(plan.epoch).inputs == inputs(3000)
     assert plan.last_committed == 2000
     with pytest.raises(EpochOrderError, match="recorded inputs"):
         again.begin(3000, EpochInputs({"raw.in": SourceRange(None, 9999)}))
@@ -321,7 +322,7 @@ def test_derived_job_waits_on_a_watch_until_sources_reach_the_barrier(tm, connec
     assert {t: v.epoch for t, v in cache.get(SINKS).items()} == {s: 2000 for s in SINKS}
     with pytest.raises(TidemarkError, match="did not reach epoch 9000"):
         cache.wait_for(SINKS, 9000, timeout=0.3)
-    assert epochs.current.state == EpochState.COMMITTED
+    assert present(epochs.current).state == EpochState.COMMITTED
     cache.close()
 
 

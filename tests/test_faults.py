@@ -23,6 +23,7 @@ from coordinator import (
 )
 from coordinator.records import TermRecord
 from tests.helpers.leader import inputs
+from tests.helpers.present import present
 
 pytestmark = pytest.mark.fault
 SINKS = ["lake.db.a", "lake.db.b"]
@@ -37,16 +38,17 @@ class Driver:
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.leader", connect, job, ",".join(SINKS),
                                       str(LEADER_SESSION)], cwd=REPO, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.stdin, self.stdout = present(self.proc.stdin), present(self.proc.stdout)
 
     def expect(self, prefix: str) -> str:
-        line = self.proc.stdout.readline().strip()
+        line = self.stdout.readline().strip()
         assert line.startswith(prefix), f"expected {prefix!r}, driver said {line!r}"
         return line
 
     def send(self, command: str) -> str:
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return self.proc.stdout.readline().strip()
+        self.stdin.write(command + "\n")
+        self.stdin.flush()
+        return self.stdout.readline().strip()
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -70,7 +72,7 @@ def driver(zk_connect, tm):
 
 
 def epoch_state(tm: Tidemark, t: int) -> EpochRecord:
-    return tm.read(tm.paths.epoch("j", t), EpochRecord)[0]
+    return present(tm.read(tm.paths.epoch("j", t), EpochRecord))[0]
 
 
 def agree(tm: Tidemark, *barriers: int) -> None:
@@ -107,9 +109,10 @@ def test_killed_leader_is_replaced_and_its_precommitted_epoch_rolls_forward(tm, 
 
     epochs = EpochCoordinator(standby, SINKS)
     plan = epochs.recover()
-    assert plan.action == RecoveryAction.ROLL_FORWARD and plan.epoch.epoch == 2000
-    assert plan.epoch.inputs == inputs(2000) and plan.last_committed == 1000
-    epochs.commit(2000, dict(plan.epoch.staged))
+    rolled = present(plan.epoch)
+    assert plan.action == RecoveryAction.ROLL_FORWARD and rolled.epoch == 2000
+    assert rolled.inputs == inputs(2000) and plan.last_committed == 1000
+    epochs.commit(2000, dict(rolled.staged))
     assert {t: m.epoch for t, m in tm.tidemarks(SINKS).items()} == {s: 2000 for s in SINKS}
     assert epoch_state(tm, 2000).term == 2 and epoch_state(tm, 2000).state == EpochState.COMMITTED
 
@@ -166,7 +169,7 @@ def test_zookeeper_restart_mid_run_loses_and_duplicates_nothing(zk_server, tm, c
                 if current is None or current.state == EpochState.COMMITTED:
                     driver_tm.barriers.agree(t, proposed_by="j")  # False when a lost reply had agreed it
                     epochs.begin(t, inputs(t))
-                if epochs.current.state == EpochState.STARTED:
+                if present(epochs.current).state == EpochState.STARTED:
                     epochs.precommit(t, {s: t for s in SINKS})
                 epochs.commit(t, {s: t for s in SINKS})
                 committed.append(t)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import replace
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -16,7 +17,7 @@ from kazoo.client import KazooClient
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table.update import SetPropertiesUpdate
 
-from coordinator import EpochWriter, Fenced, Tidemark
+from coordinator import EpochWriter, Fenced, LeaderState, Tidemark
 from coordinator.errors import UnregisterNotConfirmed, VersionNotFound
 from coordinator.history.resolve import Resolver
 from coordinator.iceberg.publish import AssertTermAtMost, advance_committed_epoch, claim_table, publish_staged
@@ -25,6 +26,7 @@ from coordinator.iceberg.staging import stage_append
 from coordinator.records import EpochProgress, EpochState, SourceRange, now_ms
 from tests.conftest import SESSION_TIMEOUT
 from tests.helpers.lake import SCHEMA, agree, commit_rows, create_table, lead_job, rows_of
+from tests.helpers.present import present
 from tests.helpers.wait import wait_for
 
 DEADLINE = 90.0
@@ -156,12 +158,12 @@ def test_reregistered_job_resumes_from_iceberg_with_no_duplicate_and_no_loss(tm,
                         interval_ms=1000, grace_ms=0)
     again.open(leader_timeout=30)
     start = plan.resume.committed.inputs.sources[source].start
-    assert again.epochs.current.inputs.sources[source] == SourceRange(start, end)
+    assert present(again.epochs.current).inputs.sources[source] == SourceRange(start, end)
     run(again, 2)
     term = again.term
     again.close()
     assert rows_in(catalog.load_table(sink)) == rows_in(events), "duplicates or losses after re-registration"
-    newest = table_progress(catalog.load_table(sink))
+    newest = present(table_progress(catalog.load_table(sink)))
     assert (newest.job, newest.epoch, newest.term) == ("copier", again.committed[-1], term)
 
 
@@ -199,13 +201,14 @@ def test_resume_recomputes_an_epoch_only_some_sinks_published(tm, connect, catal
     again = EpochWriter(connect(), "split", sources=[source], sinks=[left, right], catalog=catalog_settings,
                         interval_ms=1000, grace_ms=0)
     again.open(leader_timeout=30)
-    assert again.epochs.current.state == EpochState.STARTED and again.epochs.current.epoch == second
+    current = present(again.epochs.current)
+    assert current.state == EpochState.STARTED and current.epoch == second
     assert again.epochs.last_committed == first
     again.run(both, max_epochs=1, stop_on_sigterm=False)
     again.close()
     for name in (left, right):
         assert rows_in(catalog.load_table(name)) == rows_in(events), f"{name}: duplicates or losses"
-        assert table_progress(catalog.load_table(name)).epoch == second
+        assert present(table_progress(catalog.load_table(name))).epoch == second
 
 
 def test_registration_clears_a_job_znode_a_lock_recipe_left_after_a_wipe(tm, connect):
@@ -347,10 +350,47 @@ def test_zookeeper_wiped_mid_run_resumes_from_iceberg_exactly_once(zk_server, zk
     fresh = Tidemark.connect(zk_connect, session_timeout=SESSION_TIMEOUT)
     try:
         newest = fresh.barriers.latest()
-        recorded = max(table_progress(catalog.load_table(t)).epoch for t in (copy, final))
+        recorded = max(present(table_progress(catalog.load_table(t))).epoch for t in (copy, final))
         assert newest is not None and newest >= recorded, "the barriers went back behind what the sinks record"
         inputs = [snapshot_progress(s) for s in main_lineage(catalog.load_table(final))]
         assert all(p.inputs is not None for p in inputs if p is not None)
         assert recorded_term(catalog.load_table(copy)) >= 2  # the restart took a term above the first run's
     finally:
         fresh.close()
+
+
+def test_a_waiting_replica_of_an_unregistered_job_registers_it_again_and_takes_over(tm, connect, catalog,
+                                                                                   catalog_settings, namespace):
+    """The operator's sequence with a standby waiting: fence, unregister. The standby neither exits nor
+    reuses a term: it registers the job again, leads above the fence and resumes from the sink."""
+    sink = f"{namespace}.counts"
+    create_table(catalog, sink)
+    old = lead_job(connect(), catalog_settings, "counts", [sink])
+    commit_rows(old, 1000, rows=2)
+    standby = EpochWriter(connect(), "counts", sources=[], sinks=[sink], catalog=catalog_settings,
+                          interval_ms=1000, grace_ms=0, always_run=True)
+    outcome: dict[str, Any] = {}
+
+    def write(ctx) -> None:
+        outcome["term"] = ctx.writer.term
+        ctx.append(sink, rows_of(ctx.epoch, 1))
+
+    def run_standby() -> None:
+        try:
+            outcome["epochs"] = standby.run(write, max_epochs=1, stop_on_sigterm=False)
+        except Exception as exc:  # noqa: BLE001 - the assertion below reports it
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run_standby, daemon=True)
+    thread.start()
+    wait_for(lambda: standby.leadership.state == LeaderState.CONTENDING, "the standby to contend", DEADLINE)
+    fence_term = tm.fence_job("counts")
+    tm.unregister_job("counts", confirm=True, catalog=catalog_settings)
+    old.close()
+    thread.join(DEADLINE)
+    assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
+    (epoch,) = outcome["epochs"]
+    assert epoch > 1000 and "counts" in tm.topology().jobs
+    assert outcome["term"] > fence_term, "the new registration reused a term at or below the fence"
+    assert Counter(e for e, _ in rows_in(catalog.load_table(sink))) == {1000: 2, epoch: 1}
+    standby.tm.close()

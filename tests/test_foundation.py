@@ -12,6 +12,7 @@ import pytest
 
 from coordinator import CatalogSettings, ConfigurationError, EmbeddedZooKeeper
 from coordinator.operations.zookeeper_server import four_letter_word, free_port
+from tests.helpers.present import present
 
 TIDEMARK = [sys.executable, "-m", "coordinator.operations.cli"]
 
@@ -25,7 +26,7 @@ def test_zk_start_status_stop_end_a_real_server(tmp_path):
     started = run_cli("zk", "start", "--port", str(port), "--data-dir", str(tmp_path))
     assert started.returncode == 0, started.stderr
     assert started.stdout.strip() == f"127.0.0.1:{port}"
-    pid = EmbeddedZooKeeper(port, tmp_path).recorded_state().pid
+    pid = present(EmbeddedZooKeeper(port, tmp_path).recorded_state()).pid
     assert four_letter_word("127.0.0.1", port) == b"imok"
     status = run_cli("zk", "status", "--port", str(port), "--data-dir", str(tmp_path))
     assert status.returncode == 0 and "standalone" in status.stdout
@@ -74,6 +75,7 @@ def test_coordinator_does_not_import_pyspark():
     assert subprocess.check_output([sys.executable, "-c", code], text=True).strip() == "False"
 
 
+@pytest.mark.spark
 def test_spark_stages_wap_snapshot_that_pyiceberg_publishes(spark, catalog_settings, namespace):
     table = f"lake.{namespace}.events"
     spark.sql(f"CREATE NAMESPACE lake.{namespace}")
@@ -97,6 +99,7 @@ def test_spark_stages_wap_snapshot_that_pyiceberg_publishes(spark, catalog_setti
     assert sorted(r.id for r in spark.table(table).collect()) == [1, 2]
 
 
+@pytest.mark.spark
 def test_postgresql_catalog_works_from_spark_and_python(spark, pg_catalog_settings, namespace):
     spark.sql(f"CREATE NAMESPACE pg.{namespace}")
     spark.sql(f"CREATE TABLE pg.{namespace}.t (id bigint) USING iceberg")

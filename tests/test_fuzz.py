@@ -3,8 +3,10 @@ the CLI against a real ZooKeeper. Nothing but a ``TidemarkError`` may ever come 
 one line and a documented exit status."""
 from __future__ import annotations
 
+import importlib
 import io
 import json
+import pkgutil
 import re
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import fields
@@ -14,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import coordinator  # noqa: F401 - imports every module, so every record class is a JsonRecord subclass below
+import coordinator
 from coordinator import CatalogSettings, CorruptState, InvalidName, Tidemark
 from coordinator.names import MAX_EPOCH_MS, MAX_NAME_LENGTH, parse_epoch, validate_epoch, validate_name, validate_names
 from coordinator.operations.cli import main
@@ -29,6 +31,9 @@ STRICT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 
 
 def record_classes() -> list[type]:
+    """Every record class of the package (every module imported first: a subclass exists once its module is)."""
+    for module in pkgutil.walk_packages(coordinator.__path__, "coordinator."):
+        importlib.import_module(module.name)
     found, todo = [], list(JsonRecord.__subclasses__())
     while todo:
         cls = todo.pop()
@@ -39,7 +44,8 @@ def record_classes() -> list[type]:
 
 def test_every_record_class_is_fuzzed():
     names = {c.__name__ for c in record_classes()}
-    assert {"BarrierGrid", "EpochRecord", "TableTidemark", "JobRecord", "TermRecord", "ReaderPins"} <= names
+    assert {"BarrierGrid", "EpochRecord", "TableTidemark", "JobRecord", "TermRecord", "ReaderPins",
+            "VersionRecord"} <= names
 
 
 # -- znode decoders ----------------------------------------------------------------------------------------
@@ -152,7 +158,7 @@ def fuzz_tree(zk_server, tmp_path_factory) -> tuple[str, Path]:
     with Tidemark.connect(connect, session_timeout=4, operation_timeout=20) as tm:
         writer = lead_job(tm, lake, "counts", ["db.counts"], sources=("db.words",))
         try:
-            commit_rows(writer, writer.tm.barriers.ensure_grid(1000).floor(now_ms()))
+            commit_rows(writer, writer.barriers.ensure_grid(1000).floor(now_ms()))
         finally:
             writer.close()
     return connect, home

@@ -24,6 +24,7 @@ from coordinator.history.versions import RetainedVersions, tag_epoch, tag_name
 from coordinator.iceberg.snapshots import snapshot_epoch
 from coordinator.operations.cli import main as cli
 from tests.helpers.lake import stage_rows
+from tests.helpers.present import present
 from tests.helpers.retention import INTERVAL_MS, Pipeline, naive_keep
 from tests.helpers.wait import wait_for
 
@@ -39,7 +40,7 @@ def pipeline(tm, catalog_settings, namespace):
 
 def tidemark_tags(table) -> dict[int, int]:
     table.refresh()
-    return {tag_epoch(name): ref.snapshot_id for name, ref in table.metadata.refs.items() if tag_epoch(name)}
+    return {e: ref.snapshot_id for name, ref in table.metadata.refs.items() if (e := tag_epoch(name))}
 
 
 def assert_matches_policy(tm, pipeline: Pipeline, now: int) -> list[int]:
@@ -49,7 +50,8 @@ def assert_matches_policy(tm, pipeline: Pipeline, now: int) -> list[int]:
     for name in pipeline.tables:
         table = pipeline.catalog.load_table(name)
         assert set(tidemark_tags(table)) <= set(retained)
-        assert set(tidemark_tags(table)) == {e for e in retained if RetainedVersions(tm).get(e).snapshots.get(name)}
+        versions = RetainedVersions(tm)
+        assert set(tidemark_tags(table)) == {e for e in retained if present(versions.get(e)).snapshots.get(name)}
     return retained
 
 

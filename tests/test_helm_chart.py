@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.present import present
+
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (Helm's engine) is a dev dependency")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -46,7 +48,7 @@ def values_of(name):
 def render(chart, values=None) -> list[dict]:
     """Every manifest of one release, as ``helm template`` would print them (NOTES excluded)."""
     rendered = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    docs = []
+    docs: list[dict] = []
     for template, text in sorted(rendered.items()):
         if template.endswith("NOTES.txt"):
             continue
@@ -539,7 +541,7 @@ def test_contradicting_values_fail_with_a_sentence(chart, values, message):
 
 
 def test_chart_version_follows_the_package_version(chart):
-    version = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    version = present(re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.M)).group(1)
     assert chart.metadata["version"] == version
     assert chart.metadata["appVersion"] == version
     assert chart.metadata["kubeVersion"].startswith(">=1.25")
@@ -579,15 +581,15 @@ def test_the_image_runs_as_the_non_root_user_the_chart_expects(chart):
 
 
 def test_the_image_has_spark_iceberg_s3_and_an_entrypoint():
-    from spark_hooks.jars import ICEBERG_RUNTIME
+    from tools.jars import ICEBERG_RUNTIME
 
     stage = final_stage()
     text = (DOCKER / "Dockerfile").read_text()
     assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-", text, re.M)
     assert "pyspark==3.5" in text or "'.[spark]'" in text
-    iceberg_version = re.search(r"-(\d+\.\d+\.\d+)\.jar$", ICEBERG_RUNTIME).group(1)
+    iceberg_version = present(re.search(r"-(\d+\.\d+\.\d+)\.jar$", ICEBERG_RUNTIME)).group(1)
     assert re.search(rf"ICEBERG_VERSION={re.escape(iceberg_version)}\b", text), \
-        "iceberg-aws-bundle must match the Iceberg runtime that spark_hooks.jars installs"
+        "iceberg-aws-bundle must match the Iceberg runtime that tools/jars.py installs"
     (entrypoint,) = [args for op, args in stage if op == "ENTRYPOINT"]
     assert entrypoint.startswith("["), "exec form, so that SIGTERM reaches the driver"
     assert yaml.safe_load(entrypoint) == ["/usr/bin/tini", "--", "/usr/local/bin/tidemark-entrypoint"]
@@ -597,7 +599,7 @@ def test_the_image_has_spark_iceberg_s3_and_an_entrypoint():
 def test_the_build_context_sends_what_the_dockerfile_copies():
     allowed = {line[1:].rstrip("/") for line in (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()
                if line.startswith("!")}
-    copied = set()
+    copied: set[str] = set()
     for op, args in dockerfile_instructions():
         words = args.split()
         if op == "COPY" and not any(w.startswith("--from") for w in words):

@@ -23,6 +23,7 @@ from coordinator.iceberg.snapshots import (
 )
 from coordinator.records import EpochProgress
 from tests.helpers.lake import agree, commit_rows, create_table, lead_job, rows_of, stage_rows
+from tests.helpers.present import present
 
 
 @pytest.fixture
@@ -123,8 +124,8 @@ def test_consistent_resolution_over_random_histories(history, zk_server, catalog
                           else None for sink in JOBS[job]}
                 writer.epochs.precommit(t, staged)
                 first = sorted(staged)[0]
-                if staged[first] is not None:
-                    publish_staged(catalog.load_table(first), staged[first], t, writer.term)
+                if (staged_first := staged[first]) is not None:
+                    publish_staged(catalog.load_table(first), staged_first, t, writer.term)
                 # The leader dies here; the next one rolls the epoch forward (publishing again is a no-op
                 # where it already happened).
                 writer.close()
@@ -139,7 +140,7 @@ def test_consistent_resolution_over_random_histories(history, zk_server, catalog
                 record = writer.process(t, compute)  # an aborted epoch is recomputed from its recorded inputs
                 assert record.staged == {f"{ns}.{s}": record.published[f"{ns}.{s}"] if s in rows else None
                                          for s in JOBS[job]}
-            assert writer.epochs.last_committed == t and writer.epochs.current.state == EpochState.COMMITTED
+            assert writer.epochs.last_committed == t and present(writer.epochs.current).state == EpochState.COMMITTED
             for sink, n in rows.items():
                 written[sink][t] = n
             next_epoch[job] = t + 1000
@@ -188,7 +189,7 @@ def test_levels_and_as_of(tm, writers, catalog, catalog_settings, namespace):
         resolver.resolve([up, down], as_of=3000)
     assert staged_only not in resolver.resolve([up, down], level="latest").snapshots.values()
     assert highest_epoch(catalog.load_table(up)) == 3000
-    assert snapshot_at_epoch(catalog.load_table(up), 2500).snapshot_id == up2
+    assert present(snapshot_at_epoch(catalog.load_table(up), 2500)).snapshot_id == up2
     # Epochs that published a snapshot need no property commit: the snapshot carries the epoch.
     assert catalog.load_table(up).properties.get(COMMITTED_EPOCH_PROPERTY) is None
     assert committed_epoch(catalog.load_table(up)) == 3000

@@ -33,6 +33,7 @@ from coordinator.records import EpochInputs, now_ms
 from tests.helpers.background import InBackground
 from tests.helpers.lake import SCHEMA, agree, create_table
 from tests.helpers.metrics_lint import lint_exposition, series_names
+from tests.helpers.present import present
 from tests.helpers.wait import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -241,7 +242,7 @@ def promql_selectors(expr: str) -> set[str]:
 
     def walk(node) -> None:
         if isinstance(node, promql_parser.VectorSelector):
-            names.add(node.name)
+            names.add(present(node.name))
             return
         for attr in ("expr", "lhs", "rhs", "param", "vector_selector"):
             child = getattr(node, attr, None)
@@ -359,7 +360,7 @@ def test_the_exporter_answers_tidemark_up_0_within_2_s_with_zookeeper_stopped(tm
 
     def serving() -> bool:
         if exporter.poll() is not None:
-            pytest.fail(f"the exporter exited: {exporter.stderr.read()}")
+            pytest.fail(f"the exporter exited: {present(exporter.stderr).read()}")
         try:
             return scrape(port, timeout=2)[0] == 200
         except OSError:
@@ -390,5 +391,5 @@ def test_the_exporter_answers_tidemark_up_0_within_2_s_with_zookeeper_stopped(tm
         exporter.terminate()
         exporter.wait(20)
         zk.stop()
-    errors = exporter.stderr.read()
+    errors = present(exporter.stderr).read()
     assert exporter.returncode == 0 and "Traceback" not in errors, errors

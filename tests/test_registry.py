@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import threading
+from typing import Optional
 
 import pytest
 
 from coordinator import CorruptState, CycleError, InvalidName, JobRecord, RegistrationError, Topology, WriterConflict
+from coordinator.errors import SinksNotFenced
+from tests.helpers.lake import create_table
 
 
 def test_register_is_idempotent_and_changes_are_explicit(tm):
@@ -85,8 +88,9 @@ def test_topology_queries_and_renderings(tm):
     assert topo.to_mermaid().startswith("flowchart LR")
 
 
-def test_unregister_needs_a_fenced_or_absent_leader(tm, connect, catalog_settings):
-    tm.register_job("counts", sources=[], sinks=["lake.db.counts"])
+def test_unregister_needs_a_fenced_or_absent_leader(tm, connect, catalog_settings, namespace):
+    create_table(catalog_settings.load(), f"{namespace}.counts")
+    tm.register_job("counts", sources=[], sinks=[f"{namespace}.counts"])
     driver = connect()
     leadership = driver.leadership("counts")
     leadership.acquire()
@@ -95,7 +99,19 @@ def test_unregister_needs_a_fenced_or_absent_leader(tm, connect, catalog_setting
     tm.fence_job("counts")
     tm.unregister_job("counts", confirm=True, catalog=catalog_settings)
     assert tm.topology().jobs == {}
-    tm.register_job("other", sources=[], sinks=["lake.db.counts"])  # the table is free again
+    tm.register_job("other", sources=[], sinks=[f"{namespace}.counts"])  # the table is free again
+
+
+def test_unregister_refuses_when_it_cannot_fence_the_sinks_in_iceberg(tm, catalog_settings, namespace):
+    """Without the sinks' Iceberg metadata the fence cannot be written there, and the next registration
+    could reuse this one's terms: nothing changes unless the operator says the sinks are gone for good."""
+    tm.register_job("counts", sources=[], sinks=[f"{namespace}.never_created"])
+    with pytest.raises(SinksNotFenced, match="--unfenced"):
+        tm.unregister_job("counts", confirm=True, catalog=catalog_settings)
+    assert "counts" in tm.topology().jobs and tm.status().jobs[0].name == "counts"
+    plan = tm.unregister_job("counts", confirm=True, catalog=catalog_settings, allow_unfenced=True)
+    assert plan.resume is None and plan.unreadable
+    assert tm.topology().jobs == {}
 
 
 def test_corrupt_znode_is_reported_with_its_path(tm, connect):
@@ -120,11 +136,12 @@ def test_digest_auth_makes_znodes_writable_only_by_their_owner(zk_connect, conne
 def topology(**jobs: tuple[list[str], list[str]]) -> Topology:
     """``topology(a=(sources, sinks), ...)``."""
     return Topology(version=1, znode_version=1,
-                    jobs={name: JobRecord(sources=src, sinks=dst) for name, (src, dst) in jobs.items()})
+                    jobs={name: JobRecord(sources=tuple(src), sinks=tuple(dst)) for name, (src, dst) in jobs.items()})
 
 
-def assert_is_cycle(topo: Topology, cycle: list[str]) -> list[str]:
+def assert_is_cycle(topo: Topology, cycle: Optional[list[str]]) -> list[str]:
     """``cycle`` is ``["a -[t]->", "b -[u]->", "a"]`` and every step is a real edge; returns its jobs."""
+    assert cycle is not None, "no cycle found"
     assert cycle[0].split(" ")[0] == cycle[-1], cycle
     jobs = [step.split(" ")[0] for step in cycle]
     for step, downstream in zip(cycle, jobs[1:]):

@@ -48,7 +48,7 @@ def test_weeks_start_on_monday_and_months_are_calendar_months():
 def test_applying_the_policy_repeatedly_keeps_what_one_pass_over_the_full_history_keeps(gaps, gc_after):
     """GC sees only what earlier runs kept plus the new versions: that must never lose a version the policy wants."""
     policy = RetentionPolicy.parse("all:2h,hourly:1d,daily:10d,weekly:8w,monthly:6mo")
-    history, kept, epoch = [], set(), START
+    history, kept, epoch = [], set[int](), START
     runs = {i for i in gc_after}
     for i, gap in enumerate(gaps):
         epoch += gap * 97

@@ -3,12 +3,16 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import pytest
+
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.resolve import Resolver
 from coordinator.history.retention import RetentionPolicy
 from coordinator.history.versions import RetainedVersions, tag_name
 from spark_hooks.reads import read_consistent
 from tests.helpers.retention import INTERVAL_MS, Pipeline
+
+pytestmark = pytest.mark.spark
 
 START = int(datetime(2025, 1, 6, tzinfo=timezone.utc).timestamp() * 1000)
 

@@ -18,6 +18,7 @@ from coordinator.iceberg.snapshots import committed_epoch, main_lineage, snapsho
 from coordinator.operations.zookeeper_server import free_port
 from spark_hooks import EpochJob, read_consistent, snapshot_sql
 from tests.helpers.crash import crash_env
+from tests.helpers.present import present
 
 REPO = Path(__file__).resolve().parents[1]
 # Every test here runs Spark, in this process or in driver subprocesses: none belongs in `make test-fast`.
@@ -96,7 +97,7 @@ def test_epoch_job_appends_overwrites_merges_and_commits_empty_epochs(spark, tm,
         assert [r.epoch for r in reversed(published)] == computed, sink
         for record, epoch in zip(reversed(published), (first_append, second_append)):
             assert record.job == "multi" and record.term >= 1
-            assert record.inputs.sources[t["words"]].end == epoch.snapshot_id
+            assert present(record.inputs).sources[t["words"]].end == epoch.snapshot_id
 
 
 def test_merge_job_unregistered_and_registered_again_counts_every_word_once(spark, tm, catalog_settings,
@@ -195,7 +196,7 @@ def test_driver_killed_at_each_step_recovers_every_epoch_exactly_once(kill_lake,
         version = Resolver(catalog, settings, tm).resolve(tables)
         assert version == Resolver(catalog, settings, None).resolve(tables)
         marks = tm.tidemarks(["lake.kill.counts", "lake.kill.log"])
-    assert version.epoch == committed[-1] and all(m.epoch == committed[-1] for m in marks.values())
+    assert version.epoch == committed[-1] and all(present(m).epoch == committed[-1] for m in marks.values())
     data = read_arrow(Resolver(catalog, settings), version)
     words_at = Counter(data["lake.kill.words"].column("word").to_pylist())
     counts = dict(zip(*[data["lake.kill.counts"].column(c).to_pylist() for c in ("word", "cnt")]))
@@ -254,7 +255,7 @@ def test_read_consistent_frames_and_sql_version_as_of(spark, tm, catalog_setting
 
 
 def test_demo_runs_and_its_check_passes(spark, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "spark_hooks.demo", "--seconds", "12", "--interval-ms", "2000",
+    result = subprocess.run([sys.executable, "-m", "examples.demo", "--seconds", "12", "--interval-ms", "2000",
                              "--timeout", "540", "--home", str(tmp_path / "demo")], cwd=REPO, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

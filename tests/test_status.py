@@ -57,6 +57,9 @@ def test_status_topology_fence_unregister_from_the_cli(tm, zk_connect, two_epoch
     assert refused.returncode == 1 and "live leader" in refused.stderr and "Traceback" not in refused.stderr
     assert "term is now 2" in cli(zk_connect, "fence", "up").stdout
     assert json.loads(cli(zk_connect, "status", "--json").stdout)["jobs"][1]["leader_state"] == "fenced"
+    without_catalog = cli(zk_connect, "unregister", "up", "--yes", catalog=None)  # the sinks cannot be fenced
+    assert without_catalog.returncode == 1 and without_catalog.stderr.count("\n") == 1
+    assert "cannot be fenced in Iceberg" in without_catalog.stderr and "--unfenced" in without_catalog.stderr
     unconfirmed = cli(zk_connect, "unregister", "up", catalog=catalog_settings)  # no TTY, no --yes: refused
     assert unconfirmed.returncode == 1 and unconfirmed.stderr.count("\n") == 1
     assert f"committed epoch {last}" in unconfirmed.stderr and "pass --yes" in unconfirmed.stderr

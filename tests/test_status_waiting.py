@@ -39,7 +39,7 @@ def lake(catalog_settings, namespace):
         for name in names:
             create_table(catalog, f"{namespace}.{name}")
         return [f"{catalog_settings.name}.{namespace}.{name}" for name in names]
-    make.catalog = catalog  # type: ignore[attr-defined]
+    make.catalog = catalog  # type: ignore[attr-defined]  # the tests reach the catalog through the fixture
     return make
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -30,9 +31,8 @@ def tls_server(certs, tmp_path_factory):
 
 
 def client_tls(certs, **changes) -> TlsSettings:
-    settings = dict(ca=str(certs.ca), certfile=str(certs.client_cert), keyfile=str(certs.client_key))
-    settings.update(changes)
-    return TlsSettings(**settings)
+    return replace(TlsSettings(ca=str(certs.ca), certfile=str(certs.client_cert), keyfile=str(certs.client_key)),
+                   **changes)
 
 
 def connect(hosts: str, tls=None) -> Tidemark:

@@ -27,6 +27,7 @@ from coordinator.iceberg.snapshots import TERM_KEY, committed_epoch, main_lineag
 from coordinator.protocol.barriers import BarrierGrid
 from coordinator.records import BarrierMode, LeaderRecord, TermRecord
 from tests.helpers.crash import crash_env
+from tests.helpers.present import present
 from tests.helpers.python_driver import COUNT_SCHEMA, EPOCH_SCHEMA, NOISE, SOURCE_SCHEMA
 from tests.helpers.wait import wait_for
 
@@ -59,12 +60,13 @@ class Driver:
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.python_driver", json.dumps(config)],
                                      cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                      text=True, bufsize=1, env=crash_env(config.get("crash_at", "none")))
+        self.stdin, self.stdout = present(self.proc.stdin), present(self.proc.stdout)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
+        for line in self.stdout:
             self.lines.append(line.strip())
 
     def line(self, prefix: str, timeout: float = DEADLINE) -> str:
@@ -80,8 +82,8 @@ class Driver:
         return wait_for(found, f"the driver to say {prefix!r}", timeout=timeout)
 
     def send(self, text: str) -> None:
-        self.proc.stdin.write(text + "\n")  # type: ignore[union-attr]
-        self.proc.stdin.flush()  # type: ignore[union-attr]
+        self.stdin.write(text + "\n")
+        self.stdin.flush()
 
     def wait(self, timeout: float = DEADLINE) -> int:
         rc = self.proc.wait(timeout)
@@ -121,11 +123,9 @@ def lineage_epochs(table) -> list[tuple[int, set[str]]]:
     """``main``'s epochs, oldest first, one entry per run of consecutive snapshots of the same epoch, with the
     terms that wrote the run (an overwrite is a delete and an append: two snapshots of one write)."""
     table.refresh()
-    tagged = [(snapshot_epoch(s), s.summary.get(TERM_KEY)) for s in reversed(list(main_lineage(table)))]
-    runs = []
-    for epoch, group in groupby((t for t in tagged if t[0] is not None), key=lambda t: t[0]):
-        runs.append((epoch, {term for _, term in group}))
-    return runs
+    tagged = [(e, present(s.summary).get(TERM_KEY) or "") for s in reversed(list(main_lineage(table)))
+              if (e := snapshot_epoch(s)) is not None]
+    return [(epoch, {term for _, term in group}) for epoch, group in groupby(tagged, key=lambda t: t[0])]
 
 
 def assert_each_epoch_published_once(table) -> list[int]:
@@ -144,7 +144,7 @@ def leader_of(tm: Tidemark, job: str) -> Optional[LeaderRecord]:
 
 
 def term_of(tm: Tidemark, job: str) -> int:
-    return tm.read(tm.paths.term(job), TermRecord)[0].term
+    return present(tm.read(tm.paths.term(job), TermRecord))[0].term
 
 
 def committed_epochs(tm: Tidemark, job: str) -> dict[int, EpochRecord]:
@@ -230,7 +230,7 @@ def test_pure_python_writer_killed_at_each_step_recovers_every_epoch_exactly_onc
         marks = tm.tidemarks([log_sink, counts_sink])
         agreed = tm.barriers.agreed()
         done = committed_epochs(tm, "counter")
-    assert version.epoch == committed[-1] and all(m.epoch == committed[-1] for m in marks.values())
+    assert version.epoch == committed[-1] and all(present(m).epoch == committed[-1] for m in marks.values())
     # every agreed barrier since the job's first epoch is committed, none skipped
     assert sorted(done) == [t for t in agreed if min(done) <= t <= committed[-1]]
 
@@ -253,7 +253,7 @@ def assert_crashed_at(crash_at: str, zk_connect: str, catalog, namespace: str, c
     """Check the state the killed driver left matches its crash point; returns the epoch it died in."""
     with Tidemark.connect(zk_connect) as tm:
         epoch = max(int(c) for c in tm.children(tm.paths.epochs("counter")))
-        record = tm.read(tm.paths.epoch("counter", epoch), EpochRecord)[0]
+        record = present(tm.read(tm.paths.epoch("counter", epoch), EpochRecord))[0]
     published = {name: epoch in [e for e, _ in lineage_epochs(catalog.load_table(f"{namespace}.{name}"))]
                  for name in ("counts", "log")}
     expected = {"staged": (EpochState.STARTED, {"counts": False, "log": False}),
@@ -327,7 +327,7 @@ def test_fenced_leader_steps_down_contends_again_and_keeps_committing(connect, t
     thread = threading.Thread(target=run)
     thread.start()
     try:
-        first = wait_for(lambda: (leader_of(tm, "fenced") or None) and leader_of(tm, "fenced").term,
+        first = wait_for(lambda: (leader := leader_of(tm, "fenced")) and leader.term,
                          "the writer to lead")
         wait_for(lambda: len(commits_under(tm, "fenced", first)) >= 2 or errors, "two epochs under the first term")
         fenced_at = tm.fence_job("fenced", by="test")

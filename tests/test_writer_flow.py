@@ -13,11 +13,13 @@ from typing import Callable, Optional
 
 import pyarrow as pa
 import pytest
+from kazoo.protocol.states import ZnodeStat
 
 from coordinator import EpochRecord, EpochState, EpochWriter
 from coordinator.iceberg.snapshots import COMMITTED_EPOCH_PROPERTY
 from coordinator.records import FinishedRecord, now_ms
 from tests.helpers.lake import SCHEMA
+from tests.helpers.present import present
 from tests.helpers.wait import wait_for
 
 POLL = 0.05
@@ -146,7 +148,7 @@ def mark_epoch(tm, table: str) -> Optional[int]:
     return found.epoch if found else None
 
 
-def epoch_record(tm, job: str, epoch: int) -> tuple[EpochRecord, object]:
+def epoch_record(tm, job: str, epoch: int) -> tuple[EpochRecord, ZnodeStat]:
     found = tm.read(tm.paths.epoch(job, epoch), EpochRecord)
     assert found is not None, f"job {job} has no epoch znode {epoch}"
     return found
@@ -201,7 +203,7 @@ def test_idle_barriers_commit_without_calling_the_function(tm, fleet, catalog, n
     assert len(counter_calls) == after_rows + 1
     assert counter_calls[-1][1] == [(1, 10), (1, 11)]
     last_computed = counter_calls[-1][0]
-    snapshot_after = catalog.load_table(counts).current_snapshot().snapshot_id  # type: ignore[union-attr]
+    snapshot_after = catalog.load_table(counts).current_snapshot().snapshot_id
     fleet.wait(lambda: len(always_run.writer.committed) >= 8, "eight epochs of the always_run job")
 
     counter.stop()
@@ -225,7 +227,7 @@ def test_idle_barriers_commit_without_calling_the_function(tm, fleet, catalog, n
     # The last epoch was idle: its znode and the tidemark were written by the same transaction (one multi).
     assert committed[-1] in idle
     _, last_stat = epoch_record(tm, "counter", committed[-1])
-    tidemark_stat = tm.get(tm.paths.tidemark(counts))[1]  # type: ignore[index]
+    tidemark_stat = tm.get(tm.paths.tidemark(counts))[1]
     assert tidemark_stat.mzxid == last_stat.czxid
 
     # Idle epochs leave the sink's snapshot alone while its tidemark advances.
@@ -233,7 +235,7 @@ def test_idle_barriers_commit_without_calling_the_function(tm, fleet, catalog, n
     assert final.epoch == committed[-1] > last_computed
     assert final.snapshot_id == snapshot_after
     table = catalog.load_table(counts)
-    assert table.current_snapshot().snapshot_id == snapshot_after  # type: ignore[union-attr]
+    assert table.current_snapshot().snapshot_id == snapshot_after
     assert table.properties.get(COMMITTED_EPOCH_PROPERTY) == str(committed[-1])
 
     # always_run: one call per committed epoch, idle or not.
@@ -281,9 +283,9 @@ def test_a_job_slower_than_the_interval_keeps_the_lag_bounded(tm, slow_fleet, ca
         fleet.check()
         agreed = tm.barriers.agreed()  # read before a's tidemark: a sample never overcounts
         marks = tm.tidemarks(sinks)
-        lowest = min(m.epoch for m in marks.values())  # type: ignore[union-attr,type-var]
+        lowest = min(m.epoch for m in marks.values())
         lags.append((now_ms() - lowest) / 1000)
-        pending_seen.append(len([b for b in agreed if b > marks[a_out].epoch]))  # type: ignore[union-attr,operator]
+        pending_seen.append(len([b for b in agreed if b > marks[a_out].epoch]))
         time.sleep(0.2)
     fleet.stop_all()
 
@@ -296,7 +298,7 @@ def test_a_job_slower_than_the_interval_keeps_the_lag_bounded(tm, slow_fleet, ca
 
     # Exactly, from ZooKeeper's transaction ids: at each agreement, how many agreed barriers a had not committed.
     agreed = tm.barriers.agreed()
-    created = {b: tm.get(tm.paths.barrier(b))[1].czxid for b in agreed}  # type: ignore[index]
+    created = {b: tm.get(tm.paths.barrier(b))[1].czxid for b in agreed}
     a_commits = sorted((epoch_record(tm, "a", e)[1].mzxid, e) for e in job_epochs(tm, "a"))
     worst = 0
     for barrier in agreed:
@@ -338,18 +340,18 @@ def test_a_job_without_a_live_leader_does_not_hold_back_agreement(tm, fleet, cat
     a.stop()
     assert tm.get(tm.paths.leader("a")) is None
     stopped_at = mark_epoch(tm, a_out)
-    assert stopped_at == a.writer.committed[-1]
+    assert stopped_at is not None and stopped_at == a.writer.committed[-1]
 
     # With a stopped, the root keeps agreeing barriers well past max_pending_barriers.
     fleet.wait(lambda: len(tm.barriers.after(stopped_at)) >= max_pending + 4, "the root to keep agreeing barriers")
     newest = tm.barriers.latest()
 
     a2 = fleet.start(fleet.writer("a", [r_out], [a_out], always_run=True, max_pending_barriers=max_pending), follow)
-    fleet.wait(lambda: (mark_epoch(tm, a_out) or 0) >= newest, "a to catch up")  # type: ignore[operator]
+    fleet.wait(lambda: (mark_epoch(tm, a_out) or 0) >= newest, "a to catch up")
     a2.stop()
     caught_up = a2.writer.committed
     assert caught_up == tm.barriers.after(stopped_at)[:len(caught_up)]
-    assert caught_up[-1] >= newest  # type: ignore[operator]
+    assert caught_up[-1] >= newest
     assert [e for e in seen if e > stopped_at] == caught_up  # always_run: called for each, in order
 
 
@@ -383,13 +385,13 @@ def test_a_restart_after_downtime_processes_one_epoch_per_job(tm, fleet, catalog
     a.stop()
 
     grid = tm.barriers.grid()
-    fleet.wait(lambda: clock_barrier(grid, grace) >= newest + 10 * interval,  # type: ignore[operator]
+    fleet.wait(lambda: clock_barrier(grid, grace) >= newest + 10 * interval,
                "the clock to pass ten grid points", timeout=60)
     restart = clock_barrier(grid, grace)
     r, a = start_both()
     counts = fleet.wait(
         lambda: all((mark_epoch(tm, t) or 0) >= restart for t in (r_out, a_out)) and
-        {job: len([e for e in job_epochs(tm, job) if e > newest]) for job in ("root", "a")},  # type: ignore[operator]
+        {job: len([e for e in job_epochs(tm, job) if e > newest]) for job in ("root", "a")},
         "both jobs to reach the clock")
     r.stop()
     a.stop()
@@ -451,7 +453,7 @@ def test_a_new_job_starts_no_earlier_than_its_sources_histories(tm, slow_fleet, 
         b = fleet.start(fleet.writer("per_bucket", [events_name], [per_bucket]), by_bucket)
         fleet.wait(lambda: len(b.writer.committed) >= 2, "per_bucket's first epochs")
         bucket_first = mark(tm, per_bucket).first_epoch
-        assert bucket_first == b.writer.committed[0] > user_last >= user_first  # type: ignore[operator]
+        assert bucket_first == b.writer.committed[0] > user_last >= user_first
 
         j = fleet.start(fleet.writer("joined", [per_user, per_bucket], [joined], always_run=True), join)
         u2 = fleet.start(fleet.writer("per_user", [events_name], [per_user]), by_user)
@@ -464,7 +466,7 @@ def test_a_new_job_starts_no_earlier_than_its_sources_histories(tm, slow_fleet, 
     joined_epochs = j.writer.committed
     print(f"\nper_user first {user_first} (stopped at {user_last}), per_bucket first {bucket_first}, "
           f"joined first {joined_epochs[0]}; joined epochs {len(joined_epochs)}")
-    assert joined_epochs[0] >= bucket_first and joined_epochs[0] >= user_first  # type: ignore[operator]
+    assert joined_epochs[0] >= bucket_first and joined_epochs[0] >= user_first
     # per_user, restarted, processed every barrier agreed while it was stopped, in order.
     assert u2.writer.committed == tm.barriers.after(user_last)[:len(u2.writer.committed)]
 
@@ -495,7 +497,7 @@ def test_a_wait_on_a_source_without_a_live_leader_is_visible(tm, fleet, catalog,
     up = fleet.start(fleet.writer("up", [f"{namespace}.events"], [up_out]), nothing)
     fleet.wait(lambda: len(up.writer.committed) >= 2, "up's first epochs")
     up.stop()
-    up_at = mark_epoch(tm, up_out)
+    up_at = present(mark_epoch(tm, up_out))
 
     down = fleet.start(fleet.writer("down", [up_out], [down_out], log_every=0.5), nothing)
     # A new job starts after the newest barrier agreed when it opened (up_at): it waits for a newer one.
@@ -507,10 +509,10 @@ def test_a_wait_on_a_source_without_a_live_leader_is_visible(tm, fleet, catalog,
 
     def agree_next() -> Optional[int]:
         candidate = clock_barrier(grid, fleet.grace_ms)
-        if candidate > up_at:  # type: ignore[operator]
+        if candidate > up_at:
             tm.barriers.agree(candidate, proposed_by="test")
         latest = tm.barriers.latest()
-        return latest if latest > up_at else None  # type: ignore[operator]
+        return latest if latest > up_at else None
     barrier = fleet.wait(agree_next, "the clock to pass the next grid point")
     waiting = fleet.wait(lambda: down.writer.waiting if down.writer.waiting and down.writer.waiting.barrier == barrier
                          else None, "down to say it waits", timeout=10)
@@ -551,21 +553,21 @@ def test_bounded_runs_end_at_their_bound_and_say_so(tm, fleet, catalog, namespac
     fleet.check()
     assert src.result and src.result[-1] == until and max(tm.barriers.agreed()) == until
     assert dst.result and dst.result[-1] == until
-    assert finished("src").epoch == finished("dst").epoch == until  # type: ignore[union-attr]
+    assert present(finished("src")).epoch == present(finished("dst")).epoch == until
 
     src = fleet.start(fleet.writer("src", [f"{namespace}.events"], [s_out]), root, max_epochs=3)
     fleet.wait(lambda: src.done, "three more epochs of src")
     fleet.check()
-    assert len(src.result) == 3 and src.result == tm.barriers.after(until)  # type: ignore[arg-type]
-    assert all(epoch_record(tm, "src", e)[0].state == EpochState.COMMITTED for e in src.result)  # type: ignore[union-attr]
-    assert finished("src").epoch == src.result[-1]  # type: ignore[union-attr,index]
+    assert len(src.result) == 3 and src.result == tm.barriers.after(until)
+    assert all(epoch_record(tm, "src", e)[0].state == EpochState.COMMITTED for e in src.result)
+    assert present(finished("src")).epoch == src.result[-1]
 
     # A bounded derived run processes the barriers agreed meanwhile, even with no root job running.
     dst = fleet.start(fleet.writer("dst", [s_out], [d_out]), follow, max_epochs=2)
     fleet.wait(lambda: dst.done, "two more epochs of dst")
     fleet.check()
-    assert dst.result == src.result[:2]  # type: ignore[index]
-    assert finished("dst").epoch == dst.result[-1]  # type: ignore[union-attr,index]
+    assert dst.result == src.result[:2]
+    assert present(finished("dst")).epoch == dst.result[-1]
 
     # A new (unbounded) run removes the mark, and stopping it does not put it back.
     again = fleet.start(fleet.writer("src", [f"{namespace}.events"], [s_out]), root)

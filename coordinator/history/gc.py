@@ -72,7 +72,7 @@ from coordinator.iceberg.snapshots import snapshot_epoch
 from coordinator.protocol.barriers import Barriers
 from coordinator.protocol.tidemarks import read_tidemarks
 from coordinator.protocol.topology import read_topology
-from coordinator.records import JsonRecord, TableTidemark, now_ms
+from coordinator.records import JsonOutput, TableTidemark, now_ms
 from coordinator.zookeeper.ops import Create, Delete
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -82,7 +82,7 @@ ZK_BATCH = 200
 
 
 @dataclass(frozen=True)
-class VersionDecision(JsonRecord):
+class VersionDecision(JsonOutput):
     """One candidate version: ``create`` (newly retained), ``keep`` or ``drop``, and why."""
 
     epoch: int
@@ -91,14 +91,14 @@ class VersionDecision(JsonRecord):
 
 
 @dataclass(frozen=True)
-class SnapshotDecision(JsonRecord):
+class SnapshotDecision(JsonOutput):
     snapshot_id: int
     epoch: Optional[int]
     reason: str
 
 
 @dataclass(frozen=True)
-class TablePlan(JsonRecord):
+class TablePlan(JsonOutput):
     """What GC does to one table: tags to create (tag -> snapshot) and remove, snapshots kept and expired."""
 
     table: str
@@ -115,7 +115,7 @@ class TablePlan(JsonRecord):
 
 
 @dataclass(frozen=True)
-class GcPlan(JsonRecord):
+class GcPlan(JsonOutput):
     now_ms: int
     policy: str
     consistent_epoch: Optional[int]
@@ -129,7 +129,7 @@ class GcPlan(JsonRecord):
 
 
 @dataclass(frozen=True)
-class GcReport(JsonRecord):
+class GcReport(JsonOutput):
     plan: GcPlan
     dry_run: bool
     expired_snapshots: int = 0

@@ -27,7 +27,7 @@ from typing import Optional
 
 from coordinator.errors import ConfigurationError
 from coordinator.history.retention import read_policy
-from coordinator.records import JsonRecord, _int, _opt_int_map, now_ms
+from coordinator.records import JsonOutput, JsonRecord, _int, _opt_int_map, now_ms
 from coordinator.zookeeper.session import ZooKeeperSession
 
 TAG_PREFIX = "tidemark-"
@@ -93,7 +93,7 @@ class RetainedVersions:
 
 
 @dataclass(frozen=True)
-class VersionListing(JsonRecord):
+class VersionListing(JsonOutput):
     """One line of ``tidemark versions``: a retained version, the tier keeping it and its age."""
 
     epoch: int

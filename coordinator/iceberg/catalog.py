@@ -13,7 +13,6 @@ mistyped URI is a ``ConfigurationError``, never a new empty catalog.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,13 +21,13 @@ from urllib.parse import unquote, urlsplit
 
 from coordinator.errors import ConfigurationError, InvalidName, TableNotFound
 from coordinator.names import validate_name
+from coordinator.settings import DEFAULT_CATALOG, Settings
 
 if TYPE_CHECKING:  # pyiceberg is imported when first used: reading settings needs none of it
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-DEFAULT_CATALOG = "lake"
 
 
 def is_catalog_outage(exc: BaseException) -> bool:
@@ -37,15 +36,6 @@ def is_catalog_outage(exc: BaseException) -> bool:
     from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
     return isinstance(exc, (OperationalError, InterfaceError)) or (
         isinstance(exc, DBAPIError) and exc.connection_invalidated)
-
-
-def data_home() -> Path:
-    """Where the embedded defaults live: ``TIDEMARK_HOME`` or ``~/.local/share/tidemark``."""
-    configured = os.environ.get("TIDEMARK_HOME")
-    if configured:
-        return Path(configured).absolute()
-    base = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
-    return Path(base) / "tidemark"
 
 
 @dataclass(frozen=True)
@@ -66,19 +56,18 @@ class CatalogSettings:
 
     @classmethod
     def embedded(cls, home: Optional[Path] = None, name: str = DEFAULT_CATALOG) -> CatalogSettings:
-        home = Path(home or data_home())
+        home = Path(home or Settings.from_env().home)
         return cls(name=name, uri=f"sqlite:///{home / 'catalog.db'}", warehouse=f"file://{home / 'warehouse'}",
                    create_if_missing=True)
 
     @classmethod
-    def from_env(cls) -> CatalogSettings:
+    def from_env(cls, settings: Optional[Settings] = None) -> CatalogSettings:
         """``TIDEMARK_CATALOG_URI`` / ``TIDEMARK_WAREHOUSE`` / ``TIDEMARK_CATALOG_NAME``, else the embedded default."""
-        name = os.environ.get("TIDEMARK_CATALOG_NAME", DEFAULT_CATALOG)
-        uri = os.environ.get("TIDEMARK_CATALOG_URI")
-        if not uri:
-            return cls.embedded(name=name)
-        warehouse = os.environ.get("TIDEMARK_WAREHOUSE") or f"file://{data_home() / 'warehouse'}"
-        return cls(name=name, uri=uri, warehouse=warehouse)
+        settings = settings or Settings.from_env()
+        if not settings.catalog_uri:
+            return cls.embedded(settings.home, name=settings.catalog_name)
+        warehouse = settings.warehouse or f"file://{settings.home / 'warehouse'}"
+        return cls(name=settings.catalog_name, uri=settings.catalog_uri, warehouse=warehouse)
 
     @classmethod
     def custom(cls, name: str, *, spark_properties: Mapping[str, str],

@@ -33,6 +33,7 @@ import time
 from typing import Optional
 
 from coordinator.errors import ConfigurationError
+from coordinator.settings import Settings
 
 ENV = "TIDEMARK_CRASH_AT"
 STEPS = ("agreed", "begin", "staged", "precommitted", "published-one", "committed", "idle-commit")
@@ -62,7 +63,7 @@ def crash_point(step: str) -> None:
         return
     with _lock:
         if not _parsed:
-            value = os.environ.get(ENV)
+            value = Settings.from_env().crash_at
             _target = parse(value) if value else None
             _parsed = True
         if _target is None or _target[0] != step:

@@ -39,7 +39,6 @@ only ``serve`` raises, ``ConfigurationError``, for a port it cannot bind.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -52,18 +51,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from coordinator.errors import ConfigurationError, NotLeader
+from coordinator.errors import NotLeader
 from coordinator.job.metrics_server import MetricsServer
 from coordinator.protocol.leadership import LeaderState
 from coordinator.protocol.tidemarks import TidemarkCache
+from coordinator.settings import Settings
 
 if TYPE_CHECKING:
     from coordinator.job.writer import EpochWriter
 
 log = logging.getLogger(__name__)
 
-METRICS_PORT_ENV = "TIDEMARK_METRICS_PORT"
-METRICS_ADDRESS_ENV = "TIDEMARK_METRICS_ADDRESS"
 JOB_LABEL = "tidemark_job"
 PHASES = ("wait", "compute", "stage", "precommit", "publish", "commit")
 # An idle commit takes milliseconds, a Spark epoch can take many minutes: the buckets cover both.
@@ -75,25 +73,15 @@ CONNECTION_STATES = (KazooState.CONNECTED, KazooState.SUSPENDED, KazooState.LOST
 RETRIED_OPERATIONS = ("zookeeper", "barriers", "leader_election", "registration")
 
 
-def metrics_port_from_env() -> Optional[int]:
-    """``TIDEMARK_METRICS_PORT`` as a port number, None when unset or empty."""
-    raw = os.environ.get(METRICS_PORT_ENV, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) > 65535:
-        raise ConfigurationError(f"{METRICS_PORT_ENV}={raw!r} is not a port number (0-65535; unset it to serve "
-                                 "no metrics)")
-    return int(raw)
-
-
 class DriverMetrics:
     """The metrics of one ``EpochWriter``, in a registry of its own (several writers may share a process)."""
 
     def __init__(self, writer: EpochWriter, port: Optional[int] = None, address: Optional[str] = None) -> None:
         self.writer = writer
         self.job = writer.name
-        self.port = port if port is not None else metrics_port_from_env()
-        self.address = address or os.environ.get(METRICS_ADDRESS_ENV) or "0.0.0.0"
+        settings = Settings.from_env()  # TIDEMARK_METRICS_PORT / _ADDRESS, unless given
+        self.port = port if port is not None else settings.metrics_port
+        self.address = address or settings.metrics_address
         self.registry = CollectorRegistry()
         job = [JOB_LABEL]
         phases = Histogram("tidemark_driver_epoch_phase_duration_seconds",

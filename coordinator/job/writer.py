@@ -62,6 +62,7 @@ from coordinator.errors import (
     ConfigurationError,
     EpochOrderError,
     Fenced,
+    JobNotFound,
     NotLeader,
     TableNotFound,
     ZooKeeperUnavailable,
@@ -383,6 +384,14 @@ class EpochWriter:
                 # Elected, then fenced (or the session expired) while recovering: contend again.
                 log.warning("job %s: leadership lost while taking over (%s); contending again", self.name,
                             str(exc).splitlines()[0] if str(exc) else "Fenced")
+                continue
+            except JobNotFound as exc:
+                # An operator unregistered the job while this replica waited (fence, unregister, register
+                # again): open() registers it again, and the new registration's terms start above the fence.
+                self.close()
+                if self._stop.is_set():
+                    break
+                log.warning("job %s: %s; registering it again", self.name, str(exc).splitlines()[0])
                 continue
             except Exception as exc:  # noqa: BLE001 - re-raised unless the catalog is unreachable
                 outage_since = self._ride_out_catalog_outage(exc, outage_since)

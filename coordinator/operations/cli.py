@@ -3,7 +3,7 @@
     tidemark zk start [--port P] [--data-dir D]     a local ZooKeeper server in the background
     tidemark status [--json]                        jobs, leaders, tidemarks, lag (s), what each job waits for
     tidemark topology [--format text|json|dot|mermaid]
-    tidemark fence JOB | tidemark unregister JOB [--yes]
+    tidemark fence JOB | tidemark unregister JOB [--yes] [--unfenced]
     tidemark barriers [--set-interval MS --from T]
     tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--json]
     tidemark gc [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file and znode clean-up
@@ -150,14 +150,14 @@ def cmd_unregister(args: argparse.Namespace) -> int:
     catalog = CatalogSettings.from_env()
     with _connect(args) as tm:
         try:
-            plan = tm.unregister_job(args.job, confirm=args.yes, catalog=catalog)
+            plan = tm.unregister_job(args.job, confirm=args.yes, catalog=catalog, allow_unfenced=args.unfenced)
         except UnregisterNotConfirmed as refused:
             if not sys.stdin.isatty():
                 raise TidemarkError(f"{refused.plan.describe()}; nothing changed: pass --yes to unregister") from None
             print(refused.plan.describe())
             if input(f"Type the job name ({args.job}) to unregister it: ").strip() != args.job:
                 raise TidemarkError("not confirmed; nothing changed") from None
-            plan = tm.unregister_job(args.job, confirm=True, catalog=catalog)
+            plan = tm.unregister_job(args.job, confirm=True, catalog=catalog, allow_unfenced=args.unfenced)
     print(f"job {args.job} unregistered (it wrote {', '.join(plan.record.sinks)}). "
           + (plan.resume.describe() if plan.resume is not None else "Its sinks' Iceberg progress is unknown."))
     return 0
@@ -325,6 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "resumes from; asks for confirmation)")
     unregister.add_argument("job")
     unregister.add_argument("--yes", action="store_true", help="go ahead without asking")
+    unregister.add_argument("--unfenced", action="store_true",
+                            help="go ahead even though the sinks cannot be fenced in Iceberg (catalog unreachable, "
+                                 "sinks dropped): only for sinks gone for good, as a still-running leader could "
+                                 "commit to them again")
     unregister.set_defaults(func=cmd_unregister)
 
     barriers = sub.add_parser("barriers", help="show the barrier grid, or change its interval at a future barrier")

@@ -35,7 +35,7 @@ from typing import Optional
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from coordinator.errors import ConfigurationError, ZooKeeperUnavailable
-from coordinator.iceberg.catalog import data_home
+from coordinator.settings import Settings
 
 DEFAULT_PORT = 2181
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -69,7 +69,7 @@ class ServerTls:
 
 
 def zookeeper_classpath() -> str:
-    configured = os.environ.get("TIDEMARK_ZK_CLASSPATH")
+    configured = Settings.from_env().zk_classpath
     if configured:
         return configured
     jar = Path("/usr/share/java/zookeeper.jar")
@@ -159,7 +159,7 @@ class EmbeddedZooKeeper:
         if (tls is None) != (secure_port is None):
             raise ConfigurationError("a TLS ZooKeeper needs both tls=ServerTls(...) and secure_port")
         self.port = port
-        self.data_dir = Path(data_dir or data_home() / "zookeeper").absolute()
+        self.data_dir = Path(data_dir or Settings.from_env().home / "zookeeper").absolute()
         self.start_timeout = start_timeout
         self.tls, self.secure_port = tls, secure_port
         self.quorum, self.server_id = tuple(quorum), server_id

@@ -28,6 +28,7 @@ from coordinator.errors import (
     JobNotFound,
     MultiFailed,
     RegistrationError,
+    SinksNotFenced,
     TidemarkError,
     UnregisterNotConfirmed,
     WriterConflict,
@@ -241,16 +242,20 @@ def _refuse_live_leader(tm: ZooKeeperSession, name: str) -> None:
 
 
 def unregister_job(tm: ZooKeeperSession, name: str, *, confirm: bool = False,
-                   catalog: Optional[CatalogSettings] = None) -> UnregisterPlan:
+                   catalog: Optional[CatalogSettings] = None, allow_unfenced: bool = False) -> UnregisterPlan:
     """Remove a job, its ZooKeeper history and its tables' writer claims; returns what was planned.
 
-    Refused (``RegistrationError``) while the job has a live, unfenced leader. Without
-    ``confirm=True`` nothing changes and ``UnregisterNotConfirmed`` (carrying the plan: what
-    a re-registration will resume from, read from the sinks' Iceberg metadata) is raised.
-    Confirmed, it first claims the sinks in Iceberg for a term above the job's current one,
-    so no leader of this registration can commit to them any more.
+    Refused (``RegistrationError``) while the job has a live, unfenced leader, and
+    (``SinksNotFenced``) when the sinks' Iceberg metadata cannot be read to fence them, unless
+    ``allow_unfenced=True`` (for sinks that are gone for good). Without ``confirm=True``
+    nothing changes and ``UnregisterNotConfirmed`` (carrying the plan: what a re-registration
+    will resume from, read from the sinks' Iceberg metadata) is raised. Confirmed, it first
+    claims the sinks in Iceberg for a term above the job's current one, so no leader of this
+    registration can commit to them any more and the next registration's terms start above it.
     """
     plan = plan_unregister(tm, name, catalog)
+    if plan.resume is None and not allow_unfenced:
+        raise SinksNotFenced(plan)
     if not confirm:
         raise UnregisterNotConfirmed(plan)
     if plan.resume is not None:

@@ -36,18 +36,9 @@ from typing import Optional
 from kazoo.security import ACL, ANYONE_ID_UNSAFE, Permissions, make_acl, make_digest_acl
 
 from coordinator.errors import ConfigurationError, TlsError
+from coordinator.settings import Settings
 
 _CHANGES = Permissions.WRITE | Permissions.CREATE | Permissions.DELETE | Permissions.ADMIN
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-def _env_flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    if not value:
-        return default
-    if value not in _TRUE + _FALSE:
-        raise ConfigurationError(f"{name}={os.environ[name]!r} is not a yes/no value: use 1 or 0")
-    return value in _TRUE
 
 
 def _identity(user: str, password: str, role: str) -> tuple[str, str]:
@@ -75,10 +66,10 @@ class Credentials:
             _identity(self.reader_user, self.reader_password, "reader")
 
     @classmethod
-    def from_env(cls) -> Credentials:
-        return cls(os.environ.get("TIDEMARK_ZK_USER") or None, os.environ.get("TIDEMARK_ZK_PASSWORD", ""),
-                   os.environ.get("TIDEMARK_ZK_READER_USER") or None,
-                   os.environ.get("TIDEMARK_ZK_READER_PASSWORD", ""))
+    def from_env(cls, settings: Optional[Settings] = None) -> Credentials:
+        """The identities ``TIDEMARK_ZK_USER``/``_PASSWORD`` and ``TIDEMARK_ZK_READER_USER``/``_PASSWORD``."""
+        settings = settings or Settings.from_env()
+        return cls(settings.zk_user, settings.zk_password, settings.zk_reader_user, settings.zk_reader_password)
 
     @property
     def is_writer(self) -> bool:
@@ -153,14 +144,14 @@ class TlsSettings:
             object.__setattr__(self, "check_hostname", False)  # kazoo refuses the combination
 
     @classmethod
-    def from_env(cls) -> Optional[TlsSettings]:
+    def from_env(cls, settings: Optional[Settings] = None) -> Optional[TlsSettings]:
         """``TIDEMARK_ZK_TLS=1`` or any of ``TIDEMARK_ZK_TLS_CA``/``_CERT``/``_KEY``; None when TLS is off."""
-        ca, cert, key = (os.environ.get(f"TIDEMARK_ZK_TLS_{k}") or None for k in ("CA", "CERT", "KEY"))
-        if not _env_flag("TIDEMARK_ZK_TLS", default=bool(ca or cert or key)):
+        settings = settings or Settings.from_env()
+        if not settings.tls_enabled:
             return None
-        return cls(ca, cert, key, verify_certs=_env_flag("TIDEMARK_ZK_TLS_VERIFY", True),
-                   check_hostname=_env_flag("TIDEMARK_ZK_TLS_CHECK_HOSTNAME", True),
-                   keyfile_password=os.environ.get("TIDEMARK_ZK_TLS_KEY_PASSWORD") or None)
+        return cls(settings.zk_tls_ca, settings.zk_tls_cert, settings.zk_tls_key,
+                   verify_certs=settings.zk_tls_verify, check_hostname=settings.zk_tls_check_hostname,
+                   keyfile_password=settings.zk_tls_key_password)
 
     def kazoo_kwargs(self) -> dict:
         return dict(use_ssl=True, ca=self.ca, certfile=self.certfile, keyfile=self.keyfile,

@@ -44,6 +44,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 from coordinator.errors import ConfigurationError, MultiFailed, PermissionDenied, ZooKeeperUnavailable
 from coordinator.names import validate_chroot
 from coordinator.records import JsonRecord, TopologyVersion
+from coordinator.settings import Settings
 from coordinator.zookeeper.ops import Op
 from coordinator.zookeeper.paths import Paths
 from coordinator.zookeeper.security import Credentials, TlsSettings, diagnose_tls, is_open
@@ -51,7 +52,6 @@ from coordinator.zookeeper.security import Credentials, TlsSettings, diagnose_tl
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=JsonRecord)
 S = TypeVar("S", bound="ZooKeeperSession")
-DEFAULT_CONNECT = "127.0.0.1:2181"
 RETRYABLE = (ConnectionLoss, OperationTimeoutError, KazooTimeoutError, SessionExpiredError)
 # A healthy session comes up in milliseconds; after this long, look for a TLS mismatch instead of waiting it out.
 TLS_DIAGNOSIS_AFTER_S = 1.0
@@ -98,13 +98,14 @@ class ZooKeeperSession:
         ``TlsError`` for a certificate or protocol mismatch (within about a second),
         ``ConfigurationError`` for a malformed connect string and ``InvalidName`` for a bad root.
         """
-        hosts = hosts or os.environ.get("TIDEMARK_ZK") or DEFAULT_CONNECT
-        env = Credentials.from_env()
+        settings = Settings.from_env()
+        hosts = hosts or settings.zk_connect
+        env = Credentials.from_env(settings)
         user, password = _identity(auth, "auth") if auth is not None else (env.user, env.password)
         reader_user, reader_password = (_identity(reader, "reader") if reader is not None
                                         else (env.reader_user, env.reader_password))
         credentials = Credentials(user, password, reader_user, reader_password)
-        tls = tls if tls is not None else TlsSettings.from_env()
+        tls = tls if tls is not None else TlsSettings.from_env(settings)
         paths = Paths(root)  # InvalidName before any connection
         kwargs: dict[str, Any] = {"auth_data": credentials.auth_data(), "default_acl": credentials.default_acl()}
         if tls is not None:
@@ -173,7 +174,7 @@ class ZooKeeperSession:
         for listener in listeners:
             try:
                 listener(state)
-            except Exception:
+            except Exception:  # a listener's bug must not break the session
                 log.exception("state listener %r failed", listener)
 
     def connection_changes(self) -> dict[str, int]:

@@ -258,7 +258,7 @@ class Cascade:
 
     # -- faults -----------------------------------------------------------------------------------
 
-    def inject(self, kind: str, job: Optional[str], act: Callable[[], None]) -> Fault:
+    def inject(self, kind: str, job: Optional[str], act: Callable[[], object]) -> Fault:
         """Record a fault injected now, then inject it with ``act``."""
         fault = Fault(kind, job, now_ms())
         with self._lock:
@@ -280,13 +280,13 @@ class Cascade:
                 return None
             member = LeaderRecord.from_json(found[0]).member
             return next((r for r in self.slots.values() if r.member == member and r.proc.poll() is None), None)
-        return wait_for(find, f"a live leader of job {job}", RECOVERY_DEADLINE)  # type: ignore[return-value]
+        return wait_for(find, f"a live leader of job {job}", RECOVERY_DEADLINE)
 
     def expire_session(self, replica: Replica) -> None:
         """Expire ``replica``'s ZooKeeper session on the server: a second client attaches to the same session
         and closes it, as Curator's KillSession does; the replica's next request finds it expired."""
         session = wait_for(replica.session, f"{replica.member}'s session id", 30)
-        client = KazooClient(hosts=self.hosts, client_id=session, timeout=SESSION_TIMEOUT)  # type: ignore[arg-type]
+        client = KazooClient(hosts=self.hosts, client_id=session, timeout=SESSION_TIMEOUT)
         client.start(timeout=15)
         client.stop()
         client.close()
@@ -424,7 +424,7 @@ class Cascade:
         next(t for t in self._threads if t.name == "_produce").join(30)
         target = self.last_append_ms + GRACE_MS
         try:
-            wait_for(lambda: all(self._epoch_of(job) and self._epoch_of(job) > target for job in JOBS),
+            wait_for(lambda: all((self._epoch_of(job) or 0) > target for job in JOBS),
                        "every job to commit a barrier after the last produced row", DRAIN_DEADLINE, every=0.2)
             wait_for(lambda: all(f.recovered_ms is not None for f in self.faults),
                        "recovery from the last faults", RECOVERY_DEADLINE, every=0.2)

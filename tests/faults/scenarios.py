@@ -8,6 +8,7 @@ machine's timing.
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import signal
 import subprocess
@@ -196,13 +197,14 @@ def fence_unregister(env: Environment, run: int, seed: int, faults: int) -> RunR
             standby = next(r for r in cascade.slots.values()
                            if r.job == COUNTER and r is not leader and r.proc.poll() is None)
             pause(rng)
-            fenced: list[int] = []
+            fenced: list[tuple[int, int]] = []
 
             def act() -> None:
                 leader.signal(signal.SIGSTOP)
                 standby.signal(signal.SIGSTOP)
                 try:
-                    fenced.append(_fence_and_unregister(cascade))
+                    committed_before = _last_committed(cascade)
+                    fenced.append((_fence_and_unregister(cascade), committed_before))
                 finally:
                     standby.signal(signal.SIGCONT)
             fault = cascade.inject("fence, unregister --yes, re-register", COUNTER, act)
@@ -210,17 +212,32 @@ def fence_unregister(env: Environment, run: int, seed: int, faults: int) -> RunR
                 cascade.wait_recovered(fault)
             finally:
                 leader.signal(signal.SIGCONT)
-            violations += _committed_by_fenced_terms(cascade, fenced[0], fault.injected_ms)
+            fenced_term, committed_before = fenced[0]
+            violations += _committed_by_fenced_terms(cascade, fenced_term, committed_before)
         result = cascade.finish()
         result.problems += violations
         return result
 
 
+def _last_committed(cascade: Cascade) -> int:
+    """The counter job's newest committed epoch (0 before its first)."""
+    tm = cascade.tm
+    path = tm.paths.epochs(COUNTER)  # type: ignore[union-attr]
+    records = (tm.read(f"{path}/{child}", EpochRecord)  # type: ignore[union-attr]
+               for child in tm.children(path) if child.isdigit())  # type: ignore[union-attr]
+    return max((r[0].epoch for r in records if r is not None and r[0].state == EpochState.COMMITTED), default=0)
+
+
 def _fence_and_unregister(cascade: Cascade) -> int:
-    """Run the CLI as an operator would; returns the term the fence set."""
+    """Run the CLI as an operator would, with the catalog settings (``unregister`` fences the sinks in Iceberg
+    and refuses without them); returns the term the fence set."""
+    settings = cascade.settings
+    env = {**os.environ, "TIDEMARK_CATALOG_NAME": settings.name, "TIDEMARK_CATALOG_URI": settings.uri or "",
+           "TIDEMARK_WAREHOUSE": settings.warehouse or ""}
+
     def cli(*args: str) -> str:
         done = subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", cascade.connect, *args],
-                              cwd=REPO, capture_output=True, text=True, timeout=120)
+                              cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
         if done.returncode != 0:
             raise RuntimeError(f"tidemark {' '.join(args)} failed: {done.stderr.strip()}")
         return done.stdout
@@ -229,16 +246,17 @@ def _fence_and_unregister(cascade: Cascade) -> int:
     return term
 
 
-def _committed_by_fenced_terms(cascade: Cascade, fenced_term: int, fenced_ms: int) -> list[str]:
-    """Epochs committed after the fence under a term at or below the fenced one: a fenced leader that committed,
-    or a term reused after re-registration (a job's term must never go backwards nor be reused)."""
+def _committed_by_fenced_terms(cascade: Cascade, fenced_term: int, committed_before: int) -> list[str]:
+    """Epochs above the last one committed before the fence, committed under a term at or below the fenced one:
+    a fenced leader that committed, or a term reused after re-registration (a job's term must never go backwards
+    nor be reused). The re-registered job's first record repeats its resume point, with the term that wrote it."""
     tm = cascade.tm
     path = tm.paths.epochs(COUNTER)  # type: ignore[union-attr]
     term = tm.read(tm.paths.term(COUNTER), TermRecord)  # type: ignore[union-attr]
     found = []
     for child in (c for c in tm.children(path) if c.isdigit()):  # type: ignore[union-attr]
         read = tm.read(f"{path}/{child}", EpochRecord)  # type: ignore[union-attr]
-        if read is not None and read[0].updated_ms > fenced_ms and read[0].term <= fenced_term:
+        if read is not None and read[0].epoch > committed_before and read[0].term <= fenced_term:
             found.append(f"epoch {read[0].epoch} committed after the fence under term {read[0].term}, not above the "
                          f"fenced term {fenced_term} (a fenced leader committed, or a term was reused; the term is "
                          f"now {term[0].term if term else '?'})")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Optional
 
 from coordinator import EpochWriter
 
@@ -10,7 +11,8 @@ class InBackground:
     """``writer.run(step)`` on a thread, until ``stop()``; an error of the loop is raised by ``stop()``."""
 
     def __init__(self, w: EpochWriter, step) -> None:
-        self.writer, self.error = w, None
+        self.writer = w
+        self.error: Optional[BaseException] = None
         self.thread = threading.Thread(target=self._run, args=(step,), daemon=True)
         self.thread.start()
 

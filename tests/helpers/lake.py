@@ -7,6 +7,7 @@ import pyarrow as pa
 
 from coordinator import CatalogSettings, EpochState, EpochWriter
 from coordinator.iceberg.snapshots import summary_properties
+from tests.helpers.present import present
 
 SCHEMA = pa.schema([pa.field("epoch", pa.int64(), nullable=False), pa.field("row", pa.int64(), nullable=False)])
 
@@ -60,4 +61,4 @@ def commit_rows(writer: EpochWriter, epoch: int, rows: int = 1) -> int:
     agree(writer.tm, epoch)
     record = writer.process(epoch, lambda ctx: ctx.append(sink, rows_of(epoch, rows)))
     assert record.state == EpochState.COMMITTED and record.staged[sink] == record.published[sink]
-    return record.published[sink]
+    return present(record.published[sink])

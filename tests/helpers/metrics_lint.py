@@ -85,7 +85,7 @@ def lint_exposition(body: str) -> list[str]:
                 problems.append(f"{where}: {sample.name}{labels} = {sample.value} is not finite")
             elif name.endswith("_timestamp_seconds") and not UNIX_SECONDS[0] <= sample.value <= UNIX_SECONDS[1]:
                 problems.append(f"{where}: {sample.value} is not a Unix timestamp in seconds")
-        for labels, bounds in buckets.items():
+        for series, bounds in buckets.items():
             if bounds != sorted(bounds) or bounds[-1] != math.inf:
-                problems.append(f"{where}: buckets {bounds} for {dict(labels)} are not ordered up to +Inf")
+                problems.append(f"{where}: buckets {bounds} for {dict(series)} are not ordered up to +Inf")
     return problems

@@ -26,6 +26,7 @@ import json
 import random
 import sys
 import time
+from typing import Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -55,7 +56,7 @@ def new_counts(ctx, rows: pa.Table, sink: str) -> pa.Table:
     return summed.select(["k", "cnt"]).cast(COUNT_SCHEMA)
 
 
-def run_count(config: dict, tm: Tidemark, settings: CatalogSettings) -> None:
+def run_count(config: dict, tm: Tidemark, settings: Optional[CatalogSettings]) -> None:
     source, log_sink, counts_sink = config["source"], config["log"], config["counts"]
     writer = EpochWriter(tm, "counter", sources=[source], sinks=[log_sink, counts_sink], catalog=settings,
                          interval_ms=1000, grace_ms=200)
@@ -73,7 +74,7 @@ def run_count(config: dict, tm: Tidemark, settings: CatalogSettings) -> None:
     print(json.dumps({"committed": committed, "computed": computed}), flush=True)
 
 
-def run_serve(config: dict, tm: Tidemark, settings: CatalogSettings) -> None:
+def run_serve(config: dict, tm: Tidemark, settings: Optional[CatalogSettings]) -> None:
     log_sink = config["log"]
     writer = EpochWriter(tm, config["job"], sources=[], sinks=[log_sink], catalog=settings, interval_ms=1000,
                          grace_ms=200)

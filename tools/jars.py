@@ -1,12 +1,13 @@
-"""The jars a local SparkSession needs for Iceberg, and how ``make setup`` builds them.
+"""Prepare the jars a local SparkSession needs for Iceberg (``make setup`` runs this; not shipped in the wheel).
 
-In production, add ``org.apache.iceberg:iceberg-spark-runtime-3.5_2.12`` as usual and point
-``TIDEMARK_SPARK_JARS`` at your jars (comma separated). On a machine that reaches only PyPI
-and Debian, ``install()`` takes Iceberg's official runtime jar from the PyPI package
-``snowpark-connect-deps-iceberg`` and relocates Spark's own Jackson jars to
-``org.apache.iceberg.shaded.com.fasterxml.jackson`` (which that jar lacks) with jarjar.
+    python -m tools.jars install
 
-Run ``python -m spark_hooks.jars install`` (``make setup`` does) to build the cache.
+On a machine that reaches only PyPI and Debian, it takes Iceberg's official runtime jar from the
+PyPI package ``snowpark-connect-deps-iceberg`` and relocates Spark's own Jackson jars to
+``org.apache.iceberg.shaded.com.fasterxml.jackson`` (which that jar lacks) with jarjar. It adds
+Debian's JDBC drivers (SQLite, PostgreSQL) and their native library directory, and writes the
+manifest ``<cache>/jars/classpath.json`` that ``spark_hooks.classpath`` reads. In production,
+set ``TIDEMARK_SPARK_JARS`` instead.
 """
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Optional
 
 from coordinator.errors import ConfigurationError
+from coordinator.settings import Settings
+from spark_hooks.classpath import SparkClasspath, manifest_path
 
 ICEBERG_PACKAGE = "snowpark-connect-deps-iceberg==1.0.3"
 ICEBERG_RUNTIME = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
@@ -29,42 +33,24 @@ JDBC_DRIVERS = (Path("/usr/share/java/sqlite-jdbc.jar"), Path("/usr/share/java/p
 JNI_DIR = Path("/usr/lib/x86_64-linux-gnu/jni")
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("TIDEMARK_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tidemark")
-    return Path(base) / "jars"
-
-
-def spark_jars() -> list[str]:
-    """The jars to put on the driver and executor class path, or a ConfigurationError saying how to get them."""
-    configured = os.environ.get("TIDEMARK_SPARK_JARS")
-    if configured:
-        jars = [j.strip() for j in configured.split(",") if j.strip()]
-        missing = [j for j in jars if not Path(j).is_file()]
-        if missing:
-            raise ConfigurationError(f"TIDEMARK_SPARK_JARS names jars that do not exist: {', '.join(missing)}")
-        return jars
-    cache = cache_dir()
-    wanted = [cache / ICEBERG_RUNTIME] + [cache / f"{m}-relocated.jar" for m in JACKSON_MODULES]
-    if not all(p.is_file() for p in wanted):
-        raise ConfigurationError(
-            f"Iceberg's Spark runtime jars are not in {cache}: run `make setup` "
-            "(or `python -m spark_hooks.jars install`), or set TIDEMARK_SPARK_JARS to your own "
-            "iceberg-spark-runtime-3.5_2.12 jar(s), comma separated")
-    return [str(p) for p in wanted] + [str(p) for p in JDBC_DRIVERS if p.is_file()]
-
-
-def install() -> Path:
-    """Build the jar cache (idempotent): Iceberg's runtime jar plus relocated Jackson."""
-    cache = cache_dir()
+def install(settings: Optional[Settings] = None) -> Path:
+    """Build the jar cache (idempotent): Iceberg's runtime jar, relocated Jackson, the manifest naming them."""
+    settings = settings or Settings.from_env()
+    manifest = manifest_path(settings)
+    cache = manifest.parent
     cache.mkdir(parents=True, exist_ok=True)
     runtime = cache / ICEBERG_RUNTIME
     if not runtime.is_file():
         _fetch_iceberg_runtime(runtime)
+    jars = [runtime]
     for module in JACKSON_MODULES:
         target = cache / f"{module}-relocated.jar"
         if not target.is_file():
             _relocate(_spark_jar(module), target)
+        jars.append(target)
+    jars += [p for p in JDBC_DRIVERS if p.is_file()]
+    classpath = SparkClasspath(tuple(str(j) for j in jars), str(JNI_DIR) if JNI_DIR.is_dir() else None)
+    manifest.write_text(classpath.to_json())
     return cache
 
 
@@ -113,7 +99,7 @@ def _relocate(source: Path, target: Path) -> None:
 
 def main(argv: list[str]) -> int:
     if argv[1:] != ["install"]:
-        print("usage: python -m spark_hooks.jars install", file=sys.stderr)
+        print("usage: python -m tools.jars install", file=sys.stderr)
         return 2
     try:
         print(f"jars: ready in {install()}")

@@ -15,7 +15,7 @@ have committed ``F``; the version at ``F`` is always checked, and must hold ever
 word exactly once. An overall deadline (``--timeout``) or any Tidemark error ends it with
 one ``demo: error: ...`` line and exit code 1.
 
-    python -m spark_hooks.demo [--seconds 45] [--interval-ms 3000] [--timeout 900] [--home DIR]
+    python -m examples.demo [--seconds 45] [--interval-ms 3000] [--timeout 900] [--home DIR]
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
     from coordinator.history.checker import ConsistencyChecker
 
+REPO = Path(__file__).resolve().parent.parent  # where `python -m examples.demo` runs the drivers from
 WORDS_TABLE, COUNTS_TABLE, HIST_TABLE = "lake.demo.words", "lake.demo.word_counts", "lake.demo.count_histogram"
 TABLES = [WORDS_TABLE, COUNTS_TABLE, HIST_TABLE]
 JOB_TABLES = {"word_counts": ([WORDS_TABLE], [COUNTS_TABLE]), "count_histogram": ([COUNTS_TABLE], [HIST_TABLE])}
@@ -172,7 +173,7 @@ class DemoReport:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spark_hooks.demo")
+    parser = argparse.ArgumentParser(prog="python -m examples.demo")
     parser.add_argument("--seconds", type=float, default=45.0, help="how long the producer writes words")
     parser.add_argument("--interval-ms", type=int, default=3000, help="the shared barrier interval")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
@@ -323,9 +324,9 @@ def _run_cascade(home: Path, zk: str, settings, tm, cache, grid, seconds: float,
         for name in JOB_SINKS:
             with open(home / f"{name}.out", "w") as out, open(home / f"{name}.log", "w") as err:
                 drivers[name] = subprocess.Popen(
-                    [sys.executable, "-m", "spark_hooks.demo", "--job", name, "--zk", zk, "--home", str(home),
+                    [sys.executable, "-m", "examples.demo", "--job", name, "--zk", zk, "--home", str(home),
                      "--interval-ms", str(interval_ms), "--timeout", str(deadline.seconds)],
-                    stdout=out, stderr=err, env=env, text=True)
+                    stdout=out, stderr=err, env=env, text=True, cwd=REPO)
         # Spark's start-up can take longer than the whole production on a busy machine: the clock of the run
         # starts only when both jobs lead (a job starts after the newest barrier agreed when it opened).
         deadline.describe = lambda: f"waiting for both drivers to start (driver logs: {home}/<job>.log)"

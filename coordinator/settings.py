@@ -1,0 +1,152 @@
+"""Every environment variable Tidemark reads, in one place: ``Settings.from_env()``.
+
+    settings = Settings.from_env()          # reads os.environ once; or from_env({"TIDEMARK_ZK": ...})
+    settings.zk_connect, settings.catalog_uri, settings.home, settings.cache
+
+Entry points (``Tidemark.connect``, ``CatalogSettings.from_env``, ``build_spark_session``, the
+``tidemark`` command, a driver's metrics) read a ``Settings`` and take their defaults from it;
+explicit arguments always win over the environment. ``VARIABLES`` documents each variable; the
+README's table lists the same ones (a test keeps them in step).
+
+Failure behaviour: a value that cannot be used (a port that is not a number, a yes/no flag that
+is neither) raises ``ConfigurationError`` naming the variable, before anything connects.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from coordinator.errors import ConfigurationError
+
+DEFAULT_CONNECT = "127.0.0.1:2181"
+DEFAULT_CATALOG = "lake"
+DEFAULT_METRICS_ADDRESS = "0.0.0.0"  # a driver's metrics are scraped from outside its pod
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+# name -> (default, what it does): the README's "Configuration" table says the same.
+VARIABLES: dict[str, tuple[str, str]] = {
+    "TIDEMARK_ZK": (f"`{DEFAULT_CONNECT}`", "ZooKeeper connect string, `host:port[,host:port...][/chroot]`"),
+    "TIDEMARK_ZK_USER": ("none", "writer identity (ZooKeeper digest user); with it, every znode gets its ACL"),
+    "TIDEMARK_ZK_PASSWORD": ("none", "the writer identity's password"),
+    "TIDEMARK_ZK_READER_USER": ("none", "reader identity, granted read access to every znode"),
+    "TIDEMARK_ZK_READER_PASSWORD": ("none", "the reader identity's password"),
+    "TIDEMARK_ZK_TLS": ("on if a TLS file is set", "`1` to connect with TLS, `0` to refuse it"),
+    "TIDEMARK_ZK_TLS_CA": ("none", "CA bundle (PEM) that signed ZooKeeper's certificate"),
+    "TIDEMARK_ZK_TLS_CERT": ("none", "client certificate (PEM), for servers that require one"),
+    "TIDEMARK_ZK_TLS_KEY": ("none", "the client certificate's key (PEM)"),
+    "TIDEMARK_ZK_TLS_KEY_PASSWORD": ("none", "the key's password"),
+    "TIDEMARK_ZK_TLS_VERIFY": ("`1`", "`0` accepts any server certificate (testing only)"),
+    "TIDEMARK_ZK_TLS_CHECK_HOSTNAME": ("`1`", "`0` skips the host name check of the server certificate"),
+    "TIDEMARK_ZK_CLASSPATH": ("Debian's `/usr/share/java/zookeeper.jar`",
+                              "class path of the ZooKeeper server that `tidemark zk start` and the tests run"),
+    "TIDEMARK_CATALOG_NAME": (f"`{DEFAULT_CATALOG}`", "Iceberg catalog name (the first part of table names)"),
+    "TIDEMARK_CATALOG_URI": ("the embedded SQLite catalog", "SQL catalog URI (`sqlite:///...`, `postgresql://...`)"),
+    "TIDEMARK_WAREHOUSE": ("`$TIDEMARK_HOME/warehouse`", "warehouse location for a catalog given by URI"),
+    "TIDEMARK_HOME": ("`$XDG_DATA_HOME/tidemark` or `~/.local/share/tidemark`",
+                      "where the embedded defaults live (catalog, warehouse, local ZooKeeper's data)"),
+    "TIDEMARK_CACHE": ("`$XDG_CACHE_HOME/tidemark` or `~/.cache/tidemark`",
+                       "where `make setup` keeps the Spark jars (`<cache>/jars`)"),
+    "TIDEMARK_SPARK_MASTER": ("`local[2]`", "Spark master of `build_spark_session` (unless `SPARK_HOME` is set: "
+                                            "then `spark-defaults.conf` decides)"),
+    "TIDEMARK_SPARK_JARS": ("the jars in `<cache>/jars`",
+                            "Iceberg's Spark runtime jar(s) and JDBC drivers, comma separated"),
+    "TIDEMARK_METRICS_PORT": ("unset: no endpoint", "port of a driver's `/metrics` and `/healthz`"),
+    "TIDEMARK_METRICS_ADDRESS": (f"`{DEFAULT_METRICS_ADDRESS}`", "address that endpoint listens on"),
+    "TIDEMARK_CRASH_AT": ("unset", "fault tests only: `<step>[:<nth>]` makes the driver SIGKILL itself there"),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The environment's configuration, typed; see ``VARIABLES`` for what each field does."""
+
+    zk_connect: str = DEFAULT_CONNECT
+    zk_user: Optional[str] = None
+    zk_password: str = ""
+    zk_reader_user: Optional[str] = None
+    zk_reader_password: str = ""
+    zk_tls: Optional[bool] = None                 # None: on when a TLS file is set
+    zk_tls_ca: Optional[str] = None
+    zk_tls_cert: Optional[str] = None
+    zk_tls_key: Optional[str] = None
+    zk_tls_key_password: Optional[str] = None
+    zk_tls_verify: bool = True
+    zk_tls_check_hostname: bool = True
+    zk_classpath: Optional[str] = None
+    catalog_name: str = DEFAULT_CATALOG
+    catalog_uri: Optional[str] = None
+    warehouse: Optional[str] = None
+    home: Path = field(default_factory=lambda: Path.home() / ".local" / "share" / "tidemark")
+    cache: Path = field(default_factory=lambda: Path.home() / ".cache" / "tidemark")
+    spark_master: Optional[str] = None
+    spark_jars: tuple[str, ...] = ()
+    metrics_port: Optional[int] = None
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
+    crash_at: Optional[str] = None
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> Settings:
+        """Read ``environ`` (default ``os.environ``) once; ``ConfigurationError`` names a variable that is unusable."""
+        env = os.environ if environ is None else environ
+
+        def text(name: str) -> Optional[str]:
+            value = env.get(name, "").strip()
+            return value or None
+
+        data_base = text("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+        cache_base = text("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        home = text("TIDEMARK_HOME")
+        cache = text("TIDEMARK_CACHE")
+        return cls(
+            zk_connect=text("TIDEMARK_ZK") or DEFAULT_CONNECT,
+            zk_user=text("TIDEMARK_ZK_USER"),
+            zk_password=env.get("TIDEMARK_ZK_PASSWORD", ""),
+            zk_reader_user=text("TIDEMARK_ZK_READER_USER"),
+            zk_reader_password=env.get("TIDEMARK_ZK_READER_PASSWORD", ""),
+            zk_tls=_flag(env, "TIDEMARK_ZK_TLS"),
+            zk_tls_ca=text("TIDEMARK_ZK_TLS_CA"),
+            zk_tls_cert=text("TIDEMARK_ZK_TLS_CERT"),
+            zk_tls_key=text("TIDEMARK_ZK_TLS_KEY"),
+            zk_tls_key_password=text("TIDEMARK_ZK_TLS_KEY_PASSWORD"),
+            zk_tls_verify=_flag(env, "TIDEMARK_ZK_TLS_VERIFY") is not False,
+            zk_tls_check_hostname=_flag(env, "TIDEMARK_ZK_TLS_CHECK_HOSTNAME") is not False,
+            zk_classpath=text("TIDEMARK_ZK_CLASSPATH"),
+            catalog_name=text("TIDEMARK_CATALOG_NAME") or DEFAULT_CATALOG,
+            catalog_uri=text("TIDEMARK_CATALOG_URI"),
+            warehouse=text("TIDEMARK_WAREHOUSE"),
+            home=Path(home).absolute() if home else Path(data_base) / "tidemark",
+            cache=Path(cache).absolute() if cache else Path(cache_base) / "tidemark",
+            spark_master=text("TIDEMARK_SPARK_MASTER"),
+            spark_jars=tuple(j.strip() for j in env.get("TIDEMARK_SPARK_JARS", "").split(",") if j.strip()),
+            metrics_port=_port(env, "TIDEMARK_METRICS_PORT"),
+            metrics_address=text("TIDEMARK_METRICS_ADDRESS") or DEFAULT_METRICS_ADDRESS,
+            crash_at=text("TIDEMARK_CRASH_AT"),
+        )
+
+    @property
+    def tls_enabled(self) -> bool:
+        """TLS was asked for, explicitly or by naming a TLS file."""
+        if self.zk_tls is not None:
+            return self.zk_tls
+        return bool(self.zk_tls_ca or self.zk_tls_cert or self.zk_tls_key)
+
+
+def _flag(env: Mapping[str, str], name: str) -> Optional[bool]:
+    value = env.get(name, "").strip().lower()
+    if not value:
+        return None
+    if value not in _TRUE + _FALSE:
+        raise ConfigurationError(f"{name}={env[name]!r} is not a yes/no value: use 1 or 0")
+    return value in _TRUE
+
+
+def _port(env: Mapping[str, str], name: str) -> Optional[int]:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) > 65535:
+        raise ConfigurationError(f"{name}={raw!r} is not a port number (0-65535; unset it to serve no metrics)")
+    return int(raw)

@@ -1,0 +1,1 @@
+"""Examples that run against the embedded defaults (``make demo``); not part of the installed package."""

@@ -1,0 +1,1 @@
+"""Development tooling: not part of the installed package (see README, Development)."""
