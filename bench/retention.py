@@ -199,7 +199,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         stops = {lake.stopped_at for lake in lakes if lake.stopped_at is not None}
         rows = sorted({c for c in CHECKPOINTS if c <= args.epochs} | stops)  # and the last epoch each lake reached
         _print_table(lakes, rows, window)
-        reached = [c for c in rows if with_gc.commit_time(c, window) is not None]
+        reached = [c for c in rows if c >= CHECKPOINTS[0] and with_gc.commit_time(c, window) is not None]
         if len(reached) > 1:
             ratio = with_gc.commit_time(reached[-1], window) / with_gc.commit_time(reached[0], window)  # type: ignore[operator]
             verdict = "met" if ratio <= GOAL_RATIO else "MISSED"
