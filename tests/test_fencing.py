@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError, NotEmptyError
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table.update import SetPropertiesUpdate
 
@@ -323,7 +324,15 @@ def test_zookeeper_wiped_mid_run_resumes_from_iceberg_exactly_once(zk_server, zk
         assert driver.error is None, driver.error
     wiper = KazooClient(hosts=zk_server.connect_string)
     wiper.start(30)
-    wiper.delete("/" + zk_connect.split("/", 1)[1], recursive=True)  # ZooKeeper loses everything
+    chroot = "/" + zk_connect.split("/", 1)[1]
+
+    def wiped() -> bool:  # ZooKeeper loses everything
+        try:
+            wiper.delete(chroot, recursive=True)
+        except (NotEmptyError, NoNodeError):
+            pass  # a running driver created a node during the recursive delete: delete again
+        return wiper.exists(chroot) is None
+    wait_for(wiped, "the whole tree to be deleted", DEADLINE)
     wiper.stop()
     wiper.close()
     for driver in drivers:
