@@ -41,6 +41,7 @@ from typing import Callable, Optional
 
 import pyarrow as pa
 from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
 
 from coordinator import CatalogSettings, EmbeddedZooKeeper, EpochRecord, EpochState, Tidemark, TidemarkError
 from coordinator.history.checker import ConsistencyChecker, Inconsistency, exactly_once
@@ -285,11 +286,21 @@ class Cascade:
     def expire_session(self, replica: Replica) -> None:
         """Expire ``replica``'s ZooKeeper session on the server: a second client attaches to the same session
         and closes it, as Curator's KillSession does; the replica's next request finds it expired."""
-        session = wait_for(replica.session, f"{replica.member}'s session id", 30)
-        client = KazooClient(hosts=self.hosts, client_id=session, timeout=SESSION_TIMEOUT)
-        client.start(timeout=15)
-        client.stop()
-        client.close()
+        def attach_and_close() -> bool:
+            session = replica.session()
+            if session is None:
+                return False
+            client = KazooClient(hosts=self.hosts, client_id=session, timeout=SESSION_TIMEOUT)
+            try:
+                client.start(timeout=2 * SESSION_TIMEOUT)
+            except KazooTimeoutError:
+                # That session had expired already (the last fault's): the replica reports its new one shortly.
+                return False
+            finally:
+                client.stop()
+                client.close()
+            return True
+        wait_for(attach_and_close, f"{replica.member}'s current session to be attached to and closed", 30)
 
     def wipe_zookeeper(self) -> None:
         """Delete the run's whole ZooKeeper tree (what rebuilding an ensemble or a new chroot amounts to)."""
