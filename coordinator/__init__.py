@@ -3,9 +3,9 @@
 The public API is what this module exports. Underneath, each sub-package holds one concern and
 imports only the ones listed before it:
 
-- ``errors``, ``names``, ``records``, ``settings``: the error hierarchy, name rules, the records
-  stored in znodes and snapshot summaries, and the environment's configuration (the foundation
-  every other module uses);
+- ``errors``, ``names``, ``records``, ``settings``, ``crashpoints``: the error hierarchy, name rules,
+  the records stored in znodes and snapshot summaries, the environment's configuration and the
+  crash points fault tests set from it (the foundation every other module uses);
 - ``coordinator.zookeeper``: the session, multi-operations, znode paths, ACLs and TLS;
 - ``coordinator.iceberg``: catalogs, snapshot summaries, staging, publishing, progress records;
 - ``coordinator.protocol``: the ZooKeeper recipes (topology, registry, leadership, barriers,
@@ -16,23 +16,28 @@ imports only the ones listed before it:
 - ``coordinator.operations``: the ``tidemark`` command, the exporter and the local ZooKeeper server.
 """
 from coordinator.errors import (
-                                ConfigurationError,
-                                CorruptState,
-                                CycleError,
-                                EpochOrderError,
-                                Fenced,
-                                InvalidName,
-                                JobNotFound,
-                                NotLeader,
-                                PermissionDenied,
-                                PublishConflict,
-                                RegistrationError,
-                                TableNotFound,
-                                TidemarkError,
-                                TlsError,
-                                VersionNotFound,
-                                WriterConflict,
-                                ZooKeeperUnavailable,
+    ConfigurationError,
+    CorruptState,
+    CycleError,
+    EpochOrderError,
+    Fenced,
+    InvalidArgument,
+    InvalidName,
+    JobNotFound,
+    MultiFailed,
+    NotLeader,
+    PermissionDenied,
+    PublishConflict,
+    RegistrationError,
+    SinksNotFenced,
+    StorageError,
+    TableNotFound,
+    TidemarkError,
+    TlsError,
+    UnregisterNotConfirmed,
+    VersionNotFound,
+    WriterConflict,
+    ZooKeeperUnavailable,
 )
 from coordinator.history.resolve import ReaderSession, Resolver, read_arrow
 from coordinator.iceberg.catalog import CatalogSettings
@@ -59,9 +64,10 @@ from coordinator.zookeeper.security import TlsSettings
 __all__ = [
     "BarrierGrid", "BarrierMode", "Barriers", "CatalogSettings", "ConfigurationError", "ConsistencyLevel",
     "ConsistentVersion", "CorruptState", "CycleError", "EmbeddedZooKeeper", "EpochContext", "EpochCoordinator",
-    "EpochInputs", "EpochOrderError", "EpochRecord", "EpochState", "EpochWriter", "Fenced", "InvalidName",
-    "JobNotFound", "JobRecord", "LeaderState", "Leadership", "NotLeader", "PermissionDenied", "PublishConflict",
-    "ReaderSession", "Recovery", "RecoveryAction", "RegistrationError", "Resolver", "SourceRange", "TableNotFound",
-    "TableTidemark", "Tidemark", "TidemarkError", "TlsError", "TlsSettings", "Topology", "VersionNotFound",
-    "Waiting", "WriterConflict", "ZooKeeperUnavailable", "read_arrow",
+    "EpochInputs", "EpochOrderError", "EpochRecord", "EpochState", "EpochWriter", "Fenced", "InvalidArgument",
+    "InvalidName", "JobNotFound", "JobRecord", "LeaderState", "Leadership", "MultiFailed", "NotLeader",
+    "PermissionDenied", "PublishConflict", "ReaderSession", "Recovery", "RecoveryAction", "RegistrationError",
+    "Resolver", "SinksNotFenced", "SourceRange", "StorageError", "TableNotFound", "TableTidemark", "Tidemark",
+    "TidemarkError", "TlsError", "TlsSettings", "Topology", "UnregisterNotConfirmed", "VersionNotFound", "Waiting",
+    "WriterConflict", "ZooKeeperUnavailable", "read_arrow",
 ]

@@ -20,6 +20,11 @@ class ConfigurationError(TidemarkError):
     """A setting, a path, a URI or a required program is missing or malformed."""
 
 
+class InvalidArgument(TidemarkError, ValueError):
+    """A value handed to a record or a recipe is out of range or of the wrong type (decoders turn it into
+    ``CorruptState`` naming the znode)."""
+
+
 class InvalidName(TidemarkError, ValueError):
     """A job, table or member name that could not be used safely as a znode name."""
 
@@ -80,6 +85,10 @@ class PublishConflict(TidemarkError):
 
 class TableNotFound(TidemarkError):
     """An Iceberg table named by the caller does not exist in the catalog."""
+
+
+class StorageError(TidemarkError):
+    """The warehouse's file system refused to list or delete a table's files (credentials, permissions)."""
 
 
 class VersionNotFound(TidemarkError):

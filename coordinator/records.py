@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, ClassVar, Optional, TypeVar
 
-from coordinator.errors import CorruptState, InvalidName
+from coordinator.errors import CorruptState, InvalidArgument, InvalidName
 from coordinator.names import parse_epoch, validate_epoch
 
 R = TypeVar("R", bound="JsonRecord")
@@ -67,7 +67,7 @@ class JsonRecord(JsonOutput):
 def _int(value: Any, name: str) -> int:
     # 64-bit, as ZooKeeper's and Iceberg's Java sides store them.
     if isinstance(value, bool) or not isinstance(value, int) or not -2**63 <= value < 2**63:
-        raise ValueError(f"{name} must be a 64-bit integer, got {str(value)[:40]}")
+        raise InvalidArgument(f"{name} must be a 64-bit integer, got {str(value)[:40]}")
     return value
 
 
@@ -79,7 +79,7 @@ def _epoch(value: Any, name: str) -> int:
     try:
         return validate_epoch(value, name)
     except InvalidName as exc:
-        raise ValueError(str(exc)) from None
+        raise InvalidArgument(str(exc)) from None
 
 
 def _opt_epoch(value: Any, name: str) -> Optional[int]:
@@ -88,7 +88,7 @@ def _opt_epoch(value: Any, name: str) -> Optional[int]:
 
 def _str(value: Any, name: str) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"{name} must be a string, got {str(value)[:40]}")
+        raise InvalidArgument(f"{name} must be a string, got {str(value)[:40]}")
     return value
 
 
@@ -98,19 +98,19 @@ def _opt_str(value: Any, name: str) -> Optional[str]:
 
 def _str_tuple(value: Any, name: str) -> tuple[str, ...]:
     if isinstance(value, (str, Mapping)) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{name} must be a list of strings, got {value!r}")
+        raise InvalidArgument(f"{name} must be a list of strings, got {value!r}")
     return tuple(value)
 
 
 def _int_map(value: Any, name: str) -> dict[str, int]:
     if not isinstance(value, Mapping):
-        raise ValueError(f"{name} must be an object, got {value!r}")
+        raise InvalidArgument(f"{name} must be an object, got {value!r}")
     return {str(k): _int(v, f"{name}[{k!r}]") for k, v in value.items()}
 
 
 def _opt_int_map(value: Any, name: str) -> dict[str, Optional[int]]:
     if not isinstance(value, Mapping):
-        raise ValueError(f"{name} must be an object, got {value!r}")
+        raise InvalidArgument(f"{name} must be an object, got {value!r}")
     return {str(k): _opt_int(v, f"{name}[{k!r}]") for k, v in value.items()}
 
 
@@ -136,7 +136,7 @@ class JobRecord(JsonRecord):
         object.__setattr__(self, "sinks", _str_tuple(self.sinks, "sinks"))
         _epoch(self.created_ms, "created_ms")
         if self.incarnation is not None and not isinstance(self.incarnation, str):
-            raise ValueError(f"incarnation must be a string, got {self.incarnation!r}")
+            raise InvalidArgument(f"incarnation must be a string, got {self.incarnation!r}")
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ class EpochInputs(JsonRecord):
 
     def __post_init__(self) -> None:
         if not isinstance(self.sources, Mapping):
-            raise ValueError(f"sources must be an object, got {self.sources!r}")
+            raise InvalidArgument(f"sources must be an object, got {self.sources!r}")
         object.__setattr__(self, "sources", {
             str(table): r if isinstance(r, SourceRange) else SourceRange.from_dict(r, f"sources[{table!r}]")
             for table, r in self.sources.items()})
@@ -255,7 +255,7 @@ class EpochRecord(JsonRecord):
             try:
                 object.__setattr__(self, "inputs", EpochInputs.from_dict(self.inputs, "inputs"))
             except CorruptState as exc:
-                raise ValueError(str(exc)) from None
+                raise InvalidArgument(str(exc)) from None
         object.__setattr__(self, "staged", _opt_int_map(self.staged, "staged"))
         object.__setattr__(self, "published", _opt_int_map(self.published, "published"))
 
@@ -277,12 +277,12 @@ class EpochProgress(JsonRecord):
         _int(self.epoch, "epoch")
         _int(self.term, "term")
         if not isinstance(self.job, str):
-            raise ValueError(f"job must be a string, got {self.job!r}")
+            raise InvalidArgument(f"job must be a string, got {self.job!r}")
         if self.inputs is not None and not isinstance(self.inputs, EpochInputs):
             try:
                 object.__setattr__(self, "inputs", EpochInputs.from_dict(self.inputs, "inputs"))
             except CorruptState as exc:
-                raise ValueError(str(exc)) from None
+                raise InvalidArgument(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -360,7 +360,7 @@ class ReaderPins(JsonRecord):
 
     def __post_init__(self) -> None:
         if not isinstance(self.versions, Mapping):
-            raise ValueError(f"versions must be an object, got {str(self.versions)[:40]}")
+            raise InvalidArgument(f"versions must be an object, got {str(self.versions)[:40]}")
         pins = {}
         for epoch, snapshots in self.versions.items():
             parsed = parse_epoch(epoch) if isinstance(epoch, str) else epoch

@@ -16,6 +16,7 @@ from coordinator import (
     EpochRecord,
     EpochState,
     Fenced,
+    InvalidArgument,
     NotLeader,
     RecoveryAction,
     SourceRange,
@@ -376,5 +377,5 @@ def test_grid_interval_changes():
     assert BarrierGrid.from_json(grid.to_json()) == grid
     for bad in ({"interval_ms": 0}, {"interval_ms": 1000, "changes": ({"from_epoch": 5000, "interval_ms": 0},)},
                 {"interval_ms": 1000, "changes": ({"from_epoch": -1, "interval_ms": 1000},)}):
-        with pytest.raises(ValueError):
+        with pytest.raises(InvalidArgument):
             BarrierGrid(**bad)

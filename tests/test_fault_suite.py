@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from coordinator import ConfigurationError
+from coordinator.crashpoints import STEPS, parse
 from coordinator.history.checker import exactly_once
-from coordinator.job.crashpoints import STEPS, parse
 from coordinator.records import TableTidemark
 from tests.faults.harness import Environment
 from tests.faults.scenarios import run_scenario

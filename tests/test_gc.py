@@ -4,12 +4,17 @@ A year of barriers is driven through the real protocol (the idle ones on its one
 ``tidemark gc`` running every simulated week: the kept versions match the policy exactly, every kept
 version reads back consistently (from ZooKeeper and from Iceberg tags alone), and a table keeps no more
 snapshots than the versions need. Other tests: a pinned version and a lagging job's next inputs survive
-GC; the CLI; GC on a schedule in one elected process; old metadata files go.
+GC; the CLI; GC on a schedule in one elected process; old metadata files go; a GC process killed
+after its expiry commit leaves orphan files that ``tidemark gc --orphans`` deletes, and only those.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,8 +26,10 @@ from coordinator.history.gc_schedule import GcSchedule
 from coordinator.history.resolve import ReaderSession, Resolver
 from coordinator.history.retention import DAY_MS, DEFAULT_POLICY, HOUR_MS, RetentionPolicy
 from coordinator.history.versions import RetainedVersions, tag_epoch, tag_name
+from coordinator.iceberg.reachability import FileIndex
 from coordinator.iceberg.snapshots import snapshot_epoch
 from coordinator.operations.cli import main as cli
+from tests.helpers.crash import crash_env
 from tests.helpers.lake import stage_rows
 from tests.helpers.present import present
 from tests.helpers.retention import INTERVAL_MS, Pipeline, naive_keep
@@ -36,6 +43,10 @@ def pipeline(tm, catalog_settings, namespace):
     built = Pipeline(tm, catalog_settings, namespace)
     yield built
     built.close()
+
+
+def local_path(location: str) -> str:
+    return location[len("file://"):] if location.startswith("file://") else location
 
 
 def tidemark_tags(table) -> dict[int, int]:
@@ -212,3 +223,63 @@ def test_gc_bounds_old_metadata_files(tm, pipeline, catalog_settings):
     metadata_dir = Path(table.metadata_location.replace("file://", "")).parent
     files = [f for f in os.listdir(metadata_dir) if f.endswith(".metadata.json")]
     assert len(files) <= 11, f"{len(files)} metadata files kept"
+
+
+def test_a_gc_killed_after_its_expiry_commit_leaves_orphans_that_gc_orphans_deletes(tm, zk_connect, pipeline,
+                                                                                    catalog_settings, monkeypatch,
+                                                                                    capsys):
+    for k in range(1, 7):
+        pipeline.epoch(START + k * INTERVAL_MS, rows=2)
+    events = pipeline.catalog.load_table(pipeline.events)
+    referenced_before = FileIndex().referenced(events, events.snapshots())
+    catalog_env = {"TIDEMARK_CATALOG_URI": catalog_settings.uri, "TIDEMARK_WAREHOUSE": catalog_settings.warehouse,
+                   "TIDEMARK_CATALOG_NAME": catalog_settings.name}
+    gc = [sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "gc", "--policy", "all:1h"]
+    killed = subprocess.run(gc, env={**crash_env("gc-expired", nth=1), **catalog_env}, capture_output=True,
+                            text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert "crash point gc-expired#1 reached" in killed.stderr
+    events.refresh()
+    left_behind = {local_path(p) for p in referenced_before - FileIndex().referenced(events, events.snapshots())}
+    assert left_behind, "the killed run expired snapshots of events before it died"
+
+    for name, value in catalog_env.items():
+        monkeypatch.setenv(name, value)
+    args = ["--zk", zk_connect, "gc"]
+    assert cli(args) == 0, "a complete run finishes what the killed one left (the totals table)"
+    capsys.readouterr()
+    assert all(os.path.exists(p) for p in left_behind), "no expiry can find the killed run's files any more"
+
+    assert cli([*args, "--orphans", "--dry-run", "--json"]) == 0
+    assert [o["paths"] for o in json.loads(capsys.readouterr().out)["orphans"]] == [[], []], \
+        "every file is younger than three days: a write in progress could still commit it"
+
+    data_dir = Path(local_path(events.location())) / "data"
+    killed_writer = data_dir / "killed-writer-00000.parquet"
+    killed_writer.write_bytes(b"PAR1")
+    four_days_ago = time.time() - 4 * 24 * 3600
+    for name in pipeline.tables:
+        for path in Path(local_path(pipeline.catalog.load_table(name).location())).rglob("*"):
+            os.utime(path, (four_days_ago, four_days_ago))
+    in_flight = data_dir / "in-flight-00000.parquet"
+    in_flight.write_bytes(b"PAR1")
+
+    assert cli([*args, "--orphans", "--dry-run", "--json"]) == 0
+    found = {o["table"]: set(o["paths"]) for o in json.loads(capsys.readouterr().out)["orphans"]}
+    assert found == {pipeline.events: left_behind | {str(killed_writer)}, pipeline.totals: set()}
+    assert all(os.path.exists(p) for p in found[pipeline.events]), "a dry run deletes nothing"
+
+    assert cli([*args, "--orphans"]) == 0
+    assert f"table {pipeline.events}: deleted {len(left_behind) + 1} orphan files" in capsys.readouterr().out
+    assert not any(os.path.exists(p) for p in found[pipeline.events])
+    assert in_flight.exists(), "a file younger than --older-than is never an orphan"
+    assert cli([*args, "--orphans", "--older-than", "12h"]) == 2
+    assert "less than a day" in capsys.readouterr().err
+
+    resolver = Resolver(pipeline.catalog, catalog_settings, tm)
+    for epoch in RetainedVersions(tm).epochs():
+        pipeline.check(resolver, resolver.resolve(pipeline.tables, as_of=epoch))
+    for name in pipeline.tables:
+        table = pipeline.catalog.load_table(name)
+        for snapshot in table.snapshots():  # every file a remaining snapshot needs is still there
+            table.scan(snapshot_id=snapshot.snapshot_id).to_arrow()

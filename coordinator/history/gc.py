@@ -3,6 +3,7 @@
     collector = GarbageCollector(tm, settings)        # policy: the deployment's (``/versions``); clock: now_ms
     plan = collector.plan()                            # what would be kept and dropped, and why (changes nothing)
     report = collector.run()                           # apply it; run(dry_run=True) == plan() wrapped in a report
+    collector.remove_orphan_files()                    # files no metadata references, older than 3 days
 
 What one run does (``tidemark gc`` runs it; ``GcSchedule`` runs it in one elected driver):
 
@@ -37,7 +38,11 @@ commit (new tags, removed tags, expiry, properties, conditional on ``main`` and 
 not having moved: a concurrent publish makes GC plan that table again), then the records of new versions,
 then files. ZooKeeper tidemarks are read before table metadata, so a snapshot published
 after the read is never mistaken for an aborted one. Failures raise ``TidemarkError``
-subclasses; a run that stops half-way leaves nothing unsafe, and the next run finishes it.
+subclasses; a run that stops half-way leaves nothing unsafe, and the next run finishes it, with
+one exception: a run killed after a table's expiry commit and before its file deletion leaves
+those files unreferenced, where no later expiry finds them. ``remove_orphan_files`` (``tidemark gc
+--orphans``) finds every unreferenced file by listing the table's locations, which also covers
+files of writers killed before their commit; run it daily, say.
 """
 from __future__ import annotations
 
@@ -61,12 +66,14 @@ from pyiceberg.table.update import (
 )
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from coordinator.errors import PublishConflict, TableNotFound
+from coordinator.crashpoints import crash_point
+from coordinator.errors import InvalidArgument, PublishConflict, StorageError, TableNotFound
 from coordinator.history.resolve import pinned_versions
 from coordinator.history.retention import RetentionPolicy, read_policy
 from coordinator.history.versions import RetainedVersions, VersionRecord, tag_epoch, tag_name
 from coordinator.iceberg.catalog import CatalogSettings, load_table
 from coordinator.iceberg.metadata_files import DELETE_AFTER_COMMIT, PREVIOUS_VERSIONS_MAX, delete_unlogged_metadata
+from coordinator.iceberg.orphans import OrphanFiles, delete_orphan_files, find_orphan_files
 from coordinator.iceberg.reachability import FileIndex
 from coordinator.iceberg.snapshots import snapshot_epoch
 from coordinator.protocol.barriers import Barriers
@@ -78,6 +85,7 @@ from coordinator.zookeeper.session import ZooKeeperSession
 
 log = logging.getLogger(__name__)
 METADATA_VERSIONS_KEPT = 10
+ORPHAN_AGE_MS = 3 * 24 * 3600 * 1000  # Iceberg's default for remove_orphan_files
 ZK_BATCH = 200
 
 
@@ -431,6 +439,7 @@ class GarbageCollector:
         except RetryError:
             raise PublishConflict(f"gc kept losing commit races with the writer of table {name}; "
                                   "run it again") from None
+        crash_point("gc-expired")
         return len(doomed), table_plan, self._delete_files(name, table, doomed)
 
     def _commit(self, table: Table, plan: TablePlan) -> None:
@@ -474,6 +483,36 @@ class GarbageCollector:
             except FileNotFoundError:
                 pass  # deleted by an earlier run that stopped before its commit was recorded
         return len(orphaned)
+
+
+    def remove_orphan_files(self, older_than_ms: int = ORPHAN_AGE_MS, dry_run: bool = False) -> list[OrphanFiles]:
+        """Delete the files under each managed table's location that no metadata references (see
+        ``coordinator.iceberg.orphans``) and that are older than ``older_than_ms`` on this collector's clock.
+
+        The age protects writes in progress, whose files are not referenced yet: it must exceed the
+        longest write (the CLI refuses less than a day). Root tables are left to their owner. With
+        ``dry_run`` it only lists them.
+        """
+        if older_than_ms <= 0:
+            raise InvalidArgument(f"older_than_ms must be positive, got {older_than_ms}")
+        cutoff = self.clock() - older_than_ms
+        found = []
+        for name in sorted(read_topology(self.tm).writers):
+            try:
+                table = self._table(name)
+            except TableNotFound:
+                continue
+            try:
+                orphans = find_orphan_files(table, name, cutoff, self._files.setdefault(name, FileIndex()))
+                if not dry_run:
+                    delete_orphan_files(table, orphans)
+            except OSError as exc:
+                raise StorageError(f"cannot list or delete the files of table {name}: {exc}; check the "
+                                   "warehouse's credentials and permissions, then run it again") from None
+            found.append(orphans)
+        log.info("gc: %d orphan files (%d bytes) %s", sum(len(o.paths) for o in found),
+                 sum(o.size_bytes for o in found), "found" if dry_run else "deleted")
+        return found
 
 
 def summarize(plan: GcPlan) -> list[str]:

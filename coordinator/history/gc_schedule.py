@@ -20,7 +20,7 @@ import logging
 import threading
 from typing import Callable, Optional
 
-from coordinator.errors import CorruptState
+from coordinator.errors import CorruptState, InvalidArgument
 from coordinator.history.gc import GarbageCollector, GcReport
 from coordinator.history.retention import RetentionPolicy
 from coordinator.iceberg.catalog import CatalogSettings
@@ -34,7 +34,7 @@ class GcSchedule:
     def __init__(self, tm: ZooKeeperSession, settings: Optional[CatalogSettings] = None, *, every_s: float = 600.0,
                  policy: Optional[RetentionPolicy] = None, clock: Callable[[], int] = now_ms) -> None:
         if every_s <= 0:
-            raise ValueError(f"every_s must be positive, got {every_s}")
+            raise InvalidArgument(f"every_s must be positive, got {every_s}")
         self.tm, self.every_s, self.clock = tm, every_s, clock
         self.collector = GarbageCollector(tm, settings, policy=policy, clock=clock)
         self.runs = 0

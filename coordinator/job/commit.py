@@ -22,10 +22,10 @@ from typing import Callable, Optional
 
 from pyiceberg.table import Table
 
+from coordinator.crashpoints import crash_point
 from coordinator.errors import EpochOrderError
 from coordinator.iceberg.publish import advance_committed_epoch, claim_table, publish_staged
 from coordinator.iceberg.snapshots import snapshot_at_epoch
-from coordinator.job.crashpoints import crash_point
 from coordinator.protocol.epochs import EpochCoordinator
 from coordinator.records import EpochInputs, EpochProgress, EpochRecord, EpochState
 

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from pyiceberg.table import Table
 
+from coordinator.crashpoints import crash_point
 from coordinator.errors import (
     ConfigurationError,
     EpochOrderError,
@@ -72,7 +73,6 @@ from coordinator.iceberg.progress import ResumePoint, recorded_epochs, resume_po
 from coordinator.iceberg.snapshots import WRITER_PROPERTY, recorded_term, snapshot_at_epoch, snapshot_at_time
 from coordinator.iceberg.staging import stage_append, stage_overwrite
 from coordinator.job.commit import EpochCommitter
-from coordinator.job.crashpoints import crash_point
 from coordinator.job.driver_metrics import DriverMetrics
 from coordinator.names import validate_name, validate_names
 from coordinator.protocol.barriers import DEFAULT_MAX_PENDING_BARRIERS, BarrierGrid, Barriers

@@ -7,6 +7,7 @@
     tidemark barriers [--set-interval MS --from T]
     tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--json]
     tidemark gc [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file and znode clean-up
+                [--orphans [--older-than 3d]]       ... and files no metadata references (listed; daily is enough)
     tidemark versions [--json]                      the retained versions, with their tier and age
     tidemark exporter [--port 9464] [--refresh S]   the topology-wide view for Prometheus, /metrics and /healthz
 
@@ -198,19 +199,31 @@ def cmd_resolve(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     from coordinator.history.gc import GarbageCollector, summarize
     from coordinator.history.retention import RetentionPolicy, store_policy
+    from coordinator.history.versions import fmt_age
     from coordinator.iceberg.catalog import CatalogSettings
     policy = RetentionPolicy.parse(args.policy) if args.policy else None
     with _connect(args) as tm:
         if policy is not None and not args.dry_run:
             store_policy(tm, policy)
-        report = GarbageCollector(tm, CatalogSettings.from_env(), policy=policy).run(dry_run=args.dry_run)
+        collector = GarbageCollector(tm, CatalogSettings.from_env(), policy=policy)
+        report = collector.run(dry_run=args.dry_run)
+        orphans = collector.remove_orphan_files(args.older_than, dry_run=args.dry_run) if args.orphans else None
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        out = report.to_dict()
+        if orphans is not None:
+            out["orphans"] = [o.to_dict() for o in orphans]
+        print(json.dumps(out, indent=2))
         return 0
     print(("dry run: nothing changed\n" if report.dry_run else "") + "\n".join(summarize(report.plan)))
     if not report.dry_run:
         print(f"expired {report.expired_snapshots} snapshots, deleted {report.deleted_files} files, pruned "
               f"{report.pruned_barriers} barrier znodes")
+    for found in orphans or []:
+        verb = "would delete" if report.dry_run else "deleted"
+        print(f"  table {found.table}: {verb} {len(found.paths)} orphan files ({found.size_bytes} bytes) "
+              f"older than {fmt_age(args.older_than)}")
+        for path in found.paths if report.dry_run else []:
+            print(f"    {path}")
     return 0
 
 
@@ -271,6 +284,19 @@ def _port(text: str) -> int:
     if not text.isascii() or not text.isdigit() or not 0 < int(text) < 65536:
         raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
     return int(text)
+
+
+def _orphan_age(text: str) -> int:
+    """``--older-than``: a length of at least a day, as Iceberg's remove_orphan_files procedure requires."""
+    from coordinator.history.retention import DAY_MS, parse_length
+    try:
+        ms = parse_length(text)
+    except TidemarkError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if ms < DAY_MS:
+        raise argparse.ArgumentTypeError(f"{text} is less than a day: a write still in progress could "
+                                         "lose its files (GarbageCollector.remove_orphan_files takes any age)")
+    return ms
 
 
 def _epoch(text: str) -> int:
@@ -357,6 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--json", action="store_true")
     gc.add_argument("--policy", metavar="SPEC", help="record this retention policy for the deployment first, e.g. "
                     "all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo (with --dry-run: preview it only)")
+    gc.add_argument("--orphans", action="store_true", help="then delete the files under each managed table's "
+                    "location that no metadata references (left by killed writers or a killed gc); lists them "
+                    "all, so daily is enough")
+    gc.add_argument("--older-than", type=_orphan_age, default="3d", metavar="LENGTH",
+                    help="with --orphans: only files not modified for this long, at least 1d (default 3d)")
     gc.set_defaults(func=cmd_gc)
 
     versions = sub.add_parser("versions", help="the retained consistent versions, with their tier and age")

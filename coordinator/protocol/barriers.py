@@ -30,7 +30,14 @@ from typing import Any, Callable, Optional, TypeVar
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
-from coordinator.errors import ConfigurationError, EpochOrderError, InvalidName, MultiFailed, ZooKeeperUnavailable
+from coordinator.errors import (
+    ConfigurationError,
+    EpochOrderError,
+    InvalidArgument,
+    InvalidName,
+    MultiFailed,
+    ZooKeeperUnavailable,
+)
 from coordinator.names import parse_epoch, validate_epoch
 from coordinator.records import BarrierMode, BarrierRecord, JsonRecord, _epoch, _int, _opt_epoch, now_ms
 from coordinator.zookeeper.ops import Create, Delete, Op, SetData
@@ -54,13 +61,13 @@ class BarrierGrid(JsonRecord):
     def __post_init__(self) -> None:
         _opt_epoch(self.newest_agreed, "newest_agreed")
         if _int(self.interval_ms, "interval_ms") <= 0:
-            raise ValueError(f"interval_ms must be positive, got {self.interval_ms}")
+            raise InvalidArgument(f"interval_ms must be positive, got {self.interval_ms}")
         object.__setattr__(self, "mode", BarrierMode(self.mode))
         changes = tuple(dict(c) for c in self.changes)
         for change in changes:
             _epoch(change.get("from_epoch"), "from_epoch")
             if _int(change.get("interval_ms"), "interval_ms") <= 0:
-                raise ValueError(f"invalid interval change {change!r}")
+                raise InvalidArgument(f"invalid interval change {change!r}")
         object.__setattr__(self, "changes", tuple(sorted(changes, key=lambda c: c["from_epoch"])))
 
     def _segment(self, t: int) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from coordinator import EpochRecord, EpochState, TidemarkError
-from coordinator.job.crashpoints import STEPS
+from coordinator.crashpoints import EPOCH_STEPS
 from coordinator.operations.zookeeper_server import ZooKeeperEnsemble
 from coordinator.records import TermRecord
 from tests.faults.cascade import COUNTER, JOBS
@@ -43,7 +43,7 @@ def pause(rng: random.Random, low: float = 0.3, high: float = 1.5) -> None:
 
 def crash_steps(job: str) -> tuple[str, ...]:
     """The crash points a job's replicas reach: only a job with a root source agrees barriers."""
-    return STEPS if job == COUNTER else tuple(s for s in STEPS if s != "agreed")
+    return EPOCH_STEPS if job == COUNTER else tuple(s for s in EPOCH_STEPS if s != "agreed")
 
 
 def kill_nine(env: Environment, run: int, seed: int, faults: int) -> RunResult:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from coordinator.job.crashpoints import ENV
+from coordinator.crashpoints import ENV
 
 
 def crash_env(crash_at: str, nth: int = 2) -> dict[str, str]:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from coordinator import CatalogSettings, Tidemark
-from coordinator.job.crashpoints import ENV as CRASH_ENV
+from coordinator.crashpoints import ENV as CRASH_ENV
 from spark_hooks import EpochJob, build_spark_session
 
 WORDS, COUNTS, LOG = "lake.kill.words", "lake.kill.counts", "lake.kill.log"

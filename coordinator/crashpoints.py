@@ -1,14 +1,14 @@
-"""Crash points: make a driver process die at one step of the epoch protocol, chosen from the environment.
+"""Crash points: make a process die at one step of the epoch protocol or of GC, chosen from the environment.
 
     TIDEMARK_CRASH_AT=precommitted      SIGKILL this process the first time it reaches "precommitted"
     TIDEMARK_CRASH_AT=staged:3          ... the third time it reaches "staged"
 
-Fault tests start a real driver process with this variable set; nothing is monkeypatched. The
-writer calls ``crash_point(step)`` at each step below. Unset (the normal case), a call costs
-one comparison. When the point is reached the process writes one line to stderr,
-``tidemark: crash point <step>#<nth> reached at <wall ms>: SIGKILL``, so a test knows when it
-died, and then kills itself with SIGKILL: no ``finally``, no ``atexit``, no flushed buffers, as a
-``kill -9`` or a lost node would.
+Fault tests start a real driver (or ``tidemark gc``) process with this variable set; nothing is
+monkeypatched. The writer and the garbage collector call ``crash_point(step)`` at each step below.
+Unset (the normal case), a call costs one comparison. When the point is reached the process
+writes one line to stderr, ``tidemark: crash point <step>#<nth> reached at <wall ms>: SIGKILL``,
+so a test knows when it died, and then kills itself with SIGKILL: no ``finally``, no ``atexit``,
+no flushed buffers, as a ``kill -9`` or a lost node would.
 
 The steps, in the order an epoch reaches them:
 
@@ -19,6 +19,11 @@ The steps, in the order an epoch reaches them:
 - ``published-one``: the first sink is published (with several sinks, the others are not yet);
 - ``committed``: the ZooKeeper commit is done, the Iceberg committed-epoch marks are not;
 - ``idle-commit``: an idle epoch's ZooKeeper commit is done, its Iceberg marks are not.
+
+And in a garbage collection:
+
+- ``gc-expired``: a table's expiry commit is done, the files only its expired snapshots referenced
+  are not deleted (they are orphans from then on: ``tidemark gc --orphans`` removes them).
 
 An unknown step or a malformed count in the variable raises ``ConfigurationError`` at the first
 step the process reaches, so a typo in a test never passes silently.
@@ -36,7 +41,9 @@ from coordinator.errors import ConfigurationError
 from coordinator.settings import Settings
 
 ENV = "TIDEMARK_CRASH_AT"
-STEPS = ("agreed", "begin", "staged", "precommitted", "published-one", "committed", "idle-commit")
+EPOCH_STEPS = ("agreed", "begin", "staged", "precommitted", "published-one", "committed", "idle-commit")
+GC_STEPS = ("gc-expired",)
+STEPS = EPOCH_STEPS + GC_STEPS
 
 _lock = threading.Lock()
 _target: Optional[tuple[str, int]] = None
