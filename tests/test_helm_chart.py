@@ -70,6 +70,8 @@ def pod_specs(docs) -> dict[str, dict]:
     """Pod specs by owner: workloads' templates and the executor pod templates Spark reads."""
     specs = {f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]["spec"]
              for d in docs if d["kind"] in ("Deployment", "StatefulSet")}
+    specs.update({f"CronJob/{d['metadata']['name']}": d["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+                  for d in of_kind(docs, "CronJob")})
     for cm in of_kind(docs, "ConfigMap"):
         if "executor-pod.yaml" in cm["data"]:
             specs[f"executor-of/{cm['metadata']['name']}"] = yaml.safe_load(cm["data"]["executor-pod.yaml"])["spec"]
@@ -163,6 +165,7 @@ def test_every_pod_runs_as_non_root_with_a_read_only_root_filesystem(chart, valu
             assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}, owner
             if not owner.startswith("executor-of/"):  # Spark sizes executors from spark.executor.*
                 assert container["resources"]["requests"] and container["resources"]["limits"]["memory"], owner
+            if not owner.startswith(("executor-of/", "CronJob/")):  # a CronJob's pod ends: no probes
                 assert container["readinessProbe"] and container["livenessProbe"], owner
         if not owner.startswith("Deployment/") or owner.endswith("-exporter"):
             assert spec.get("automountServiceAccountToken") is False, f"{owner} needs no API token"
@@ -275,6 +278,33 @@ def test_bundled_zookeeper_with_auth_and_an_inline_job_script(chart):
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes["job-script"]["configMap"] == {"name": config["metadata"]["name"],
                                                    "items": [{"key": "job.py", "path": "job.py"}]}
+
+
+def test_gc_runs_as_cron_jobs_with_the_writer_identity_and_the_drivers_catalog(chart):
+    values = values_of("bundled-zk-auth-values.yaml")
+    values["gc"] = {"policy": "all:1h,daily:30d", "orphans": {"olderThan": "7d"}}
+    docs = render(chart, values)
+    gc, orphans = only(docs, "CronJob", f"{FULLNAME}-gc"), only(docs, "CronJob", f"{FULLNAME}-gc-orphans")
+    assert gc["spec"]["schedule"] == "*/10 * * * *" and orphans["spec"]["schedule"] == "30 3 * * *"
+    _, driver_container = driver(docs, "word-counts")
+    for cron in (gc, orphans):
+        assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+        pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        assert pod["restartPolicy"] == "Never"
+        (container,) = pod["containers"]
+        env = env_of(container)
+        assert env["TIDEMARK_ZK_USER"]["valueFrom"]["secretKeyRef"] == {"name": "tidemark-zk-auth", "key": "user"}
+        catalog = {k: v for k, v in env_of(driver_container).items()
+                   if k.startswith(("TIDEMARK_CATALOG", "TIDEMARK_WAREHOUSE", "AWS_", "PYICEBERG_"))}
+        assert catalog and {k: env[k] for k in catalog} == catalog, "GC opens the catalog as the drivers do"
+    assert only(docs, "CronJob", f"{FULLNAME}-gc")["spec"]["jobTemplate"]["spec"]["template"]["spec"][
+        "containers"][0]["args"] == ["tidemark", "gc", "--policy", "all:1h,daily:30d"]
+    assert orphans["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"] == [
+        "tidemark", "gc", "--orphans", "--older-than", "7d", "--policy", "all:1h,daily:30d"]
+
+    off = render(chart, {"gc": {"orphans": {"enabled": False}}})
+    assert [d["metadata"]["name"] for d in of_kind(off, "CronJob")] == [f"{FULLNAME}-gc"]
+    assert not of_kind(render(chart, {"gc": {"enabled": False}}), "CronJob")
 
 
 def test_external_zookeeper_over_tls_with_s3_compatible_storage(chart):
@@ -511,6 +541,9 @@ def test_service_monitor_and_prometheus_rule(chart):
     ({"driverMetricsPort": 80}, "at '/driverMetricsPort': minimum: got 80, want 1,024"),
     ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "at '/metrics/serviceMonitor/interval'"),
     ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy'"),
+    ({"gc": {"schedule": "every ten minutes"}}, "at '/gc/schedule'"),
+    ({"gc": {"orphans": {"olderThan": "12h"}}}, "at '/gc/orphans/olderThan'"),
+    ({"gc": {"policy": "hourly"}}, "at '/gc/policy'"),
 ], ids=lambda v: None if isinstance(v, dict) else v[:40])
 def test_the_schema_refuses_bad_values_naming_them(chart, values, message):
     with pytest.raises(helm.HelmValuesError) as refused:

@@ -162,6 +162,43 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
 {{- end }}
 {{- end -}}
 
+{{/* Environment of every process that opens the Iceberg catalog from Python (drivers, GC): the
+     catalog, and the S3 settings pyiceberg reads from PYICEBERG_CATALOG__<NAME>__*. */}}
+{{- define "tidemark.catalog.env" -}}
+{{- $catalog := .Values.catalog -}}
+{{- $s3 := $catalog.s3 -}}
+- name: TIDEMARK_CATALOG_NAME
+  value: {{ $catalog.name | quote }}
+- name: TIDEMARK_CATALOG_URI
+  valueFrom:
+    secretKeyRef: {name: {{ $catalog.uri.existingSecret | quote }}, key: {{ $catalog.uri.key | quote }}}
+- name: TIDEMARK_WAREHOUSE
+  value: {{ $catalog.warehouse | quote }}
+{{- if $s3.enabled }}
+- name: AWS_REGION
+  value: {{ $s3.region | quote }}
+{{- with $s3.credentials.existingSecret }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef: {name: {{ . | quote }}, key: {{ $s3.credentials.accessKeyIdKey | quote }}}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef: {name: {{ . | quote }}, key: {{ $s3.credentials.secretAccessKeyKey | quote }}}
+{{- end }}
+{{- /* pyiceberg (the Python side of every commit) reads the same S3 settings from
+       PYICEBERG_CATALOG__<NAME>__*. */}}
+{{- $pyiceberg := printf "PYICEBERG_CATALOG__%s__S3__" (upper $catalog.name) }}
+- name: {{ $pyiceberg }}REGION
+  value: {{ $s3.region | quote }}
+{{- with $s3.endpoint }}
+- name: {{ $pyiceberg }}ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+- name: {{ $pyiceberg }}FORCE_VIRTUAL_ADDRESSING
+  value: {{ not $s3.pathStyleAccess | toString | quote }}
+{{- end }}
+{{- end -}}
+
 {{- define "tidemark.zookeeper.tlsVolumeMount" -}}
 {{- if .Values.zookeeper.tls.enabled -}}
 - name: zookeeper-tls
