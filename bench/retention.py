@@ -89,7 +89,6 @@ class Lake:
         self.writer.open(leader_timeout=60)
         self.schedule = None
         if self.gc_every_s is not None:
-            self.tm.ensure_path(self.tm.paths.gc)
             self.schedule = GcSchedule(self.tm, self.settings, every_s=self.gc_every_s, policy=self.policy,
                                        clock=lambda: self.now)
 

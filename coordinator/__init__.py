@@ -21,6 +21,7 @@ from coordinator.errors import (
     CycleError,
     EpochOrderError,
     Fenced,
+    GcRunning,
     InvalidArgument,
     InvalidName,
     JobNotFound,
@@ -39,7 +40,10 @@ from coordinator.errors import (
     WriterConflict,
     ZooKeeperUnavailable,
 )
+from coordinator.history.gc import GarbageCollector
+from coordinator.history.gc_schedule import GcSchedule
 from coordinator.history.resolve import ReaderSession, Resolver, read_arrow
+from coordinator.history.retention import RetentionPolicy
 from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.job.writer import EpochContext, EpochWriter, Waiting
 from coordinator.operations.zookeeper_server import EmbeddedZooKeeper
@@ -48,15 +52,15 @@ from coordinator.protocol.epochs import EpochCoordinator, Recovery, RecoveryActi
 from coordinator.protocol.leadership import Leadership, LeaderState
 from coordinator.protocol.topology import Topology
 from coordinator.records import (
-                                BarrierMode,
-                                ConsistencyLevel,
-                                ConsistentVersion,
-                                EpochInputs,
-                                EpochRecord,
-                                EpochState,
-                                JobRecord,
-                                SourceRange,
-                                TableTidemark,
+    BarrierMode,
+    ConsistencyLevel,
+    ConsistentVersion,
+    EpochInputs,
+    EpochRecord,
+    EpochState,
+    JobRecord,
+    SourceRange,
+    TableTidemark,
 )
 from coordinator.tidemark import Tidemark
 from coordinator.zookeeper.security import TlsSettings
@@ -64,10 +68,11 @@ from coordinator.zookeeper.security import TlsSettings
 __all__ = [
     "BarrierGrid", "BarrierMode", "Barriers", "CatalogSettings", "ConfigurationError", "ConsistencyLevel",
     "ConsistentVersion", "CorruptState", "CycleError", "EmbeddedZooKeeper", "EpochContext", "EpochCoordinator",
-    "EpochInputs", "EpochOrderError", "EpochRecord", "EpochState", "EpochWriter", "Fenced", "InvalidArgument",
-    "InvalidName", "JobNotFound", "JobRecord", "LeaderState", "Leadership", "MultiFailed", "NotLeader",
-    "PermissionDenied", "PublishConflict", "ReaderSession", "Recovery", "RecoveryAction", "RegistrationError",
-    "Resolver", "SinksNotFenced", "SourceRange", "StorageError", "TableNotFound", "TableTidemark", "Tidemark",
-    "TidemarkError", "TlsError", "TlsSettings", "Topology", "UnregisterNotConfirmed", "VersionNotFound", "Waiting",
-    "WriterConflict", "ZooKeeperUnavailable", "read_arrow",
+    "EpochInputs", "EpochOrderError", "EpochRecord", "EpochState", "EpochWriter", "Fenced", "GarbageCollector",
+    "GcRunning", "GcSchedule", "InvalidArgument", "InvalidName", "JobNotFound", "JobRecord", "LeaderState",
+    "Leadership", "MultiFailed", "NotLeader", "PermissionDenied", "PublishConflict", "ReaderSession", "Recovery",
+    "RecoveryAction", "RegistrationError", "Resolver", "RetentionPolicy", "SinksNotFenced", "SourceRange",
+    "StorageError", "TableNotFound", "TableTidemark", "Tidemark", "TidemarkError", "TlsError", "TlsSettings",
+    "Topology", "UnregisterNotConfirmed", "VersionNotFound", "Waiting", "WriterConflict", "ZooKeeperUnavailable",
+    "read_arrow",
 ]

@@ -83,6 +83,10 @@ class PublishConflict(TidemarkError):
     """A staged snapshot could not be published because the table's main branch moved."""
 
 
+class GcRunning(TidemarkError):
+    """Another process holds the deployment's garbage-collection lock: one run at a time, whoever starts it."""
+
+
 class TableNotFound(TidemarkError):
     """An Iceberg table named by the caller does not exist in the catalog."""
 

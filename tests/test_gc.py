@@ -15,12 +15,13 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
-from coordinator import VersionNotFound
+from coordinator import GcRunning, VersionNotFound
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.gc_schedule import GcSchedule
 from coordinator.history.resolve import ReaderSession, Resolver
@@ -195,7 +196,6 @@ def test_scheduled_gc_runs_in_one_process_at_a_time(tm, connect, pipeline, catal
     now = [epoch + 1]
     first = GcSchedule(tm, catalog_settings, every_s=3600, clock=lambda: now[0])
     second = GcSchedule(connect(), catalog_settings, every_s=3600, clock=lambda: now[0])
-    tm.ensure_path(tm.paths.gc)
     assert first.run_if_due() is not None
     assert second.run_if_due() is None, "ran less than every_s ago, by the other process"
     holder = tm.client.Lock(tm.paths.gc_lock, identifier="someone")
@@ -210,6 +210,40 @@ def test_scheduled_gc_runs_in_one_process_at_a_time(tm, connect, pipeline, catal
     wait_for(lambda: threaded.runs >= 1, "the scheduled GC's first run")
     threaded.stop()
     assert threaded.last_error is None
+
+
+def test_tidemark_gc_waits_for_a_run_in_progress_and_says_so_when_it_cannot(tm, connect, zk_connect, pipeline,
+                                                                            catalog_settings, monkeypatch, capsys):
+    monkeypatch.setenv("TIDEMARK_CATALOG_URI", catalog_settings.uri)
+    monkeypatch.setenv("TIDEMARK_WAREHOUSE", catalog_settings.warehouse)
+    base = (datetime.now(timezone.utc).timestamp() * 1000 // INTERVAL_MS - 5) * INTERVAL_MS
+    pipeline.epoch(int(base), rows=1)
+    gc = ["--zk", zk_connect, "gc", "--policy", "all:1d"]
+    running = GarbageCollector(tm, catalog_settings)
+    with ThreadPoolExecutor(1) as pool:
+        with running.exclusive():
+            assert cli([*gc, "--wait", "0.5"]) == 1
+            err = capsys.readouterr().err
+            assert err.startswith("tidemark: error: another garbage collection is running") and tm.member in err
+            assert err.count("\n") == 1 and "Traceback" not in err
+            assert RetainedVersions(tm).epochs() == [], "the refused run changed nothing"
+            assert cli([*gc, "--dry-run"]) == 0, "a dry run changes nothing, so it needs no lock"
+            capsys.readouterr()
+
+            waiting = pool.submit(cli, [*gc, "--wait", "60"])
+            lock = tm.client.Lock(tm.paths.gc_lock)
+            wait_for(lambda: len(lock.contenders()) == 2, "the command to queue for the GC lock")
+            assert RetainedVersions(tm).epochs() == []
+        assert waiting.result(timeout=120) == 0, "the command ran once the other run released the lock"
+    assert RetainedVersions(tm).epochs() == [int(base)]
+    other = GarbageCollector(connect(), catalog_settings)  # another driver calling GC directly
+    with running.exclusive():
+        with pytest.raises(GcRunning, match="another garbage collection is running"):
+            other.run()
+        with pytest.raises(GcRunning):
+            other.remove_orphan_files()
+        assert running.run().dry_run is False, "the holder's own runs go ahead inside its block"
+    assert other.run().dry_run is False
 
 
 def test_gc_bounds_old_metadata_files(tm, pipeline, catalog_settings):

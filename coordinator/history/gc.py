@@ -4,6 +4,7 @@
     plan = collector.plan()                            # what would be kept and dropped, and why (changes nothing)
     report = collector.run()                           # apply it; run(dry_run=True) == plan() wrapped in a report
     collector.remove_orphan_files()                    # files no metadata references, older than 3 days
+    collector.run(wait_s=60)                           # one run at a time: waits for another, then GcRunning
 
 What one run does (``tidemark gc`` runs it; ``GcSchedule`` runs it in one elected driver):
 
@@ -33,6 +34,10 @@ What one run does (``tidemark gc`` runs it; ``GcSchedule`` runs it in one electe
    bounded per job by the leader (``EpochWriter(history=...)``): only the leader, under its
    term, may delete them.
 
+One run at a time: every run that changes anything (``run()``, ``remove_orphan_files()``) holds the
+deployment's GC lock (kazoo's ``Lock`` on ``/gc/lock``, ``exclusive()``), so a CronJob, the drivers'
+schedules and an operator never collect at once; a holder that dies releases it with its session.
+
 Order and safety: the ZooKeeper records of dropped versions go first, then each table's one
 commit (new tags, removed tags, expiry, properties, conditional on ``main`` and the changed tags
 not having moved: a concurrent publish makes GC plan that table again), then the records of new versions,
@@ -49,10 +54,12 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from kazoo.exceptions import KazooException, LockTimeout, NoAuthError
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
@@ -67,7 +74,15 @@ from pyiceberg.table.update import (
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from coordinator.crashpoints import crash_point
-from coordinator.errors import InvalidArgument, PublishConflict, StorageError, TableNotFound
+from coordinator.errors import (
+    GcRunning,
+    InvalidArgument,
+    PermissionDenied,
+    PublishConflict,
+    StorageError,
+    TableNotFound,
+    ZooKeeperUnavailable,
+)
 from coordinator.history.resolve import pinned_versions
 from coordinator.history.retention import RetentionPolicy, read_policy
 from coordinator.history.versions import RetainedVersions, VersionRecord, tag_epoch, tag_name
@@ -213,6 +228,52 @@ class GarbageCollector:
         self.policy, self.clock, self.metadata_versions = policy, clock, metadata_versions
         self._files: dict[str, FileIndex] = {}
         self._tables: dict[str, Table] = {}
+        self._lock_depth = 0   # exclusive() blocks entered: the GC lock is held while above 0
+
+    @contextmanager
+    def exclusive(self, wait_s: float = 0.0) -> Iterator[None]:
+        """Hold the deployment's GC lock for the block; wait for it up to ``wait_s`` seconds (0: not at all).
+
+        Raises ``GcRunning`` naming the holder when another process keeps it; the lock goes with the
+        holder's session, so a killed run never blocks the next one for longer than the session timeout.
+        Re-entrant: ``run()`` and ``remove_orphan_files()`` take it too, and inside this block they
+        use the lock held here.
+        """
+        if self._lock_depth:
+            self._lock_depth += 1
+            try:
+                yield
+            finally:
+                self._lock_depth -= 1
+            return
+        self.tm.ensure_path(self.tm.paths.gc)
+        lock = self.tm.client.Lock(self.tm.paths.gc_lock, identifier=self.tm.member)
+        try:
+            if not lock.acquire(blocking=wait_s > 0, timeout=wait_s if wait_s > 0 else None):
+                raise LockTimeout()
+        except LockTimeout:
+            try:
+                holders = ", ".join(lock.contenders()) or "a process that just finished"
+            except KazooException:
+                holders = "unknown"
+            raise GcRunning(f"another garbage collection is running (held by {holders}); it does the same work, "
+                            "so wait for it to finish and run again if needed") from None
+        except NoAuthError:
+            raise PermissionDenied(f"ZooKeeper refused the GC lock {self.tm.paths.gc_lock} to "
+                                   f"{self.tm.credentials.identity}: GC needs the writer identity "
+                                   "(TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD)") from None
+        except KazooException as exc:  # kazoo's lock recipe gave up on its own retries
+            raise ZooKeeperUnavailable(f"could not take the GC lock ({type(exc).__name__}); check that ZooKeeper "
+                                       "is up") from None
+        self._lock_depth = 1
+        try:
+            yield
+        finally:
+            self._lock_depth = 0
+            try:
+                lock.release()
+            except KazooException as exc:  # the lock node is ephemeral: it goes with the session anyway
+                log.warning("gc: could not release the GC lock (%s); it goes with this session", type(exc).__name__)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -391,12 +452,16 @@ class GarbageCollector:
 
     # -- applying --------------------------------------------------------------------------------
 
-    def run(self, dry_run: bool = False) -> GcReport:
-        """Apply one pass (see the module docstring); with ``dry_run`` only plan it."""
-        state = self._read_state()
-        plan, kept = self._plan(state)
+    def run(self, dry_run: bool = False, wait_s: float = 0.0) -> GcReport:
+        """Apply one pass (see the module docstring) under the GC lock, waiting up to ``wait_s`` seconds
+        for another run to finish (``GcRunning`` after that); with ``dry_run`` only plan it, unlocked."""
         if dry_run:
-            return GcReport(plan, True)
+            return GcReport(self.plan(), True)
+        with self.exclusive(wait_s):
+            return self._apply(self._read_state())
+
+    def _apply(self, state: _State) -> GcReport:
+        plan, kept = self._plan(state)
         p = self.tm.paths
         dropped = [v.epoch for v in plan.versions if v.action == "drop"]
         self._zk_batches([Delete(p.version(e)) for e in dropped])
@@ -484,17 +549,23 @@ class GarbageCollector:
                 pass  # deleted by an earlier run that stopped before its commit was recorded
         return len(orphaned)
 
-
-    def remove_orphan_files(self, older_than_ms: int = ORPHAN_AGE_MS, dry_run: bool = False) -> list[OrphanFiles]:
+    def remove_orphan_files(self, older_than_ms: int = ORPHAN_AGE_MS, dry_run: bool = False,
+                            wait_s: float = 0.0) -> list[OrphanFiles]:
         """Delete the files under each managed table's location that no metadata references (see
         ``coordinator.iceberg.orphans``) and that are older than ``older_than_ms`` on this collector's clock.
 
         The age protects writes in progress, whose files are not referenced yet: it must exceed the
         longest write (the CLI refuses less than a day). Root tables are left to their owner. With
-        ``dry_run`` it only lists them.
+        ``dry_run`` it only lists them; otherwise it holds the GC lock like ``run()``.
         """
         if older_than_ms <= 0:
             raise InvalidArgument(f"older_than_ms must be positive, got {older_than_ms}")
+        if dry_run:
+            return self._orphans(older_than_ms, dry_run=True)
+        with self.exclusive(wait_s):
+            return self._orphans(older_than_ms, dry_run=False)
+
+    def _orphans(self, older_than_ms: int, dry_run: bool) -> list[OrphanFiles]:
         cutoff = self.clock() - older_than_ms
         found = []
         for name in sorted(read_topology(self.tm).writers):

@@ -5,10 +5,11 @@
     schedule.stop()
 
 Every process with a schedule wakes every ``every_s`` seconds and, when the last run (by
-anyone) is at least ``every_s`` old, takes the kazoo ``Lock`` ``/gc/lock`` without waiting:
-one process wins, runs ``GarbageCollector.run()`` and records the time in ``/gc``; the
-others see the recorded run and sleep again. A driver that dies mid-run loses the lock with
-its session and the next due process runs GC again (a run is safe to repeat).
+anyone) is at least ``every_s`` old, takes the GC lock (``GarbageCollector.exclusive``, also
+taken by ``tidemark gc``) without waiting: one process wins, runs ``GarbageCollector.run()``
+and records the time in ``/gc``; the others see the recorded run and sleep again. A driver
+that dies mid-run loses the lock with its session and the next due process runs GC again (a
+run is safe to repeat).
 
 Failure behaviour: an error of a run is logged and kept in ``last_error``; the schedule goes
 on (GC is housekeeping: it must never stop the driver's epochs).
@@ -20,7 +21,7 @@ import logging
 import threading
 from typing import Callable, Optional
 
-from coordinator.errors import CorruptState, InvalidArgument
+from coordinator.errors import CorruptState, GcRunning, InvalidArgument
 from coordinator.history.gc import GarbageCollector, GcReport
 from coordinator.history.retention import RetentionPolicy
 from coordinator.iceberg.catalog import CatalogSettings
@@ -44,7 +45,6 @@ class GcSchedule:
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> GcSchedule:
-        self.tm.ensure_path(self.tm.paths.gc)
         self._thread = threading.Thread(target=self._loop, name="tidemark-gc", daemon=True)
         self._thread.start()
         return self
@@ -68,20 +68,18 @@ class GcSchedule:
         """Run GC if no process ran it in the last ``every_s`` seconds and this one wins the lock."""
         if not self._due():
             return None
-        lock = self.tm.client.Lock(self.tm.paths.gc_lock, identifier=self.tm.member)
-        if not lock.acquire(blocking=False):
-            return None  # another driver is running it
         try:
-            if not self._due():  # it ran between our look and our lock
-                return None
-            report = self.collector.run()
-            data = json.dumps({"last_run_ms": self.clock(), "by": self.tm.member}).encode()
-            self.tm.call(f"set {self.tm.paths.gc}", self.tm.client.set_async, self.tm.paths.gc, data)
-            self.runs += 1
-            self.last_report, self.last_error = report, None
-            return report
-        finally:
-            lock.release()
+            with self.collector.exclusive(wait_s=0):
+                if not self._due():  # it ran between our look and our lock
+                    return None
+                report = self.collector.run()
+                self.tm.call(f"set {self.tm.paths.gc}", self.tm.client.set_async, self.tm.paths.gc,
+                             json.dumps({"last_run_ms": self.clock(), "by": self.tm.member}).encode())
+        except GcRunning:
+            return None  # another process is running it
+        self.runs += 1
+        self.last_report, self.last_error = report, None
+        return report
 
     def _due(self) -> bool:
         found = self.tm.get(self.tm.paths.gc)

@@ -7,6 +7,7 @@
     tidemark barriers [--set-interval MS --from T]
     tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--json]
     tidemark gc [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file and znode clean-up
+                [--wait S]                          ... one run at a time: waits for another one (default 300 s)
                 [--orphans [--older-than 3d]]       ... and files no metadata references (listed; daily is enough)
     tidemark versions [--json]                      the retained versions, with their tier and age
     tidemark exporter [--port 9464] [--refresh S]   the topology-wide view for Prometheus, /metrics and /healthz
@@ -28,6 +29,7 @@ import os
 import signal
 import sys
 import threading
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Optional
 
@@ -206,8 +208,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
         if policy is not None and not args.dry_run:
             store_policy(tm, policy)
         collector = GarbageCollector(tm, CatalogSettings.from_env(), policy=policy)
-        report = collector.run(dry_run=args.dry_run)
-        orphans = collector.remove_orphan_files(args.older_than, dry_run=args.dry_run) if args.orphans else None
+        with nullcontext() if args.dry_run else collector.exclusive(wait_s=args.wait):
+            report = collector.run(dry_run=args.dry_run)
+            orphans = collector.remove_orphan_files(args.older_than, dry_run=args.dry_run) if args.orphans else None
     if args.json:
         out = report.to_dict()
         if orphans is not None:
@@ -386,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--orphans", action="store_true", help="then delete the files under each managed table's "
                     "location that no metadata references (left by killed writers or a killed gc); lists them "
                     "all, so daily is enough")
+    gc.add_argument("--wait", type=_seconds, default=300.0, metavar="S",
+                    help="wait this long for a garbage collection another process is running (default 300)")
     gc.add_argument("--older-than", type=_orphan_age, default="3d", metavar="LENGTH",
                     help="with --orphans: only files not modified for this long, at least 1d (default 3d)")
     gc.set_defaults(func=cmd_gc)
