@@ -212,6 +212,44 @@ def test_resume_recomputes_an_epoch_only_some_sinks_published(tm, connect, catal
         assert present(table_progress(catalog.load_table(name))).epoch == second
 
 
+def test_unregister_carries_an_epoch_committed_only_in_zookeeper_into_the_sinks(tm, connect, catalog,
+                                                                               catalog_settings, namespace):
+    """An idle epoch commits in ZooKeeper first and marks the sinks after; a leader killed in between leaves
+    Iceberg one epoch behind. Unregistering must not let readers, or the next registration, fall back to it."""
+    source, sink = f"{namespace}.events", f"{namespace}.copy"
+    catalog.create_namespace_if_not_exists(namespace)
+    events = catalog.create_table(source, schema=SCHEMA)
+    create_table(catalog, sink)
+    writer = EpochWriter(connect(), "copier", sources=[source], sinks=[sink], catalog=catalog_settings,
+                         interval_ms=1000, grace_ms=0)
+    writer.open(leader_timeout=30)
+    events.append(rows_of(1, 3))
+    first = barrier_after_appends(tm)
+    writer.process(first, copy_job(source, sink), inputs=writer.inputs_for(first))
+    idle = barrier_after_appends(tm)
+    writer.epochs.commit_idle(idle, writer.inputs_for(idle))  # committed in ZooKeeper; the marker never comes
+    writer.tm.close()  # the driver dies here, with its session
+    assert present(table_progress(catalog.load_table(sink))).epoch == first, "Iceberg is one epoch behind"
+    readers = Resolver(catalog, catalog_settings, tm)
+    assert readers.resolve([source, sink]).epoch == idle
+
+    plan = tm.unregister_job("copier", confirm=True, catalog=catalog_settings)
+    assert present(plan.resume.committed).epoch == idle and f"committed epoch {idle}" in plan.describe()
+    progress = present(table_progress(catalog.load_table(sink)))
+    assert (progress.epoch, progress.inputs) == (idle, plan.resume.committed.inputs)
+    assert readers.resolve([source, sink]).epoch == idle, "the consistent epoch moved backwards"
+
+    again = EpochWriter(connect(), "copier", sources=[source], sinks=[sink], catalog=catalog_settings,
+                        interval_ms=1000, grace_ms=0)
+    again.open(leader_timeout=30)
+    assert again.epochs.last_committed == idle, "the next registration resumes after the idle epoch"
+    events.append(rows_of(2, 2))
+    after = barrier_after_appends(tm)
+    again.process(after, copy_job(source, sink), inputs=again.inputs_for(after))
+    again.close()
+    assert rows_in(catalog.load_table(sink)) == rows_in(events), "duplicates or losses after re-registration"
+
+
 def test_registration_clears_a_job_znode_a_lock_recipe_left_after_a_wipe(tm, connect):
     """A standby contending while the tree is wiped re-creates ``/jobs/<job>/election`` (kazoo's lock recipe
     ensures its path): the orphan is not a registration, and registering the job clears it."""

@@ -88,14 +88,21 @@ def _inputs_text(progress: EpochProgress, each: Callable[[str, SourceRange], str
     return ", ".join(each(t, r) for t, r in sorted(inputs.sources.items()))
 
 
-def resume_point(job: str, tables: Mapping[str, Table]) -> ResumePoint:
-    """Read ``job``'s progress from its sinks ``tables`` (name -> pyiceberg table; refreshed here)."""
+def resume_point(job: str, tables: Mapping[str, Table], committed: Optional[EpochProgress] = None) -> ResumePoint:
+    """Read ``job``'s progress from its sinks ``tables`` (name -> pyiceberg table; refreshed here).
+
+    ``committed``: an epoch of ``job`` known to be committed (ZooKeeper's newest) that is about to be
+    recorded in every sink whose progress is behind it (``unregister`` does); the point is read as
+    if it were.
+    """
     for table in tables.values():
         table.refresh()
     sinks: dict[str, Optional[EpochProgress]] = {}
     for name, table in tables.items():
         found = table_progress(table)
-        sinks[name] = found if found is not None and found.job == job else None
+        found = found if found is not None and found.job == job else None
+        sinks[name] = committed if committed is not None and (found is None or found.epoch < committed.epoch) \
+            else found
     known = [p for p in sinks.values() if p is not None]
     newest = max(known, key=lambda p: p.epoch) if known else None
     committed = None if len(known) < len(sinks) or not known else min(known, key=lambda p: p.epoch)

@@ -34,9 +34,20 @@ from coordinator.errors import (
     WriterConflict,
     ZooKeeperUnavailable,
 )
-from coordinator.names import validate_name, validate_names
+from coordinator.names import parse_epoch, validate_name, validate_names
 from coordinator.protocol.topology import Topology, read_topology
-from coordinator.records import JobRecord, LeaderRecord, TableRecord, TableTidemark, TermRecord, TopologyVersion, now_ms
+from coordinator.records import (
+    EpochProgress,
+    EpochRecord,
+    EpochState,
+    JobRecord,
+    LeaderRecord,
+    TableRecord,
+    TableTidemark,
+    TermRecord,
+    TopologyVersion,
+    now_ms,
+)
 from coordinator.zookeeper.ops import Create, Delete, Op, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -182,6 +193,7 @@ class UnregisterPlan:
     record: JobRecord
     resume: Optional[ResumePoint]     # None when the sinks' Iceberg metadata could not be read
     unreadable: Optional[str] = None    # why not
+    committed: Optional[EpochProgress] = None   # the newest epoch ZooKeeper committed (carried into the sinks)
 
     def describe(self) -> str:
         """One line for operators."""
@@ -201,11 +213,29 @@ def plan_unregister(tm: ZooKeeperSession, name: str, catalog: Optional[CatalogSe
     if record is None:
         raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
     _refuse_live_leader(tm, name)
+    committed = _committed_in_zookeeper(tm, name)
     try:
-        resume = resume_point(name, _sink_tables(record, catalog))
+        resume = resume_point(name, _sink_tables(record, catalog), committed)
     except TidemarkError as exc:
-        return UnregisterPlan(name, record, None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    return UnregisterPlan(name, record, resume)
+        return UnregisterPlan(name, record, None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                              committed)
+    return UnregisterPlan(name, record, resume, None, committed)
+
+
+def _committed_in_zookeeper(tm: ZooKeeperSession, name: str) -> Optional[EpochProgress]:
+    """The job's newest epoch committed in ZooKeeper, as the progress its sinks record it with.
+
+    It can be ahead of the sinks' Iceberg metadata: a sink that published nothing in an epoch
+    gets its committed-epoch marker only after the ZooKeeper commit, and a leader killed or
+    fenced in between never writes it.
+    """
+    p = tm.paths
+    for epoch in sorted((e for e in map(parse_epoch, tm.children(p.epochs(name))) if e is not None), reverse=True):
+        found = tm.read(p.epoch(name, epoch), EpochRecord)
+        if found is not None and found[0].state == EpochState.COMMITTED:
+            record = found[0]
+            return EpochProgress(name, record.epoch, record.term, record.inputs)
+    return None
 
 
 def _sink_tables(record: JobRecord, catalog: Optional[CatalogSettings]) -> dict:
@@ -215,20 +245,25 @@ def _sink_tables(record: JobRecord, catalog: Optional[CatalogSettings]) -> dict:
     return {sink: load_table(loaded, settings, sink) for sink in record.sinks}
 
 
-def _fence_in_iceberg(tm: ZooKeeperSession, name: str, record: JobRecord, catalog: Optional[CatalogSettings]) -> None:
+def _fence_in_iceberg(tm: ZooKeeperSession, plan: UnregisterPlan, catalog: Optional[CatalogSettings]) -> None:
     """Claim the sinks for a term above every term of this registration, before its ZooKeeper state goes:
     none of its leaders (a paused one included) can commit there any more, and the terms of the next
-    registration start above it."""
+    registration start above it. Then record in each sink the newest epoch ZooKeeper committed, which
+    its committed-epoch marker may lack: once ZooKeeper's tidemarks are gone, Iceberg is what readers
+    and the next registration go by, and it must not be behind what readers already saw."""
     from coordinator.errors import Fenced
-    from coordinator.iceberg.publish import claim_table
-    found = tm.read(tm.paths.term(name), TermRecord)
+    from coordinator.iceberg.publish import advance_committed_epoch, claim_table
+    found = tm.read(tm.paths.term(plan.job), TermRecord)
     if found is None:
         return
-    for table in _sink_tables(record, catalog).values():
+    fence = found[0].term + 1
+    for table in _sink_tables(plan.record, catalog).values():
         try:
-            claim_table(table, name, found[0].term + 1)
+            claim_table(table, plan.job, fence)
+            if plan.committed is not None:
+                advance_committed_epoch(table, plan.committed, fence)
         except Fenced:
-            pass  # already claimed by a higher term: fenced as well
+            pass  # already claimed by a higher term: fenced as well, and that registration's leader marks it
 
 
 def _refuse_live_leader(tm: ZooKeeperSession, name: str) -> None:
@@ -259,7 +294,7 @@ def unregister_job(tm: ZooKeeperSession, name: str, *, confirm: bool = False,
     if not confirm:
         raise UnregisterNotConfirmed(plan)
     if plan.resume is not None:
-        _fence_in_iceberg(tm, name, plan.record, catalog)
+        _fence_in_iceberg(tm, plan, catalog)
 
     def decide(topo: Topology) -> JobRecord:
         record = topo.jobs.get(name)
