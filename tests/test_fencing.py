@@ -19,12 +19,13 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table.update import SetPropertiesUpdate
 
 from coordinator import EpochWriter, Fenced, LeaderState, Tidemark
-from coordinator.errors import UnregisterNotConfirmed, VersionNotFound
+from coordinator.errors import RegistrationError, UnregisterNotConfirmed, VersionNotFound
 from coordinator.history.resolve import Resolver
 from coordinator.iceberg.publish import AssertTermAtMost, advance_committed_epoch, claim_table, publish_staged
 from coordinator.iceberg.snapshots import TERM_PROPERTY, main_lineage, recorded_term, snapshot_progress, table_progress
 from coordinator.iceberg.staging import stage_append
-from coordinator.records import EpochProgress, EpochState, SourceRange, now_ms
+from coordinator.protocol import registry
+from coordinator.records import EpochProgress, EpochState, SourceRange, TableTidemark, now_ms
 from tests.conftest import SESSION_TIMEOUT
 from tests.helpers.lake import SCHEMA, agree, commit_rows, create_table, lead_job, rows_of
 from tests.helpers.present import present
@@ -248,6 +249,56 @@ def test_unregister_carries_an_epoch_committed_only_in_zookeeper_into_the_sinks(
     again.process(after, copy_job(source, sink), inputs=again.inputs_for(after))
     again.close()
     assert rows_in(catalog.load_table(sink)) == rows_in(events), "duplicates or losses after re-registration"
+
+
+def test_unregister_deletes_nothing_when_a_leader_is_elected_meanwhile(tm, connect, catalog, catalog_settings,
+                                                                       namespace, monkeypatch):
+    source, sink = f"{namespace}.events", f"{namespace}.copy"
+    catalog.create_namespace_if_not_exists(namespace)
+    events = catalog.create_table(source, schema=SCHEMA)
+    create_table(catalog, sink)
+
+    def copier() -> EpochWriter:
+        return EpochWriter(connect(), "copier", sources=[source], sinks=[sink], catalog=catalog_settings,
+                           interval_ms=1000, grace_ms=0)
+    writer = copier()
+    writer.open(leader_timeout=30)
+    events.append(rows_of(1, 3))
+    first = barrier_after_appends(tm)
+    writer.process(first, copy_job(source, sink), inputs=writer.inputs_for(first))
+    writer.tm.close()
+    fence_in_iceberg = registry._fence_in_iceberg
+    elected = []
+
+    def a_standby_leads_during_the_fence(*args) -> None:  # a waiting replica wins the election right then
+        fence_in_iceberg(*args)
+        standby = copier()
+        standby.open(leader_timeout=30)
+        elected.append(standby.term)
+        standby.close()
+        standby.tm.close()
+    monkeypatch.setattr(registry, "_fence_in_iceberg", a_standby_leads_during_the_fence)
+    with pytest.raises(RegistrationError, match="elected a leader while it was being unregistered"):
+        tm.unregister_job("copier", confirm=True, catalog=catalog_settings)
+    assert elected and "copier" in tm.topology().jobs
+    assert present(tm.read(tm.paths.tidemark(sink), TableTidemark))[0].epoch == first, "nothing was deleted"
+
+
+def test_unregister_goes_ahead_past_a_corrupt_epoch_record(tm, connect, catalog, catalog_settings, namespace):
+    source, sink = f"{namespace}.events", f"{namespace}.copy"
+    catalog.create_namespace_if_not_exists(namespace)
+    events = catalog.create_table(source, schema=SCHEMA)
+    create_table(catalog, sink)
+    writer = EpochWriter(connect(), "copier", sources=[source], sinks=[sink], catalog=catalog_settings,
+                         interval_ms=1000, grace_ms=0)
+    writer.open(leader_timeout=30)
+    events.append(rows_of(1, 3))
+    first = barrier_after_appends(tm)
+    writer.process(first, copy_job(source, sink), inputs=writer.inputs_for(first))
+    writer.tm.close()
+    tm.client.create(tm.paths.epoch("copier", first + 1000), b"{not json")
+    plan = tm.unregister_job("copier", confirm=True, catalog=catalog_settings)
+    assert present(plan.committed).epoch == first and "copier" not in tm.topology().jobs
 
 
 def test_registration_clears_a_job_znode_a_lock_recipe_left_after_a_wipe(tm, connect):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import GcRunning, VersionNotFound
+from coordinator import ConfigurationError, GcRunning, VersionNotFound, ZooKeeperUnavailable
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.gc_schedule import GcSchedule
 from coordinator.history.resolve import ReaderSession, Resolver
@@ -227,6 +227,8 @@ def test_tidemark_gc_waits_for_a_run_in_progress_and_says_so_when_it_cannot(tm, 
             assert err.startswith("tidemark: error: another garbage collection is running") and tm.member in err
             assert err.count("\n") == 1 and "Traceback" not in err
             assert RetainedVersions(tm).epochs() == [], "the refused run changed nothing"
+            assert cli([*gc, "--wait", "0.5", "--skip-if-running"]) == 0, "a scheduled run skips its turn"
+            assert capsys.readouterr().out.startswith("skipped: another garbage collection is running")
             assert cli([*gc, "--dry-run"]) == 0, "a dry run changes nothing, so it needs no lock"
             capsys.readouterr()
 
@@ -244,6 +246,33 @@ def test_tidemark_gc_waits_for_a_run_in_progress_and_says_so_when_it_cannot(tm, 
             other.remove_orphan_files()
         assert running.run().dry_run is False, "the holder's own runs go ahead inside its block"
     assert other.run().dry_run is False
+
+
+def test_a_gc_run_whose_connection_dropped_stops_before_its_next_table(zk_server, tm, pipeline, catalog_settings):
+    for k in range(1, 4):
+        pipeline.epoch(START + k * INTERVAL_MS, rows=1)
+    collector = GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1h"),
+                                 clock=lambda: START + 4 * INTERVAL_MS)
+    before = {name: len(pipeline.catalog.load_table(name).snapshots()) for name in pipeline.tables}
+    with collector.exclusive():
+        zk_server.kill()
+        wait_for(lambda: tm.connection_state != "CONNECTED", "the session to see its connection drop")
+        zk_server.start()
+        wait_for(lambda: tm.connection_state == "CONNECTED", "the session to reconnect", timeout=60)
+        with pytest.raises(ZooKeeperUnavailable, match="another process may hold the GC lock now"):
+            collector.run()
+    assert {name: len(pipeline.catalog.load_table(name).snapshots()) for name in pipeline.tables} == before
+    assert RetainedVersions(tm).epochs() == [], "no table and no version was touched"
+    assert collector.run().expired_snapshots > 0, "the next run, under a fresh lock, does the work"
+
+
+def test_orphan_removal_refuses_tables_that_share_a_directory(tm, pipeline, catalog_settings):
+    pipeline.epoch(START + INTERVAL_MS, rows=1)
+    events = pipeline.catalog.load_table(pipeline.events)
+    with pipeline.catalog.load_table(pipeline.totals).transaction() as tx:
+        tx.set_properties({"write.data.path": f"{events.location()}/data"})
+    with pytest.raises(ConfigurationError, match=r"share the directory .*nothing was deleted"):
+        GarbageCollector(tm, catalog_settings).remove_orphan_files(DAY_MS)
 
 
 def test_gc_bounds_old_metadata_files(tm, pipeline, catalog_settings):

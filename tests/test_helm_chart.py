@@ -285,7 +285,7 @@ def test_gc_runs_as_cron_jobs_with_the_writer_identity_and_the_drivers_catalog(c
     values["gc"] = {"policy": "all:1h,daily:30d", "orphans": {"olderThan": "7d"}}
     docs = render(chart, values)
     gc, orphans = only(docs, "CronJob", f"{FULLNAME}-gc"), only(docs, "CronJob", f"{FULLNAME}-gc-orphans")
-    assert gc["spec"]["schedule"] == "*/10 * * * *" and orphans["spec"]["schedule"] == "30 3 * * *"
+    assert gc["spec"]["schedule"] == "*/10 * * * *" and orphans["spec"]["schedule"] == "35 3 * * *"
     _, driver_container = driver(docs, "word-counts")
     for cron in (gc, orphans):
         assert cron["spec"]["concurrencyPolicy"] == "Forbid"
@@ -298,7 +298,7 @@ def test_gc_runs_as_cron_jobs_with_the_writer_identity_and_the_drivers_catalog(c
                    if k.startswith(("TIDEMARK_CATALOG", "TIDEMARK_WAREHOUSE", "AWS_", "PYICEBERG_"))}
         assert catalog and {k: env[k] for k in catalog} == catalog, "GC opens the catalog as the drivers do"
     assert only(docs, "CronJob", f"{FULLNAME}-gc")["spec"]["jobTemplate"]["spec"]["template"]["spec"][
-        "containers"][0]["args"] == ["tidemark", "gc", "--policy", "all:1h,daily:30d"]
+        "containers"][0]["args"] == ["tidemark", "gc", "--skip-if-running", "--policy", "all:1h,daily:30d"]
     assert orphans["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"] == [
         "tidemark", "gc", "--orphans", "--older-than", "7d", "--policy", "all:1h,daily:30d"]
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -60,7 +61,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from kazoo.exceptions import KazooException, LockTimeout, NoAuthError
-from pyiceberg.exceptions import CommitFailedException
+from kazoo.protocol.states import KazooState
+from kazoo.recipe.lock import Lock
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
@@ -75,12 +78,14 @@ from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_a
 
 from coordinator.crashpoints import crash_point
 from coordinator.errors import (
+    ConfigurationError,
     GcRunning,
     InvalidArgument,
     PermissionDenied,
     PublishConflict,
     StorageError,
     TableNotFound,
+    TidemarkError,
     ZooKeeperUnavailable,
 )
 from coordinator.history.resolve import pinned_versions
@@ -88,7 +93,7 @@ from coordinator.history.retention import RetentionPolicy, read_policy
 from coordinator.history.versions import RetainedVersions, VersionRecord, tag_epoch, tag_name
 from coordinator.iceberg.catalog import CatalogSettings, load_table
 from coordinator.iceberg.metadata_files import DELETE_AFTER_COMMIT, PREVIOUS_VERSIONS_MAX, delete_unlogged_metadata
-from coordinator.iceberg.orphans import OrphanFiles, delete_orphan_files, find_orphan_files
+from coordinator.iceberg.orphans import OrphanFiles, delete_orphan_files, find_orphan_files, shared_locations
 from coordinator.iceberg.reachability import FileIndex
 from coordinator.iceberg.snapshots import snapshot_epoch
 from coordinator.protocol.barriers import Barriers
@@ -102,6 +107,7 @@ log = logging.getLogger(__name__)
 METADATA_VERSIONS_KEPT = 10
 ORPHAN_AGE_MS = 3 * 24 * 3600 * 1000  # Iceberg's default for remove_orphan_files
 ZK_BATCH = 200
+NO_WAIT_S = 0.1  # how long exclusive(wait_s=0) gives ZooKeeper to answer
 
 
 @dataclass(frozen=True)
@@ -228,36 +234,50 @@ class GarbageCollector:
         self.policy, self.clock, self.metadata_versions = policy, clock, metadata_versions
         self._files: dict[str, FileIndex] = {}
         self._tables: dict[str, Table] = {}
-        self._lock_depth = 0   # exclusive() blocks entered: the GC lock is held while above 0
+        self._lock_owner: Optional[int] = None   # the thread inside exclusive()
+        self._lock_dropped: Optional[threading.Event] = None
 
     @contextmanager
     def exclusive(self, wait_s: float = 0.0) -> Iterator[None]:
         """Hold the deployment's GC lock for the block; wait for it up to ``wait_s`` seconds (0: not at all).
 
-        Raises ``GcRunning`` naming the holder when another process keeps it; the lock goes with the
-        holder's session, so a killed run never blocks the next one for longer than the session timeout.
-        Re-entrant: ``run()`` and ``remove_orphan_files()`` take it too, and inside this block they
-        use the lock held here.
+        Raises ``GcRunning`` naming the holder when another process keeps it, ``ZooKeeperUnavailable``
+        when ZooKeeper cannot be reached within the session's operation timeout. The lock goes with
+        the holder's session, so a killed run never blocks the next one for longer than the session
+        timeout. Re-entrant in the thread that holds it: ``run()`` and ``remove_orphan_files()`` take
+        it too. When the connection drops inside the block (SUSPENDED or LOST: another process may
+        hold the lock by now), the run stops before its next table with ``ZooKeeperUnavailable``.
         """
-        if self._lock_depth:
-            self._lock_depth += 1
-            try:
-                yield
-            finally:
-                self._lock_depth -= 1
+        if self._lock_owner == threading.get_ident():
+            yield
             return
+        lock = self._acquire(wait_s)
+        dropped = threading.Event()
+
+        def on_state(state: str) -> None:  # called on kazoo's event thread: never block here
+            if state != KazooState.CONNECTED:
+                dropped.set()
+        self.tm.add_state_listener(on_state)
+        self._lock_owner, self._lock_dropped = threading.get_ident(), dropped
+        try:
+            yield
+        finally:
+            self._lock_owner, self._lock_dropped = None, None
+            self.tm.remove_state_listener(on_state)
+            try:
+                lock.release()
+            except KazooException as exc:  # the lock node is ephemeral: it goes with the session anyway
+                log.warning("gc: could not release the GC lock (%s); it goes with this session", type(exc).__name__)
+
+    def _acquire(self, wait_s: float) -> Lock:
         self.tm.ensure_path(self.tm.paths.gc)
         lock = self.tm.client.Lock(self.tm.paths.gc_lock, identifier=self.tm.member)
         try:
-            if not lock.acquire(blocking=wait_s > 0, timeout=wait_s if wait_s > 0 else None):
-                raise LockTimeout()
+            # Always with a timeout: it is also the deadline of kazoo's own retries, endless without one
+            # (and kazoo takes no timeout for a non-blocking acquire).
+            gotten = lock.acquire(blocking=True, timeout=max(wait_s, NO_WAIT_S))
         except LockTimeout:
-            try:
-                holders = ", ".join(lock.contenders()) or "a process that just finished"
-            except KazooException:
-                holders = "unknown"
-            raise GcRunning(f"another garbage collection is running (held by {holders}); it does the same work, "
-                            "so wait for it to finish and run again if needed") from None
+            gotten = False
         except NoAuthError:
             raise PermissionDenied(f"ZooKeeper refused the GC lock {self.tm.paths.gc_lock} to "
                                    f"{self.tm.credentials.identity}: GC needs the writer identity "
@@ -265,15 +285,23 @@ class GarbageCollector:
         except KazooException as exc:  # kazoo's lock recipe gave up on its own retries
             raise ZooKeeperUnavailable(f"could not take the GC lock ({type(exc).__name__}); check that ZooKeeper "
                                        "is up") from None
-        self._lock_depth = 1
+        if gotten:
+            return lock
+        if not self.tm.client.connected:  # kazoo gives up quietly when its retries run out
+            raise ZooKeeperUnavailable("could not take the GC lock: ZooKeeper is unreachable; check that it is up")
         try:
-            yield
-        finally:
-            self._lock_depth = 0
-            try:
-                lock.release()
-            except KazooException as exc:  # the lock node is ephemeral: it goes with the session anyway
-                log.warning("gc: could not release the GC lock (%s); it goes with this session", type(exc).__name__)
+            holders = lock.contenders()
+        except KazooException:
+            holders = []
+        holder = holders[0] if holders else "a run that has just finished"
+        raise GcRunning(f"another garbage collection is running (held by {holder}); it does the same work, "
+                        "so wait for it to finish and run again if needed")
+
+    def _still_exclusive(self, before: str) -> None:
+        """``ZooKeeperUnavailable`` when the connection holding the GC lock dropped since it was taken."""
+        if self._lock_dropped is not None and self._lock_dropped.is_set():
+            raise ZooKeeperUnavailable(f"gc stopped before {before}: the connection to ZooKeeper dropped during "
+                                       "the run, so another process may hold the GC lock now; run it again")
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -490,6 +518,7 @@ class GarbageCollector:
         """One commit for the table (planned again after losing a race with a writer), then its files."""
         name = table_plan.table
         table = state.tables[name]
+        self._still_exclusive(f"table {name}")
         try:
             for attempt in Retrying(stop=stop_after_attempt(8), wait=wait_random_exponential(0.05, 1.0),
                                     retry=retry_if_exception_type(CommitFailedException)):
@@ -504,7 +533,8 @@ class GarbageCollector:
         except RetryError:
             raise PublishConflict(f"gc kept losing commit races with the writer of table {name}; "
                                   "run it again") from None
-        crash_point("gc-expired")
+        if doomed:
+            crash_point("gc-expired")
         return len(doomed), table_plan, self._delete_files(name, table, doomed)
 
     def _commit(self, table: Table, plan: TablePlan) -> None:
@@ -552,7 +582,8 @@ class GarbageCollector:
     def remove_orphan_files(self, older_than_ms: int = ORPHAN_AGE_MS, dry_run: bool = False,
                             wait_s: float = 0.0) -> list[OrphanFiles]:
         """Delete the files under each managed table's location that no metadata references (see
-        ``coordinator.iceberg.orphans``) and that are older than ``older_than_ms`` on this collector's clock.
+        ``coordinator.iceberg.orphans``) and that nobody modified for ``older_than_ms`` (by the wall clock,
+        as file modification times are; a table sharing a directory with another is refused).
 
         The age protects writes in progress, whose files are not referenced yet: it must exceed the
         longest write (the CLI refuses less than a day). Root tables are left to their owner. With
@@ -566,20 +597,36 @@ class GarbageCollector:
             return self._orphans(older_than_ms, dry_run=False)
 
     def _orphans(self, older_than_ms: int, dry_run: bool) -> list[OrphanFiles]:
-        cutoff = self.clock() - older_than_ms
-        found = []
+        cutoff = now_ms() - older_than_ms  # against files' modification times: the wall clock, not self.clock
+        tables = {}
         for name in sorted(read_topology(self.tm).writers):
             try:
-                table = self._table(name)
+                tables[name] = self._table(name)
             except TableNotFound:
                 continue
+        shared = shared_locations(tables)
+        if shared:
+            name, other, directory = shared[0]
+            raise ConfigurationError(f"tables {name} and {other} share the directory {directory}, so each would "
+                                     "take the other's files for orphans: give each table a location of its own "
+                                     "(location, write.data.path, write.metadata.path); nothing was deleted")
+        found = []
+        for name, table in tables.items():
             try:
                 orphans = find_orphan_files(table, name, cutoff, self._files.setdefault(name, FileIndex()))
                 if not dry_run:
+                    self._still_exclusive(f"deleting the orphan files of table {name}")
                     delete_orphan_files(table, orphans)
+            except NoSuchTableError:
+                continue  # dropped meanwhile: nothing of it to keep
+            except TidemarkError:
+                raise
             except OSError as exc:
                 raise StorageError(f"cannot list or delete the files of table {name}: {exc}; check the "
                                    "warehouse's credentials and permissions, then run it again") from None
+            except ValueError as exc:  # pyarrow and pyiceberg refuse a location they cannot parse this way
+                raise ConfigurationError(f"cannot list the files of table {name} ({exc}); check its location and "
+                                         "the catalog's file IO settings") from None
             found.append(orphans)
         log.info("gc: %d orphan files (%d bytes) %s", sum(len(o.paths) for o in found),
                  sum(o.size_bytes for o in found), "found" if dry_run else "deleted")

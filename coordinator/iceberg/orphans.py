@@ -19,8 +19,8 @@ during the listing only adds references.
 
 Listing goes through the table's pyarrow file system (local, S3, GCS, HDFS, ...): the table
 location, plus ``write.data.path`` and ``write.metadata.path`` when they point elsewhere. A table
-must not share its location with another table, or that table's files look orphaned here, as
-with Iceberg's procedure.
+must not share a directory with another table, or each takes the other's files for orphans (as
+with Iceberg's procedure); ``shared_locations`` finds such tables so the caller can refuse.
 
 Failure behaviour: a FileIO other than pyiceberg's ``PyArrowFileIO`` raises ``ConfigurationError``;
 a file already gone is fine; other I/O errors propagate to the caller (``GarbageCollector``
@@ -28,7 +28,9 @@ turns them into ``TidemarkError``).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Optional
 
 from pyarrow.fs import FileSelector, FileType
@@ -70,6 +72,19 @@ def _roots(table: Table) -> list[str]:
     return [c for c in candidates if not any(c != o and c.startswith(o + "/") for o in candidates)]
 
 
+def shared_locations(tables: Mapping[str, Table]) -> list[tuple[str, str, str]]:
+    """``(table, other, directory)`` for every two tables where a directory listed for one is, or is
+    inside, a directory listed for the other: each would take the other's files for orphans."""
+    roots = {name: _roots(table) for name, table in tables.items()}
+    shared = []
+    for (name, mine), (other, theirs) in combinations(sorted(roots.items()), 2):
+        for a in mine:
+            for b in theirs:
+                if a == b or a.startswith(b + "/") or b.startswith(a + "/"):
+                    shared.append((name, other, min(a, b, key=len)))
+    return shared
+
+
 def _location(scheme: str, netloc: str, path: str) -> str:
     """A listed file system path as a location FileIO accepts (``parse_location`` inverted)."""
     if scheme == "file":
@@ -109,15 +124,14 @@ def find_orphan_files(table: Table, name: str, cutoff_ms: int, files: Optional[F
     return OrphanFiles(name, cutoff_ms, tuple(loc for loc, _ in orphans), sum(size for _, size in orphans))
 
 
-def delete_orphan_files(table: Table, found: OrphanFiles) -> int:
-    """Delete what ``find_orphan_files`` found; returns how many files went (gone already counts as gone)."""
+def delete_orphan_files(table: Table, found: OrphanFiles) -> None:
+    """Delete what ``find_orphan_files`` found (a file already gone is fine)."""
     io = _io(table)
     for path in found.paths:
         try:
             io.delete(path)
         except FileNotFoundError:
             pass
-    return len(found.paths)
 
 
-__all__ = ["OrphanFiles", "delete_orphan_files", "find_orphan_files"]
+__all__ = ["OrphanFiles", "delete_orphan_files", "find_orphan_files", "shared_locations"]

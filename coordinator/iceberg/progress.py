@@ -99,10 +99,9 @@ def resume_point(job: str, tables: Mapping[str, Table], committed: Optional[Epoc
         table.refresh()
     sinks: dict[str, Optional[EpochProgress]] = {}
     for name, table in tables.items():
-        found = table_progress(table)
-        found = found if found is not None and found.job == job else None
-        sinks[name] = committed if committed is not None and (found is None or found.epoch < committed.epoch) \
-            else found
+        recorded = table_progress(table)
+        own = recorded if recorded is not None and recorded.job == job else None
+        sinks[name] = committed if committed is not None and (own is None or own.epoch < committed.epoch) else own
     known = [p for p in sinks.values() if p is not None]
     newest = max(known, key=lambda p: p.epoch) if known else None
     committed = None if len(known) < len(sinks) or not known else min(known, key=lambda p: p.epoch)

@@ -7,7 +7,7 @@
     tidemark barriers [--set-interval MS --from T]
     tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--json]
     tidemark gc [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file and znode clean-up
-                [--wait S]                          ... one run at a time: waits for another one (default 300 s)
+                [--wait S] [--skip-if-running]      ... one run at a time: waits for another one (default 300 s)
                 [--orphans [--older-than 3d]]       ... and files no metadata references (listed; daily is enough)
     tidemark versions [--json]                      the retained versions, with their tier and age
     tidemark exporter [--port 9464] [--refresh S]   the topology-wide view for Prometheus, /metrics and /healthz
@@ -199,18 +199,26 @@ def cmd_resolve(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    from coordinator.errors import GcRunning
     from coordinator.history.gc import GarbageCollector, summarize
     from coordinator.history.retention import RetentionPolicy, store_policy
     from coordinator.history.versions import fmt_age
     from coordinator.iceberg.catalog import CatalogSettings
     policy = RetentionPolicy.parse(args.policy) if args.policy else None
     with _connect(args) as tm:
-        if policy is not None and not args.dry_run:
-            store_policy(tm, policy)
         collector = GarbageCollector(tm, CatalogSettings.from_env(), policy=policy)
-        with nullcontext() if args.dry_run else collector.exclusive(wait_s=args.wait):
-            report = collector.run(dry_run=args.dry_run)
-            orphans = collector.remove_orphan_files(args.older_than, dry_run=args.dry_run) if args.orphans else None
+        try:
+            with nullcontext() if args.dry_run else collector.exclusive(wait_s=args.wait):
+                if policy is not None and not args.dry_run:
+                    store_policy(tm, policy)
+                report = collector.run(dry_run=args.dry_run)
+                orphans = (collector.remove_orphan_files(args.older_than, dry_run=args.dry_run) if args.orphans
+                           else None)
+        except GcRunning as running:
+            if not args.skip_if_running:
+                raise
+            print(f"skipped: {running}")
+            return 0
     if args.json:
         out = report.to_dict()
         if orphans is not None:
@@ -279,7 +287,7 @@ def _seconds(text: str) -> float:
     except ValueError:
         value = float("nan")
     if not 0 < value <= 3600:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 3600")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0 and up to 3600")
     return value
 
 
@@ -391,6 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "all, so daily is enough")
     gc.add_argument("--wait", type=_seconds, default=300.0, metavar="S",
                     help="wait this long for a garbage collection another process is running (default 300)")
+    gc.add_argument("--skip-if-running", action="store_true", help="when another run still holds the GC lock "
+                    "after --wait, say so and exit 0 (for schedules: that run does the same work)")
     gc.add_argument("--older-than", type=_orphan_age, default="3d", metavar="LENGTH",
                     help="with --orphans: only files not modified for this long, at least 1d (default 3d)")
     gc.set_defaults(func=cmd_gc)

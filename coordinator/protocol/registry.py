@@ -24,6 +24,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from coordinator.errors import (
+    CorruptState,
     CycleError,
     JobNotFound,
     MultiFailed,
@@ -231,7 +232,10 @@ def _committed_in_zookeeper(tm: ZooKeeperSession, name: str) -> Optional[EpochPr
     """
     p = tm.paths
     for epoch in sorted((e for e in map(parse_epoch, tm.children(p.epochs(name))) if e is not None), reverse=True):
-        found = tm.read(p.epoch(name, epoch), EpochRecord)
+        try:
+            found = tm.read(p.epoch(name, epoch), EpochRecord)
+        except CorruptState:
+            continue  # unregistering is how an operator gets rid of a damaged history: never block it
         if found is not None and found[0].state == EpochState.COMMITTED:
             record = found[0]
             return EpochProgress(name, record.epoch, record.term, record.inputs)
@@ -245,7 +249,8 @@ def _sink_tables(record: JobRecord, catalog: Optional[CatalogSettings]) -> dict:
     return {sink: load_table(loaded, settings, sink) for sink in record.sinks}
 
 
-def _fence_in_iceberg(tm: ZooKeeperSession, plan: UnregisterPlan, catalog: Optional[CatalogSettings]) -> None:
+def _fence_in_iceberg(tm: ZooKeeperSession, plan: UnregisterPlan, fence: int, catalog: Optional[CatalogSettings],
+                      ) -> None:
     """Claim the sinks for a term above every term of this registration, before its ZooKeeper state goes:
     none of its leaders (a paused one included) can commit there any more, and the terms of the next
     registration start above it. Then record in each sink the newest epoch ZooKeeper committed, which
@@ -253,10 +258,6 @@ def _fence_in_iceberg(tm: ZooKeeperSession, plan: UnregisterPlan, catalog: Optio
     and the next registration go by, and it must not be behind what readers already saw."""
     from coordinator.errors import Fenced
     from coordinator.iceberg.publish import advance_committed_epoch, claim_table
-    found = tm.read(tm.paths.term(plan.job), TermRecord)
-    if found is None:
-        return
-    fence = found[0].term + 1
     for table in _sink_tables(plan.record, catalog).values():
         try:
             claim_table(table, plan.job, fence)
@@ -288,13 +289,16 @@ def unregister_job(tm: ZooKeeperSession, name: str, *, confirm: bool = False,
     claims the sinks in Iceberg for a term above the job's current one, so no leader of this
     registration can commit to them any more and the next registration's terms start above it.
     """
+    # The term first: the plan, the fence and the deletes all go by it, and a leader elected after this
+    # read changes it, which makes the deletes refuse (its commits would otherwise go unrecorded).
+    term = tm.read(tm.paths.term(name), TermRecord)
     plan = plan_unregister(tm, name, catalog)
     if plan.resume is None and not allow_unfenced:
         raise SinksNotFenced(plan)
     if not confirm:
         raise UnregisterNotConfirmed(plan)
-    if plan.resume is not None:
-        _fence_in_iceberg(tm, plan, catalog)
+    if plan.resume is not None and term is not None:
+        _fence_in_iceberg(tm, plan, term[0].term + 1, catalog)
 
     def decide(topo: Topology) -> JobRecord:
         record = topo.jobs.get(name)
@@ -302,11 +306,16 @@ def unregister_job(tm: ZooKeeperSession, name: str, *, confirm: bool = False,
             raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
         p = tm.paths
         _refuse_live_leader(tm, name)
+        now = tm.read(p.term(name), TermRecord)
+        if term is not None and (now is None or now[1].version != term[1].version):
+            raise RegistrationError(f"job {name!r} elected a leader while it was being unregistered, so nothing was "
+                                    "deleted: stop its drivers (or `tidemark fence` it) and unregister it again")
         leader = tm.get(p.leader(name))
         ops: list[Op] = []
         for sub in ("election", "epochs"):
             ops += [Delete(f"{p.job(name)}/{sub}/{child}") for child in tm.children(f"{p.job(name)}/{sub}")]
-        ops += [Delete(path) for path in (p.election(name), p.epochs(name), p.term(name))]
+        ops += [Delete(p.election(name)), Delete(p.epochs(name)),
+                Delete(p.term(name), term[1].version if term is not None else -1)]
         if record.incarnation is not None:
             ops.append(Delete(p.incarnation(name, record.incarnation)))
         if leader is not None:
