@@ -239,7 +239,8 @@ class GarbageCollector:
 
     @contextmanager
     def exclusive(self, wait_s: float = 0.0) -> Iterator[None]:
-        """Hold the deployment's GC lock for the block; wait for it up to ``wait_s`` seconds (0: not at all).
+        """Hold the deployment's GC lock for the block; wait for another holder up to ``wait_s`` seconds
+        (0: not at all, only ``NO_WAIT_S`` for ZooKeeper to answer).
 
         Raises ``GcRunning`` naming the holder when another process keeps it, ``ZooKeeperUnavailable``
         when ZooKeeper cannot be reached within the session's operation timeout. The lock goes with
