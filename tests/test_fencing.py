@@ -213,10 +213,9 @@ def test_resume_recomputes_an_epoch_only_some_sinks_published(tm, connect, catal
         assert present(table_progress(catalog.load_table(name))).epoch == second
 
 
-def test_unregister_carries_an_epoch_committed_only_in_zookeeper_into_the_sinks(tm, connect, catalog,
-                                                                               catalog_settings, namespace):
-    """An idle epoch commits in ZooKeeper first and marks the sinks after; a leader killed in between leaves
-    Iceberg one epoch behind. Unregistering must not let readers, or the next registration, fall back to it."""
+def copier_after_one_epoch(tm, connect, catalog, catalog_settings, namespace) -> tuple[Any, EpochWriter, int]:
+    """Job ``copier`` copying ``<namespace>.events`` to ``<namespace>.copy``, led by the returned writer, after
+    its first committed epoch; returns the source table, the writer and that epoch."""
     source, sink = f"{namespace}.events", f"{namespace}.copy"
     catalog.create_namespace_if_not_exists(namespace)
     events = catalog.create_table(source, schema=SCHEMA)
@@ -227,6 +226,15 @@ def test_unregister_carries_an_epoch_committed_only_in_zookeeper_into_the_sinks(
     events.append(rows_of(1, 3))
     first = barrier_after_appends(tm)
     writer.process(first, copy_job(source, sink), inputs=writer.inputs_for(first))
+    return events, writer, first
+
+
+def test_unregister_carries_an_epoch_committed_only_in_zookeeper_into_the_sinks(tm, connect, catalog,
+                                                                               catalog_settings, namespace):
+    """An idle epoch commits in ZooKeeper first and marks the sinks after; a leader killed in between leaves
+    Iceberg one epoch behind. Unregistering must not let readers, or the next registration, fall back to it."""
+    source, sink = f"{namespace}.events", f"{namespace}.copy"
+    events, writer, first = copier_after_one_epoch(tm, connect, catalog, catalog_settings, namespace)
     idle = barrier_after_appends(tm)
     writer.epochs.commit_idle(idle, writer.inputs_for(idle))  # committed in ZooKeeper; the marker never comes
     writer.tm.close()  # the driver dies here, with its session
@@ -254,25 +262,15 @@ def test_unregister_carries_an_epoch_committed_only_in_zookeeper_into_the_sinks(
 def test_unregister_deletes_nothing_when_a_leader_is_elected_meanwhile(tm, connect, catalog, catalog_settings,
                                                                        namespace, monkeypatch):
     source, sink = f"{namespace}.events", f"{namespace}.copy"
-    catalog.create_namespace_if_not_exists(namespace)
-    events = catalog.create_table(source, schema=SCHEMA)
-    create_table(catalog, sink)
-
-    def copier() -> EpochWriter:
-        return EpochWriter(connect(), "copier", sources=[source], sinks=[sink], catalog=catalog_settings,
-                           interval_ms=1000, grace_ms=0)
-    writer = copier()
-    writer.open(leader_timeout=30)
-    events.append(rows_of(1, 3))
-    first = barrier_after_appends(tm)
-    writer.process(first, copy_job(source, sink), inputs=writer.inputs_for(first))
+    _, writer, first = copier_after_one_epoch(tm, connect, catalog, catalog_settings, namespace)
     writer.tm.close()
     fence_in_iceberg = registry._fence_in_iceberg
     elected = []
 
     def a_standby_leads_during_the_fence(*args) -> None:  # a waiting replica wins the election right then
         fence_in_iceberg(*args)
-        standby = copier()
+        standby = EpochWriter(connect(), "copier", sources=[source], sinks=[sink], catalog=catalog_settings,
+                              interval_ms=1000, grace_ms=0)
         standby.open(leader_timeout=30)
         elected.append(standby.term)
         standby.close()
@@ -285,16 +283,7 @@ def test_unregister_deletes_nothing_when_a_leader_is_elected_meanwhile(tm, conne
 
 
 def test_unregister_goes_ahead_past_a_corrupt_epoch_record(tm, connect, catalog, catalog_settings, namespace):
-    source, sink = f"{namespace}.events", f"{namespace}.copy"
-    catalog.create_namespace_if_not_exists(namespace)
-    events = catalog.create_table(source, schema=SCHEMA)
-    create_table(catalog, sink)
-    writer = EpochWriter(connect(), "copier", sources=[source], sinks=[sink], catalog=catalog_settings,
-                         interval_ms=1000, grace_ms=0)
-    writer.open(leader_timeout=30)
-    events.append(rows_of(1, 3))
-    first = barrier_after_appends(tm)
-    writer.process(first, copy_job(source, sink), inputs=writer.inputs_for(first))
+    _, writer, first = copier_after_one_epoch(tm, connect, catalog, catalog_settings, namespace)
     writer.tm.close()
     tm.client.create(tm.paths.epoch("copier", first + 1000), b"{not json")
     plan = tm.unregister_job("copier", confirm=True, catalog=catalog_settings)
