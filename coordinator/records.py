@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, ClassVar, Optional, TypeVar
 
@@ -295,13 +295,34 @@ class TableRecord(JsonRecord):
         _str(self.writer, "writer")
 
 
+# Which committed epochs a tidemark keeps beside its newest (``TableTidemark.recent``): the newest
+# RECENT_PER_LEVEL of every epoch, and as many aligned to each coarser period. A job at a coarse cadence
+# (hourly) that looks at a fine-grained source (5 s) some minutes after the hour still finds the hour in
+# it, while the record stays a few KiB whatever the table's age.
+RECENT_PER_LEVEL = 16
+RECENT_LEVELS_MS = (1, 60_000, 3_600_000, 86_400_000)
+
+
+def keep_recent(entries: Iterable[tuple[int, Optional[int]]]) -> tuple[tuple[int, Optional[int]], ...]:
+    """The ``(epoch, snapshot_id)`` entries a tidemark keeps, oldest first (see ``RECENT_LEVELS_MS``)."""
+    ordered = sorted(dict(entries).items())
+    kept: set[int] = set()
+    for period in RECENT_LEVELS_MS:
+        kept.update([e for e, _ in ordered if e % period == 0][-RECENT_PER_LEVEL:])
+    return tuple((e, s) for e, s in ordered if e in kept)
+
+
 @dataclass(frozen=True)
 class TableTidemark(JsonRecord):
-    """``/tables/<table>/tidemark``: the highest epoch committed in the table.
+    """``/tables/<table>/tidemark``: the highest epoch committed in the table, and the recent epochs it holds.
 
     ``epoch`` is None until the writer's first commit; ``snapshot_id`` is None for a
     table with no snapshot yet (every committed epoch so far was empty). ``first_epoch``
     is the writer's first committed epoch: the table has no exact state before it.
+    ``recent`` lists committed epochs with the snapshot that holds each (``keep_recent``),
+    the newest included: a job coalesces barriers, so a table holds exactly the epochs its
+    writer committed, not every barrier. A consistent version is an epoch every table of
+    the set holds (``holds``), and ``snapshot_at`` names its snapshot with no metadata load.
     """
 
     table: str
@@ -309,6 +330,7 @@ class TableTidemark(JsonRecord):
     snapshot_id: Optional[int] = None
     committed_ms: Optional[int] = None
     first_epoch: Optional[int] = None
+    recent: tuple[tuple[int, Optional[int]], ...] = ()
 
     def __post_init__(self) -> None:
         _str(self.table, "table")
@@ -316,6 +338,43 @@ class TableTidemark(JsonRecord):
         _opt_epoch(self.first_epoch, "first_epoch")
         _opt_int(self.snapshot_id, "snapshot_id")
         _opt_epoch(self.committed_ms, "committed_ms")
+        if isinstance(self.recent, (str, Mapping)):
+            raise InvalidArgument(f"recent must be a list of [epoch, snapshot_id] pairs, got {str(self.recent)[:40]}")
+        pairs = []
+        for entry in self.recent:
+            if isinstance(entry, (str, Mapping)) or len(entry) != 2:
+                raise InvalidArgument(f"recent entries are [epoch, snapshot_id] pairs, got {str(entry)[:40]}")
+            pairs.append((_epoch(entry[0], "recent epoch"), _opt_int(entry[1], "recent snapshot_id")))
+        if self.epoch is not None:
+            pairs.append((self.epoch, self.snapshot_id))  # a tidemark written before ``recent`` existed
+        object.__setattr__(self, "recent", keep_recent(pairs))
+
+    def holds(self, epoch: int) -> bool:
+        """True when ZooKeeper records ``epoch`` as committed in this table (it may hold older ones too)."""
+        return any(e == epoch for e, _ in self.recent)
+
+    @property
+    def epochs(self) -> tuple[int, ...]:
+        """The committed epochs this record lists, oldest first."""
+        return tuple(e for e, _ in self.recent)
+
+    def snapshot_at(self, epoch: int) -> Optional[int]:
+        """The snapshot holding ``epoch``; only for an epoch the record ``holds``."""
+        for e, snapshot_id in self.recent:
+            if e == epoch:
+                return snapshot_id
+        raise KeyError(epoch)
+
+    def advanced(self, epoch: int, snapshot_id: Optional[int], committed_ms: int) -> TableTidemark:
+        """The record after committing ``epoch`` with ``snapshot_id`` (the first epoch too, for the first commit)."""
+        first = self.first_epoch if self.first_epoch is not None else epoch
+        return TableTidemark(self.table, epoch, snapshot_id, committed_ms, first,
+                             (*self.recent, (epoch, snapshot_id)))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data["recent"] = [list(pair) for pair in self.recent]
+        return data
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""An exactly-once Spark job: one call of your function per agreed barrier, committed through Tidemark.
+"""An exactly-once Spark job: one call of your function per epoch, committed through Tidemark.
 
     tm = Tidemark.connect()
     job = EpochJob(spark, tm, "word_counts", sources=["lake.db.words"], sinks=["lake.db.word_counts"])
@@ -9,9 +9,11 @@
         ctx.merge("lake.db.word_counts", delta, on=["word"], matched="t.cnt = t.cnt + s.cnt")
 
     job.run(max_epochs=10)     # or run() until stop() / SIGTERM; standbys wait for leadership, warm
+    job.run(once=True)         # a batch run: one epoch at the newest barrier its sources all have
+    EpochJob(..., every="1h")  # a job at its own cadence (a multiple of the grid interval)
 
-The loop is ``coordinator.writer.EpochWriter`` (register, lead, recover, wait for the
-barrier, record inputs, compute, stage, precommit, publish, commit; see there for the
+The loop is ``coordinator.writer.EpochWriter`` (register, lead, recover, pick the next
+epoch, record inputs, compute, stage, precommit, publish, commit; see there for the
 barrier and failure rules). This module adds Spark: ``ctx.changes``/``ctx.table`` return
 DataFrames at the recorded snapshot range, and ``append``/``overwrite``/``merge`` write
 staged snapshots through Iceberg's write-audit-publish (``spark.wap.id``), with the
@@ -29,13 +31,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Callable, ClassVar, Optional
+from typing import Callable, ClassVar, Optional, Union
 
 from coordinator.errors import ConfigurationError, NotLeader
 from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.iceberg.snapshots import summary_properties, wap_id
 from coordinator.job.writer import EpochContext, EpochWriter
-from coordinator.protocol.barriers import DEFAULT_MAX_PENDING_BARRIERS
+from coordinator.job.commit import DEFAULT_MARKER_EVERY
+from coordinator.protocol.pacing import DEFAULT_GRACE_MS
 from coordinator.records import EpochInputs, EpochRecord, EpochState
 from coordinator.tidemark import Tidemark
 
@@ -148,13 +151,14 @@ def with_commit_properties(spark, properties: dict[str, str], action: Callable[[
 
 class EpochJob:
     def __init__(self, spark, tm: Tidemark, name: str, *, sources: Iterable[str], sinks: Iterable[str],
-                 catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000, grace_ms: int = 1000,
-                 max_pending_barriers: int = DEFAULT_MAX_PENDING_BARRIERS, always_run: bool = False,
-                 history: int = 100, metrics_port: Optional[int] = None) -> None:
+                 catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000,
+                 every: Union[str, int, None] = None, grace_ms: int = DEFAULT_GRACE_MS, always_run: bool = False,
+                 history: int = 100, marker_every: Union[str, int] = DEFAULT_MARKER_EVERY,
+                 metrics_port: Optional[int] = None) -> None:
         self.spark = spark
         self.writer = EpochWriter(tm, name, sources=sources, sinks=sinks, catalog=catalog, interval_ms=interval_ms,
-                                  grace_ms=grace_ms, max_pending_barriers=max_pending_barriers,
-                                  always_run=always_run, history=history, metrics_port=metrics_port,
+                                  every=every, grace_ms=grace_ms, always_run=always_run, history=history,
+                                  marker_every=marker_every, metrics_port=metrics_port,
                                   context=lambda writer, record: SparkEpochContext(self, writer, record))
         self.name, self.sources, self.sinks = self.writer.name, self.writer.sources, self.writer.sinks
         self._function: Optional[Callable[[SparkEpochContext], None]] = None
@@ -174,16 +178,18 @@ class EpochJob:
         """Finish the epoch in flight, commit it, and return from ``run``."""
         self.writer.stop()
 
-    def run(self, max_epochs: Optional[int] = None, until: Optional[int] = None,
+    def run(self, max_epochs: Optional[int] = None, until: Optional[int] = None, once: bool = False,
             leader_timeout: Optional[float] = None, stop_on_sigterm: bool = True) -> list[int]:
-        """Process agreed barriers in order until ``max_epochs`` epochs, barrier ``until``, or ``stop()``.
+        """Process epochs until ``max_epochs`` epochs, barrier ``until``, or ``stop()``; ``once``: one epoch at the
+        newest barrier available now (``EpochWriter.run``).
 
         Returns the epochs this call committed. Every one of them is committed before it returns.
         """
         if self._function is None:
             raise ConfigurationError(f"job {self.name!r} has no epoch function: decorate one with @job.epoch")
         self._prepare_sinks()
-        return self.writer.run(self._function, max_epochs=max_epochs, until=until, leader_timeout=leader_timeout,
+        return self.writer.run(self._function, max_epochs=max_epochs, until=until, once=once,
+                               leader_timeout=leader_timeout,
                                while_standby=self.warm_up, stop_on_sigterm=stop_on_sigterm)
 
     def warm_up(self) -> None:
@@ -208,9 +214,10 @@ class EpochJob:
         The batch id is recorded in the epoch's inputs (``ctx.inputs.batch_id``). After a
         crash Spark re-runs the batch that was not committed to its checkpoint with the same
         id and data: if Tidemark already committed it, the batch is skipped; if it was in
-        flight, the same epoch is recomputed (it was rolled forward if precommitted). Agreed
-        barriers that came while the stream had no batch commit as idle epochs, and a batch
-        takes the newest one (or agrees the next grid point).
+        flight, the same epoch is recomputed (it was rolled forward if precommitted). A batch
+        takes the newest barrier the clock has passed (waiting for the next one when the last
+        epoch is already the newest): barriers that passed with no batch are coalesced, never
+        committed one by one.
         """
         def handle(batch, batch_id: int) -> None:
             try:
@@ -232,11 +239,7 @@ class EpochJob:
             if batch_id == recorded:  # re-run of the batch in flight at the crash: same epoch, same inputs
                 writer.process(current.epoch, function, batch)
                 return
-        last = writer.epochs.last_committed
-        pending = writer.barriers.after(last) if last is not None else []  # a new job starts at a new barrier
-        for idle in pending[:-1]:
-            writer.commit_idle(idle)
-        target = pending[-1] if pending else writer.next_barrier()
+        target = writer.next_barrier()
         if target is None:
             # Returning would let Spark checkpoint a batch that was never written.
             raise NotLeader(f"job {self.name!r} was stopped before batch {batch_id} could be committed; "

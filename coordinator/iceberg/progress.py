@@ -51,6 +51,7 @@ class ResumePoint:
     in_flight: Optional[EpochProgress]
     sinks: Mapping[str, Optional[EpochProgress]]
     snapshots: Mapping[str, Optional[int]]    # each sink's snapshot at ``committed`` (None: empty then)
+    recorded: Mapping[str, tuple[tuple[int, Optional[int]], ...]]  # per sink, epochs up to ``committed`` it records
     term: int
     first_epoch: Optional[int]
 
@@ -111,26 +112,27 @@ def resume_point(job: str, tables: Mapping[str, Table], committed: Optional[Epoc
             raise CorruptState(
                 f"job {job}: its {what} epoch {progress.epoch} in Iceberg records no input ranges (written by a "
                 "Tidemark release before format 1), so it cannot resume exactly from Iceberg alone")
-    snapshots = {}
+    snapshots: dict[str, Optional[int]] = {}
+    lineages: dict[str, tuple[tuple[int, Optional[int]], ...]] = {}
     if committed is not None:
         for name, table in tables.items():
             at_epoch = snapshot_at_epoch(table, committed.epoch)
             snapshots[name] = at_epoch.snapshot_id if at_epoch else None
+            lineages[name] = (*_lineage_epochs(table, committed.epoch), (committed.epoch, snapshots[name]))
     firsts = [e for e in (first_epoch(t) for t in tables.values()) if e is not None]
     term = max([0, *(recorded_term(t) for t in tables.values())])
-    return ResumePoint(job, committed, in_flight, sinks, snapshots, term, min(firsts) if firsts else None)
+    return ResumePoint(job, committed, in_flight, sinks, snapshots, lineages, term, min(firsts) if firsts else None)
 
 
-def recorded_epochs(tables: Mapping[str, Table], above: Optional[int], limit: int) -> list[int]:
-    """The epochs of the snapshots in the sinks' ``main`` lineages above ``above`` (newest ``limit``), oldest first:
-    barriers that were agreed before ZooKeeper lost them."""
-    found: set[int] = set()
-    for table in tables.values():
-        for snapshot in main_lineage(table):
-            epoch = snapshot_epoch(snapshot)
-            if epoch is None:
-                continue
-            if (above is not None and epoch <= above) or len(found) >= limit * len(tables):
-                break
-            found.add(epoch)
-    return sorted(found)[-limit:]
+def _lineage_epochs(table: Table, up_to: int, limit: int = 64) -> list[tuple[int, Optional[int]]]:
+    """The newest ``limit`` epochs ``main``'s lineage records at or below ``up_to``, with their snapshots, oldest
+    first: the epochs a resumed tidemark lists again, so downstream jobs and readers find common epochs."""
+    found: list[tuple[int, Optional[int]]] = []
+    for snapshot in main_lineage(table):
+        epoch = snapshot_epoch(snapshot)
+        if epoch is None or epoch > up_to or (found and found[-1][0] == epoch):
+            continue  # an overwrite is a delete and an append snapshot of one epoch: the newer one holds it
+        found.append((epoch, snapshot.snapshot_id))
+        if len(found) >= limit:
+            break
+    return found[::-1]

@@ -7,10 +7,15 @@
     committer.roll_forward(recovery.epoch)                                      # after a failover
 
 Publishing is idempotent (a table whose ``main`` already holds epoch T is skipped), so a
-precommitted epoch is rolled forward by running the same steps again. After the
-ZooKeeper commit, a sink that published nothing in the epoch gets its committed-epoch
-marker advanced (its one Iceberg commit of the epoch); a sink that published a snapshot
-needs nothing more, because the snapshot carries the epoch, its term and its inputs.
+precommitted epoch is rolled forward by running the same steps again. A sink that
+published a snapshot needs nothing more, because the snapshot carries the epoch, its term
+and its inputs. A sink that published nothing (every sink, in an idle epoch) gets its
+committed-epoch marker advanced after the ZooKeeper commit, but only at the writer's first
+epoch and at the first epoch of each ``marker_every_ms`` period (aligned to the clock, so
+jobs mark the same barriers and Iceberg alone still finds common epochs): an idle epoch
+otherwise costs no catalog commit at all. What a lagging marker means for a restart with no
+ZooKeeper history is in ``progress.py``: the newest epoch any sink records is recomputed from
+its own recorded inputs, so nothing is read twice or skipped.
 Every Iceberg commit here is fenced by the leader's term (``publish.py``): the committer
 claims each sink for its term first, so an older leader can no longer change any of them.
 """
@@ -29,13 +34,18 @@ from coordinator.iceberg.snapshots import snapshot_at_epoch
 from coordinator.protocol.epochs import EpochCoordinator
 from coordinator.records import EpochInputs, EpochProgress, EpochRecord, EpochState
 
+DEFAULT_MARKER_EVERY = "1m"  # at most one committed-epoch marker commit per sink and minute
+
 
 class EpochCommitter:
     def __init__(self, epochs: EpochCoordinator, table: Callable[[str], Table],
-                 timed: Callable[[str], AbstractContextManager] = lambda phase: nullcontext()) -> None:
+                 timed: Callable[[str], AbstractContextManager] = lambda phase: nullcontext(),
+                 marker_every_ms: int = 60_000) -> None:
         self.epochs = epochs
         self.table = table
         self.timed = timed
+        self.marker_every_ms = marker_every_ms
+        self._marked: Optional[int] = None  # the epoch of this leader's last marker round
         for name in epochs.sinks:
             claim_table(table(name), epochs.job, self.term)
 
@@ -51,7 +61,7 @@ class EpochCommitter:
         return self.roll_forward(record)
 
     def commit_idle(self, epoch: int, inputs: Optional[EpochInputs] = None) -> EpochRecord:
-        """Commit an epoch whose sinks do not change: one ZooKeeper multi, one property commit per sink."""
+        """Commit an epoch whose sinks do not change: one ZooKeeper multi (and a marker round when one is due)."""
         with self.timed("commit"):
             committed = self.epochs.commit_idle(epoch, inputs)
             crash_point("idle-commit")
@@ -92,12 +102,23 @@ class EpochCommitter:
         return newest.snapshot_id if newest else None
 
     def mark_committed(self, record: EpochRecord) -> None:
-        """Advance the committed-epoch property of every sink that published nothing in ``record``'s epoch,
-        and record the first epoch in every sink at the writer's first.
+        """Advance the committed-epoch marker of every sink that published nothing in ``record``'s epoch, when a
+        marker round is due (see the module docstring), and record the first epoch in every sink at the writer's
+        first.
 
         Idempotent: run again after a crash between the ZooKeeper commit and these marks.
         """
+        first = {name for name in self.epochs.sinks if self.epochs.mark(name).first_epoch == record.epoch}
+        due = self._marker_due(record.epoch)
         progress = EpochProgress(self.epochs.job, record.epoch, record.term, record.inputs)
         for name in self.epochs.sinks:
-            if record.staged.get(name) is None or self.epochs.mark(name).first_epoch == record.epoch:
+            if name in first or (due and record.staged.get(name) is None):
                 advance_committed_epoch(self.table(name), progress, self.term)
+        if due:
+            self._marked = record.epoch
+
+    def _marker_due(self, epoch: int) -> bool:
+        """The first epoch of a new ``marker_every_ms`` period since this leader's last round (the first one always)."""
+        if self._marked is None or self.marker_every_ms <= 0:
+            return True
+        return epoch // self.marker_every_ms > self._marked // self.marker_every_ms

@@ -14,8 +14,8 @@ Every series carries the label ``tidemark_job`` (not ``job``, which Prometheus g
 scrape target). Base units: seconds, and epochs as Unix timestamps in seconds.
 
 - ``tidemark_driver_epoch_phase_duration_seconds{phase}``: a histogram per phase of the loop,
-  disjoint so the phases add up to the loop's time: ``wait`` (for the next agreed barrier and
-  its sources, then reading the input snapshot ranges), ``compute`` (recording the inputs and
+  disjoint so the phases add up to the loop's time: ``wait`` (for the next epoch its pacing
+  allows, then reading the input snapshot ranges), ``compute`` (recording the inputs and
   the epoch function, less its staged writes), ``stage`` (writing staged snapshots),
   ``precommit``, ``publish`` (moving each sink's ``main``) and ``commit`` (the ZooKeeper
   commit and the Iceberg committed-epoch marks; an idle epoch has only this phase).
@@ -29,8 +29,10 @@ scrape target). Base units: seconds, and epochs as Unix timestamps in seconds.
   ``tidemark_driver_committed_epoch_timestamp_seconds``, ``tidemark_driver_lag_seconds``
   (local lag: wall clock minus the job's committed epoch),
   ``tidemark_driver_consistent_epoch_timestamp_seconds`` and
-  ``tidemark_driver_consistent_lag_seconds`` (global lag: wall clock minus the minimum
-  committed epoch over every table of the topology, kept by ZooKeeper watches).
+  ``tidemark_driver_consistent_lag_seconds`` (the pipeline's lag as this job sees it: wall clock
+  minus the newest epoch its managed sources and its sinks all hold, the consistent version of
+  the tables it reads and writes, kept by ZooKeeper watches on those tables only, so a driver
+  costs the same whatever the size of the deployment).
 
 Failure behaviour: instrumentation never raises into the epoch loop and a scrape never waits
 on ZooKeeper (the consistent epoch is read from a watch-backed cache the loop keeps loaded);
@@ -54,6 +56,7 @@ from prometheus_client.registry import Collector
 from coordinator.errors import NotLeader
 from coordinator.job.metrics_server import MetricsServer
 from coordinator.protocol.leadership import LeaderState
+from coordinator.protocol.pacing import newest_common_epoch
 from coordinator.protocol.tidemarks import TidemarkCache
 from coordinator.settings import Settings
 
@@ -166,7 +169,7 @@ class DriverMetrics:
                 counter.inc()
 
     def became_leader(self) -> None:
-        """Count the takeover and start watching every table's tidemark for the consistent (global) lag."""
+        """Count the takeover and start watching its tables' tidemarks for the consistent lag."""
         self.acquired.inc()
         if self._consistent is None:
             self._consistent = TidemarkCache(self.writer.tm)
@@ -182,7 +185,7 @@ class DriverMetrics:
             self._consistent = None
 
     def watch_tables(self, tables: Sequence[str]) -> None:
-        """The topology's tables (every sink of every job): keep their tidemarks loaded for the global lag.
+        """The job's managed sources and sinks: keep their tidemarks loaded for the consistent lag.
 
         Called from the loop after each topology read; loads only tables not loaded yet (the
         watches keep the others fresh), and never raises into the loop.
@@ -197,13 +200,12 @@ class DriverMetrics:
             log.debug("job %s: could not load the tidemarks for the consistent lag: %s", self.job, exc)
 
     def consistent_epoch(self) -> Optional[int]:
-        """The minimum committed epoch over every table, from memory (None until all are known)."""
+        """The newest epoch every watched table holds, from memory (None until all are known)."""
         cache = self._consistent
         if cache is None or not self._tables:
             return None
         marks = cache.cached(self._tables)
-        epochs = [m.epoch for m in marks.values() if m is not None and m.epoch is not None]
-        return min(epochs) if len(epochs) == len(self._tables) else None
+        return newest_common_epoch(marks.get(t) for t in self._tables) if len(marks) == len(self._tables) else None
 
 
 class _DriverState(Collector):

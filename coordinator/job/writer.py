@@ -1,4 +1,4 @@
-"""An exactly-once epoch writer in plain Python: one call of your function per agreed barrier, in order.
+"""An exactly-once epoch writer in plain Python: one call of your function per epoch, at its own cadence.
 
     tm = Tidemark.connect()
     writer = EpochWriter(tm, "counts", sources=["lake.db.events"], sinks=["lake.db.counts"])
@@ -7,7 +7,10 @@
         new = ctx.changes("lake.db.events")                  # pyarrow.Table: rows appended in (previous, T]
         ctx.append("lake.db.counts", summarize(new))         # staged, published at commit
 
-    writer.run(step)            # until stop() / SIGTERM; run(step, max_epochs=3) or until=T for a bounded run
+    writer.run(step)            # until stop() / SIGTERM; max_epochs=3 or until=T for a bounded run
+    writer.run(step, once=True) # a batch run: one epoch at the newest barrier its sources all have
+
+    hourly = EpochWriter(tm, "daily_report", sources=["lake.db.counts"], sinks=[...], every="1h")
 
 What ``run`` does, in order (every step is safe to crash in):
 
@@ -18,22 +21,21 @@ What ``run`` does, in order (every step is safe to crash in):
    from its recorded inputs. With no epoch history in ZooKeeper (unregistered, new chroot,
    wiped ensemble) the history is first re-created from the sinks' Iceberg progress
    (``progress.py``), and the barriers the sinks record are agreed again;
-4. **wait for the barrier**: the next *agreed* barrier after the last committed one. A job
-   with a root source (one no Tidemark job writes), or no source, agrees barriers itself:
-   once it has processed every agreed barrier it agrees the newest grid point the clock
-   has passed (minus ``grace_ms``), unless a job with a live leader is more than
-   ``max_pending_barriers`` agreed barriers behind (backpressure). A job with managed
-   sources also waits until each source's tidemark reached the barrier. While it waits it
-   says why (``waiting``, and a log line every ``log_every`` seconds);
-5. **record the inputs**: per source, the snapshot range ``(previous barrier, T]``;
+4. **pick the next epoch** (``pacing.py``): the newest barrier after the last epoch that every
+   managed source holds, on the job's cadence (``every``: a multiple of the grid interval,
+   default every grid point); a job with no managed source (a root job) takes the newest barrier
+   on its cadence that the clock has passed by ``grace_ms``. One epoch covers every change since
+   the previous one, so a job back from downtime catches up in one epoch. It waits on watches of
+   its own sources' tidemarks only, and says why (``waiting``, and a log line every
+   ``log_every`` seconds);
+5. **record the inputs**: per source, the snapshot range ``(previous epoch, T]``;
 6. **compute**: call the function (skipped when no source changed and ``always_run`` is
-   False: the epoch then commits in one ZooKeeper multi);
+   False: the epoch then commits in one ZooKeeper multi, and no catalog commit);
 7. **stage, precommit, publish, commit** (``EpochCommitter``).
 
-Every job processes every agreed barrier, in order: that is what makes the minimum of the
-tables' tidemarks a version at which every table holds exactly the inputs up to it. A new
-job starts no earlier than the first epoch of each of its sources (a table has no exact
-state before its writer's first epoch).
+A job's epochs are barriers every one of its managed sources committed: that is what makes an
+epoch every table of a set holds a version at which each holds exactly the inputs up to it
+(``pacing.py`` has the argument). A new job's first epoch is after the time it opened.
 
 Metrics: ``writer.metrics`` (``coordinator.driver_metrics``) times every phase and counts
 epochs, takeovers, fencings and retries; ``metrics_port`` (or ``TIDEMARK_METRICS_PORT``)
@@ -47,7 +49,6 @@ still leads is raised, and the epoch is recomputed by the next leader.
 """
 from __future__ import annotations
 
-import bisect
 import logging
 import signal
 import threading
@@ -61,6 +62,7 @@ from pyiceberg.table import Table
 from coordinator.crashpoints import crash_point
 from coordinator.errors import (
     ConfigurationError,
+    CorruptState,
     EpochOrderError,
     Fenced,
     JobNotFound,
@@ -69,36 +71,26 @@ from coordinator.errors import (
     ZooKeeperUnavailable,
 )
 from coordinator.iceberg.catalog import CatalogSettings, is_catalog_outage, load_table
-from coordinator.iceberg.progress import ResumePoint, recorded_epochs, resume_point
+from coordinator.iceberg.progress import resume_point
 from coordinator.iceberg.snapshots import WRITER_PROPERTY, recorded_term, snapshot_at_epoch, snapshot_at_time
 from coordinator.iceberg.staging import stage_append, stage_overwrite
-from coordinator.job.commit import EpochCommitter
+from coordinator.job.commit import DEFAULT_MARKER_EVERY, EpochCommitter
 from coordinator.job.driver_metrics import DriverMetrics
 from coordinator.names import validate_name, validate_names
-from coordinator.protocol.barriers import DEFAULT_MAX_PENDING_BARRIERS, BarrierGrid, Barriers
+from coordinator.protocol.barriers import Barriers
 from coordinator.protocol.epochs import EpochCoordinator, RecoveryAction
 from coordinator.protocol.leadership import Leadership
+from coordinator.protocol.pacing import DEFAULT_GRACE_MS, Pacing, parse_every
 from coordinator.protocol.registry import register_job
 from coordinator.protocol.tidemarks import TidemarkCache
 from coordinator.protocol.topology import read_topology
-from coordinator.records import (
-    EpochInputs,
-    EpochRecord,
-    EpochState,
-    FinishedRecord,
-    LeaderRecord,
-    SourceRange,
-    TermRecord,
-    now_ms,
-)
+from coordinator.records import EpochInputs, EpochRecord, EpochState, FinishedRecord, SourceRange, now_ms
 from coordinator.zookeeper.ops import Create, Delete, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-# The barrier to process next (None: none yet), why not, and in how many seconds to look again.
-_Candidate = tuple[Optional[int], str, float]
 log = logging.getLogger(__name__)
 STANDBY_WARM_EVERY_S = 60.0
 WAIT_SLICE_S = 0.5  # how often a waiting writer looks at stop() and the clock
@@ -110,7 +102,7 @@ CATALOG_OUTAGE_TIMEOUT_S = 300.0  # ... until the catalog has been unreachable t
 class Waiting:
     """Why a writer is not processing an epoch right now."""
 
-    barrier: Optional[int]   # the barrier it waits to process (None: no barrier is agreed yet)
+    barrier: Optional[int]   # the barrier it waits to process (None: none is eligible yet)
     reason: str
     since_ms: int
 
@@ -130,7 +122,7 @@ class EpochContext:
         return self.inputs.sources.get(source) or SourceRange()
 
     def changes(self, source: str) -> pa.Table:
-        """Rows appended to ``source`` in ``(previous barrier, T]``, as a ``pyarrow.Table`` (append-only sources)."""
+        """Rows appended to ``source`` in ``(previous epoch, T]``, as a ``pyarrow.Table`` (append-only sources)."""
         from pyiceberg.io.pyarrow import ArrowScan
         bounds = self.range_of(source)
         table = self.writer.table(source)
@@ -184,18 +176,19 @@ class EpochContext:
 
 class EpochWriter:
     def __init__(self, tm: ZooKeeperSession, name: str, *, sources: Iterable[str], sinks: Iterable[str],
-                 catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000, grace_ms: int = 1000,
-                 max_pending_barriers: int = DEFAULT_MAX_PENDING_BARRIERS, always_run: bool = False, history: int = 100,
-                 log_every: float = 5.0, context: Callable[[EpochWriter, EpochRecord], Any] = EpochContext,
+                 catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000,
+                 every: Union[str, int, None] = None, grace_ms: int = DEFAULT_GRACE_MS, always_run: bool = False,
+                 history: int = 100, marker_every: Union[str, int] = DEFAULT_MARKER_EVERY, log_every: float = 5.0,
+                 context: Callable[[EpochWriter, EpochRecord], Any] = EpochContext,
                  metrics_port: Optional[int] = None) -> None:
-        if max_pending_barriers < 1:
-            raise ConfigurationError(f"max_pending_barriers must be at least 1, got {max_pending_barriers}")
         if grace_ms < 0:
             raise ConfigurationError(f"grace_ms must not be negative, got {grace_ms}")
         if interval_ms <= 0:
             raise ConfigurationError(f"interval_ms must be positive, got {interval_ms}")
         if history < 2:
             raise ConfigurationError(f"history must keep at least 2 epochs, got {history}")
+        self.pacing = Pacing(parse_every(every), grace_ms)
+        self.marker_every_ms = parse_every(marker_every) or 0
         self.tm = tm
         self.barriers = Barriers(tm)
         self.name = validate_name(name, "job name")
@@ -203,7 +196,7 @@ class EpochWriter:
         self.catalog_settings = catalog or CatalogSettings.from_env()
         self.catalog = self.catalog_settings.load()
         self.interval_ms, self.grace_ms, self.history = interval_ms, grace_ms, history
-        self.max_pending_barriers, self.always_run, self.log_every = max_pending_barriers, always_run, log_every
+        self.always_run, self.log_every = always_run, log_every
         self.context = context
         self.leadership = Leadership(tm, self.name)
         self.committed: list[int] = []
@@ -214,7 +207,7 @@ class EpochWriter:
         self._committer: Optional[EpochCommitter] = None
         self._cache: Optional[TidemarkCache] = None
         self._managed: tuple[str, ...] = ()
-        self._newest_at_open: Optional[int] = None
+        self._opened_ms: Optional[int] = None
         self._logged_at = 0.0
         self.metrics = DriverMetrics(self, port=metrics_port)  # port None: TIDEMARK_METRICS_PORT, unset: not served
 
@@ -245,9 +238,9 @@ class EpochWriter:
         return self._cache
 
     @property
-    def agrees_barriers(self) -> bool:
-        """A job with a root source, or none, agrees barriers; a job fed only by Tidemark jobs follows them."""
-        return len(self._managed) < len(self.sources) or not self.sources
+    def has_root_source(self) -> bool:
+        """A source no Tidemark job writes: read by commit time, so the job's epochs also follow the clock."""
+        return len(self._managed) < len(self.sources)
 
     def table(self, name: str) -> Table:
         """The pyiceberg table, loaded once per writer (callers refresh it when they need its newest metadata)."""
@@ -269,7 +262,7 @@ class EpochWriter:
             return
         self.metrics.serve()
         register_job(self.tm, self.name, sources=self.sources, sinks=self.sinks)
-        self.barriers.ensure_grid(self.interval_ms)
+        self.pacing.check(self.barriers.ensure_grid(self.interval_ms), now_ms())
         self._read_managed_sources()
         sinks = {sink: self.table(sink) for sink in self.sinks}  # TableNotFound names a missing sink first
         for table in sinks.values():
@@ -278,14 +271,15 @@ class EpochWriter:
         self.metrics.became_leader()
         try:
             epochs = EpochCoordinator(self.leadership, self.sinks, self.history)
-            committer = self._committer = EpochCommitter(epochs, self.table, timed=self.metrics.phase)
+            committer = self._committer = EpochCommitter(epochs, self.table, timed=self.metrics.phase,
+                                                         marker_every_ms=self.marker_every_ms)
             self._cache = TidemarkCache(self.tm)
             plan = epochs.recover(lambda: resume_point(self.name, sinks))
             if plan.resumed_from is not None:
                 log.info("%s", plan.resumed_from.describe())
-                self._restore_barriers(plan.resumed_from, sinks)
-            self._newest_at_open = self.barriers.latest() if plan.action == RecoveryAction.START else None
+            self._opened_ms = now_ms() if plan.action == RecoveryAction.START else None
             self._epochs = epochs
+            self._record_pacing()
             self._clear_finished()
             last = plan.epoch  # None only for START
             if plan.action == RecoveryAction.ROLL_FORWARD and last is not None:
@@ -298,20 +292,6 @@ class EpochWriter:
         except BaseException:
             self.close()
             raise
-
-    def _restore_barriers(self, resumed: ResumePoint, sinks: dict[str, Table]) -> None:
-        """Agree again the barriers the sinks record above the newest agreed one (ZooKeeper lost them), so the
-        barriers never go back behind the sinks and downstream jobs process the same epochs as before."""
-        newest = self.barriers.latest()
-        grid = self.barriers.grid()
-        epochs = set(recorded_epochs(sinks, newest, self.history))
-        epochs |= {p.epoch for p in (resumed.committed, resumed.in_flight) if p is not None}
-        for epoch in sorted(e for e in epochs if newest is None or e > newest):
-            if grid.is_barrier(epoch):
-                self.barriers.agree(epoch, proposed_by=self.name)
-            else:
-                log.warning("job %s: epoch %s recorded in its sinks is not on the current barrier grid; not "
-                            "agreed again", self.name, epoch)
 
     def _acquire(self, leader_timeout: Optional[float], while_standby: Optional[Callable[[], None]],
                  term_floor: int) -> None:
@@ -346,6 +326,18 @@ class EpochWriter:
         self._epochs = self._committer = self._cache = None
         self.leadership = Leadership(self.tm, self.name)
 
+    def _record_pacing(self) -> None:
+        """Store the cadence and grace this leader runs with, where ``tidemark status`` reads them."""
+        path = self.tm.paths.pacing(self.name)
+        found = self.tm.get(path)
+        try:
+            same = found is not None and Pacing.from_json(found[0], path) == self.pacing
+        except CorruptState:
+            same = False  # this leader's record replaces it
+        if not same:
+            data = self.pacing.to_json()
+            self.leadership.transact([SetData(path, data) if found is not None else Create(path, data)])
+
     def _clear_finished(self) -> None:
         path = self.tm.paths.finished(self.name)
         if self.tm.get(path) is not None:
@@ -360,13 +352,18 @@ class EpochWriter:
     # -- the loop ----------------------------------------------------------------------------
 
     def run(self, function: Callable[..., None], *, max_epochs: Optional[int] = None, until: Optional[int] = None,
-            leader_timeout: Optional[float] = None, while_standby: Optional[Callable[[], None]] = None,
-            stop_on_sigterm: bool = True) -> list[int]:
-        """Process agreed barriers in order until ``max_epochs`` epochs, barrier ``until``, or ``stop()``.
+            once: bool = False, leader_timeout: Optional[float] = None,
+            while_standby: Optional[Callable[[], None]] = None, stop_on_sigterm: bool = True) -> list[int]:
+        """Process epochs until ``max_epochs`` epochs, barrier ``until``, or ``stop()``; with ``once``, process the
+        newest epoch available now (if it is newer than the last) and return: a batch run.
 
-        Returns the epochs this call committed; every one of them is committed before it
-        returns (FLIP-147). A replica that loses leadership (fenced, session expired) steps
-        down and contends again; ``leader_timeout`` bounds only the wait to become leader.
+        Each epoch is the newest barrier the job's pacing allows, so a bounded run that starts
+        behind catches up in one epoch. ``until`` ends the run once the job committed the
+        newest barrier on its cadence at or before ``until``, or its sources moved past it
+        without holding it. Returns the epochs this call committed; every one of them is
+        committed before it returns (FLIP-147). A replica that loses leadership (fenced,
+        session expired) steps down and contends again; ``leader_timeout`` bounds only the
+        wait to become leader.
         """
         if stop_on_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
@@ -399,7 +396,7 @@ class EpochWriter:
             outage_since, outage = None, None
             try:
                 remaining = None if max_epochs is None else max_epochs - (len(self.committed) - start)
-                if self._loop(function, remaining, until):
+                if self._loop(function, remaining, until, once):
                     self._mark_finished()
                 break
             except Exception as exc:
@@ -430,7 +427,8 @@ class EpochWriter:
         self._stop.wait(CATALOG_RETRY_S)
         return since
 
-    def _loop(self, function: Callable[..., None], max_epochs: Optional[int], until: Optional[int]) -> bool:
+    def _loop(self, function: Callable[..., None], max_epochs: Optional[int], until: Optional[int],
+              once: bool = False) -> bool:
         """Process epochs; True when the bounded run is complete (False when stopped)."""
         done = 0
         while not self._stop.is_set():
@@ -441,8 +439,10 @@ class EpochWriter:
                 log.info("job %s: recomputing epoch %s from its recorded inputs", self.name, current.epoch)
                 self.process(current.epoch, function)
             else:
+                if once and done:
+                    return True
                 with self.metrics.phase("wait"):
-                    target = self.next_barrier(until)
+                    target = self.next_barrier(until, wait=not once)
                     inputs = None if target is None else self.inputs_for(target)
                 if target is None:
                     return not self._stop.is_set()
@@ -536,7 +536,7 @@ class EpochWriter:
         """
         writers = read_topology(self.tm).writers
         self._managed = tuple(s for s in self.sources if s in writers or self._claimed_in_iceberg(s))
-        self.metrics.watch_tables(sorted(writers))
+        self.metrics.watch_tables(sorted({*self._managed, *self.sinks}))
 
     def _claimed_in_iceberg(self, source: str) -> bool:
         try:
@@ -544,128 +544,30 @@ class EpochWriter:
         except TableNotFound:
             return False  # not created yet: nothing to read either way
 
-    def next_barrier(self, until: Optional[int] = None) -> Optional[int]:
-        """Block until the next epoch may be processed and return its barrier; None when stopped or past ``until``."""
+    def next_barrier(self, until: Optional[int] = None, wait: bool = True) -> Optional[int]:
+        """Block until the job's pacing gives its next epoch, and return it; None when stopped, when the run
+        bounded by ``until`` is complete, or (``wait`` False) when no epoch is available now."""
         last = self.epochs.last_committed
-        bound = last if last is not None else self._newest_at_open  # a new job starts after the latter
+        after = last if last is not None else self._opened_ms  # a new job starts after it opened
         while not self._stop.is_set():
             generation = self._open_cache.generation
             grid = self.barriers.grid()  # read each pass: an interval change may take effect meanwhile
-            if until is not None and bound is not None and bound >= grid.floor(until):
-                return None
             self._read_managed_sources()
-            target, why, wake_in = self._candidate(grid, last, until)
-            if target is not None and until is not None and target > until:
+            marks = self._open_cache.get(self._managed)
+            final = None if until is None else self.pacing.at_or_before(grid, until)
+            if final is not None and after is not None and after >= final:
                 return None
-            behind: dict[str, Optional[int]] = {}
-            if target is not None:
-                behind = self._sources_behind(target)
-                if not behind:
-                    self.waiting = None
-                    return target
-                why = "; ".join(f"source {s} is at epoch {e}" for s, e in behind.items())
-            self._note_wait(target, why, tuple(behind))
-            self._open_cache.wait_changed(generation, min(wake_in, WAIT_SLICE_S))
+            choice = self.pacing.choose(grid, after=after, sources=marks, has_root_source=self.has_root_source,
+                                        now=now_ms(), until=until)
+            if choice.epoch is not None:
+                self.waiting = None
+                return choice.epoch
+            if not wait or (final is not None and marks and all(
+                    m is not None and m.epoch is not None and m.epoch >= final for m in marks.values())):
+                return None  # nothing newer now; or the sources moved past ``until`` without holding a barrier
+            self._note_wait(None, choice.reason, choice.behind)
+            self._open_cache.wait_changed(generation, min(choice.wake_in_s, WAIT_SLICE_S))
         return None
-
-    def _candidate(self, grid: BarrierGrid, last: Optional[int], until: Optional[int]) -> _Candidate:
-        """The barrier to process next (agreeing one when this job may), or None, why not, and when to look again."""
-        if last is None:
-            return self._first_candidate(grid, until)
-        agreed = self.barriers.after(last)
-        if agreed:
-            return agreed[0], "", 0.0
-        if not self.agrees_barriers:
-            why = f"no barrier is agreed after epoch {last} yet (jobs with root sources agree them)"
-            return None, why, WAIT_SLICE_S
-        return self._agree_next(grid, last, until)
-
-    def _first_candidate(self, grid: BarrierGrid, until: Optional[int]) -> _Candidate:
-        """A new job's first barrier: after the newest barrier agreed when it opened (a job reading its sinks
-        may have processed those reading them as empty root tables), at or after each source's first epoch,
-        and for a derived job no earlier than its slowest source (nothing older is worth replaying)."""
-        floor = self._start_floor()
-        if isinstance(floor, str):
-            return None, floor, WAIT_SLICE_S
-        bounds = [e for e in (self._newest_at_open, None if floor is None else floor - 1) if e is not None]
-        if self.agrees_barriers:
-            return self._agree_next(grid, max(bounds) if bounds else None, until)
-        marks = self._open_cache.get(self._managed)
-        epochs = [m.epoch for m in marks.values() if m is not None and m.epoch is not None]
-        if len(epochs) < len(marks):  # a source's tidemark went away since _start_floor read it
-            return None, "a source's writer has no committed epoch now", WAIT_SLICE_S
-        bounds.append(min(epochs) - 1)
-        after = max(bounds)
-        eligible = self.barriers.after(after)
-        if eligible:
-            return eligible[0], "", 0.0
-        return None, f"a new job starts after barrier {after}; none is agreed yet", WAIT_SLICE_S
-
-    def _agree_next(self, grid: BarrierGrid, after: Optional[int], until: Optional[int]) -> _Candidate:
-        """Agree the newest grid point the clock has passed (minus grace) if it is after ``after`` and nobody
-        is too far behind."""
-        now = now_ms()
-        candidate = grid.floor(now - self.grace_ms)
-        if until is not None:
-            candidate = min(candidate, grid.floor(until))
-        if after is not None and candidate <= after:
-            wake_in = (grid.next_candidate(after) + self.grace_ms - now) / 1000
-            return None, f"the clock has not passed the next grid point plus {self.grace_ms} ms grace", max(wake_in, 0)
-        holding = self._holding_back(self.barriers.agreed())
-        if holding:
-            return None, "backpressure: " + ", ".join(holding), WAIT_SLICE_S
-        self.barriers.agree(candidate, proposed_by=self.name)
-        crash_point("agreed")
-        # Another root job may have agreed a barrier between our listing and our agreement (below
-        # ours, or ours lost): every agreed barrier is processed in order, so take the next one.
-        agreed = self.barriers.after(after)
-        return agreed[0], "", 0.0
-
-    def _start_floor(self) -> Union[int, str, None]:
-        """A new job's lowest possible first epoch: the newest first epoch of its managed sources (or a reason)."""
-        if not self._managed:
-            return None
-        firsts = {s: m.first_epoch if m else None for s, m in self._open_cache.get(self._managed).items()}
-        missing = [s for s, first in firsts.items() if first is None]
-        if missing:
-            return f"sources {', '.join(missing)} have no committed epoch yet (their writers' first epoch)"
-        return max(first for first in firsts.values() if first is not None)
-
-    def _sources_behind(self, target: int) -> dict[str, Optional[int]]:
-        """The managed sources below ``target``, with their tidemarks."""
-        marks = self._open_cache.get(self._managed)
-        return {s: (m.epoch if m else None) for s, m in marks.items()
-                if m is None or m.epoch is None or m.epoch < target}
-
-    def _holding_back(self, agreed: list[int]) -> list[str]:
-        """Jobs with a live leader that are more than ``max_pending_barriers`` agreed barriers behind."""
-        topo = read_topology(self.tm)
-        others = sorted(n for n in topo.jobs if n != self.name)
-        if not others or not agreed:
-            return []
-        p = self.tm.paths
-        raw = self.tm.get_many([p.leader(n) for n in others] + [p.term(n) for n in others])
-        writers = topo.writers
-        marks = self._open_cache.get(sorted(writers))
-        held = []
-        for name, leader_raw, term_raw in zip(others, raw[:len(others)], raw[len(others):]):
-            if leader_raw is None or term_raw is None:
-                continue  # no live leader: it does not hold the others back
-            leader = LeaderRecord.from_json(leader_raw[0], p.leader(name))
-            if leader.term < TermRecord.from_json(term_raw[0], p.term(name)).term:
-                continue  # a fenced zombie's leftover
-            sink_marks = [marks.get(t) for t in topo.jobs[name].sinks]
-            epochs = [m.epoch for m in sink_marks if m is not None and m.epoch is not None]
-            if not epochs or len(epochs) < len(sink_marks):
-                continue  # not started yet: it joins at the newest barrier
-            committed = min(epochs)
-            upstream = [m.epoch if m else None for m in (marks.get(s) for s in topo.jobs[name].sources if s in writers)]
-            if any(e is None or e <= committed for e in upstream):
-                continue  # it waits for its own upstream, which holds back in its place (or has no leader)
-            pending = len(agreed) - bisect.bisect_right(agreed, committed)
-            if pending > self.max_pending_barriers:
-                held.append(f"job {name} is {pending} agreed barriers behind (at epoch {committed})")
-        return held
 
     def _note_wait(self, barrier: Optional[int], reason: str, lagging: tuple[str, ...] = ()) -> None:
         """Record why the writer waits; log it once the wait has lasted ``log_every`` seconds, and every

@@ -1,65 +1,57 @@
-"""The barrier grid shared by every job, and barriers agreed on demand.
+"""The barrier grid shared by every job: the candidate times a job's epochs are chosen from.
 
     barriers = tm.barriers
     grid = barriers.ensure_grid(interval_ms=5000)        # first caller defines it; the rest must agree
-    barriers.agree(grid.floor(now_ms() - grace), proposed_by="ingest")   # a root job, when it may
-    barriers.next_after(last_committed)                  # the barrier a job must process next
+    grid.floor(now_ms() - grace)                          # the newest grid point the clock has passed
+    barriers.change_interval(10_000, effective_from=T)   # for everyone, at a future grid point
 
-The grid (``/barriers``: interval, mode, future interval changes) only gives the
-*candidate* times ``T = start + k * interval_ms``. Only **agreed** barriers,
-``/barriers/<T>``, are epochs, and every job processes every agreed barrier, in order.
+``/barriers`` records the interval, the mode and future interval changes. A barrier is a
+grid point ``T = start + k * interval_ms``; epoch ``T`` is the slice of data "up to ``T``".
+No barrier is agreed or listed: each job picks its own epochs among the grid points
+(``pacing.py``), a root job by the clock, a derived job among the epochs its sources hold,
+so no job reads or writes anything of another pipeline to take its next epoch. The grid
+is what makes those choices meet: every job's epochs are points of the one grid, and a
+cadence (``every``) is a multiple of its interval, so an hourly job's epochs are also
+epochs of every healthy 5-second job.
 
-Why the agreed barriers are append-only and strictly increasing, whatever the races:
-``/barriers`` also records the newest agreed barrier, and agreeing ``T`` is one multi,
-``set(/barriers, newest=T, version=v)`` plus ``Create(/barriers/T)``, decided on the
-record read at version ``v`` and refused unless ``T > newest``. ZooKeeper applies
-multis one at a time and the version check makes each one conditional on no other
-agreement (nor grid change) having been applied since the read. So every applied
-agreement compares ``T`` with the true newest barrier at the moment it is applied, and
-no barrier can ever be agreed below (or equal to) one that exists. A proposer that
-loses the race re-reads and finds its candidate already covered: it then processes the
-barriers that were agreed instead. Interval changes go through the same version, so a
-change can only take effect after the newest agreed barrier.
+Grid changes are conditional on ``/barriers``' version (a compare-and-set, retried with a
+deadline when another writer moved it), and take effect only at a future grid point, so no
+epoch any job already chose leaves the grid.
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, TypeVar
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from coordinator.errors import (
     ConfigurationError,
     EpochOrderError,
     InvalidArgument,
-    InvalidName,
     MultiFailed,
     ZooKeeperUnavailable,
 )
-from coordinator.names import parse_epoch, validate_epoch
-from coordinator.records import BarrierMode, BarrierRecord, JsonRecord, _epoch, _int, _opt_epoch, now_ms
-from coordinator.zookeeper.ops import Create, Delete, Op, SetData
+from coordinator.names import validate_epoch
+from coordinator.records import BarrierMode, JsonRecord, _epoch, _int, now_ms
+from coordinator.zookeeper.ops import Op, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
-# Backpressure: a root job agrees no new barrier while a live job is more agreed barriers behind than this.
-DEFAULT_MAX_PENDING_BARRIERS = 2
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class BarrierGrid(JsonRecord):
-    """``/barriers``: the interval, the mode, future interval changes ``[{from_epoch, interval_ms}]`` and the
-    newest agreed barrier (the compare-and-set point of agreement)."""
+    """``/barriers``: the interval, the mode and future interval changes ``[{from_epoch, interval_ms}]``.
+
+    A grid written by a release that agreed barriers also holds ``newest_agreed``: it is ignored."""
 
     interval_ms: int
     mode: BarrierMode = BarrierMode.PROCESSING_TIME
     changes: tuple[Any, ...] = ()
-    newest_agreed: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _opt_epoch(self.newest_agreed, "newest_agreed")
         if _int(self.interval_ms, "interval_ms") <= 0:
             raise InvalidArgument(f"interval_ms must be positive, got {self.interval_ms}")
         object.__setattr__(self, "mode", BarrierMode(self.mode))
@@ -87,7 +79,7 @@ class BarrierGrid(JsonRecord):
         return start + (wall_ms - start) // interval * interval
 
     def next_candidate(self, t: int) -> int:
-        """The first grid point after ``t`` (a candidate; only agreed barriers are epochs)."""
+        """The first grid point after ``t``."""
         start, interval = self._segment(t)
         candidate = start + ((t - start) // interval + 1) * interval
         upcoming = [c["from_epoch"] for c in self.changes if t < c["from_epoch"] < candidate]
@@ -129,8 +121,8 @@ class Barriers:
         try:
             self.tm.multi(ops)
         except MultiFailed as failed:
-            if (isinstance(failed.error, BadVersionError) and not isinstance(failed.op, Create)
-                    and failed.op.version == expected_version):
+            if isinstance(failed.error, BadVersionError) and isinstance(failed.op, SetData) \
+                    and failed.op.version == expected_version:
                 raise _Moved() from None
             raise
 
@@ -162,10 +154,10 @@ class Barriers:
 
         def attempt() -> BarrierGrid:
             current, stat = self._read()
-            newest = self._newest(current)
-            if not current.is_barrier(effective_from) or (newest is not None and effective_from <= newest):
-                raise EpochOrderError(f"an interval change must take effect at a future barrier of the current grid "
-                                      f"(newest agreed barrier: {newest}); {effective_from} is not one")
+            now = now_ms()
+            if not current.is_barrier(effective_from) or effective_from <= now:
+                raise EpochOrderError(f"an interval change must take effect at a future point of the current grid "
+                                      f"(the next one is {current.next_candidate(now)}); {effective_from} is not one")
             try:
                 changed = replace(current, changes=(*current.changes,
                                                     {"from_epoch": effective_from, "interval_ms": interval_ms}))
@@ -174,85 +166,5 @@ class Barriers:
             self._write([SetData(self.tm.paths.barriers, changed.to_json(), stat.version)], stat.version)
             return changed
         return self._conditionally("changing the interval", attempt)
-
-    def agree(self, epoch: int, proposed_by: str) -> bool:
-        """Agree barrier ``epoch`` unless a barrier at or after it is already agreed; True when this call agreed it.
-
-        The agreement is conditional on ``/barriers``' version (see the module docstring),
-        so ``epoch`` is agreed only if it is above every barrier that exists.
-        """
-        validate_epoch(epoch, "barrier")
-        try:
-            record = BarrierRecord(proposed_by=proposed_by, wall_ms=now_ms())
-        except ValueError as exc:
-            raise InvalidName(str(exc)) from None
-        path = self.tm.paths.barriers
-
-        def attempt() -> bool:
-            grid, stat = self._read()
-            if not grid.is_barrier(epoch):
-                raise EpochOrderError(f"{epoch} is not a barrier of the shared grid")
-            newest = self._newest(grid)
-            if newest is not None and epoch <= newest:
-                return False
-            self._write([SetData(path, replace(grid, newest_agreed=epoch).to_json(), stat.version),
-                         Create(self.tm.paths.barrier(epoch), record.to_json())], stat.version)
-            return True
-        try:
-            return self._conditionally(f"agreeing barrier {epoch}", attempt)
-        except MultiFailed as failed:
-            if isinstance(failed.error, NodeExistsError):
-                return False  # /barriers/<epoch> left by hand or by an older release: it is agreed already
-            raise
-
-    def _newest(self, grid: BarrierGrid) -> Optional[int]:
-        if grid.newest_agreed is not None:
-            return grid.newest_agreed
-        agreed = self.agreed()  # a grid written before the newest barrier was recorded in it
-        return agreed[-1] if agreed else None
-
-    def agreed(self) -> list[int]:
-        """Every agreed barrier still recorded, oldest first."""
-        return sorted(e for e in map(parse_epoch, self.tm.children(self.tm.paths.barriers)) if e is not None)
-
-    def after(self, epoch: Optional[int]) -> list[int]:
-        """The agreed barriers after ``epoch`` (all of them for None), oldest first."""
-        agreed = self.agreed()
-        return agreed if epoch is None else agreed[bisect.bisect_right(agreed, epoch):]
-
-    def next_after(self, epoch: Optional[int]) -> Optional[int]:
-        """The agreed barrier a job whose last committed epoch is ``epoch`` must process next (None: none yet)."""
-        pending = self.after(epoch)
-        return pending[0] if pending else None
-
-    def latest(self) -> Optional[int]:
-        found = self.tm.get(self.tm.paths.barriers)
-        if found is None or not found[0]:
-            return None
-        return self._newest(BarrierGrid.from_json(found[0], self.tm.paths.barriers))
-
-    def prune(self, below: int) -> list[int]:
-        """Delete the agreed barrier znodes below ``below``; returns them.
-
-        Only ``coordinator.gc`` calls it, with the lowest last committed epoch of every
-        registered job: a job only ever looks for barriers after its own last committed
-        epoch, so a lagging or stopped job still finds each barrier it must process. The
-        newest agreed barrier is recorded in ``/barriers`` itself and is never needed here.
-        """
-        old = [t for t in self.agreed() if t < below]
-        for start in range(0, len(old), 200):
-            try:
-                self.tm.multi([Delete(self.tm.paths.barrier(t)) for t in old[start:start + 200]])
-            except MultiFailed as failed:
-                if not isinstance(failed.error, NoNodeError):
-                    raise
-                for epoch in old[start:start + 200]:  # another GC pruned some of them concurrently
-                    path = self.tm.paths.barrier(epoch)
-                    try:
-                        self.tm.call(f"delete {path}", self.tm.client.delete_async, path)
-                    except NoNodeError:
-                        pass
-        return old
-
 
 __all__ = ["BarrierGrid", "BarrierMode", "Barriers"]

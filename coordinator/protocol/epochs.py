@@ -2,7 +2,7 @@
 
     epochs = EpochCoordinator(leadership, sinks=["lake.db.word_counts"])
     recovery = epochs.recover()                     # what to do with the last epoch after a failover
-    epochs.begin(T, EpochInputs(...))               # T = tm.barriers.next_after(epochs.last_committed)
+    epochs.begin(T, EpochInputs(...))               # T = Pacing.choose(...).epoch, after epochs.last_committed
     ... stage each sink, with summary tidemark.epoch=T ...
     epochs.precommit(T, staged={"lake.db.word_counts": 42})
     ... publish each staged snapshot (idempotent) ...
@@ -12,20 +12,22 @@
 
 Transitions (anything else raises ``EpochOrderError``)::
 
-    (none) | COMMITTED(L) --begin(T)--> STARTED(T)          T = the next agreed barrier after L
+    (none) | COMMITTED(L) --begin(T)--> STARTED(T)          T a barrier after L (the job's pacing picks it)
     (none) | COMMITTED(L) --commit_idle(T)--> COMMITTED(T)  inputs unchanged: nothing to compute
     STARTED(T) | ABORTED(T) --begin(T)--> STARTED(T)        recompute, same recorded inputs
     STARTED(T) | ABORTED(T) --commit_idle(T)--> COMMITTED(T)
     STARTED(T) --precommit--> PRECOMMITTED(T) --commit--> COMMITTED(T)
     STARTED(T) --abort--> ABORTED(T)
 
-``begin`` refuses any barrier but the next agreed one: every job processes every agreed
-barrier, in order, and that is what makes ``T* = min(tidemarks)`` a version at which every
-table holds exactly the inputs up to ``T*`` (see ``barriers.py``).
+``begin`` refuses anything but a barrier of the grid after the last committed epoch. Which
+barrier is the job's pacing (``pacing.py``): the newest one every managed source holds, so one
+epoch may cover several barriers (coalescing), and the epoch's recorded inputs say exactly
+which slice ``(previous epoch, T]`` of each source it covers.
 
 Every write is a leader ``transact`` (term check in the same multi). ``commit`` advances the
-tidemark of every sink table and marks the epoch COMMITTED in one multi: the epoch becomes
-visible to consistent readers everywhere at once, or not at all. A write whose reply was
+tidemark of every sink table (adding the epoch to the ones it lists, ``TableTidemark.recent``)
+and marks the epoch COMMITTED in one multi: the epoch becomes visible to consistent readers
+everywhere at once, or not at all. A write whose reply was
 lost and that is retried is recognised as already applied by re-reading the epoch znode.
 Only the newest ``history`` epoch znodes are kept.
 
@@ -54,7 +56,7 @@ from coordinator.zookeeper.ops import Create, Delete, Op, SetData
 
 class RecoveryAction(str, enum.Enum):
     START = "START"                # no epoch yet: begin at the first barrier the job may process
-    NEXT = "NEXT"                  # the last epoch is committed: begin the next agreed barrier
+    NEXT = "NEXT"                  # the last epoch is committed: begin the next one its pacing picks
     ROLL_FORWARD = "ROLL_FORWARD"  # precommitted: publish the staged snapshots, then commit
     RECOMPUTE = "RECOMPUTE"        # started or aborted: recompute from the recorded inputs
 
@@ -132,7 +134,8 @@ class EpochCoordinator:
                                  inputs=committed.inputs or EpochInputs(), published=published, updated_ms=stamp)
             ops.append(Create(p.epoch(self.job, committed.epoch), record.to_json()))
             first = resume.first_epoch if resume.first_epoch is not None else committed.epoch
-            ops += [SetData(p.tidemark(t), TableTidemark(t, committed.epoch, published[t], stamp, first).to_json())
+            ops += [SetData(p.tidemark(t), TableTidemark(t, committed.epoch, published[t], stamp, first,
+                                                         resume.recorded.get(t, ())).to_json())
                     for t in self.sinks]
         if in_flight is not None:
             record = EpochRecord(epoch=in_flight.epoch, state=EpochState.STARTED, term=self.leadership.leading_term,
@@ -203,13 +206,10 @@ class EpochCoordinator:
         if self.last_committed is not None and epoch <= self.last_committed:
             raise EpochOrderError(f"job {self.job!r} already committed barrier {self.last_committed}; {epoch} is "
                                   "not after it (barriers are never repeated)")
-        pending = Barriers(self.tm).after(self.last_committed)
-        if epoch not in pending:
-            raise EpochOrderError(f"{epoch} is not an agreed barrier: only barriers agreed under "
-                                  f"{self.tm.paths.barriers} are epochs")
-        if self.last_committed is not None and epoch != pending[0]:
-            raise EpochOrderError(f"job {self.job!r} must process barrier {pending[0]} next; {epoch} skips "
-                                  "agreed barriers (every job processes every agreed barrier, in order)")
+        grid = Barriers(self.tm).grid()
+        if not grid.is_barrier(epoch):
+            raise EpochOrderError(f"{epoch} is not a barrier of the grid under {self.tm.paths.barriers}: only "
+                                  "barriers are epochs")
 
     def precommit(self, epoch: int, staged: Mapping[str, Optional[int]]) -> EpochRecord:
         """Record the staged snapshot of every sink (None: nothing to publish); from now on the epoch must commit."""
@@ -242,8 +242,7 @@ class EpochCoordinator:
                 for t in self.sinks]
 
     def _mark(self, table: str, epoch: int, snapshot_id: Optional[int], stamp: int) -> TableTidemark:
-        first = self._marks[table].first_epoch if table in self._marks else None
-        return TableTidemark(table, epoch, snapshot_id, stamp, first if first is not None else epoch)
+        return self.mark(table).advanced(epoch, snapshot_id, stamp)
 
     def _committed(self, epoch: int, published: Mapping[str, Optional[int]], stamp: int) -> None:
         self.last_committed = epoch

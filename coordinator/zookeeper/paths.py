@@ -53,6 +53,9 @@ class Paths:
     def finished(self, job: str) -> str:
         return self.job(job) + "/finished"
 
+    def pacing(self, job: str) -> str:
+        return self.job(job) + "/pacing"
+
     def epochs(self, job: str) -> str:
         return self.job(job) + "/epochs"
 

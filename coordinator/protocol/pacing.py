@@ -1,0 +1,218 @@
+"""Pacing: which barrier a job takes as its next epoch, and the cadence it keeps. The one rule, used by
+the writer, ``tidemark status`` and the exporter.
+
+    pacing = Pacing(every_ms=parse_every("1h"), grace_ms=1000)      # stored at /jobs/<job>/pacing
+    choice = pacing.choose(grid, after=last_committed, sources={table: tidemark, ...}, now=now_ms())
+    choice.epoch         # the barrier to process next, or None (then choice.reason says why)
+
+**The invariant.** A job's epochs are a subset of the barriers that every one of its managed
+sources has committed (a root source, which no Tidemark job writes, is cut by commit time at
+any barrier). The next epoch is the *newest* such barrier after the job's last epoch that its
+cadence allows: one epoch covers every change since the previous one, so a job back from
+downtime, or a batch job over a streaming upstream, catches up in one epoch.
+
+- A job with no managed source (a *root job*) takes the newest grid point on its cadence that
+  the clock has passed by ``grace_ms`` (late root commits).
+- A job with managed sources takes the newest epoch that every managed source's tidemark
+  lists (``TableTidemark.recent``) on its cadence; with a root source too, no later than the
+  clock minus grace.
+- A new job's first epoch is after the wall-clock time it opened: a job downstream may have
+  read its sinks as root tables (by commit time) before it registered, at barriers up to
+  then, and a table must never hold at a barrier anything other than what was read from it.
+
+**Why reads stay consistent.** An epoch ``T`` of job ``J`` reads every managed source at its
+snapshot of epoch ``T`` (which holds exactly the inputs up to ``T``, by induction over the job
+graph) and every root source by commit time at ``T``; it writes each sink from exactly those,
+covering ``(previous epoch, T]``. So each sink's snapshot at ``T`` holds exactly the effects of
+the inputs up to ``T``. A set of tables therefore has a consistent version at every epoch that
+each of its managed tables committed (root tables cut by time), and the newest such epoch is
+the consistent version. A table that coalesced over ``T`` has no exact state at ``T``, and
+nothing ever reads it there: neither a downstream job (it takes only epochs its sources
+hold) nor a reader (it takes only epochs every table holds).
+
+**Cadence.** ``every`` is a multiple of the grid interval, and a job's epochs are multiples of
+it, so an hourly job's epochs are barriers of every 5-second job as well and reads across
+cadences always have common versions. A job downstream of a slower-cadence job can only take
+that job's epochs: it follows the slower cadence (``effective_cadences``).
+
+**No backpressure.** Coalescing bounds what a slow job owes: its next epoch covers everything
+since its last, so nothing queues in front of the work, and its lag stays near one epoch's
+time plus the interval. A slow job therefore slows nobody, upstream or in another pipeline.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from coordinator.errors import ConfigurationError, InvalidArgument
+from coordinator.protocol.barriers import BarrierGrid
+from coordinator.protocol.topology import Topology
+from coordinator.records import JsonRecord, TableTidemark, _int, _opt_int
+
+DEFAULT_GRACE_MS = 1000
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+_EVERY = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)\s*$")
+
+
+def parse_every(value: Union[str, int, None]) -> Optional[int]:
+    """A cadence in milliseconds from ``"30s"``, ``"5m"``, ``"1h"``, ``"1d"`` or a number of milliseconds
+    (None: every grid point)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigurationError(f"every must be a duration such as '1h' or milliseconds, got {value!r}")
+    if isinstance(value, int):
+        every = value
+    else:
+        found = _EVERY.match(str(value))
+        if not found:
+            raise ConfigurationError(f"every must be a duration such as '30s', '5m', '1h' or '1d', got {value!r}")
+        every = int(found.group(1)) * _UNITS_MS[found.group(2)]
+    if every <= 0:
+        raise ConfigurationError(f"every must be positive, got {value!r}")
+    return every
+
+
+def fmt_every(every_ms: int) -> str:
+    """``3600000`` -> ``"1h"``: the largest unit that divides it."""
+    for unit in ("d", "h", "m", "s"):
+        if every_ms % _UNITS_MS[unit] == 0:
+            return f"{every_ms // _UNITS_MS[unit]}{unit}"
+    return f"{every_ms}ms"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A pacing decision: the barrier to process next, or why there is none and when to look again."""
+
+    epoch: Optional[int]
+    reason: str = ""
+    wake_in_s: float = 0.0
+    behind: tuple[str, ...] = ()   # managed sources that hold no epoch after the job's last one
+
+
+@dataclass(frozen=True)
+class Pacing(JsonRecord):
+    """``/jobs/<job>/pacing``: the cadence (None: every grid point) and grace its leader runs with."""
+
+    every_ms: Optional[int] = None
+    grace_ms: int = DEFAULT_GRACE_MS
+
+    def __post_init__(self) -> None:
+        every = _opt_int(self.every_ms, "every_ms")
+        if every is not None and every <= 0:
+            raise InvalidArgument(f"every_ms must be positive, got {self.every_ms}")
+        if _int(self.grace_ms, "grace_ms") < 0:
+            raise InvalidArgument(f"grace_ms must not be negative, got {self.grace_ms}")
+
+    def check(self, grid: BarrierGrid, now: int) -> None:
+        """``ConfigurationError`` unless the cadence is a multiple of the grid interval in force."""
+        interval = grid.interval_at(now)
+        if self.every_ms is not None and self.every_ms % interval:
+            raise ConfigurationError(f"every={fmt_every(self.every_ms)} is not a multiple of the barrier grid's "
+                                     f"interval ({interval} ms): choose a multiple, so the job's epochs are barriers "
+                                     "every job on the grid can share")
+
+    def on_cadence(self, grid: BarrierGrid, t: int) -> bool:
+        return grid.is_barrier(t) and (self.every_ms is None or t % self.every_ms == 0)
+
+    def newest_by_clock(self, grid: BarrierGrid, now: int, until: Optional[int] = None) -> int:
+        """The newest barrier on the cadence that the clock has passed by the grace (and not after ``until``)."""
+        return self.at_or_before(grid, now - self.grace_ms if until is None else min(now - self.grace_ms, until))
+
+    def at_or_before(self, grid: BarrierGrid, bound: int) -> int:
+        """The newest barrier on the cadence at or before ``bound``."""
+        t = grid.floor(bound)
+        if self.every_ms is not None:
+            t = t // self.every_ms * self.every_ms
+            while not grid.is_barrier(t):  # a grid changed to an interval that does not divide the cadence
+                t -= self.every_ms
+        return t
+
+    def next_by_clock(self, grid: BarrierGrid, after: int) -> int:
+        """The first barrier on the cadence after ``after``."""
+        t = grid.next_candidate(after)
+        while not self.on_cadence(grid, t):
+            t = grid.next_candidate(t)
+        return t
+
+    def choose(self, grid: BarrierGrid, *, after: Optional[int], sources: Mapping[str, Optional[TableTidemark]],
+               has_root_source: bool, now: int, until: Optional[int] = None) -> Choice:
+        """The job's next epoch: the newest barrier after ``after`` that every managed source (``sources``: each
+        one's tidemark) holds, on the cadence, not after ``until``; for a job with no managed source, or with a
+        root source too, one the clock has passed by the grace."""
+        clock = self.newest_by_clock(grid, now, until) if has_root_source or not sources else None
+        if not sources:
+            assert clock is not None
+            if after is None or clock > after:
+                return Choice(clock)
+            wake_at = self.next_by_clock(grid, after) + self.grace_ms
+            return Choice(None, f"the clock has not passed the next barrier on the cadence plus {self.grace_ms} ms "
+                                "grace", max(0.0, (wake_at - now) / 1000))
+        held: Optional[set[int]] = None
+        behind = []
+        for table, mark in sorted(sources.items()):
+            epochs = set(mark.epochs) if mark is not None else set()
+            if not any(after is None or e > after for e in epochs):
+                behind.append(table)
+            held = epochs if held is None else held & epochs
+        eligible = [t for t in held or () if (after is None or t > after) and self.on_cadence(grid, t)
+                    and (until is None or t <= until) and (clock is None or t <= clock)]
+        if eligible:
+            return Choice(max(eligible))
+        if behind:
+            states = "; ".join(f"source {t} is at epoch {_newest(sources[t])}" for t in behind)
+            return Choice(None, states, 0.5, tuple(behind))
+        return Choice(None, f"its sources hold no common epoch after {after} on the job's cadence yet "
+                            f"({', '.join(f'{t} at {_newest(m)}' for t, m in sorted(sources.items()))})", 0.5)
+
+
+def _newest(mark: Optional[TableTidemark]) -> Optional[int]:
+    return mark.epoch if mark is not None else None
+
+
+def effective_cadences(topo: Topology, pacings: Mapping[str, Optional[Pacing]],
+                       interval_ms: Optional[int]) -> dict[str, tuple[Optional[int], Optional[str]]]:
+    """Per job, the cadence its epochs actually follow and the job that sets it (None: its own).
+
+    A job can only take epochs its managed sources hold, so it follows the slowest cadence upstream of
+    it when that is slower than its own (``interval_ms``, the grid's, stands for a job with none set).
+    """
+    writers = topo.writers
+    result: dict[str, tuple[Optional[int], Optional[str]]] = {}
+
+    def cadence(job: str, visiting: frozenset[str]) -> tuple[Optional[int], Optional[str]]:
+        if job in result:
+            return result[job]
+        pacing = pacings.get(job)
+        own = pacing.every_ms if pacing is not None and pacing.every_ms is not None else interval_ms
+        best: tuple[Optional[int], Optional[str]] = (own, None)
+        for source in topo.jobs[job].sources:
+            upstream = writers.get(source)
+            if upstream is None or upstream in visiting:
+                continue
+            every, by = cadence(upstream, visiting | {job})
+            if every is not None and (best[0] is None or every > best[0]):
+                best = (every, by or upstream)
+        result[job] = best
+        return best
+
+    for name in sorted(topo.jobs):
+        cadence(name, frozenset())
+    return result
+
+
+def newest_common_epoch(marks: Iterable[Optional[TableTidemark]]) -> Optional[int]:
+    """The newest epoch every one of ``marks`` holds (None when they share none, or one has none)."""
+    common: Optional[set[int]] = None
+    for mark in marks:
+        if mark is None:
+            return None
+        common = set(mark.epochs) if common is None else common & set(mark.epochs)
+    return max(common) if common else None
+
+
+__all__ = ["DEFAULT_GRACE_MS", "Choice", "Pacing", "effective_cadences", "fmt_every", "newest_common_epoch",
+           "parse_every"]
