@@ -19,16 +19,22 @@ catalogs), so once a leader has claimed a table no commit of an older term can l
 from a zombie that lost ZooKeeper long ago and never noticed. A REST catalog cannot be
 sent the custom requirement: there the term is checked just before the commit (a
 narrower, non-atomic guard; ZooKeeper fencing still holds).
+
+Failure behaviour: a commit that lost a race (``lost_race``: the catalog's ``CommitFailedException``,
+``CommitStateUnknownException``, or pyiceberg's ``ValueError`` for updates that no longer apply to the
+newer metadata) is looked at again from a fresh load, up to ``PUBLISH_ATTEMPTS`` times within
+``PUBLISH_DEADLINE_S`` seconds; then ``PublishConflict`` is raised. Any other error propagates.
 """
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Callable, Literal, Optional, TypeVar
 
 from pydantic import Field
 from pyiceberg.catalog.rest import RestCatalog
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
@@ -41,7 +47,7 @@ from pyiceberg.table.update import (
     TableUpdate,
     ValidatableTableRequirement,
 )
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_random_exponential
 
 from coordinator.errors import Fenced, PublishConflict
 from coordinator.iceberg.metadata_files import delete_unlogged_metadata
@@ -60,6 +66,39 @@ from coordinator.records import EpochProgress
 
 T = TypeVar("T")
 
+PUBLISH_ATTEMPTS = 5
+PUBLISH_DEADLINE_S = 60.0
+
+# pyiceberg's catalogs (SQL, Hive, Glue, DynamoDB) validate a commit's requirements against the table's
+# current metadata and then re-apply its updates to that metadata (``update_table_metadata``). An update
+# that no longer applies because another commit landed since our load is refused with a plain ValueError,
+# not CommitFailedException: these are those messages (pyiceberg 0.12), matched whole so that a
+# ValueError of a real bug is never taken for a race and retried.
+_LOST_RACE_MESSAGES = re.compile("|".join((
+    # a snapshot was added since our load (format v2): ours carries a stale sequence number
+    r"Cannot add snapshot with sequence number \d+ older than last sequence number \d+",
+    # the same for format v3's row lineage
+    r"Cannot add a snapshot with first row id smaller than the table's next-row-id \d+ < \d+",
+    # the snapshot a ref is set to was expired since our load (a staged snapshot, or the head we branched from)
+    r"Cannot set \S+ to unknown snapshot -?\d+",
+    # our snapshot is already in the table: an earlier commit of it landed although it was reported lost
+    r"Snapshot with id -?\d+ already exists",
+)))
+
+
+def lost_race(error: BaseException) -> bool:
+    """Whether ``error``, raised by a catalog commit, means another commit landed since the table was loaded
+    (or, ``CommitStateUnknownException``, that ours may have): the caller looks again from a fresh load.
+
+    ``CommitStateUnknownException`` (a REST catalog's 500/502/504) counts because every Tidemark commit is
+    checked again after the reload: a publish that did land is found in ``main`` (``ALREADY_PUBLISHED``),
+    the property commits are idempotent, and a staged snapshot that landed is in no ref (readers never see
+    it; GC expires it once its epoch is behind the table's tidemark).
+    """
+    if isinstance(error, (CommitFailedException, CommitStateUnknownException)):
+        return True
+    return type(error) is ValueError and _LOST_RACE_MESSAGES.fullmatch(str(error)) is not None
+
 
 class PublishOutcome(str, enum.Enum):
     PUBLISHED = "PUBLISHED"
@@ -75,7 +114,7 @@ class PublishResult:
 
 
 class _Lost(Exception):
-    """Our conditional commit lost a race; look again at what the winner did."""
+    """Our conditional commit lost a race (the message says how); look again at what the winner did."""
 
 
 class AssertTermAtMost(ValidatableTableRequirement):
@@ -102,8 +141,9 @@ def _fenced(table: Table, term: int) -> Fenced:
 def _commit(table: Table, term: int, updates: tuple[TableUpdate, ...], requirements: tuple = ()) -> None:
     """One catalog commit of ``updates``, refused (``Fenced``) when the table is claimed by a higher term.
 
-    A commit that failed on a requirement is told apart after a reload: outranked (``Fenced``) or a lost
-    race (``_Lost``, the caller looks again).
+    A commit that lost a race (``lost_race``: a failed requirement, an update that no longer applies, an
+    unknown outcome) is told apart after a reload: outranked (``Fenced``) or a lost race (``_Lost``, the
+    caller looks again). Any other error propagates.
     """
     guard = (AssertTableUUID(uuid=table.metadata.table_uuid), *requirements)
     if isinstance(table.catalog, RestCatalog):
@@ -113,22 +153,27 @@ def _commit(table: Table, term: int, updates: tuple[TableUpdate, ...], requireme
         guard = (*guard, AssertTermAtMost(term=term))
     try:
         response = table.catalog.commit_table(table, guard, updates)
-    except CommitFailedException:
+    except (CommitFailedException, CommitStateUnknownException, ValueError) as exc:
+        if not lost_race(exc):
+            raise
         table.refresh()
         if claimed_term(table.properties) > term:
             raise _fenced(table, term) from None
-        raise _Lost() from None
+        raise _Lost(f"{type(exc).__name__}: {exc}") from None
     delete_unlogged_metadata(table, table.metadata, response.metadata)
     table.metadata, table.metadata_location = response.metadata, response.metadata_location
 
 
 def _retry_lost_races(attempt: Callable[[], T], what: str) -> T:
-    retrying = Retrying(stop=stop_after_attempt(5), wait=wait_random_exponential(0.01, 0.5),
-                        retry=retry_if_exception_type(_Lost), reraise=True)
+    """``attempt()`` again while it loses commit races (``_Lost``), up to ``PUBLISH_ATTEMPTS`` times within
+    ``PUBLISH_DEADLINE_S`` seconds (a catalog slow to answer must not hold the driver indefinitely); then
+    ``PublishConflict`` naming the last race lost."""
+    retrying = Retrying(stop=stop_after_attempt(PUBLISH_ATTEMPTS) | stop_after_delay(PUBLISH_DEADLINE_S),
+                        wait=wait_random_exponential(0.01, 0.5), retry=retry_if_exception_type(_Lost), reraise=True)
     try:
         return retrying(attempt)
-    except _Lost:
-        raise PublishConflict(f"kept losing commit races while {what}") from None
+    except _Lost as exc:
+        raise PublishConflict(f"kept losing commit races while {what} (last: {exc})") from None
 
 
 def publish_staged(table: Table, snapshot_id: int, epoch: int, term: int) -> PublishResult:

@@ -11,8 +11,16 @@ progress record (``snapshots.summary_properties``), until ``publish_staged`` mov
 first gets one empty snapshot on ``main`` (it carries no epoch and no rows).
 
 Failure behaviour: a commit that loses a race with another commit on the table (GC, a
-tag) is retried from a fresh load of the table, up to ``STAGE_ATTEMPTS`` times; then
-``PublishConflict`` is raised (the epoch is recomputed).
+tag, another writer's snapshot) is retried from a fresh load of the table, up to
+``STAGE_ATTEMPTS`` times within ``STAGE_DEADLINE_S`` seconds; then ``PublishConflict`` is
+raised (the epoch is recomputed). Lost races are what ``publish.lost_race`` recognises:
+``CommitFailedException`` (a requirement failed: the staging branch was created or moved
+concurrently, or the catalog's pointer swap lost), ``CommitStateUnknownException``, and
+pyiceberg's ``ValueError`` for a write that no longer applies to the newer metadata (a
+snapshot added since the load: "Cannot add snapshot with sequence number N older than last
+sequence number M"; the head we branched from expired meanwhile). Any other error, a
+``ValueError`` of a write pyiceberg refuses included, propagates at once, unretried. A lost
+attempt's data and manifest files stay behind as orphans (``tidemark gc --orphans``).
 """
 from __future__ import annotations
 
@@ -23,9 +31,10 @@ from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.update.snapshot import ManageSnapshots
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
 
 from coordinator.errors import PublishConflict
+from coordinator.iceberg.publish import lost_race
 from coordinator.iceberg.snapshots import summary_properties
 from coordinator.records import EpochInputs
 
@@ -33,6 +42,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 STAGE_ATTEMPTS = 5
+STAGE_DEADLINE_S = 120.0  # each attempt rewrites the data: a long write is not redone STAGE_ATTEMPTS times
 
 
 class _StagingTransaction(Transaction):
@@ -79,13 +89,20 @@ def _stage(table: Table, epoch: int, job: str, term: int, inputs: Optional[Epoch
         transaction.commit_transaction()
         return staged
 
-    retrying = Retrying(stop=stop_after_attempt(STAGE_ATTEMPTS), wait=wait_random_exponential(0.01, 0.5),
-                        retry=retry_if_exception_type(CommitFailedException), reraise=True)
+    # pyiceberg reports some lost races as a plain ValueError (it re-applies our updates to the metadata
+    # another commit produced and refuses them): those are retried too, recognised by their message
+    # (``lost_race``), so that the ValueError of a real bug fails at once instead of being retried.
+    retrying = Retrying(stop=stop_after_attempt(STAGE_ATTEMPTS) | stop_after_delay(STAGE_DEADLINE_S),
+                        wait=wait_random_exponential(0.01, 0.5), retry=retry_if_exception(lost_race), reraise=True)
     try:
         return retrying(attempt)
-    except CommitFailedException as exc:
-        raise PublishConflict(f"table {'.'.join(table.name())}: staging epoch {epoch} lost {STAGE_ATTEMPTS} commit "
-                              f"races in a row ({exc}); is something else committing to it all the time?") from None
+    except Exception as exc:
+        if not lost_race(exc):
+            raise
+        attempts = retrying.statistics.get("attempt_number", STAGE_ATTEMPTS)
+        raise PublishConflict(f"table {'.'.join(table.name())}: staging epoch {epoch} lost {attempts} commit races "
+                              f"in a row (last: {type(exc).__name__}: {exc}); is something else committing to it "
+                              "all the time?") from None
 
 
 def stage_append(table: Table, rows: pa.Table, epoch: int, job: str, term: int,

@@ -1,0 +1,103 @@
+"""Staging and publishing when another commit lands between loading the table and committing to it.
+
+pyiceberg reports some of those lost races as a plain ``ValueError`` (the catalog re-applies our
+updates to the newer metadata and refuses them), not as ``CommitFailedException``; a driver must
+see them retried, then ``PublishConflict``, never the raw error. The concurrent commit is made to
+land at an exact point (right after a load), not by timing.
+"""
+from __future__ import annotations
+
+import pytest
+from pyiceberg.exceptions import CommitStateUnknownException
+
+from coordinator.errors import PublishConflict
+from coordinator.iceberg import staging
+from coordinator.iceberg.publish import PublishOutcome, publish_staged
+from coordinator.iceberg.snapshots import snapshot_epoch
+from coordinator.iceberg.staging import stage_append
+from tests.helpers.lake import create_table, rows_of
+
+
+def _commit_after_loads(monkeypatch, table, catalog_settings, loads: int) -> list[int]:
+    """After each of ``table``'s next ``loads`` loads (``refresh``), another handle appends a row to ``main``
+    (a concurrent writer's commit lands before ours); returns the sequence numbers those loads saw."""
+    other = catalog_settings.load().load_table(table.name())
+    refresh, seen = table.refresh, []
+
+    def load_then_race():
+        loaded = refresh()
+        seen.append(table.metadata.last_sequence_number)
+        if len(seen) <= loads:
+            other.append(rows_of(0, 1))
+        return loaded
+
+    monkeypatch.setattr(table, "refresh", load_then_race)
+    return seen
+
+
+def test_staging_retries_a_commit_that_landed_after_its_load(catalog_settings, namespace, monkeypatch):
+    table = create_table(catalog_settings.load(), f"{namespace}.raced")
+    seen = _commit_after_loads(monkeypatch, table, catalog_settings, loads=1)
+
+    # was: ValueError "Cannot add snapshot with sequence number 2 older than last sequence number 2"
+    staged = stage_append(table, rows_of(3000, 3), 3000, "job", 1)
+    assert len(seen) == 2 and seen[1] > seen[0], "the lost attempt is retried from a fresh load"
+    head = table.current_snapshot().snapshot_id
+    assert table.snapshot_by_id(staged).parent_snapshot_id == head, "staged on the concurrent commit"
+    assert snapshot_epoch(table.snapshot_by_id(staged)) == 3000 and set(table.metadata.refs) == {"main"}
+    assert publish_staged(table, staged, 3000, term=1).outcome == PublishOutcome.PUBLISHED
+    assert table.scan().to_arrow().num_rows == 1 + 3
+
+
+def test_staging_that_keeps_losing_raises_publish_conflict(catalog_settings, namespace, monkeypatch):
+    table = create_table(catalog_settings.load(), f"{namespace}.contended")
+    seen = _commit_after_loads(monkeypatch, table, catalog_settings, loads=staging.STAGE_ATTEMPTS)
+
+    with pytest.raises(PublishConflict, match="sequence number"):
+        stage_append(table, rows_of(4000, 2), 4000, "job", 1)
+
+    assert len(seen) == staging.STAGE_ATTEMPTS
+    table.refresh()
+    assert set(table.metadata.refs) == {"main"}
+    assert all(snapshot_epoch(s) != 4000 for s in table.snapshots()), "no attempt landed"
+
+
+def test_staging_does_not_retry_a_value_error_of_its_own(catalog_settings, namespace, monkeypatch):
+    """Only pyiceberg's lost-race messages are retried: a write pyiceberg refuses fails at once, unchanged."""
+    table = create_table(catalog_settings.load(), f"{namespace}.refused")
+    seen = _commit_after_loads(monkeypatch, table, catalog_settings, loads=0)
+
+    with pytest.raises(ValueError) as raised:
+        stage_append(table, rows_of(5000, 1).drop_columns(["row"]), 5000, "job", 1)
+
+    assert not isinstance(raised.value, PublishConflict) and len(seen) == 1
+
+
+def test_publishing_a_snapshot_expired_after_the_load_raises_publish_conflict(catalog_settings, namespace):
+    table = create_table(catalog_settings.load(), f"{namespace}.expired")
+    staged = stage_append(table, rows_of(6000, 2), 6000, "job", 1)
+    # GC (another handle) expires the unpublished snapshot after this driver loaded the table: main did not
+    # move, so the commit's requirements hold and pyiceberg refuses the update itself ("Cannot set main to
+    # unknown snapshot"), a ValueError
+    catalog_settings.load().load_table(table.name()).maintenance.expire_snapshots().by_id(staged).commit()
+
+    with pytest.raises(PublishConflict, match="does not exist"):
+        publish_staged(table, staged, 6000, term=1)
+
+
+def test_publishing_whose_commit_state_is_unknown_finds_it_published(catalog_settings, namespace, monkeypatch):
+    """A catalog that answers 'state unknown' (a REST 502 after the commit landed): the retry looks again."""
+    table = create_table(catalog_settings.load(), f"{namespace}.unknown")
+    staged = stage_append(table, rows_of(7000, 2), 7000, "job", 1)
+    commit_table, answered = table.catalog.commit_table, []
+
+    def commit_then_lose_the_answer(*args, **kwargs):
+        commit_table(*args, **kwargs)
+        answered.append(False)
+        raise CommitStateUnknownException("502 Bad Gateway")
+
+    monkeypatch.setattr(table.catalog, "commit_table", commit_then_lose_the_answer)
+    result = publish_staged(table, staged, 7000, term=1)
+
+    assert answered == [False] and result.outcome == PublishOutcome.ALREADY_PUBLISHED
+    assert result.snapshot_id == staged == table.current_snapshot().snapshot_id
