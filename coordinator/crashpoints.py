@@ -12,7 +12,6 @@ no flushed buffers, as a ``kill -9`` or a lost node would.
 
 The steps, in the order an epoch reaches them:
 
-- ``agreed``: a root job agreed a barrier, before processing it;
 - ``begin``: the epoch's inputs are recorded (STARTED), before computing;
 - ``staged``: every sink is staged, nothing precommitted;
 - ``precommitted``: the staged snapshots are recorded, nothing published;
@@ -41,7 +40,7 @@ from coordinator.errors import ConfigurationError
 from coordinator.settings import Settings
 
 ENV = "TIDEMARK_CRASH_AT"
-EPOCH_STEPS = ("agreed", "begin", "staged", "precommitted", "published-one", "committed", "idle-commit")
+EPOCH_STEPS = ("begin", "staged", "precommitted", "published-one", "committed", "idle-commit")
 GC_STEPS = ("gc-expired",)
 STEPS = EPOCH_STEPS + GC_STEPS
 

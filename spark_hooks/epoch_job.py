@@ -36,8 +36,8 @@ from typing import Callable, ClassVar, Optional, Union
 from coordinator.errors import ConfigurationError, NotLeader
 from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.iceberg.snapshots import summary_properties, wap_id
-from coordinator.job.writer import EpochContext, EpochWriter
 from coordinator.job.commit import DEFAULT_MARKER_EVERY
+from coordinator.job.writer import EpochContext, EpochWriter
 from coordinator.protocol.pacing import DEFAULT_GRACE_MS
 from coordinator.records import EpochInputs, EpochRecord, EpochState
 from coordinator.tidemark import Tidemark
@@ -153,7 +153,7 @@ class EpochJob:
     def __init__(self, spark, tm: Tidemark, name: str, *, sources: Iterable[str], sinks: Iterable[str],
                  catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000,
                  every: Union[str, int, None] = None, grace_ms: int = DEFAULT_GRACE_MS, always_run: bool = False,
-                 history: int = 100, marker_every: Union[str, int] = DEFAULT_MARKER_EVERY,
+                 history: int = 100, marker_every: Union[str, int, None] = DEFAULT_MARKER_EVERY,
                  metrics_port: Optional[int] = None) -> None:
         self.spark = spark
         self.writer = EpochWriter(tm, name, sources=sources, sinks=sinks, catalog=catalog, interval_ms=interval_ms,

@@ -1,7 +1,6 @@
 """Leadership, barriers and the epoch state machine on a real ZooKeeper; the grid's arithmetic without one."""
 from __future__ import annotations
 
-import random
 import threading
 
 import pytest
@@ -23,7 +22,7 @@ from coordinator import (
     TidemarkError,
 )
 from coordinator.protocol.leadership import Leadership
-from coordinator.records import BarrierRecord
+from coordinator.records import RECENT_PER_LEVEL, TableTidemark, keep_recent, now_ms
 from coordinator.zookeeper.session import ZooKeeperSession
 from tests.helpers.present import present
 
@@ -37,12 +36,6 @@ def job(tm):
     return "j"
 
 
-def agree(tm, *barriers: int) -> None:
-    """Agree ``barriers`` in order (only agreed barriers are epochs); each must be new."""
-    for t in barriers:
-        assert tm.barriers.agree(t, proposed_by="test"), f"barrier {t} was already agreed"
-
-
 def inputs(t: int) -> EpochInputs:
     return EpochInputs({"raw.in": SourceRange(None, t)})
 
@@ -53,44 +46,60 @@ def run_epoch(epochs: EpochCoordinator, t: int) -> None:
     epochs.commit(t, {s: t for s in SINKS})
 
 
-def test_epochs_run_strictly_in_agreed_order(tm, job):
+def test_epochs_are_grid_barriers_in_increasing_order_and_may_coalesce(tm, job):
     leadership = tm.leadership(job)
     leadership.acquire()
     epochs = EpochCoordinator(leadership, SINKS, history=4)
     assert epochs.recover().action == RecoveryAction.START
-    with pytest.raises(EpochOrderError, match="not an agreed barrier"):
-        epochs.begin(1000)  # on the grid, but nobody agreed it
-    agree(tm, 1000)
-    with pytest.raises(EpochOrderError, match="not an agreed barrier"):
+    with pytest.raises(EpochOrderError, match="not a barrier of the grid"):
         epochs.begin(1500)
-    for t in range(1000, 7000, 1000):
-        if t > 1000:
-            agree(tm, t)
+    for t in (1000, 2000, 5000, 6000, 9000, 10000):  # 3000, 4000, 7000 and 8000 coalesced into the next epoch
         run_epoch(epochs, t)
-    assert {t: m.epoch for t, m in tm.tidemarks(SINKS).items()} == {s: 6000 for s in SINKS}
-    assert {m.first_epoch for m in tm.tidemarks(SINKS).values()} == {1000}
-    assert sorted(map(int, tm.children(tm.paths.epochs(job)))) == [3000, 4000, 5000, 6000]
+    marks = tm.tidemarks(SINKS)
+    assert {t: m.epoch for t, m in marks.items()} == {s: 10000 for s in SINKS}
+    assert {m.first_epoch for m in marks.values()} == {1000}
+    assert {m.epochs for m in marks.values()} == {(1000, 2000, 5000, 6000, 9000, 10000)}
+    assert marks["lake.db.a"].holds(5000) and not marks["lake.db.a"].holds(4000)
+    assert marks["lake.db.a"].snapshot_at(9000) == 9000
+    assert sorted(map(int, tm.children(tm.paths.epochs(job)))) == [5000, 6000, 9000, 10000]
     with pytest.raises(EpochOrderError, match="already committed"):
-        epochs.begin(6000)
-    with pytest.raises(EpochOrderError, match="not an agreed barrier"):
+        epochs.begin(10000)
+    with pytest.raises(EpochOrderError, match="already committed"):
         epochs.begin(7000)
-    agree(tm, 7000, 8000, 9000)
-    assert tm.barriers.after(6000) == [7000, 8000, 9000] and tm.barriers.next_after(6000) == 7000
-    with pytest.raises(EpochOrderError, match="skips"):
-        epochs.begin(9000)
-    epochs.begin(7000)
+    epochs.begin(13000)
     with pytest.raises(EpochOrderError, match="not PRECOMMITTED"):
-        epochs.commit(7000, {s: 1 for s in SINKS})
+        epochs.commit(13000, {s: 1 for s in SINKS})
     with pytest.raises(EpochOrderError, match="exactly its sinks"):
-        epochs.precommit(7000, {"lake.db.a": 1})
+        epochs.precommit(13000, {"lake.db.a": 1})
     with pytest.raises(EpochOrderError, match="is STARTED"):
-        epochs.begin(8000)
+        epochs.begin(14000)
+
+
+def test_a_tidemark_keeps_recent_epochs_and_coarse_ones_within_a_bounded_record():
+    day, hour, minute = 86_400_000, 3_600_000, 60_000
+    start = 20 * day
+    epochs = list(range(start, start + 3 * day, 5000))  # three days of 5-second epochs
+    kept = keep_recent((e, e // 1000) for e in epochs)
+    kept_epochs = [e for e, _ in kept]
+    assert kept_epochs == sorted(kept_epochs) and kept_epochs[-1] == epochs[-1]
+    assert epochs[-RECENT_PER_LEVEL:] == kept_epochs[-RECENT_PER_LEVEL:], "the newest epochs are all kept"
+    for period in (minute, hour, day):
+        aligned = [e for e in epochs if e % period == 0]
+        assert set(aligned[-RECENT_PER_LEVEL:]) <= set(kept_epochs), f"the newest {period} ms points are kept"
+    assert len(kept) <= 4 * RECENT_PER_LEVEL
+    mark = TableTidemark("lake.db.t")
+    for e in epochs[:200]:
+        mark = mark.advanced(e, e // 1000, e)
+    decoded = TableTidemark.from_json(mark.to_json())
+    assert decoded == mark and decoded.first_epoch == epochs[0] and decoded.epoch == epochs[199]
+    assert decoded.snapshot_at(epochs[199]) == epochs[199] // 1000 and len(mark.to_json()) < 4096
+    legacy = TableTidemark.from_json(b'{"table":"t","epoch":5000,"snapshot_id":7,"first_epoch":1000}')
+    assert legacy.holds(5000) and legacy.snapshot_at(5000) == 7, "a tidemark written before `recent` holds its epoch"
 
 
 def test_the_epoch_machine_runs_on_a_plain_zookeeper_session(tm, zk_connect, job):
     """The recipes take a ``ZooKeeperSession``, so they must not need ``Tidemark``'s shortcuts (``begin`` once
     read ``tm.barriers``, which only ``Tidemark`` has: an AttributeError on the session its signature accepts)."""
-    agree(tm, 1000, 2000)
     session = ZooKeeperSession.connect(zk_connect, operation_timeout=20)
     try:
         leadership = Leadership(session, job)
@@ -104,8 +113,7 @@ def test_the_epoch_machine_runs_on_a_plain_zookeeper_session(tm, zk_connect, job
     assert {m.epoch for m in tm.tidemarks(SINKS).values()} == {2000}
 
 
-def test_a_new_job_starts_at_any_agreed_barrier_then_follows_every_one(tm, job):
-    agree(tm, 1000, 2000, 3000)
+def test_a_new_job_starts_at_any_barrier(tm, job):
     leadership = tm.leadership(job)
     leadership.acquire()
     epochs = EpochCoordinator(leadership, SINKS)
@@ -119,7 +127,6 @@ def test_a_new_job_starts_at_any_agreed_barrier_then_follows_every_one(tm, job):
 
 
 def test_idle_epoch_commits_in_one_multi_and_keeps_every_snapshot(tm, job):
-    agree(tm, 1000, 2000, 3000)
     leadership = tm.leadership(job)
     leadership.acquire()
     epochs = EpochCoordinator(leadership, SINKS)
@@ -142,7 +149,6 @@ def test_idle_epoch_commits_in_one_multi_and_keeps_every_snapshot(tm, job):
 
 
 def test_recovery_rolls_forward_a_precommitted_epoch_and_recomputes_a_started_one(tm, connect, job):
-    agree(tm, 1000, 2000, 3000)
     first = tm.leadership(job)
     first.acquire()
     epochs = EpochCoordinator(first, SINKS)
@@ -204,7 +210,6 @@ def test_standby_times_out_with_not_leader(connect, job):
 
 
 def test_suspended_leader_stops_committing_until_reconnected(tm, job):
-    agree(tm, 1000)
     leadership = tm.leadership(job)
     leadership.acquire()
     epochs = EpochCoordinator(leadership, SINKS)
@@ -219,89 +224,40 @@ def test_suspended_leader_stops_committing_until_reconnected(tm, job):
         epochs.precommit(1000, {s: 1 for s in SINKS})
 
 
-def test_barrier_grid_is_shared_and_agreement_has_one_creator(tm, connect, job):
+def test_barrier_grid_is_shared_and_interval_changes_take_effect_at_a_future_grid_point(tm, connect, job):
     grid = tm.barriers.grid()
     assert grid.interval_ms == 1000 and grid.mode == BarrierMode.PROCESSING_TIME
     with pytest.raises(ConfigurationError, match="every 1000 ms"):
         connect().barriers.ensure_grid(5000)
-    results: dict[str, bool] = {}
+    future = (now_ms() // 10_000 + 60) * 10_000  # ten minutes ahead, on the 10 s grid too
+    for too_early in (grid.floor(now_ms()), 1000):
+        with pytest.raises(EpochOrderError, match="future point"):
+            tm.barriers.change_interval(5000, effective_from=too_early)
+    with pytest.raises(EpochOrderError, match="future point"):
+        tm.barriers.change_interval(5000, effective_from=future + 500)  # not a barrier of the current grid
+    before = tm.get(tm.paths.barriers)
+    assert tm.get(tm.paths.barriers) == before, "a refused change wrote /barriers"
+
+    # Racing changes (compare-and-set on /barriers' version): every one lands, none is lost.
+    results: dict[int, BarrierGrid] = {}
     start = threading.Barrier(4)
 
-    def propose(i: int) -> None:
+    def change(i: int) -> None:
         client = connect()
         start.wait()
-        results[f"root{i}"] = client.barriers.agree(42000, proposed_by=f"root{i}")
-    threads = [threading.Thread(target=propose, args=(i,)) for i in range(4)]
+        results[i] = client.barriers.change_interval(5000 * (i + 1), effective_from=future + i * 100_000)
+    threads = [threading.Thread(target=change, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    winners = [name for name, agreed in results.items() if agreed]
-    assert len(results) == 4 and len(winners) == 1, results
-    assert tm.read(tm.paths.barrier(42000), BarrierRecord)[0].proposed_by == winners[0]
-    assert tm.barriers.agreed() == [42000] and tm.barriers.latest() == 42000
-    changed = tm.barriers.change_interval(5000, effective_from=50000)
-    assert changed.next_candidate(48000) == 49000 and changed.next_candidate(49000) == 50000
-    assert changed.next_candidate(50000) == 55000 and not changed.is_barrier(51000)
-    assert tm.barriers.grid() == changed
-    with pytest.raises(EpochOrderError):
-        tm.barriers.change_interval(2000, effective_from=41000)
-
-
-def test_agreement_is_strictly_increasing(tm, connect, job):
-    barriers = tm.barriers
-    with pytest.raises(EpochOrderError, match="not a barrier"):
-        barriers.agree(1500, proposed_by="test")
-    assert barriers.agree(5000, proposed_by="first")
-    before_children, before_grid = barriers.agreed(), tm.get(tm.paths.barriers)
-    for older in (5000, 4000, 1000, 0):
-        assert not barriers.agree(older, proposed_by="late"), f"{older} agreed below the newest barrier 5000"
-    assert barriers.agreed() == before_children == [5000]
-    assert tm.get(tm.paths.barriers) == before_grid, "a refused agreement wrote /barriers"
-    assert tm.read(tm.paths.barrier(5000), BarrierRecord)[0].proposed_by == "first"
-    assert barriers.next_after(None) == 5000 and barriers.next_after(5000) is None
-
-    # An interval change takes effect after the newest agreed barrier, never at or before it.
-    for too_early in (5000, 3000):
-        with pytest.raises(EpochOrderError, match="newest agreed barrier: 5000"):
-            barriers.change_interval(2000, effective_from=too_early)
-    with pytest.raises(EpochOrderError):
-        barriers.change_interval(2000, effective_from=6500)  # not a barrier of the current grid
-    barriers.change_interval(2000, effective_from=8000)
-    assert barriers.agree(7000, proposed_by="test") and not barriers.agree(7000, proposed_by="test")
-    with pytest.raises(EpochOrderError, match="not a barrier"):
-        barriers.agree(9000, proposed_by="test")  # 1000-grid point, but the interval is 2000 from 8000
-    assert barriers.agree(10000, proposed_by="test")
-    with pytest.raises(EpochOrderError, match="newest agreed barrier: 10000"):
-        barriers.change_interval(1000, effective_from=8000)
-
-    # Racing proposers of many barriers: every barrier is created above every one that exists.
-    clients = [connect() for _ in range(4)]
-    candidates = list(range(12000, 40000, 2000))
-    won: list[int] = []
-    start = threading.Barrier(len(clients))
-
-    def propose(client, seed: int) -> None:
-        mine = list(candidates)
-        random.Random(seed).shuffle(mine)
-        start.wait()
-        for t in mine:
-            if client.barriers.agree(t, proposed_by=f"p{seed}"):
-                won.append(t)
-    threads = [threading.Thread(target=propose, args=(c, i)) for i, c in enumerate(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    agreed = barriers.agreed()
-    assert sorted(won) == agreed[3:] and len(won) == len(set(won)), "a barrier was agreed twice"
-    created = sorted(agreed, key=lambda t: tm.client.get(tm.paths.barrier(t))[1].czxid)
-    assert created == sorted(agreed), f"barriers were created out of order: {created}"
-    assert barriers.latest() == agreed[-1]
+    changed = tm.barriers.grid()
+    assert len(results) == 4 and len(changed.changes) == 4, changed.changes
+    assert changed.next_candidate(future - 1000) == future and changed.next_candidate(future) == future + 5000
+    assert changed.interval_at(future + 300_000) == 20_000 and not changed.is_barrier(future + 301_000)
 
 
 def test_derived_job_waits_on_a_watch_until_sources_reach_the_barrier(tm, connect, job):
-    agree(tm, 1000, 2000)
     cache = connect().tidemark_cache()
     reached = threading.Event()
 

@@ -75,12 +75,6 @@ def epoch_state(tm: Tidemark, t: int) -> EpochRecord:
     return present(tm.read(tm.paths.epoch("j", t), EpochRecord))[0]
 
 
-def agree(tm: Tidemark, *barriers: int) -> None:
-    """Agree ``barriers`` (in order): only agreed barriers are epochs."""
-    for t in barriers:
-        assert tm.barriers.agree(t, proposed_by="test"), f"barrier {t} was already agreed"
-
-
 def wait_until(condition, timeout: float, what) -> None:
     """Poll ``condition`` until it is true; fail after ``timeout`` seconds saying ``what`` (or ``what()``)."""
     deadline = time.monotonic() + timeout
@@ -90,7 +84,6 @@ def wait_until(condition, timeout: float, what) -> None:
 
 
 def test_killed_leader_is_replaced_and_its_precommitted_epoch_rolls_forward(tm, connect, driver):
-    agree(tm, 1000, 2000)
     old = driver()
     old.expect("LEADING 1")
     old.expect("RECOVERY START")
@@ -119,7 +112,6 @@ def test_killed_leader_is_replaced_and_its_precommitted_epoch_rolls_forward(tm, 
 
 @pytest.mark.parametrize("zombie_step", ["precommit", "commit"])
 def test_paused_zombie_is_fenced_and_changes_nothing(tm, connect, driver, zombie_step):
-    agree(tm, 1000)
     zombie = driver()
     zombie.expect("LEADING 1")
     zombie.expect("RECOVERY")
@@ -167,7 +159,6 @@ def test_zookeeper_restart_mid_run_loses_and_duplicates_nothing(zk_server, tm, c
             try:
                 current = epochs.current
                 if current is None or current.state == EpochState.COMMITTED:
-                    driver_tm.barriers.agree(t, proposed_by="j")  # False when a lost reply had agreed it
                     epochs.begin(t, inputs(t))
                 if present(epochs.current).state == EpochState.STARTED:
                     epochs.precommit(t, {s: t for s in SINKS})
@@ -199,7 +190,6 @@ def test_zookeeper_restart_mid_run_loses_and_duplicates_nothing(zk_server, tm, c
     assert not errors, errors
     assert len(committed) > down_at > 0, "coordination did not resume after the restart"
     assert committed == list(range(1000, 1000 * (len(committed) + 1), 1000))
-    assert tm.barriers.agreed()[:len(committed)] == committed
     nodes = sorted(int(c) for c in tm.children(tm.paths.epochs("j")))
     states = [epoch_state(tm, t).state for t in nodes]
     assert nodes[:len(committed)] == committed

@@ -27,7 +27,7 @@ from coordinator.iceberg.staging import stage_append
 from coordinator.protocol import registry
 from coordinator.records import EpochProgress, EpochState, SourceRange, TableTidemark, now_ms
 from tests.conftest import SESSION_TIMEOUT
-from tests.helpers.lake import SCHEMA, agree, commit_rows, create_table, lead_job, rows_of
+from tests.helpers.lake import SCHEMA, commit_rows, create_table, lead_job, rows_of
 from tests.helpers.present import present
 from tests.helpers.wait import wait_for
 
@@ -58,7 +58,6 @@ def test_a_fenced_zombie_changes_nothing_after_unregister_and_reregister(tm, con
     table = create_table(catalog, sink)
     zombie = lead_job(connect(), catalog_settings, "counts", [sink])  # its own session, alive throughout
     commit_rows(zombie, 1000, rows=2)
-    agree(tm, 2000)
     zombie.epochs.begin(2000, zombie.inputs_for(2000))
     staged_by_zombie = stage_append(zombie.table(sink), rows_of(2000, 5), 2000, "counts", zombie.term)
     old_term = zombie.term
@@ -108,10 +107,9 @@ def test_a_fenced_zombie_changes_nothing_after_unregister_and_reregister(tm, con
 
 
 def barrier_after_appends(tm, interval_ms: int = 1000) -> int:
-    """Agree the next grid point once the clock has passed it: every row appended so far is before it."""
+    """The next grid point, once the clock has passed it: every row appended so far is before it."""
     barrier = (now_ms() // interval_ms + 1) * interval_ms
     wait_for(lambda: now_ms() > barrier, f"the clock to pass {barrier}", 10)
-    agree(tm, barrier)
     return barrier
 
 
@@ -370,7 +368,7 @@ def test_zookeeper_wiped_mid_run_resumes_from_iceberg_exactly_once(zk_server, zk
         first = downstream() if downstream_first else None
         if first is not None:  # it must wait for copy's writer, not read copy as a root table by commit time
             wait_for(lambda: first.writer.waiting is not None, "final to wait for its upstream", DEADLINE)
-            assert not first.writer.agrees_barriers, "final took its unregistered upstream for a root table"
+            assert not first.writer.has_root_source, "final took its unregistered upstream for a root table"
         started = [Driver(zk_connect, catalog_settings, "copy", [events], [copy], copy_job(events, copy))]
         return [*started, first or downstream()]
 
@@ -436,9 +434,10 @@ def test_zookeeper_wiped_mid_run_resumes_from_iceberg_exactly_once(zk_server, zk
     assert len(checked) > 3
     fresh = Tidemark.connect(zk_connect, session_timeout=SESSION_TIMEOUT)
     try:
-        newest = fresh.barriers.latest()
-        recorded = max(present(table_progress(catalog.load_table(t))).epoch for t in (copy, final))
-        assert newest is not None and newest >= recorded, "the barriers went back behind what the sinks record"
+        marks = fresh.tidemarks([copy, final])
+        recorded = {t: present(table_progress(catalog.load_table(t))).epoch for t in (copy, final)}
+        assert all(present(marks[t]).epoch >= recorded[t] for t in (copy, final)), \
+            "a tidemark went back behind what its sink records"
         inputs = [snapshot_progress(s) for s in main_lineage(catalog.load_table(final))]
         assert all(p.inputs is not None for p in inputs if p is not None)
         assert recorded_term(catalog.load_table(copy)) >= 2  # the restart took a term above the first run's

@@ -265,7 +265,6 @@ def test_python_api_never_leaks(zk_server, tmp_path):
         st.tuples(st.just(tm.tidemarks), st.tuples(names), st.just({})),
         st.tuples(st.just(cache.get), st.tuples(names), st.just({})),
         st.tuples(st.just(tm.barriers.ensure_grid), st.tuples(st.one_of(st.just(1000), epoch)), st.just({})),
-        st.tuples(st.just(tm.barriers.agree), st.tuples(epoch, any_value), st.just({})),
         st.tuples(st.just(tm.barriers.change_interval), st.tuples(epoch, epoch), st.just({})),
         st.tuples(st.just(resolver.resolve), st.tuples(names),
                   st.fixed_dictionaries({}, optional={"level": st.one_of(st.sampled_from(

@@ -1,7 +1,7 @@
 """The pure-Python EpochWriter under faults, on real components: ZooKeeper, a PostgreSQL Iceberg catalog, processes.
 
-kill -9 of a driver at every step of an epoch, root jobs in several processes racing to agree barriers, a
-fenced leader and a leader whose session expired (SIGSTOP) stepping down and contending again.
+kill -9 of a driver at every step of an epoch, a fenced leader and a leader whose session expired (SIGSTOP)
+stepping down and contending again.
 Every wait is for a condition, with a deadline.
 """
 from __future__ import annotations
@@ -24,8 +24,7 @@ import pytest
 from coordinator import EpochRecord, EpochState, EpochWriter, Tidemark
 from coordinator.history.resolve import Resolver, read_arrow
 from coordinator.iceberg.snapshots import TERM_KEY, committed_epoch, main_lineage, snapshot_epoch
-from coordinator.protocol.barriers import BarrierGrid
-from coordinator.records import BarrierMode, LeaderRecord, TermRecord
+from coordinator.records import LeaderRecord, TermRecord
 from tests.helpers.crash import crash_env
 from tests.helpers.present import present
 from tests.helpers.python_driver import COUNT_SCHEMA, EPOCH_SCHEMA, NOISE, SOURCE_SCHEMA
@@ -228,11 +227,12 @@ def test_pure_python_writer_killed_at_each_step_recovers_every_epoch_exactly_onc
         version = Resolver(catalog, settings, tm).resolve(tables)
         assert version == Resolver(catalog, settings, None).resolve(tables), "ZooKeeper and Iceberg disagree"
         marks = tm.tidemarks([log_sink, counts_sink])
-        agreed = tm.barriers.agreed()
-        done = committed_epochs(tm, "counter")
+        records = [present(tm.read(tm.paths.epoch("counter", e), EpochRecord))[0]
+                   for e in sorted(committed_epochs(tm, "counter"))]
     assert version.epoch == committed[-1] and all(present(m).epoch == committed[-1] for m in marks.values())
-    # every agreed barrier since the job's first epoch is committed, none skipped
-    assert sorted(done) == [t for t in agreed if min(done) <= t <= committed[-1]]
+    # the epochs' input ranges are contiguous: every source snapshot read once, none skipped
+    ranges = [r.inputs.sources[source] for r in records]
+    assert all(a.end == b.start for a, b in zip(ranges, ranges[1:])), ranges
 
     data = read_arrow(Resolver(catalog, settings), version)
     source_rows = sorted(zip(*(data[source].column(c).to_pylist() for c in ("k", "n"))))
@@ -269,41 +269,7 @@ def assert_crashed_at(crash_at: str, zk_connect: str, catalog, namespace: str, c
     return epoch
 
 
-# -- 2. root jobs racing to agree barriers -----------------------------------------------------------------
-
-
-@pytest.mark.fault
-def test_root_jobs_in_several_processes_agree_strictly_increasing_barriers(zk_connect, tm, drivers, tmp_path):
-    target, processes = 1000, 4
-    agreers = [drivers({"mode": "agree", "connect": zk_connect, "target": target, "seconds": 100,
-                        "out": str(tmp_path / f"agree-{i}.json")}) for i in range(processes)]
-    for agreer in agreers:
-        agreer.line("READY")
-    for agreer in agreers:
-        agreer.send("go")
-    for agreer in agreers:
-        assert agreer.wait() == 0, agreer.log()
-    calls = [call for i in range(processes) for call in json.loads((tmp_path / f"agree-{i}.json").read_text())]
-
-    path = tm.paths.barriers
-    children = [c for c in tm.children(path) if c.isdigit()]
-    stats = tm.get_many([f"{path}/{c}" for c in children])
-    by_creation = [int(c) for c, _ in sorted(zip(children, stats), key=lambda cs: cs[1][1].czxid)]
-    assert len(by_creation) >= target, f"only {len(by_creation)} barriers were agreed"
-    assert all(a < b for a, b in zip(by_creation, by_creation[1:])), "a barrier was agreed below an older one"
-
-    won = [t for t, agreed in calls if agreed]
-    assert len(won) == len(set(won)), "two agreements returned True for the same barrier"
-    assert sorted(won) == sorted(by_creation), "the barriers agreed differ from the calls that returned True"
-    refused = [t for t, agreed in calls if not agreed]
-    assert refused, "no proposal lost a race: the test did not race"
-    assert max(refused) <= by_creation[-1]
-    grid = BarrierGrid.from_json(tm.get(path)[0], path)
-    assert (grid.interval_ms, grid.mode) == (1, BarrierMode.PROCESSING_TIME)
-    assert grid.newest_agreed == max(by_creation) == tm.barriers.latest()
-
-
-# -- 3. fenced and expired leaders step down and contend again -----------------------------------------------
+# -- 2. fenced and expired leaders step down and contend again -----------------------------------------------
 
 
 def test_fenced_leader_steps_down_contends_again_and_keeps_committing(connect, tm, pg_catalog_settings, namespace):

@@ -178,7 +178,7 @@ class EpochWriter:
     def __init__(self, tm: ZooKeeperSession, name: str, *, sources: Iterable[str], sinks: Iterable[str],
                  catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000,
                  every: Union[str, int, None] = None, grace_ms: int = DEFAULT_GRACE_MS, always_run: bool = False,
-                 history: int = 100, marker_every: Union[str, int] = DEFAULT_MARKER_EVERY, log_every: float = 5.0,
+                 history: int = 100, marker_every: Union[str, int, None] = DEFAULT_MARKER_EVERY, log_every: float = 5.0,
                  context: Callable[[EpochWriter, EpochRecord], Any] = EpochContext,
                  metrics_port: Optional[int] = None) -> None:
         if grace_ms < 0:
@@ -188,7 +188,7 @@ class EpochWriter:
         if history < 2:
             raise ConfigurationError(f"history must keep at least 2 epochs, got {history}")
         self.pacing = Pacing(parse_every(every), grace_ms)
-        self.marker_every_ms = parse_every(marker_every) or 0
+        self.marker_every_ms = parse_every(marker_every) or 0  # None: a marker at every epoch (0)
         self.tm = tm
         self.barriers = Barriers(tm)
         self.name = validate_name(name, "job name")

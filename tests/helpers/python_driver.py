@@ -14,25 +14,19 @@ CONFIG_JSON holds ``mode``, ``connect``, ``session_timeout``, ``catalog`` ({name
   (one of the two sinks published), ``committed`` (ZooKeeper commit done, Iceberg not marked yet) or ``none``.
 - ``serve``: job ``job`` with no source appends one row (epoch, term, member) per epoch to ``log``, unbounded
   (until SIGTERM). Prints ``READY <member>`` once connected and ``EXIT ok`` when ``run`` returns.
-- ``agree``: a root job agreeing barriers on a 1 ms grid as fast as it can: prints ``READY``, waits for a
-  line on stdin, then calls ``barriers.agree(T)`` with ``T`` from the clock until ``/barriers`` holds
-  ``target`` barriers; writes every call as ``[T, agreed]`` to ``out`` (JSON).
 Crashes are injected from the environment (``TIDEMARK_CRASH_AT``, see coordinator/crashpoints.py), set by the
 test that starts this process; nothing here is patched.
 """
 from __future__ import annotations
 
 import json
-import random
 import sys
-import time
 from typing import Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator import CatalogSettings, EpochWriter, Tidemark
-from coordinator.records import now_ms
 
 SOURCE_SCHEMA = pa.schema([pa.field("k", pa.string()), pa.field("n", pa.int64())])
 COUNT_SCHEMA = pa.schema([pa.field("k", pa.string()), pa.field("cnt", pa.int64())])
@@ -58,8 +52,10 @@ def new_counts(ctx, rows: pa.Table, sink: str) -> pa.Table:
 
 def run_count(config: dict, tm: Tidemark, settings: Optional[CatalogSettings]) -> None:
     source, log_sink, counts_sink = config["source"], config["log"], config["counts"]
+    # marker_every=None: a marker at every epoch that leaves a sink unchanged, so Iceberg alone records every
+    # epoch and the test can compare it with ZooKeeper's (the default marks once a minute).
     writer = EpochWriter(tm, "counter", sources=[source], sinks=[log_sink, counts_sink], catalog=settings,
-                         interval_ms=1000, grace_ms=200)
+                         interval_ms=1000, grace_ms=200, marker_every=None)
     computed: list[int] = []
 
     def step(ctx) -> None:
@@ -88,23 +84,6 @@ def run_serve(config: dict, tm: Tidemark, settings: Optional[CatalogSettings]) -
     print("EXIT ok", flush=True)
 
 
-def run_agree(config: dict, tm: Tidemark) -> None:
-    barriers = tm.barriers
-    barriers.ensure_grid(1)
-    print("READY", flush=True)
-    sys.stdin.readline()
-    calls: list[tuple[int, bool]] = []
-    deadline = time.monotonic() + config.get("seconds", 90)
-    while time.monotonic() < deadline:
-        candidate = now_ms() - random.choice((0, 0, 0, 1, 2, 5))  # sometimes behind what others agreed
-        calls.append((candidate, barriers.agree(candidate, proposed_by=tm.member)))
-        if len(calls) % 25 == 0 and len(barriers.agreed()) >= config["target"]:
-            break
-    with open(config["out"], "w") as out:
-        json.dump(calls, out)
-    print("DONE", len(calls), flush=True)
-
-
 def main() -> None:
     config = json.loads(sys.argv[1])
     catalog = config.get("catalog")
@@ -114,10 +93,8 @@ def main() -> None:
     try:
         if config["mode"] == "count":
             run_count(config, tm, settings)
-        elif config["mode"] == "serve":
-            run_serve(config, tm, settings)
         else:
-            run_agree(config, tm)
+            run_serve(config, tm, settings)
     finally:
         tm.close()
 
