@@ -17,7 +17,7 @@ from coordinator.errors import InvalidName
 from coordinator.protocol.barriers import Barriers
 from coordinator.protocol.leadership import Leadership
 from coordinator.protocol.registry import UnregisterPlan, fence_job, register_job, unregister_job
-from coordinator.protocol.status import Status, read_status
+from coordinator.protocol.status import STALE_INTERVALS, Status, read_status
 from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
 from coordinator.protocol.topology import Topology, read_topology
 from coordinator.records import JobRecord, TableTidemark
@@ -61,5 +61,8 @@ class Tidemark(ZooKeeperSession):
     def tidemark_cache(self) -> TidemarkCache:
         return TidemarkCache(self)
 
-    def status(self) -> Status:
-        return read_status(self)
+    def status(self, stale_intervals: int = STALE_INTERVALS) -> Status:
+        """Every job's leader, committed epoch, lag, cadence and what it waits for (``coordinator.protocol.status``);
+        a job lagging more than ``stale_intervals`` of its effective cadence, with nothing upstream to blame, is
+        stale."""
+        return read_status(self, stale_intervals)

@@ -1,10 +1,10 @@
 """The ``tidemark`` command: status and operations.
 
     tidemark zk start [--port P] [--data-dir D]     a local ZooKeeper server in the background
-    tidemark status [--json]                        jobs, leaders, tidemarks, lag (s), what each job waits for
+    tidemark status [--json]                        jobs, leaders, tidemarks, lag (s), cadence, what each job waits for
     tidemark topology [--format text|json|dot|mermaid]
     tidemark fence JOB | tidemark unregister JOB [--yes] [--unfenced]
-    tidemark barriers [--set-interval MS --from T]
+    tidemark barriers [--json] [--set-interval MS --from T]   the grid; per job its cadence and last epoch
     tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--json]
     tidemark gc [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file and znode clean-up
                 [--wait S] [--skip-if-running]      ... one run at a time: waits for another one (default 300 s)
@@ -37,7 +37,7 @@ from coordinator.errors import TidemarkError
 from coordinator.operations.zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper, four_letter_word
 
 if TYPE_CHECKING:  # imported by the commands that use them: `tidemark --help` stays quick
-    from coordinator.protocol.status import JobStatus
+    from coordinator.protocol.status import JobStatus, Status
     from coordinator.tidemark import Tidemark
     from coordinator.zookeeper.security import TlsSettings
 
@@ -97,14 +97,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     consistent = _fmt_epoch(status.consistent_epoch)
     if status.consistent_epoch is not None:
         consistent += f", lag {fmt_seconds(status.consistent_lag_ms)}"
-    print(f"newest barrier: {_fmt_epoch(status.newest_barrier)}   interval: {status.interval_ms or '-'} ms   "
-          f"consistent epoch: {consistent}")
+    print(f"grid: {status.interval_ms or '-'} ms   consistent epoch: {consistent}")
     if not status.jobs:
         print("no jobs registered")
     for job in status.jobs:
         print(_job_line(job))
         for table, epoch in sorted(job.tidemarks.items()):
             print(f"    {table}: {_fmt_epoch(epoch)}")
+        if job.consistent_epoch != job.committed_epoch and job.committed_epoch is not None:
+            print(f"    consistent with its sources at {_fmt_epoch(job.consistent_epoch)}")
         for reason in job.reasons():
             print(f"    {reason}")
     return 0
@@ -117,11 +118,7 @@ def _job_line(job: JobStatus) -> str:
         head = f"{job.name}: term {job.term}, finished at epoch {_fmt_epoch(job.finished.epoch)}"
     else:
         head = f"{job.name}: term {job.term}, {job.leader_state}: {leader}, committed {_fmt_epoch(job.committed_epoch)}"
-    parts = [head, f"lag {fmt_seconds(job.lag_ms)}"]
-    if job.pending_barriers:
-        parts.append(f"{job.pending_barriers} barrier{'s' if job.pending_barriers != 1 else ''} pending "
-                     f"(next {_fmt_epoch(job.next_barrier)})")
-    line = ", ".join(parts)
+    line = ", ".join([head, f"lag {fmt_seconds(job.lag_ms)}", job.describe_cadence()])
     if job.stale:
         line += f"  STALE: {job.stale_reason}"
         if job.holds_back_ms is not None:
@@ -167,16 +164,62 @@ def cmd_unregister(args: argparse.Namespace) -> int:
 
 
 def cmd_barriers(args: argparse.Namespace) -> int:
+    """The grid, and per job its cadence, the cadence it follows and its last epoch; ``--set-interval`` changes
+    the grid's interval at a future grid point, unless a job's cadence would stop being a multiple of it."""
     with _connect(args, read_only=args.set_interval is None) as tm:
+        status = tm.status()
+        if status.grid is None:
+            raise TidemarkError("no barrier grid is defined yet: a job's first run defines it "
+                                "(EpochWriter(interval_ms=...), or the job command's --interval-ms)")
         if args.set_interval is not None:
             if args.effective_from is None:
-                raise TidemarkError("--set-interval needs --from T, a future barrier where the change takes effect")
-            grid = tm.barriers.change_interval(args.set_interval, args.effective_from)
-        else:
-            grid = tm.barriers.grid()
-        latest = tm.barriers.latest()
-    print(json.dumps({"grid": grid.to_dict(), "newest_barrier": latest}, indent=2))
+                raise TidemarkError("--set-interval needs --from T, a future grid point where the change takes "
+                                    "effect")
+            _check_cadences(status, args.set_interval, args.effective_from)
+            tm.barriers.change_interval(args.set_interval, args.effective_from)
+            status = tm.status()
+    grid = status.grid
+    assert grid is not None
+    if args.json:
+        print(json.dumps({"grid": grid.to_dict(), "interval_ms": status.interval_ms,
+                          "grid_point": grid.floor(status.read_ms),
+                          "jobs": [{"name": j.name, "cadence_ms": j.cadence_ms,
+                                    "effective_cadence_ms": j.effective_cadence_ms, "cadence_from": j.cadence_from,
+                                    "last_epoch": j.committed_epoch} for j in status.jobs]}, indent=2))
+        return 0
+    print(f"grid: every {grid.interval_ms} ms from epoch 0 ({grid.mode.value}); in force now: "
+          f"{status.interval_ms} ms; newest grid point the clock passed: {_fmt_epoch(grid.floor(status.read_ms))}")
+    for change in grid.changes:
+        print(f"  every {change['interval_ms']} ms from {_fmt_epoch(change['from_epoch'])}")
+    if not status.jobs:
+        print("no jobs registered")
+    for job in status.jobs:
+        print(f"{job.name}: {job.describe_cadence()}, last epoch {_fmt_epoch(job.committed_epoch)}")
     return 0
+
+
+def _check_cadences(status: Status, interval_ms: int, effective_from: int) -> None:
+    """Refuse an interval that a job's cadence (``every``) is not a multiple of: its drivers would refuse to start
+    once the change takes effect (``Pacing.check``)."""
+    from dataclasses import replace
+
+    from coordinator.errors import ConfigurationError
+    grid = status.grid
+    if grid is None or interval_ms <= 0:
+        return  # change_interval refuses it, with its own message
+    try:
+        changed = replace(grid, changes=(*grid.changes, {"from_epoch": effective_from, "interval_ms": interval_ms}))
+    except ValueError:
+        return
+    for job in status.jobs:
+        if job.pacing is None:
+            continue
+        try:
+            job.pacing.check(changed, effective_from)
+        except ConfigurationError as exc:
+            raise TidemarkError(f"nothing changed: with that interval, job {job.name} could not run: {exc}. Give "
+                                f"it a cadence (every=) that is a multiple of both {grid.interval_at(status.read_ms)} "
+                                f"and {interval_ms} ms first") from None
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
@@ -368,9 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
                                  "commit to them again")
     unregister.set_defaults(func=cmd_unregister)
 
-    barriers = sub.add_parser("barriers", help="show the barrier grid, or change its interval at a future barrier")
-    barriers.add_argument("--set-interval", type=int, metavar="MS")
-    barriers.add_argument("--from", dest="effective_from", type=_epoch, metavar="T")
+    barriers = sub.add_parser("barriers", help="show the barrier grid and each job's cadence, or change the grid's "
+                                               "interval at a future grid point")
+    barriers.add_argument("--json", action="store_true")
+    barriers.add_argument("--set-interval", type=int, metavar="MS", help="the grid's new interval")
+    barriers.add_argument("--from", dest="effective_from", type=_epoch, metavar="T",
+                          help="a future point of the current grid where the new interval takes effect")
     barriers.set_defaults(func=cmd_barriers)
 
     exporter = sub.add_parser("exporter", help="serve the topology-wide view as Prometheus metrics (read-only)")

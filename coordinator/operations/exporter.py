@@ -7,7 +7,8 @@
     MetricsServer(9464).attach(exporter.registry, healthy=exporter.alive)
 
 A background thread connects (read-only: it creates no znode) and reads the cluster status
-(``coordinator.status``: a few pipelined ZooKeeper batches) every ``refresh_every`` seconds.
+(``coordinator.protocol.status``: one or two pipelined ZooKeeper batches) every
+``refresh_every`` seconds.
 A scrape never touches ZooKeeper: it serves the last good view from memory, with lags
 measured against the wall clock at the scrape. ``tidemark_up`` is 1 only while the session
 is connected and the last refresh succeeded less than ``max_age`` seconds ago; otherwise
@@ -16,14 +17,19 @@ saying how old it is. Every series is in base units (seconds; epochs as Unix tim
 seconds); jobs are labelled ``tidemark_job`` (``job`` is the scrape target's label).
 
 - per job: ``tidemark_job_committed_epoch_timestamp_seconds``, ``tidemark_job_lag_seconds``,
-  ``tidemark_job_pending_barriers``, ``tidemark_job_term``, ``tidemark_job_leader_live``,
-  ``tidemark_job_finished``, ``tidemark_job_stale``, ``tidemark_job_holds_back_seconds``
-  (stale jobs), ``tidemark_job_bounds_consistent_epoch`` and ``tidemark_job_blocked_by``
-  (one series per source below the job's next barrier);
+  ``tidemark_job_cadence_seconds`` (its own cadence: ``every``, or the grid interval),
+  ``tidemark_job_effective_cadence_seconds`` (the cadence it follows: a slower upstream's, or its
+  own; alerts scale lag by it), ``tidemark_job_cadence_follows`` (one series naming the upstream
+  job that sets a slower effective cadence), ``tidemark_job_consistent_epoch_timestamp_seconds``
+  (the newest epoch its sinks and managed sources all hold), ``tidemark_job_term``,
+  ``tidemark_job_leader_live``, ``tidemark_job_finished``, ``tidemark_job_stale`` (staleness by
+  effective cadence, see ``coordinator.protocol.status``), ``tidemark_job_holds_back_seconds``
+  (stale jobs), ``tidemark_job_bounds_consistent_epoch`` and ``tidemark_job_blocked_by`` (one
+  series per managed source that holds no epoch after the job's committed epoch);
 - per table: ``tidemark_table_committed_epoch_timestamp_seconds``, ``tidemark_table_lag_seconds``;
-- overall: ``tidemark_jobs``, ``tidemark_consistent_epoch_timestamp_seconds``,
-  ``tidemark_consistent_lag_seconds``, ``tidemark_newest_barrier_timestamp_seconds``,
-  ``tidemark_barrier_interval_seconds``;
+- overall: ``tidemark_jobs``, ``tidemark_consistent_epoch_timestamp_seconds`` (the newest epoch
+  every managed table holds), ``tidemark_consistent_lag_seconds``,
+  ``tidemark_barrier_interval_seconds`` (the grid's interval in force);
 - the exporter itself: ``tidemark_up``, ``tidemark_exporter_view_age_seconds``,
   ``tidemark_exporter_refresh_duration_seconds``, ``tidemark_exporter_refresh_failures_total``.
 
@@ -146,7 +152,14 @@ def view_families(view: Status, now: float) -> Iterator[Metric]:
     committed = job_gauge("tidemark_job_committed_epoch_timestamp_seconds",
                           "Epoch committed in every sink of the job, as a Unix timestamp")
     lag = job_gauge("tidemark_job_lag_seconds", "Wall clock minus the job's committed epoch")
-    pending = job_gauge("tidemark_job_pending_barriers", "Agreed barriers after the job's committed epoch")
+    cadence = job_gauge("tidemark_job_cadence_seconds",
+                        "The job's own cadence: its every= setting, or the barrier grid's interval")
+    effective = job_gauge("tidemark_job_effective_cadence_seconds",
+                          "The cadence the job's epochs follow: the slowest upstream job's when slower than its own")
+    follows = job_gauge("tidemark_job_cadence_follows",
+                        "1 for the upstream job whose slower cadence the job follows", "cadence_job")
+    job_consistent = job_gauge("tidemark_job_consistent_epoch_timestamp_seconds",
+                               "Newest epoch every sink and managed source of the job holds, as a Unix timestamp")
     term = job_gauge("tidemark_job_term", "Fencing term of the job's leadership")
     leading = job_gauge("tidemark_job_leader_live", "1 when the job has a live, unfenced leader")
     finished = job_gauge("tidemark_job_finished",
@@ -155,24 +168,32 @@ def view_families(view: Status, now: float) -> Iterator[Metric]:
     holds_back = job_gauge("tidemark_job_holds_back_seconds",
                            "For a stale job: how far it holds the consistent epoch back")
     bounds = job_gauge("tidemark_job_bounds_consistent_epoch",
-                       "1 when the job's committed epoch is the consistent epoch (it must commit for it to advance)")
-    blocked = job_gauge("tidemark_job_blocked_by", "1 per source below the barrier the job must process next",
+                       "1 when the job has the oldest committed epoch: the consistent epoch cannot pass it until "
+                       "the job commits")
+    blocked = job_gauge("tidemark_job_blocked_by",
+                        "1 per managed source that holds no epoch after the job's committed epoch",
                         "source", "source_job")
     table_epoch = GaugeMetricFamily("tidemark_table_committed_epoch_timestamp_seconds",
                                     "The table's tidemark (its committed epoch), as a Unix timestamp",
                                     labels=["table", JOB_LABEL])
     table_lag = GaugeMetricFamily("tidemark_table_lag_seconds", "Wall clock minus the table's committed epoch",
                                   labels=["table", JOB_LABEL])
-    consistent = view.consistent_epoch
+    oldest = min((e for j in view.jobs if (e := j.committed_epoch) is not None), default=None)
     for job in view.jobs:
         name = [job.name]
         epoch = job.committed_epoch
         if epoch is not None:
             committed.add_metric(name, epoch / 1000)
             lag.add_metric(name, max(0.0, now - epoch / 1000))
-            bounds.add_metric(name, 1 if epoch == consistent else 0)
-        if job.pending_barriers is not None:
-            pending.add_metric(name, job.pending_barriers)
+            bounds.add_metric(name, 1 if epoch == oldest else 0)
+        if job.cadence_ms is not None:
+            cadence.add_metric(name, job.cadence_ms / 1000)
+        if job.effective_cadence_ms is not None:
+            effective.add_metric(name, job.effective_cadence_ms / 1000)
+        if job.cadence_from is not None:
+            follows.add_metric([job.name, job.cadence_from], 1)
+        if job.consistent_epoch is not None:
+            job_consistent.add_metric(name, job.consistent_epoch / 1000)
         if job.term is not None:
             term.add_metric(name, job.term)
         leading.add_metric(name, 1 if job.leader_state == LEADING else 0)
@@ -186,20 +207,18 @@ def view_families(view: Status, now: float) -> Iterator[Metric]:
             if mark is not None:
                 table_epoch.add_metric([table, job.name], mark / 1000)
                 table_lag.add_metric([table, job.name], max(0.0, now - mark / 1000))
-    yield from (committed, lag, pending, term, leading, finished, stale, holds_back, bounds, blocked, table_epoch,
-                table_lag)
+    yield from (committed, lag, cadence, effective, follows, job_consistent, term, leading, finished, stale,
+                holds_back, bounds, blocked, table_epoch, table_lag)
     yield _plain("tidemark_jobs", "Registered jobs", len(view.jobs))
+    consistent = view.consistent_epoch
     if consistent is not None:
         yield _plain("tidemark_consistent_epoch_timestamp_seconds",
-                     "Consistent epoch (minimum committed epoch over every job), as a Unix timestamp",
+                     "Consistent epoch (the newest epoch every managed table holds), as a Unix timestamp",
                      consistent / 1000)
         yield _plain("tidemark_consistent_lag_seconds", "Wall clock minus the consistent epoch",
                      max(0.0, now - consistent / 1000))
-    if view.newest_barrier is not None:
-        yield _plain("tidemark_newest_barrier_timestamp_seconds", "Newest agreed barrier, as a Unix timestamp",
-                     view.newest_barrier / 1000)
     if view.interval_ms is not None:
-        yield _plain("tidemark_barrier_interval_seconds", "Interval of the barrier grid at the newest barrier",
+        yield _plain("tidemark_barrier_interval_seconds", "Interval of the barrier grid in force",
                      view.interval_ms / 1000)
 
 

@@ -1,48 +1,66 @@
-"""A cluster-wide status report: per job its leader, committed epoch, lag, pending barriers and what it waits for.
+"""A cluster-wide status report: per job its leader, committed epoch, lag, cadence and what it waits for.
 
     status = tm.status()
+    status.consistent_epoch  # the newest epoch every managed table holds (None: they share none)
     job = status.job("word_counts")
     job.lag_seconds          # now (wall clock) minus the job's committed epoch
-    job.pending_barriers     # agreed barriers after its committed epoch
-    job.waiting_for          # the managed sources below its next barrier, with their writers' state
+    job.cadence_ms           # its own cadence (``every``; the grid interval when it has none)
+    job.effective_cadence_ms, job.cadence_from   # the cadence it follows, and the slower upstream job setting it
+    job.waiting_for          # managed sources holding no epoch after its committed epoch, with their writers' state
     job.stale                # the job is what holds consistent reads back (see below)
 
-Read with a few pipelined batches whatever the number of jobs: the topology (cached while
-``/topology`` is unchanged), one ``get_many`` of every job's term and leader, every table's
-tidemark and ``/barriers`` (whose ``newest_agreed`` is the newest barrier); then the finished
-markers of the jobs with no live leader, and, only when some job is behind the newest
-barrier, one listing of ``/barriers``.
+Read with at most two pipelined batches whatever the number of jobs: the topology (cached
+while ``/topology`` is unchanged), one ``get_many`` of every job's term, leader and pacing
+(``/jobs/<job>/pacing``), every table's tidemark and ``/barriers`` (the grid); then the
+finished markers of the jobs with no live leader, if there are any.
+
+What each job may do next is the writers' own rule, asked of ``pacing.py``: ``Pacing.choose``
+(with the job's recorded pacing, its sources' tidemarks and the wall clock of the read) says
+which epoch it could take now or why there is none, and ``effective_cadences`` which cadence
+it follows. A job with no recorded pacing (its leader has not run this release yet) counts
+as a job taking every grid point.
 
 A job's **state**: ``leading`` (a live, unfenced leader), ``finished`` (no live leader and
-``/jobs/<job>/finished``: its last leader ended a bounded run), ``fenced`` (its leader's term
-is older than the job's) or ``no leader``.
+``/jobs/<job>/finished``: its last leader ended a bounded or batch run), ``fenced`` (its
+leader's term is older than the job's) or ``no leader``.
+
+A job **waits for** the managed sources that hold no epoch after its committed epoch
+(``Choice.behind``): its next epoch must be one every managed source holds. Each is shown
+with its writer's state.
 
 A job is **stale** when it, rather than something upstream of it, holds the consistent
 epoch back: it has no live leader and did not finish a bounded run, or it has a live leader
-but lags the wall clock by more than ``stale_intervals`` barrier intervals (plus
-``STALE_SLACK_MS`` for the writers' grace and processing time) while nothing upstream
-explains the lag. A lagging job that waits for a source whose writer is behind, for a
-barrier that other jobs agree, or under backpressure from a job far behind, is shown
-waiting (with the reason), not stale: the job it waits for is the one flagged. A finished
-job is never stale.
+but lags the wall clock by more than ``stale_intervals`` of its *effective* cadence (plus
+``STALE_SLACK_MS`` of processing and the largest grace of it and its upstream jobs) while
+nothing upstream explains the lag. Upstream explains it when a managed source holds no
+epoch after the job's committed epoch, when its sources hold no common epoch on its
+cadence yet, or when a source committed its first epoch after the job's only lately (less
+than that threshold ago: the job is catching up after its upstream did). Such a job is
+shown waiting (with the reason), not stale: the job it waits for is the one flagged. A
+finished job is never stale. An hourly job lagging 40 minutes is on time, and so is a job
+downstream of it.
+
+The **consistent epoch** of the deployment is the newest epoch every managed table holds
+(``pacing.newest_common_epoch`` over the tidemarks; None when they share none, or a table
+has committed nothing); a job's own is the newest epoch its sinks and managed sources all
+hold, the consistent version of the tables it reads and writes (what its driver exports).
 """
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from coordinator.errors import JobNotFound
-from coordinator.names import parse_epoch
-from coordinator.protocol.barriers import DEFAULT_MAX_PENDING_BARRIERS
+from coordinator.protocol.barriers import BarrierGrid
+from coordinator.protocol.pacing import Pacing, effective_cadences, fmt_every, newest_common_epoch
 from coordinator.protocol.topology import Topology, read_topology
 from coordinator.records import FinishedRecord, LeaderRecord, TableTidemark, TermRecord, now_ms
 from coordinator.zookeeper.session import ZooKeeperSession
 
 STALE_INTERVALS = 3
-STALE_SLACK_MS = 1000  # a writer's default grace: a healthy job lags up to an interval plus grace plus processing
+STALE_SLACK_MS = 1000  # processing time: a healthy job lags up to a cadence plus grace plus processing
 
 LEADING, FINISHED, FENCED, NO_LEADER = "leading", "finished", "fenced", "no leader"
 
@@ -63,13 +81,17 @@ def fmt_seconds(ms: Optional[int]) -> str:
     return "-" if ms is None else f"{ms / 1000:.1f} s"
 
 
+def fmt_cadence(ms: Optional[int]) -> str:
+    return "-" if ms is None else fmt_every(ms)
+
+
 def _seconds(ms: Optional[int]) -> Optional[float]:
     return None if ms is None else round(ms / 1000, 3)
 
 
 @dataclass(frozen=True)
 class Blocker:
-    """A managed source below the barrier a job must process next."""
+    """A managed source that holds no epoch after the committed epoch of the job reading it."""
 
     table: str
     epoch: Optional[int]             # the source's tidemark (None: its writer has committed nothing yet)
@@ -81,9 +103,8 @@ class Blocker:
     def writer_live(self) -> bool:
         return self.writer_state == LEADING
 
-    def describe(self, barrier: Optional[int] = None) -> str:
+    def describe(self) -> str:
         at = "no committed epoch yet" if self.epoch is None else f"at {fmt_time(self.epoch)}"
-        until = f" to reach {fmt_time(barrier)}" if barrier is not None else ""
         if self.writer_state == LEADING:
             who = "which has a live leader"
         elif self.writer_state == FINISHED:
@@ -93,7 +114,7 @@ class Blocker:
             who = "which has no live leader (its leader was fenced)"
         else:
             who = "which has no live leader"
-        return f"waiting for {self.table} ({at}){until}, written by job {self.writer}, {who}"
+        return f"waiting for {self.table} ({at}), written by job {self.writer}, {who}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"table": self.table, "epoch": self.epoch, "writer": self.writer, "writer_state": self.writer_state,
@@ -108,13 +129,17 @@ class JobStatus:
     term: Optional[int]
     leader: Optional[LeaderRecord]
     fenced_by: Optional[str]
-    tidemarks: dict[str, Optional[int]] = field(default_factory=dict)
+    tidemarks: dict[str, Optional[int]] = field(default_factory=dict)   # each sink's newest committed epoch
     finished: Optional[FinishedRecord] = None
+    pacing: Optional[Pacing] = None           # as its leader recorded it (None: not recorded yet)
+    cadence_ms: Optional[int] = None          # its own cadence: ``every``, or the grid interval (None: no grid)
+    effective_cadence_ms: Optional[int] = None  # the cadence its epochs follow (a slower upstream's, or its own)
+    cadence_from: Optional[str] = None        # the upstream job that sets the effective cadence (None: its own)
+    consistent_epoch: Optional[int] = None    # the newest epoch its sinks and managed sources all hold
     lag_ms: Optional[int] = None              # wall clock at the read minus the committed epoch
-    pending_barriers: Optional[int] = None    # agreed barriers after the committed epoch (None: nothing committed)
-    next_barrier: Optional[int] = None        # the first of them
+    stale_after_ms: Optional[int] = None      # the lag beyond which it is stale unless upstream explains it
     waiting_for: tuple[Blocker, ...] = ()
-    waiting: Optional[str] = None             # why it does not advance, when that is not waiting_for alone
+    waiting: Optional[str] = None             # why it lags, when that is not waiting_for alone
     stale: bool = False
     stale_reason: Optional[str] = None
     holds_back_ms: Optional[int] = None       # for a stale job: how far it holds the consistent epoch back
@@ -143,10 +168,16 @@ class JobStatus:
     def lag_seconds(self) -> Optional[float]:
         return _seconds(self.lag_ms)
 
+    def describe_cadence(self) -> str:
+        """``cadence 5s`` or ``cadence 5s, follows the cadence of hourly (1h)``."""
+        text = f"cadence {fmt_cadence(self.cadence_ms)}"
+        if self.cadence_from is not None:
+            text += f", follows the cadence of {self.cadence_from} ({fmt_cadence(self.effective_cadence_ms)})"
+        return text
+
     def reasons(self) -> list[str]:
         """One line per thing the job waits for (empty when it is not held back)."""
-        lines = [b.describe(self.next_barrier) for b in self.waiting_for]
-        return lines + ([self.waiting] if self.waiting else [])
+        return [b.describe() for b in self.waiting_for] + ([self.waiting] if self.waiting else [])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -154,11 +185,13 @@ class JobStatus:
             "leader": self.leader.to_dict() if self.leader else None, "leader_state": self.leader_state,
             "state": self.state, "fenced_by": self.fenced_by,
             "finished": self.finished.to_dict() if self.finished else None,
-            "tidemarks": self.tidemarks, "committed_epoch": self.committed_epoch, "lag_seconds": self.lag_seconds,
-            "pending_barriers": self.pending_barriers, "next_barrier": self.next_barrier,
+            "tidemarks": self.tidemarks, "committed_epoch": self.committed_epoch,
+            "consistent_epoch": self.consistent_epoch, "lag_seconds": self.lag_seconds,
+            "pacing": self.pacing.to_dict() if self.pacing else None, "cadence_ms": self.cadence_ms,
+            "effective_cadence_ms": self.effective_cadence_ms, "cadence_from": self.cadence_from,
             "waiting_for": [b.to_dict() for b in self.waiting_for], "reasons": self.reasons(),
             "stale": self.stale, "stale_reason": self.stale_reason,
-            "holds_back_seconds": _seconds(self.holds_back_ms),
+            "stale_after_seconds": _seconds(self.stale_after_ms), "holds_back_seconds": _seconds(self.holds_back_ms),
         }
 
 
@@ -166,8 +199,9 @@ class JobStatus:
 class Status:
     topology: Topology
     jobs: tuple[JobStatus, ...]
-    newest_barrier: Optional[int]
-    interval_ms: Optional[int]
+    grid: Optional[BarrierGrid]
+    interval_ms: Optional[int]                     # the grid's interval in force at the read
+    consistent_epoch: Optional[int] = None         # the newest epoch every managed table holds
     read_ms: int = field(default_factory=now_ms)   # the wall clock the lags are measured against
 
     def job(self, name: str) -> JobStatus:
@@ -175,11 +209,6 @@ class Status:
             if job.name == name:
                 return job
         raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
-
-    @property
-    def consistent_epoch(self) -> Optional[int]:
-        """The minimum committed epoch over every job (None while some job has committed nothing)."""
-        return _minimum(j.committed_epoch for j in self.jobs)
 
     @property
     def consistent_lag_ms(self) -> Optional[int]:
@@ -190,7 +219,7 @@ class Status:
         return {
             "topology_version": self.topology.version,
             "read_ms": self.read_ms,
-            "newest_barrier": self.newest_barrier,
+            "grid": self.grid.to_dict() if self.grid else None,
             "interval_ms": self.interval_ms,
             "consistent_epoch": self.consistent_epoch,
             "consistent_lag_seconds": _seconds(self.consistent_lag_ms),
@@ -200,25 +229,26 @@ class Status:
 
 
 def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) -> Status:
-    from coordinator.protocol.barriers import BarrierGrid
     topo = read_topology(tm)
     names = sorted(topo.jobs)
     writers = topo.writers
     tables = sorted(writers)
     p = tm.paths
     n = len(names)
-    raw = tm.get_many([p.term(j) for j in names] + [p.leader(j) for j in names]
+    raw = tm.get_many([p.term(j) for j in names] + [p.leader(j) for j in names] + [p.pacing(j) for j in names]
                       + [p.tidemark(t) for t in tables] + [p.barriers])
     marks = {t: (TableTidemark.from_json(r[0], p.tidemark(t)) if r else None)
-             for t, r in zip(tables, raw[2 * n:2 * n + len(tables)])}
+             for t, r in zip(tables, raw[3 * n:3 * n + len(tables)])}
     grid = BarrierGrid.from_json(raw[-1][0], p.barriers) if raw[-1] and raw[-1][0] else None
+    pacings = {name: (Pacing.from_json(r[0], p.pacing(name)) if r else None)
+               for name, r in zip(names, raw[2 * n:3 * n])}
     base: dict[str, JobStatus] = {}
     for name, term_raw, leader_raw in zip(names, raw[:n], raw[n:2 * n]):
         term = TermRecord.from_json(term_raw[0], p.term(name)) if term_raw else None
         leader = LeaderRecord.from_json(leader_raw[0], p.leader(name)) if leader_raw else None
         tidemarks = {t: (m.epoch if (m := marks.get(t)) else None) for t in topo.jobs[name].sinks}
         base[name] = JobStatus(name, topo.jobs[name].sources, topo.jobs[name].sinks, term.term if term else None,
-                               leader, term.fenced_by if term else None, tidemarks)
+                               leader, term.fenced_by if term else None, tidemarks, pacing=pacings[name])
     # Finished markers matter only for jobs with no live leader (a leader removes it when it starts):
     # a healthy cluster costs no read for them.
     leaderless = [name for name in names if base[name].leader_state != LEADING]
@@ -227,70 +257,38 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
             base[name] = replace(base[name], finished=FinishedRecord.from_json(fin_raw[0], p.finished(name)))
     read_ms = now_ms()
 
-    newest = grid.newest_agreed if grid else None
-    committed = {name: job.committed_epoch for name, job in base.items()}
-    agreed: list[int] = []
-    if grid is not None and (newest is None or any(c is not None and c < newest for c in committed.values())):
-        # One listing, only when some job is behind (or for a grid written before newest_agreed existed).
-        agreed = sorted(e for e in map(parse_epoch, tm.children(p.barriers)) if e is not None)
-        if newest is None:
-            newest = agreed[-1] if agreed else None
-        agreed = [t for t in agreed if newest is not None and t <= newest]
-    interval = grid.interval_at(newest) if grid is not None and newest is not None else (
-        grid.interval_ms if grid else None)
-    stale_after = None if interval is None else stale_intervals * interval + STALE_SLACK_MS
-
+    interval = grid.interval_at(read_ms) if grid is not None else None
+    cadences = effective_cadences(topo, pacings, interval)
     states = {name: job.state for name, job in base.items()}
-    agreers = [name for name in names if _agrees_barriers(topo, name)]
-    agreer_set = set(agreers)
-    live_agreers = [a for a in agreers if states[a] == LEADING]
-    pending_of: dict[str, Optional[int]] = {}
-    for name in names:
-        c = committed[name]
-        if c is None:
-            pending_of[name] = None
-        elif newest is None or c >= newest:
-            pending_of[name] = 0
-        else:
-            pending_of[name] = len(agreed) - bisect.bisect_right(agreed, c)
-
-    # Jobs far enough behind that root jobs stop agreeing barriers (EpochWriter's default backpressure).
-    far_behind = [o for o in names
-                  if states[o] == LEADING and (pending_of[o] or 0) > DEFAULT_MAX_PENDING_BARRIERS]
+    committed = {name: job.committed_epoch for name, job in base.items()}
     partial: dict[str, JobStatus] = {}
     blocked: dict[str, bool] = {}
     for name in names:
-        job, c, pending = base[name], committed[name], pending_of[name]
-        lag = None if c is None else max(0, read_ms - c)
-        nxt = None
-        if c is not None and pending:
-            nxt = agreed[bisect.bisect_right(agreed, c)]
+        job, c = base[name], committed[name]
+        pacing = pacings[name] or Pacing()
+        own = pacing.every_ms if pacing.every_ms is not None else interval
+        effective, setter = cadences[name]
         managed = [s for s in job.sources if s in writers]
+        lag = None if c is None else max(0, read_ms - c)
+        grace = max((pacings[j] or Pacing()).grace_ms for j in (name, *topo.upstream(name)))
+        stale_after = None if effective is None else stale_intervals * effective + grace + STALE_SLACK_MS
+        lagging = lag is not None and stale_after is not None and lag > stale_after
+
         blockers: list[Blocker] = []
         waiting: Optional[str] = None
-        if job.state == FINISHED:
-            pass
-        elif c is None:
-            blockers = [_blocker(s, marks, writers, states, base) for s in managed if _epoch_of(marks, s) is None]
-            if not blockers:
+        if job.state != FINISHED and grid is not None:
+            choice = pacing.choose(grid, after=c, sources={s: marks.get(s) for s in managed},
+                                   has_root_source=len(managed) < len(job.sources), now=read_ms)
+            blockers = [_blocker(s, marks, writers, states, base) for s in choice.behind]
+            if c is None and not blockers:
                 waiting = "has not committed an epoch yet"
-        elif nxt is not None:
-            blockers = [_blocker(s, marks, writers, states, base) for s in managed
-                        if (e := _epoch_of(marks, s)) is None or e < nxt]
-        lagging = lag is not None and stale_after is not None and lag > stale_after
-        explained = bool(blockers)
-        if not explained and lagging and job.state == LEADING and not pending:
-            if name not in agreer_set:
-                who = _some([f"{a} ({states[a]})" for a in agreers]) or "none registered"
-                waiting = (f"no barrier agreed after {fmt_epoch(c)}: jobs with root sources agree them ({who})"
-                           + ("" if live_agreers else ", and none has a live leader"))
-                explained = True
-            else:
-                behind = [o for o in far_behind if o != name]
-                if behind:
-                    waiting = "backpressure: " + _some(
-                        [f"job {o} is {pending_of[o]} agreed barriers behind" for o in behind])
-                    explained = True
+            elif lagging and not blockers and managed:
+                if choice.epoch is None:
+                    waiting = f"waiting for its sources: {choice.reason}"
+                elif (late := _caught_up_lately(managed, marks, c, read_ms, stale_after)) is not None:
+                    waiting = (f"catching up: {late[0]} committed its first epoch after {fmt_time(c)} only "
+                               f"{fmt_seconds(late[1])} ago")
+        explained = bool(blockers) or waiting is not None
         blocked[name] = explained
         stale, why = False, None
         if job.state in (NO_LEADER, FENCED):
@@ -298,32 +296,45 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
             why = "no live leader" + (" (its leader was fenced)" if job.state == FENCED else "") + \
                 " and no finished bounded run"
         elif job.state == LEADING and lagging and not explained:
-            stale, why = True, f"lags {fmt_seconds(lag)}, more than {stale_intervals} intervals"
-        partial[name] = JobStatus(job.name, job.sources, job.sinks, job.term, job.leader, job.fenced_by,
-                                  job.tidemarks, job.finished, lag, pending, nxt, tuple(blockers), waiting, stale,
-                                  why)
+            stale, why = True, (f"lags {fmt_seconds(lag)}, more than {stale_intervals} of its "
+                                f"{'effective ' if setter else ''}cadence ({fmt_cadence(effective)})")
+        own_tables = [*job.sinks, *managed]
+        partial[name] = replace(job, cadence_ms=own, effective_cadence_ms=effective, cadence_from=setter,
+                                consistent_epoch=newest_common_epoch(marks.get(t) for t in own_tables),
+                                lag_ms=lag, stale_after_ms=stale_after, waiting_for=tuple(blockers),
+                                waiting=waiting, stale=stale, stale_reason=why)
 
-    # How far each stale job holds the consistent epoch back: the consistent epoch the healthy jobs (neither
-    # stale nor waiting on something) would give, or the wall clock when there are none, minus its epoch.
-    healthy = [c for j in names if not partial[j].stale and not blocked[j] and (c := committed[j]) is not None]
-    reference = min(healthy) if healthy else read_ms
+    consistent = newest_common_epoch(marks.values()) if marks else None
+    # How far each stale job holds the consistent epoch back: the consistent epoch of the tables of the
+    # healthy jobs (neither stale nor waiting on something), or the wall clock when there are none, minus
+    # its epoch.
+    healthy = [j for j in names if not partial[j].stale and not blocked[j] and committed[j] is not None]
+    reference = newest_common_epoch(marks.get(t) for j in healthy for t in base[j].sinks) if healthy else None
+    if reference is None:
+        reference = min((c for j in healthy if (c := committed[j]) is not None), default=read_ms)
     jobs = []
     for name in names:
         job, c = partial[name], committed[name]
         if job.stale and c is not None:
             job = replace(job, holds_back_ms=max(0, reference - c))
         jobs.append(job)
-    return Status(topo, tuple(jobs), newest, interval, read_ms)
+    return Status(topo, tuple(jobs), grid, interval, consistent, read_ms)
 
 
-def _some(items: list[str], limit: int = 5) -> str:
-    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
-
-
-def _agrees_barriers(topo: Topology, name: str) -> bool:
-    """Like ``EpochWriter.agrees_barriers``: a job with a root source, or with no source, agrees barriers."""
-    sources = topo.jobs[name].sources
-    return not sources or any(s not in topo.writers for s in sources)
+def _caught_up_lately(managed: Iterable[str], marks: Mapping[str, Optional[TableTidemark]], after: Optional[int],
+                      read_ms: int, within_ms: Optional[int]) -> Optional[tuple[str, int]]:
+    """A managed source whose only epoch after ``after`` is its newest, committed less than ``within_ms`` ago:
+    the job can have had no epoch to take before that commit (it takes only epochs every source holds)."""
+    if after is None or within_ms is None:
+        return None
+    for source in managed:
+        mark = marks.get(source)
+        if mark is None or mark.committed_ms is None:
+            continue
+        newer = [e for e in mark.epochs if e > after]
+        if newer == [mark.epoch] and read_ms - mark.committed_ms <= within_ms:
+            return source, max(0, read_ms - mark.committed_ms)
+    return None
 
 
 def _blocker(source: str, marks: Mapping[str, Optional[TableTidemark]], writers: Mapping[str, str],
@@ -345,4 +356,5 @@ def _epoch_of(marks: Mapping[str, Optional[TableTidemark]], table: str) -> Optio
     return mark.epoch if mark else None
 
 
-__all__ = ["Blocker", "JobStatus", "Status", "fmt_epoch", "fmt_seconds", "fmt_time", "read_status"]
+__all__ = ["STALE_INTERVALS", "STALE_SLACK_MS", "Blocker", "JobStatus", "Status", "fmt_cadence", "fmt_epoch",
+           "fmt_seconds", "fmt_time", "read_status"]
