@@ -1,4 +1,5 @@
-"""Status that says what each job waits for, and resolution below first epochs.
+"""Status that says what each job waits for, staleness by each job's effective cadence, and resolution below
+first epochs.
 
 Real ZooKeeper, a real SQLite catalog and real jobs: ``EpochWriter`` with pyiceberg (no Spark).
 """
@@ -43,9 +44,9 @@ def lake(catalog_settings, namespace):
     return make
 
 
-def writer(tm, catalog_settings, name: str, sources: list[str], sinks: list[str]) -> EpochWriter:
+def writer(tm, catalog_settings, name: str, sources: list[str], sinks: list[str], every=None) -> EpochWriter:
     return EpochWriter(tm, name, sources=sources, sinks=sinks, catalog=catalog_settings, interval_ms=INTERVAL,
-                       grace_ms=0, log_every=1.0)
+                       every=every, grace_ms=0, log_every=1.0)
 
 
 def append_epoch(sink: str, stop_after: Optional[EpochWriter] = None):
@@ -79,7 +80,8 @@ def test_lag_is_wall_clock_seconds_and_a_finished_bounded_run_is_not_stale(tm, c
     assert job.committed_epoch == epochs[-1]
     assert job.lag_ms == status.read_ms - epochs[-1] and job.lag_seconds == round(job.lag_ms / 1000, 3)
     assert job.state == "finished" and job.finished.epoch == epochs[-1] and not job.stale
-    assert status.newest_barrier == max(epochs[-1], quit_epochs[-1]) and status.interval_ms == INTERVAL
+    assert status.interval_ms == INTERVAL and job.cadence_ms == job.effective_cadence_ms == INTERVAL
+    assert job.stale_after_ms == 3 * INTERVAL + STALE_SLACK_MS  # grace 0
 
     # Long after its last epoch, the finished job is still not stale; the stopped one is.
     threshold_ms = 3 * INTERVAL + STALE_SLACK_MS
@@ -88,7 +90,10 @@ def test_lag_is_wall_clock_seconds_and_a_finished_bounded_run_is_not_stale(tm, c
     assert done_status.state == "finished" and not done_status.stale
     assert quit_status.state == "no leader" and quit_status.stale and "no live leader" in quit_status.stale_reason
     assert quit_status.holds_back_ms is not None and quit_status.holds_back_ms >= 0
-    assert status.consistent_epoch == min(epochs[-1], quit_epochs[-1])
+    # quit's one epoch came after done's last (each job's first epoch is after it opened): the two tables hold
+    # no epoch in common, so no consistent version spans them; each job's own tables have one.
+    assert quit_epochs[0] > epochs[-1] and status.consistent_epoch is None and status.consistent_lag_ms is None
+    assert (done_status.consistent_epoch, quit_status.consistent_epoch) == (epochs[-1], quit_epochs[0])
 
     report = json.loads(cli_status(zk_connect, capsys, "--json"))
     jobs = {j["name"]: j for j in report["jobs"]}
@@ -96,9 +101,10 @@ def test_lag_is_wall_clock_seconds_and_a_finished_bounded_run_is_not_stale(tm, c
     assert isinstance(jobs["done"]["lag_seconds"], float) and jobs["done"]["lag_seconds"] > threshold_ms / 1000
     assert jobs["done"]["finished"]["epoch"] == epochs[-1]
     assert jobs["quit"]["stale"] is True and report["stale_jobs"] == ["quit"]
-    assert report["newest_barrier"] == status.newest_barrier
+    assert report["consistent_epoch"] is None and report["interval_ms"] == INTERVAL
 
     text = cli_status(zk_connect, capsys)
+    assert text.startswith(f"grid: {INTERVAL} ms   consistent epoch: -\n")
     done_line = next(line for line in text.splitlines() if line.startswith("done:"))
     assert f"finished at epoch {epochs[-1]}" in done_line and "STALE" not in done_line
     assert " s" in done_line.split("lag ", 1)[1]
@@ -111,7 +117,8 @@ def test_lag_is_wall_clock_seconds_and_a_finished_bounded_run_is_not_stale(tm, c
     assert samples[("tidemark_job_finished", "done")] == 1 and samples[("tidemark_job_finished", "quit")] == 0
     assert samples[("tidemark_job_stale", "done")] == 0 and samples[("tidemark_job_stale", "quit")] == 1
     assert samples[("tidemark_job_lag_seconds", "done")] > threshold_ms / 1000
-    assert samples[("tidemark_consistent_epoch_timestamp_seconds", None)] == status.consistent_epoch / 1000
+    assert ("tidemark_consistent_epoch_timestamp_seconds", None) not in samples  # no common epoch
+    assert samples[("tidemark_job_consistent_epoch_timestamp_seconds", "done")] == epochs[-1] / 1000
 
     # A leader starting again removes the finished marker.
     again = writer(connect(), catalog_settings, "done", [], [done_table])
@@ -124,11 +131,11 @@ def test_lag_is_wall_clock_seconds_and_a_finished_bounded_run_is_not_stale(tm, c
 
 def test_a_derived_job_says_which_source_holds_it_back_and_that_its_writer_has_no_live_leader(
         tm, connect, catalog_settings, lake, zk_connect, capsys):
-    up_table, down_table, tick_table = lake("up", "down", "tick")
+    up_table, down_table = lake("up", "down")
+    tm.register_job("down", sources=[up_table], sinks=[down_table])  # the pipeline first: down never reads up by time
     upstream = InBackground(writer(connect(), catalog_settings, "up", [], [up_table]), append_epoch(up_table))
     down_writer = writer(connect(), catalog_settings, "down", [up_table], [down_table])
-    running = [InBackground(writer(connect(), catalog_settings, "tick", [], [tick_table]), lambda ctx: None),
-               InBackground(down_writer, lambda ctx: ctx.append(down_table, ctx.changes(up_table)))]
+    running = [InBackground(down_writer, lambda ctx: ctx.append(down_table, ctx.changes(up_table)))]
     try:
         wait_for(lambda: down_writer.committed, "the derived job's first epoch")
         upstream.stop()  # then no live leader
@@ -139,7 +146,7 @@ def test_a_derived_job_says_which_source_holds_it_back_and_that_its_writer_has_n
         status = tm.status()
         down = status.job("down")
         assert down.state == "leading" and down.committed_epoch == first
-        assert down.pending_barriers >= 1 and down.next_barrier > first
+        assert (down.cadence_ms, down.effective_cadence_ms, down.cadence_from) == (INTERVAL, INTERVAL, None)
         [blocker] = down.waiting_for
         assert (blocker.table, blocker.epoch, blocker.writer, blocker.writer_live) == (up_table, first, "up", False)
         line = down.reasons()[0]
@@ -148,13 +155,20 @@ def test_a_derived_job_says_which_source_holds_it_back_and_that_its_writer_has_n
         assert not down.stale, "the derived job is held back by its upstream, not stale itself"
         up_status = status.job("up")
         assert up_status.stale and up_status.state == "no leader" and up_status.holds_back_ms > 0
-        assert status.consistent_epoch == first
+        assert status.consistent_epoch == first == down.consistent_epoch
+        # Long past its staleness threshold, the derived job is still only waiting: its source is what lags.
+        status = wait_for(lambda: (s := tm.status()).job("down").lag_ms > 2 * s.job("down").stale_after_ms and s,
+                          "the derived job's lag to pass twice its staleness threshold")
+        down = status.job("down")
+        assert not down.stale and down.waiting_for == (blocker,) and down.waiting is None
+        assert status.job("up").stale
 
         text = cli_status(zk_connect, capsys)
         assert f"    waiting for {up_table} (at {fmt_time(first)})" in text
         assert "written by job up, which has no live leader" in text
         down_line = next(line for line in text.splitlines() if line.startswith("down:"))
-        assert down_line.startswith("down: term 1, leading") and "pending" in down_line and "STALE" not in down_line
+        assert down_line.startswith("down: term 1, leading") and "STALE" not in down_line
+        assert down_line.endswith(f"cadence {INTERVAL}ms")
         assert "lag " in down_line and down_line.split("lag ", 1)[1].split(",")[0].endswith(" s")
         up_line = next(line for line in text.splitlines() if line.startswith("up:"))
         assert "STALE: no live leader" in up_line
@@ -172,12 +186,80 @@ def test_a_derived_job_says_which_source_holds_it_back_and_that_its_writer_has_n
                  "the derived job to catch up with the finished upstream")
         down = tm.status().job("down")
         [blocker] = down.waiting_for
+        assert blocker.epoch == second and down.committed_epoch == second
         assert blocker.writer_state == "finished" and blocker.writer_finished_epoch == second
         assert f"which has no live leader (it finished a bounded run at {second}" in down.reasons()[0]
         assert not tm.status().job("up").stale
     finally:
         for job in running:
             job.stop()
+
+
+def test_a_batch_job_is_stale_only_after_three_of_its_own_cadences_and_its_downstream_follows_its_cadence(
+        tm, connect, catalog_settings, lake, zk_connect, capsys):
+    """A leading job with every=1s on the 200 ms grid, and a job downstream of it with no cadence of its own."""
+    batch_table, report_table = lake("batch", "report")
+    tm.register_job("batch", sources=[], sinks=[batch_table])
+    report = writer(connect(), catalog_settings, "report", [batch_table], [report_table])
+    batch = writer(connect(), catalog_settings, "batch", [], [batch_table], every="1s")
+    report.open(leader_timeout=30)
+    batch.open(leader_timeout=30)
+    try:
+        epoch = batch.next_barrier()  # the first second after it opened that the clock passed
+        assert epoch % 1000 == 0
+        batch.process(epoch, append_epoch(batch_table), inputs=batch.inputs_for(epoch))
+        assert report.next_barrier() == epoch  # the newest epoch its source holds
+        report.process(epoch, lambda ctx: ctx.append(report_table, ctx.changes(batch_table)),
+                       inputs=report.inputs_for(epoch))
+
+        # Lagging more than 3 grid intervals (plus slack) but less than 3 of its own cadences: on time.
+        grid_threshold = 3 * INTERVAL + STALE_SLACK_MS
+        cadence_threshold = 3 * 1000 + STALE_SLACK_MS
+        status = wait_for(lambda: (s := tm.status()).job("batch").lag_ms > grid_threshold and s,
+                          "the batch job's lag to pass 3 grid intervals")
+        job, downstream = status.job("batch"), status.job("report")
+        assert job.lag_ms < cadence_threshold, "the machine was too slow to look in time"
+        assert job.state == "leading" and not job.stale and job.stale_after_ms == cadence_threshold
+        assert (job.cadence_ms, job.effective_cadence_ms, job.cadence_from) == (1000, 1000, None)
+        assert job.pacing.every_ms == 1000 and job.describe_cadence() == "cadence 1s"
+        # The job downstream follows the batch job's cadence, and is judged by it.
+        assert (downstream.cadence_ms, downstream.effective_cadence_ms) == (INTERVAL, 1000)
+        assert downstream.cadence_from == "batch" and downstream.stale_after_ms == cadence_threshold
+        assert not downstream.stale and downstream.committed_epoch == epoch
+        assert [b.table for b in downstream.waiting_for] == [batch_table]
+        assert downstream.waiting_for[0].writer_live
+        assert status.consistent_epoch == epoch == downstream.consistent_epoch
+
+        text = cli_status(zk_connect, capsys)
+        batch_line = next(line for line in text.splitlines() if line.startswith("batch:"))
+        assert batch_line.endswith("cadence 1s") and "STALE" not in batch_line
+        report_line = next(line for line in text.splitlines() if line.startswith("report:"))
+        assert report_line.endswith(f"cadence {INTERVAL}ms, follows the cadence of batch (1s)")
+        jobs = {j["name"]: j for j in json.loads(cli_status(zk_connect, capsys, "--json"))["jobs"]}
+        assert (jobs["report"]["cadence_ms"], jobs["report"]["effective_cadence_ms"],
+                jobs["report"]["cadence_from"]) == (INTERVAL, 1000, "batch")
+        assert jobs["batch"]["stale"] is False and jobs["batch"]["stale_after_seconds"] == cadence_threshold / 1000
+        samples = {(s.name, *sorted(s.labels.items())): s.value for family in view_families(status, time.time())
+                   for s in family.samples}
+        assert samples[("tidemark_job_cadence_seconds", ("tidemark_job", "batch"))] == 1.0
+        assert samples[("tidemark_job_cadence_seconds", ("tidemark_job", "report"))] == INTERVAL / 1000
+        assert samples[("tidemark_job_effective_cadence_seconds", ("tidemark_job", "report"))] == 1.0
+        assert samples[("tidemark_job_cadence_follows", ("cadence_job", "batch"), ("tidemark_job", "report"))] == 1
+        assert not any(key[0] == "tidemark_job_cadence_follows" and ("tidemark_job", "batch") in key
+                       for key in samples)
+        assert samples[("tidemark_job_stale", ("tidemark_job", "batch"))] == 0
+
+        # Past 3 of its cadences with an epoch available to it, the batch job is stale; the job downstream
+        # still only waits for it.
+        status = wait_for(lambda: (s := tm.status()).job("batch").lag_ms > cadence_threshold and s,
+                          "the batch job's lag to pass 3 of its cadences")
+        job, downstream = status.job("batch"), status.job("report")
+        assert job.stale and job.stale_reason.startswith("lags ")
+        assert job.stale_reason.endswith("more than 3 of its cadence (1s)")
+        assert not downstream.stale and [b.writer for b in downstream.waiting_for] == ["batch"]
+    finally:
+        batch.close()
+        report.close()
 
 
 def test_resolution_refuses_epochs_below_a_tables_first_epoch(tm, catalog_settings, lake):
