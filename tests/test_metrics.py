@@ -31,7 +31,7 @@ from coordinator.operations.exporter import Exporter
 from coordinator.operations.zookeeper_server import free_port
 from coordinator.records import EpochInputs, now_ms
 from tests.helpers.background import InBackground
-from tests.helpers.lake import SCHEMA, agree, create_table
+from tests.helpers.lake import SCHEMA, create_table
 from tests.helpers.metrics_lint import lint_exposition, series_names
 from tests.helpers.present import present
 from tests.helpers.wait import wait_for
@@ -100,7 +100,6 @@ def scraped(zk_server, catalog_settings):
     up_writer.open(leader_timeout=30)
     grid = tm.barriers.grid()
     first = grid.floor(now_ms())
-    agree(tm, first)
     up_writer.epochs.begin(first, up_writer.inputs_for(first))
     up_writer.epochs.precommit(first, {up: None})
     up_writer.close()
@@ -110,7 +109,6 @@ def scraped(zk_server, catalog_settings):
     append_raw()
     appended = now_ms()
     second = wait_for(lambda: (t := grid.floor(now_ms())) > appended and t, "a grid point after the append")
-    agree(tm, second)
     inputs = up_writer.inputs_for(second)
     assert isinstance(inputs, EpochInputs) and not inputs.unchanged
     up_writer.epochs.begin(second, inputs)
@@ -208,12 +206,20 @@ def test_the_exporter_serves_the_topology_view_per_job_and_table(scraped):
     tables = {dict(k[1:])["table"]: v for k, v in samples(body).items()
               if k[0] == "tidemark_table_committed_epoch_timestamp_seconds"}
     assert sorted(t.rsplit(".", 1)[1] for t in tables) == ["down", "up"]
+    # The newest epoch both tables hold: down's epochs are epochs up holds, so at most down's newest.
     consistent = value(body, "tidemark_consistent_epoch_timestamp_seconds")
-    assert consistent == min(tables.values()) and 0 <= value(body, "tidemark_consistent_lag_seconds") < 30
+    assert consistent <= min(tables.values()) and 0 <= value(body, "tidemark_consistent_lag_seconds") < 30
+    assert value(body, "tidemark_job_consistent_epoch_timestamp_seconds", tidemark_job="down") == consistent
     bounding = [j for j in ("up", "down") if value(body, "tidemark_job_bounds_consistent_epoch", tidemark_job=j) == 1]
     assert bounding and all(value(body, "tidemark_job_committed_epoch_timestamp_seconds", tidemark_job=j)
-                            == consistent for j in bounding)
+                            == min(tables.values()) for j in bounding)
     assert value(body, "tidemark_barrier_interval_seconds") == INTERVAL / 1000
+    for job in ("up", "down"):  # neither has a cadence of its own: both follow the grid
+        assert value(body, "tidemark_job_cadence_seconds", tidemark_job=job) == INTERVAL / 1000
+        assert value(body, "tidemark_job_effective_cadence_seconds", tidemark_job=job) == INTERVAL / 1000
+    assert "tidemark_job_paced_by" in series_names(body)  # documented, with no series: nobody follows
+    assert not any(key[0] == "tidemark_job_paced_by" for key in samples(body))
+    assert not series_names(body) & {"tidemark_job_pending_barriers", "tidemark_newest_barrier_timestamp_seconds"}
 
 
 def test_every_series_passes_the_naming_lint(scraped):
@@ -227,11 +233,14 @@ def test_the_lint_catches_what_breaks_the_conventions():
         "# HELP tidemark_epoch_timestamp_seconds t", "# TYPE tidemark_epoch_timestamp_seconds gauge",
         "tidemark_epoch_timestamp_seconds 1.795e+12",
         "# HELP tidemark_Commits_total c", "# TYPE tidemark_Commits_total gauge", "tidemark_Commits_total 1",
+        "# HELP tidemark_job_cadence c",
+        "# TYPE tidemark_job_cadence gauge", 'tidemark_job_cadence{tidemark_job="a"} 5',
         "# HELP tidemark_jobs j", "# TYPE tidemark_jobs gauge", "tidemark_jobs 1",
         "# HELP tidemark_jobs j", "# TYPE tidemark_jobs gauge", "tidemark_jobs 2", ""])
     problems = "\n".join(lint_exposition(bad))
     for expected in ("base units", "clashes with the scrape target", "not a Unix timestamp in seconds",
-                     "snake_case", "only counters end in _total", "tidemark_jobs: the family appears 2 times"):
+                     "snake_case", "only counters end in _total", "tidemark_jobs: the family appears 2 times",
+                     "tidemark_job_cadence (gauge): a time must be in seconds"):
         assert expected in problems, expected
 
 
@@ -318,7 +327,7 @@ def test_every_dashboard_query_names_a_series_the_exporter_or_the_drivers_export
         named |= selectors
     for needed in ("tidemark_table_lag_seconds", "tidemark_consistent_lag_seconds",
                    "tidemark_driver_epoch_phase_duration_seconds_bucket", "tidemark_driver_epochs_committed_total",
-                   "tidemark_job_leader_live", "tidemark_job_term"):
+                   "tidemark_job_leader_live", "tidemark_job_term", "tidemark_job_effective_cadence_seconds"):
         assert needed in named, f"the dashboard shows no {needed}"
     assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 36
 
@@ -338,6 +347,97 @@ def test_the_alert_rules_are_valid_and_query_real_series(scraped):
             alerts[rule["alert"]] = rule
     for needed in ("TidemarkJobStale", "TidemarkJobLagHigh", "TidemarkConsistentLagHigh", "TidemarkExporterDown"):
         assert needed in alerts, needed
+
+
+Sample = tuple[dict, float]
+
+
+def evaluate(expr: str, series: dict[str, list[Sample]]):
+    """An instant PromQL evaluation of the subset the freshness alerts use, over ``series`` (name -> samples):
+    numbers, selectors without matchers, parentheses, ``max``/``min``/``sum`` without grouping, arithmetic,
+    comparisons as filters, ``and``, and one-to-one or ``on(...) group_left()`` vector matching."""
+    import operator
+
+    import promql_parser
+    arithmetic = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+    comparison = {">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le, "==": operator.eq,
+                  "!=": operator.ne}
+
+    def key(labels: dict, modifier) -> tuple:
+        matching = getattr(modifier, "matching", None)
+        if matching is not None and str(matching.type).endswith("Include"):
+            return tuple(labels.get(name) for name in matching.labels)
+        return tuple(sorted(labels.items()))
+
+    def walk(node):
+        if isinstance(node, promql_parser.NumberLiteral):
+            return node.val
+        if isinstance(node, promql_parser.ParenExpr):
+            return walk(node.expr)
+        if isinstance(node, promql_parser.VectorSelector):
+            assert not node.matchers.matchers, "label matchers are not evaluated here"
+            return list(series.get(present(node.name), []))
+        if isinstance(node, promql_parser.AggregateExpr):
+            assert node.modifier is None, "grouping is not evaluated here"
+            values = [v for _, v in walk(node.expr)]
+            return [({}, {"max": max, "min": min, "sum": sum}[str(node.op)](values))] if values else []
+        assert isinstance(node, promql_parser.BinaryExpr), type(node)
+        op, lhs, rhs = str(node.op), walk(node.lhs), walk(node.rhs)
+        if op == "and":
+            keys = {key(labels, node.modifier) for labels, _ in rhs}
+            return [(labels, v) for labels, v in lhs if key(labels, node.modifier) in keys]
+        apply = arithmetic.get(op)
+        if isinstance(lhs, float) and isinstance(rhs, float):
+            return apply(lhs, rhs) if apply else float(comparison[op](lhs, rhs))
+        pairs: list[tuple[dict, float, float]]
+        if isinstance(rhs, float):
+            pairs = [(labels, v, rhs) for labels, v in lhs]
+        elif isinstance(lhs, float):
+            pairs = [(labels, lhs, v) for labels, v in rhs]
+        else:
+            right = {key(labels, node.modifier): v for labels, v in rhs}
+            pairs = [(labels, v, right[k]) for labels, v in lhs if (k := key(labels, node.modifier)) in right]
+        if apply:
+            return [(labels, apply(a, b)) for labels, a, b in pairs]
+        kept = [(labels, a if not isinstance(lhs, float) else b) for labels, a, b in pairs if comparison[op](a, b)]
+        return kept
+    return walk(promql_parser.parse(expr))
+
+
+def firing(rule: dict, series: dict[str, list[Sample]]) -> list[str]:
+    """The ``tidemark_job`` (or ``*``) of every sample the rule's expression returns (ignoring ``for``)."""
+    return sorted(labels.get("tidemark_job", "*") for labels, _ in evaluate(rule["expr"], series))
+
+
+def test_the_lag_alerts_scale_with_each_jobs_effective_cadence():
+    """An hourly job 30 minutes behind is on time; a 5-second job 6 minutes behind is not, nor an hourly job
+    2.5 hours behind. Barrier backlog plays no part (there is none any more)."""
+    rules = {rule["alert"]: rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]}
+    target = {"instance": "tidemark-exporter:9464", "job": "tidemark-exporter"}
+
+    def per_job(values: dict[str, float]) -> list[Sample]:
+        return [({**target, "tidemark_job": job}, float(v)) for job, v in values.items()]
+    jobs = {  # lag (s), effective cadence (s), finished
+        "hourly": (1800, 3600, 0), "hourly_stuck": (9000, 3600, 0), "follows_hourly": (2000, 3600, 0),
+        "fast": (360, 5, 0), "fast_ok": (12, 5, 0), "backfill_done": (90000, 5, 1)}
+    series = {"tidemark_job_lag_seconds": per_job({j: v[0] for j, v in jobs.items()}),
+              "tidemark_job_effective_cadence_seconds": per_job({j: v[1] for j, v in jobs.items()}),
+              "tidemark_job_finished": per_job({j: v[2] for j, v in jobs.items()})}
+    lag_high = rules["TidemarkJobLagHigh"]
+    assert "tidemark_job_effective_cadence_seconds" in promql_selectors(lag_high["expr"])
+    assert firing(lag_high, series) == ["fast", "hourly_stuck"]
+
+    consistent = rules["TidemarkConsistentLagHigh"]
+    with_hourly = {**series, "tidemark_consistent_lag_seconds": [(target, 1800.0)]}
+    assert firing(consistent, with_hourly) == []  # an hourly job bounds it: 30 minutes is on time
+    fast_only = {"tidemark_job_effective_cadence_seconds": per_job({"a": 5, "b": 5}),
+                 "tidemark_consistent_lag_seconds": [(target, 1800.0)]}
+    assert firing(consistent, fast_only) == ["*"]
+    assert firing(consistent, {**fast_only, "tidemark_consistent_lag_seconds": [(target, 300.0)]}) == []
+    for rule in rules.values():
+        assert not {"tidemark_job_pending_barriers", "tidemark_newest_barrier_timestamp_seconds"} & \
+            promql_selectors(rule["expr"]), rule["alert"]
+        assert "barrier interval" not in rule["annotations"]["description"], rule["alert"]
 
 
 def test_the_exporter_answers_tidemark_up_0_within_2_s_with_zookeeper_stopped(tmp_path):

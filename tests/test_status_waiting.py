@@ -244,8 +244,8 @@ def test_a_batch_job_is_stale_only_after_three_of_its_own_cadences_and_its_downs
         assert samples[("tidemark_job_cadence_seconds", ("tidemark_job", "batch"))] == 1.0
         assert samples[("tidemark_job_cadence_seconds", ("tidemark_job", "report"))] == INTERVAL / 1000
         assert samples[("tidemark_job_effective_cadence_seconds", ("tidemark_job", "report"))] == 1.0
-        assert samples[("tidemark_job_cadence_follows", ("cadence_job", "batch"), ("tidemark_job", "report"))] == 1
-        assert not any(key[0] == "tidemark_job_cadence_follows" and ("tidemark_job", "batch") in key
+        assert samples[("tidemark_job_paced_by", ("pacing_job", "batch"), ("tidemark_job", "report"))] == 1
+        assert not any(key[0] == "tidemark_job_paced_by" and ("tidemark_job", "batch") in key
                        for key in samples)
         assert samples[("tidemark_job_stale", ("tidemark_job", "batch"))] == 0
 

@@ -19,7 +19,7 @@ seconds); jobs are labelled ``tidemark_job`` (``job`` is the scrape target's lab
 - per job: ``tidemark_job_committed_epoch_timestamp_seconds``, ``tidemark_job_lag_seconds``,
   ``tidemark_job_cadence_seconds`` (its own cadence: ``every``, or the grid interval),
   ``tidemark_job_effective_cadence_seconds`` (the cadence it follows: a slower upstream's, or its
-  own; alerts scale lag by it), ``tidemark_job_cadence_follows`` (one series naming the upstream
+  own; alerts scale lag by it), ``tidemark_job_paced_by`` (one series naming the upstream
   job that sets a slower effective cadence), ``tidemark_job_consistent_epoch_timestamp_seconds``
   (the newest epoch its sinks and managed sources all hold), ``tidemark_job_term``,
   ``tidemark_job_leader_live``, ``tidemark_job_finished``, ``tidemark_job_stale`` (staleness by
@@ -156,8 +156,8 @@ def view_families(view: Status, now: float) -> Iterator[Metric]:
                         "The job's own cadence: its every= setting, or the barrier grid's interval")
     effective = job_gauge("tidemark_job_effective_cadence_seconds",
                           "The cadence the job's epochs follow: the slowest upstream job's when slower than its own")
-    follows = job_gauge("tidemark_job_cadence_follows",
-                        "1 for the upstream job whose slower cadence the job follows", "cadence_job")
+    follows = job_gauge("tidemark_job_paced_by",
+                        "1 for the upstream job whose slower cadence the job follows", "pacing_job")
     job_consistent = job_gauge("tidemark_job_consistent_epoch_timestamp_seconds",
                                "Newest epoch every sink and managed source of the job holds, as a Unix timestamp")
     term = job_gauge("tidemark_job_term", "Fencing term of the job's leadership")

@@ -5,8 +5,8 @@
 
 The rules (https://prometheus.io/docs/practices/naming/): snake_case names under the
 ``tidemark_`` prefix, HELP on every family, a type (never untyped), counters exposed as
-``_total``, base units (seconds, never milliseconds; durations, lags and ages in
-``_seconds``; timestamps in ``_timestamp_seconds`` with values that are Unix seconds),
+``_total``, base units (seconds, never milliseconds; durations, lags, ages, cadences and
+intervals in ``_seconds``; timestamps in ``_timestamp_seconds`` with values that are Unix seconds),
 histograms in ``_seconds`` with ordered ``le`` buckets up to ``+Inf``, snake_case labels that
 are neither reserved (``__*``, ``le``, ``quantile`` outside their types) nor the target's own
 (``job``, ``instance``), and finite values. prometheus-client's ``<counter>_created`` and
@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 NAME = re.compile(r"^tidemark_[a-z0-9]+(_[a-z0-9]+)*$")
 LABEL = re.compile(r"^[a-z][a-z0-9_]*$")
-TIME_WORDS = ("duration", "lag", "age", "latency", "timestamp", "holds_back")
+TIME_WORDS = ("duration", "lag", "age", "latency", "timestamp", "holds_back", "cadence", "interval")
 NOT_BASE_UNITS = ("_ms", "_millis", "_milliseconds", "_microseconds", "_minutes", "_hours", "_days")
 TARGET_LABELS = {"job", "instance"}
 UNIX_SECONDS = (1e9, 1e10)  # 2001..2286: an epoch in milliseconds (1.7e12) is out
