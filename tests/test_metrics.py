@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -359,9 +360,10 @@ def evaluate(expr: str, series: dict[str, list[Sample]]):
     import operator
 
     import promql_parser
-    arithmetic = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
-    comparison = {">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le, "==": operator.eq,
-                  "!=": operator.ne}
+    arithmetic: dict[str, Callable[[float, float], float]] = {
+        "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+    comparison: dict[str, Callable[[float, float], bool]] = {
+        ">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
 
     def key(labels: dict, modifier) -> tuple:
         matching = getattr(modifier, "matching", None)
@@ -380,7 +382,8 @@ def evaluate(expr: str, series: dict[str, list[Sample]]):
         if isinstance(node, promql_parser.AggregateExpr):
             assert node.modifier is None, "grouping is not evaluated here"
             values = [v for _, v in walk(node.expr)]
-            return [({}, {"max": max, "min": min, "sum": sum}[str(node.op)](values))] if values else []
+            aggregate: dict[str, Callable[[list[float]], float]] = {"max": max, "min": min, "sum": sum}
+            return [({}, aggregate[str(node.op)](values))] if values else []
         assert isinstance(node, promql_parser.BinaryExpr), type(node)
         op, lhs, rhs = str(node.op), walk(node.lhs), walk(node.rhs)
         if op == "and":

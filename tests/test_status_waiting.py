@@ -21,6 +21,7 @@ from coordinator.protocol.status import STALE_SLACK_MS, fmt_time
 from coordinator.records import now_ms
 from tests.helpers.background import InBackground
 from tests.helpers.lake import SCHEMA, create_table
+from tests.helpers.present import present
 from tests.helpers.wait import wait_for
 
 INTERVAL = 200
@@ -205,7 +206,7 @@ def test_a_batch_job_is_stale_only_after_three_of_its_own_cadences_and_its_downs
     report.open(leader_timeout=30)
     batch.open(leader_timeout=30)
     try:
-        epoch = batch.next_barrier()  # the first second after it opened that the clock passed
+        epoch = present(batch.next_barrier())  # the first second after it opened that the clock passed
         assert epoch % 1000 == 0
         batch.process(epoch, append_epoch(batch_table), inputs=batch.inputs_for(epoch))
         assert report.next_barrier() == epoch  # the newest epoch its source holds
