@@ -46,11 +46,15 @@ from kazoo.handlers.threading import KazooTimeoutError
 from coordinator import CatalogSettings, EmbeddedZooKeeper, EpochRecord, EpochState, Tidemark, TidemarkError
 from coordinator.history.checker import ConsistencyChecker, Inconsistency, exactly_once
 from coordinator.history.resolve import Resolver
+from coordinator.job.commit import DEFAULT_MARKER_EVERY
 from coordinator.operations.zookeeper_server import free_port
+from coordinator.protocol.pacing import parse_every
 from coordinator.records import LeaderRecord, now_ms
 from tests.faults.cascade import JOBS, SRC_SCHEMA, Tables, counts_of, invariant
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.wait import wait_for
+
+DEFAULT_MARKER_EVERY_MS = parse_every(DEFAULT_MARKER_EVERY) or 0
 
 log = logging.getLogger("faults")
 REPO = Path(__file__).resolve().parents[2]
@@ -195,6 +199,7 @@ class Cascade:
         self.produced: list[tuple[int, str]] = []
         self.last_append_ms = 0
         self.errors: list[str] = []
+        self.wipe_floor: Optional[int] = None  # after a wipe, no consistent read may be older than this
         self._stop = threading.Event()
         self._stop_producing = threading.Event()
         self._lock = threading.Lock()
@@ -303,7 +308,15 @@ class Cascade:
         wait_for(attach_and_close, f"{replica.member}'s current session to be attached to and closed", 30)
 
     def wipe_zookeeper(self) -> None:
-        """Delete the run's whole ZooKeeper tree (what rebuilding an ensemble or a new chroot amounts to)."""
+        """Delete the run's whole ZooKeeper tree (what rebuilding an ensemble or a new chroot amounts to).
+
+        The newest epochs then exist only in ZooKeeper's lost records when they were idle: Iceberg records an
+        idle epoch once per ``marker_every`` (a minute), so consistent reads may step back by up to that
+        (docs/design.md), never further: the checker's history restarts at the wipe, above that floor."""
+        checker = self.checker
+        if checker is not None and checker.last_checked is not None:
+            self.wipe_floor = max(self.wipe_floor or 0, checker.last_checked - DEFAULT_MARKER_EVERY_MS)
+            checker.last_checked = None
         client = KazooClient(hosts=self.hosts, timeout=10)
         client.start(timeout=15)
         try:
@@ -422,7 +435,11 @@ class Cascade:
         """Check every consistent version the checker can resolve (at most one read every 0.5 s)."""
         while not self._stop.wait(0.5):
             try:
-                self.checker.observe()  # type: ignore[union-attr]
+                version = self.checker.observe()  # type: ignore[union-attr]
+                if version is not None and version.epoch is not None and version.epoch < (self.wipe_floor or 0):
+                    self.checker.failures.append(Inconsistency(  # type: ignore[union-attr]
+                        version.epoch, f"after the ZooKeeper wipe the consistent epoch stepped back below "
+                                       f"{self.wipe_floor}, more than the marker period"))
             except Exception as exc:  # noqa: BLE001 - an injected outage; a real bug shows as an inconsistency
                 self.errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
 
