@@ -328,7 +328,7 @@ def _run_cascade(home: Path, zk: str, settings, tm, cache, grid, seconds: float,
                      "--interval-ms", str(interval_ms), "--timeout", str(deadline.seconds)],
                     stdout=out, stderr=err, env=env, text=True, cwd=REPO)
         # Spark's start-up can take longer than the whole production on a busy machine: the clock of the run
-        # starts only when both jobs lead (a job starts after the newest barrier agreed when it opened).
+        # starts only when both jobs lead (a new job's first epoch is after the time it opened).
         deadline.describe = lambda: f"waiting for both drivers to start (driver logs: {home}/<job>.log)"
         while not all((home / f"{name}.ready").exists() for name in drivers):
             _raise_if_failed(drivers, home, "while starting")

@@ -245,7 +245,7 @@ def test_barrier_grid_is_shared_and_interval_changes_take_effect_at_a_future_gri
     def change(i: int) -> None:
         client = connect()
         start.wait()
-        results[i] = client.barriers.change_interval(5000 * (i + 1), effective_from=future + i * 100_000)
+        results[i] = client.barriers.change_interval(5000 * (i + 1), effective_from=future + i * 600_000)
     threads = [threading.Thread(target=change, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
@@ -254,7 +254,7 @@ def test_barrier_grid_is_shared_and_interval_changes_take_effect_at_a_future_gri
     changed = tm.barriers.grid()
     assert len(results) == 4 and len(changed.changes) == 4, changed.changes
     assert changed.next_candidate(future - 1000) == future and changed.next_candidate(future) == future + 5000
-    assert changed.interval_at(future + 300_000) == 20_000 and not changed.is_barrier(future + 301_000)
+    assert changed.interval_at(future + 1_801_000) == 20_000 and not changed.is_barrier(future + 1_801_000)
 
 
 def test_derived_job_waits_on_a_watch_until_sources_reach_the_barrier(tm, connect, job):
