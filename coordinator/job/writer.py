@@ -511,8 +511,8 @@ class EpochWriter:
 
     def _managed_snapshot(self, source: str, epoch: int) -> Optional[int]:
         mark = self._open_cache.get([source])[source]
-        if mark is not None and mark.epoch == epoch:
-            return mark.snapshot_id  # recorded by the source's writer at commit: no metadata load
+        if mark is not None and mark.holds(epoch):
+            return mark.snapshot_at(epoch)  # recorded by the source's writer at commit: no metadata load
         table = self.table(source)
         table.refresh()
         found = snapshot_at_epoch(table, epoch)
