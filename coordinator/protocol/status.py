@@ -259,6 +259,7 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
 
     interval = grid.interval_at(read_ms) if grid is not None else None
     cadences = effective_cadences(topo, pacings, interval)
+    graces = _upstream_graces(topo, writers, pacings)
     states = {name: job.state for name, job in base.items()}
     committed = {name: job.committed_epoch for name, job in base.items()}
     partial: dict[str, JobStatus] = {}
@@ -270,8 +271,7 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
         effective, setter = cadences[name]
         managed = [s for s in job.sources if s in writers]
         lag = None if c is None else max(0, read_ms - c)
-        grace = max((pacings[j] or Pacing()).grace_ms for j in (name, *topo.upstream(name)))
-        stale_after = None if effective is None else stale_intervals * effective + grace + STALE_SLACK_MS
+        stale_after = None if effective is None else stale_intervals * effective + graces[name] + STALE_SLACK_MS
         lagging = lag is not None and stale_after is not None and lag > stale_after
 
         blockers: list[Blocker] = []
@@ -319,6 +319,30 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
             job = replace(job, holds_back_ms=max(0, reference - c))
         jobs.append(job)
     return Status(topo, tuple(jobs), grid, interval, consistent, read_ms)
+
+
+def _upstream_graces(topo: Topology, writers: Mapping[str, str],
+                     pacings: Mapping[str, Optional[Pacing]]) -> dict[str, int]:
+    """Per job, the largest grace of it and every job upstream of it: what delays its epochs behind the clock.
+    One pass over the graph (no recursion: a chain of thousands of jobs is fine)."""
+    own = {name: (pacings.get(name) or Pacing()).grace_ms for name in topo.jobs}
+    parents = {name: {writers[s] for s in job.sources if s in writers and writers[s] != name}
+               for name, job in topo.jobs.items()}
+    result: dict[str, int] = {}
+    for start in sorted(topo.jobs):
+        stack, on_path = [(start, False)], set()
+        while stack:
+            job, expanded = stack.pop()
+            if job in result:
+                continue
+            if expanded:
+                on_path.discard(job)
+                result[job] = max([own[job], *(result.get(p, own[p]) for p in parents[job])])
+                continue
+            on_path.add(job)
+            stack.append((job, True))
+            stack.extend((p, False) for p in parents[job] if p not in result and p not in on_path)
+    return result
 
 
 def _caught_up_lately(managed: Iterable[str], marks: Mapping[str, Optional[TableTidemark]], after: Optional[int],
