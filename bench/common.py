@@ -61,5 +61,15 @@ def ms(samples: list[float]) -> str:
     return f"median {statistics.median(samples) * 1000:8.2f} ms  p95 {p95 * 1000:8.2f} ms  (n={len(samples)})"
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by rank; NaN when there are none."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def verdict(ok: bool) -> str:
+    return "MET" if ok else "MISSED"
+
+
 def header(title: str) -> None:
     print(f"\n== {title} ==", flush=True)
