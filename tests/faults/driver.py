@@ -3,7 +3,8 @@
     TIDEMARK_CRASH_AT=staged:2 python -m tests.faults.driver CONFIG_JSON
 
 CONFIG_JSON holds ``job`` (``counter`` or ``totals``), ``connect``, ``session_timeout``, ``member``,
-``catalog`` ({name, uri, warehouse}), ``namespace``, ``interval_ms``, ``grace_ms`` and ``session_file``.
+``catalog`` ({name, uri, warehouse}), ``namespace``, ``interval_ms``, ``grace_ms``, ``every`` (the job's
+cadence in ms, or null) and ``session_file``.
 The replica writes its ZooKeeper session id and password to ``session_file`` whenever its session
 changes (the suite expires that session on the server to inject a real session expiry). Crash
 points come from the environment (``coordinator/crashpoints.py``); nothing here is patched.
@@ -50,7 +51,7 @@ def main() -> None:
     job = config["job"]
     sources, sinks = tables.job(job)
     writer = EpochWriter(tm, job, sources=sources, sinks=sinks, catalog=settings, interval_ms=config["interval_ms"],
-                         grace_ms=config["grace_ms"], history=HISTORY)
+                         every=config.get("every"), grace_ms=config["grace_ms"], history=HISTORY)
     compute = count_epoch if job == COUNTER else total_epoch
     print("READY", os.getpid(), flush=True)
     writer.run(lambda ctx: compute(ctx, tables))

@@ -48,7 +48,7 @@ from coordinator.history.checker import ConsistencyChecker, Inconsistency, exact
 from coordinator.history.resolve import Resolver
 from coordinator.job.commit import DEFAULT_MARKER_EVERY
 from coordinator.operations.zookeeper_server import free_port
-from coordinator.protocol.pacing import parse_every
+from coordinator.protocol.pacing import newest_common_epoch, parse_every
 from coordinator.records import LeaderRecord, now_ms
 from tests.faults.cascade import JOBS, SRC_SCHEMA, Tables, counts_of, invariant
 from tests.helpers.postgres import PostgresServer
@@ -137,7 +137,7 @@ class Replica:
                   "catalog": {"name": cascade.settings.name, "uri": cascade.settings.uri,
                               "warehouse": cascade.settings.warehouse},
                   "namespace": cascade.tables.namespace, "interval_ms": INTERVAL_MS, "grace_ms": GRACE_MS,
-                  "session_file": str(self.session_file)}
+                  "every": cascade.every.get(job), "session_file": str(self.session_file)}
         env = {k: v for k, v in os.environ.items() if k != "TIDEMARK_CRASH_AT"}
         if crash_at:
             env["TIDEMARK_CRASH_AT"] = crash_at
@@ -179,7 +179,8 @@ class Cascade:
     replica started (``None``: none)."""
 
     def __init__(self, env: Environment, scenario: str, run: int, seed: int, *, hosts: Optional[str] = None,
-                 crash_plan: Callable[[str], Optional[str]] = lambda job: None, replicas: int = 2) -> None:
+                 crash_plan: Callable[[str], Optional[str]] = lambda job: None, replicas: int = 2,
+                 every: Optional[dict[str, int]] = None) -> None:
         self.env, self.scenario, self.seed = env, scenario, seed
         self.rng = random.Random(seed)
         self.dir = env.base / f"{scenario}-{run}"
@@ -190,6 +191,7 @@ class Cascade:
         self.settings = env.catalog()
         self.tables = Tables(self.settings.name, f"f_{scenario.replace('-', '_')}_{run}_{seed}")
         self.crash_plan, self.replicas = crash_plan, replicas
+        self.every = every or {}     # a job's cadence in ms (absent: every grid point)
         self.started = 0
         self.slots: dict[tuple[str, int], Replica] = {}
         self.held = False            # while True the supervisor does not restart exited replicas
@@ -344,6 +346,35 @@ class Cascade:
         finally:
             self.held = False
 
+    def take_down(self, job: str, down_s: float, crash_at: Optional[str]) -> int:
+        """kill -9 every replica of ``job``, keep it down ``down_s`` seconds while the rest of the cascade goes
+        on, then start its replicas again with crash point ``crash_at``; returns its epoch before the downtime."""
+        self.held = True
+        try:
+            for replica in [r for r in self.slots.values() if r.job == job]:
+                replica.expected_exit = True
+                replica.signal(signal.SIGCONT)
+                replica.signal(signal.SIGKILL)
+                replica.proc.wait(30)
+            mark = self.tm.tidemarks([self.tables.job(job)[1][0]])  # type: ignore[union-attr]
+            before = next(iter(mark.values()))
+            threading.Event().wait(down_s)
+            for slot in range(self.replicas):
+                self.slots[(job, slot)] = Replica(self, job, slot, crash_at)
+        finally:
+            self.held = False
+        return before.epoch if before is not None and before.epoch is not None else 0
+
+    def epochs_of(self, job: str) -> list[int]:
+        """The epochs ``job`` committed in this run (every epoch znode is kept: ``driver.HISTORY``)."""
+        path = self.tm.paths.epochs(job)  # type: ignore[union-attr]
+        found = []
+        for child in (c for c in self.tm.children(path) if c.isdigit()):  # type: ignore[union-attr]
+            read = self.tm.read(f"{path}/{child}", EpochRecord)  # type: ignore[union-attr]
+            if read is not None and read[0].state == EpochState.COMMITTED:
+                found.append(read[0].epoch)
+        return sorted(found)
+
     def committed_after(self, job: str, since_ms: int) -> Optional[int]:
         """The commit time of ``job``'s newest epoch if it is after ``since_ms``."""
         try:
@@ -452,8 +483,11 @@ class Cascade:
         next(t for t in self._threads if t.name == "_produce").join(30)
         target = self.last_append_ms + GRACE_MS
         try:
-            wait_for(lambda: all((self._epoch_of(job) or 0) > target for job in JOBS),
-                       "every job to commit a barrier after the last produced row", DRAIN_DEADLINE, every=0.2)
+            # Each job past the last row, and an epoch past it that every table holds (jobs at different
+            # cadences commit different barriers): the final consistent read must hold every row.
+            wait_for(lambda: all((self._epoch_of(job) or 0) > target for job in JOBS) and
+                     (self._consistent_epoch() or 0) > target,
+                     "every job to commit a barrier after the last produced row", DRAIN_DEADLINE, every=0.2)
             wait_for(lambda: all(f.recovered_ms is not None for f in self.faults),
                        "recovery from the last faults", RECOVERY_DEADLINE, every=0.2)
         except AssertionError as exc:  # a wait that timed out
@@ -488,6 +522,13 @@ class Cascade:
         return RunResult(self.scenario, self.seed, list(self.faults), len(self.commits), len(self.produced), 0, 0,
                          checker.checked if checker else 0, list(checker.failures) if checker else [],
                          list(self.unexpected), [problem], list(self.errors))
+
+    def _consistent_epoch(self) -> Optional[int]:
+        try:
+            marks = self.tm.tidemarks([t for job in JOBS for t in self.tables.job(job)[1]])  # type: ignore[union-attr]
+        except TidemarkError:
+            return None
+        return newest_common_epoch(marks.values())
 
     def _epoch_of(self, job: str) -> Optional[int]:
         try:

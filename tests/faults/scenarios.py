@@ -16,14 +16,23 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 from coordinator import EpochRecord, EpochState, TidemarkError
 from coordinator.crashpoints import EPOCH_STEPS
 from coordinator.operations.zookeeper_server import ZooKeeperEnsemble
 from coordinator.records import TermRecord
-from tests.faults.cascade import COUNTER, JOBS
-from tests.faults.harness import RECOVERY_DEADLINE, REPO, SESSION_TIMEOUT, Cascade, Environment, Replica, RunResult
+from tests.faults.cascade import COUNTER, JOBS, TOTALS
+from tests.faults.harness import (
+    INTERVAL_MS,
+    RECOVERY_DEADLINE,
+    REPO,
+    SESSION_TIMEOUT,
+    Cascade,
+    Environment,
+    Replica,
+    RunResult,
+)
 from tests.helpers.wait import wait_for
 
 
@@ -41,17 +50,12 @@ def pause(rng: random.Random, low: float = 0.3, high: float = 1.5) -> None:
     threading.Event().wait(rng.uniform(low, high))
 
 
-def crash_steps(job: str) -> tuple[str, ...]:
-    """The crash points a job's replicas reach (every job reaches every epoch step)."""
-    return EPOCH_STEPS
-
-
 def kill_nine(env: Environment, run: int, seed: int, faults: int) -> RunResult:
     """Every replica starts with a crash point (each step in turn, in a seeded order; at its first time, or its
     second one time in four): it leads until it kills itself there, the standby takes over, and the
     supervisor starts a new standby with the next one."""
     rng = random.Random(seed)
-    steps = {job: itertools.cycle(rng.sample(crash_steps(job), len(crash_steps(job)))) for job in JOBS}
+    steps = {job: itertools.cycle(rng.sample(EPOCH_STEPS, len(EPOCH_STEPS))) for job in JOBS}
     lock = threading.Lock()
 
     def plan(job: str) -> str:
@@ -263,6 +267,58 @@ def _committed_by_fenced_terms(cascade: Cascade, fenced_term: int, committed_bef
     return found
 
 
+# The steps of a computed epoch (an idle one reaches ``idle-commit`` instead).
+COMPUTED_STEPS = tuple(s for s in EPOCH_STEPS if s != "idle-commit")
+
+
+def coalesced_kill(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """Take every replica of ``totals`` down (kill -9) for a seeded 3 to 6 intervals while ``counter`` goes on,
+    then start them again with a crash point in their first epoch: that one epoch covers every barrier of the
+    downtime (coalescing), it is killed at a seeded step, and the next leader rolls it forward or recomputes
+    it. Nothing may be lost, duplicated or misread, and the catch-up must be one epoch."""
+    rng = random.Random(seed)
+    with Cascade(env, "coalesced-kill", run, seed) as cascade:
+        cascade.start()
+        for _ in range(faults):
+            pause(rng)
+            step = rng.choice(COMPUTED_STEPS)
+            down_s = rng.uniform(3, 6) * INTERVAL_MS / 1000
+            holder: dict[str, int] = {}
+            fault = cascade.inject(f"{down_s:.0f} s down, then kill -9 at {step} of the coalesced epoch", TOTALS,
+                                   lambda: holder.update(before=cascade.take_down(TOTALS, down_s, f"{step}:1")))
+            cascade.wait_recovered(fault)
+            cascade.crash_plan = lambda job: None
+            caught_up = [e for e in cascade.epochs_of(TOTALS) if e > holder["before"]]
+            if caught_up and caught_up[0] - holder["before"] < 2 * INTERVAL_MS:
+                raise AssertionError(f"totals' first epoch after {down_s:.1f} s down, {caught_up[0]}, does not "
+                                     f"cover the barriers since {holder['before']}: it did not coalesce")
+        return cascade.finish()
+
+
+def mixed_cadence(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """``totals`` as a batch job at 4 times ``counter``'s cadence, killed at each step of its epochs in turn;
+    every consistent read across the 1 s and the 4 s tables is checked, and totals' epochs must all be on
+    its cadence."""
+    rng = random.Random(seed)
+    every = 4 * INTERVAL_MS
+    steps = itertools.cycle(rng.sample(COMPUTED_STEPS, len(COMPUTED_STEPS)))
+    lock = threading.Lock()
+
+    def plan(job: str) -> Optional[str]:
+        with lock:
+            return f"{next(steps)}:1" if job == TOTALS else None
+    with Cascade(env, "mixed-cadence", run, seed, crash_plan=plan, every={TOTALS: every}) as cascade:
+        cascade.start()
+        wait_for(lambda: len(cascade.faults) >= faults, f"{faults} crash points to be reached", faults * 30.0,
+                 every=0.2)
+        cascade.crash_plan = lambda job: None
+        result = cascade.finish()
+        off = [e for e in cascade.epochs_of(TOTALS) if e % every]
+    if off:
+        result.problems.append(f"totals committed epochs off its {every} ms cadence: {off[:5]}")
+    return result
+
+
 SCENARIOS = {s.name: s for s in [
     Scenario("kill-9", 2, 65, kill_nine, "kill -9 of a driver at every protocol step (crash points)"),
     Scenario("zombie", 2, 5, zombie, "SIGSTOP of a leader past its session timeout, then SIGCONT"),
@@ -272,6 +328,10 @@ SCENARIOS = {s.name: s for s in [
     Scenario("catalog-restart", 2, 5, catalog_restart, "the PostgreSQL catalog restarted mid-epoch"),
     Scenario("zk-wipe", 2, 3, zookeeper_wipe, "the whole ZooKeeper state wiped, every driver restarted"),
     Scenario("fence-unregister", 2, 3, fence_unregister, "tidemark fence, unregister --yes, re-register"),
+    Scenario("coalesced-kill", 2, 4, coalesced_kill, "a job down for several intervals, then kill -9 in its "
+                                                      "coalesced catch-up epoch"),
+    Scenario("mixed-cadence", 2, 5, mixed_cadence, "a 4 s batch job over a 1 s job, killed at each step; reads "
+                                                   "across cadences checked"),
 ]}
 
 
