@@ -263,6 +263,46 @@ def test_a_batch_job_is_stale_only_after_three_of_its_own_cadences_and_its_downs
         report.close()
 
 
+def test_a_job_catching_up_after_its_upstream_is_not_stale_until_it_dawdles(tm, connect, catalog_settings, lake):
+    """Upstream back after a pause commits one epoch (coalescing): the job downstream lags by the pause but only
+    just got something to take; it is stale once that epoch has been waiting for it longer than its threshold."""
+    up_table, down_table = lake("up", "down")
+    tm.register_job("down", sources=[up_table], sinks=[down_table])
+    down = writer(connect(), catalog_settings, "down", [up_table], [down_table])
+    up = writer(connect(), catalog_settings, "up", [], [up_table])
+    down.open(leader_timeout=30)
+    up.open(leader_timeout=30)
+    try:
+        first = present(up.next_barrier())
+        up.process(first, append_epoch(up_table), inputs=up.inputs_for(first))
+        assert down.next_barrier() == first
+        down.process(first, lambda ctx: ctx.append(down_table, ctx.changes(up_table)), inputs=down.inputs_for(first))
+        threshold = 3 * INTERVAL + STALE_SLACK_MS
+        wait_for(lambda: now_ms() - first > threshold + INTERVAL, "both jobs to lag past their threshold")
+        status = tm.status()
+        assert status.job("up").stale and not status.job("down").stale  # up paused: it is the one to blame
+
+        second = present(up.next_barrier())  # one epoch covers the pause
+        up.process(second, append_epoch(up_table), inputs=up.inputs_for(second))
+        status = tm.status()
+        job = status.job("down")
+        assert job.lag_ms > threshold and job.committed_epoch == first and job.waiting_for == ()
+        age = status.read_ms - present(present(tm.tidemarks([up_table])[up_table]).committed_ms)
+        assert age <= threshold, "the machine was too slow to look in time"
+        assert not job.stale, job
+        assert job.waiting is not None and job.waiting.startswith(f"catching up: {up_table} committed its "
+                                                                  f"first epoch after {fmt_time(first)} only ")
+        assert not status.job("up").stale
+
+        status = wait_for(lambda: (s := tm.status()).job("down").stale and s, "the waiting epoch to go stale")
+        job = status.job("down")
+        assert job.waiting is None and job.stale_reason.startswith("lags ")
+        assert now_ms() - present(tm.tidemarks([up_table])[up_table]).committed_ms > threshold
+    finally:
+        up.close()
+        down.close()
+
+
 def test_resolution_refuses_epochs_below_a_tables_first_epoch(tm, catalog_settings, lake):
     a, b = lake("a", "b")
     a_epochs = writer(tm, catalog_settings, "a", [], [a]).run(append_epoch(a), max_epochs=3, stop_on_sigterm=False)
