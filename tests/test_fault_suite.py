@@ -16,7 +16,8 @@ from tests.faults.scenarios import run_scenario
 from tests.helpers.wait import wait_for
 
 SUBSET = [("kill-9", 5), ("zombie", 2), ("session-expiry", 2), ("zk-restart", 2), ("zk-ensemble", 2),
-          ("catalog-restart", 2), ("zk-wipe", 1), ("fence-unregister", 1)]
+          ("catalog-restart", 2), ("zk-wipe", 1), ("fence-unregister", 1), ("coalesced-kill", 2),
+          ("mixed-cadence", 3)]
 
 
 @pytest.fixture(scope="module")
