@@ -77,7 +77,7 @@ from coordinator.iceberg.staging import stage_append, stage_overwrite
 from coordinator.job.commit import DEFAULT_MARKER_EVERY, EpochCommitter
 from coordinator.job.driver_metrics import DriverMetrics
 from coordinator.names import validate_name, validate_names
-from coordinator.protocol.barriers import Barriers
+from coordinator.protocol.barriers import BarrierGrid, Barriers, grid_from
 from coordinator.protocol.epochs import EpochCoordinator, RecoveryAction
 from coordinator.protocol.leadership import Leadership
 from coordinator.protocol.pacing import DEFAULT_GRACE_MS, Pacing, parse_every
@@ -87,6 +87,7 @@ from coordinator.protocol.topology import read_topology
 from coordinator.records import EpochInputs, EpochRecord, EpochState, FinishedRecord, SourceRange, now_ms
 from coordinator.zookeeper.ops import Create, Delete, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
+from coordinator.zookeeper.watched import WatchedNode
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -208,6 +209,11 @@ class EpochWriter:
         self._cache: Optional[TidemarkCache] = None
         self._managed: tuple[str, ...] = ()
         self._opened_ms: Optional[int] = None
+        # While leading: the grid and the topology's version, kept by watches (no read per pass of the loop).
+        self._grid_node: Optional[WatchedNode] = None
+        self._topology_node: Optional[WatchedNode] = None
+        self._grid: Optional[tuple[int, BarrierGrid]] = None      # parsed, with the znode's mzxid
+        self._topology_seen = -2                                   # the /topology version last read
         self._logged_at = 0.0
         self.metrics = DriverMetrics(self, port=metrics_port)  # port None: TIDEMARK_METRICS_PORT, unset: not served
 
@@ -270,7 +276,9 @@ class EpochWriter:
         self._acquire(leader_timeout, while_standby, max(recorded_term(t) for t in sinks.values()))
         self.metrics.became_leader()
         try:
-            epochs = EpochCoordinator(self.leadership, self.sinks, self.history)
+            self._grid_node = WatchedNode(self.tm, self.tm.paths.barriers)
+            self._topology_node = WatchedNode(self.tm, self.tm.paths.topology)
+            epochs = EpochCoordinator(self.leadership, self.sinks, self.history, grid=self.grid)
             committer = self._committer = EpochCommitter(epochs, self.table, timed=self.metrics.phase,
                                                          marker_every_ms=self.marker_every_ms)
             self._cache = TidemarkCache(self.tm)
@@ -318,8 +326,10 @@ class EpochWriter:
 
     def close(self) -> None:
         """Step down (a standby takes over). Nothing is left half-committed: every epoch finished or recovers."""
-        if self._cache is not None:
-            self._cache.close()
+        for watched in (self._cache, self._grid_node, self._topology_node):
+            if watched is not None:
+                watched.close()
+        self._grid_node = self._topology_node = None
         if self.leadership.term is not None:
             self.metrics.stepping_down(self.leadership.state)
         self.leadership.release()
@@ -526,16 +536,34 @@ class EpochWriter:
 
     # -- waiting for the next barrier ----------------------------------------------------------
 
-    def _read_managed_sources(self) -> None:
-        """Which sources a Tidemark job writes. Read again before every barrier (one versioned read of a
-        cached topology): a source whose writer registers after this job stops being a root table.
+    def grid(self) -> BarrierGrid:
+        """The barrier grid: from the watched copy while leading (no request), else read."""
+        node = self._grid_node
+        if node is None:
+            return self.barriers.grid()
+        found = node.current()
+        stamp = found[1].mzxid if found is not None else -1
+        if self._grid is None or self._grid[0] != stamp:
+            self._grid = (stamp, grid_from(found, self.tm.paths.barriers))
+        return self._grid[1]
+
+    def _read_managed_sources(self, fresh: bool = True) -> None:
+        """Which sources a Tidemark job writes. ``fresh``: read now (one versioned read of a cached topology),
+        as after reading a root source, so a source whose writer registers after this job stops being a root
+        table; otherwise only when the watched ``/topology`` version moved.
 
         A source whose Iceberg metadata names a Tidemark writer counts too, registered or not: after a
         ZooKeeper wipe (or an unregister) this job may restart before its upstream does, and reading the
         upstream's table by commit time then would break the epochs' consistency. It waits for the
         upstream's tidemark instead (the table object is the one already loaded: no extra metadata load).
         """
-        writers = read_topology(self.tm).writers
+        if not fresh and self._topology_node is not None:
+            found = self._topology_node.current()
+            if found is not None and found[1].version == self._topology_seen:
+                return
+        topo = read_topology(self.tm)
+        self._topology_seen = topo.znode_version
+        writers = topo.writers
         self._managed = tuple(s for s in self.sources if s in writers or self._claimed_in_iceberg(s))
         self.metrics.watch_tables(sorted({*self._managed, *self.sinks}))
 
@@ -552,8 +580,8 @@ class EpochWriter:
         after = last if last is not None else self._opened_ms  # a new job starts after it opened
         while not self._stop.is_set():
             generation = self._open_cache.generation
-            grid = self.barriers.grid()  # read each pass: an interval change may take effect meanwhile
-            self._read_managed_sources()
+            grid = self.grid()  # watched: an interval change may take effect meanwhile
+            self._read_managed_sources(fresh=False)
             marks = self._open_cache.get(self._managed)
             final = None if until is None else self.pacing.at_or_before(grid, until)
             if final is not None and after is not None and after >= final:

@@ -21,7 +21,7 @@ epoch any job already chose leaves the grid.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 from kazoo.exceptions import BadVersionError
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
@@ -93,16 +93,21 @@ class _Moved(Exception):
     """``/barriers`` changed between our read and our conditional write; decide again."""
 
 
+def grid_from(found: Optional[tuple[bytes, Any]], path: str) -> BarrierGrid:
+    """The grid in ``/barriers``' data as read (``ConfigurationError`` while none is defined)."""
+    if found is None or not found[0]:
+        raise ConfigurationError("no barrier grid is defined yet: a job must call "
+                                 "tm.barriers.ensure_grid(interval_ms=...) (EpochWriter does)")
+    return BarrierGrid.from_json(found[0], path)
+
+
 class Barriers:
     def __init__(self, tm: ZooKeeperSession) -> None:
         self.tm = tm
 
     def _read(self) -> tuple[BarrierGrid, Any]:
         found = self.tm.get(self.tm.paths.barriers)
-        if found is None or not found[0]:
-            raise ConfigurationError("no barrier grid is defined yet: a job must call "
-                                     "tm.barriers.ensure_grid(interval_ms=...) (EpochWriter does)")
-        return BarrierGrid.from_json(found[0], self.tm.paths.barriers), found[1]
+        return grid_from(found, self.tm.paths.barriers), found[1] if found else None
 
     def grid(self) -> BarrierGrid:
         return self._read()[0]
@@ -167,4 +172,4 @@ class Barriers:
             return changed
         return self._conditionally("changing the interval", attempt)
 
-__all__ = ["BarrierGrid", "BarrierMode", "Barriers"]
+__all__ = ["BarrierGrid", "BarrierMode", "Barriers", "grid_from"]

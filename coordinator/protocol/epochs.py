@@ -48,7 +48,7 @@ from typing import Any, Callable, Optional
 from coordinator.errors import ConfigurationError, CorruptState, EpochOrderError, MultiFailed
 from coordinator.iceberg.progress import ResumePoint
 from coordinator.names import parse_epoch
-from coordinator.protocol.barriers import Barriers
+from coordinator.protocol.barriers import BarrierGrid, Barriers
 from coordinator.protocol.leadership import Leadership
 from coordinator.records import EpochInputs, EpochRecord, EpochState, TableTidemark, now_ms
 from coordinator.zookeeper.ops import Create, Delete, Op, SetData
@@ -70,7 +70,8 @@ class Recovery:
 
 
 class EpochCoordinator:
-    def __init__(self, leadership: Leadership, sinks: Iterable[str], history: int = 100) -> None:
+    def __init__(self, leadership: Leadership, sinks: Iterable[str], history: int = 100,
+                 grid: Optional[Callable[[], BarrierGrid]] = None) -> None:
         if history < 2:
             raise ConfigurationError("history must keep at least 2 epochs (the last committed and the one in flight)")
         self.leadership = leadership
@@ -78,6 +79,7 @@ class EpochCoordinator:
         self.job = leadership.job
         self.sinks = tuple(sorted(sinks))
         self.history = history
+        self._grid = grid or Barriers(leadership.tm).grid  # a writer passes its watched copy: no read per epoch
         self.current: Optional[EpochRecord] = None
         self.last_committed: Optional[int] = None
         self._version = -1       # znode version of the current epoch's record
@@ -206,8 +208,7 @@ class EpochCoordinator:
         if self.last_committed is not None and epoch <= self.last_committed:
             raise EpochOrderError(f"job {self.job!r} already committed barrier {self.last_committed}; {epoch} is "
                                   "not after it (barriers are never repeated)")
-        grid = Barriers(self.tm).grid()
-        if not grid.is_barrier(epoch):
+        if not self._grid().is_barrier(epoch):
             raise EpochOrderError(f"{epoch} is not a barrier of the grid under {self.tm.paths.barriers}: only "
                                   "barriers are epochs")
 
