@@ -1,14 +1,25 @@
-"""Coordination only (no Iceberg, no Spark): ZooKeeper round trips to agree a barrier and per committed
-epoch, epoch commits per second for N sink tables, and ``tidemark status`` over 1,000 registered jobs.
+"""Coordination only (no Iceberg, no Spark): ZooKeeper round trips for a root job to choose its next epoch
+and per committed epoch, epoch commits per second for N sink tables, and ``tidemark status`` over 1,000
+registered jobs.
+
+    python -m bench coordination
+
+Choosing an epoch is one pass of the writer's wait loop (``EpochWriter.next_barrier``): read the grid
+and the topology, then ``Pacing.choose`` (a root job takes the newest grid point the clock passed).
+There is no agreement step: each job picks its own epochs on the shared grid.
 
 Baselines measured in the same run: one bare ZooKeeper round trip (kazoo ``exists``), and
 reading the status znodes one by one instead of pipelined.
 """
 from __future__ import annotations
 
+import argparse
 import time
+from typing import Optional
 
 from coordinator import EpochCoordinator, EpochInputs, SourceRange, Tidemark
+from coordinator.protocol.pacing import Pacing
+from coordinator.protocol.topology import read_topology
 from coordinator.records import LeaderRecord, TableTidemark, TermRecord
 
 from .common import RoundTrips, header, ms, timed, zookeeper
@@ -16,9 +27,9 @@ from .common import RoundTrips, header, ms, timed, zookeeper
 EPOCHS = 200
 
 
-def epochs_per_sink_count(server, sinks: int) -> tuple[float, float, float]:
-    """Round trips to agree one barrier, round trips per epoch (begin + precommit + commit), and epochs/s
-    (agreement included), for a job with ``sinks`` sink tables."""
+def epochs_per_sink_count(server, sinks: int, count: int = EPOCHS) -> tuple[float, float, float]:
+    """Round trips to choose the next epoch, round trips per epoch (begin + precommit + commit), and epochs/s
+    (choosing included), for a job reading a root table with ``sinks`` sink tables, 1 s grid, no grace."""
     tm = Tidemark.connect(server.connect_string + f"/bench-sinks-{sinks}")
     try:
         tables = [f"lake.bench.t{i}" for i in range(sinks)]
@@ -28,24 +39,30 @@ def epochs_per_sink_count(server, sinks: int) -> tuple[float, float, float]:
         leadership.acquire()
         epochs = EpochCoordinator(leadership, tables, history=100)
         epochs.recover()
-        agree_trips = epoch_trips = 0
+        pacing = Pacing(None, grace_ms=0)
+        choose_trips = epoch_trips = 0
         elapsed = 0.0  # the protocol's own time: the request counter is read outside the timed steps
         trips = RoundTrips(server)
-        for k in range(1, EPOCHS + 1):
-            t = k * 1000
+        last = None
+        for k in range(1, count + 1):
+            now = k * 1000  # the clock just passed grid point k
             start = time.perf_counter()
-            if not tm.barriers.agree(t, proposed_by="bench"):
-                raise RuntimeError(f"barrier {t} was already agreed")
+            grid = tm.barriers.grid()
+            read_topology(tm)
+            t = pacing.choose(grid, after=last, sources={}, has_root_source=True, now=now).epoch
             elapsed += time.perf_counter() - start
-            agree_trips += trips.take()
+            choose_trips += trips.take()
+            if t != now:
+                raise RuntimeError(f"pacing chose {t}, not the grid point {now} the clock just passed")
             start = time.perf_counter()
             epochs.begin(t, EpochInputs({"raw.source": SourceRange(t - 1000 if k > 1 else None, t)}))
             epochs.precommit(t, {name: t for name in tables})
             epochs.commit(t, {name: t for name in tables})
             elapsed += time.perf_counter() - start
             epoch_trips += trips.take()
+            last = t
         leadership.release()
-        return agree_trips / EPOCHS, epoch_trips / EPOCHS, EPOCHS / elapsed
+        return choose_trips / count, epoch_trips / count, count / elapsed
     finally:
         tm.close()
 
@@ -74,20 +91,26 @@ def status_of_many_jobs(server, jobs: int) -> None:
         tm.close()
 
 
-def main() -> None:
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench coordination", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=EPOCHS, help="epochs per sink count")
+    parser.add_argument("--status-jobs", type=int, default=1000, help="jobs registered for the status read")
+    opts = parser.parse_args(argv)
     with zookeeper() as server:
-        header("coordination: ZooKeeper round trips to agree a barrier and per epoch (begin + precommit + commit)")
+        header("coordination: ZooKeeper round trips to choose the next epoch and per epoch "
+               "(begin + precommit + commit)")
         probe = Tidemark.connect(server.connect_string)
         print(f"baseline: one bare ZooKeeper round trip:   {ms(timed(lambda: probe.client.exists('/'), 500))}")
         probe.close()
-        print("(epochs/s includes agreeing each barrier, as a root job does)")
-        print(f"{'sinks':>6} {'trips/agreement':>16} {'trips/epoch':>12} {'epochs/s':>10}")
+        print("(choosing = one pass of the writer's wait loop: grid + topology read; epochs/s includes it)")
+        print(f"{'sinks':>6} {'trips/choice':>13} {'trips/epoch':>12} {'epochs/s':>10}")
         for sinks in (1, 10, 50):
-            agreement, trips, rate = epochs_per_sink_count(server, sinks)
-            print(f"{sinks:>6} {agreement:>16.2f} {trips:>12.2f} {rate:>10.1f}")
-        header("tidemark status on 1,000 registered jobs")
-        status_of_many_jobs(server, 1000)
+            choice, trips, rate = epochs_per_sink_count(server, sinks, opts.epochs)
+            print(f"{sinks:>6} {choice:>13.2f} {trips:>12.2f} {rate:>10.1f}")
+        header(f"tidemark status on {opts.status_jobs:,} registered jobs")
+        status_of_many_jobs(server, opts.status_jobs)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

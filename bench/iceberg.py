@@ -1,13 +1,17 @@
 """The Iceberg side: resolution latency for 10, 100 and 1,000 tables (cold, with the watch cache, and from
 Iceberg metadata alone), publish latency next to a plain pyiceberg ``set_current_snapshot``, and the two
 ways to mark an empty epoch (a table-property commit vs an empty snapshot).
+
+    python -m bench iceberg [--tables 10 100 1000]
 """
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Optional
 
 import pyarrow as pa
 
@@ -36,32 +40,32 @@ def stage(table, epoch: int) -> int:
 
 
 def build_lake(tm: Tidemark, settings: CatalogSettings, catalog, count: int, namespace: str) -> list[str]:
-    """``count`` tables, each committed at epoch 1000 (an idle epoch) by one of ``count / 50`` jobs."""
+    """``count`` tables, each committed at epoch 1000 (an idle epoch, a barrier of the 1 s grid) by one of
+    ``count / 50`` jobs."""
     catalog.create_namespace_if_not_exists(namespace)
     names = [f"{namespace}.t{i:04d}" for i in range(count)]
     for name in names:
         catalog.create_table(name, schema=SCHEMA)
     tm.barriers.ensure_grid(1000)
-    tm.barriers.agree(1000, proposed_by="bench")  # False for the second lake: already agreed
     for start in range(0, count, TABLES_PER_JOB):
         writer = EpochWriter(tm, f"{namespace}-j{start}", sources=[], sinks=names[start:start + TABLES_PER_JOB],
                              catalog=settings, interval_ms=1000)
         writer.open(leader_timeout=60)
         try:
-            writer.commit_idle(1000)  # one ZooKeeper multi, then the committed-epoch property of every sink
+            writer.commit_idle(1000)  # one ZooKeeper multi, then (the writer's first epoch) every sink's marker
         finally:
             writer.close()
     return names
 
 
-def resolution(server, settings: CatalogSettings) -> None:
+def resolution(server, settings: CatalogSettings, sizes: list[int]) -> None:
     header("resolution latency (consistent level)")
     catalog = settings.load()
     tm = Tidemark.connect(server.connect_string + "/bench-resolve", operation_timeout=120)
     print("cold: a new resolver reading ZooKeeper; watch cache: tidemarks kept fresh by watches; "
           "Iceberg-only: no ZooKeeper, every table's metadata loaded")
     try:
-        for count in (10, 100, 1000):
+        for count in sizes:
             start = time.perf_counter()
             names = build_lake(tm, settings, catalog, count, f"r{count}")
             built = time.perf_counter() - start
@@ -111,12 +115,16 @@ def publishing(settings: CatalogSettings) -> None:
     print(f"empty snapshot with the epoch in its summary:      {ms(as_snapshot)}")
 
 
-def main() -> None:
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench iceberg", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tables", type=int, nargs="+", default=[10, 100, 1000], help="lake sizes to resolve")
+    opts = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tidemark-bench-lake-") as home, zookeeper() as server:
         settings = CatalogSettings.embedded(Path(home))
         publishing(settings)
-        resolution(server, settings)
+        resolution(server, settings, opts.tables)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,9 +1,9 @@
 """Spark: the wall time of one Tidemark epoch vs a plain Iceberg append of the same cached DataFrame
 (10k and 1M rows).
 
-Each epoch is the whole loop step of a root job (agree the next barrier, record the inputs,
+Each epoch is the whole loop step of a root job (choose the next barrier, record the inputs,
 run the function: a staged ``append``, then precommit, publish and commit). The grid is
-1 ms with no grace, on the bench's own ZooKeeper, so every epoch agrees a new barrier at
+1 ms with no grace, on the bench's own ZooKeeper, so every epoch finds a new barrier at
 once: no waiting for the clock, pure epoch cost. Tidemark epochs and plain appends are
 interleaved (the machine may be busy with other work) and the median of each is compared.
 
@@ -51,7 +51,7 @@ def epoch_overhead(spark, connect: str, settings: CatalogSettings, rows: int, re
     try:
         for _ in range(WARMUP + repeat):
             start = time.perf_counter()
-            target = writer.next_barrier()  # agreed on the spot: the clock passed a new 1 ms grid point
+            target = writer.next_barrier()  # at once: the clock passed a new 1 ms grid point
             assert target is not None  # None only once the writer is stopped
             writer.process(target, append, inputs=writer.inputs_for(target))
             epochs.append(time.perf_counter() - start)
@@ -77,7 +77,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         settings = CatalogSettings.embedded(Path(home))
         spark = build_spark_session(settings, app_name="tidemark-bench", extra_conf={"spark.ui.enabled": "false"})
         spark.sql("CREATE NAMESPACE lake.b")
-        header("epoch wall time: Tidemark epoch (agree barrier, stage, precommit, publish, commit) "
+        header("epoch wall time: Tidemark epoch (choose barrier, stage, precommit, publish, commit) "
                "vs plain Iceberg append of the same cached DataFrame")
         print(f"median of {opts.repeat} each, interleaved, after {WARMUP} warm-up writes; "
               "'staged write' is the Spark append inside the epoch")
