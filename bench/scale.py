@@ -20,9 +20,10 @@ Sub-benchmarks (``--only``, repeatable; all by default):
   ``zk_packets_received``; the bench's own session is closed during the window, and its ``mntr``
   reads are subtracted), at ``--jobs`` real jobs (root -> derived chains, ``--writers-per-process``
   writers in each driver process, each writer with its own session) and ``--simulated`` jobs at the
-  protocol layer (``--sim-driver`` processes: the writer's own loop of ``Barriers.grid``,
-  ``read_topology``, ``TidemarkCache``, ``Pacing.choose`` and ``EpochCoordinator`` begin / precommit /
-  commit, with no Iceberg). Goal: at most 10, flat within 1.5x from the smallest to the largest.
+  protocol layer (``--sim-driver`` processes, a session per job by default: the writer's loop as it runs
+  while leading, with its watches on the grid, the topology and the tidemarks, ``Pacing.choose`` and
+  ``EpochCoordinator`` begin / precommit / commit, with no Iceberg). Pings of the jobs' sessions count:
+  they are requests too. Goal: at most 10, flat within 1.5x from the smallest to the largest.
 - ``catchup``: a derived job stopped for ``--pause`` seconds while its root job runs. Goal: one call
   of its function covers the backlog; also the time until it is within one interval of the clock.
 - ``mixed``: a streaming root -> derived cascade on the grid, and a batch job reading the derived table
@@ -68,13 +69,13 @@ CATALOG = "lake"
 SUBS = ("isolation", "cost", "catchup", "mixed", "overload", "idle")
 
 # Full-run parameters (about 25 minutes for all six) and the smoke run's (--smoke: seconds each).
-FULL: dict[str, Any] = dict(interval_ms=5000, grace_ms=1000, rows=50, pipelines=6, iso_minutes=2.0,
-                            jobs=[4, 16, 64], simulated=[64, 1000], cost_seconds=45.0, writers_per_process=16,
-                            sim_processes=4, jobs_per_session=25, pause=300.0, warmup=30.0, every_ms=60_000,
-                            mixed_minutes=3.5, overload_minutes=2.0, idle_minutes=1.5)
+FULL: dict[str, Any] = dict(interval_ms=5000, grace_ms=1000, rows=50, pipelines=6, iso_minutes=1.5,
+                            jobs=[4, 16, 64], simulated=[1000], cost_seconds=30.0, writers_per_process=16,
+                            sim_processes=4, jobs_per_session=1, pause=300.0, warmup=30.0, every_ms=60_000,
+                            mixed_minutes=3.0, overload_minutes=2.0, idle_minutes=1.5)
 SMOKE: dict[str, Any] = dict(interval_ms=1000, grace_ms=200, rows=10, pipelines=3, iso_minutes=0.25,
                              jobs=[4, 8], simulated=[8, 40], cost_seconds=8.0, writers_per_process=4,
-                             sim_processes=2, jobs_per_session=10, pause=10.0, warmup=4.0, every_ms=4000,
+                             sim_processes=2, jobs_per_session=1, pause=10.0, warmup=4.0, every_ms=4000,
                              mixed_minutes=0.4, overload_minutes=0.4, idle_minutes=0.25)
 
 
@@ -193,41 +194,50 @@ def run_driver(config: Mapping[str, Any]) -> int:
 
 def _simulate_job(tm, spec: Mapping[str, Any], config: Mapping[str, Any], stop: threading.Event,
                   commits: dict[str, list[int]], failures: list) -> None:
-    """One job at the protocol layer: the writer's own wait loop (``EpochWriter.next_barrier``: the grid and the
-    topology read on every pass, a pass per tidemark change or ``WAIT_SLICE_S``), its metrics' tidemark watches,
-    and the epoch transitions, with made-up snapshot ids instead of Iceberg."""
+    """One job at the protocol layer, as ``EpochWriter`` runs it while leading, with made-up snapshot ids instead
+    of Iceberg: the grid and the topology's version watched (``WatchedNode``; the topology read again only when
+    its version moved), the sources' tidemarks in a ``TidemarkCache`` (and the sources' and sink's in a second
+    one, as ``DriverMetrics`` keeps them), a pass of ``Pacing.choose`` per tidemark change or ``WAIT_SLICE_S``
+    (``EpochWriter.next_barrier``), and the epoch's transitions: begin, precommit, commit."""
     from coordinator.job.writer import WAIT_SLICE_S
-    from coordinator.protocol.barriers import Barriers
+    from coordinator.protocol.barriers import grid_from
     from coordinator.protocol.epochs import EpochCoordinator
     from coordinator.protocol.leadership import Leadership
     from coordinator.protocol.pacing import Pacing
     from coordinator.protocol.tidemarks import TidemarkCache
     from coordinator.protocol.topology import read_topology
     from coordinator.records import EpochInputs, SourceRange, now_ms
+    from coordinator.zookeeper.watched import WatchedNode
     job, sink, sources = spec["job"], spec["sink"], list(spec["sources"])
     done = commits.setdefault(job, [])
     try:
         leadership = Leadership(tm, job)
         leadership.acquire(timeout=300)
-        epochs = EpochCoordinator(leadership, [sink], history=100)
+        grid_node, topology_node = WatchedNode(tm, tm.paths.barriers), WatchedNode(tm, tm.paths.topology)
+
+        def grid():
+            return grid_from(grid_node.current(), tm.paths.barriers)
+        epochs = EpochCoordinator(leadership, [sink], history=100, grid=grid)
         epochs.recover()
-        cache, barriers = TidemarkCache(tm), Barriers(tm)
+        cache = TidemarkCache(tm)
         metrics = TidemarkCache(tm)  # DriverMetrics keeps the sources' and sinks' tidemarks loaded the same way
         pacing = Pacing(None, config["grace_ms"])
         opened = now_ms()
         previous: dict[str, Optional[int]] = {}
+        seen, managed = -2, []
         while not stop.is_set():
             after = epochs.last_committed if epochs.last_committed is not None else opened
             target, marks = None, {}
             while not stop.is_set():
                 generation = cache.generation
-                grid = barriers.grid()
-                writers = read_topology(tm).writers
-                managed = [s for s in sources if s in writers]
-                metrics.get(sorted({*managed, sink}))
+                found = topology_node.current()
+                if found is None or found[1].version != seen:
+                    topo = read_topology(tm)
+                    seen, managed = topo.znode_version, [s for s in sources if s in topo.writers]
+                    metrics.get(sorted({*managed, sink}))
                 marks = cache.get(managed)
-                choice = pacing.choose(grid, after=after, sources=marks, has_root_source=len(managed) < len(sources),
-                                       now=now_ms())
+                choice = pacing.choose(grid(), after=after, sources=marks,
+                                       has_root_source=len(managed) < len(sources), now=now_ms())
                 if choice.epoch is not None:
                     target = choice.epoch
                     break
@@ -244,8 +254,8 @@ def _simulate_job(tm, spec: Mapping[str, Any], config: Mapping[str, Any], stop: 
                 epochs.commit_idle(target, inputs)
             previous = ends
             done.append(now_ms())
-        cache.close()
-        metrics.close()
+        for watched in (cache, metrics, grid_node, topology_node):
+            watched.close()
         leadership.release()
     except Exception as exc:  # reported by the process's exit code
         logging.getLogger("bench.scale").exception("simulated job %s failed", job)
@@ -432,7 +442,7 @@ class Deployment:
                 self.check_alive()
                 if time.monotonic() > deadline:
                     epochs = {t: m.epoch if m else None for t, m in self.cache.get(chain.tables).items()}
-                raise RuntimeError(f"{chain.name}: no consistent epoch after {timeout:.0f} s ({epochs})")
+                    raise RuntimeError(f"{chain.name}: no consistent epoch after {timeout:.0f} s ({epochs})")
                 time.sleep(0.2)
 
     def sample(self, seconds: float, chains: Optional[Sequence[Chain]] = None,
@@ -1003,17 +1013,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--grace-ms", type=int, help="root jobs' grace (full 1000)")
     p.add_argument("--rows", type=int, help="events a root job generates per epoch (full 50)")
     p.add_argument("--pipelines", type=int, help="isolation: pipelines (full 6)")
-    p.add_argument("--iso-minutes", type=float, help="isolation: sampled minutes per run (full 2)")
+    p.add_argument("--iso-minutes", type=float, help="isolation: sampled minutes per run (full 1.5)")
     p.add_argument("--jobs", type=int, nargs="+", help="cost: real job counts (full 4 16 64)")
-    p.add_argument("--simulated", type=int, nargs="*", help="cost: simulated job counts (full 64 1000)")
-    p.add_argument("--cost-seconds", type=float, help="cost: the counting window per size (full 45)")
+    p.add_argument("--simulated", type=int, nargs="*", help="cost: simulated job counts (full 1000)")
+    p.add_argument("--cost-seconds", type=float, help="cost: the counting window per size (full 30)")
     p.add_argument("--writers-per-process", type=int, help="cost: writers per real driver process (full 16)")
     p.add_argument("--sim-processes", type=int, help="cost: processes for the simulated jobs (full 4)")
-    p.add_argument("--jobs-per-session", type=int, help="cost: simulated jobs sharing a session (full 25)")
+    p.add_argument("--jobs-per-session", type=int,
+                   help="cost: simulated jobs sharing a session (full 1: a session each, like a driver)")
     p.add_argument("--pause", type=float, help="catch-up: seconds the derived job is down (full 300)")
     p.add_argument("--warmup", type=float, help="catch-up: seconds before the stop (full 30)")
     p.add_argument("--every-ms", type=int, help="mixed: the batch job's cadence (full 60000)")
-    p.add_argument("--mixed-minutes", type=float, help="mixed: minutes (full 3.5)")
+    p.add_argument("--mixed-minutes", type=float, help="mixed: minutes (full 3)")
     p.add_argument("--overload-minutes", type=float, help="overload: sampled minutes (full 2)")
     p.add_argument("--idle-minutes", type=float, help="idle: counted minutes (full 1.5)")
     p.add_argument("--driver", help=argparse.SUPPRESS)
