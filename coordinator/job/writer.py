@@ -103,7 +103,7 @@ CATALOG_OUTAGE_TIMEOUT_S = 300.0  # ... until the catalog has been unreachable t
 class Waiting:
     """Why a writer is not processing an epoch right now."""
 
-    barrier: Optional[int]   # the barrier it waits to process (None: none is eligible yet)
+    after: Optional[int]     # it waits for an epoch after this one: its last, or for a new job the time it opened
     reason: str
     since_ms: int
 
@@ -594,19 +594,20 @@ class EpochWriter:
             if not wait or (final is not None and marks and all(
                     m is not None and m.epoch is not None and m.epoch >= final for m in marks.values())):
                 return None  # nothing newer now; or the sources moved past ``until`` without holding a barrier
-            self._note_wait(None, choice.reason, choice.behind)
+            self._note_wait(after, choice.reason, choice.behind)
             self._open_cache.wait_changed(generation, min(choice.wake_in_s, WAIT_SLICE_S))
         return None
 
-    def _note_wait(self, barrier: Optional[int], reason: str, lagging: tuple[str, ...] = ()) -> None:
+    def _note_wait(self, after: Optional[int], reason: str, lagging: tuple[str, ...] = ()) -> None:
         """Record why the writer waits; log it once the wait has lasted ``log_every`` seconds, and every
         ``log_every`` seconds after (short waits for the clock are the normal rhythm, not news)."""
-        if self.waiting is None or (self.waiting.barrier, self.waiting.reason) != (barrier, reason):
-            self.waiting = Waiting(barrier, reason, now_ms())
+        if self.waiting is None or (self.waiting.after, self.waiting.reason) != (after, reason):
+            self.waiting = Waiting(after, reason, now_ms())
             self._logged_at = time.monotonic()
         if time.monotonic() - self._logged_at >= self.log_every:
             log.info("job %s waiting %.0f s%s: %s%s", self.name, (now_ms() - self.waiting.since_ms) / 1000,
-                     f" for barrier {barrier}" if barrier else "", reason, self._leaderless_writers(lagging))
+                     f" for an epoch after {after}" if after is not None else "", reason,
+                     self._leaderless_writers(lagging))
             self._logged_at = time.monotonic()
 
     def _leaderless_writers(self, lagging: tuple[str, ...]) -> str:
