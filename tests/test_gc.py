@@ -4,8 +4,10 @@ A year of barriers is driven through the real protocol (the idle ones on its one
 ``tidemark gc`` running every simulated week: the kept versions match the policy exactly, every kept
 version reads back consistently (from ZooKeeper and from Iceberg tags alone), and a table keeps no more
 snapshots than the versions need. Other tests: a pinned version and a lagging job's next inputs survive
-GC; the CLI; GC on a schedule in one elected process; old metadata files go; a GC process killed
-after its expiry commit leaves orphan files that ``tidemark gc --orphans`` deletes, and only those.
+GC, and the lagging job catches up in one epoch; versions exist only at epochs every table holds, and
+each carries its tag on every table it names a snapshot of; the CLI; GC on a schedule in one elected
+process; old metadata files go; a GC process killed after its expiry commit leaves orphan files that
+``tidemark gc --orphans`` deletes, and only those.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from coordinator.history.gc_schedule import GcSchedule
 from coordinator.history.resolve import ReaderSession, Resolver
 from coordinator.history.retention import DAY_MS, DEFAULT_POLICY, HOUR_MS, RetentionPolicy
 from coordinator.history.versions import RetainedVersions, tag_epoch, tag_name
+from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.reachability import FileIndex
 from coordinator.iceberg.snapshots import snapshot_epoch
 from coordinator.operations.cli import main as cli
@@ -93,9 +96,9 @@ def test_a_simulated_year_keeps_exactly_the_policy_and_every_kept_version_reads_
         table = pipeline.catalog.load_table(name)
         assert len(table.snapshots()) <= len(retained) + 2, name
     dropped = next(e for e in pipeline.committed if e not in retained)
-    with pytest.raises(VersionNotFound, match="nearest retained versions are tidemark-"):
-        with_zk.resolve(pipeline.tables, as_of=dropped)
-    assert len(tm.barriers.agreed()) <= 2, "barrier znodes below every job's last epoch are pruned"
+    for resolver in (with_zk, iceberg_only):
+        with pytest.raises(VersionNotFound, match="nearest retained versions are tidemark-"):
+            resolver.resolve(pipeline.tables, as_of=dropped)
 
 
 def test_a_pinned_version_and_a_lagging_jobs_next_inputs_survive_gc(tm, connect, pipeline, catalog_settings):
@@ -111,7 +114,7 @@ def test_a_pinned_version_and_a_lagging_jobs_next_inputs_survive_gc(tm, connect,
     pinned = session.resolve(pipeline.tables, as_of=epochs[1])
     session.pin(pinned)
 
-    for epoch in epochs[5:]:  # rollup stops at epochs[4]: it lags five barriers behind
+    for epoch in epochs[5:]:  # rollup stops at epochs[4]: it lags five of ingest's epochs behind
         pipeline.produce(epoch, rows=4)
     events = pipeline.catalog.load_table(pipeline.events)
     aborted = stage_rows(events, epochs[6], "ingest", 1, 5)  # a staged write never published
@@ -129,24 +132,32 @@ def test_a_pinned_version_and_a_lagging_jobs_next_inputs_survive_gc(tm, connect,
     kept_why = {d.snapshot_id: d.reason for d in events_plan.keep}
     events.refresh()
     head = events.current_snapshot()
-    assert kept_why[head.parent_snapshot_id] == f"main since epoch {epochs[4]}, the next inputs of job rollup" or \
-        kept_why[head.parent_snapshot_id].startswith("main since epoch")
+    assert kept_why[head.snapshot_id] == "head of main"
+    assert kept_why[present(head.parent_snapshot_id)] == f"main since epoch {epochs[4]}, the newest consistent version"
+    assert decisions[epochs[4]] == ("keep", "newest consistent version") and plan.consistent_epoch == epochs[4], \
+        "rollup holds none of ingest's newer epochs: epochs[4] is the newest one both tables hold"
 
     report = collector.run()
     assert report.expired_snapshots >= 4 and report.deleted_files > 0
     events.refresh()
     assert events.snapshot_by_id(aborted) is None
     kept_epochs = {snapshot_epoch(s) for s in events.snapshots()}
-    assert {epochs[0], epochs[2], epochs[3]}.isdisjoint(kept_epochs) and set(epochs[4:]) <= kept_epochs
-    assert tm.barriers.agreed() == epochs[4:], "the lagging job still finds every barrier it must process"
+    assert {epochs[0], epochs[2], epochs[3]}.isdisjoint(kept_epochs) and set(epochs[4:]) <= kept_epochs, \
+        "main from the lagging job's last epoch up to the head stays whole"
 
     pipeline.check(session.resolver, session.resolve(pipeline.tables, as_of=epochs[1]))  # the pin held
-    for epoch in epochs[5:]:  # the lagging job's next epochs compute what they would have without GC
-        pipeline.roll(epoch)
+    pipeline.roll(epochs[-1])  # the lagging job catches up in one epoch, reading what it would have without GC
+    inputs = present(pipeline.rollup.epochs.current).inputs.sources[pipeline.events]
+    events.refresh()
+    lineage = EpochLineage(events)
+    assert (inputs.start, inputs.end) == (lineage.snapshot_at(epochs[4]), lineage.snapshot_at(epochs[-1]))
     resolver = Resolver(pipeline.catalog, catalog_settings, tm)
     version = resolver.resolve(pipeline.tables)
     assert version.epoch == epochs[-1]
     pipeline.check(resolver, version)
+    with pytest.raises(VersionNotFound, match=rf"table {pipeline.totals} does not hold it .*the nearest epochs "
+                                              rf"{pipeline.totals} holds are {epochs[4]} and {epochs[-1]}"):
+        resolver.resolve(pipeline.tables, as_of=epochs[7])  # rollup coalesced over it
     with pytest.raises(VersionNotFound, match=f"nearest retained versions are {tag_name(epochs[1])} and "
                                               f"{tag_name(epochs[4])}"):
         resolver.resolve(pipeline.tables, as_of=epochs[2])

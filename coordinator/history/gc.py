@@ -1,4 +1,4 @@
-"""Garbage collection: retained versions, snapshot expiry, file deletion and barrier pruning, in one pass.
+"""Garbage collection: retained versions, snapshot expiry and file deletion, in one pass.
 
     collector = GarbageCollector(tm, settings)        # policy: the deployment's (``/versions``); clock: now_ms
     plan = collector.plan()                            # what would be kept and dropped, and why (changes nothing)
@@ -8,31 +8,40 @@
 
 What one run does (``tidemark gc`` runs it; ``GcSchedule`` runs it in one elected driver):
 
-1. **Versions.** The candidates are the retained versions plus every agreed barrier after the
-   newest of them, up to the newest consistent epoch ``C`` (the minimum tidemark of the managed
-   tables). The policy (``coordinator.retention``) keeps some; ``C`` is always kept (the newest
+1. **Versions.** The candidates are the retained versions plus every epoch that every managed
+   table of the deployment holds (the intersection of the tidemarks' lists of recent epochs,
+   ``TableTidemark.recent``; for a table some job reads that has Tidemark metadata but no
+   tidemark, the epochs its Iceberg metadata records) after the newest retained version, up to
+   the newest such epoch ``C``, the newest consistent epoch. Tables whose writer committed
+   nothing yet are left out. A job takes only epochs its sources hold and may coalesce several
+   barriers into one epoch, so these are the only epochs at which every table has an exact
+   state. The policy (``coordinator.retention``) keeps some; ``C`` is always kept (the newest
    consistent version), and so is a retained version a live reader pinned. A kept version gets
    the tag ``tidemark-<T>`` on every table it covers and ``/versions/<T>``; a dropped one loses
-   both (``coordinator.versions`` defines what a version covers).
+   both (``coordinator.versions`` defines what a version covers). A version's snapshots are
+   the ones the tidemarks list for ``T`` (no lineage walk); a version at which every table was
+   empty is not created, since no tag could name it.
 2. **Snapshots** of each managed table are expired unless they are: a ref's head (every tag,
    ours or not, and every branch with its ancestors); pinned by a live reader (``/readers``);
    in ``main``'s lineage from the snapshot at ``F`` up to the head, where ``F`` is the lower of
-   ``C`` and the last committed epoch of every registered job reading the table (its next
-   epoch's inputs start there, like Paimon's consumer ids: a lagging or stopped job keeps its
-   inputs); or the staged write of an epoch not committed yet. A staged write of an epoch at
-   or below the table's tidemark was aborted and goes. Root tables (written outside Tidemark)
-   are only tagged, never expired: their owner expires them, and the tags protect the
-   retained versions from that.
+   ``C`` and the last committed epoch ``L`` of every registered job reading the table (its next
+   epoch reads ``(snapshot at L, snapshot at T]`` for an epoch ``T`` the table holds, whatever
+   it coalesces, and a recomputed epoch reads the range it recorded; like Paimon's consumer ids,
+   a lagging or stopped job keeps its inputs); or the staged write of an epoch not committed
+   yet. With no consistent epoch (the tables share none) all of ``main`` stays. A staged write
+   of an epoch at or below the table's tidemark was aborted and goes. Tables with no tidemark
+   (root tables written outside Tidemark, or a table whose writer is not registered) are only
+   tagged, never expired: their owner expires them, and the tags protect the retained versions
+   from that.
 3. **Files.** pyiceberg's expiry removes metadata only. The manifest lists, manifests and data
    files referenced by expired snapshots and by no remaining snapshot are deleted through the
    table's FileIO, computed from the metadata the expiry commit produced (so a snapshot
    committed concurrently counts as remaining). Old metadata files go with every commit once
    ``write.metadata.delete-after-commit.enabled`` is set, which GC sets on managed tables
    (with ``write.metadata.previous-versions-max``).
-4. **ZooKeeper.** Barrier znodes below every registered job's last committed epoch are
-   pruned (a lagging job still finds every barrier it must process). Epoch znodes are already
-   bounded per job by the leader (``EpochWriter(history=...)``): only the leader, under its
-   term, may delete them.
+4. **ZooKeeper** holds nothing for GC to prune: no barrier is recorded (only the grid), tidemarks
+   keep a bounded list of recent epochs, and epoch znodes are bounded per job by the leader
+   (``EpochWriter(history=...)``): only the leader, under its term, may delete them.
 
 One run at a time: every run that changes anything (``run()``, ``remove_orphan_files()``) holds the
 deployment's GC lock (kazoo's ``Lock`` on ``/gc/lock``, ``exclusive()``), so a CronJob, the drivers'
@@ -55,7 +64,7 @@ import logging
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -92,11 +101,11 @@ from coordinator.history.resolve import pinned_versions
 from coordinator.history.retention import RetentionPolicy, read_policy
 from coordinator.history.versions import RetainedVersions, VersionRecord, tag_epoch, tag_name
 from coordinator.iceberg.catalog import CatalogSettings, load_table
+from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.metadata_files import DELETE_AFTER_COMMIT, PREVIOUS_VERSIONS_MAX, delete_unlogged_metadata
 from coordinator.iceberg.orphans import OrphanFiles, delete_orphan_files, find_orphan_files, shared_locations
 from coordinator.iceberg.reachability import FileIndex
 from coordinator.iceberg.snapshots import snapshot_epoch
-from coordinator.protocol.barriers import Barriers
 from coordinator.protocol.tidemarks import read_tidemarks
 from coordinator.protocol.topology import read_topology
 from coordinator.records import JsonOutput, TableTidemark, now_ms
@@ -150,7 +159,6 @@ class GcPlan(JsonOutput):
     consistent_epoch: Optional[int]
     versions: tuple[VersionDecision, ...]
     tables: tuple[TablePlan, ...]
-    barriers_to_prune: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()
 
     def kept_epochs(self) -> list[int]:
@@ -163,46 +171,6 @@ class GcReport(JsonOutput):
     dry_run: bool
     expired_snapshots: int = 0
     deleted_files: int = 0
-    pruned_barriers: int = 0
-
-
-class _Lineage:
-    """One table's snapshots indexed once (pyiceberg looks snapshots up by scanning the list)."""
-
-    def __init__(self, table: Table) -> None:
-        self.by_id = {s.snapshot_id: s for s in table.snapshots()}
-        self.main: list[Snapshot] = list(self.ancestors(table.metadata.current_snapshot_id))  # newest first
-        self.main_ids = {s.snapshot_id for s in self.main}
-        # epochs never rise going back
-        self._epoch_at = [(i, e) for i, s in enumerate(self.main) if (e := snapshot_epoch(s)) is not None]
-
-    def ancestors(self, snapshot_id: Optional[int]) -> Iterable[Snapshot]:
-        snapshot = self.by_id.get(snapshot_id) if snapshot_id is not None else None
-        while snapshot is not None:
-            yield snapshot
-            snapshot = self.by_id.get(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id is not None else None
-
-    def index_at_epoch(self, epoch: int) -> Optional[int]:
-        """Position in ``main`` (newest first) of the newest snapshot with ``tidemark.epoch <= epoch``."""
-        low, high = 0, len(self._epoch_at)
-        while low < high:  # the first entry whose epoch is <= ``epoch``
-            middle = (low + high) // 2
-            if self._epoch_at[middle][1] <= epoch:
-                high = middle
-            else:
-                low = middle + 1
-        return self._epoch_at[low][0] if low < len(self._epoch_at) else None
-
-    def at_time(self, wall_ms: int) -> Optional[Snapshot]:
-        return next((s for s in self.main if s.timestamp_ms <= wall_ms), None)
-
-    @property
-    def truncated(self) -> bool:
-        """True when ``main``'s older history was expired (its oldest snapshot is not the table's first)."""
-        if not self.main:
-            return False
-        oldest = self.main[-1]
-        return oldest.parent_snapshot_id is not None or (oldest.sequence_number or 0) > 1
 
 
 @dataclass
@@ -212,16 +180,20 @@ class _State:
     now: int
     policy: RetentionPolicy
     managed: dict[str, TableTidemark]            # managed table -> its tidemark (with a committed epoch)
-    roots: list[str]                             # root tables read by registered jobs
+    roots: list[str]                             # tables read by registered jobs that no registered job writes
     readers: dict[str, list[tuple[str, int]]]    # table -> (job, last committed epoch) of jobs reading it
-    job_epochs: dict[str, int]                   # job -> last committed epoch
-    consistent: Optional[int]
     retained: dict[int, VersionRecord]
     pinned: Mapping[int, Mapping[str, Optional[int]]]
-    barriers: list[int]
     tables: dict[str, Table]
-    lineages: dict[str, _Lineage]
+    lineages: dict[str, EpochLineage]
     notes: list[str]
+    held: dict[str, dict[int, Optional[int]]] = field(default_factory=dict)  # table -> its epochs -> snapshot
+    common: list[int] = field(default_factory=list)  # epochs every table of ``held`` holds, oldest first
+
+    @property
+    def consistent(self) -> Optional[int]:
+        """``C``: the newest epoch every managed table holds (None: they share none)."""
+        return self.common[-1] if self.common else None
 
 
 class GarbageCollector:
@@ -330,19 +302,31 @@ class GarbageCollector:
             for source in job.sources:
                 if name in job_epochs:
                     readers.setdefault(source, []).append((name, job_epochs[name]))
-        consistent = min(committed.values(), default=None)
         versions = RetainedVersions(self.tm)
         state = _State(now=self.clock(), policy=self.policy or read_policy(self.tm), managed=managed,
-                       roots=sorted(topo.root_tables), readers=readers, job_epochs=job_epochs, consistent=consistent,
-                       retained={r.epoch: r for r in versions.all()}, pinned=pinned_versions(self.tm),
-                       barriers=Barriers(self.tm).agreed(), tables={}, lineages={}, notes=[])
+                       roots=sorted(topo.root_tables), readers=readers,
+                       retained={r.epoch: r for r in versions.all()}, pinned=pinned_versions(self.tm), tables={},
+                       lineages={}, notes=[])
         for name in [*sorted(managed), *state.roots]:  # after ZooKeeper: see the module docstring
             try:
                 state.tables[name] = self._table(name)
             except TableNotFound:
                 state.notes.append(f"table {name} is registered but not in the catalog: skipped")
                 continue
-            state.lineages[name] = _Lineage(state.tables[name])
+            state.lineages[name] = EpochLineage(state.tables[name])
+        for name, mark in managed.items():
+            if name in state.tables:
+                state.held[name] = dict(mark.recent)
+        for name in state.roots:  # a table with Tidemark metadata and no tidemark: its writer is not registered
+            lineage = state.lineages.get(name)
+            if lineage is not None and (recorded := lineage.recorded_epochs()):
+                state.held[name] = dict(recorded)
+        if state.held:
+            state.common = sorted(set.intersection(*(set(h) for h in state.held.values())))
+        if state.held and not state.common:
+            newest = ", ".join(f"{t} at {max(h)}" for t, h in sorted(state.held.items()))
+            state.notes.append(f"the tables share no epoch ({newest}): no version is created and every managed "
+                               "table keeps all of main")
         return state
 
     # -- deciding --------------------------------------------------------------------------------
@@ -354,9 +338,7 @@ class GarbageCollector:
     def _plan(self, state: _State) -> tuple[GcPlan, dict[int, VersionRecord]]:
         decisions, kept = self._decide_versions(state)
         tables = tuple(self._plan_table(state, name, kept) for name in state.tables)
-        floor = min(state.job_epochs.values(), default=None)
-        prune = tuple(b for b in state.barriers if floor is not None and b < floor)
-        plan = GcPlan(state.now, state.policy.to_text(), state.consistent, tuple(decisions), tables, prune,
+        plan = GcPlan(state.now, state.policy.to_text(), state.consistent, tuple(decisions), tables,
                       tuple(state.notes))
         return plan, kept
 
@@ -364,13 +346,14 @@ class GarbageCollector:
         """Which versions are kept (with their records: existing, or computed for new ones)."""
         retained = state.retained
         newest = max(retained, default=None)
-        fresh = [b for b in state.barriers if (newest is None or b > newest) and state.consistent is not None
-                 and b <= state.consistent]
-        if state.consistent is not None and state.consistent not in retained and state.consistent not in fresh:
-            fresh.append(state.consistent)  # its barrier znode may be gone: it is still the newest version
+        fresh = [e for e in state.common if newest is None or e > newest]  # all at or below C
         reasons = dict(state.policy.keep([*retained, *fresh], state.now))
-        if state.consistent is not None:
-            reasons.setdefault(state.consistent, "newest consistent version")
+        consistent = state.consistent
+        if consistent is not None and (consistent in retained or consistent in fresh):
+            reasons.setdefault(consistent, "newest consistent version")
+        elif consistent is not None:
+            state.notes.append(f"the newest consistent epoch {consistent} is below the newest retained version "
+                               f"{newest}: no version is created this run")
         for epoch in state.pinned:
             if epoch in retained:
                 reasons.setdefault(epoch, "pinned by a live reader")
@@ -392,27 +375,28 @@ class GarbageCollector:
         return decisions, kept
 
     def _new_version(self, state: _State, epoch: int) -> Optional[VersionRecord]:
-        """Every covered table's snapshot at ``epoch``; None when no table covers it or history is gone."""
+        """Every table's snapshot at ``epoch``, an epoch every managed table holds; None when its snapshot is
+        gone from a table, or every table was empty then (no tag could name the version)."""
         snapshots: dict[str, Optional[int]] = {}
-        for name, mark in state.managed.items():
-            lineage = state.lineages.get(name)
-            if lineage is None or mark.first_epoch is None or epoch < mark.first_epoch:
-                continue  # the table has no exact state at ``epoch``: the version does not cover it
-            if mark.epoch == epoch:
-                snapshots[name] = mark.snapshot_id
-                continue
-            at = lineage.index_at_epoch(epoch)
-            if at is None and lineage.truncated:
-                state.notes.append(f"epoch {epoch} cannot become a version: table {name}'s history there expired")
+        for name, held in state.held.items():
+            snapshot_id = held[epoch]
+            if snapshot_id is not None and snapshot_id not in state.lineages[name].by_id:
+                state.notes.append(f"epoch {epoch} cannot become a version: table {name}'s snapshot there expired")
                 return None
-            snapshots[name] = None if at is None else lineage.main[at].snapshot_id
-        if not snapshots:
-            return None
+            snapshots[name] = snapshot_id
         for name in state.roots:
             lineage = state.lineages.get(name)
-            if lineage is not None:
+            if lineage is not None and name not in state.held:
                 found = lineage.at_time(epoch)
+                if found is None and lineage.truncated:
+                    state.notes.append(f"epoch {epoch} cannot become a version: root table {name}'s history "
+                                       "there expired")
+                    return None
                 snapshots[name] = None if found is None else found.snapshot_id
+        if all(s is None for s in snapshots.values()):
+            state.notes.append(f"epoch {epoch} is not made a version: every table was empty then, so no tag could "
+                               "name it")
+            return None
         return VersionRecord(epoch, snapshots, state.now)
 
     def _plan_table(self, state: _State, name: str, kept: Mapping[int, VersionRecord]) -> TablePlan:
@@ -444,7 +428,7 @@ class GarbageCollector:
         return TablePlan(name, True, create_tags, remove_tags, decisions,
                          tuple(sorted(expire, key=lambda d: d.snapshot_id)), properties)
 
-    def _protected(self, state: _State, name: str, table: Table, lineage: _Lineage,
+    def _protected(self, state: _State, name: str, table: Table, lineage: EpochLineage,
                    wanted_tags: Mapping[str, int]) -> dict[int, str]:
         """Snapshot id -> why it must stay."""
         keep: dict[int, str] = {}
@@ -465,12 +449,13 @@ class GarbageCollector:
                 protect(ref.snapshot_id, f"tag {ref_name}")
         for pinned, snapshots in state.pinned.items():
             protect(snapshots.get(name), f"pinned by a live reader (version {pinned})")
+        if state.consistent is None:
+            for snapshot in lineage.main:
+                protect(snapshot.snapshot_id, "main, whole: the tables share no epoch")
         floors = [(state.consistent, "the newest consistent version")] if state.consistent is not None else []
         floors += [(e, f"the next inputs of job {job}") for job, e in state.readers.get(name, [])]
         for floor, why in sorted(floors, key=lambda f: f[0], reverse=True):
-            at = lineage.index_at_epoch(floor)
-            bottom = len(lineage.main) if at is None else at + 1  # no snapshot that old: keep all of main
-            for snapshot in lineage.main[:bottom]:
+            for snapshot in lineage.main_since(floor):  # no snapshot that old: all of main
                 protect(snapshot.snapshot_id, f"main since epoch {floor}, {why}")
         committed = state.managed[name].epoch
         for snapshot in lineage.by_id.values():
@@ -503,12 +488,11 @@ class GarbageCollector:
             deleted += files
         created = [v.epoch for v in plan.versions if v.action == "create"]
         self._zk_batches([Create(p.version(e), kept[e].to_json()) for e in created])
-        pruned = Barriers(self.tm).prune(below=min(state.job_epochs.values())) if plan.barriers_to_prune else []
         final = GcPlan(plan.now_ms, plan.policy, plan.consistent_epoch, plan.versions, tuple(final_tables),
-                       tuple(pruned), plan.notes)
-        log.info("gc: %d versions created, %d dropped; %d snapshots expired, %d files deleted, %d barriers pruned",
-                 len(created), len(dropped), expired, deleted, len(pruned))
-        return GcReport(final, False, expired, deleted, len(pruned))
+                       plan.notes)
+        log.info("gc: %d versions created, %d dropped; %d snapshots expired, %d files deleted",
+                 len(created), len(dropped), expired, deleted)
+        return GcReport(final, False, expired, deleted)
 
     def _zk_batches(self, ops: list) -> None:
         for start in range(0, len(ops), ZK_BATCH):
@@ -526,7 +510,7 @@ class GarbageCollector:
                 with attempt:
                     if attempt.retry_state.attempt_number > 1:  # main moved: plan again on the new metadata
                         table.refresh()
-                        state.lineages[name] = _Lineage(table)
+                        state.lineages[name] = EpochLineage(table)
                         table_plan = self._plan_table(state, name, kept)
                     doomed = [state.lineages[name].by_id[d.snapshot_id] for d in table_plan.expire]
                     if table_plan.changes_anything:
@@ -655,9 +639,6 @@ def summarize(plan: GcPlan) -> list[str]:
             lines.append(f"    keep   {count:>6}  {why}")
         for why, count in sorted(Counter(_reason_kind(d.reason) for d in t.expire).items()):
             lines.append(f"    expire {count:>6}  {why}")
-    if plan.barriers_to_prune:
-        lines.append(f"  barriers: {len(plan.barriers_to_prune)} znodes below every job's last committed epoch "
-                     f"pruned (up to {plan.barriers_to_prune[-1]})")
     lines.extend(f"  note: {n}" for n in plan.notes)
     return lines
 

@@ -7,34 +7,40 @@
 Levels (docs/design.md, "Consistency levels"):
 - ``latest``: each table's current snapshot (read uncommitted; ``epoch`` is None);
 - ``committed``: each table at its own committed epoch;
-- ``consistent``: ``T*`` = the minimum committed epoch over the tables, each table at its
-  newest snapshot with ``tidemark.epoch <= T*``;
-- ``as_of=T``: the same at an older epoch ``T`` every table has committed: a retained version
-  (``/versions/<T>``, or without ZooKeeper the tag ``tidemark-<T>`` on every table) is read from
-  its record; any other epoch only while every table's history back to it is still there.
+- ``consistent``: the newest epoch ``T`` that every managed table of the set holds (committed),
+  each table at its snapshot of ``T``. A job's epochs are barriers all its sources hold, and
+  one epoch may cover several barriers (it coalesces: ``coordinator.protocol.pacing``), so a
+  table that coalesced over a barrier has no exact state there: it is never read "at its newest
+  snapshot before ``T``" for a ``T`` it does not hold;
+- ``as_of=T``: a retained version (``/versions/<T>``, or without ZooKeeper the tag
+  ``tidemark-<T>`` on every table) is read from its record; any other epoch only when every
+  managed table holds ``T`` and its snapshot there still exists.
 
-A table no Tidemark job writes (a root table fed from outside) has no epochs: it is read
-at its newest snapshot committed at or before ``T*`` (barrier ``T*`` covers its commits up
-to time ``T*``) and does not hold ``T*`` back.
+Which epochs a table holds: with ZooKeeper, the recent committed epochs its tidemark lists with
+their snapshots (``TableTidemark.recent``), so ``consistent`` loads no table metadata at all;
+``as_of`` an epoch older than the list reaches asks the table's Iceberg records. A table with
+no tidemark but Tidemark metadata (its writer unregistered, or ZooKeeper lost), and every table
+without ZooKeeper, holds the epochs its Iceberg metadata records
+(``coordinator.iceberg.lineage.EpochLineage.recorded_epochs``: its snapshots' epochs and its
+committed-epoch marker). Idle epochs get a marker once per marker period only, so an
+Iceberg-only version may be up to about a minute older than ZooKeeper's; it is as consistent.
 
-No version exists below a managed table's **first epoch** (its writer's first committed
-epoch: the table has no exact state before it), nor where the table's history was expired:
-``consistent`` and ``as_of`` then raise ``VersionNotFound`` naming the table and its first
-epoch, or the retained versions nearest to the one asked for. That happens to a set of siblings
-whose writers started at different times (one table's first epoch is above another's committed
-epoch) until the slower one catches up.
+A table no Tidemark job writes (a root table fed from outside) has no epochs: it is read at its
+newest snapshot committed at or before ``T`` (barrier ``T`` covers its commits up to time
+``T``) and does not take part in choosing ``T``.
 
-With ZooKeeper, committed epochs come from the tables' tidemarks (a watch-backed cache
-when given one) and a table already at ``T*`` needs no metadata load at all; without it,
-from each table's Iceberg progress (``snapshots.table_progress``: the newer of ``main``'s
-newest epoch snapshot and the committed-epoch marker); first epochs come from the
-tidemarks' ``first_epoch`` and from ``tidemark.first-epoch`` (or the oldest epoch in
-``main``) respectively. On the same state both agree.
+``VersionNotFound`` (one line) when: a managed table has committed nothing yet; the tables share
+no epoch (it names each one's newest: a table at a coarser cadence, or one whose job caught up
+over the others' epochs); ``as_of`` an epoch a table does not hold (it names the table and the
+nearest epochs it holds) or whose history was expired (it names the nearest retained versions);
+or an epoch below a managed table's **first epoch** (its writer's first committed epoch: the
+table has no exact state before it), naming the table and its first epoch. First epochs come
+from the tidemarks' ``first_epoch``, else from ``tidemark.first-epoch`` (or the oldest epoch in
+``main``).
 """
 from __future__ import annotations
 
 import uuid
-from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Optional, Union
 
@@ -44,17 +50,11 @@ from pyiceberg.table import DataScan, Snapshot, Table
 from coordinator.errors import ConfigurationError, EpochOrderError, InvalidName, VersionNotFound
 from coordinator.history.versions import RetainedVersions, nearest, tag_epoch, tag_name
 from coordinator.iceberg.catalog import CatalogSettings, load_table
-from coordinator.iceberg.snapshots import (
-    committed_epoch,
-    first_epoch,
-    is_tidemark_table,
-    main_lineage,
-    snapshot_at_epoch,
-    snapshot_at_time,
-)
+from coordinator.iceberg.lineage import EpochLineage
+from coordinator.iceberg.snapshots import committed_epoch, first_epoch, is_tidemark_table
 from coordinator.names import validate_epoch, validate_name
 from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
-from coordinator.records import ConsistencyLevel, ConsistentVersion, ReaderPins, TableTidemark
+from coordinator.records import RECENT_PER_LEVEL, ConsistencyLevel, ConsistentVersion, ReaderPins, TableTidemark
 from coordinator.zookeeper.session import ZooKeeperSession
 
 if TYPE_CHECKING:
@@ -98,6 +98,23 @@ class Resolver:
             result[name] = committed_epoch(table) if is_tidemark_table(table) else ROOT
         return result
 
+    def held_epochs(self, tables: Iterable[str], marks: Optional[Mapping[str, Optional[TableTidemark]]] = None,
+                    ) -> dict[str, dict[int, Optional[int]]]:
+        """Each managed table's epochs with the snapshot holding each: its tidemark's recent epochs, or (no
+        tidemark) the epochs its Iceberg metadata records. Root tables are left out."""
+        names = sorted(set(tables))
+        marks = self._tidemarks(names) if marks is None else marks
+        epochs = self.committed_epochs(names, marks)
+        return {n: self._held(n, marks[n]) for n in names if epochs[n] != ROOT}
+
+    def _held(self, name: str, mark: Optional[TableTidemark]) -> dict[int, Optional[int]]:
+        if mark is not None:
+            return dict(mark.recent)
+        return dict(self._lineage(name, refresh=False).recorded_epochs())
+
+    def _lineage(self, name: str, refresh: bool = True) -> EpochLineage:
+        return EpochLineage(self.table(name, refresh))
+
     def resolve(self, tables: Iterable[str], level: Union[str, ConsistencyLevel] = ConsistencyLevel.CONSISTENT,
                 as_of: Optional[int] = None) -> ConsistentVersion:
         if isinstance(tables, str) or not hasattr(tables, "__iter__"):
@@ -121,27 +138,84 @@ class Resolver:
         never = sorted(n for n, e in epochs.items() if e is None)
         if never:
             raise VersionNotFound(f"tables {never} have no committed epoch yet: no consistent version exists")
-        managed = [e for e in epochs.values() if isinstance(e, int)]  # not ROOT (and none is None, above)
-        target = min(managed) if managed else None
-        if as_of is not None:
-            if target is not None and as_of > target:
-                raise VersionNotFound(f"epoch {as_of} is not committed in every table (the consistent epoch is "
-                                      f"{target})")
+        managed = [n for n in names if epochs[n] != ROOT]
+        roots = [n for n in names if epochs[n] == ROOT]
+        if not managed:  # only root tables: nothing to align them on but the time asked for
+            if as_of is None:
+                return ConsistentVersion(None, self._current(names), level)
+            snapshots = {n: self._root_snapshot(n, as_of) for n in roots}
+            if all(s is None for s in snapshots.values()):
+                raise VersionNotFound(f"epoch {as_of} is before the history of every table in {names}: none had a "
+                                      "snapshot then. Ask for a later epoch")
+            return ConsistentVersion(as_of, snapshots, level)
+        held = {n: self._held(n, marks[n]) for n in managed}
+        if as_of is None:
+            common = set.intersection(*(set(h) for h in held.values()))
+            if not common:
+                raise self._no_common_epoch(names, marks, epochs, managed)
+            target = max(common)
+            self._refuse_below_first_epochs(names, marks, epochs, target, None)
+            snapshots = {n: held[n][target] for n in managed}  # ZooKeeper names them: no metadata load
+        else:
             target = as_of
-        if target is None:  # only root tables: nothing to align them on
-            return ConsistentVersion(None, self._current(names), level)
-        self._refuse_below_first_epochs(names, marks, epochs, target, as_of)
-        snapshots = {}
-        for name in names:
-            mark = marks[name]
-            if mark is not None and mark.epoch == target:
-                snapshots[name] = mark.snapshot_id  # ZooKeeper recorded it at commit: no metadata load
-            else:
-                snapshots[name] = self._snapshot_at(name, ROOT if epochs[name] == ROOT else target, target)
-        if as_of is not None and not managed and all(s is None for s in snapshots.values()):
-            raise VersionNotFound(f"epoch {as_of} is before the history of every table in {names}: none had a "
-                                  "snapshot then. Ask for a later epoch")
+            self._refuse_below_first_epochs(names, marks, epochs, target, as_of)
+            behind = {n: e for n in managed if isinstance(e := epochs[n], int) and e < as_of}
+            if behind:
+                at = ", ".join(f"{n} is at {e}" for n, e in sorted(behind.items()))
+                raise VersionNotFound(f"epoch {as_of} is not committed in every table of {names} ({at})")
+            snapshots = {n: self._held_at(n, marks[n], held[n], as_of, names) for n in managed}
+        for name in roots:
+            snapshots[name] = self._root_snapshot(name, target)
         return ConsistentVersion(target, snapshots, level)
+
+    def _held_at(self, name: str, mark: Optional[TableTidemark], held: Mapping[int, Optional[int]], epoch: int,
+                 names: list[str]) -> Optional[int]:
+        """The snapshot of ``name`` at ``epoch`` (not above its committed epoch) for ``as_of``, or
+        ``VersionNotFound`` when the table does not hold it or its snapshot there was expired."""
+        if epoch in held:
+            snapshot_id = held[epoch]
+            if mark is None or snapshot_id is None or epoch == mark.epoch:
+                return snapshot_id  # from the table's metadata itself, empty, or the newest (never expired)
+            if snapshot_id in self._lineage(name).by_id:
+                return snapshot_id
+            raise self._expired(f"epoch {epoch} is not a retained version and table {name}'s snapshot at it "
+                                f"({snapshot_id}) was expired", names, epoch)
+        lineage = self._lineage(name, refresh=mark is not None)
+        if mark is not None and lineage.holds(epoch):  # older than the tidemark's list reaches
+            return lineage.snapshot_at(epoch)
+        known = sorted({*held, *(e for e, _ in lineage.recorded_epochs())})
+        if lineage.truncated and (not known or epoch < known[0]):
+            raise self._expired(f"epoch {epoch} is not a retained version and table {name}'s history there was "
+                                "expired", names, epoch)
+        below, above = nearest(known, epoch)
+        holds = " and ".join(str(e) for e in (below, above) if e is not None) or "none"
+        retained = self._retained_hint(names, epoch)
+        window = mark.epochs[-RECENT_PER_LEVEL:] if mark is not None else ()
+        if window and epoch >= window[0]:  # ZooKeeper lists every recent epoch the table committed
+            why = ("its job coalesced over it: one epoch covered it and the barriers around it, so the table has "
+                   "no exact state there")
+        else:
+            why = ("its job coalesced over it, or it was an idle epoch between marker rounds, which Iceberg does "
+                   "not record" + (" and ZooKeeper's list of recent epochs no longer reaches" if mark else ""))
+        raise VersionNotFound(
+            f"epoch {epoch} is not a version of {names}: table {name} does not hold it ({why}); the nearest "
+            f"epochs {name} holds are {holds}" + (f"; {retained}" if retained else "") +
+            " (`--as-of` takes a tag or an epoch)")
+
+    def _no_common_epoch(self, names: list[str], marks: Mapping[str, Optional[TableTidemark]],
+                         epochs: Mapping[str, Union[int, str, None]], managed: list[str]) -> VersionNotFound:
+        newest = {n: e for n in managed if isinstance(e := epochs[n], int)}
+        firsts = self._first_epochs(names, marks, epochs)
+        lowest = min(newest.values())
+        if any(f is not None and f > lowest for f in firsts.values()):
+            self._refuse_below_first_epochs(names, marks, epochs, lowest, None)  # raises: the clearer reason
+        at = ", ".join(f"{n} at {e}" for n, e in sorted(newest.items()))
+        source = "" if self.tm is not None else " (Iceberg records an idle epoch once per marker period only)"
+        return VersionNotFound(
+            f"tables {names} share no epoch, so no consistent version of them exists now ({at}){source}: a job at "
+            "a coarser cadence holds only the barriers on its cadence, and a job that caught up took one epoch "
+            "over the barriers in between. Wait for an epoch they all hold (`tidemark status` shows each job's "
+            "cadence and what it waits for), or read fewer tables together")
 
     def _retained(self, names: list[str], epoch: int) -> Optional[ConsistentVersion]:
         """The retained version at ``epoch`` when it covers every table of ``names`` (None otherwise)."""
@@ -163,10 +237,13 @@ class Resolver:
                   for n in names]
         return sorted(set.intersection(*tagged)) if tagged else []
 
-    def _expired(self, what: str, names: Iterable[str], epoch: int) -> VersionNotFound:
+    def _retained_hint(self, names: Iterable[str], epoch: int) -> str:
         below, above = nearest(self.retained_epochs(names), epoch)
         near = " and ".join(f"{tag_name(e)}" for e in (below, above) if e is not None)
-        hint = (f"the nearest retained versions are {near}" if near else "no version is retained")
+        return f"the nearest retained versions are {near}" if near else ""
+
+    def _expired(self, what: str, names: Iterable[str], epoch: int) -> VersionNotFound:
+        hint = self._retained_hint(names, epoch) or "no version is retained"
         return VersionNotFound(f"{what}: {hint} (`tidemark versions` lists them; `--as-of` takes a tag or an "
                                "epoch)")
 
@@ -211,29 +288,32 @@ class Resolver:
         lagging = sorted(n for n, e in epochs.items() if isinstance(e, int) and e < need)  # not ROOT
         at = ", ".join(f"{n} at {epochs[n]}" for n in lagging)
         raise VersionNotFound(
-            f"no consistent version of {names} exists yet: the consistent epoch is {target} ({at}), below the "
-            f"first epoch of {tables}, whose writer started later: the table has no exact state before it. Wait "
-            f"until {', '.join(lagging)} commit epoch {need} (`tidemark status` says what holds them back), or "
+            f"no consistent version of {names} exists yet: {at}, below the first epoch of {tables}, whose writer "
+            f"started later: the table has no exact state before it. Wait until {', '.join(lagging)} commit an "
+            f"epoch at or after {need} that every table holds (`tidemark status` says what holds them back), or "
             f"read {', '.join(below)} without {', '.join(lagging)}")
 
     def _current(self, names: list[str]) -> dict[str, Optional[int]]:
         return {n: _id(self.table(n).current_snapshot()) for n in names}
 
-    def _snapshot_at(self, name: str, epoch: Union[int, str, None], wall_ms: Optional[int] = None) -> Optional[int]:
-        table = self.table(name)
+    def _root_snapshot(self, name: str, wall_ms: int) -> Optional[int]:
+        """A root table cut by commit time at ``wall_ms`` (barrier ``wall_ms`` reads its commits up to then)."""
+        lineage = self._lineage(name)
+        found = lineage.at_time(wall_ms)
+        if found is None and lineage.truncated:
+            raise self._expired(f"root table {name}'s history at {wall_ms} was expired", [name], wall_ms)
+        return _id(found)
+
+    def _snapshot_at(self, name: str, epoch: Union[int, str, None]) -> Optional[int]:
+        """For ``committed``: the table at its own committed epoch (a root table at its current snapshot)."""
         if isinstance(epoch, str):  # ROOT
-            if wall_ms is None:
-                return _id(table.current_snapshot())
-            found = snapshot_at_time(table, wall_ms)
-            if found is None and _truncated(table):
-                raise self._expired(f"root table {name}'s history at {wall_ms} was expired", [name], wall_ms)
-            return _id(found)
+            return _id(self.table(name).current_snapshot())
         if epoch is None:
             return None
-        found = snapshot_at_epoch(table, epoch)
-        if found is None and _truncated(table):
-            raise self._expired(f"epoch {epoch} is not a retained version and table {name}'s history there was "
-                                "expired", [name], epoch)
+        lineage = self._lineage(name)
+        found = lineage.at_epoch(epoch)
+        if found is None and lineage.truncated:
+            raise self._expired(f"table {name}'s history at its committed epoch {epoch} was expired", [name], epoch)
         return _id(found)
 
 
@@ -246,13 +326,6 @@ def _level(level: Union[str, ConsistencyLevel]) -> ConsistencyLevel:
 
 def _id(snapshot: Optional[Snapshot]) -> Optional[int]:
     return None if snapshot is None else snapshot.snapshot_id
-
-
-def _truncated(table: Table) -> bool:
-    """True when ``main``'s older history was expired. Expiry clears the parent id of the oldest snapshot
-    left, so it is recognised by its sequence number: only a table's first snapshot has number 1."""
-    oldest = next(iter(deque(main_lineage(table), maxlen=1)), None)
-    return oldest is not None and (oldest.parent_snapshot_id is not None or (oldest.sequence_number or 0) > 1)
 
 
 class ReaderSession:

@@ -6,12 +6,15 @@
     versions.nearest(T)                    # the retained versions just below and above T (for error messages)
     parse_version_ref("tidemark-1700000000000")  # -> 1700000000000; a bare epoch is accepted too
 
-A version at ``T`` covers every managed table (a table some registered job writes) whose
-writer's first epoch is at or before ``T``, plus the root tables those jobs read (each at its
-newest snapshot committed at or before ``T``). A table that was empty at ``T`` is recorded
-with ``None`` and carries no tag (a tag needs a snapshot). With the tag, any engine reads the
-version by name: Spark SQL ``SELECT * FROM t VERSION AS OF 'tidemark-<T>'``, Trino
-``FOR VERSION AS OF``, pyiceberg ``table.scan(snapshot_id=table.refs()['tidemark-<T>'].snapshot_id)``.
+A version exists only at an epoch ``T`` every managed table (a table some registered job writes,
+and that committed something) holds, since a table whose job coalesced over ``T`` has no exact
+state there; it records each of them at its snapshot of ``T`` as its tidemark lists it, plus the
+root tables those jobs read (each at its newest snapshot committed at or before ``T``). A table
+that was empty at ``T`` is recorded with ``None`` and carries no tag (a tag needs a snapshot), so
+a version *covers* the tables it names a snapshot of, and each of them has its tag; GC creates no
+version at which every table was empty. With the tag, any engine reads the version by name:
+Spark SQL ``SELECT * FROM t VERSION AS OF 'tidemark-<T>'``, Trino ``FOR VERSION AS OF``, pyiceberg
+``table.scan(snapshot_id=table.refs()['tidemark-<T>'].snapshot_id)``.
 
 Only ``coordinator.gc`` creates and drops versions (``tidemark gc``); the ZooKeeper record is
 written after every tag exists and deleted before any tag is removed, so a record always
@@ -68,6 +71,16 @@ class VersionRecord(JsonRecord):
         _int(self.created_ms, "created_ms")
         object.__setattr__(self, "snapshots", _opt_int_map(self.snapshots, "snapshots"))
 
+    @property
+    def covered(self) -> list[str]:
+        """The tables the version names a snapshot of: each carries the tag ``tidemark-<T>``."""
+        return sorted(t for t, s in self.snapshots.items() if s is not None)
+
+    @property
+    def empty(self) -> list[str]:
+        """The tables that were empty at ``T``: recorded with no snapshot, so with no tag."""
+        return sorted(t for t, s in self.snapshots.items() if s is None)
+
 
 class RetainedVersions:
     """Read access to ``/versions`` (``coordinator.gc`` writes it)."""
@@ -101,6 +114,8 @@ class VersionListing(JsonOutput):
     tier: str
     age_ms: int
     snapshots: Mapping[str, Optional[int]]
+    tagged: tuple[str, ...] = ()    # the tables carrying the tag (those with a snapshot at T)
+    empty: tuple[str, ...] = ()     # the tables empty at T: no snapshot, no tag
 
 
 def tier_listing(tm: ZooKeeperSession, records: list[VersionRecord], now: Optional[int] = None) -> list[VersionListing]:
@@ -112,7 +127,7 @@ def tier_listing(tm: ZooKeeperSession, records: list[VersionRecord], now: Option
     fallback = {newest: "newest consistent version"}
     unlisted = "out of policy (kept while a reader pins it)"
     return [VersionListing(r.epoch, tag_name(r.epoch), tiers.get(r.epoch) or fallback.get(r.epoch, unlisted),
-                           now - r.epoch, dict(r.snapshots)) for r in records]
+                           now - r.epoch, dict(r.snapshots), tuple(r.covered), tuple(r.empty)) for r in records]
 
 
 def fmt_age(ms: int) -> str:

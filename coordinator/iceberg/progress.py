@@ -31,14 +31,8 @@ from typing import Callable, Optional
 from pyiceberg.table import Table
 
 from coordinator.errors import CorruptState
-from coordinator.iceberg.snapshots import (
-    first_epoch,
-    main_lineage,
-    recorded_term,
-    snapshot_at_epoch,
-    snapshot_epoch,
-    table_progress,
-)
+from coordinator.iceberg.lineage import EpochLineage
+from coordinator.iceberg.snapshots import first_epoch, recorded_term, snapshot_at_epoch, table_progress
 from coordinator.records import EpochProgress, SourceRange
 
 
@@ -124,15 +118,8 @@ def resume_point(job: str, tables: Mapping[str, Table], committed: Optional[Epoc
     return ResumePoint(job, committed, in_flight, sinks, snapshots, lineages, term, min(firsts) if firsts else None)
 
 
-def _lineage_epochs(table: Table, up_to: int, limit: int = 64) -> list[tuple[int, Optional[int]]]:
-    """The newest ``limit`` epochs ``main``'s lineage records at or below ``up_to``, with their snapshots, oldest
-    first: the epochs a resumed tidemark lists again, so downstream jobs and readers find common epochs."""
-    found: list[tuple[int, Optional[int]]] = []
-    for snapshot in main_lineage(table):
-        epoch = snapshot_epoch(snapshot)
-        if epoch is None or epoch > up_to or (found and found[-1][0] == epoch):
-            continue  # an overwrite is a delete and an append snapshot of one epoch: the newer one holds it
-        found.append((epoch, snapshot.snapshot_id))
-        if len(found) >= limit:
-            break
-    return found[::-1]
+def _lineage_epochs(table: Table, up_to: int) -> tuple[tuple[int, Optional[int]], ...]:
+    """The epochs the table records in Iceberg at or below ``up_to``, with their snapshots, oldest first
+    (``EpochLineage.recorded_epochs``): the epochs a resumed tidemark lists again (``TableTidemark`` keeps the
+    recent ones, and aligned ones further back), so downstream jobs and readers find common epochs."""
+    return EpochLineage(table).recorded_epochs(up_to)

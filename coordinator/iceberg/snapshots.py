@@ -25,16 +25,23 @@ marker. A published snapshot belongs to a precommitted epoch, which always commi
 exactly that snapshot, so it counts as committed for that table. A job with several sinks
 is committed in Iceberg up to the *lowest* of its sinks' progress; a higher epoch found in
 some sink was precommitted and is recomputed from the inputs its snapshot records (see
-``progress.py``). The lineage helpers walk ``main`` from its head through parent ids;
-pyiceberg's ``Summary`` is read with ``.get`` only (``in`` and ``dict()`` misbehave on it).
+``progress.py``). pyiceberg's ``Summary`` is read with ``.get`` only (``in`` and ``dict()``
+misbehave on it).
+
+**Walking ``main``.** ``ancestors`` is the one walk (from a snapshot through parent ids, over
+snapshots indexed by id once: pyiceberg's own lookup scans the whole list at every step), and
+``newest_at_epoch``/``newest_at_time``/``carrying_epoch`` are the rules that pick a snapshot
+from a walk. The functions below that take a table apply them to ``main``;
+``coordinator.iceberg.lineage.EpochLineage`` applies the same ones to a table's lineage indexed
+once, and adds what the table records and whether its history was expired.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Optional
 
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Snapshot, Summary, ancestors_of
+from pyiceberg.table.snapshots import Snapshot, Summary
 
 from coordinator.errors import CorruptState
 from coordinator.records import EpochInputs, EpochProgress
@@ -172,14 +179,43 @@ def recorded_term(table: Table) -> int:
     return max(terms + ([marker.term] if marker else []))
 
 
+def snapshot_index(table: Table) -> dict[int, Snapshot]:
+    """Every snapshot of ``table`` by id."""
+    return {s.snapshot_id: s for s in table.snapshots()}
+
+
+def ancestors(by_id: Mapping[int, Snapshot], snapshot_id: Optional[int]) -> Iterator[Snapshot]:
+    """The snapshot ``snapshot_id`` and its ancestors, newest first, until a parent is missing (expired)."""
+    snapshot = by_id.get(snapshot_id) if snapshot_id is not None else None
+    while snapshot is not None:
+        yield snapshot
+        parent = snapshot.parent_snapshot_id
+        snapshot = by_id.get(parent) if parent is not None else None
+
+
 def main_lineage(table: Table) -> Iterator[Snapshot]:
     """``main``'s snapshots, newest first."""
-    return iter(ancestors_of(table.current_snapshot(), table.metadata))
+    return ancestors(snapshot_index(table), table.metadata.current_snapshot_id)
 
 
-def snapshot_of_epoch(table: Table, epoch: int) -> Optional[Snapshot]:
-    """The snapshot of ``main``'s lineage that carries epoch ``epoch``, if any."""
-    for snapshot in main_lineage(table):
+def newest_at_epoch(lineage: Iterable[Snapshot], epoch: int) -> Optional[Snapshot]:
+    """The first snapshot of ``lineage`` (newest first) with ``tidemark.epoch <= epoch``: the table's state at an
+    epoch it holds (None: it had no Tidemark snapshot then, so it reads as empty)."""
+    for snapshot in lineage:
+        found = snapshot_epoch(snapshot)
+        if found is not None and found <= epoch:
+            return snapshot
+    return None
+
+
+def newest_at_time(lineage: Iterable[Snapshot], wall_ms: int) -> Optional[Snapshot]:
+    """The first snapshot of ``lineage`` (newest first) committed at or before ``wall_ms``."""
+    return next((s for s in lineage if s.timestamp_ms <= wall_ms), None)
+
+
+def carrying_epoch(lineage: Iterable[Snapshot], epoch: int) -> Optional[Snapshot]:
+    """The first snapshot of ``lineage`` (newest first) that carries epoch ``epoch`` itself, if any."""
+    for snapshot in lineage:
         found = snapshot_epoch(snapshot)
         if found == epoch:
             return snapshot
@@ -188,21 +224,19 @@ def snapshot_of_epoch(table: Table, epoch: int) -> Optional[Snapshot]:
     return None
 
 
+def snapshot_of_epoch(table: Table, epoch: int) -> Optional[Snapshot]:
+    """The snapshot of ``main``'s lineage that carries epoch ``epoch``, if any."""
+    return carrying_epoch(main_lineage(table), epoch)
+
+
 def snapshot_at_epoch(table: Table, epoch: int) -> Optional[Snapshot]:
     """The newest snapshot of ``main`` with ``tidemark.epoch <= epoch`` (None: the table was empty then)."""
-    for snapshot in main_lineage(table):
-        found = snapshot_epoch(snapshot)
-        if found is not None and found <= epoch:
-            return snapshot
-    return None
+    return newest_at_epoch(main_lineage(table), epoch)
 
 
 def snapshot_at_time(table: Table, wall_ms: int) -> Optional[Snapshot]:
     """For a root table written outside Tidemark: the newest ``main`` snapshot committed at or before ``wall_ms``."""
-    for snapshot in main_lineage(table):
-        if snapshot.timestamp_ms <= wall_ms:
-            return snapshot
-    return None
+    return newest_at_time(main_lineage(table), wall_ms)
 
 
 def highest_epoch(table: Table) -> Optional[int]:

@@ -6,7 +6,7 @@
     tidemark fence JOB | tidemark unregister JOB [--yes] [--unfenced]
     tidemark barriers [--json] [--set-interval MS --from T]   the grid; per job its cadence and last epoch
     tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--json]
-    tidemark gc [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file and znode clean-up
+    tidemark gc [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file clean-up
                 [--wait S] [--skip-if-running]      ... one run at a time: waits for another one (default 300 s)
                 [--orphans [--older-than 3d]]       ... and files no metadata references (listed; daily is enough)
     tidemark versions [--json]                      the retained versions, with their tier and age
@@ -270,8 +270,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         return 0
     print(("dry run: nothing changed\n" if report.dry_run else "") + "\n".join(summarize(report.plan)))
     if not report.dry_run:
-        print(f"expired {report.expired_snapshots} snapshots, deleted {report.deleted_files} files, pruned "
-              f"{report.pruned_barriers} barrier znodes")
+        print(f"expired {report.expired_snapshots} snapshots, deleted {report.deleted_files} files")
     for found in orphans or []:
         verb = "would delete" if report.dry_run else "deleted"
         print(f"  table {found.table}: {verb} {len(found.paths)} orphan files ({found.size_bytes} bytes) "
@@ -291,8 +290,9 @@ def cmd_versions(args: argparse.Namespace) -> int:
     if not listing:
         print("no retained versions (run `tidemark gc`)")
     for entry in listing:
+        empty = f" ({len(entry.empty)} more empty then, untagged)" if entry.empty else ""
         print(f"{entry.tag}  {_fmt_epoch(entry.epoch)}  age {fmt_age(entry.age_ms)}  {entry.tier}  "
-              f"{len(entry.snapshots)} tables")
+              f"tagged in {len(entry.tagged)} tables{empty}")
     return 0
 
 

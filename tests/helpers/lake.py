@@ -41,24 +41,21 @@ def stage_rows(table, epoch: int, job: str, term: int, rows: int) -> int:
     return staged
 
 
-def lead_job(tm, settings: CatalogSettings, job: str, sinks: list[str], sources: tuple[str, ...] = ()) -> EpochWriter:
-    """An ``EpochWriter`` for ``job`` on the shared 1-second grid, opened: registered, leading, recovered."""
-    writer = EpochWriter(tm, job, sources=sources, sinks=sinks, catalog=settings, interval_ms=1000, grace_ms=0)
+def lead_job(tm, settings: CatalogSettings, job: str, sinks: list[str], sources: tuple[str, ...] = (),
+             **options) -> EpochWriter:
+    """An ``EpochWriter`` for ``job`` on the shared 1-second grid, opened: registered, leading, recovered
+    (``options``: more ``EpochWriter`` arguments, such as ``marker_every``)."""
+    writer = EpochWriter(tm, job, sources=sources, sinks=sinks, catalog=settings, interval_ms=1000, grace_ms=0,
+                         **options)
     writer.open(leader_timeout=30)
     return writer
 
 
-def agree(tm, epoch: int) -> None:
-    """Make ``epoch`` an agreed barrier (agreed here, or already by another job)."""
-    if not tm.barriers.agree(epoch, proposed_by="tests") and epoch not in tm.barriers.agreed():
-        raise AssertionError(f"barrier {epoch} can no longer be agreed: {tm.barriers.latest()} is newer")
-
-
 def commit_rows(writer: EpochWriter, epoch: int, rows: int = 1) -> int:
-    """Agree barrier ``epoch`` and process it with ``writer``, appending ``rows`` rows to its only sink;
-    returns the snapshot published for the epoch."""
+    """Process barrier ``epoch`` with ``writer`` (any grid point after its last epoch: a job picks its own
+    epochs), appending ``rows`` rows to its only sink; returns the snapshot published for the epoch."""
     (sink,) = writer.sinks
-    agree(writer.tm, epoch)
-    record = writer.process(epoch, lambda ctx: ctx.append(sink, rows_of(epoch, rows)))
+    record = writer.process(epoch, lambda ctx: ctx.append(sink, rows_of(epoch, rows)),
+                            inputs=writer.inputs_for(epoch))
     assert record.state == EpochState.COMMITTED and record.staged[sink] == record.published[sink]
     return present(record.published[sink])

@@ -9,9 +9,11 @@
 ``ingest`` (no source) appends ``rows`` rows to ``events``; ``rollup`` reads ``events`` and
 overwrites ``totals`` with one row, the running count of events (its previous total plus the
 rows of ``ctx.changes``: the input range's start matters, which is what GC must protect).
-Idle barriers take the cheap path of the protocol, ``EpochCoordinator.commit_idle`` (one
-ZooKeeper multi; the Iceberg-only ``tidemark.committed-epoch`` mark is skipped), so a
-simulated year of barriers costs seconds.
+Each job picks its own epochs among the grid's barriers: ``rollup`` may lag ``ingest``
+(``produce`` without ``roll``) and then catch up over several of ``ingest``'s epochs in one
+(``roll(T)`` for the newest). Idle barriers take the cheap path of the protocol,
+``EpochCoordinator.commit_idle`` (one ZooKeeper multi; the Iceberg-only committed-epoch marker
+is skipped), so a simulated year of barriers costs seconds.
 """
 from __future__ import annotations
 
@@ -57,8 +59,7 @@ class Pipeline:
         self.rollup.close()
 
     def produce(self, epoch: int, rows: int = 0) -> None:
-        """Agree ``epoch`` and commit it in ``events`` only (``rollup`` lags until ``roll``)."""
-        self.tm.barriers.agree(epoch, proposed_by="tests")
+        """Commit barrier ``epoch`` in ``events`` only (``rollup`` lags until ``roll``)."""
         if rows:
             self.ingest.process(epoch, lambda ctx: ctx.append(self.events, rows_of(epoch, rows)))
         else:
@@ -67,6 +68,8 @@ class Pipeline:
         self.rows_at[epoch] = previous + rows
 
     def roll(self, epoch: int) -> None:
+        """``rollup`` takes ``epoch`` (one ``events`` holds) as its next epoch: it covers every barrier since its
+        last one."""
         inputs = self.rollup.inputs_for(epoch)
         assert inputs is not None
         if inputs.unchanged:

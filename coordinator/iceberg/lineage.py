@@ -1,0 +1,133 @@
+"""A table's lineage of epochs in Iceberg: which snapshot of ``main`` holds which epoch, which epochs the table
+records, and whether its older history was expired. The resolver, garbage collection and recovery all read a
+table's epochs through it.
+
+    lineage = EpochLineage(table)            # main's snapshots, newest first, indexed once
+    lineage.recorded_epochs()                # ((epoch, snapshot id), ...), oldest first: what Iceberg records
+    lineage.holds(T), lineage.snapshot_at(T) # an epoch the table records, and the snapshot holding it
+    lineage.at_epoch(T)                      # newest main snapshot with tidemark.epoch <= T (None: empty then)
+    lineage.at_time(wall_ms)                 # a root table: newest main snapshot committed at or before wall_ms
+    lineage.main_since(T)                    # main from the snapshot at T up to the head
+    lineage.truncated                        # main's older history was expired
+    lineage.ancestors(snapshot_id)           # any ref's snapshots, newest first
+
+**The epochs a table records** (what a reader with no ZooKeeper goes by): the ``tidemark.epoch``
+of every snapshot in ``main``'s lineage (an overwrite is a delete and an append snapshot of one
+epoch: the newer one holds it), plus the committed-epoch marker's epoch, held by the newest
+snapshot with a lower epoch (the marker is written for an epoch that published nothing in the
+table). A published snapshot belongs to a precommitted epoch, which always commits with exactly
+that snapshot (``snapshots.py``, "the one rule"), so it counts as committed. Idle epochs get a
+marker only once per marker period (``coordinator.job.commit``), so Iceberg records a subset of
+the epochs a table holds, and ZooKeeper's tidemark (``TableTidemark.recent``) lists more of the
+recent ones. An epoch whose snapshot is older than the expired history is not recorded any more:
+its state is unknown.
+
+**Expired history.** Expiry removes the oldest snapshots of ``main`` and leaves the parent id of
+the oldest one left pointing at a snapshot that is gone; only a table's very first snapshot has
+sequence number 1 (0 in format 1 tables), so either sign says the walk ends on a cut history.
+
+The rules that pick a snapshot from a walk (``newest_at_epoch`` and the others) are those of
+``snapshots.py``, which applies them to ``main`` for callers holding only a table; here they run
+over the lineage indexed once.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Optional
+
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+
+from coordinator.iceberg.snapshots import (
+    ancestors,
+    carrying_epoch,
+    marker_progress,
+    newest_at_epoch,
+    newest_at_time,
+    snapshot_epoch,
+    snapshot_index,
+)
+
+
+class EpochLineage:
+    """One table's ``main`` lineage and the epochs it records, read from the table's metadata as loaded."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.by_id: dict[int, Snapshot] = snapshot_index(table)
+        self.main: list[Snapshot] = list(ancestors(self.by_id, table.metadata.current_snapshot_id))  # newest first
+        self.main_ids = {s.snapshot_id for s in self.main}
+        self._position = {s.snapshot_id: i for i, s in enumerate(self.main)}
+        self._recorded: Optional[dict[int, Optional[int]]] = None
+
+    def ancestors(self, snapshot_id: Optional[int]) -> Iterator[Snapshot]:
+        """The snapshot ``snapshot_id`` and its ancestors, newest first (a branch's or a tag's history)."""
+        return ancestors(self.by_id, snapshot_id)
+
+    @property
+    def truncated(self) -> bool:
+        """True when ``main``'s older history was expired (its oldest snapshot is not the table's first)."""
+        if not self.main:
+            return False
+        oldest = self.main[-1]
+        return oldest.parent_snapshot_id is not None or (oldest.sequence_number or 0) > 1
+
+    # -- one snapshot -------------------------------------------------------------------------
+
+    def at_epoch(self, epoch: int) -> Optional[Snapshot]:
+        """The newest ``main`` snapshot with ``tidemark.epoch <= epoch``: the table's state at an epoch it holds
+        (None: it had no Tidemark snapshot then, or that history was expired: see ``truncated``)."""
+        return newest_at_epoch(self.main, epoch)
+
+    def of_epoch(self, epoch: int) -> Optional[Snapshot]:
+        """The ``main`` snapshot that carries epoch ``epoch`` itself, if any."""
+        return carrying_epoch(self.main, epoch)
+
+    def at_time(self, wall_ms: int) -> Optional[Snapshot]:
+        """For a root table (written outside Tidemark): the newest ``main`` snapshot committed at or before
+        ``wall_ms``, which is what barrier ``wall_ms`` reads of it."""
+        return newest_at_time(self.main, wall_ms)
+
+    def main_since(self, epoch: int) -> list[Snapshot]:
+        """``main`` from the snapshot at ``epoch`` up to the head, newest first (all of ``main`` when it has no
+        snapshot that old: nothing below is known not to be needed)."""
+        found = self.at_epoch(epoch)
+        return self.main if found is None else self.main[:self._position[found.snapshot_id] + 1]
+
+    # -- the epochs it records ------------------------------------------------------------------
+
+    def recorded_epochs(self, up_to: Optional[int] = None) -> tuple[tuple[int, Optional[int]], ...]:
+        """The epochs the table records in Iceberg (see the module docstring) with the snapshot holding each
+        (None: the table was empty then), oldest first; only those at or below ``up_to`` when given."""
+        return tuple((e, s) for e, s in sorted(self._held().items()) if up_to is None or e <= up_to)
+
+    def holds(self, epoch: int) -> bool:
+        """True when the table records ``epoch`` in Iceberg."""
+        return epoch in self._held()
+
+    def snapshot_at(self, epoch: int) -> Optional[int]:
+        """The snapshot holding ``epoch``, an epoch the table records (``KeyError`` otherwise)."""
+        return self._held()[epoch]
+
+    @property
+    def newest_recorded(self) -> Optional[int]:
+        held = self._held()
+        return max(held) if held else None
+
+    def _held(self) -> dict[int, Optional[int]]:
+        if self._recorded is None:
+            held: dict[int, Optional[int]] = {}
+            for snapshot in self.main:  # newest first: the first snapshot of an epoch seen is the one holding it
+                epoch = snapshot_epoch(snapshot)
+                if epoch is not None and epoch not in held:
+                    held[epoch] = snapshot.snapshot_id
+            marker = marker_progress(self.table)
+            if marker is not None and marker.epoch not in held:
+                at = self.at_epoch(marker.epoch)
+                if at is not None or not self.truncated:  # below a cut history its state is unknown
+                    held[marker.epoch] = None if at is None else at.snapshot_id
+            self._recorded = held
+        return self._recorded
+
+
+__all__ = ["EpochLineage"]
