@@ -201,6 +201,34 @@ def test_the_cli_lists_versions_dry_runs_gc_and_resolves_a_tag(tm, zk_connect, p
     assert "must be <every>:<for>" in capsys.readouterr().err
 
 
+def test_every_listed_version_has_its_tag_on_every_table_it_covers(tm, zk_connect, pipeline, catalog_settings,
+                                                                    monkeypatch, capsys):
+    """A version at which every table was empty is not made: no tag could name it (``tidemark versions`` once
+    listed such a version as covering 2 tables while no table had its tag). Each listed version names the tables
+    carrying its tag, and each of them carries it, on the version's snapshot."""
+    monkeypatch.setenv("TIDEMARK_CATALOG_URI", catalog_settings.uri)
+    monkeypatch.setenv("TIDEMARK_WAREHOUSE", catalog_settings.warehouse)
+    epochs = [START + k * INTERVAL_MS for k in range(1, 4)]
+    pipeline.epoch(epochs[0])             # both jobs' first epoch is idle: both tables are empty at it
+    pipeline.epoch(epochs[1], rows=2)
+    pipeline.epoch(epochs[2])             # idle: both tables keep their snapshots
+    report = GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1d"),
+                              clock=lambda: epochs[2] + 1).run()
+    assert f"epoch {epochs[0]} is not made a version: every table was empty then, so no tag could name it" in \
+        report.plan.notes
+    assert RetainedVersions(tm).epochs() == epochs[1:]
+
+    assert cli(["--zk", zk_connect, "versions", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [v["epoch"] for v in listed] == epochs[1:]
+    for version in listed:
+        assert sorted(version["tagged"]) == sorted(pipeline.tables) and version["empty"] == []
+        for name in version["tagged"]:
+            assert tidemark_tags(pipeline.catalog.load_table(name))[version["epoch"]] == version["snapshots"][name]
+    assert cli(["--zk", zk_connect, "versions"]) == 0
+    assert f"{tag_name(epochs[1])} " in (out := capsys.readouterr().out) and "tagged in 2 tables" in out
+
+
 def test_scheduled_gc_runs_in_one_process_at_a_time(tm, connect, pipeline, catalog_settings):
     epoch = START + INTERVAL_MS
     pipeline.epoch(epoch, rows=1)

@@ -1,0 +1,263 @@
+"""Consistent versions of tables at mixed epochs, on real ZooKeeper and a real SQLite catalog.
+
+Jobs pick their own epochs among the grid's barriers: an upstream table runs ahead of its downstream, a
+downstream job coalesces over barriers its upstream holds (one epoch covers them all), and a job at a
+coarser cadence holds only the barriers on its cadence. A consistent version of a set of tables is the
+newest epoch every table of the set holds, each table at its snapshot of that epoch. Every version these
+tests resolve is read back and checked: a derived table holds exactly the copies of what its upstream
+held at the same epoch. They resolve from ZooKeeper's records and from Iceberg alone, after GC, and after
+the whole ZooKeeper tree is deleted and the writers restart; and ``as_of`` a barrier a table coalesced
+over is refused, naming the table.
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from typing import Optional
+
+import pyarrow as pa
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError, NotEmptyError
+
+from coordinator import EpochWriter, VersionNotFound
+from coordinator.history.checker import ConsistencyChecker
+from coordinator.history.gc import GarbageCollector
+from coordinator.history.resolve import Resolver, read_arrow
+from coordinator.history.retention import RetentionPolicy
+from coordinator.history.versions import RetainedVersions, tag_name
+from coordinator.iceberg.snapshots import COMMITTED_EPOCH_PROPERTY, snapshot_at_epoch
+from coordinator.records import ConsistentVersion
+from tests.helpers.lake import commit_rows, create_table, lead_job, rows_of
+from tests.helpers.present import present
+from tests.helpers.wait import wait_for
+
+
+@pytest.fixture
+def catalog(catalog_settings):
+    return catalog_settings.load()
+
+
+def epoch_counts(frame: pa.Table) -> dict[int, int]:
+    """How many rows of each epoch a table holds (the ``epoch`` column is the epoch that wrote the row)."""
+    return dict(Counter(frame.column("epoch").to_pylist()))
+
+
+class MixedLake:
+    """``up`` and ``other`` are root jobs appending ``T // 1000`` rows of epoch ``T`` at each epoch they take;
+    ``down`` reads ``up`` and appends a copy of ``up``'s changes since its previous epoch."""
+
+    def __init__(self, catalog, settings, namespace: str) -> None:
+        self.catalog, self.settings = catalog, settings
+        self.up, self.down, self.other = (f"{namespace}.{t}" for t in ("up", "down", "other"))
+        for name in self.tables:
+            create_table(catalog, name)
+        self.written: dict[str, dict[int, int]] = {t: {} for t in self.tables}  # table -> epoch of rows -> rows
+        self.writers: dict[str, EpochWriter] = {}
+
+    @property
+    def tables(self) -> list[str]:
+        return [self.up, self.down, self.other]
+
+    def open(self, tm) -> None:
+        self.writers = {self.up: lead_job(tm, self.settings, "up", [self.up]),
+                        self.down: lead_job(tm, self.settings, "down", [self.down], sources=(self.up,)),
+                        self.other: lead_job(tm, self.settings, "other", [self.other])}
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+
+    def root_epoch(self, table: str, epoch: int) -> None:
+        commit_rows(self.writers[table], epoch, rows=epoch // 1000)
+        self.written[table][epoch] = epoch // 1000
+
+    def copy_epoch(self, epoch: int) -> None:
+        """``down`` takes ``epoch`` (``up`` must hold it): one epoch copying every change of ``up`` since its last."""
+        writer = self.writers[self.down]
+        last = writer.epochs.last_committed
+        writer.process(epoch, lambda ctx: ctx.append(self.down, ctx.changes(self.up)),
+                       inputs=writer.inputs_for(epoch))
+        for e, n in self.written[self.up].items():
+            if (last is None or e > last) and e <= epoch:
+                self.written[self.down][e] = n
+
+    def check(self, resolver: Resolver, version: ConsistentVersion) -> None:
+        """Every table of ``version`` holds exactly the rows of the epochs up to the version's."""
+        assert version.epoch is not None
+        for name, frame in read_arrow(resolver, version).items():
+            expected = {e: n for e, n in self.written[name].items() if e <= version.epoch}
+            assert epoch_counts(frame) == expected, f"{name} read at version {version.epoch}"
+
+
+def resolve_all(resolver: Resolver, lake: MixedLake) -> dict[tuple[str, ...], ConsistentVersion]:
+    """The consistent version of each set of tables the tests look at, each checked."""
+    sets = [(lake.up, lake.down), (lake.up, lake.down, lake.other), (lake.up, lake.other), (lake.down, lake.other)]
+    found = {}
+    for tables in sets:
+        version = found[tables] = resolver.resolve(tables)
+        lake.check(resolver, version)
+    return found
+
+
+def wipe_zookeeper(zk_server, zk_connect: str) -> None:
+    """Delete the test's whole chroot, as a ZooKeeper ensemble that lost its data would."""
+    wiper = KazooClient(hosts=zk_server.connect_string)
+    wiper.start(30)
+    chroot = "/" + zk_connect.split("/", 1)[1]
+
+    def wiped() -> bool:
+        try:
+            wiper.delete(chroot, recursive=True)
+        except (NotEmptyError, NoNodeError):
+            pass  # a node was created during the recursive delete: delete again
+        return wiper.exists(chroot) is None
+    try:
+        wait_for(wiped, "the whole tree to be deleted", 30)
+    finally:
+        wiper.stop()
+        wiper.close()
+
+
+def test_tables_at_mixed_epochs_resolve_to_the_newest_epoch_they_all_hold(tm, connect, zk_server, zk_connect,
+                                                                           catalog, catalog_settings, namespace):
+    lake = MixedLake(catalog, catalog_settings, namespace)
+    lake.open(tm)
+    try:
+        for epoch in range(1000, 7000, 1000):
+            lake.root_epoch(lake.up, epoch)            # up holds every barrier up to 6000: it runs ahead
+        lake.copy_epoch(2000)
+        lake.copy_epoch(5000)                          # down coalesced over 3000 and 4000, which up holds
+        for epoch in (2000, 4000, 6000):
+            lake.root_epoch(lake.other, epoch)         # other holds every other barrier
+        up, down, other = lake.up, lake.down, lake.other
+        expected = {(up, down): 5000, (up, down, other): 2000, (up, other): 6000, (down, other): 2000}
+
+        with_zk = Resolver(catalog, catalog_settings, tm)
+        iceberg_only = Resolver(catalog, catalog_settings, None)
+        from_zk = resolve_all(with_zk, lake)
+        assert {tables: v.epoch for tables, v in from_zk.items()} == expected
+        assert resolve_all(iceberg_only, lake) == from_zk, "every epoch published a snapshot: Iceberg records them all"
+
+        # What reading down "at its newest snapshot at or before 4000" would give is not a state of the data:
+        # down holds up's rows up to 2000 there, up holds them up to 4000.
+        stale = present(snapshot_at_epoch(catalog.load_table(down), 4000))
+        assert max(epoch_counts(catalog.load_table(down).scan(snapshot_id=stale.snapshot_id).to_arrow())) == 2000
+        for resolver in (with_zk, iceberg_only):
+            with pytest.raises(VersionNotFound, match=rf"table {down} does not hold it \(its job coalesced over it"
+                                                      rf".*the nearest epochs {down} holds are 2000 and 5000"):
+                resolver.resolve([up, down], as_of=4000)
+            with pytest.raises(VersionNotFound, match=rf"table {other} does not hold it"):
+                resolver.resolve([up, other], as_of=5000)
+            version = resolver.resolve([up, down], as_of=2000)
+            assert version.epoch == 2000
+            lake.check(resolver, version)
+
+        # An idle epoch reaches Iceberg only at the next marker round (once a minute): until then a reader with
+        # no ZooKeeper reads the version before it, which is as consistent; after it, the same version.
+        lake.writers[up].commit_idle(59_000)
+        assert with_zk.resolve([up]).epoch == 59_000 and iceberg_only.resolve([up]).epoch == 6000
+        lake.writers[up].commit_idle(60_000)            # the first epoch of a new minute: a marker round
+        assert catalog.load_table(up).properties.get(COMMITTED_EPOCH_PROPERTY) == "60000"
+        assert with_zk.resolve([up]) == iceberg_only.resolve([up])
+        assert with_zk.resolve([up]).epoch == 60_000
+        lake.check(iceberg_only, iceberg_only.resolve([up]))
+        expected[(up, other)] = 6000
+        before_gc = resolve_all(with_zk, lake)
+        assert {tables: v.epoch for tables, v in before_gc.items()} == expected
+
+        # GC keeps the versions every table holds; every table keeps what the consistent reads above need.
+        report = GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1d"),
+                                  clock=lambda: 61_000).run()
+        assert report.plan.consistent_epoch == 2000, "the newest epoch up, down and other all hold"
+        assert RetainedVersions(tm).epochs() == [2000] and report.expired_snapshots > 0
+        record = present(RetainedVersions(tm).get(2000))
+        for name in lake.tables:
+            assert catalog.load_table(name).metadata.refs[tag_name(2000)].snapshot_id == record.snapshots[name]
+        assert resolve_all(with_zk, lake) == before_gc
+        assert resolve_all(iceberg_only, lake) == before_gc
+        with pytest.raises(VersionNotFound, match=rf"snapshot at it .* was expired: the nearest retained versions "
+                                                  rf"are {tag_name(2000)}"):
+            with_zk.resolve([up], as_of=1000)
+    finally:
+        lake.close()
+
+    # ZooKeeper loses everything. Readers go by the tables' Iceberg records; restarted writers reseed their
+    # tidemarks from them, and ZooKeeper's versions are the same again.
+    wipe_zookeeper(zk_server, zk_connect)
+    fresh = connect()
+    assert resolve_all(Resolver(catalog, catalog_settings, fresh), lake) == before_gc
+    assert resolve_all(Resolver(catalog, catalog_settings, None), lake) == before_gc
+    lake.open(fresh)
+    try:
+        marks = fresh.tidemarks(lake.tables)
+        assert present(marks[down]).epochs == (2000, 5000)
+        assert {2000, 3000, 4000, 5000, 6000, 60_000} <= set(present(marks[up]).epochs)
+        assert resolve_all(Resolver(catalog, catalog_settings, fresh, fresh.tidemark_cache()), lake) == before_gc
+        lake.copy_epoch(60_000)                        # down carries on where its table says it was
+        version = Resolver(catalog, catalog_settings, fresh).resolve([up, down])
+        assert version.epoch == 60_000
+        lake.check(Resolver(catalog, catalog_settings, fresh), version)
+        assert Resolver(catalog, catalog_settings, None).resolve([up, down]) == version
+    finally:
+        lake.close()
+
+
+def test_a_fast_table_and_a_slower_cadence_table_read_consistently(connect, catalog, catalog_settings, namespace):
+    """``fast`` takes every barrier of a 1 s grid; ``slow`` copies it every 4 s (``every=4000``). Their versions
+    are the 4 s barriers both hold, checked while both run; ``as_of`` a barrier only ``fast`` holds names
+    ``slow``."""
+    fast, slow = f"{namespace}.fast", f"{namespace}.slow"
+    for name in (fast, slow):
+        create_table(catalog, name)
+    fast_writer = lead_job(connect(), catalog_settings, "fast", [fast])
+    slow_writer = lead_job(connect(), catalog_settings, "slow", [slow], sources=(fast,), every=4000)
+    runs = [threading.Thread(target=fast_writer.run, args=(lambda ctx: ctx.append(fast, rows_of(ctx.epoch, 2)),),
+                             kwargs={"stop_on_sigterm": False}),
+            threading.Thread(target=slow_writer.run, args=(lambda ctx: ctx.append(slow, ctx.changes(fast)),),
+                             kwargs={"stop_on_sigterm": False})]
+
+    def invariant(frames: Mapping[str, pa.Table]) -> Optional[str]:
+        fast_rows, slow_rows = epoch_counts(frames[fast]), epoch_counts(frames[slow])
+        return None if fast_rows == slow_rows else f"fast holds {fast_rows}, slow {slow_rows}"
+    reader = connect()
+    checker = ConsistencyChecker(Resolver(catalog, catalog_settings, reader, reader.tidemark_cache()), [fast, slow],
+                                 invariant)
+    seen: list[int] = []
+
+    def observe() -> bool:
+        version = checker.observe()
+        if version is not None and version.epoch is not None:
+            seen.append(version.epoch)
+        return len(slow_writer.committed) >= 3 and checker.checked >= 2
+    for run in runs:
+        run.start()
+    try:
+        wait_for(observe, "slow to commit 3 epochs and 2 versions to be checked", timeout=120, every=0.2)
+    finally:
+        fast_writer.stop()
+        slow_writer.stop()
+        for run in runs:
+            run.join(60)
+    assert not any(run.is_alive() for run in runs)
+    assert checker.failures == [] and checker.stepped_back == []
+    assert seen and all(e % 4000 == 0 for e in seen), seen
+    assert all(e % 4000 == 0 for e in slow_writer.committed), slow_writer.committed
+    assert any(e % 4000 for e in fast_writer.committed), "fast takes every barrier of the grid"
+    assert set(slow_writer.committed) <= set(fast_writer.committed), "slow takes only barriers fast holds"
+
+    with_zk = Resolver(catalog, catalog_settings, reader)
+    iceberg_only = Resolver(catalog, catalog_settings, None)
+    version = with_zk.resolve([fast, slow])
+    assert version.epoch == max(set(slow_writer.committed) & set(fast_writer.committed))
+    assert iceberg_only.resolve([fast, slow]) == version, "every epoch of both published a snapshot"
+    assert invariant(read_arrow(with_zk, version)) is None
+    between = [e for e in fast_writer.committed if slow_writer.committed[0] < e < slow_writer.committed[-1]
+               and e not in slow_writer.committed]
+    assert between, (fast_writer.committed, slow_writer.committed)
+    for resolver in (with_zk, iceberg_only):
+        with pytest.raises(VersionNotFound, match=rf"epoch {between[0]} is not a version of .*table {slow} does not "
+                                                  r"hold it \(its job coalesced over it"):
+            resolver.resolve([fast, slow], as_of=between[0])
+        assert resolver.resolve([fast], as_of=between[0]).epoch == between[0], "fast alone holds it"
