@@ -261,3 +261,36 @@ def test_a_fast_table_and_a_slower_cadence_table_read_consistently(connect, cata
                                                   r"hold it \(its job coalesced over it"):
             resolver.resolve([fast, slow], as_of=between[0])
         assert resolver.resolve([fast], as_of=between[0]).epoch == between[0], "fast alone holds it"
+
+
+def test_tables_sharing_no_epoch_and_epochs_before_a_first_epoch_are_refused(tm, catalog, catalog_settings,
+                                                                              namespace):
+    """No version where the tables share no epoch (each table's newest is named), nor before a table's first
+    epoch (the table and its first epoch are named), from ZooKeeper and from Iceberg alone."""
+    a, b, d = (f"{namespace}.{t}" for t in ("a", "b", "d"))
+    for name in (a, b, d):
+        create_table(catalog, name)
+    writers = [lead_job(tm, catalog_settings, job, [name]) for job, name in (("a", a), ("b", b), ("d", d))]
+    try:
+        for epoch in (1000, 3000):
+            commit_rows(writers[0], epoch)       # a coalesced over 2000
+        writers[1].commit_idle(5000)             # b starts later, and writes nothing
+        for epoch in (2000, 4000):
+            commit_rows(writers[2], epoch)       # d holds neither of a's epochs
+        for resolver in (Resolver(catalog, catalog_settings, tm), Resolver(catalog, catalog_settings, None)):
+            with pytest.raises(VersionNotFound, match=rf"tables \['{a}', '{d}'\] share no epoch, so no consistent "
+                                                      rf"version of them exists now \({a} at 3000, {d} at 4000\)"):
+                resolver.resolve([a, d])
+            with pytest.raises(VersionNotFound, match=rf"no consistent version of .* exists yet: {a} at 3000, {d} "
+                                                      rf"at 4000, below the first epoch of {b} \(first epoch 5000\)"):
+                resolver.resolve([a, b, d])
+            with pytest.raises(VersionNotFound, match=rf"epoch 3000 is before the first epoch of {b} \(first "
+                                                      "epoch 5000\\)"):
+                resolver.resolve([a, b], as_of=3000)
+            assert resolver.resolve([b]) == ConsistentVersion(5000, {b: None}), "b holds its first epoch, empty"
+            with pytest.raises(VersionNotFound, match=rf"table {a} does not hold it .*the nearest epochs {a} holds "
+                                                      "are 1000 and 3000"):
+                resolver.resolve([a, d], as_of=2000)
+    finally:
+        for writer in writers:
+            writer.close()

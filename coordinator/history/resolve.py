@@ -214,8 +214,8 @@ class Resolver:
         return VersionNotFound(
             f"tables {names} share no epoch, so no consistent version of them exists now ({at}){source}: a job at "
             "a coarser cadence holds only the barriers on its cadence, and a job that caught up took one epoch "
-            "over the barriers in between. Wait for an epoch they all hold (`tidemark status` shows each job's "
-            "cadence and what it waits for), or read fewer tables together")
+            "over the barriers in between. Wait for an epoch they all hold (`tidemark barriers` shows each job's "
+            "cadence and last epoch), or read fewer tables together")
 
     def _retained(self, names: list[str], epoch: int) -> Optional[ConsistentVersion]:
         """The retained version at ``epoch`` when it covers every table of ``names`` (None otherwise)."""

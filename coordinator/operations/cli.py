@@ -429,8 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     resolve = sub.add_parser("resolve", help="the snapshot of each table at one consistency level")
     resolve.add_argument("tables", nargs="+")
     resolve.add_argument("--level", choices=["latest", "committed", "consistent"], default="consistent")
-    resolve.add_argument("--as-of", type=_version, metavar="T", help="a retained version: its epoch or its tag "
-                         "tidemark-<T> (`tidemark versions` lists them)")
+    resolve.add_argument("--as-of", type=_version, metavar="T", help="a retained version, by its epoch or its tag "
+                         "tidemark-<T> (`tidemark versions` lists them), or any epoch every table holds")
     resolve.add_argument("--no-zk", action="store_true", help="resolve from Iceberg metadata alone")
     resolve.add_argument("--json", action="store_true")
     resolve.set_defaults(func=cmd_resolve)
