@@ -367,7 +367,7 @@ class GarbageCollector:
                     decisions.append(VersionDecision(epoch, "drop", "out of policy"))
                 continue
             if epoch not in reasons:
-                continue  # a barrier the policy never retained: it never was a version
+                continue  # an epoch the policy does not keep: it never becomes a version
             record = self._new_version(state, epoch)
             if record is not None:
                 kept[epoch] = record
