@@ -294,3 +294,26 @@ def test_tables_sharing_no_epoch_and_epochs_before_a_first_epoch_are_refused(tm,
     finally:
         for writer in writers:
             writer.close()
+
+
+def test_a_stopped_table_holds_the_consistent_epoch_at_its_own_once_its_peers_lists_move_on(tm, connect, catalog,
+                                                                                            catalog_settings,
+                                                                                            namespace):
+    """``stuck``'s job stops at epoch E while ``busy``'s goes on far past its list of recent epochs: the
+    consistent version of both stays at E (from ``busy``'s writer's epoch records), not at an older epoch
+    the two lists still share; and ``busy`` is read at its snapshot of E."""
+    stuck, busy = f"{namespace}.stuck", f"{namespace}.busy"
+    for name in (stuck, busy):
+        create_table(catalog, name)
+    stuck_writer = lead_job(connect(), catalog_settings, "stuck", [stuck])
+    busy_writer = lead_job(connect(), catalog_settings, "busy", [busy])
+    base = 7_000_000 * 1000 + 1000  # not on a minute: only the 16 newest of busy's list would reach it
+    commit_rows(stuck_writer, base, rows=1)
+    at_base = commit_rows(busy_writer, base, rows=2)
+    for i in range(1, 40):
+        commit_rows(busy_writer, base + 1000 * i, rows=1)
+    assert not present(tm.tidemarks([busy])[busy]).holds(base), "busy's list should have moved past E"
+    version = Resolver(catalog, catalog_settings, tm).resolve([stuck, busy])
+    assert version.epoch == base and version.snapshots[busy] == at_base
+    frames = read_arrow(Resolver(catalog, catalog_settings), version)
+    assert epoch_counts(frames[busy]) == {base: 2} and epoch_counts(frames[stuck]) == {base: 1}

@@ -54,7 +54,16 @@ from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.snapshots import committed_epoch, first_epoch, is_tidemark_table
 from coordinator.names import validate_epoch, validate_name
 from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
-from coordinator.records import RECENT_PER_LEVEL, ConsistencyLevel, ConsistentVersion, ReaderPins, TableTidemark
+from coordinator.protocol.topology import read_topology
+from coordinator.records import (
+    RECENT_PER_LEVEL,
+    ConsistencyLevel,
+    ConsistentVersion,
+    EpochRecord,
+    EpochState,
+    ReaderPins,
+    TableTidemark,
+)
 from coordinator.zookeeper.session import ZooKeeperSession
 
 if TYPE_CHECKING:
@@ -150,6 +159,7 @@ class Resolver:
             return ConsistentVersion(as_of, snapshots, level)
         held = {n: self._held(n, marks[n]) for n in managed}
         if as_of is None:
+            self._add_laggards_epoch(held, marks, epochs)
             common = set.intersection(*(set(h) for h in held.values()))
             if not common:
                 raise self._no_common_epoch(names, marks, epochs, managed)
@@ -167,6 +177,37 @@ class Resolver:
         for name in roots:
             snapshots[name] = self._root_snapshot(name, target)
         return ConsistentVersion(target, snapshots, level)
+
+    def _add_laggards_epoch(self, held: dict[str, dict[int, Optional[int]]],
+                            marks: Mapping[str, Optional[TableTidemark]],
+                            epochs: Mapping[str, Union[int, str, None]]) -> None:
+        """No consistent version can be newer than the lowest newest epoch among the tables (the laggard's).
+        When a table's list of recent epochs no longer reaches it (its job went on while the laggard's
+        stopped), its writer's epoch records still may: ``/jobs/<writer>/epochs/<T>`` keeps the newest
+        ``history`` epochs with the snapshot each sink had at them. One pipelined read, only then, so the
+        consistent epoch stays at the laggard's instead of stepping back to an older common one."""
+        newest = [e for n in held if isinstance(e := epochs[n], int)]
+        if self.tm is None or not newest:
+            return
+        epoch = min(newest)
+        missing = [n for n, h in held.items() if epoch not in h]
+        if not missing or any(marks[n] is None for n in missing):
+            return
+        writers = read_topology(self.tm).writers
+        jobs = sorted({writers[n] for n in missing if n in writers})
+        if any(n not in writers for n in missing):
+            return
+        found = self.tm.get_many([self.tm.paths.epoch(job, epoch) for job in jobs])
+        records = {job: EpochRecord.from_json(r[0], self.tm.paths.epoch(job, epoch)) for job, r in zip(jobs, found)
+                   if r is not None}
+        if any(job not in records or records[job].state != EpochState.COMMITTED for job in jobs):
+            return
+        for name in missing:
+            record = records[writers[name]]
+            if name not in record.published:
+                return
+        for name in missing:
+            held[name][epoch] = records[writers[name]].published[name]
 
     def _held_at(self, name: str, mark: Optional[TableTidemark], held: Mapping[int, Optional[int]], epoch: int,
                  names: list[str]) -> Optional[int]:
