@@ -20,7 +20,7 @@ What ``run`` does, in order (every step is safe to crash in):
 3. **recover** the last epoch: roll a precommitted one forward, recompute a started one
    from its recorded inputs. With no epoch history in ZooKeeper (unregistered, new chroot,
    wiped ensemble) the history is first re-created from the sinks' Iceberg progress
-   (``progress.py``), and the barriers the sinks record are agreed again;
+   (``progress.py``), each sink's tidemark listing the epochs its lineage records;
 4. **pick the next epoch** (``pacing.py``): the newest barrier after the last epoch that every
    managed source holds, on the job's cadence (``every``: a multiple of the grid interval,
    default every grid point); a job with no managed source (a root job) takes the newest barrier

@@ -316,9 +316,9 @@ class Cascade:
         idle epoch once per ``marker_every`` (a minute), so consistent reads may step back by up to that
         (docs/design.md), never further: the checker's history restarts at the wipe, above that floor."""
         checker = self.checker
-        if checker is not None and checker.last_checked is not None:
-            self.wipe_floor = max(self.wipe_floor or 0, checker.last_checked - DEFAULT_MARKER_EVERY_MS)
-            checker.last_checked = None
+        if checker is not None and checker.newest is not None:
+            self.wipe_floor = max(self.wipe_floor or 0, checker.newest - DEFAULT_MARKER_EVERY_MS)
+            checker.newest = None  # the step back the wipe allows is not counted against the run
         client = KazooClient(hosts=self.hosts, timeout=10)
         client.start(timeout=15)
         try:
@@ -499,6 +499,9 @@ class Cascade:
         with self._lock:
             unrecovered = [f for f in self.faults if f.recovered_ms is None]
         problems += [f"{f.kind} ({f.job or 'every job'}) never recovered" for f in unrecovered]
+        # Reads stay monotonic outside a wipe: a table's peers keep its newest epoch (lists, epoch records).
+        problems += [f"the consistent epoch stepped back from {newest} to {older}"
+                     for newest, older in self.checker.stepped_back]  # type: ignore[union-attr]
         duplicates = losses = 0
         try:
             version = self.checker.resolver.resolve(self.tables.all)  # type: ignore[union-attr]

@@ -4,7 +4,7 @@
 
 Prints ``LEADING <term>`` once elected, then one line per command: ``OK <state>`` or
 ``ERR <ExceptionName> <message>``. Commands: ``begin T``, ``precommit T``, ``commit T``, ``exit``.
-The barriers it begins must already be agreed (the test agrees them).
+The epochs it begins must be barriers of the job's grid, after its last committed one.
 """
 from __future__ import annotations
 
