@@ -1,16 +1,33 @@
 """Shared helpers for the benchmarks: a private ZooKeeper server, timers, and figure printing."""
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, TextIO
 
 from coordinator import EmbeddedZooKeeper
 from coordinator.operations.zookeeper_server import four_letter_word, free_port
+
+
+def log_each_epoch(writer: Any, ran: set[int], events: TextIO) -> None:
+    """Make ``writer`` log every epoch it commits to ``events``, one JSON line each: the epoch, whether the
+    function ran (``ran`` holds the epochs it ran for), and when the epoch started and ended. The loop calls
+    ``writer.process`` for every path (computed, idle, recomputed), so replacing it logs them all."""
+    from coordinator.records import now_ms
+    process = writer.process
+
+    def logged(epoch: int, fn: Callable[..., None], *rest: Any, **kwargs: Any) -> Any:
+        started = now_ms()
+        record = process(epoch, fn, *rest, **kwargs)
+        events.write(json.dumps({"epoch": record.epoch, "ran": record.epoch in ran, "start_ms": started,
+                                 "end_ms": now_ms()}) + "\n")
+        return record
+    writer.process = logged
 
 
 @contextmanager

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from .common import header, percentile, verdict, zookeeper
+from .common import header, log_each_epoch, percentile, verdict, zookeeper
 
 ROOT, CLEAN, BY_KEY, TOTALS = "lake.p.events", "lake.p.clean", "lake.p.by_key", "lake.p.totals"
 SINKS = (CLEAN, BY_KEY, TOTALS)
@@ -119,7 +119,6 @@ def spark_functions() -> dict[str, Callable]:
 def run_driver(args) -> int:
     """One job's driver: run epochs until SIGTERM; one JSON line per committed epoch into ``--events``."""
     from coordinator import CatalogSettings, EpochWriter, Tidemark
-    from coordinator.records import now_ms
 
     settings = CatalogSettings.embedded(Path(args.home))
     tm = Tidemark.connect(args.zk)
@@ -145,16 +144,7 @@ def run_driver(args) -> int:
             time.sleep(args.sleep_s)  # the overloaded job: each epoch takes longer than the interval
 
     events = open(args.events, "a", buffering=1)  # noqa: SIM115 - written by every epoch until the driver exits
-    process = writer.process
-
-    def timed_process(epoch, fn, *rest, **kwargs):
-        started = now_ms()
-        record = process(epoch, fn, *rest, **kwargs)
-        events.write(json.dumps({"epoch": record.epoch, "ran": record.epoch in ran, "start_ms": started,
-                                 "end_ms": now_ms()}) + "\n")
-        return record
-    # The loop calls self.process: replacing it logs every committed epoch, whichever path committed it.
-    writer.process = timed_process  # type: ignore[method-assign,assignment]
+    log_each_epoch(writer, ran, events)
     if spark is not None:
         job.epoch(step)
         committed = job.run()

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .common import header, packets_received, percentile, verdict, zookeeper
+from .common import header, log_each_epoch, packets_received, percentile, verdict, zookeeper
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_EVERY_S = 0.5
@@ -130,7 +130,6 @@ def _drive_one(config: Mapping[str, Any], spec: Mapping[str, Any], stop: threadi
                writers: list, failures: list) -> None:
     from coordinator import CatalogSettings, EpochWriter, Tidemark
     from coordinator.job.commit import DEFAULT_MARKER_EVERY
-    from coordinator.records import now_ms
     tm = None
     try:
         tm = Tidemark.connect(config["zk"], operation_timeout=60)
@@ -149,16 +148,7 @@ def _drive_one(config: Mapping[str, Any], spec: Mapping[str, Any], stop: threadi
             ran.add(ctx.epoch)
             function(ctx)
         with open(spec["events"], "a", buffering=1) as events:
-            process = writer.process
-
-            def logged_process(epoch, fn, *rest, **kwargs):
-                started = now_ms()
-                record = process(epoch, fn, *rest, **kwargs)
-                events.write(json.dumps({"epoch": record.epoch, "ran": record.epoch in ran, "start_ms": started,
-                                         "end_ms": now_ms()}) + "\n")
-                return record
-            # The loop calls self.process: replacing it logs every committed epoch, whichever path committed it.
-            writer.process = logged_process  # type: ignore[method-assign,assignment]
+            log_each_epoch(writer, ran, events)
             writer.run(step, stop_on_sigterm=False)
     except Exception as exc:  # reported by the process's exit code and log
         logging.getLogger("bench.scale").exception("job %s failed", spec["job"])

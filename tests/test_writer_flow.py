@@ -158,6 +158,15 @@ def job_epochs(tm, job: str) -> list[int]:
     return sorted(int(c) for c in tm.children(tm.paths.epochs(job)) if c.isdigit())
 
 
+def copy(source: str, sink: str) -> Callable:
+    """An epoch function appending to ``sink`` the rows appended to ``source`` in the epoch."""
+    def step(ctx) -> None:
+        new = ctx.changes(source)
+        if new.num_rows:
+            ctx.append(sink, new)
+    return step
+
+
 def clock_barrier(grid, grace_ms: int) -> int:
     """The newest grid point the clock has passed (minus grace): what a root job takes now."""
     return grid.floor(now_ms() - grace_ms)
@@ -264,13 +273,6 @@ def test_a_job_slower_than_the_interval_coalesces_and_slows_nobody(tm, slow_flee
     for name in (r_out, a_out, b_out, o_root, o_out):
         new_table(catalog, name)
     slow_seconds = 1.5 * interval / 1000
-
-    def copy(source: str, sink: str) -> Callable:
-        def step(ctx) -> None:
-            new = ctx.changes(source)
-            if new.num_rows:
-                ctx.append(sink, new)
-        return step
 
     def slow(ctx) -> None:
         time.sleep(slow_seconds)
@@ -591,13 +593,6 @@ def test_a_job_at_a_coarser_cadence_takes_only_its_barriers_and_a_job_below_foll
         while not stop_appending.wait(0.3):
             events.append(rows(n, [n]))
             n += 1
-
-    def copy(source: str, sink: str) -> Callable:
-        def step(ctx) -> None:
-            new = ctx.changes(source)
-            if new.num_rows:
-                ctx.append(sink, new)
-        return step
 
     appender = threading.Thread(target=append_forever, daemon=True)
     appender.start()
