@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import statistics
+import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, TextIO
@@ -28,6 +32,30 @@ def log_each_epoch(writer: Any, ran: set[int], events: TextIO) -> None:
                                  "end_ms": now_ms()}) + "\n")
         return record
     writer.process = logged
+
+
+def stop_drivers(drivers: Mapping[str, subprocess.Popen], timeout: float, tail: Callable[[str], str]) -> None:
+    """SIGTERM every driver process (each finishes its epoch), wait ``timeout`` seconds, then kill; a driver that
+    exits with an error is reported with ``tail(name)``, its log's end."""
+    for proc in drivers.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for name, proc in drivers.items():
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        if code != 0:
+            print(f"  driver {name} exited with {code}:\n{tail(name)}", flush=True)
+
+
+def remove_run_dir(home: Path) -> None:
+    """Delete a run's directory, unless ``TIDEMARK_BENCH_KEEP`` is set (then say where it is)."""
+    if os.environ.get("TIDEMARK_BENCH_KEEP"):
+        print(f"  (kept {home})")
+    else:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @contextmanager

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import random
-import shutil
 import signal
 import statistics
 import subprocess
@@ -38,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from .common import header, log_each_epoch, percentile, verdict, zookeeper
+from .common import header, log_each_epoch, percentile, remove_run_dir, stop_drivers, verdict, zookeeper
 
 ROOT, CLEAN, BY_KEY, TOTALS = "lake.p.events", "lake.p.clean", "lake.p.by_key", "lake.p.totals"
 SINKS = (CLEAN, BY_KEY, TOTALS)
@@ -231,17 +230,7 @@ class Cascade:
 
     def stop_drivers(self, timeout: float = 300) -> float:
         """SIGTERM every driver (each finishes its epoch) and wait for them; returns the wall time they all ended."""
-        for proc in self.drivers.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for job, proc in self.drivers.items():
-            try:
-                code = proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
-            if code != 0:
-                print(f"  driver {job} exited with {code}:\n{self.tail(job)}", flush=True)
+        stop_drivers(self.drivers, timeout, self.tail)
         self.drivers = {}
         return time.time()
 
@@ -354,10 +343,7 @@ class Cascade:
                 self.producer.wait()
         self.cache.close()
         self.tm.close()
-        if os.environ.get("TIDEMARK_BENCH_KEEP"):
-            print(f"  (kept {self.home})")
-        else:
-            shutil.rmtree(self.home, ignore_errors=True)
+        remove_run_dir(self.home)
 
     def __enter__(self) -> Cascade:
         return self

@@ -61,7 +61,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .common import header, log_each_epoch, packets_received, percentile, verdict, zookeeper
+from .common import (
+    header,
+    log_each_epoch,
+    packets_received,
+    percentile,
+    remove_run_dir,
+    stop_drivers,
+    verdict,
+    zookeeper,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_EVERY_S = 0.5
@@ -390,18 +399,7 @@ class Deployment:
     def stop(self, labels: Optional[Iterable[str]] = None, timeout: float = 120) -> float:
         """SIGTERM the processes (each finishes its epoch in flight) and wait; returns the wall time they ended."""
         chosen = list(self.processes) if labels is None else list(labels)
-        for label in chosen:
-            if self.processes[label].poll() is None:
-                self.processes[label].send_signal(signal.SIGTERM)
-        for label in chosen:
-            proc = self.processes.pop(label)
-            try:
-                code = proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
-            if code != 0:
-                print(f"  driver {label} exited with {code}:\n{self.tail(label)}", flush=True)
+        stop_drivers({label: self.processes.pop(label) for label in chosen}, timeout, self.tail)
         return time.time()
 
     def tail(self, label: str, lines: int = 20) -> str:
@@ -489,10 +487,7 @@ class Deployment:
         self.processes = {}
         self.cache.close()
         self.tm.close()
-        if os.environ.get("TIDEMARK_BENCH_KEEP"):
-            print(f"  (kept {self.home})")
-        else:
-            shutil.rmtree(self.home, ignore_errors=True)
+        remove_run_dir(self.home)
 
     def __enter__(self) -> Deployment:
         return self
