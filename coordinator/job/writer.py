@@ -196,7 +196,7 @@ class EpochWriter:
         self.sources, self.sinks = validate_names(sources, "source table"), validate_names(sinks, "sink table")
         self.catalog_settings = catalog or CatalogSettings.from_env()
         self.catalog = self.catalog_settings.load()
-        self.interval_ms, self.grace_ms, self.history = interval_ms, grace_ms, history
+        self.interval_ms, self.history = interval_ms, history
         self.always_run, self.log_every = always_run, log_every
         self.context = context
         self.leadership = Leadership(tm, self.name)

@@ -368,12 +368,10 @@ class Cascade:
     def epochs_of(self, job: str) -> list[int]:
         """The epochs ``job`` committed in this run (every epoch znode is kept: ``driver.HISTORY``)."""
         path = self.tm.paths.epochs(job)  # type: ignore[union-attr]
-        found = []
-        for child in (c for c in self.tm.children(path) if c.isdigit()):  # type: ignore[union-attr]
-            read = self.tm.read(f"{path}/{child}", EpochRecord)  # type: ignore[union-attr]
-            if read is not None and read[0].state == EpochState.COMMITTED:
-                found.append(read[0].epoch)
-        return sorted(found)
+        children = [c for c in self.tm.children(path) if c.isdigit()]  # type: ignore[union-attr]
+        found = self.tm.get_many([f"{path}/{c}" for c in children])  # type: ignore[union-attr]
+        records = [EpochRecord.from_json(raw[0]) for raw in found if raw is not None]
+        return sorted(r.epoch for r in records if r.state == EpochState.COMMITTED)
 
     def committed_after(self, job: str, since_ms: int) -> Optional[int]:
         """The commit time of ``job``'s newest epoch if it is after ``since_ms``."""
@@ -543,16 +541,7 @@ class Cascade:
 
     def _epochs_committed(self) -> int:
         """Epochs committed by every job of the run: those seen by the tracker and those still in ZooKeeper."""
-        commits = set(self.commits)
-        for job in JOBS:
-            path = self.tm.paths.epochs(job)  # type: ignore[union-attr]
-            children = [c for c in self.tm.children(path) if c.isdigit()]  # type: ignore[union-attr]
-            for raw in self.tm.get_many([f"{path}/{c}" for c in children]):  # type: ignore[union-attr]
-                if raw is not None:
-                    record = EpochRecord.from_json(raw[0])
-                    if record.state == EpochState.COMMITTED:
-                        commits.add((job, record.epoch))
-        return len(commits)
+        return len(set(self.commits) | {(job, epoch) for job in JOBS for epoch in self.epochs_of(job)})
 
 
 def _per_key(counts: pa.Table) -> list[tuple[str, int]]:
