@@ -67,6 +67,10 @@ class JobNotFound(TidemarkError):
     """The named job is not registered."""
 
 
+class JobRetired(TidemarkError):
+    """An operator retired the job (``tidemark retire``): no driver may lead it until ``tidemark resume``."""
+
+
 class NotLeader(TidemarkError):
     """This process does not (or no longer) lead the job, or may not commit right now."""
 

@@ -394,6 +394,34 @@ class FinishedRecord(JsonRecord):
         _epoch(self.finished_ms, "finished_ms")
 
 
+@dataclass(frozen=True)
+class RestRecord(JsonRecord):
+    """``/jobs/<job>/paused`` or ``/jobs/<job>/retired``: an operator said that no leader runs the job, on purpose.
+
+    While no live leader runs it, such a job is *at rest* like a finished one: not stale, and its
+    tables are left out of the consistent lag of what is live (``coordinator.protocol.status``).
+    A pause lasts until ``until_ms`` (None: until ``tidemark resume``) or until a leader starts,
+    which removes it; a retired job's drivers refuse to lead it until ``tidemark resume``.
+    """
+
+    by: str
+    reason: str = ""
+    since_ms: int = field(default_factory=now_ms)
+    until_ms: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _str(self.by, "by")
+        _str(self.reason, "reason")
+        _epoch(self.since_ms, "since_ms")
+        _opt_epoch(self.until_ms, "until_ms")
+        if self.until_ms is not None and self.until_ms <= self.since_ms:
+            raise InvalidArgument(f"a pause must end after it starts (until_ms {self.until_ms} <= since_ms "
+                                  f"{self.since_ms})")
+
+    def in_force(self, at_ms: int) -> bool:
+        return self.until_ms is None or at_ms < self.until_ms
+
+
 class BarrierMode(str, enum.Enum):
     PROCESSING_TIME = "processing-time"
     EVENT_TIME = "event-time"

@@ -17,10 +17,11 @@ from coordinator.errors import InvalidName
 from coordinator.protocol.barriers import Barriers
 from coordinator.protocol.leadership import Leadership
 from coordinator.protocol.registry import UnregisterPlan, fence_job, register_job, unregister_job
+from coordinator.protocol.rest import pause_job, resume_job, retire_job
 from coordinator.protocol.status import STALE_INTERVALS, Status, read_status
 from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
 from coordinator.protocol.topology import Topology, read_topology
-from coordinator.records import JobRecord, TableTidemark
+from coordinator.records import JobRecord, RestRecord, TableTidemark
 from coordinator.zookeeper.session import ZooKeeperSession
 
 if TYPE_CHECKING:
@@ -47,6 +48,21 @@ class Tidemark(ZooKeeperSession):
         if not isinstance(by, str):
             raise InvalidName(f"who fenced the job (by=) must be a string, got {str(by)[:40]!r}")
         return fence_job(self, name, by=by)
+
+    def pause_job(self, name: str, *, by: str = "operator", reason: str = "",
+                  until_ms: Optional[int] = None) -> RestRecord:
+        """See ``coordinator.protocol.rest``: no leader runs the job on purpose, until ``until_ms``, a resume or a
+        leader that starts; meanwhile it is not stale and leaves the consistent lag of what is live."""
+        return pause_job(self, name, by=by, reason=reason, until_ms=until_ms)
+
+    def retire_job(self, name: str, *, by: str = "operator", reason: str = "") -> RestRecord:
+        """See ``coordinator.protocol.rest``: refused while a live leader runs the job; its drivers refuse to lead
+        it until ``resume_job``; its tables stay readable at their last epoch."""
+        return retire_job(self, name, by=by, reason=reason)
+
+    def resume_job(self, name: str) -> Optional[str]:
+        """Remove a pause or a retirement: ``"paused"``, ``"retired"``, or None when the job had neither."""
+        return resume_job(self, name)
 
     def leadership(self, job: str) -> Leadership:
         return Leadership(self, job)

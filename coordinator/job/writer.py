@@ -82,6 +82,7 @@ from coordinator.protocol.epochs import EpochCoordinator, RecoveryAction
 from coordinator.protocol.leadership import Leadership
 from coordinator.protocol.pacing import DEFAULT_GRACE_MS, Pacing, parse_every
 from coordinator.protocol.registry import register_job
+from coordinator.protocol.rest import refuse_retired
 from coordinator.protocol.tidemarks import TidemarkCache
 from coordinator.protocol.topology import read_topology
 from coordinator.records import EpochInputs, EpochRecord, EpochState, FinishedRecord, SourceRange, now_ms
@@ -281,6 +282,7 @@ class EpochWriter:
             epochs = EpochCoordinator(self.leadership, self.sinks, self.history, grid=self.grid)
             committer = self._committer = EpochCommitter(epochs, self.table, timed=self.metrics.phase,
                                                          marker_every_ms=self.marker_every_ms)
+            refuse_retired(self.tm, self.name)  # once leading: a standby may outlast the retirement of its job
             self._cache = TidemarkCache(self.tm)
             plan = epochs.recover(lambda: resume_point(self.name, sinks))
             if plan.resumed_from is not None:
@@ -349,9 +351,11 @@ class EpochWriter:
             self.leadership.transact([SetData(path, data) if found is not None else Create(path, data)])
 
     def _clear_finished(self) -> None:
-        path = self.tm.paths.finished(self.name)
-        if self.tm.get(path) is not None:
-            self.leadership.transact([Delete(path)])
+        """A leader runs the job again: it is no longer finished, nor paused (``coordinator.protocol.rest``)."""
+        paths = (self.tm.paths.finished(self.name), self.tm.paths.paused(self.name))
+        found = [path for path, data in zip(paths, self.tm.get_many(paths)) if data is not None]
+        if found:
+            self.leadership.transact([Delete(path) for path in found])
 
     def _mark_finished(self) -> None:
         """A bounded run ended: say so, so that status does not call the job stale nor hold barriers for it."""

@@ -4,6 +4,7 @@
     tidemark status [--json]                        jobs, leaders, tidemarks, lag (s), cadence, what each job waits for
     tidemark topology [--format text|json|dot|mermaid]
     tidemark fence JOB | tidemark unregister JOB [--yes] [--unfenced]
+    tidemark pause JOB [--for 2h] [--reason R] | retire JOB [--reason R] | resume JOB   jobs at rest on purpose
     tidemark barriers [--json] [--set-interval MS --from T]   the grid; per job its cadence and last epoch
     tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--json]
     tidemark gc [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file clean-up
@@ -97,7 +98,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     consistent = _fmt_epoch(status.consistent_epoch)
     if status.consistent_epoch is not None:
         consistent += f", lag {fmt_seconds(status.consistent_lag_ms)}"
-    print(f"grid: {status.interval_ms or '-'} ms   consistent epoch: {consistent}")
+    header = f"grid: {status.interval_ms or '-'} ms   consistent epoch: {consistent}"
+    if any(job.at_rest for job in status.jobs):  # then the tables of what is live may be fresher
+        live = _fmt_epoch(status.live_consistent_epoch)
+        if status.live_consistent_epoch is not None:
+            live += f", lag {fmt_seconds(status.live_consistent_lag_ms)}"
+        header += f"   live jobs' tables: {live}"
+    print(header)
     if not status.jobs:
         print("no jobs registered")
     for job in status.jobs:
@@ -112,10 +119,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _job_line(job: JobStatus) -> str:
-    from coordinator.protocol.status import FINISHED, fmt_seconds
+    from coordinator.protocol.status import FINISHED, fmt_seconds, fmt_time
     leader = f"{job.leader.member} (term {job.leader.term})" if job.leader else "-"
+    mark = job.retired or job.paused
     if job.state == FINISHED and job.finished is not None:
         head = f"{job.name}: term {job.term}, finished at epoch {_fmt_epoch(job.finished.epoch)}"
+    elif job.at_rest and mark is not None:
+        head = (f"{job.name}: term {job.term}, {job.state} by {mark.by}" + (f" ({mark.reason})" if mark.reason else "")
+                + (f" until {fmt_time(mark.until_ms)}" if mark.until_ms else "")
+                + f", committed {_fmt_epoch(job.committed_epoch)}")
     else:
         head = f"{job.name}: term {job.term}, {job.leader_state}: {leader}, committed {_fmt_epoch(job.committed_epoch)}"
     line = ", ".join([head, f"lag {fmt_seconds(job.lag_ms)}", job.describe_cadence()])
@@ -160,6 +172,35 @@ def cmd_unregister(args: argparse.Namespace) -> int:
             plan = tm.unregister_job(args.job, confirm=True, catalog=catalog, allow_unfenced=args.unfenced)
     print(f"job {args.job} unregistered (it wrote {', '.join(plan.record.sinks)}). "
           + (plan.resume.describe() if plan.resume is not None else "Its sinks' Iceberg progress is unknown."))
+    return 0
+
+
+def cmd_rest(args: argparse.Namespace) -> int:
+    """``pause``, ``retire`` and ``resume`` (``coordinator.protocol.rest``)."""
+    from coordinator.protocol.pacing import fmt_every, parse_every
+    from coordinator.protocol.status import fmt_time
+    from coordinator.records import now_ms
+    for_ms = parse_every(args.duration) if args.command == "pause" else None
+    doing = {"pause": f"pause job {args.job}" + (f" for {fmt_every(for_ms)}" if for_ms else " until resumed"),
+             "retire": f"retire job {args.job}", "resume": f"resume job {args.job}"}[args.command]
+    if args.dry_run:
+        print(f"would {doing}; nothing changed (dry run)")
+        return 0
+    with _connect(args) as tm:
+        if args.command == "pause":
+            record = tm.pause_job(args.job, by=args.by, reason=args.reason,
+                                  until_ms=None if for_ms is None else now_ms() + for_ms)
+            until = "until `tidemark resume`" if record.until_ms is None else f"until {fmt_time(record.until_ms)}"
+            print(f"job {args.job} paused {until}, or until a leader runs it again: while no leader runs it, it "
+                  "is not stale and its tables leave the consistent lag")
+        elif args.command == "retire":
+            tm.retire_job(args.job, by=args.by, reason=args.reason)
+            print(f"job {args.job} retired: its tables stay readable at their last epoch, it is not stale and "
+                  f"leaves the consistent lag; its drivers refuse to lead it until `tidemark resume {args.job}`")
+        else:
+            removed = tm.resume_job(args.job)
+            print(f"job {args.job} was not paused or retired; nothing changed" if removed is None else
+                  f"job {args.job} resumed (it was {removed}): with no live leader it is stale again")
     return 0
 
 
@@ -420,6 +461,24 @@ def build_parser() -> argparse.ArgumentParser:
     barriers.set_defaults(func=cmd_barriers)
 
     exporter = sub.add_parser("exporter", help="serve the topology-wide view as Prometheus metrics (read-only)")
+    for command, helptext in (
+            ("pause", "say a job is stopped on purpose (maintenance): while no leader runs it, it is not stale and its "
+                      "tables leave the consistent lag; a leader that starts resumes it"),
+            ("retire", "take a job out of service, keeping its registration and its tables readable at their last "
+                       "epoch: not stale, out of the consistent lag; its drivers refuse to lead it until resumed"),
+            ("resume", "remove a pause or a retirement (a job with no live leader is then stale again)")):
+        rest = sub.add_parser(command, help=helptext)
+        rest.add_argument("job")
+        rest.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
+        if command != "resume":
+            rest.add_argument("--reason", default="", help="why (shown by `tidemark status`)")
+            rest.add_argument("--by", default="operator", help="who did it (recorded with the mark)")
+        if command == "pause":
+            rest.add_argument("--for", dest="duration", metavar="DURATION",
+                              help="end the pause by itself after this long (30m, 2h, 1d): then, with no live leader, "
+                                   "the job is stale again; default: until resumed")
+        rest.set_defaults(func=cmd_rest)
+
     exporter.add_argument("--port", type=_port, default=9464)
     exporter.add_argument("--address", default="0.0.0.0")
     exporter.add_argument("--refresh", type=_seconds, default=5.0, metavar="S",

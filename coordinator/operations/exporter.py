@@ -22,14 +22,18 @@ seconds); jobs are labelled ``tidemark_job`` (``job`` is the scrape target's lab
   own; alerts scale lag by it), ``tidemark_job_paced_by`` (one series naming the upstream
   job that sets a slower effective cadence), ``tidemark_job_consistent_epoch_timestamp_seconds``
   (the newest epoch its sinks and managed sources all hold), ``tidemark_job_term``,
-  ``tidemark_job_leader_live``, ``tidemark_job_finished``, ``tidemark_job_stale`` (staleness by
-  effective cadence, see ``coordinator.protocol.status``), ``tidemark_job_holds_back_seconds``
-  (stale jobs), ``tidemark_job_bounds_consistent_epoch`` and ``tidemark_job_blocked_by`` (one
+  ``tidemark_job_leader_live``, ``tidemark_job_finished``, ``tidemark_job_paused``,
+  ``tidemark_job_retired``, ``tidemark_job_live`` (0 for a job at rest: finished, paused or
+  retired), ``tidemark_job_stale`` (staleness by effective cadence, see
+  ``coordinator.protocol.status``), ``tidemark_job_holds_back_seconds`` (stale jobs),
+  ``tidemark_job_bounds_consistent_epoch`` (among live jobs) and ``tidemark_job_blocked_by`` (one
   series per managed source that holds no epoch after the job's committed epoch);
-- per table: ``tidemark_table_committed_epoch_timestamp_seconds``, ``tidemark_table_lag_seconds``;
-- overall: ``tidemark_jobs``, ``tidemark_consistent_epoch_timestamp_seconds`` (the newest epoch
-  every managed table holds), ``tidemark_consistent_lag_seconds``,
-  ``tidemark_barrier_interval_seconds`` (the grid's interval in force);
+- per table: ``tidemark_table_committed_epoch_timestamp_seconds``, ``tidemark_table_lag_seconds``
+  (every table, at rest or not: the truth about each);
+- overall: ``tidemark_jobs``, ``tidemark_consistent_epoch_timestamp_seconds`` (the *live*
+  consistent epoch: the newest epoch every table of a live job holds; no series when no job is
+  live), ``tidemark_consistent_lag_seconds`` (the deployment's freshness: what is read and
+  written now), ``tidemark_barrier_interval_seconds`` (the grid's interval in force);
 - the exporter itself: ``tidemark_up``, ``tidemark_exporter_view_age_seconds``,
   ``tidemark_exporter_refresh_duration_seconds``, ``tidemark_exporter_refresh_failures_total``.
 
@@ -54,7 +58,7 @@ from prometheus_client.registry import Collector
 
 from coordinator.errors import TidemarkError
 from coordinator.job.driver_metrics import JOB_LABEL
-from coordinator.protocol.status import FINISHED, LEADING, Status, read_status
+from coordinator.protocol.status import FINISHED, LEADING, PAUSED, RETIRED, Status, read_status
 from coordinator.tidemark import Tidemark
 
 log = logging.getLogger(__name__)
@@ -63,8 +67,11 @@ DEFAULT_EXPORTER_PORT = 9464
 
 class Exporter(Collector):
     def __init__(self, connect: Callable[[], Tidemark], refresh_every: float = 5.0,
-                 max_age: Optional[float] = None) -> None:
+                 max_age: Optional[float] = None, clock: Callable[[], float] = time.time) -> None:
+        """``clock``: the wall clock in Unix seconds that views are read and lags measured against (tests that
+        simulate idle time pass their own)."""
         self.connect = connect
+        self.clock = clock
         self.refresh_every = refresh_every
         self.max_age = max_age if max_age is not None else 3 * refresh_every
         self.registry = CollectorRegistry()
@@ -106,7 +113,7 @@ class Exporter(Collector):
         try:
             if self.tm is None:
                 self.tm = self.connect()
-            view = read_status(self.tm)
+            view = read_status(self.tm, clock=lambda: int(self.clock() * 1000))
         except Exception as exc:  # noqa: BLE001 - whatever failed, keep serving the last view with tidemark_up 0
             self._last_ok = False
             self._failures += 1
@@ -142,7 +149,7 @@ class Exporter(Collector):
             return
         yield _plain("tidemark_exporter_view_age_seconds", "Age of the exported view (grows while tidemark_up is 0)",
                      time.monotonic() - self._view_at)
-        yield from view_families(view, time.time())
+        yield from view_families(view, self.clock())
 
 
 def view_families(view: Status, now: float) -> Iterator[Metric]:
@@ -164,12 +171,17 @@ def view_families(view: Status, now: float) -> Iterator[Metric]:
     leading = job_gauge("tidemark_job_leader_live", "1 when the job has a live, unfenced leader")
     finished = job_gauge("tidemark_job_finished",
                          "1 when the job's last leader finished a bounded run and no leader runs it now")
+    paused = job_gauge("tidemark_job_paused", "1 when an operator paused the job and no leader runs it now")
+    retired = job_gauge("tidemark_job_retired", "1 when an operator retired the job and no leader runs it now")
+    live = job_gauge("tidemark_job_live",
+                     "1 when the job should run now: not finished, paused or retired (its tables count in the "
+                     "consistent lag)")
     stale = job_gauge("tidemark_job_stale", "1 when the job holds back consistent reads")
     holds_back = job_gauge("tidemark_job_holds_back_seconds",
                            "For a stale job: how far it holds the consistent epoch back")
     bounds = job_gauge("tidemark_job_bounds_consistent_epoch",
-                       "1 when the job has the oldest committed epoch: the consistent epoch cannot pass it until "
-                       "the job commits")
+                       "1 when the job is live and has the oldest committed epoch of the live jobs: the consistent "
+                       "epoch cannot pass it until the job commits")
     blocked = job_gauge("tidemark_job_blocked_by",
                         "1 per managed source that holds no epoch after the job's committed epoch",
                         "source", "source_job")
@@ -178,14 +190,14 @@ def view_families(view: Status, now: float) -> Iterator[Metric]:
                                     labels=["table", JOB_LABEL])
     table_lag = GaugeMetricFamily("tidemark_table_lag_seconds", "Wall clock minus the table's committed epoch",
                                   labels=["table", JOB_LABEL])
-    oldest = min((e for j in view.jobs if (e := j.committed_epoch) is not None), default=None)
+    oldest = min((e for j in view.jobs if not j.at_rest and (e := j.committed_epoch) is not None), default=None)
     for job in view.jobs:
         name = [job.name]
         epoch = job.committed_epoch
         if epoch is not None:
             committed.add_metric(name, epoch / 1000)
             lag.add_metric(name, max(0.0, now - epoch / 1000))
-            bounds.add_metric(name, 1 if epoch == oldest else 0)
+            bounds.add_metric(name, 1 if epoch == oldest and not job.at_rest else 0)
         if job.cadence_ms is not None:
             cadence.add_metric(name, job.cadence_ms / 1000)
         if job.effective_cadence_ms is not None:
@@ -198,6 +210,9 @@ def view_families(view: Status, now: float) -> Iterator[Metric]:
             term.add_metric(name, job.term)
         leading.add_metric(name, 1 if job.leader_state == LEADING else 0)
         finished.add_metric(name, 1 if job.state == FINISHED else 0)
+        paused.add_metric(name, 1 if job.state == PAUSED else 0)
+        retired.add_metric(name, 1 if job.state == RETIRED else 0)
+        live.add_metric(name, 0 if job.at_rest else 1)
         stale.add_metric(name, 1 if job.stale else 0)
         if job.holds_back_ms is not None:
             holds_back.add_metric(name, job.holds_back_ms / 1000)
@@ -207,15 +222,17 @@ def view_families(view: Status, now: float) -> Iterator[Metric]:
             if mark is not None:
                 table_epoch.add_metric([table, job.name], mark / 1000)
                 table_lag.add_metric([table, job.name], max(0.0, now - mark / 1000))
-    yield from (committed, lag, cadence, effective, follows, job_consistent, term, leading, finished, stale,
-                holds_back, bounds, blocked, table_epoch, table_lag)
+    yield from (committed, lag, cadence, effective, follows, job_consistent, term, leading, finished, paused, retired,
+                live, stale, holds_back, bounds, blocked, table_epoch, table_lag)
     yield _plain("tidemark_jobs", "Registered jobs", len(view.jobs))
-    consistent = view.consistent_epoch
+    # The live consistent epoch: jobs at rest keep their tables readable at their last epoch, and must not
+    # make the deployment look ever staler (their tables' own lag is above).
+    consistent = view.live_consistent_epoch
     if consistent is not None:
         yield _plain("tidemark_consistent_epoch_timestamp_seconds",
-                     "Consistent epoch (the newest epoch every managed table holds), as a Unix timestamp",
+                     "Live consistent epoch (the newest epoch every table of a live job holds), as a Unix timestamp",
                      consistent / 1000)
-        yield _plain("tidemark_consistent_lag_seconds", "Wall clock minus the consistent epoch",
+        yield _plain("tidemark_consistent_lag_seconds", "Wall clock minus the live consistent epoch",
                      max(0.0, now - consistent / 1000))
     if view.interval_ms is not None:
         yield _plain("tidemark_barrier_interval_seconds", "Interval of the barrier grid in force",

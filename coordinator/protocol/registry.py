@@ -320,7 +320,8 @@ def unregister_job(tm: ZooKeeperSession, name: str, *, confirm: bool = False,
             ops.append(Delete(p.incarnation(name, record.incarnation)))
         if leader is not None:
             ops.append(Delete(p.leader(name)))
-        ops += [Delete(path) for path in (p.finished(name), p.pacing(name)) if tm.get(path) is not None]
+        ops += [Delete(path) for path in (p.finished(name), p.pacing(name), p.paused(name), p.retired(name))
+                if tm.get(path) is not None]
         ops.append(Delete(p.job(name)))
         for sink in record.sinks:
             ops += [Delete(p.tidemark(sink)), Delete(p.table(sink))]

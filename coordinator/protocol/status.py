@@ -12,7 +12,7 @@
 Read with at most two pipelined batches whatever the number of jobs: the topology (cached
 while ``/topology`` is unchanged), one ``get_many`` of every job's term, leader and pacing
 (``/jobs/<job>/pacing``), every table's tidemark and ``/barriers`` (the grid); then the
-finished markers of the jobs with no live leader, if there are any.
+finished, paused and retired markers of the jobs with no live leader, if there are any.
 
 What each job may do next is the writers' own rule, asked of ``pacing.py``: ``Pacing.choose``
 (with the job's recorded pacing, its sources' tidemarks and the wall clock of the read) says
@@ -20,16 +20,20 @@ which epoch it could take now or why there is none, and ``effective_cadences`` w
 it follows. A job with no recorded pacing (its leader has not run this release yet) counts
 as a job taking every grid point.
 
-A job's **state**: ``leading`` (a live, unfenced leader), ``finished`` (no live leader and
-``/jobs/<job>/finished``: its last leader ended a bounded or batch run), ``fenced`` (its
-leader's term is older than the job's) or ``no leader``.
+A job's **state**: ``leading`` (a live, unfenced leader), ``retired`` or ``paused`` (no live
+leader, and an operator said so: ``coordinator.protocol.rest``; a pause past its end no longer
+counts), ``finished`` (no live leader and ``/jobs/<job>/finished``: its last leader ended a
+bounded or batch run), ``fenced`` (its leader's term is older than the job's) or ``no leader``.
+Finished, paused and retired jobs are **at rest**: nobody runs them now, on purpose. Every other
+job is **live**: its tables are the ones read and written now (a stale job is live: it should
+run).
 
 A job **waits for** the managed sources that hold no epoch after its committed epoch
 (``Choice.behind``): its next epoch must be one every managed source holds. Each is shown
 with its writer's state.
 
 A job is **stale** when it, rather than something upstream of it, holds the consistent
-epoch back: it has no live leader and did not finish a bounded run, or it has a live leader
+epoch back: it has no live leader and is not at rest, or it has a live leader
 but lags the wall clock by more than ``stale_intervals`` of its *effective* cadence (plus
 ``STALE_SLACK_MS`` of processing and the largest grace of it and its upstream jobs) while
 nothing upstream explains the lag. Upstream explains it when a managed source holds no
@@ -37,18 +41,26 @@ epoch after the job's committed epoch, when its sources hold no common epoch on 
 cadence yet, or when a source committed its first epoch after the job's only lately (less
 than that threshold ago: the job is catching up after its upstream did). Such a job is
 shown waiting (with the reason), not stale: the job it waits for is the one flagged. A
-finished job is never stale. An hourly job lagging 40 minutes is on time, and so is a job
+job at rest is never stale. An hourly job lagging 40 minutes is on time, and so is a job
 downstream of it.
 
 The **consistent epoch** of the deployment is the newest epoch every managed table holds
 (``pacing.newest_common_epoch`` over the tidemarks; None when they share none, or a table
-has committed nothing); a job's own is the newest epoch its sinks and managed sources all
-hold, the consistent version of the tables it reads and writes (what its driver exports).
+has committed nothing): what a reader of every table gets. The **live consistent epoch** is
+the same over the tables live jobs read and write (their sinks and managed sources), None when
+no job is live; its lag is the deployment's freshness, what the exporter's
+``tidemark_consistent_lag_seconds`` and the alerts are about (Materialize scopes its global lag
+to what is maintained now the same way). A job at rest keeps its tables readable at their last
+epoch, and their own lag (``tidemark_table_lag_seconds``) keeps growing, which is the truth; it
+holds the live consistent epoch back only through a live job that reads its tables (that job
+waits for it, and is shown waiting). A job's own consistent epoch is the newest epoch its sinks
+and managed sources all hold, the consistent version of the tables it reads and writes (what its
+driver exports).
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
@@ -56,13 +68,15 @@ from coordinator.errors import JobNotFound
 from coordinator.protocol.barriers import BarrierGrid
 from coordinator.protocol.pacing import Pacing, effective_cadences, fmt_every, newest_common_epoch
 from coordinator.protocol.topology import Topology, read_topology
-from coordinator.records import FinishedRecord, LeaderRecord, TableTidemark, TermRecord, now_ms
+from coordinator.records import FinishedRecord, LeaderRecord, RestRecord, TableTidemark, TermRecord, now_ms
 from coordinator.zookeeper.session import ZooKeeperSession
 
 STALE_INTERVALS = 3
 STALE_SLACK_MS = 1000  # processing time: a healthy job lags up to a cadence plus grace plus processing
 
-LEADING, FINISHED, FENCED, NO_LEADER = "leading", "finished", "fenced", "no leader"
+LEADING, FINISHED, PAUSED, RETIRED, FENCED, NO_LEADER = "leading", "finished", "paused", "retired", "fenced", \
+    "no leader"
+AT_REST = (FINISHED, PAUSED, RETIRED)
 
 
 def fmt_time(epoch: Optional[int]) -> str:
@@ -96,7 +110,7 @@ class Blocker:
     table: str
     epoch: Optional[int]             # the source's tidemark (None: its writer has committed nothing yet)
     writer: str
-    writer_state: str                # leading | finished | fenced | no leader
+    writer_state: str                # leading | finished | paused | retired | fenced | no leader
     writer_finished_epoch: Optional[int] = None
 
     @property
@@ -110,6 +124,8 @@ class Blocker:
         elif self.writer_state == FINISHED:
             who = (f"which has no live leader (it finished a bounded run at "
                    f"{fmt_epoch(self.writer_finished_epoch)})")
+        elif self.writer_state in (PAUSED, RETIRED):
+            who = f"which has no live leader (an operator {self.writer_state} it)"
         elif self.writer_state == FENCED:
             who = "which has no live leader (its leader was fenced)"
         else:
@@ -131,6 +147,9 @@ class JobStatus:
     fenced_by: Optional[str]
     tidemarks: dict[str, Optional[int]] = field(default_factory=dict)   # each sink's newest committed epoch
     finished: Optional[FinishedRecord] = None
+    paused: Optional[RestRecord] = None       # an operator's pause in force at the read (read when no live leader)
+    retired: Optional[RestRecord] = None      # an operator's retirement (read when no live leader)
+    pause_ended: Optional[RestRecord] = None  # a pause whose end passed: it no longer counts
     pacing: Optional[Pacing] = None           # as its leader recorded it (None: not recorded yet)
     cadence_ms: Optional[int] = None          # its own cadence: ``every``, or the grid interval (None: no grid)
     effective_cadence_ms: Optional[int] = None  # the cadence its epochs follow (a slower upstream's, or its own)
@@ -159,10 +178,21 @@ class JobStatus:
 
     @property
     def state(self) -> str:
-        """``leading``, ``finished`` (no live leader, its last run was bounded and ended), ``fenced``
-        or ``no leader``."""
+        """``leading``; with no live leader ``retired``, ``paused`` (an operator said so), ``finished`` (its last
+        run was bounded and ended), ``fenced`` or ``no leader``."""
         live = self.leader_state
-        return FINISHED if live != LEADING and self.finished is not None else live
+        if live == LEADING:
+            return live
+        if self.retired is not None:
+            return RETIRED
+        if self.paused is not None:
+            return PAUSED
+        return FINISHED if self.finished is not None else live
+
+    @property
+    def at_rest(self) -> bool:
+        """Nobody runs the job now, on purpose (finished, paused or retired): not stale, not live."""
+        return self.state in AT_REST
 
     @property
     def lag_seconds(self) -> Optional[float]:
@@ -185,6 +215,8 @@ class JobStatus:
             "leader": self.leader.to_dict() if self.leader else None, "leader_state": self.leader_state,
             "state": self.state, "fenced_by": self.fenced_by,
             "finished": self.finished.to_dict() if self.finished else None,
+            "paused": self.paused.to_dict() if self.paused else None,
+            "retired": self.retired.to_dict() if self.retired else None, "at_rest": self.at_rest,
             "tidemarks": self.tidemarks, "committed_epoch": self.committed_epoch,
             "consistent_epoch": self.consistent_epoch, "lag_seconds": self.lag_seconds,
             "pacing": self.pacing.to_dict() if self.pacing else None, "cadence_ms": self.cadence_ms,
@@ -203,6 +235,7 @@ class Status:
     interval_ms: Optional[int]                     # the grid's interval in force at the read
     consistent_epoch: Optional[int] = None         # the newest epoch every managed table holds
     read_ms: int = field(default_factory=now_ms)   # the wall clock the lags are measured against
+    live_consistent_epoch: Optional[int] = None    # the same over the tables of live jobs (None: no job is live)
 
     def job(self, name: str) -> JobStatus:
         for job in self.jobs:
@@ -215,6 +248,12 @@ class Status:
         epoch = self.consistent_epoch
         return None if epoch is None else max(0, self.read_ms - epoch)
 
+    @property
+    def live_consistent_lag_ms(self) -> Optional[int]:
+        """The deployment's freshness: wall clock minus the live consistent epoch."""
+        epoch = self.live_consistent_epoch
+        return None if epoch is None else max(0, self.read_ms - epoch)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "topology_version": self.topology.version,
@@ -223,12 +262,18 @@ class Status:
             "interval_ms": self.interval_ms,
             "consistent_epoch": self.consistent_epoch,
             "consistent_lag_seconds": _seconds(self.consistent_lag_ms),
+            "live_consistent_epoch": self.live_consistent_epoch,
+            "live_consistent_lag_seconds": _seconds(self.live_consistent_lag_ms),
+            "live_jobs": [j.name for j in self.jobs if not j.at_rest],
             "stale_jobs": [j.name for j in self.jobs if j.stale],
             "jobs": [j.to_dict() for j in self.jobs],
         }
 
 
-def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) -> Status:
+def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS,
+                clock: Callable[[], int] = now_ms) -> Status:
+    """The status as of ``clock()`` (milliseconds since the Unix epoch; tests that simulate idle time pass
+    their own)."""
     topo = read_topology(tm)
     names = sorted(topo.jobs)
     writers = topo.writers
@@ -249,13 +294,21 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
         tidemarks = {t: (m.epoch if (m := marks.get(t)) else None) for t in topo.jobs[name].sinks}
         base[name] = JobStatus(name, topo.jobs[name].sources, topo.jobs[name].sinks, term.term if term else None,
                                leader, term.fenced_by if term else None, tidemarks, pacing=pacings[name])
-    # Finished markers matter only for jobs with no live leader (a leader removes it when it starts):
-    # a healthy cluster costs no read for them.
+    read_ms = clock()
+    # The markers of a job at rest matter only while it has no live leader (a leader that starts removes
+    # the finished and paused ones, and a retired job's drivers refuse to lead it): a healthy cluster costs
+    # no read for them.
     leaderless = [name for name in names if base[name].leader_state != LEADING]
-    for name, fin_raw in zip(leaderless, tm.get_many([p.finished(j) for j in leaderless]) if leaderless else []):
-        if fin_raw is not None:
-            base[name] = replace(base[name], finished=FinishedRecord.from_json(fin_raw[0], p.finished(name)))
-    read_ms = now_ms()
+    found = tm.get_many([path for j in leaderless for path in (p.finished(j), p.paused(j), p.retired(j))]) \
+        if leaderless else []
+    for i, name in enumerate(leaderless):
+        fin_raw, paused_raw, retired_raw = found[3 * i:3 * i + 3]
+        paused = RestRecord.from_json(paused_raw[0], p.paused(name)) if paused_raw else None
+        in_force = paused is not None and paused.in_force(read_ms)
+        base[name] = replace(
+            base[name], finished=FinishedRecord.from_json(fin_raw[0], p.finished(name)) if fin_raw else None,
+            paused=paused if in_force else None, pause_ended=None if in_force else paused,
+            retired=RestRecord.from_json(retired_raw[0], p.retired(name)) if retired_raw else None)
 
     interval = grid.interval_at(read_ms) if grid is not None else None
     cadences = effective_cadences(topo, pacings, interval)
@@ -276,7 +329,7 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
 
         blockers: list[Blocker] = []
         waiting: Optional[str] = None
-        if job.state != FINISHED and grid is not None:
+        if not job.at_rest and grid is not None:
             choice = pacing.choose(grid, after=c, sources={s: marks.get(s) for s in managed},
                                    has_root_source=len(managed) < len(job.sources), now=read_ms)
             blockers = [_blocker(s, marks, writers, states, base) for s in choice.behind]
@@ -294,7 +347,8 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
         if job.state in (NO_LEADER, FENCED):
             stale = True
             why = "no live leader" + (" (its leader was fenced)" if job.state == FENCED else "") + \
-                " and no finished bounded run"
+                " and no finished bounded run" + (
+                    f" (its pause ended at {fmt_time(job.pause_ended.until_ms)})" if job.pause_ended else "")
         elif job.state == LEADING and lagging and not explained:
             stale, why = True, (f"lags {fmt_seconds(lag)}, more than {stale_intervals} of its "
                                 f"{'effective ' if setter else ''}cadence ({fmt_cadence(effective)})")
@@ -305,6 +359,9 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
                                 waiting=waiting, stale=stale, stale_reason=why)
 
     consistent = newest_common_epoch(marks.values()) if marks else None
+    live_tables = {t for j in names if not base[j].at_rest
+                   for t in (*base[j].sinks, *(s for s in base[j].sources if s in writers))}
+    live_consistent = newest_common_epoch(marks.get(t) for t in sorted(live_tables)) if live_tables else None
     # How far each stale job holds the consistent epoch back: the consistent epoch of the tables of the
     # healthy jobs (neither stale nor waiting on something), or the wall clock when there are none, minus
     # its epoch.
@@ -318,7 +375,7 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS) ->
         if job.stale and c is not None:
             job = replace(job, holds_back_ms=max(0, reference - c))
         jobs.append(job)
-    return Status(topo, tuple(jobs), grid, interval, consistent, read_ms)
+    return Status(topo, tuple(jobs), grid, interval, consistent, read_ms, live_consistent)
 
 
 def _upstream_graces(topo: Topology, writers: Mapping[str, str],
@@ -380,5 +437,5 @@ def _epoch_of(marks: Mapping[str, Optional[TableTidemark]], table: str) -> Optio
     return mark.epoch if mark else None
 
 
-__all__ = ["STALE_INTERVALS", "STALE_SLACK_MS", "Blocker", "JobStatus", "Status", "fmt_cadence", "fmt_epoch",
+__all__ = ["AT_REST", "STALE_INTERVALS", "STALE_SLACK_MS", "Blocker", "JobStatus", "Status", "fmt_cadence", "fmt_epoch",
            "fmt_seconds", "fmt_time", "read_status"]

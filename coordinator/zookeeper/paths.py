@@ -53,6 +53,14 @@ class Paths:
     def finished(self, job: str) -> str:
         return self.job(job) + "/finished"
 
+    def paused(self, job: str) -> str:
+        """An operator paused the job (``RestRecord``); removed by ``tidemark resume`` or a leader that starts."""
+        return self.job(job) + "/paused"
+
+    def retired(self, job: str) -> str:
+        """An operator retired the job (``RestRecord``): its drivers refuse to lead it until ``tidemark resume``."""
+        return self.job(job) + "/retired"
+
     def pacing(self, job: str) -> str:
         return self.job(job) + "/pacing"
 
