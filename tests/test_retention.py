@@ -19,6 +19,7 @@ from coordinator.history.retention import (
     parse_length,
 )
 from coordinator.history.versions import nearest, parse_version_ref
+from coordinator.records import keep_recent
 from tests.helpers.retention import naive_keep
 
 START = int(datetime(2025, 1, 1, tzinfo=timezone.utc).timestamp() * 1000)
@@ -33,6 +34,73 @@ def test_default_policy_matches_its_calendar_definition():
     tiers = list(kept.values())
     assert tiers.count("monthly") >= 1 and tiers.count("weekly") >= 40 and tiers.count("daily") >= 20
     assert all(now - e <= HOUR_MS for e, t in kept.items() if t == "all")
+
+
+def test_the_default_tags_only_the_versions_of_tiers_of_an_hour_or_longer():
+    policy = RetentionPolicy.default()
+    assert policy.tags == "hourly" and DEFAULT_POLICY.endswith(",tags:hourly")
+    assert [t.name for t in policy.tagged_tiers] == ["hourly", "daily", "weekly", "monthly"]
+    assert RetentionPolicy.parse("all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo") == policy, \
+        "a policy written without tags: (as every policy recorded before it existed) tags the same way"
+    epochs = list(range(START, START + 400 * DAY_MS, 97 * MINUTE_MS))  # then the last 50 minutes at 2 s
+    epochs += list(range(epochs[-1] + 2000, epochs[-1] + 50 * MINUTE_MS, 2000))
+    now = epochs[-1] + 5 * MINUTE_MS
+    kept = policy.keep(epochs, now)
+    tagged = policy.tagged(epochs, now)
+    assert tagged == naive_keep(DEFAULT_POLICY, epochs, now, tagged=True) and tagged < set(kept)
+    assert {e for e, tier in kept.items() if tier == "all"} - tagged, "the all tier's versions stay untagged"
+    assert [t.name for t in RetentionPolicy.parse("all:1h,15m:6h,daily:30d,tags:15m").tagged_tiers] == ["15m", "daily"]
+    assert RetentionPolicy.parse("all:1h,daily:30d,tags:all").tagged(epochs, now) == set(
+        RetentionPolicy.parse("all:1h,daily:30d").keep(epochs, now))
+    assert RetentionPolicy.parse("all:1h,daily:30d,tags:none").tagged(epochs, now) == set()
+    assert RetentionPolicy.parse("all:1h,tags:all").max_tags() is None, "a tagged all tier has no bound"
+
+
+def _tags_after(policy: RetentionPolicy, hours: int, gc_every_ms: int) -> tuple[int, int]:
+    """(tagged versions, kept versions) after ``hours`` of 2 s barriers with GC every ``gc_every_ms``, each run
+    seeing the candidates GC sees (the retained versions and the tidemarks' recent lists since the newest)."""
+    recent: tuple = ()
+    retained: set[int] = set()
+    tagged: set[int] = set()
+    next_gc = START + gc_every_ms
+    for epoch in range(START, START + hours * HOUR_MS + 1, 2000):
+        recent = keep_recent((*recent, (epoch, epoch)))
+        if epoch >= next_gc:
+            newest = max(retained, default=0)
+            candidates = [*retained, *(e for e, _ in recent if e > newest)]
+            retained = set(policy.keep(candidates, epoch)) | {epoch}  # the newest consistent version
+            tagged = policy.tagged(candidates, epoch) | {epoch}
+            next_gc += gc_every_ms
+    return len(tagged), len(retained)
+
+
+def test_the_default_policys_tag_count_per_table_is_bounded_at_2s_barriers():
+    """Issue 19: ``all:1h`` tagged every epoch GC saw, up to 1,800 tags per table per hour at 2 s barriers when GC
+    runs at every barrier. By default only the hourly and coarser tiers (and the newest version) are tagged."""
+    every_tag = RetentionPolicy.parse("all:1h,tags:all")  # the default's finest tier, all tagged
+    assert _tags_after(every_tag, 1, 10_000)[0] >= 1800, "the cost the default avoids (GC sees every epoch)"
+    default = RetentionPolicy.default()
+    assert default.max_tags() == 49 + 31 + 53 + 27
+    for gc_every_ms in (60_000, 600_000):
+        tags, versions = _tags_after(default, 2, gc_every_ms)
+        assert tags <= 3 and versions > 100, (gc_every_ms, tags, versions)  # 2 whole hours, and the newest
+
+    # Two years at a coarse cadence, the last 2 h at 2 s: every tier full. The tags stay within the bound.
+    now = START + 730 * DAY_MS
+    epochs = [*range(START, now - 2 * HOUR_MS, 13 * MINUTE_MS), *range(now - 2 * HOUR_MS, now, 2000)]
+    tagged, kept = default.tagged(epochs, now), default.keep(epochs, now)
+    assert 120 < len(tagged) + 1 <= default.max_tags() + 1 < len(kept), (len(tagged), len(kept))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 40 * DAY_MS), min_size=1, max_size=400), st.integers(0, 400 * DAY_MS))
+def test_a_policys_tags_never_exceed_its_bound(gaps, after):
+    policy = RetentionPolicy.parse("all:2h,15m:6h,hourly:1d,daily:10d,weekly:8w,monthly:6mo,tags:15m")
+    epochs, epoch = [], START
+    for gap in gaps:
+        epoch += gap // 97 + 1
+        epochs.append(epoch)
+    assert len(policy.tagged(epochs, epoch + after)) <= (policy.max_tags() or 0)
 
 
 def test_weeks_start_on_monday_and_months_are_calendar_months():
@@ -63,7 +131,8 @@ def test_policy_text_round_trips_and_bad_text_says_what_is_accepted():
     policy = RetentionPolicy.parse("all:90m, 15m:6h ,daily:30d,monthly:2y")
     assert RetentionPolicy.parse(policy.to_text()) == policy
     assert parse_length("24mo") == 720 * DAY_MS
-    for bad in ("hourly", "hourly:48", "fortnightly:1d", "all:0h", ""):
+    assert RetentionPolicy.parse("all:1h,tags:daily").to_text() == "all:1h,tags:daily"
+    for bad in ("hourly", "hourly:48", "fortnightly:1d", "all:0h", "", "all:1h,tags:fortnightly", "tags:hourly"):
         with pytest.raises(ConfigurationError):
             RetentionPolicy.parse(bad)
 

@@ -17,12 +17,16 @@ What one run does (``tidemark gc`` runs it; ``GcSchedule`` runs it in one electe
    barriers into one epoch, so these are the only epochs at which every table has an exact
    state. The policy (``coordinator.retention``) keeps some; ``C`` is always kept (the newest
    consistent version), and so is a retained version a live reader pinned. A kept version gets
-   the tag ``tidemark-<T>`` on every table it covers and ``/versions/<T>``; a dropped one loses
-   both (``coordinator.versions`` defines what a version covers). A version's snapshots are
+   ``/versions/<T>``, and the tag ``tidemark-<T>`` on every table it covers when a tier the policy
+   tags keeps it (``tags:hourly`` by default) or it is ``C``; a dropped one loses both
+   (``coordinator.versions`` defines what a version covers). A version that stops being tagged
+   (``C`` moved on) keeps its record, set untagged, and loses its tags. A version's snapshots are
    the ones the tidemarks list for ``T`` (no lineage walk); a version at which every table was
-   empty is not created, since no tag could name it.
+   empty is not created, since no tag could name it. A retained version whose snapshot in some
+   table is gone (a root table's owner expired it: only tags protect root tables) is dropped.
 2. **Snapshots** of each managed table are expired unless they are: a ref's head (every tag,
-   ours or not, and every branch with its ancestors); pinned by a live reader (``/readers``);
+   ours or not, and every branch with its ancestors); in a retained version, tagged or not;
+   pinned by a live reader (``/readers``);
    in ``main``'s lineage from the snapshot at ``F`` up to the head, where ``F`` is the lower of
    ``C`` and the last committed epoch ``L`` of every registered job reading the table (its next
    epoch reads ``(snapshot at L, snapshot at T]`` for an epoch ``T`` the table holds, whatever
@@ -47,16 +51,19 @@ One run at a time: every run that changes anything (``run()``, ``remove_orphan_f
 deployment's GC lock (kazoo's ``Lock`` on ``/gc/lock``, ``exclusive()``), so a CronJob, the drivers'
 schedules and an operator never collect at once; a holder that dies releases it with its session.
 
-Order and safety: the ZooKeeper records of dropped versions go first, then each table's one
-commit (new tags, removed tags, expiry, properties, conditional on ``main`` and the changed tags
-not having moved: a concurrent publish makes GC plan that table again), then the records of new versions,
-then files. ZooKeeper tidemarks are read before table metadata, so a snapshot published
-after the read is never mistaken for an aborted one. Failures raise ``TidemarkError``
-subclasses; a run that stops half-way leaves nothing unsafe, and the next run finishes it, with
-one exception: a run killed after a table's expiry commit and before its file deletion leaves
-those files unreferenced, where no later expiry finds them. ``remove_orphan_files`` (``tidemark gc
---orphans``) finds every unreferenced file by listing the table's locations, which also covers
-files of writers killed before their commit; run it daily, say.
+Order and safety: the ZooKeeper records of dropped versions go first (deleted, or set untagged for a
+version that keeps its record but loses its tags), then each table's one commit (new tags, removed
+tags, expiry, properties, conditional on ``main`` and the changed tags not having moved: a
+concurrent publish makes GC plan that table again), then the records of new versions and of versions
+that gained their tags, then files. So whenever a run is killed, every record that says tagged has
+its tag on every table it covers (a tag with no such record is harmless: it names the snapshot of
+its epoch, and the next run removes or records it). ZooKeeper tidemarks are read before table
+metadata, so a snapshot published after the read is never mistaken for an aborted one. Failures
+raise ``TidemarkError`` subclasses; a run that stops half-way leaves nothing unsafe, and the next
+run finishes it, with one exception: a run killed after a table's expiry commit and before its file
+deletion leaves those files unreferenced, where no later expiry finds them. ``remove_orphan_files``
+(``tidemark gc --orphans``) finds every unreferenced file by listing the table's locations, which
+also covers files of writers killed before their commit; run it daily, say.
 """
 from __future__ import annotations
 
@@ -66,7 +73,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from kazoo.exceptions import KazooException, LockTimeout, NoAuthError
@@ -109,7 +116,7 @@ from coordinator.iceberg.snapshots import snapshot_epoch
 from coordinator.protocol.tidemarks import read_tidemarks
 from coordinator.protocol.topology import read_topology
 from coordinator.records import JsonOutput, TableTidemark, now_ms
-from coordinator.zookeeper.ops import Create, Delete
+from coordinator.zookeeper.ops import Create, Delete, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
 log = logging.getLogger(__name__)
@@ -126,6 +133,7 @@ class VersionDecision(JsonOutput):
     epoch: int
     action: str
     reason: str
+    tagged: bool = False  # the version carries (or after the run will carry) the tag tidemark-<T>
 
 
 @dataclass(frozen=True)
@@ -348,9 +356,11 @@ class GarbageCollector:
         newest = max(retained, default=None)
         fresh = [e for e in state.common if newest is None or e > newest]  # all at or below C
         reasons = dict(state.policy.keep([*retained, *fresh], state.now))
+        tagged = state.policy.tagged([*retained, *fresh], state.now)
         consistent = state.consistent
         if consistent is not None and (consistent in retained or consistent in fresh):
             reasons.setdefault(consistent, "newest consistent version")
+            tagged.add(consistent)  # readers by tag find a recent version too (one more tag per table)
         elif consistent is not None:
             state.notes.append(f"the newest consistent epoch {consistent} is below the newest retained version "
                                f"{newest}: no version is created this run")
@@ -360,21 +370,35 @@ class GarbageCollector:
         decisions, kept = [], {}
         for epoch in sorted(set(retained) | set(fresh)):
             if epoch in retained:
-                if epoch in reasons:
-                    kept[epoch] = retained[epoch]
-                    decisions.append(VersionDecision(epoch, "keep", reasons[epoch]))
+                gone = self._expired_elsewhere(state, retained[epoch])
+                if gone is not None:
+                    decisions.append(VersionDecision(epoch, "drop", gone))
+                elif epoch in reasons:
+                    kept[epoch] = replace(retained[epoch], tagged=epoch in tagged)
+                    decisions.append(VersionDecision(epoch, "keep", reasons[epoch], epoch in tagged))
                 else:
                     decisions.append(VersionDecision(epoch, "drop", "out of policy"))
                 continue
             if epoch not in reasons:
                 continue  # an epoch the policy does not keep: it never becomes a version
-            record = self._new_version(state, epoch)
+            record = self._new_version(state, epoch, epoch in tagged)
             if record is not None:
                 kept[epoch] = record
-                decisions.append(VersionDecision(epoch, "create", reasons[epoch]))
+                decisions.append(VersionDecision(epoch, "create", reasons[epoch], epoch in tagged))
         return decisions, kept
 
-    def _new_version(self, state: _State, epoch: int) -> Optional[VersionRecord]:
+    @staticmethod
+    def _expired_elsewhere(state: _State, record: VersionRecord) -> Optional[str]:
+        """Why a retained version cannot be read any more (None: it can). GC keeps the snapshots of every
+        retained version in the tables it expires, and a tag protects a snapshot from any expiry; a root
+        table's owner may expire the snapshot an untagged version names, and then the version is gone."""
+        for name in record.covered:
+            lineage = state.lineages.get(name)
+            if lineage is not None and record.snapshots[name] not in lineage.by_id:
+                return f"table {name}'s snapshot {record.snapshots[name]} was expired outside Tidemark"
+        return None
+
+    def _new_version(self, state: _State, epoch: int, tagged: bool) -> Optional[VersionRecord]:
         """Every table's snapshot at ``epoch``, an epoch every managed table holds; None when its snapshot is
         gone from a table, or every table was empty then (no tag could name the version)."""
         snapshots: dict[str, Optional[int]] = {}
@@ -397,19 +421,19 @@ class GarbageCollector:
             state.notes.append(f"epoch {epoch} is not made a version: every table was empty then, so no tag could "
                                "name it")
             return None
-        return VersionRecord(epoch, snapshots, state.now)
+        return VersionRecord(epoch, snapshots, state.now, tagged)
 
     def _plan_table(self, state: _State, name: str, kept: Mapping[int, VersionRecord]) -> TablePlan:
         table, lineage = state.tables[name], state.lineages[name]
         managed = name in state.managed
-        wanted = {tag_name(e): s for e, r in kept.items() if (s := r.snapshots.get(name)) is not None}
+        wanted = {tag_name(e): s for e, r in kept.items() if r.tagged and (s := r.snapshots.get(name)) is not None}
         present = {ref: r.snapshot_id for ref, r in table.metadata.refs.items()
                    if r.snapshot_ref_type == SnapshotRefType.TAG and tag_epoch(ref) is not None}
         create_tags = {t: s for t, s in wanted.items() if present.get(t) != s}
         remove_tags = tuple(sorted(t for t in present if t not in wanted or t in create_tags))
         if not managed:
             return TablePlan(name, False, create_tags, remove_tags)
-        keep = self._protected(state, name, table, lineage, wanted)
+        keep = self._protected(state, name, table, lineage, kept)
         expire = []
         for snapshot in lineage.by_id.values():
             if snapshot.snapshot_id in keep:
@@ -429,7 +453,7 @@ class GarbageCollector:
                          tuple(sorted(expire, key=lambda d: d.snapshot_id)), properties)
 
     def _protected(self, state: _State, name: str, table: Table, lineage: EpochLineage,
-                   wanted_tags: Mapping[str, int]) -> dict[int, str]:
+                   kept: Mapping[int, VersionRecord]) -> dict[int, str]:
         """Snapshot id -> why it must stay."""
         keep: dict[int, str] = {}
 
@@ -437,8 +461,8 @@ class GarbageCollector:
             if snapshot_id is not None and snapshot_id in lineage.by_id:
                 keep.setdefault(snapshot_id, why)
 
-        for tag, snapshot_id in sorted(wanted_tags.items()):
-            protect(snapshot_id, f"retained version {tag}")
+        for at, record in sorted(kept.items()):  # untagged ones too: their records name the snapshots
+            protect(record.snapshots.get(name), f"retained version {record.tag or f'{at} (untagged)'}")
         for ref_name, ref in table.metadata.refs.items():
             if ref_name == MAIN_BRANCH:
                 protect(ref.snapshot_id, "head of main")
@@ -478,7 +502,9 @@ class GarbageCollector:
         plan, kept = self._plan(state)
         p = self.tm.paths
         dropped = [v.epoch for v in plan.versions if v.action == "drop"]
-        self._zk_batches([Delete(p.version(e)) for e in dropped])
+        untagged = [e for e, r in kept.items() if e in state.retained and state.retained[e].tagged and not r.tagged]
+        self._zk_batches([*(Delete(p.version(e)) for e in dropped),
+                          *(SetData(p.version(e), kept[e].to_json()) for e in untagged)])
         expired = deleted = 0
         final_tables = []
         for table_plan in plan.tables:
@@ -487,7 +513,9 @@ class GarbageCollector:
             expired += done
             deleted += files
         created = [v.epoch for v in plan.versions if v.action == "create"]
-        self._zk_batches([Create(p.version(e), kept[e].to_json()) for e in created])
+        tagged = [e for e, r in kept.items() if e in state.retained and not state.retained[e].tagged and r.tagged]
+        self._zk_batches([*(Create(p.version(e), kept[e].to_json()) for e in created),
+                          *(SetData(p.version(e), kept[e].to_json()) for e in tagged)])
         final = GcPlan(plan.now_ms, plan.policy, plan.consistent_epoch, plan.versions, tuple(final_tables),
                        plan.notes)
         log.info("gc: %d versions created, %d dropped; %d snapshots expired, %d files deleted",
@@ -622,7 +650,8 @@ def summarize(plan: GcPlan) -> list[str]:
     """Human-readable lines for ``tidemark gc``: versions kept and dropped, and per table what goes and why."""
     lines = [f"policy {plan.policy}; newest consistent epoch {plan.consistent_epoch}"]
     for v in plan.versions:
-        lines.append(f"  version {v.epoch}: {v.action} ({v.reason})")
+        tag = ", tagged" if v.tagged else (", untagged" if v.action != "drop" else "")
+        lines.append(f"  version {v.epoch}: {v.action} ({v.reason}{tag})")
     for t in plan.tables:
         head = f"  table {t.table}" + ("" if t.managed else " (root table: tagged, never expired)")
         parts = []

@@ -1,7 +1,9 @@
 """The tiered retention policy: which consistent versions a deployment keeps.
 
-    policy = RetentionPolicy.parse("all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo")
+    policy = RetentionPolicy.parse("all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo,tags:hourly")
     kept = policy.keep(epochs, now_ms=clock())     # {epoch: tier that keeps it}
+    tagged = policy.tagged(epochs, now_ms=clock()) # the kept versions that get an Iceberg tag
+    policy.max_tags()                              # at most this many tags per table, whatever the cadence
     store_policy(tm, policy); read_policy(tm)      # one policy per deployment, in /versions
 
 A tier ``<every>:<for>`` keeps the **oldest** version of every ``<every>`` bucket for as long as
@@ -18,6 +20,16 @@ would keep, for any policy whose windows grow with its buckets (a coarser tier k
 than a finer one, by more than a bucket), as the default does. Otherwise a version kept by a
 finer tier can stand in for its bucket's dropped oldest version in a coarser tier a little
 longer than the full history would keep it.
+
+**Which versions are tagged** (``tags:<every>``, default ``tags:hourly``). Every kept version has
+its record in ``/versions`` (readers by snapshot id, ``tidemark resolve --as-of T``, see them all);
+only those kept by a tier whose buckets are ``<every>`` or coarser, plus the newest consistent
+version, also get the Iceberg tag ``tidemark-<T>`` on every table (readers by tag, Spark SQL and
+Trino ``VERSION AS OF``, see those). A tag is a ref in the table's metadata, which every commit
+rewrites, so tagging the ``all`` tier would cost a ref per epoch: 1,800 per table per hour at 2 s
+barriers. With the default a table carries at most ``max_tags()`` = 160 (48 hourly, 30 daily, 52
+weekly, 24 monthly, each window's partial buckets included) plus the newest, however fine its
+cadence. ``tags:all`` tags every kept version (the cost above); ``tags:none`` tags only the newest.
 """
 from __future__ import annotations
 
@@ -40,7 +52,9 @@ MONDAY_OFFSET_MS = 4 * DAY_MS  # 1970-01-01 was a Thursday; weeks start on Monda
 LENGTH_UNITS = {"s": SECOND_MS, "m": MINUTE_MS, "h": HOUR_MS, "d": DAY_MS, "w": WEEK_MS, "mo": 30 * DAY_MS,
                 "y": 365 * DAY_MS}
 NAMED_BUCKETS = {"minutely": MINUTE_MS, "hourly": HOUR_MS, "daily": DAY_MS}
-DEFAULT_POLICY = "all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo"
+DEFAULT_TAGS = "hourly"  # tag only the versions of tiers of an hour or longer (see the module docstring)
+DEFAULT_POLICY = f"all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo,tags:{DEFAULT_TAGS}"
+SHORTEST_MONTH_MS = 28 * DAY_MS
 
 
 def parse_length(text: str) -> int:
@@ -87,6 +101,25 @@ class Tier:
         length = NAMED_BUCKETS.get(self.every) or parse_length(self.every)
         return lambda epoch: epoch // length
 
+    @property
+    def min_bucket_ms(self) -> int:
+        """The shortest a bucket of this tier can be (0 for ``all``; a month can be 28 days)."""
+        if self.every == "all":
+            return 0
+        if self.every == "weekly":
+            return WEEK_MS
+        if self.every == "monthly":
+            return SHORTEST_MONTH_MS
+        return NAMED_BUCKETS.get(self.every) or parse_length(self.every)
+
+    def max_kept(self) -> Optional[int]:
+        """At most how many versions this tier keeps at once (None for ``all``: one per epoch). Kept versions
+        are at most ``keep_for`` old and one per bucket, and a window meets at most ceil(window/bucket) + 1
+        buckets."""
+        if self.every == "all":
+            return None
+        return -(-self.keep_for_ms // self.min_bucket_ms) + 1
+
     def keep(self, epochs: list[int], now_ms: int) -> list[int]:
         """The versions this tier keeps from ``epochs`` (sorted, oldest first)."""
         bucketer, seen, kept = self._bucketer(), set(), []
@@ -111,35 +144,56 @@ def _length_text(ms: int) -> str:
 
 @dataclass(frozen=True)
 class RetentionPolicy:
-    """Tiers, finest first; a version is kept while any tier keeps it."""
+    """Tiers, finest first; a version is kept while any tier keeps it. ``tags``: the versions of the tiers whose
+    buckets are this one or coarser get an Iceberg tag (``all``: every tier; ``none``: no tier)."""
 
     tiers: tuple[Tier, ...]
+    tags: str = DEFAULT_TAGS
 
     def __post_init__(self) -> None:
         if not self.tiers:
             raise ConfigurationError("a retention policy needs at least one tier, e.g. all:1h")
+        if self.tags != "none":
+            try:
+                Tier(self.tags, DAY_MS)
+            except ConfigurationError:
+                raise ConfigurationError(f"tags:{self.tags} names no bucket: write tags:all, tags:none, tags:hourly, "
+                                         "tags:daily, ... or a length such as tags:6h") from None
+
+    @property
+    def tagged_tiers(self) -> tuple[Tier, ...]:
+        """The tiers whose versions get a tag."""
+        if self.tags == "none":
+            return ()
+        least = Tier(self.tags, DAY_MS).min_bucket_ms
+        return tuple(t for t in self.tiers if t.min_bucket_ms >= least)
 
     @classmethod
     def parse(cls, text: str) -> RetentionPolicy:
-        """``"all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo"`` (tiers separated by commas)."""
-        tiers = []
+        """``"all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo"`` (tiers separated by commas), with an optional
+        ``tags:<every>`` (default ``tags:hourly``)."""
+        tiers, tags = [], DEFAULT_TAGS
         for part in filter(None, (p.strip() for p in text.split(","))):
             every, sep, keep_for = part.partition(":")
             if not sep:
                 raise ConfigurationError(f"retention tier {part!r} must be <every>:<for>, e.g. hourly:48h")
+            if every.strip() == "tags":
+                tags = keep_for.strip()
+                continue
             try:
                 tiers.append(Tier(every.strip(), parse_length(keep_for)))
             except ConfigurationError as exc:
                 raise ConfigurationError(f"retention tier {part!r}: {exc}") from None
-        return cls(tuple(tiers))
+        return cls(tuple(tiers), tags)
 
     @classmethod
     def default(cls) -> RetentionPolicy:
-        """Every version for 1 h, hourly for 48 h, daily for 30 days, weekly for 52 weeks, monthly for 24 months."""
+        """Every version for 1 h, hourly for 48 h, daily for 30 days, weekly for 52 weeks, monthly for 24 months;
+        tags on the hourly and coarser ones only (``tags:hourly``)."""
         return cls.parse(DEFAULT_POLICY)
 
     def to_text(self) -> str:
-        return ",".join(t.to_text() for t in self.tiers)
+        return ",".join([*(t.to_text() for t in self.tiers), f"tags:{self.tags}"])
 
     def keep(self, epochs: Iterable[int], now_ms: int) -> dict[int, str]:
         """``{epoch: name of the finest tier keeping it}`` for the versions the policy keeps at ``now_ms``."""
@@ -149,6 +203,17 @@ class RetentionPolicy:
             for epoch in tier.keep(ordered, now_ms):
                 kept.setdefault(epoch, tier.name)
         return kept
+
+    def tagged(self, epochs: Iterable[int], now_ms: int) -> set[int]:
+        """The versions kept by a tagged tier: those that carry ``tidemark-<T>`` (GC adds the newest consistent
+        version, which it always keeps)."""
+        ordered = sorted(set(epochs))
+        return {epoch for tier in self.tagged_tiers for epoch in tier.keep(ordered, now_ms)}
+
+    def max_tags(self) -> Optional[int]:
+        """At most how many versions ``tagged`` names at once (None: unbounded, a tagged ``all`` tier)."""
+        bounds = [t.max_kept() for t in self.tagged_tiers]
+        return None if None in bounds else sum(b for b in bounds if b is not None)
 
 
 def read_policy(tm: ZooKeeperSession) -> RetentionPolicy:
@@ -171,4 +236,4 @@ def store_policy(tm: ZooKeeperSession, policy: RetentionPolicy) -> None:
             json.dumps({"policy": policy.to_text()}).encode())
 
 
-__all__ = ["DEFAULT_POLICY", "RetentionPolicy", "Tier", "parse_length", "read_policy", "store_policy"]
+__all__ = ["DEFAULT_POLICY", "DEFAULT_TAGS", "RetentionPolicy", "Tier", "parse_length", "read_policy", "store_policy"]

@@ -3,6 +3,7 @@
     versions = RetainedVersions(tm)
     versions.epochs()                      # retained epochs, oldest first
     versions.get(T)                        # VersionRecord: every covered table's snapshot at T, or None
+    versions.get(T).tagged                 # whether its tables carry the tag (the policy's tagged tiers)
     versions.nearest(T)                    # the retained versions just below and above T (for error messages)
     parse_version_ref("tidemark-1700000000000")  # -> 1700000000000; a bare epoch is accepted too
 
@@ -11,14 +12,19 @@ and that committed something) holds, since a table whose job coalesced over ``T`
 state there; it records each of them at its snapshot of ``T`` as its tidemark lists it, plus the
 root tables those jobs read (each at its newest snapshot committed at or before ``T``). A table
 that was empty at ``T`` is recorded with ``None`` and carries no tag (a tag needs a snapshot), so
-a version *covers* the tables it names a snapshot of, and each of them has its tag; GC creates no
-version at which every table was empty. With the tag, any engine reads the version by name:
-Spark SQL ``SELECT * FROM t VERSION AS OF 'tidemark-<T>'``, Trino ``FOR VERSION AS OF``, pyiceberg
-``table.scan(snapshot_id=table.refs()['tidemark-<T>'].snapshot_id)``.
+a version *covers* the tables it names a snapshot of; GC creates no version at which every table
+was empty. A *tagged* version (``tagged``: kept by a tier the policy tags, ``tags:hourly`` by
+default, or the newest consistent version) has its tag on each table it covers, and any engine
+reads it by name: Spark SQL ``SELECT * FROM t VERSION AS OF 'tidemark-<T>'``, Trino ``FOR VERSION
+AS OF``, pyiceberg ``table.scan(snapshot_id=table.refs()['tidemark-<T>'].snapshot_id)``. An
+untagged version (the ``all`` tier by default: a tag per epoch would bloat every table's
+metadata) is read by its snapshot ids, from its record (``tidemark resolve --as-of T``,
+``Resolver.resolve(as_of=T)``); GC protects its snapshots all the same.
 
-Only ``coordinator.gc`` creates and drops versions (``tidemark gc``); the ZooKeeper record is
-written after every tag exists and deleted before any tag is removed, so a record always
-names snapshots that exist.
+Only ``coordinator.gc`` creates and drops versions (``tidemark gc``). A record that says
+``tagged`` is written after every tag exists, and it is deleted or set untagged before any tag
+is removed, so a record always names snapshots that exist and a tagged record's tags exist on
+every table it covers, whenever a GC run is killed.
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
-from coordinator.errors import ConfigurationError
+from coordinator.errors import ConfigurationError, InvalidArgument
 from coordinator.history.retention import read_policy
 from coordinator.records import JsonOutput, JsonRecord, _int, _opt_int_map, now_ms
 from coordinator.zookeeper.session import ZooKeeperSession
@@ -60,21 +66,31 @@ def parse_version_ref(text: str) -> int:
 
 @dataclass(frozen=True)
 class VersionRecord(JsonRecord):
-    """``/versions/<T>``: each covered table's snapshot at epoch ``T`` (None: the table was empty then)."""
+    """``/versions/<T>``: each covered table's snapshot at epoch ``T`` (None: the table was empty then), and
+    whether the covered tables carry the tag ``tidemark-<T>`` (records written before untagged versions
+    existed were all tagged)."""
 
     epoch: int
     snapshots: Mapping[str, Optional[int]]
     created_ms: int = field(default_factory=now_ms)
+    tagged: bool = True
 
     def __post_init__(self) -> None:
         _int(self.epoch, "epoch")
         _int(self.created_ms, "created_ms")
         object.__setattr__(self, "snapshots", _opt_int_map(self.snapshots, "snapshots"))
+        if not isinstance(self.tagged, bool):
+            raise InvalidArgument(f"tagged must be true or false, got {str(self.tagged)[:40]}")
 
     @property
     def covered(self) -> list[str]:
-        """The tables the version names a snapshot of: each carries the tag ``tidemark-<T>``."""
+        """The tables the version names a snapshot of."""
         return sorted(t for t, s in self.snapshots.items() if s is not None)
+
+    @property
+    def tag(self) -> Optional[str]:
+        """``tidemark-<T>`` when the covered tables carry it (None: read the version by its snapshot ids)."""
+        return tag_name(self.epoch) if self.tagged else None
 
     @property
     def empty(self) -> list[str]:
@@ -110,11 +126,11 @@ class VersionListing(JsonOutput):
     """One line of ``tidemark versions``: a retained version, the tier keeping it and its age."""
 
     epoch: int
-    tag: str
+    tag: Optional[str]              # None: an untagged version, read by its snapshot ids (``--as-of <epoch>``)
     tier: str
     age_ms: int
     snapshots: Mapping[str, Optional[int]]
-    tagged: tuple[str, ...] = ()    # the tables carrying the tag (those with a snapshot at T)
+    tagged: tuple[str, ...] = ()    # the tables carrying the tag (those with a snapshot at T; none when untagged)
     empty: tuple[str, ...] = ()     # the tables empty at T: no snapshot, no tag
 
 
@@ -126,8 +142,8 @@ def tier_listing(tm: ZooKeeperSession, records: list[VersionRecord], now: Option
     newest = max((r.epoch for r in records), default=None)
     fallback = {newest: "newest consistent version"}
     unlisted = "out of policy (kept while a reader pins it)"
-    return [VersionListing(r.epoch, tag_name(r.epoch), tiers.get(r.epoch) or fallback.get(r.epoch, unlisted),
-                           now - r.epoch, dict(r.snapshots), tuple(r.covered), tuple(r.empty)) for r in records]
+    return [VersionListing(r.epoch, r.tag, tiers.get(r.epoch) or fallback.get(r.epoch, unlisted), now - r.epoch,
+                           dict(r.snapshots), tuple(r.covered) if r.tagged else (), tuple(r.empty)) for r in records]
 
 
 def fmt_age(ms: int) -> str:

@@ -6,7 +6,7 @@
     tidemark fence JOB | tidemark unregister JOB [--yes] [--unfenced]
     tidemark pause JOB [--for 2h] [--reason R] | retire JOB [--reason R] | resume JOB   jobs at rest on purpose
     tidemark barriers [--json] [--set-interval MS --from T]   the grid; per job its cadence and last epoch
-    tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--json]
+    tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--json | --format sql]
     tidemark gc [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file clean-up
                 [--wait S] [--skip-if-running]      ... one run at a time: waits for another one (default 300 s)
                 [--orphans [--older-than 3d]]       ... and files no metadata references (listed; daily is enough)
@@ -269,11 +269,17 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     settings = CatalogSettings.from_env()
     tm = None if args.no_zk else _connect(args, read_only=True)
     try:
-        version = Resolver(settings.load(), settings, tm).resolve(args.tables, level=args.level, as_of=args.as_of)
+        resolver = Resolver(settings.load(), settings, tm)
+        version = resolver.resolve(args.tables, level=args.level, as_of=args.as_of)
     finally:
         if tm is not None:
             tm.close()
-    if args.json:
+    if args.format == "sql":
+        from coordinator.history.readers import version_sql
+        print(f"-- {version.level.value} version, epoch {_fmt_epoch(version.epoch)}")
+        for statement in version_sql(resolver, version).values():
+            print(f"{statement};")
+    elif args.json:
         print(version.to_json().decode())
     else:
         print(f"level {version.level.value}, epoch {_fmt_epoch(version.epoch)}")
@@ -332,8 +338,11 @@ def cmd_versions(args: argparse.Namespace) -> int:
         print("no retained versions (run `tidemark gc`)")
     for entry in listing:
         empty = f" ({len(entry.empty)} more empty then, untagged)" if entry.empty else ""
-        print(f"{entry.tag}  {_fmt_epoch(entry.epoch)}  age {fmt_age(entry.age_ms)}  {entry.tier}  "
-              f"tagged in {len(entry.tagged)} tables{empty}")
+        covered = len(entry.snapshots) - len(entry.empty)
+        where = (f"tagged in {len(entry.tagged)} tables{empty}" if entry.tag is not None else
+                 f"untagged: read by snapshot id (--as-of {entry.epoch}), {covered} tables{empty}")
+        print(f"{entry.tag or entry.epoch}  {_fmt_epoch(entry.epoch)}  age {fmt_age(entry.age_ms)}  {entry.tier}  "
+              f"{where}")
     return 0
 
 
@@ -452,15 +461,6 @@ def build_parser() -> argparse.ArgumentParser:
                                  "commit to them again")
     unregister.set_defaults(func=cmd_unregister)
 
-    barriers = sub.add_parser("barriers", help="show the barrier grid and each job's cadence, or change the grid's "
-                                               "interval at a future grid point")
-    barriers.add_argument("--json", action="store_true")
-    barriers.add_argument("--set-interval", type=int, metavar="MS", help="the grid's new interval")
-    barriers.add_argument("--from", dest="effective_from", type=_epoch, metavar="T",
-                          help="a future point of the current grid where the new interval takes effect")
-    barriers.set_defaults(func=cmd_barriers)
-
-    exporter = sub.add_parser("exporter", help="serve the topology-wide view as Prometheus metrics (read-only)")
     for command, helptext in (
             ("pause", "say a job is stopped on purpose (maintenance): while no leader runs it, it is not stale and its "
                       "tables leave the consistent lag; a leader that starts resumes it"),
@@ -479,6 +479,15 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the job is stale again; default: until resumed")
         rest.set_defaults(func=cmd_rest)
 
+    barriers = sub.add_parser("barriers", help="show the barrier grid and each job's cadence, or change the grid's "
+                                               "interval at a future grid point")
+    barriers.add_argument("--json", action="store_true")
+    barriers.add_argument("--set-interval", type=int, metavar="MS", help="the grid's new interval")
+    barriers.add_argument("--from", dest="effective_from", type=_epoch, metavar="T",
+                          help="a future point of the current grid where the new interval takes effect")
+    barriers.set_defaults(func=cmd_barriers)
+
+    exporter = sub.add_parser("exporter", help="serve the topology-wide view as Prometheus metrics (read-only)")
     exporter.add_argument("--port", type=_port, default=9464)
     exporter.add_argument("--address", default="0.0.0.0")
     exporter.add_argument("--refresh", type=_seconds, default=5.0, metavar="S",
@@ -491,6 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.add_argument("--as-of", type=_version, metavar="T", help="a retained version, by its epoch or its tag "
                          "tidemark-<T> (`tidemark versions` lists them), or any epoch every table holds")
     resolve.add_argument("--no-zk", action="store_true", help="resolve from Iceberg metadata alone")
+    resolve.add_argument("--format", choices=["text", "sql"], default="text",
+                         help="sql: a Spark SQL / Trino statement per table reading it at the version, by its tag "
+                         "(tidemark-T, on a retained version) or its snapshot id")
     resolve.add_argument("--json", action="store_true")
     resolve.set_defaults(func=cmd_resolve)
 
@@ -498,7 +510,9 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--dry-run", action="store_true", help="print what would be kept and dropped, and why")
     gc.add_argument("--json", action="store_true")
     gc.add_argument("--policy", metavar="SPEC", help="record this retention policy for the deployment first, e.g. "
-                    "all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo (with --dry-run: preview it only)")
+                    "all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo,tags:hourly (tags:E: only the versions of "
+                    "tiers of E or coarser, and the newest, get an Iceberg tag; default hourly) (with --dry-run: "
+                    "preview it only)")
     gc.add_argument("--orphans", action="store_true", help="then delete the files under each managed table's "
                     "location that no metadata references (left by killed writers or a killed gc); lists them "
                     "all, so daily is enough")

@@ -5,6 +5,7 @@
     pipeline.epoch(T)                # an idle barrier: both jobs commit it in one ZooKeeper multi each
     pipeline.check(version)          # the version is consistent: totals.rows == rows of events
     naive_keep(DEFAULT_POLICY, epochs, now)   # the default retention policy, written out with datetime
+    naive_keep(DEFAULT_POLICY, epochs, now, tagged=True)   # ... the versions it tags
 
 ``ingest`` (no source) appends ``rows`` rows to ``events``; ``rollup`` reads ``events`` and
 overwrites ``totals`` with one row, the running count of events (its previous total plus the
@@ -109,8 +110,9 @@ class Pipeline:
             f"expected {self.rows_at[version.epoch]}")
 
 
-def naive_keep(policy_text: str, epochs: list[int], now: int) -> set[int]:
-    """The policy written out with datetime arithmetic, independently of ``RetentionPolicy``."""
+def naive_keep(policy_text: str, epochs: list[int], now: int, tagged: bool = False) -> set[int]:
+    """The policy written out with datetime arithmetic, independently of ``RetentionPolicy``; ``tagged``: only
+    what its tiers of an hour or longer keep (those the default ``tags:hourly`` tags)."""
     windows = {"1h": timedelta(hours=1), "48h": timedelta(hours=48), "30d": timedelta(days=30),
                "52w": timedelta(weeks=52), "24mo": timedelta(days=720)}
 
@@ -129,6 +131,8 @@ def naive_keep(policy_text: str, epochs: list[int], now: int) -> set[int]:
     kept = set()
     for tier in policy_text.split(","):
         every, keep_for = tier.split(":")
+        if every == "tags" or (tagged and every == "all"):
+            continue
         firsts: dict = {}
         for epoch in sorted(epochs):
             moment = datetime.fromtimestamp(epoch / 1000, tz=timezone.utc)
