@@ -8,16 +8,18 @@ Supported URIs: ``sqlite:///abs/path/catalog.db`` and ``postgresql://user:passwo
 Any other catalog (REST, Glue, Hive, ...) is described with ``CatalogSettings.custom``.
 
 Only the embedded default (``CatalogSettings.embedded``, or ``create_if_missing=True``) creates
-its SQLite database and directories; any other SQLite URI must name an existing database, so a
+its SQLite database and directories, and says so in one warning (``TIDEMARK_HOME`` unset is an easy
+way to get an empty catalog by accident); any other SQLite URI must name an existing database, so a
 mistyped URI is a ``ConfigurationError``, never a new empty catalog.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from coordinator.errors import ConfigurationError, InvalidName, TableNotFound
 from coordinator.names import validate_name
@@ -28,6 +30,16 @@ if TYPE_CHECKING:  # pyiceberg is imported when first used: reading settings nee
     from pyiceberg.table import Table
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+log = logging.getLogger(__name__)
+# A catalog commit updates the table's row and then commits: a writer paused (GC, SIGSTOP) or cut off in
+# between holds that row's lock, and every other commit to the table waited on it with no deadline and no
+# log line (issue 22: a new leader claiming its sinks waited 95 s on a zombie held paused). PostgreSQL ends
+# a session idle in a transaction this long (its commit is rolled back: it does not land), and a commit
+# waits for a lock at most PG_LOCK_TIMEOUT_MS, then fails as an outage that the writer reports and rides out.
+PG_IDLE_IN_TRANSACTION_MS = 10_000
+PG_LOCK_TIMEOUT_MS = 20_000
+PG_SESSION_OPTIONS = (f"-c lock_timeout={PG_LOCK_TIMEOUT_MS} "
+                      f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_MS}")
 
 
 def is_catalog_outage(exc: BaseException) -> bool:
@@ -115,7 +127,8 @@ class CatalogSettings:
             props["uri"] = f"sqlite:///{parts['path']}?timeout={SQLITE_BUSY_TIMEOUT_MS // 1000}"
         else:
             auth = parts["user"] + (f":{parts['password']}" if parts["password"] else "") + "@" if parts["user"] else ""
-            props["uri"] = f"postgresql+psycopg2://{auth}{parts['host']}:{parts['port']}/{parts['database']}"
+            props["uri"] = (f"postgresql+psycopg2://{auth}{parts['host']}:{parts['port']}/{parts['database']}"
+                            f"?options={quote(PG_SESSION_OPTIONS)}")
         return props
 
     def _require_database(self, path: str) -> None:
@@ -134,13 +147,25 @@ class CatalogSettings:
     def load(self) -> Catalog:
         """The pyiceberg catalog, or a ConfigurationError saying why the database cannot be opened."""
         from pyiceberg.catalog import load_catalog
+        new = self._new_database()
         try:
-            return load_catalog(self.name, **self.python_catalog_properties())
+            catalog = load_catalog(self.name, **self.python_catalog_properties())
         except Exception as exc:  # noqa: BLE001 - any driver error becomes one readable line
             raise ConfigurationError(
                 f"cannot open Iceberg catalog {self.name!r} at {self.uri or self.python_properties}: "
                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; check the URI, "
                 "that the database server is running and that the credentials are right") from None
+        if new is not None and Path(new).is_file():
+            log.warning("created a new, empty Iceberg catalog %r at %s: set TIDEMARK_HOME (or TIDEMARK_CATALOG_URI) "
+                        "if your tables live elsewhere", self.name, "/" + new.lstrip("/"))
+        return catalog
+
+    def _new_database(self) -> Optional[str]:
+        """The SQLite file that loading this catalog is about to create, if any."""
+        if not self.create_if_missing or self.uri is None:
+            return None
+        kind, parts = _parse_uri(self.uri)
+        return parts["path"] if kind == "sqlite" and not Path(parts["path"]).exists() else None
 
     def identifier(self, table: str) -> str:
         """Strip the catalog name Spark uses (``lake.db.t``) to the identifier pyiceberg uses (``db.t``)."""
