@@ -17,6 +17,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,7 +26,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator import EmbeddedZooKeeper, EpochWriter, Tidemark
+from coordinator import EmbeddedZooKeeper, EpochContext, EpochWriter, Tidemark
 from coordinator.job.driver_metrics import PHASES
 from coordinator.job.metrics_server import MetricsServer
 from coordinator.operations.exporter import Exporter
@@ -35,6 +36,7 @@ from tests.helpers.background import InBackground
 from tests.helpers.lake import SCHEMA, create_table
 from tests.helpers.metrics_lint import lint_exposition, series_names
 from tests.helpers.present import present
+from tests.helpers.promql import RuleEvaluator, Sample, Series, returned, scraped_series
 from tests.helpers.wait import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -350,82 +352,25 @@ def test_the_alert_rules_are_valid_and_query_real_series(scraped):
         assert needed in alerts, needed
 
 
-Sample = tuple[dict, float]
-
-
-def evaluate(expr: str, series: dict[str, list[Sample]]):
-    """An instant PromQL evaluation of the subset the freshness alerts use, over ``series`` (name -> samples):
-    numbers, selectors without matchers, parentheses, ``max``/``min``/``sum`` without grouping, arithmetic,
-    comparisons as filters, ``and``, and one-to-one or ``on(...) group_left()`` vector matching."""
-    import operator
-
-    import promql_parser
-    arithmetic: dict[str, Callable[[float, float], float]] = {
-        "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
-    comparison: dict[str, Callable[[float, float], bool]] = {
-        ">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
-
-    def key(labels: dict, modifier) -> tuple:
-        matching = getattr(modifier, "matching", None)
-        if matching is not None and str(matching.type).endswith("Include"):
-            return tuple(labels.get(name) for name in matching.labels)
-        return tuple(sorted(labels.items()))
-
-    def walk(node):
-        if isinstance(node, promql_parser.NumberLiteral):
-            return node.val
-        if isinstance(node, promql_parser.ParenExpr):
-            return walk(node.expr)
-        if isinstance(node, promql_parser.VectorSelector):
-            assert not node.matchers.matchers, "label matchers are not evaluated here"
-            return list(series.get(present(node.name), []))
-        if isinstance(node, promql_parser.AggregateExpr):
-            assert node.modifier is None, "grouping is not evaluated here"
-            values = [v for _, v in walk(node.expr)]
-            aggregate: dict[str, Callable[[list[float]], float]] = {"max": max, "min": min, "sum": sum}
-            return [({}, aggregate[str(node.op)](values))] if values else []
-        assert isinstance(node, promql_parser.BinaryExpr), type(node)
-        op, lhs, rhs = str(node.op), walk(node.lhs), walk(node.rhs)
-        if op == "and":
-            keys = {key(labels, node.modifier) for labels, _ in rhs}
-            return [(labels, v) for labels, v in lhs if key(labels, node.modifier) in keys]
-        apply = arithmetic.get(op)
-        if isinstance(lhs, float) and isinstance(rhs, float):
-            return apply(lhs, rhs) if apply else float(comparison[op](lhs, rhs))
-        pairs: list[tuple[dict, float, float]]
-        if isinstance(rhs, float):
-            pairs = [(labels, v, rhs) for labels, v in lhs]
-        elif isinstance(lhs, float):
-            pairs = [(labels, lhs, v) for labels, v in rhs]
-        else:
-            right = {key(labels, node.modifier): v for labels, v in rhs}
-            pairs = [(labels, v, right[k]) for labels, v in lhs if (k := key(labels, node.modifier)) in right]
-        if apply:
-            return [(labels, apply(a, b)) for labels, a, b in pairs]
-        kept = [(labels, a if not isinstance(lhs, float) else b) for labels, a, b in pairs if comparison[op](a, b)]
-        return kept
-    return walk(promql_parser.parse(expr))
-
-
-def firing(rule: dict, series: dict[str, list[Sample]]) -> list[str]:
-    """The ``tidemark_job`` (or ``*``) of every sample the rule's expression returns (ignoring ``for``)."""
-    return sorted(labels.get("tidemark_job", "*") for labels, _ in evaluate(rule["expr"], series))
+def firing(rule: dict, series: Series) -> list[str]:
+    return returned(rule, series)
 
 
 def test_the_lag_alerts_scale_with_each_jobs_effective_cadence():
     """An hourly job 30 minutes behind is on time; a 5-second job 6 minutes behind is not, nor an hourly job
-    2.5 hours behind. Barrier backlog plays no part (there is none any more)."""
+    2.5 hours behind; a job at rest is no alert however far behind. Barrier backlog plays no part (there is none
+    any more)."""
     rules = {rule["alert"]: rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]}
     target = {"instance": "tidemark-exporter:9464", "job": "tidemark-exporter"}
 
     def per_job(values: dict[str, float]) -> list[Sample]:
         return [({**target, "tidemark_job": job}, float(v)) for job, v in values.items()]
-    jobs = {  # lag (s), effective cadence (s), finished
-        "hourly": (1800, 3600, 0), "hourly_stuck": (9000, 3600, 0), "follows_hourly": (2000, 3600, 0),
-        "fast": (360, 5, 0), "fast_ok": (12, 5, 0), "backfill_done": (90000, 5, 1)}
+    jobs = {  # lag (s), effective cadence (s), live (0: at rest, finished or paused or retired)
+        "hourly": (1800, 3600, 1), "hourly_stuck": (9000, 3600, 1), "follows_hourly": (2000, 3600, 1),
+        "fast": (360, 5, 1), "fast_ok": (12, 5, 1), "backfill_done": (90000, 5, 0), "daily_retired": (9e5, 86400, 0)}
     series = {"tidemark_job_lag_seconds": per_job({j: v[0] for j, v in jobs.items()}),
               "tidemark_job_effective_cadence_seconds": per_job({j: v[1] for j, v in jobs.items()}),
-              "tidemark_job_finished": per_job({j: v[2] for j, v in jobs.items()})}
+              "tidemark_job_live": per_job({j: v[2] for j, v in jobs.items()})}
     lag_high = rules["TidemarkJobLagHigh"]
     assert "tidemark_job_effective_cadence_seconds" in promql_selectors(lag_high["expr"])
     assert firing(lag_high, series) == ["fast", "hourly_stuck"]
@@ -433,9 +378,10 @@ def test_the_lag_alerts_scale_with_each_jobs_effective_cadence():
     consistent = rules["TidemarkConsistentLagHigh"]
     with_hourly = {**series, "tidemark_consistent_lag_seconds": [(target, 1800.0)]}
     assert firing(consistent, with_hourly) == []  # an hourly job bounds it: 30 minutes is on time
-    fast_only = {"tidemark_job_effective_cadence_seconds": per_job({"a": 5, "b": 5}),
+    fast_only = {"tidemark_job_effective_cadence_seconds": per_job({"a": 5, "b": 5, "hourly_at_rest": 3600}),
+                 "tidemark_job_live": per_job({"a": 1, "b": 1, "hourly_at_rest": 0}),
                  "tidemark_consistent_lag_seconds": [(target, 1800.0)]}
-    assert firing(consistent, fast_only) == ["*"]
+    assert firing(consistent, fast_only) == ["*"]  # a job at rest does not widen the threshold
     assert firing(consistent, {**fast_only, "tidemark_consistent_lag_seconds": [(target, 300.0)]}) == []
     for rule in rules.values():
         assert not {"tidemark_job_pending_barriers", "tidemark_newest_barrier_timestamp_seconds"} & \
@@ -496,3 +442,139 @@ def test_the_exporter_answers_tidemark_up_0_within_2_s_with_zookeeper_stopped(tm
         zk.stop()
     errors = present(exporter.stderr).read()
     assert exporter.returncode == 0 and "Traceback" not in errors, errors
+
+
+def test_the_rule_evaluator_follows_prometheus_semantics():
+    """The evaluator the idle-time test relies on: ``for`` (pending, then firing, reset by one evaluation that does
+    not return the sample), label matchers, ``absent``, ``increase``/``rate`` and ``sum by``."""
+    rules = {"groups": [{"name": "g", "rules": [
+        {"alert": "Down", "expr": "up == 0", "for": "2m"},
+        {"alert": "Absent", "expr": "absent(up)"},
+        {"alert": "Fenced", "expr": "increase(fencings_total[30m]) > 2"},
+        {"alert": "Retrying", "expr": 'sum by (tidemark_job) (rate(retries_total{op!="x"}[5m])) > 1'}]}]}
+    evaluator = RuleEvaluator(rules)
+    job = {"tidemark_job": "a", "instance": "d:9465"}
+    for t in range(0, 601, 60):
+        series: Series = {"fencings_total": [(job, float(t // 120))],
+                          "retries_total": [({**job, "op": "zk"}, 2.0 * t), ({**job, "op": "x"}, 100.0 * t)]}
+        if t != 180:  # one evaluation where up is 1 again: Down starts over
+            series["up"] = [({}, 0.0 if t <= 540 else 1.0)]
+        evaluator.evaluate(t, series)
+    # fencings_total is t // 120: 3 more than at 0 s by 360 s; retries grow 2 per second (op x's are not counted).
+    assert evaluator.fired == {("Down", "*"): 120, ("Absent", "*"): 180, ("Fenced", "a"): 360,
+                               ("Retrying", "a"): 60}
+    assert ("Down", "*") not in evaluator.active  # up is 1 again at the last evaluation
+    assert returned({"alert": "R", "expr": 'sum by (tidemark_job) (rate(retries_total{op="x"}[5m]))'},
+                    series, evaluator.history, 600) == ["a"]
+
+
+IDLE_STEP_S = 30  # the rule evaluation interval of the idle-time test (Prometheus' default is 1m)
+
+
+def test_a_bounded_run_then_idle_time_raises_no_alert_with_the_shipped_rules(zk_server, catalog_settings, capsys):
+    """The issue's report, replayed on real ZooKeeper and real writers, then judged by the shipped rule file.
+
+    Job ``stream`` (a root job) feeds ``batch`` (``run(max_epochs=3)``, then one ``run(once=True)``), ``old`` and
+    ``quit``; afterwards ``stream`` is paused and ``old`` retired with the CLI, and ``quit`` is stopped without a
+    word. Every table then holds the same last epoch, so the consistent epoch of all of them exists and ages.
+    The exporter is scraped over HTTP every 30 s of *simulated* idle time: its clock (the view's read time and
+    the lags) runs ahead of the wall clock, since nothing changes in ZooKeeper meanwhile and waiting an hour of
+    real time would be the only difference. First a control: ``quit``, stopped without a word, must raise
+    TidemarkJobStale after 3 minutes, TidemarkJobLagHigh and TidemarkConsistentLagHigh later. Then ``quit`` is
+    paused too, and an hour of idle time (3 minutes included) must return nothing from any rule, not even a
+    pending alert.
+    """
+    from coordinator.operations.cli import main as cli_main
+    chroot = f"{zk_server.connect_string}/t-idle-{uuid.uuid4().hex[:6]}"
+    sessions = [Tidemark.connect(chroot, session_timeout=4.0, operation_timeout=20) for _ in range(5)]
+    tm = sessions[0]
+    namespace = "ns_" + uuid.uuid4().hex[:8]
+    names = ("stream", "batch", "old", "quit")
+    tables = {name: f"{catalog_settings.name}.{namespace}.{name}" for name in names}
+    catalog = catalog_settings.load()
+    for table in tables.values():
+        create_table(catalog, catalog_settings.identifier(table))
+    stream = tables["stream"]
+    for name in names[1:]:  # the pipeline first: nobody reads stream's table by commit time
+        tm.register_job(name, sources=[stream], sinks=[tables[name]])
+
+    def writer(session: Tidemark, name: str) -> EpochWriter:
+        sources = [] if name == "stream" else [stream]
+        return EpochWriter(session, name, sources=sources, sinks=[tables[name]], catalog=catalog_settings,
+                           interval_ms=INTERVAL, grace_ms=100)
+
+    def step(name: str) -> Callable[[EpochContext], None]:
+        def produce(ctx: EpochContext) -> None:
+            ctx.append(stream, pa.table({"epoch": [ctx.epoch] * 2, "row": [0, 1]}, schema=SCHEMA))
+
+        def copy(ctx: EpochContext) -> None:
+            ctx.append(tables[name], ctx.changes(stream))
+        return produce if name == "stream" else copy
+
+    offset = [0.0]  # seconds the exporter's clock runs ahead of the wall clock: the simulated idle time
+    exporter = Exporter(lambda: Tidemark.connect(chroot, read_only=True, operation_timeout=5), refresh_every=3600,
+                        clock=lambda: time.time() + offset[0]).start()  # refreshed below, at each evaluation
+    server = MetricsServer(0, "127.0.0.1")
+    server.attach(exporter.registry, healthy=exporter.alive)
+    target = {"instance": f"127.0.0.1:{server.port}", "job": "tidemark-exporter"}
+    running: dict[str, InBackground] = {}
+    try:
+        running = {name: InBackground(writer(sessions[i], name), step(name))
+                   for i, name in enumerate(("stream", "old", "quit"), start=1)}
+        batch = writer(sessions[4], "batch")
+        assert len(batch.run(step("batch"), max_epochs=3, stop_on_sigterm=False)) == 3  # the issue's bounded run
+        wait_for(lambda: running["stream"].writer.committed[-1] > batch.committed[-1], "a stream epoch after batch's")
+        running["stream"].stop()
+        last = present(tm.tidemarks([stream])[stream]).epoch
+        assert batch.run(step("batch"), once=True, stop_on_sigterm=False) == [last]  # a batch run: caught up
+        def caught_up(name: str) -> bool:
+            return running[name].writer.committed[-1:] == [last]
+        for name in ("old", "quit"):
+            wait_for(partial(caught_up, name), f"{name} to commit {last}")
+            running[name].stop()
+        assert cli_main(["--zk", chroot, "pause", "stream", "--reason", "maintenance"]) == 0
+        assert cli_main(["--zk", chroot, "retire", "old", "--reason", "replaced by quit"]) == 0
+        status = tm.status()
+        assert {j.name: j.state for j in status.jobs} == {"batch": "finished", "old": "retired", "quit": "no leader",
+                                                          "stream": "paused"}
+        assert status.consistent_epoch == status.live_consistent_epoch == last  # quit is live (and stale)
+
+        def idle(minutes: int) -> RuleEvaluator:
+            rules = RuleEvaluator(yaml.safe_load(RULES.read_text()))
+            start = offset[0]
+            for n in range(minutes * 60 // IDLE_STEP_S + 1):
+                offset[0] = start + n * IDLE_STEP_S
+                exporter.refresh()
+                status_code, body = scrape(server.port)
+                assert status_code == 200 and value(body, "tidemark_up") == 1
+                rules.evaluate(n * IDLE_STEP_S, scraped_series(body, target))
+            return rules
+
+        control = idle(60)
+        assert set(control.fired) == {("TidemarkJobStale", "quit"), ("TidemarkJobLagHigh", "quit"),
+                                      ("TidemarkConsistentLagHigh", "*")}, control.fired
+        assert control.fired[("TidemarkJobStale", "quit")] == 180  # stale from the start, `for: 3m`
+        # Lag over 2 x 0.5 s + 300 s for 5 minutes; consistent lag over 2 x 0.5 s + 600 s for 5 minutes.
+        assert 600 <= control.fired[("TidemarkJobLagHigh", "quit")] <= 600 + 2 * IDLE_STEP_S
+        assert 900 <= control.fired[("TidemarkConsistentLagHigh", "*")] <= 900 + 2 * IDLE_STEP_S
+
+        capsys.readouterr()
+        assert cli_main(["--zk", chroot, "pause", "quit"]) == 0
+        quiet = idle(60)
+        assert quiet.returned == set(), f"alerts after a bounded run and idle time: {sorted(quiet.returned)}"
+        body = quiet.history[-1][1]
+        assert "tidemark_consistent_lag_seconds" not in body  # no job is live: no freshness to report
+        table_lags = {labels["tidemark_job"]: v for labels, v in body["tidemark_table_lag_seconds"]}
+        assert set(table_lags) == set(names) and min(table_lags.values()) > 2 * 3600  # each table's own truth
+        states = {labels["tidemark_job"]: v for labels, v in body["tidemark_job_live"]}
+        assert states == {name: 0.0 for name in names}
+        text = capsys.readouterr().out
+        assert "job quit paused until `tidemark resume`" in text
+    finally:
+        for job in running.values():
+            job.writer.stop()
+            job.thread.join(60)
+        server.close()
+        exporter.close()
+        for session in sessions:
+            session.close()

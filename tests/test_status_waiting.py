@@ -104,8 +104,10 @@ def test_lag_is_wall_clock_seconds_and_a_finished_bounded_run_is_not_stale(tm, c
     assert jobs["quit"]["stale"] is True and report["stale_jobs"] == ["quit"]
     assert report["consistent_epoch"] is None and report["interval_ms"] == INTERVAL
 
+    # No consistent epoch spans both tables; the live job's tables (quit's: done is at rest) have one.
+    assert status.live_consistent_epoch == quit_epochs[0]
     text = cli_status(zk_connect, capsys)
-    assert text.startswith(f"grid: {INTERVAL} ms   consistent epoch: -\n")
+    assert text.startswith(f"grid: {INTERVAL} ms   consistent epoch: -   live jobs' tables: {quit_epochs[0]} (")
     done_line = next(line for line in text.splitlines() if line.startswith("done:"))
     assert f"finished at epoch {epochs[-1]}" in done_line and "STALE" not in done_line
     assert " s" in done_line.split("lag ", 1)[1]
@@ -118,7 +120,9 @@ def test_lag_is_wall_clock_seconds_and_a_finished_bounded_run_is_not_stale(tm, c
     assert samples[("tidemark_job_finished", "done")] == 1 and samples[("tidemark_job_finished", "quit")] == 0
     assert samples[("tidemark_job_stale", "done")] == 0 and samples[("tidemark_job_stale", "quit")] == 1
     assert samples[("tidemark_job_lag_seconds", "done")] > threshold_ms / 1000
-    assert ("tidemark_consistent_epoch_timestamp_seconds", None) not in samples  # no common epoch
+    # The exported consistent epoch is the live one: quit's tables (stale, but live: it should run), not done's.
+    assert samples[("tidemark_consistent_epoch_timestamp_seconds", None)] == quit_epochs[0] / 1000
+    assert samples[("tidemark_job_live", "done")] == 0 and samples[("tidemark_job_live", "quit")] == 1
     assert samples[("tidemark_job_consistent_epoch_timestamp_seconds", "done")] == epochs[-1] / 1000
 
     # A leader starting again removes the finished marker.
