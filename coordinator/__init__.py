@@ -42,6 +42,7 @@ from coordinator.errors import (
 )
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.gc_schedule import GcSchedule
+from coordinator.history.readers import VersionReader, version_sql
 from coordinator.history.resolve import ReaderSession, Resolver, read_arrow
 from coordinator.history.retention import RetentionPolicy
 from coordinator.iceberg.catalog import CatalogSettings
@@ -73,6 +74,6 @@ __all__ = [
     "Leadership", "MultiFailed", "NotLeader", "PermissionDenied", "PublishConflict", "ReaderSession", "Recovery",
     "RecoveryAction", "RegistrationError", "Resolver", "RetentionPolicy", "SinksNotFenced", "SourceRange",
     "StorageError", "TableNotFound", "TableTidemark", "Tidemark", "TidemarkError", "TlsError", "TlsSettings",
-    "Topology", "UnregisterNotConfirmed", "VersionNotFound", "Waiting", "WriterConflict", "ZooKeeperUnavailable",
-    "read_arrow",
+    "Topology", "UnregisterNotConfirmed", "VersionNotFound", "VersionReader", "Waiting", "WriterConflict",
+    "ZooKeeperUnavailable", "read_arrow", "version_sql",
 ]

@@ -45,6 +45,9 @@ install_venv() {
     say "creating $VENV and installing tidemark (editable) with its dev extras"
     [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip
+    # The distribution was called "tidemark" before 0.1.0 shipped (a name another PyPI project holds):
+    # a venv made then has this checkout installed under that name too, with the same packages and command.
+    "$VENV/bin/python" -m pip uninstall -q -y tidemark 2>/dev/null || true
     "$VENV/bin/python" -m pip install -q -e '.[dev]'
     rm -f "$VENV"/.tidemark-*
     touch "$stamp"

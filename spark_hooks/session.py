@@ -49,7 +49,7 @@ def build_spark_session(catalog: Optional[CatalogSettings] = None, *, app_name: 
     try:
         from pyspark.sql import SparkSession
     except ImportError:
-        raise ConfigurationError("pyspark is not installed: pip install 'tidemark[spark]'") from None
+        raise ConfigurationError("pyspark is not installed: pip install 'tidemark-iceberg[spark]'") from None
     catalog = catalog or CatalogSettings.from_env()
     builder = SparkSession.builder.appName(app_name)
     conf = {"spark.ui.showConsoleProgress": "false"}

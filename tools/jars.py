@@ -71,7 +71,7 @@ def _spark_jar(module: str) -> Path:
     try:
         import pyspark
     except ImportError:
-        raise ConfigurationError("pyspark is not installed: pip install 'tidemark[spark]'") from None
+        raise ConfigurationError("pyspark is not installed: pip install 'tidemark-iceberg[spark]'") from None
     found = sorted((Path(pyspark.__file__).parent / "jars").glob(f"{module}-2.*.jar"))
     if not found:
         raise ConfigurationError(f"pyspark ships no {module} jar; set TIDEMARK_SPARK_JARS instead")

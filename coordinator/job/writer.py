@@ -268,10 +268,12 @@ class EpochWriter:
         if self._epochs is not None:
             return
         self.metrics.serve()
+        # TableNotFound names a missing sink before anything is registered: a job registered for tables that do
+        # not exist would hold consistent reads back (stale) until an operator unregistered it.
+        sinks = {sink: self.table(sink) for sink in self.sinks}
         register_job(self.tm, self.name, sources=self.sources, sinks=self.sinks)
         self.pacing.check(self.barriers.ensure_grid(self.interval_ms), now_ms())
         self._read_managed_sources()
-        sinks = {sink: self.table(sink) for sink in self.sinks}  # TableNotFound names a missing sink first
         for table in sinks.values():
             table.refresh()
         self._acquire(leader_timeout, while_standby, max(recorded_term(t) for t in sinks.values()))
