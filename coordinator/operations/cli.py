@@ -180,7 +180,11 @@ def cmd_rest(args: argparse.Namespace) -> int:
     from coordinator.protocol.pacing import fmt_every, parse_every
     from coordinator.protocol.status import fmt_time
     from coordinator.records import now_ms
-    for_ms = parse_every(args.duration) if args.command == "pause" else None
+    try:
+        for_ms = parse_every(args.duration) if args.command == "pause" else None
+    except ConfigurationError:
+        raise ConfigurationError(f"--for must be a positive duration such as 30m, 2h or 1d, got {args.duration!r}"
+                                 ) from None
     doing = {"pause": f"pause job {args.job}" + (f" for {fmt_every(for_ms)}" if for_ms else " until resumed"),
              "retire": f"retire job {args.job}", "resume": f"resume job {args.job}"}[args.command]
     if args.dry_run:

@@ -1,0 +1,199 @@
+"""Jobs at rest on purpose (``tidemark pause``, ``retire``, ``resume``) and freshness scoped to live jobs.
+
+Real ZooKeeper, a real SQLite catalog and real ``EpochWriter`` loops (pyiceberg, no Spark).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from coordinator.errors import InvalidArgument, JobNotFound, JobRetired, RegistrationError
+from coordinator.operations.cli import main as cli_main
+from coordinator.operations.exporter import view_families
+from coordinator.records import now_ms
+from tests.helpers.background import InBackground
+from tests.helpers.lake import create_table
+from tests.helpers.present import present
+from tests.helpers.wait import wait_for
+from tests.test_status_waiting import INTERVAL, append_epoch, writer
+
+
+@pytest.fixture
+def lake(catalog_settings, namespace):
+    """Create tables in this test's namespace; returns their ``lake.<ns>.<name>`` names."""
+    catalog = catalog_settings.load()
+
+    def make(*names: str) -> list[str]:
+        for name in names:
+            create_table(catalog, f"{namespace}.{name}")
+        return [f"{catalog_settings.name}.{namespace}.{name}" for name in names]
+    return make
+
+
+def cli(zk_connect: str, capsys, *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = cli_main(["--zk", zk_connect, *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def exported(status) -> dict[tuple, float]:
+    return {(s.name, s.labels.get("tidemark_job")): s.value for family in view_families(status, time.time())
+            for s in family.samples}
+
+
+def test_a_paused_stream_is_not_stale_and_leaves_the_live_consistent_epoch_until_a_leader_runs_it(
+        tm, connect, catalog_settings, lake, zk_connect, capsys):
+    stream_table, live_table, batch_table = lake("stream", "live", "batch")
+    stream = InBackground(writer(connect(), catalog_settings, "stream", [], [stream_table]), append_epoch(stream_table))
+    live = InBackground(writer(connect(), catalog_settings, "live", [], [live_table]), append_epoch(live_table))
+    try:
+        done = writer(connect(), catalog_settings, "batch", [], [batch_table])
+        batch_epochs = done.run(append_epoch(batch_table), max_epochs=2, stop_on_sigterm=False)
+        wait_for(lambda: stream.writer.committed, "the stream's first epoch")
+        stream.stop()
+        stopped_at = present(tm.tidemarks([stream_table])[stream_table]).epoch
+        status = tm.status()
+        assert status.job("stream").stale and status.job("stream").state == "no leader"
+
+        code, out, _ = cli(zk_connect, capsys, "pause", "stream", "--reason", "maintenance", "--dry-run")
+        assert code == 0 and "would pause job stream until resumed; nothing changed" in out
+        assert tm.status().job("stream").stale
+        code, out, _ = cli(zk_connect, capsys, "pause", "stream", "--reason", "maintenance", "--by", "ops")
+        assert code == 0 and out.startswith("job stream paused until `tidemark resume`")
+
+        # The live consistent epoch is live's alone: it moves on while the paused and finished jobs' tables stay.
+        passed = max(stopped_at, batch_epochs[-1])
+        status = wait_for(lambda: (s := tm.status()).live_consistent_epoch is not None
+                          and s.live_consistent_epoch > passed and s, "the live consistent epoch to move on")
+        job = status.job("stream")
+        assert job.state == "paused" and job.at_rest and not job.stale and job.committed_epoch == stopped_at
+        assert (job.paused.by, job.paused.reason, job.paused.until_ms) == ("ops", "maintenance", None)
+        assert status.job("batch").state == "finished" and status.job("batch").at_rest
+        assert status.job("live").state == "leading" and not status.job("live").at_rest
+        assert [j.name for j in status.jobs if j.stale] == []
+        assert status.live_consistent_epoch == status.job("live").consistent_epoch
+        # A reader of all three tables gets at most the paused stream's last epoch: the truth for that reader.
+        assert status.consistent_epoch is None or status.consistent_epoch <= stopped_at
+        samples = exported(status)
+        assert samples[("tidemark_job_paused", "stream")] == 1 and samples[("tidemark_job_live", "stream")] == 0
+        assert samples[("tidemark_job_finished", "batch")] == 1 and samples[("tidemark_job_live", "batch")] == 0
+        assert samples[("tidemark_job_live", "live")] == 1 and samples[("tidemark_job_stale", "stream")] == 0
+        assert samples[("tidemark_consistent_epoch_timestamp_seconds", None)] == status.live_consistent_epoch / 1000
+        assert samples[("tidemark_consistent_lag_seconds", None)] < 30
+        assert samples[("tidemark_job_bounds_consistent_epoch", "stream")] == 0  # at rest: bounds nothing live
+
+        report = json.loads(cli(zk_connect, capsys, "status", "--json")[1])
+        jobs = {j["name"]: j for j in report["jobs"]}
+        assert jobs["stream"]["state"] == "paused" and jobs["stream"]["at_rest"] is True
+        assert jobs["stream"]["paused"]["reason"] == "maintenance" and report["stale_jobs"] == []
+        assert report["live_jobs"] == ["live"] and report["live_consistent_epoch"] is not None
+        text = cli(zk_connect, capsys, "status")[1]
+        assert text.splitlines()[0].startswith(f"grid: {INTERVAL} ms   consistent epoch: -   live jobs' tables: ")
+        line = next(line for line in text.splitlines() if line.startswith("stream:"))
+        assert line.startswith(f"stream: term 1, paused by ops (maintenance), committed {stopped_at}")
+        assert "STALE" not in line
+
+        # A leader that starts runs the job again: the pause is gone, and with it the exemption.
+        again = InBackground(writer(connect(), catalog_settings, "stream", [], [stream_table]),
+                             append_epoch(stream_table))
+        wait_for(lambda: again.writer.committed, "the stream to run again")
+        assert tm.get(tm.paths.paused("stream")) is None and tm.status().job("stream").state == "leading"
+        again.stop()
+        assert tm.status().job("stream").stale
+    finally:
+        live.stop()
+
+
+def test_a_pause_ends_by_itself_and_bad_durations_are_one_line_errors(tm, zk_connect, capsys):
+    tm.register_job("idle", sources=[], sinks=["lake.db.idle"])
+    assert tm.status().job("idle").stale
+    with pytest.raises(InvalidArgument, match="must end in the future"):
+        tm.pause_job("idle", until_ms=now_ms() - 1)
+    with pytest.raises(JobNotFound):
+        tm.pause_job("nojob")
+    for bad in ("0s", "soon", "1x"):
+        code, _, err = cli(zk_connect, capsys, "pause", "idle", "--for", bad)
+        assert code == 1 and err.count("\n") == 1 and err.startswith("tidemark: error: "), (bad, err)
+    code, _, err = cli(zk_connect, capsys, "pause", "idle", "--reason", "x" * 1001)
+    assert code == 1 and "at most 1000 characters" in err and err.count("\n") == 1
+    code, _, err = cli(zk_connect, capsys, "retire", "nojob")
+    assert code == 1 and "not registered" in err and err.count("\n") == 1
+    assert tm.get(tm.paths.paused("idle")) is None  # nothing changed by any of them
+
+    until = now_ms() + 1500
+    tm.pause_job("idle", reason="short", until_ms=until)
+    job = tm.status().job("idle")
+    assert job.state == "paused" and not job.stale and job.paused.until_ms == until
+    status = wait_for(lambda: (s := tm.status()).job("idle").stale and s, "the pause to end", timeout=30)
+    job = status.job("idle")
+    assert job.state == "no leader" and job.paused is None and job.pause_ended.until_ms == until
+    assert "its pause ended at" in job.stale_reason
+    code, out, _ = cli(zk_connect, capsys, "resume", "idle")
+    assert code == 0 and "resumed (it was paused)" in out
+    code, out, _ = cli(zk_connect, capsys, "resume", "idle")
+    assert code == 0 and "was not paused or retired; nothing changed" in out
+
+
+def test_a_retired_job_is_refused_while_it_runs_and_its_drivers_refuse_to_lead_it(
+        tm, connect, catalog_settings, lake, zk_connect, capsys):
+    [table] = lake("old")
+    running = writer(connect(), catalog_settings, "old", [], [table])
+    running.open(leader_timeout=30)
+    try:
+        code, _, err = cli(zk_connect, capsys, "retire", "old")
+        assert code == 1 and err.count("\n") == 1 and "has a live leader" in err and "stop its drivers" in err
+        with pytest.raises(RegistrationError):
+            tm.retire_job("old")
+    finally:
+        running.close()
+    assert tm.status().job("old").stale
+    tm.pause_job("old", reason="first paused")
+    code, out, _ = cli(zk_connect, capsys, "retire", "old", "--reason", "replaced")
+    assert code == 0 and "retired" in out
+    job = tm.status().job("old")
+    assert job.state == "retired" and not job.stale and job.retired.reason == "replaced"
+    assert tm.get(tm.paths.paused("old")) is None  # retiring replaced the pause
+
+    refused = writer(connect(), catalog_settings, "old", [], [table])
+    with pytest.raises(JobRetired, match="tidemark resume old"):
+        refused.run(append_epoch(table), max_epochs=1, stop_on_sigterm=False)
+    assert refused.committed == [] and tm.status().job("old").state == "retired"
+
+    code, out, _ = cli(zk_connect, capsys, "resume", "old")
+    assert code == 0 and "resumed (it was retired)" in out and tm.status().job("old").stale
+    assert len(writer(connect(), catalog_settings, "old", [], [table]).run(
+        append_epoch(table), max_epochs=1, stop_on_sigterm=False)) == 1
+    assert tm.status().job("old").state == "finished"
+
+    # Unregistering removes the marks with the job: a new registration starts with none.
+    tm.retire_job("old")
+    tm.unregister_job("old", confirm=True, catalog=catalog_settings)
+    tm.register_job("old", sources=[], sinks=[table])
+    assert tm.get(tm.paths.retired("old")) is None and tm.status().job("old").state == "no leader"
+
+
+def test_a_job_downstream_of_a_paused_job_waits_for_it_and_says_so(tm, connect, catalog_settings, lake):
+    up_table, down_table = lake("up", "down")
+    tm.register_job("down", sources=[up_table], sinks=[down_table])
+    upstream = InBackground(writer(connect(), catalog_settings, "up", [], [up_table]), append_epoch(up_table))
+    down = InBackground(writer(connect(), catalog_settings, "down", [up_table], [down_table]),
+                        lambda ctx: ctx.append(down_table, ctx.changes(up_table)))
+    try:
+        wait_for(lambda: down.writer.committed, "the derived job's first epoch")
+        upstream.stop()
+        tm.pause_job("up", reason="upgrade")
+        last = present(tm.tidemarks([up_table])[up_table]).epoch
+        wait_for(lambda: down.writer.committed[-1:] == [last], "down to catch up with the paused upstream")
+        status = tm.status()
+        [blocker] = status.job("down").waiting_for
+        assert blocker.writer_state == "paused" and not blocker.writer_live
+        assert status.job("down").reasons()[0].endswith("written by job up, which has no live leader (an operator "
+                                                        "paused it)")
+        assert not status.job("down").stale and not status.job("up").stale
+        # down is live and reads up's table: the live consistent epoch waits with it (the truth about down).
+        assert status.live_consistent_epoch == last
+    finally:
+        down.stop()
