@@ -282,6 +282,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         from coordinator.history.readers import version_sql
         print(f"-- {version.level.value} version, epoch {_fmt_epoch(version.epoch)}")
         for statement in version_sql(resolver, version).values():
+    from coordinator.errors import ConfigurationError
             print(f"{statement};")
     elif args.json:
         print(version.to_json().decode())
