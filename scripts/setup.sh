@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# iproute2: tests/test_quickstart.py runs the README's quickstart in a network namespace of its own (ip, unshare).
 DEBIAN_PACKAGES=(openjdk-17-jre-headless zookeeper libxerial-sqlite-jdbc-java libjarjar-java
-                 postgresql libpostgresql-jdbc-java)
+                 postgresql libpostgresql-jdbc-java iproute2)
 VENV=.venv
 
 say() { printf 'setup: %s\n' "$*"; }
