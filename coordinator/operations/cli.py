@@ -177,6 +177,7 @@ def cmd_unregister(args: argparse.Namespace) -> int:
 
 def cmd_rest(args: argparse.Namespace) -> int:
     """``pause``, ``retire`` and ``resume`` (``coordinator.protocol.rest``)."""
+    from coordinator.errors import ConfigurationError
     from coordinator.protocol.pacing import fmt_every, parse_every
     from coordinator.protocol.status import fmt_time
     from coordinator.records import now_ms
@@ -282,7 +283,6 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         from coordinator.history.readers import version_sql
         print(f"-- {version.level.value} version, epoch {_fmt_epoch(version.epoch)}")
         for statement in version_sql(resolver, version).values():
-    from coordinator.errors import ConfigurationError
             print(f"{statement};")
     elif args.json:
         print(version.to_json().decode())
