@@ -2,7 +2,7 @@
 on its schedule, and the same job without GC as the baseline, interleaved in the same run.
 
     python -m bench retention [--epochs 10000] [--gc-every-s 300] [--window N] [--baseline-budget-s 300]
-                              [--max-seconds S] [--policy SPEC]
+                              [--max-seconds S] [--policy SPEC] [--default-epochs 1800]
 
 Each epoch the job overwrites both sinks with one row (state tables, like a MERGE-maintained
 ``word_counts``: the live data stays the same size, so what grows is history alone, which is
@@ -29,10 +29,17 @@ epoch for epoch alongside it, whose cost at its own epoch 100 is the reference m
 same time. The verdict is on that ratio; the ratio to the run's own epoch 100 is printed too.
 
 Also printed: the size of one sink's
-metadata file, its snapshot count, the versions GC retains and the number of files in the
-warehouse. The baseline's commits grow with its history; it stops when its own time
-exceeds ``--baseline-budget-s`` (its later checkpoints are then reported as not reached),
-and ``--max-seconds`` stops the whole run the same way.
+metadata file, its snapshot count and Tidemark tags, the versions GC retains and the number of
+files in the warehouse. The baseline's commits grow with its history; it stops when its own time
+exceeds ``--baseline-budget-s`` (its later checkpoints are then reported as not reached), and
+``--max-seconds`` stops each part of the run the same way (``--epochs 0`` runs the 2 s part only).
+
+**The default policy at 2 s barriers** (``--default-epochs``, run first): three lakes on a 2 s grid,
+epoch for epoch in the same run, GC every ``--gc-every-s`` as above: the default policy
+(``tags:hourly``: only the hourly and coarser versions, and the newest, are tagged), the same tiers
+with every version tagged (``tags:all``, what the default did before: each tag is a ref that every
+commit of the table rewrites), and no GC (the baseline). Per checkpoint: the commit cost, one sink's
+metadata size, its tags and snapshots, and the retained versions.
 """
 from __future__ import annotations
 
@@ -50,6 +57,7 @@ import pyarrow as pa
 from coordinator import CatalogSettings, EpochWriter, Tidemark
 from coordinator.history.gc_schedule import GcSchedule
 from coordinator.history.retention import RetentionPolicy
+from coordinator.history.versions import tag_epoch
 
 from .common import header, zookeeper
 
@@ -70,6 +78,7 @@ class Figures:
     snapshots: int
     versions: int
     files: int
+    tags: int
 
 
 @dataclass
@@ -81,6 +90,8 @@ class Lake:
     tm: Tidemark
     gc_every_s: Optional[float]
     policy: RetentionPolicy
+    interval_ms: int = INTERVAL_MS
+    checkpoints: tuple[int, ...] = CHECKPOINTS
     now: int = START
     samples: dict[int, float] = field(default_factory=dict)      # epoch number -> seconds of process()
     figures: dict[int, Figures] = field(default_factory=dict)     # checkpoint -> figures
@@ -96,7 +107,7 @@ class Lake:
         for sink in self.sinks:
             catalog.create_table(sink, schema=SCHEMA).append(SCHEMA.empty_table())
         self.writer = EpochWriter(self.tm, "job", sources=[], sinks=self.sinks, catalog=self.settings,
-                                  interval_ms=INTERVAL_MS, grace_ms=0)
+                                  interval_ms=self.interval_ms, grace_ms=0)
         self.writer.open(leader_timeout=60)
         self.schedule = None
         if self.gc_every_s is not None:
@@ -104,7 +115,7 @@ class Lake:
                                        clock=lambda: self.now)
 
     def epoch(self, k: int) -> None:
-        epoch = START + k * INTERVAL_MS  # a point of the 5 s grid after the last epoch: the writer may process it
+        epoch = START + k * self.interval_ms  # a point of the grid after the last epoch: the writer may process it
         rows = pa.table({"epoch": [epoch], "n": [k]}, schema=SCHEMA)
 
         def step(ctx) -> None:  # the same work every epoch
@@ -119,7 +130,7 @@ class Lake:
             started = time.perf_counter()
             if self.schedule.run_if_due() is not None:
                 self.gc_seconds.append(time.perf_counter() - started)
-        if k in CHECKPOINTS:
+        if k in self.checkpoints:
             self.measure(k)
 
     def measure(self, k: int) -> None:
@@ -129,7 +140,8 @@ class Lake:
         size = os.path.getsize(table.metadata_location.replace("file://", ""))
         files = sum(len(names) for _, _, names in os.walk(self.home / "warehouse"))
         versions = len(self.tm.children(self.tm.paths.versions))
-        self.figures[k] = Figures(size, len(table.snapshots()), versions, files)
+        tags = sum(1 for name in table.metadata.refs if tag_epoch(name) is not None)
+        self.figures[k] = Figures(size, len(table.snapshots()), versions, files, tags)
 
     def commit_time(self, checkpoint: int, window: int) -> Optional[float]:
         """Median seconds of ``process()`` over the ``window`` epochs up to ``checkpoint`` (None: not reached)."""
@@ -144,19 +156,22 @@ class Lake:
 def _cells(lake: Lake, checkpoint: int, window: int) -> str:
     cost = lake.commit_time(checkpoint, window)
     if cost is None:
-        return f"{'not reached':>10} {'':>13} {'':>9} {'':>8} {'':>7}"
+        return f"{'not reached':>10} {'':>13} {'':>9} {'':>5} {'':>8} {'':>7}"
     f = lake.figures.get(checkpoint)
-    if f is None:  # the other lake's last epoch: only the time was sampled here
-        return f"{cost * 1000:10.1f} {'-':>13} {'-':>9} {'-':>8} {'-':>7}"
-    return f"{cost * 1000:10.1f} {f.metadata_bytes / 1024:13.1f} {f.snapshots:9d} {f.versions:8d} {f.files:7d}"
+    if f is None:  # another lake's last epoch: only the time was sampled here
+        return f"{cost * 1000:10.1f} {'-':>13} {'-':>9} {'-':>5} {'-':>8} {'-':>7}"
+    return (f"{cost * 1000:10.1f} {f.metadata_bytes / 1024:13.1f} {f.snapshots:9d} {f.tags:5d} {f.versions:8d} "
+            f"{f.files:7d}")
+
+
+COLUMNS = f"{'ms/epoch':>10} {'metadata KiB':>13} {'snapshots':>9} {'tags':>5} {'versions':>8} {'files':>7}"
 
 
 def _print_table(lakes: list[Lake], checkpoints: list[int], window: int) -> None:
-    columns = f"{'ms/epoch':>10} {'metadata KiB':>13} {'snapshots':>9} {'versions':>8} {'files':>7}"
-    print(f"{'':>7}   {'with GC':<51} | without GC (baseline)")
-    print(f"{'epoch':>7}   {columns} | {columns}")
+    print(f"{'':>7}   " + " | ".join(f"{lake.label:<{len(COLUMNS)}}" for lake in lakes).rstrip())
+    print(f"{'epoch':>7}   " + " | ".join(COLUMNS for _ in lakes))
     for checkpoint in checkpoints:
-        print(f"{checkpoint:>7}   {_cells(lakes[0], checkpoint, window)} | {_cells(lakes[1], checkpoint, window)}")
+        print(f"{checkpoint:>7}   " + " | ".join(_cells(lake, checkpoint, window) for lake in lakes))
 
 
 @dataclass
@@ -227,10 +242,17 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="epochs whose median is a checkpoint's commit time (default: one GC period)")
     parser.add_argument("--baseline-budget-s", type=float, default=300.0,
                         help="seconds of commits after which the baseline (no GC) stops")
-    parser.add_argument("--max-seconds", type=float, help="stop the whole run after this many seconds")
+    parser.add_argument("--max-seconds", type=float, help="stop each part of the run after this many seconds")
     parser.add_argument("--policy", default=BENCH_POLICY)
+    parser.add_argument("--default-epochs", type=int, default=1800,
+                        help="epochs of the default policy at 2 s barriers, against every version tagged and no GC "
+                             "(1800: one simulated hour; 0 skips it)")
     args = parser.parse_args(argv)
     policy = RetentionPolicy.parse(args.policy)
+    if args.default_epochs > 0:
+        _default_policy_at_2s(args)
+    if args.epochs <= 0:
+        return 0
     window = args.window or max(1, round(args.gc_every_s * 1000 / INTERVAL_MS))
     header(f"retention: {args.epochs} epochs of one job with two overwritten sinks, GcSchedule every "
            f"{args.gc_every_s:.0f} s of simulated time ({args.gc_every_s * 1000 / INTERVAL_MS:.0f} epochs; policy "
@@ -280,6 +302,50 @@ def main(argv: Optional[list[str]] = None) -> int:
         for checkpoint in list(fresh.open_lakes):  # stopped by --max-seconds before its checkpoint
             fresh.close(checkpoint)
     return 0
+
+
+def _default_policy_at_2s(args: argparse.Namespace) -> None:
+    """The default policy, every version tagged, and no GC, on a 2 s grid, epoch for epoch (see the docstring)."""
+    interval_ms, epochs = 2000, args.default_epochs
+    window = args.window or max(1, round(args.gc_every_s * 1000 / interval_ms))
+    checkpoints = tuple(sorted({c for c in (150, 300, 900, 1800, 3600) if c < epochs} | {epochs}))
+    default = RetentionPolicy.default()
+    every_tag = RetentionPolicy(default.tiers, tags="all")
+    header(f"retention, the default policy at 2 s barriers: {epochs} epochs ({epochs * interval_ms / 60_000:.0f} "
+           f"simulated minutes) of one job with two overwritten sinks, GcSchedule every {args.gc_every_s:.0f} s of "
+           f"simulated time; {default.to_text()} (at most {default.max_tags()} tags per table, and the newest) "
+           "against the same tiers with every version tagged (tags:all) and against no GC, in the same run")
+    with tempfile.TemporaryDirectory(prefix="tidemark-bench-retention-2s-") as home, zookeeper() as server:
+        lakes = []
+        for label, gc_every_s, policy in (("default (tags:hourly)", args.gc_every_s, default),
+                                          ("every version tagged (tags:all)", args.gc_every_s, every_tag),
+                                          ("without GC (baseline)", None, default)):
+            slug = label.split(" ")[0]
+            tm = Tidemark.connect(f"{server.connect_string}/{slug}", operation_timeout=120)
+            lake = Lake(label, Path(home) / slug, tm, gc_every_s, policy, interval_ms, checkpoints)
+            lake.open()
+            lakes.append(lake)
+        last, started = epochs, time.perf_counter()
+        for k in range(1, epochs + 1):
+            for lake in lakes:
+                lake.epoch(k)
+            if k % max(1, min(300, epochs // 5)) == 0:
+                print(f"  ... epoch {k}: {time.perf_counter() - started:.0f} s", flush=True)
+            if args.max_seconds is not None and time.perf_counter() - started > args.max_seconds:
+                for lake in lakes:
+                    lake.measure(k)
+                last = k
+                print(f"  stopped at epoch {k}: --max-seconds {args.max_seconds:.0f} reached", flush=True)
+                break
+        print(f"ms/epoch = median of process() over the {window} epochs up to the checkpoint; metadata, snapshots "
+              "and Tidemark tags of one sink; versions retained by GC; files of the whole warehouse")
+        _print_table(lakes, [c for c in checkpoints if c < last] + [last], window)
+        for lake in lakes:
+            if lake.gc_seconds:
+                print(f"GC runs, {lake.label}: {len(lake.gc_seconds)}, median "
+                      f"{statistics.median(lake.gc_seconds) * 1000:.0f} ms, max {max(lake.gc_seconds) * 1000:.0f} ms")
+            lake.close()
+            lake.tm.close()
 
 
 if __name__ == "__main__":

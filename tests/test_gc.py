@@ -1,13 +1,17 @@
 """Retained versions and garbage collection on real ZooKeeper and Iceberg tables, on a simulated clock.
 
 A year of barriers is driven through the real protocol (the idle ones on its one-multi path), with
-``tidemark gc`` running every simulated week: the kept versions match the policy exactly, every kept
-version reads back consistently (from ZooKeeper and from Iceberg tags alone), and a table keeps no more
-snapshots than the versions need. Other tests: a pinned version and a lagging job's next inputs survive
-GC, and the lagging job catches up in one epoch; versions exist only at epochs every table holds, and
-each carries its tag on every table it names a snapshot of; the CLI; GC on a schedule in one elected
-process; old metadata files go; a GC process killed after its expiry commit leaves orphan files that
-``tidemark gc --orphans`` deletes, and only those.
+``tidemark gc`` running every simulated week: the kept versions match the policy exactly, the tagged ones
+are those of its tiers of an hour or longer plus the newest (within the policy's bound of tags per
+table), every kept version reads back consistently (from ZooKeeper, and the tagged ones from Iceberg
+tags alone), and a table keeps no more snapshots than the versions need. Two simulated hours at 2 s
+barriers under the default policy keep hundreds of versions and three tags per table. Other tests: a
+pinned version and a lagging job's next inputs survive GC, and the lagging job catches up in one epoch;
+versions exist only at epochs every table holds; every version ``tidemark versions`` lists has its tag
+on every table it covers, or is listed as untagged, after GC, after ``tidemark gc`` killed (SIGKILL) between
+two tables' commits and after a driver killed in the middle of its scheduled GC; the CLI; GC on a
+schedule in one elected process; old metadata files go; a GC process killed after its expiry commit
+leaves orphan files that ``tidemark gc --orphans`` deletes, and only those.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from coordinator.iceberg.reachability import FileIndex
 from coordinator.iceberg.snapshots import snapshot_epoch
 from coordinator.operations.cli import main as cli
 from tests.helpers.crash import crash_env
-from tests.helpers.lake import stage_rows
+from tests.helpers.lake import create_table, stage_rows
 from tests.helpers.present import present
 from tests.helpers.retention import INTERVAL_MS, Pipeline, naive_keep
 from tests.helpers.wait import wait_for
@@ -60,14 +64,44 @@ def tidemark_tags(table) -> dict[int, int]:
 
 def assert_matches_policy(tm, pipeline: Pipeline, now: int) -> list[int]:
     retained = RetainedVersions(tm).epochs()
-    expected = naive_keep(DEFAULT_POLICY, pipeline.committed, now) | {pipeline.committed[-1]}
-    assert retained == sorted(expected)
+    newest = pipeline.committed[-1]
+    assert retained == sorted(naive_keep(DEFAULT_POLICY, pipeline.committed, now) | {newest})
+    records = {r.epoch: r for r in RetainedVersions(tm).all()}
+    tagged = {e for e, r in records.items() if r.tagged}
+    assert tagged == naive_keep(DEFAULT_POLICY, pipeline.committed, now, tagged=True) | {newest}, \
+        "tagged: the versions of the tiers of an hour or longer, and the newest"
     for name in pipeline.tables:
-        table = pipeline.catalog.load_table(name)
-        assert set(tidemark_tags(table)) <= set(retained)
-        versions = RetainedVersions(tm)
-        assert set(tidemark_tags(table)) == {e for e in retained if present(versions.get(e)).snapshots.get(name)}
+        tags = tidemark_tags(pipeline.catalog.load_table(name))
+        assert set(tags) == {e for e in tagged if records[e].snapshots.get(name)}
+        assert len(tags) <= present(RetentionPolicy.default().max_tags()) + 1
     return retained
+
+
+def assert_listing_true(zk_connect: str, catalog, capsys) -> list[dict]:
+    """What ``tidemark versions`` lists is true: a version listed with its tag has it on every table it covers, at
+    the version's snapshot; a version listed untagged says so in both outputs; every snapshot listed exists."""
+    assert cli(["--zk", zk_connect, "versions", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert cli(["--zk", zk_connect, "versions"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(listed) or (not listed and lines[0].startswith("no retained versions"))
+    tables: dict = {}
+    for version, line in zip(listed, lines):
+        covered = sorted(name for name, snapshot in version["snapshots"].items() if snapshot is not None)
+        for name in covered:
+            table = tables.get(name) or tables.setdefault(name, catalog.load_table(name))
+            assert table.snapshot_by_id(version["snapshots"][name]) is not None, (version, name)
+            if version["tag"] is not None:
+                assert version["tag"] == tag_name(version["epoch"])
+                ref = table.metadata.refs.get(version["tag"])
+                assert ref is not None and ref.snapshot_id == version["snapshots"][name], (version, name)
+        if version["tag"] is not None:
+            assert sorted(version["tagged"]) == covered and line.startswith(f"{version['tag']} ")
+            assert f"tagged in {len(covered)} tables" in line
+        else:
+            assert version["tagged"] == [] and line.startswith(f"{version['epoch']} ")
+            assert f"untagged: read by snapshot id (--as-of {version['epoch']})" in line
+    return listed
 
 
 def test_a_simulated_year_keeps_exactly_the_policy_and_every_kept_version_reads_back(tm, pipeline, catalog_settings):
@@ -89,8 +123,11 @@ def test_a_simulated_year_keeps_exactly_the_policy_and_every_kept_version_reads_
 
     with_zk, iceberg_only = Resolver(pipeline.catalog, catalog_settings, tm), Resolver(pipeline.catalog,
                                                                                          catalog_settings, None)
-    for epoch in retained:
+    tagged = [r.epoch for r in RetainedVersions(tm).all() if r.tagged]
+    assert 50 < len(tagged) < len(retained)
+    for epoch in retained:  # by snapshot id, from the records: every version
         pipeline.check(with_zk, with_zk.resolve(pipeline.tables, as_of=epoch))
+    for epoch in tagged:    # by tag, from Iceberg alone: the tagged ones
         pipeline.check(iceberg_only, iceberg_only.resolve(pipeline.tables, as_of=epoch))
     for name in pipeline.tables:  # storage bounded by the policy, not by a year of epochs
         table = pipeline.catalog.load_table(name)
@@ -183,14 +220,17 @@ def test_the_cli_lists_versions_dry_runs_gc_and_resolves_a_tag(tm, zk_connect, p
     assert planned["dry_run"] and [v["action"] for v in planned["plan"]["versions"]] == ["create"] * 3
     assert RetainedVersions(tm).epochs() == [], "a dry run changes nothing"
 
-    assert cli([*args, "gc", "--policy", "all:1d"]) == 0
+    assert cli([*args, "gc", "--yes", "--policy", "all:1d"]) == 0
     out = capsys.readouterr().out
-    assert f"version {epochs[0]}: create (all)" in out and "expired" in out
+    assert f"version {epochs[0]}: create (all, untagged)" in out and "expired" in out
+    assert f"version {epochs[2]}: create (all, tagged)" in out, "the newest version is tagged"
     assert cli([*args, "versions", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert [(v["tag"], v["tier"]) for v in listed] == [(tag_name(e), "all") for e in epochs]
+    assert [(v["tag"], v["tier"]) for v in listed] == [(None, "all"), (None, "all"), (tag_name(epochs[2]), "all")]
     assert cli([*args, "versions"]) == 0
-    assert tag_name(epochs[0]) in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{epochs[0]}  " in out and f"untagged: read by snapshot id (--as-of {epochs[0]})" in out
+    assert f"{tag_name(epochs[2])}  " in out and "tagged in 2 tables" in out
 
     assert cli([*args, "resolve", *pipeline.tables, "--as-of", tag_name(epochs[1]), "--json"]) == 0
     resolved = json.loads(capsys.readouterr().out)
@@ -212,21 +252,16 @@ def test_every_listed_version_has_its_tag_on_every_table_it_covers(tm, zk_connec
     pipeline.epoch(epochs[0])             # both jobs' first epoch is idle: both tables are empty at it
     pipeline.epoch(epochs[1], rows=2)
     pipeline.epoch(epochs[2])             # idle: both tables keep their snapshots
-    report = GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1d"),
+    report = GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1d,tags:all"),
                               clock=lambda: epochs[2] + 1).run()
     assert f"epoch {epochs[0]} is not made a version: every table was empty then, so no tag could name it" in \
         report.plan.notes
     assert RetainedVersions(tm).epochs() == epochs[1:]
 
-    assert cli(["--zk", zk_connect, "versions", "--json"]) == 0
-    listed = json.loads(capsys.readouterr().out)
+    listed = assert_listing_true(zk_connect, pipeline.catalog, capsys)
     assert [v["epoch"] for v in listed] == epochs[1:]
     for version in listed:
         assert sorted(version["tagged"]) == sorted(pipeline.tables) and version["empty"] == []
-        for name in version["tagged"]:
-            assert tidemark_tags(pipeline.catalog.load_table(name))[version["epoch"]] == version["snapshots"][name]
-    assert cli(["--zk", zk_connect, "versions"]) == 0
-    assert f"{tag_name(epochs[1])} " in (out := capsys.readouterr().out) and "tagged in 2 tables" in out
 
 
 def test_scheduled_gc_runs_in_one_process_at_a_time(tm, connect, pipeline, catalog_settings):
@@ -257,7 +292,7 @@ def test_tidemark_gc_waits_for_a_run_in_progress_and_says_so_when_it_cannot(tm, 
     monkeypatch.setenv("TIDEMARK_WAREHOUSE", catalog_settings.warehouse)
     base = (datetime.now(timezone.utc).timestamp() * 1000 // INTERVAL_MS - 5) * INTERVAL_MS
     pipeline.epoch(int(base), rows=1)
-    gc = ["--zk", zk_connect, "gc", "--policy", "all:1d"]
+    gc = ["--zk", zk_connect, "gc", "--yes", "--policy", "all:1d"]
     running = GarbageCollector(tm, catalog_settings)
     with ThreadPoolExecutor(1) as pool:
         with running.exclusive():
@@ -336,7 +371,8 @@ def test_a_gc_killed_after_its_expiry_commit_leaves_orphans_that_gc_orphans_dele
     referenced_before = FileIndex().referenced(events, events.snapshots())
     catalog_env = {"TIDEMARK_CATALOG_URI": catalog_settings.uri, "TIDEMARK_WAREHOUSE": catalog_settings.warehouse,
                    "TIDEMARK_CATALOG_NAME": catalog_settings.name}
-    gc = [sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "gc", "--policy", "all:1h"]
+    gc = [sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "gc", "--yes", "--policy",
+          "all:1h"]
     killed = subprocess.run(gc, env={**crash_env("gc-expired", nth=1), **catalog_env}, capture_output=True,
                             text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
@@ -347,7 +383,7 @@ def test_a_gc_killed_after_its_expiry_commit_leaves_orphans_that_gc_orphans_dele
 
     for name, value in catalog_env.items():
         monkeypatch.setenv(name, value)
-    args = ["--zk", zk_connect, "gc"]
+    args = ["--zk", zk_connect, "gc", "--yes"]
     assert cli(args) == 0, "a complete run finishes what the killed one left (the totals table)"
     capsys.readouterr()
     assert all(os.path.exists(p) for p in left_behind), "no expiry can find the killed run's files any more"
@@ -385,3 +421,129 @@ def test_a_gc_killed_after_its_expiry_commit_leaves_orphans_that_gc_orphans_dele
         table = pipeline.catalog.load_table(name)
         for snapshot in table.snapshots():  # every file a remaining snapshot needs is still there
             table.scan(snapshot_id=snapshot.snapshot_id).to_arrow()
+
+
+def test_the_default_policy_tags_a_bounded_number_of_versions_at_2s_barriers(tm, zk_connect, catalog_settings,
+                                                                            namespace, capsys):
+    """Issue 19: ``all:1h`` used to tag every version GC made, up to 1,800 tags per table per hour at 2 s barriers,
+    each a ref that every commit of the table copies. Under the default, 65 simulated minutes at 2 s barriers with
+    GC every 5 minutes keep hundreds of versions in ``/versions`` and tag three: the oldest of each hour and the
+    newest."""
+    pipeline = Pipeline(tm, catalog_settings, namespace, interval_ms=2000)
+    try:
+        now = [START]
+        collector = GarbageCollector(tm, catalog_settings, clock=lambda: now[0])  # the deployment's: the default
+        for k in range(1, 65 * 30 + 1):
+            epoch = START + k * 2000
+            pipeline.epoch(epoch, rows=1 if k % 30 == 0 else 0)  # data once a minute, idle epochs in between
+            now[0] = epoch + 1
+            if k % 150 == 0:                                     # GC every 5 simulated minutes
+                collector.run()
+                listed = assert_listing_true(zk_connect, pipeline.catalog, capsys)
+                for name in pipeline.tables:
+                    table = pipeline.catalog.load_table(name)
+                    assert set(tidemark_tags(table)) == {v["epoch"] for v in listed if v["tag"]}
+                    assert len(tidemark_tags(table)) <= 3, (k, sorted(tidemark_tags(table)))
+                    assert len(table.metadata.refs) <= 4  # main and the tags
+        versions = RetainedVersions(tm).all()
+        assert len(versions) > 150, "the all tier keeps every version GC saw in the last hour, untagged"
+        tagged = [r.epoch for r in versions if r.tagged]
+        assert tagged == [START + 60_000, START + 3_600_000, pipeline.committed[-1]], \
+            "the oldest version of each hour GC saw (whole minutes reach every run), and the newest"
+        resolver = Resolver(pipeline.catalog, catalog_settings, tm)
+        for record in versions[::25]:  # an untagged version reads back by its snapshot ids
+            pipeline.check(resolver, resolver.resolve(pipeline.tables, as_of=record.epoch))
+    finally:
+        pipeline.close()
+
+
+def test_versions_stay_true_when_tidemark_gc_is_killed_between_two_tables(tm, connect, zk_connect, catalog_settings,
+                                                                          namespace, monkeypatch, capsys):
+    """``tidemark gc`` SIGKILLed after one table's commit, twice, then run to the end: at every point each listed
+    version has its tag on every table it covers or is listed untagged. A version that loses its tag (the old
+    newest, pinned by a reader) is recorded untagged before any table loses the tag."""
+    minute = 60_000
+    base = int(datetime.now(timezone.utc).timestamp() * 1000) // (10 * minute) * (10 * minute) - 30 * minute
+    epochs = [base + (k + 2) * minute for k in range(20)]  # 1 min apart, 10 to 28 min ago; epochs[9] is not the
+    pipeline = Pipeline(tm, catalog_settings, namespace, interval_ms=minute)  # oldest of its 10 minutes
+    catalog_env = {"TIDEMARK_CATALOG_URI": catalog_settings.uri, "TIDEMARK_WAREHOUSE": catalog_settings.warehouse,
+                   "TIDEMARK_CATALOG_NAME": catalog_settings.name}
+    reader_tm = connect()
+    try:
+        for epoch in epochs[:10]:
+            pipeline.epoch(epoch, rows=1)
+        GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1d,10m:1d,tags:10m")).run()
+        assert [r.epoch for r in RetainedVersions(tm).all() if r.tagged] == [epochs[0], epochs[8], epochs[9]]
+        assert_listing_true(zk_connect, pipeline.catalog, capsys)
+        session = ReaderSession(Resolver(pipeline.catalog, catalog_settings, reader_tm), reader_tm)
+        session.pin(session.resolve(pipeline.tables, as_of=epochs[9]))
+        for epoch in epochs[10:]:
+            pipeline.epoch(epoch, rows=1)
+
+        # Only whole 10 minutes and the newest are kept now, tagged; epochs[9] stays for its reader, untagged.
+        gc = [sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "gc", "--policy",
+              "all:1m,10m:1d,tags:10m"]
+        for killed_after in (pipeline.events, pipeline.totals):  # the second run finds the events table done
+            killed = subprocess.run(gc, env={**crash_env("gc-expired", nth=1), **catalog_env}, capture_output=True,
+                                    text=True, timeout=120, stdin=subprocess.DEVNULL)
+            assert killed.returncode == -signal.SIGKILL, killed.stderr
+            listed = {v["epoch"]: v for v in assert_listing_true(zk_connect, pipeline.catalog, capsys)}
+            assert listed[epochs[9]]["tag"] is None, "recorded untagged before the first table lost the tag"
+            if killed_after == pipeline.events:
+                assert epochs[9] in tidemark_tags(pipeline.catalog.load_table(pipeline.totals)), \
+                    "killed before the totals table's commit: its tag is still there (harmless)"
+                assert {epochs[18], epochs[19]} <= set(tidemark_tags(pipeline.catalog.load_table(pipeline.events)))
+            assert epochs[19] not in listed, "a new version is recorded only after every table has its tag"
+
+        for name, value in catalog_env.items():
+            monkeypatch.setenv(name, value)
+        assert cli(["--zk", zk_connect, "gc"]) == 0
+        capsys.readouterr()
+        listed = {v["epoch"]: v for v in assert_listing_true(zk_connect, pipeline.catalog, capsys)}
+        assert sorted(listed) == [epochs[0], epochs[8], epochs[9], epochs[18], epochs[19]]
+        assert [e for e, v in listed.items() if v["tag"]] == [epochs[0], epochs[8], epochs[18], epochs[19]]
+        for name in pipeline.tables:
+            assert sorted(tidemark_tags(pipeline.catalog.load_table(name))) == [e for e, v in listed.items()
+                                                                               if v["tag"]]
+        resolver = Resolver(pipeline.catalog, catalog_settings, tm)
+        for epoch in listed:
+            pipeline.check(resolver, resolver.resolve(pipeline.tables, as_of=epoch))
+        session.close()
+    finally:
+        pipeline.close()
+
+
+def test_versions_stay_true_when_a_driver_is_killed_in_the_middle_of_its_scheduled_gc(tm, zk_connect,
+                                                                                       catalog_settings, namespace,
+                                                                                       capsys):
+    """A driver process runs a job on a 1 s grid and GC on its schedule; it SIGKILLs itself after a table's expiry
+    commit in its second run or later. Each listed version is tagged on every table it covers, or listed untagged,
+    right after the kill and after the next run."""
+    catalog = catalog_settings.load()
+    log, latest = f"{namespace}.log", f"{namespace}.latest"
+    for name in (log, latest):
+        create_table(catalog, name)
+    policy = "all:3s,5s:1h,tags:5s"
+    config = {"connect": zk_connect, "log": log, "latest": latest, "policy": policy, "gc_every_s": 1.0,
+              "catalog": {"name": catalog_settings.name, "uri": catalog_settings.uri,
+                          "warehouse": catalog_settings.warehouse}}
+    driver = subprocess.Popen([sys.executable, "-m", "tests.helpers.gc_driver", json.dumps(config)],
+                              env=crash_env("gc-expired", nth=3), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, stdin=subprocess.DEVNULL)
+    try:
+        _, err = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert driver.returncode == -signal.SIGKILL, err
+    assert "crash point gc-expired#3 reached" in err
+    listed = assert_listing_true(zk_connect, catalog, capsys)
+    assert listed and any(v["tag"] is None for v in listed) and any(v["tag"] for v in listed), listed
+
+    collector = GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse(policy))
+    collector.run(wait_s=30)  # the killed driver's lock goes with its session
+    listed = assert_listing_true(zk_connect, catalog, capsys)
+    tagged = sorted(v["epoch"] for v in listed if v["tag"])
+    for name in (log, latest):
+        assert sorted(tidemark_tags(catalog.load_table(name))) == tagged

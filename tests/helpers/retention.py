@@ -32,9 +32,11 @@ INTERVAL_MS = 5 * 60 * 1000
 
 
 class Pipeline:
-    def __init__(self, tm, settings: CatalogSettings, namespace: str, spark_names: bool = False) -> None:
-        """``spark_names``: name the tables ``<catalog>.<namespace>.<table>``, as Spark must."""
-        self.tm, self.settings = tm, settings
+    def __init__(self, tm, settings: CatalogSettings, namespace: str, spark_names: bool = False,
+                 interval_ms: int = INTERVAL_MS) -> None:
+        """``spark_names``: name the tables ``<catalog>.<namespace>.<table>``, as Spark must; ``interval_ms``: the
+        grid's interval (the epochs given to ``epoch`` are its barriers)."""
+        self.tm, self.settings, self.interval_ms = tm, settings, interval_ms
         self.catalog = settings.load()
         prefix = f"{settings.name}." if spark_names else ""
         self.events, self.totals = f"{prefix}{namespace}.events", f"{prefix}{namespace}.totals"
@@ -47,7 +49,7 @@ class Pipeline:
 
     def _writer(self, job: str, sources: list[str], sinks: list[str]) -> EpochWriter:
         writer = EpochWriter(self.tm, job, sources=sources, sinks=sinks, catalog=self.settings,
-                             interval_ms=INTERVAL_MS, grace_ms=0)
+                             interval_ms=self.interval_ms, grace_ms=0)
         writer.open(leader_timeout=30)
         return writer
 
