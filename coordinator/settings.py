@@ -9,11 +9,13 @@ explicit arguments always win over the environment. ``VARIABLES`` documents each
 README's table lists the same ones (a test keeps them in step).
 
 Failure behaviour: a value that cannot be used (a port that is not a number, a yes/no flag that
-is neither) raises ``ConfigurationError`` naming the variable, before anything connects.
+is neither, a malformed ZooKeeper connect string) raises ``ConfigurationError`` naming the
+variable, before anything connects.
 """
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,8 @@ DEFAULT_CONNECT = "127.0.0.1:2181"
 DEFAULT_CATALOG = "lake"
 DEFAULT_METRICS_ADDRESS = "0.0.0.0"  # a driver's metrics are scraped from outside its pod
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::(\d{1,5}))?$")  # name, IPv4 or [IPv6], then :port
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # name -> (default, what it does): the README's "Configuration" table says the same.
 VARIABLES: dict[str, tuple[str, str]] = {
@@ -101,7 +105,7 @@ class Settings:
         home = text("TIDEMARK_HOME")
         cache = text("TIDEMARK_CACHE")
         return cls(
-            zk_connect=text("TIDEMARK_ZK") or DEFAULT_CONNECT,
+            zk_connect=check_connect_string(text("TIDEMARK_ZK") or DEFAULT_CONNECT, "TIDEMARK_ZK"),
             zk_user=text("TIDEMARK_ZK_USER"),
             zk_password=env.get("TIDEMARK_ZK_PASSWORD", ""),
             zk_reader_user=text("TIDEMARK_ZK_READER_USER"),
@@ -132,6 +136,28 @@ class Settings:
         if self.zk_tls is not None:
             return self.zk_tls
         return bool(self.zk_tls_ca or self.zk_tls_cert or self.zk_tls_key)
+
+
+def check_connect_string(connect: str, variable: Optional[str] = None) -> str:
+    """``connect`` if it is a ZooKeeper connect string ``host:port[,host:port...][/chroot]``, else
+    ``ConfigurationError`` saying what is wrong. kazoo would accept ``h:2181/bad//chroot`` as ``/bad/chroot``
+    and ``h:2181,`` as ``h:2181``: a typo must not quietly point at another tree."""
+    where = f" ({variable})" if variable else ""
+
+    def malformed(why: str) -> ConfigurationError:
+        return ConfigurationError(f"ZooKeeper connect string {connect!r}{where} is malformed: {why}; use "
+                                  "host:port[,host:port...][/chroot], e.g. zk1:2181,zk2:2181/tidemark")
+    hosts, slash, chroot = connect.partition("/")
+    for host in hosts.split(","):
+        match = _HOST.match(host)
+        if match is None:
+            raise malformed(f"{host!r} is not host:port" if host else "a host is missing")
+        if match.group(2) is not None and not 0 < int(match.group(2)) < 65536:
+            raise malformed(f"port {match.group(2)} is not 1-65535")
+    parts = chroot.split("/") if slash and chroot else []  # "host:2181/" has no chroot
+    if any(part in ("", ".", "..") for part in parts) or _CONTROL.search(chroot):
+        raise malformed(f"the chroot /{chroot} has an empty, '.' or '..' part or a control character")
+    return connect
 
 
 def _flag(env: Mapping[str, str], name: str) -> Optional[bool]:

@@ -229,7 +229,7 @@ def test_barrier_grid_is_shared_and_interval_changes_take_effect_at_a_future_gri
     assert grid.interval_ms == 1000 and grid.mode == BarrierMode.PROCESSING_TIME
     with pytest.raises(ConfigurationError, match="every 1000 ms"):
         connect().barriers.ensure_grid(5000)
-    future = (now_ms() // 10_000 + 60) * 10_000  # ten minutes ahead, on the 10 s grid too
+    future = (now_ms() // 60_000 + 10) * 60_000  # ten minutes ahead, a multiple of every interval below
     for too_early in (grid.floor(now_ms()), 1000):
         with pytest.raises(EpochOrderError, match="future point"):
             tm.barriers.change_interval(5000, effective_from=too_early)

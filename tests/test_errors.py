@@ -112,8 +112,13 @@ def test_catalog_mistakes_are_one_line_and_create_nothing(capsys, monkeypatch, t
         CatalogSettings.from_env().spark_conf()
 
     monkeypatch.delenv("TIDEMARK_CATALOG_URI")
-    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "home"))  # the embedded default creates its own
-    assert_one_line_error(*cli(capsys, "resolve", "--no-zk", "words")[::2], "no namespace")
+    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "home"))  # the embedded default creates its own, and says so
+    code, _, err = cli(capsys, "resolve", "--no-zk", "words")
+    created, error = err.splitlines(keepends=True)
+    assert created.startswith("tidemark: created a new, empty Iceberg catalog 'lake' at ")
+    assert "TIDEMARK_HOME" in created
+    assert str(tmp_path / "home" / "catalog.db") in created
+    assert_one_line_error(code, error, "no namespace")
     assert_one_line_error(*cli(capsys, "resolve", "--no-zk", "db.words")[::2], "does not exist")
     assert (tmp_path / "home" / "catalog.db").is_file()
 

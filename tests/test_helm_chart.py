@@ -298,9 +298,9 @@ def test_gc_runs_as_cron_jobs_with_the_writer_identity_and_the_drivers_catalog(c
                    if k.startswith(("TIDEMARK_CATALOG", "TIDEMARK_WAREHOUSE", "AWS_", "PYICEBERG_"))}
         assert catalog and {k: env[k] for k in catalog} == catalog, "GC opens the catalog as the drivers do"
     assert only(docs, "CronJob", f"{FULLNAME}-gc")["spec"]["jobTemplate"]["spec"]["template"]["spec"][
-        "containers"][0]["args"] == ["tidemark", "gc", "--skip-if-running", "--policy", "all:1h,daily:30d"]
+        "containers"][0]["args"] == ["tidemark", "gc", "--yes", "--skip-if-running", "--policy", "all:1h,daily:30d"]
     assert orphans["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"] == [
-        "tidemark", "gc", "--orphans", "--older-than", "7d", "--policy", "all:1h,daily:30d"]
+        "tidemark", "gc", "--yes", "--orphans", "--older-than", "7d", "--policy", "all:1h,daily:30d"]
 
     off = render(chart, {"gc": {"orphans": {"enabled": False}}})
     assert [d["metadata"]["name"] for d in of_kind(off, "CronJob")] == [f"{FULLNAME}-gc"]

@@ -76,7 +76,7 @@ def test_a_tree_first_touched_unauthenticated_is_secured_by_the_writer(zk_connec
     with pytest.raises(PermissionDenied, match="TIDEMARK_ZK_USER"):
         stranger.register_job("evil", sources=[], sinks=["lake.db.squatted"])
     started = time.monotonic()
-    code, _, err = cli(capsys, "--zk", zk_connect, "fence", "counts")
+    code, _, err = cli(capsys, "--zk", zk_connect, "fence", "counts", "--yes")
     assert code == 1 and err.startswith("tidemark: error: ") and err.count("\n") == 1, err
     assert "NoAuth" in err and time.monotonic() - started < 5
     assert raw.get(term)[0] == term_before and writer.topology().writer_of("lake.db.squatted") is None

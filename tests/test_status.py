@@ -62,7 +62,7 @@ def test_status_topology_fence_unregister_from_the_cli(tm, zk_connect, two_epoch
     assert cli(zk_connect, "topology", "--format", "mermaid").stdout.startswith("flowchart LR")
     refused = cli(zk_connect, "unregister", "up")
     assert refused.returncode == 1 and "live leader" in refused.stderr and "Traceback" not in refused.stderr
-    assert "term is now 2" in cli(zk_connect, "fence", "up").stdout
+    assert "term is now 2" in cli(zk_connect, "fence", "up", "--yes").stdout
     assert json.loads(cli(zk_connect, "status", "--json").stdout)["jobs"][1]["leader_state"] == "fenced"
     without_catalog = cli(zk_connect, "unregister", "up", "--yes", catalog=None)  # the sinks cannot be fenced
     assert without_catalog.returncode == 1 and without_catalog.stderr.count("\n") == 1
@@ -146,7 +146,7 @@ def test_barriers_prints_the_grid_and_each_jobs_cadence_and_changes_the_interval
         assert "cadence 1s, follows the cadence of slow (2s)" in status_line
 
         # An interval the 2 s cadence is not a multiple of is refused, naming the job; nothing changes.
-        future = tm.barriers.grid().floor(now_ms()) + 60_000
+        future = tm.barriers.grid().floor(now_ms()) // 6000 * 6000 + 60_000  # a multiple of 2000 and 3000
         refused = cli(zk_connect, "barriers", "--set-interval", "3000", "--from", str(future))
         assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
         assert refused.stderr.startswith("tidemark: error: nothing changed") and "job slow" in refused.stderr
@@ -155,9 +155,9 @@ def test_barriers_prints_the_grid_and_each_jobs_cadence_and_changes_the_interval
         assert past.returncode == 1 and past.stderr.count("\n") == 1 and "future point" in past.stderr
         missing = cli(zk_connect, "barriers", "--set-interval", "2000")
         assert missing.returncode == 1 and "--from T" in missing.stderr
-        assert cli(zk_connect, "barriers", "--set-interval", "0", "--from", str(future)).returncode == 1
+        assert cli(zk_connect, "barriers", "--set-interval", "0", "--from", str(future)).returncode == 2
 
-        changed = cli(zk_connect, "barriers", "--set-interval", "2000", "--from", str(future))
+        changed = cli(zk_connect, "barriers", "--set-interval", "2000", "--from", str(future), "--yes")
         assert changed.returncode == 0, changed.stderr
         assert f"  every 2000 ms from {future} (" in changed.stdout
         assert tm.barriers.grid().changes == ({"from_epoch": future, "interval_ms": 2000},)

@@ -1,21 +1,29 @@
 """The ``tidemark`` command: status and operations.
 
-    tidemark zk start [--port P] [--data-dir D]     a local ZooKeeper server in the background
+    tidemark --version | --help | COMMAND --help     every option of every command is explained there
+    tidemark zk start [--port P] [--data-dir D]     a local ZooKeeper server in the background (zk status, zk stop)
     tidemark status [--json]                        jobs, leaders, tidemarks, lag (s), cadence, what each job waits for
     tidemark topology [--format text|json|dot|mermaid]
-    tidemark fence JOB | tidemark unregister JOB [--yes] [--unfenced]
+    tidemark fence JOB [--yes] [--dry-run] | tidemark unregister JOB [--yes] [--dry-run] [--unfenced]
     tidemark pause JOB [--for 2h] [--reason R] | retire JOB [--reason R] | resume JOB   jobs at rest on purpose
-    tidemark barriers [--json] [--set-interval MS --from T]   the grid; per job its cadence and last epoch
+    tidemark barriers [--json] [--set-interval MS --from T | --revert [--from T]] [--yes] [--dry-run]
+                                                    the grid; per job its cadence and last epoch
     tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--json | --format sql]
-    tidemark gc [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file clean-up
+    tidemark gc [--yes] [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file clean-up
                 [--wait S] [--skip-if-running]      ... one run at a time: waits for another one (default 300 s)
                 [--orphans [--older-than 3d]]       ... and files no metadata references (listed; daily is enough)
     tidemark versions [--json]                      the retained versions, with their tier and age
     tidemark exporter [--port 9464] [--refresh S]   the topology-wide view for Prometheus, /metrics and /healthz
 
 Errors print one line, ``tidemark: error: ...``, and exit with status 1; a malformed command
-line exits with status 2. Output into a closed pipe (``tidemark status | head -2``) ends the
-command quietly with status 141, as a SIGPIPE would.
+line (a number out of range included) exits with status 2. Output into a closed pipe
+(``tidemark status | head -2``) ends the command quietly with status 141, as a SIGPIPE would.
+
+Commands that change shared state (``fence``, ``unregister``, ``barriers --set-interval/--revert``,
+``gc``) say what they would do and ask; without a terminal they need ``--yes``, and ``--dry-run``
+only says it. Read commands print one JSON document with ``--json``. Answers that find nothing
+say where they looked (ZooKeeper connect string, chroot, root; the catalog). Log lines (a
+connection lost and back, a new embedded catalog) go to stderr as ``tidemark: ...``.
 
 ZooKeeper credentials come from the environment only (``TIDEMARK_ZK_USER``/``_PASSWORD``,
 ``TIDEMARK_ZK_READER_USER``/``_PASSWORD``: a password on a command line is visible to every
@@ -35,14 +43,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Optional
 
 from coordinator.errors import TidemarkError
+from coordinator.operations.logs import logging_to_stderr
 from coordinator.operations.zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper, four_letter_word
+from coordinator.protocol.barriers import CHANGE_LEAD_MS, MAX_INTERVAL_MS
 
 if TYPE_CHECKING:  # imported by the commands that use them: `tidemark --help` stays quick
+    from coordinator.history.gc import GcPlan
+    from coordinator.iceberg.catalog import CatalogSettings
     from coordinator.protocol.status import JobStatus, Status
     from coordinator.tidemark import Tidemark
     from coordinator.zookeeper.security import TlsSettings
 
 EXIT_ERROR, EXIT_USAGE, EXIT_CLOSED_PIPE = 1, 2, 141
+MIN_INTERVAL_MS = 100  # the library takes 1 ms (benchmarks); from the command line a tiny interval is a typo
 
 
 def _connect(args: argparse.Namespace, read_only: bool = False) -> Tidemark:
@@ -68,24 +81,101 @@ def _fmt_epoch(epoch: Optional[int]) -> str:
     return fmt_epoch(epoch)
 
 
+def _where(args: argparse.Namespace) -> str:
+    """Where a command looked in ZooKeeper: an answer that found nothing says it, as a wrong chroot or root finds
+    nothing too."""
+    from coordinator.settings import Settings
+    hosts, slash, chroot = (args.zk or Settings.from_env().zk_connect).partition("/")
+    return f"ZooKeeper {hosts}, chroot {'/' + chroot if slash and chroot else '(none)'}, root {args.root}"
+
+
+def _catalog_where(settings: CatalogSettings) -> str:
+    """The catalog, for messages: its name and URI, without a password."""
+    from urllib.parse import urlsplit
+    if settings.uri is None:
+        return f"catalog {settings.name!r} (custom properties)"
+    parts = urlsplit(settings.uri)
+    uri = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl() if parts.password \
+        else settings.uri
+    return f"catalog {settings.name!r} at {uri}"
+
+
+def _require_in_catalog(settings: CatalogSettings, tables: list[str], tm: Optional[Tidemark] = None) -> None:
+    """Refuse to go on when the catalog lacks one of ``tables``: ZooKeeper's records would otherwise answer for
+    tables this catalog does not have (a wrong TIDEMARK_CATALOG_URI), and gc would collect nothing while
+    dropping retained versions."""
+    from coordinator.errors import TableNotFound
+    from coordinator.iceberg.catalog import load_table
+    catalog = settings.load()
+    missing = []
+    for table in sorted(set(tables)):
+        try:
+            load_table(catalog, settings, table)
+        except TableNotFound:
+            missing.append(table)
+    if not missing:
+        return
+    writers = tm.topology().writers if tm is not None else {}
+    named = ", ".join(t + (f" (written by job {writers[t]})" if t in writers else "") for t in missing[:5])
+    more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+    raise TidemarkError(f"{named}{more} {'does' if len(missing) == 1 else 'do'} not exist in "
+                        f"{_catalog_where(settings)}, though {'it is' if len(missing) == 1 else 'they are'} "
+                        "registered in ZooKeeper: point TIDEMARK_CATALOG_URI (and TIDEMARK_CATALOG_NAME) at the "
+                        "catalog the jobs write, or create the table, or unregister a job whose tables were dropped; "
+                        "nothing changed")
+
+
+def _confirm(args: argparse.Namespace, plan: str, action: str) -> bool:
+    """Before a change to shared state: with --dry-run print ``plan`` and return False; with --yes go ahead; on a
+    terminal print it and ask; otherwise refuse in one line (a script must say --yes)."""
+    if args.dry_run:
+        print(f"{plan}\ndry run: nothing changed")
+        return False
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        raise TidemarkError(f"{plan}; nothing changed: pass --yes to {action} (--dry-run shows this and changes "
+                            "nothing)")
+    print(plan)
+    try:
+        answer = input(f"{action[0].upper()}{action[1:]}? [y/N] ")
+    except EOFError:
+        answer = ""
+    if answer.strip().lower() not in ("y", "yes"):
+        raise TidemarkError("not confirmed; nothing changed")
+    return True
+
+
 def cmd_zk(args: argparse.Namespace) -> int:
-    server = EmbeddedZooKeeper(port=args.port, data_dir=args.data_dir)
+    server = EmbeddedZooKeeper(port=args.port or DEFAULT_PORT, data_dir=args.data_dir)
     if args.action == "start":
         server.start()
         print(server.connect_string)
-    elif args.action == "stop":
+        return 0
+    state = server.recorded_state()
+    other_port = args.port is not None and state is not None and state.port != args.port
+    if args.action == "stop":
+        if other_port and state is not None:  # --port names another server than the one recorded here
+            raise TidemarkError(f"the ZooKeeper server recorded in {server.data_dir} listens on port {state.port}, "
+                                f"not {args.port}: nothing stopped. Pass --port {state.port}, or the --data-dir of "
+                                f"the server on port {args.port}")
         print("stopped" if server.stop() else f"no ZooKeeper server recorded in {server.data_dir}")
+        return 0
+    reply = four_letter_word("127.0.0.1", state.port, b"srvr") or b"" if state is not None and not other_port else b""
+    mode = next((line.split(":", 1)[1].strip() for line in reply.decode(errors="replace").splitlines()
+                 if line.startswith("Mode:")), None)
+    if args.json:
+        print(json.dumps({"running": bool(reply), "pid": state.pid if state and not other_port else None,
+                          "port": state.port if state else args.port, "data_dir": str(server.data_dir),
+                          "mode": mode}, indent=2))
+    elif state is None:
+        print(f"not running (nothing recorded in {server.data_dir})")
+    elif other_port:
+        print(f"not running on port {args.port} (the server recorded in {server.data_dir} listens on {state.port})")
     else:
-        state = server.recorded_state()
-        if state is None:
-            print(f"not running (nothing recorded in {server.data_dir})")
-            return 3
-        reply = four_letter_word("127.0.0.1", state.port, b"srvr") or b""
-        mode = next((line for line in reply.decode(errors="replace").splitlines() if line.startswith("Mode")), "")
         print(f"pid {state.pid}, 127.0.0.1:{state.port}, data {state.data_dir}: "
-              f"{'serving, ' + mode if reply else 'NOT answering'}")
-        return 0 if reply else 3
-    return 0
+              f"{'serving, Mode: ' + str(mode) if reply else 'NOT answering'}")
+    return 0 if reply else 3
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -106,7 +196,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         header += f"   live jobs' tables: {live}"
     print(header)
     if not status.jobs:
-        print("no jobs registered")
+        print(f"no jobs registered (looked in {_where(args)})")
     for job in status.jobs:
         print(_job_line(job))
         for table, epoch in sorted(job.tidemarks.items()):
@@ -145,12 +235,23 @@ def cmd_topology(args: argparse.Namespace) -> int:
         topo = tm.topology()
     render = {"text": topo.to_text, "dot": topo.to_dot, "mermaid": topo.to_mermaid,
               "json": lambda: json.dumps(topo.to_dict(), indent=2)}
-    print(render[args.format]())
+    form = "json" if args.json else args.format
+    print(f"no jobs registered (looked in {_where(args)})" if form == "text" and not topo.jobs else render[form]())
     return 0
 
 
 def cmd_fence(args: argparse.Namespace) -> int:
-    with _connect(args) as tm:
+    from coordinator.errors import JobNotFound
+    with _connect(args, read_only=args.dry_run) as tm:
+        job = next((j for j in tm.status().jobs if j.name == args.job), None)
+        if job is None:
+            raise JobNotFound(f"job {args.job!r} is not registered (looked in {_where(args)}): `tidemark status` "
+                              "lists the jobs")
+        leader = f"its leader {job.leader.member}" if job.leader else "a leader that comes back"
+        plan = (f"fence job {args.job}: its term goes from {job.term} to {(job.term or 0) + 1}, so {leader} can no "
+                "longer commit; a standby, or a driver started again, leads with the new term")
+        if not _confirm(args, plan, f"fence job {args.job}"):
+            return 0
         term = tm.fence_job(args.job, by=args.by)
     print(f"job {args.job} fenced: term is now {term}; its old leader can no longer commit")
     return 0
@@ -162,8 +263,12 @@ def cmd_unregister(args: argparse.Namespace) -> int:
     catalog = CatalogSettings.from_env()
     with _connect(args) as tm:
         try:
-            plan = tm.unregister_job(args.job, confirm=args.yes, catalog=catalog, allow_unfenced=args.unfenced)
+            plan = tm.unregister_job(args.job, confirm=args.yes and not args.dry_run, catalog=catalog,
+                                     allow_unfenced=args.unfenced)
         except UnregisterNotConfirmed as refused:
+            if args.dry_run:
+                print(f"{refused.plan.describe()}\ndry run: nothing changed")
+                return 0
             if not sys.stdin.isatty():
                 raise TidemarkError(f"{refused.plan.describe()}; nothing changed: pass --yes to unregister") from None
             print(refused.plan.describe())
@@ -211,23 +316,49 @@ def cmd_rest(args: argparse.Namespace) -> int:
 
 def cmd_barriers(args: argparse.Namespace) -> int:
     """The grid, and per job its cadence, the cadence it follows and its last epoch; ``--set-interval`` changes
-    the grid's interval at a future grid point, unless a job's cadence would stop being a multiple of it."""
-    with _connect(args, read_only=args.set_interval is None) as tm:
+    the grid's interval at a future grid point, unless a job's cadence would stop being a multiple of it;
+    ``--revert`` cancels a change that has not taken effect yet. Both say what they would do and ask first."""
+    from coordinator.records import now_ms
+    changing = args.set_interval is not None or args.revert
+    if args.set_interval is not None and args.revert:
+        raise TidemarkError("--set-interval and --revert do not go together: cancel the pending change first, then "
+                            "set the interval you want")
+    if args.effective_from is not None and not changing:
+        raise TidemarkError("--from T goes with --set-interval MS (when it takes effect) or --revert (which pending "
+                            "change to cancel)")
+    with _connect(args, read_only=not changing or args.dry_run) as tm:
         status = tm.status()
         if status.grid is None:
-            raise TidemarkError("no barrier grid is defined yet: a job's first run defines it "
-                                "(EpochWriter(interval_ms=...), or the job command's --interval-ms)")
+            raise TidemarkError(f"no barrier grid is defined yet (looked in {_where(args)}): a job's first run "
+                                "defines it (EpochWriter(interval_ms=...), or the job command's --interval-ms)")
+        current, now = status.grid, now_ms()
         if args.set_interval is not None:
             if args.effective_from is None:
-                raise TidemarkError("--set-interval needs --from T, a future grid point where the change takes "
-                                    "effect")
+                raise TidemarkError(f"--set-interval needs --from T, when the change takes effect: the earliest "
+                                    f"allowed is {_fmt_epoch(current.earliest_change(args.set_interval, now))}")
             _check_cadences(status, args.set_interval, args.effective_from)
+            current.with_change(args.set_interval, args.effective_from, now)  # refused before anyone is asked
+            plan = (f"change the barrier interval of every job from {current.interval_at(args.effective_from - 1)} ms "
+                    f"to {args.set_interval} ms at {_fmt_epoch(args.effective_from)}, in "
+                    f"{_fmt_duration(args.effective_from - now)} (`tidemark barriers --revert` cancels it until then)")
+            if not _confirm(args, plan, "change the interval"):
+                return 0
             tm.barriers.change_interval(args.set_interval, args.effective_from)
+            status = tm.status()
+        elif args.revert:
+            _, removed = current.without_pending(now, args.effective_from)  # refused before anyone is asked
+            plan = "cancel the pending interval change" + ("s " if len(removed) > 1 else " ") + ", ".join(
+                f"to {c['interval_ms']} ms at {_fmt_epoch(c['from_epoch'])}" for c in removed)
+            if not _confirm(args, plan, "cancel it"):
+                return 0
+            tm.barriers.revert_changes(args.effective_from)
             status = tm.status()
     grid = status.grid
     assert grid is not None
+    next_point = grid.next_candidate(status.read_ms)
     if args.json:
         print(json.dumps({"grid": grid.to_dict(), "interval_ms": status.interval_ms,
+                          "pending": list(grid.pending(status.read_ms)), "next_grid_point": next_point,
                           "grid_point": grid.floor(status.read_ms),
                           "jobs": [{"name": j.name, "cadence_ms": j.cadence_ms,
                                     "effective_cadence_ms": j.effective_cadence_ms, "cadence_from": j.cadence_from,
@@ -236,12 +367,22 @@ def cmd_barriers(args: argparse.Namespace) -> int:
     print(f"grid: every {grid.interval_ms} ms from epoch 0 ({grid.mode.value}); in force now: "
           f"{status.interval_ms} ms; newest grid point the clock passed: {_fmt_epoch(grid.floor(status.read_ms))}")
     for change in grid.changes:
-        print(f"  every {change['interval_ms']} ms from {_fmt_epoch(change['from_epoch'])}")
+        pending = "  pending: `tidemark barriers --revert` cancels it" if change["from_epoch"] > status.read_ms else ""
+        print(f"  every {change['interval_ms']} ms from {_fmt_epoch(change['from_epoch'])}{pending}")
+    if next_point - status.read_ms > MAX_INTERVAL_MS:
+        print(f"the grid's next point is {_fmt_epoch(next_point)}: no job takes an epoch until then. To leave it, "
+              f"`tidemark barriers --set-interval MS --from T` (for 5000 ms the earliest T is "
+              f"{grid.earliest_change(5000, status.read_ms)})")
     if not status.jobs:
-        print("no jobs registered")
+        print(f"no jobs registered (looked in {_where(args)})")
     for job in status.jobs:
         print(f"{job.name}: {job.describe_cadence()}, last epoch {_fmt_epoch(job.committed_epoch)}")
     return 0
+
+
+def _fmt_duration(ms: int) -> str:
+    from coordinator.history.versions import fmt_age
+    return f"{ms // 1000} s" if ms < 60_000 else fmt_age(ms)
 
 
 def _check_cadences(status: Status, interval_ms: int, effective_from: int) -> None:
@@ -274,6 +415,8 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     settings = CatalogSettings.from_env()
     tm = None if args.no_zk else _connect(args, read_only=True)
     try:
+        if tm is not None:  # without ZooKeeper the resolver loads every table anyway
+            _require_in_catalog(settings, args.tables, tm)
         resolver = Resolver(settings.load(), settings, tm)
         version = resolver.resolve(args.tables, level=args.level, as_of=args.as_of)
     finally:
@@ -300,8 +443,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from coordinator.history.versions import fmt_age
     from coordinator.iceberg.catalog import CatalogSettings
     policy = RetentionPolicy.parse(args.policy) if args.policy else None
+    settings = CatalogSettings.from_env()
     with _connect(args) as tm:
-        collector = GarbageCollector(tm, CatalogSettings.from_env(), policy=policy)
+        topology = tm.topology()
+        _require_in_catalog(settings, [*topology.writers, *topology.root_tables], tm)
+        collector = GarbageCollector(tm, settings, policy=policy)
+        if not args.dry_run and not args.yes:
+            _confirm(args, _gc_plan(collector.plan(), args), "collect")
         try:
             with nullcontext() if args.dry_run else collector.exclusive(wait_s=args.wait):
                 if policy is not None and not args.dry_run:
@@ -332,15 +480,29 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gc_plan(plan: GcPlan, args: argparse.Namespace) -> str:
+    """What a gc run is about to do, in one sentence, for its confirmation."""
+    from collections import Counter
+    actions = Counter(v.action for v in plan.versions)
+    expired = sum(len(t.expire) for t in plan.tables)
+    return (f"gc with the policy {plan.policy}: create {actions['create']} and drop {actions['drop']} retained "
+            f"versions, expire {expired} snapshots of {len(plan.tables)} tables and delete their files"
+            + (f"; record the policy {args.policy} for the deployment" if args.policy else "")
+            + ("; then delete the files no metadata references" if args.orphans else ""))
+
+
 def cmd_versions(args: argparse.Namespace) -> int:
     from coordinator.history.versions import RetainedVersions, fmt_age, tier_listing
+    from coordinator.iceberg.catalog import CatalogSettings
+    settings = CatalogSettings.from_env()
     with _connect(args, read_only=True) as tm:
         listing = tier_listing(tm, RetainedVersions(tm).all())
+        _require_in_catalog(settings, [*tm.topology().writers, *(t for e in listing for t in e.snapshots)], tm)
     if args.json:
         print(json.dumps([entry.to_dict() for entry in listing], indent=2))
         return 0
     if not listing:
-        print("no retained versions (run `tidemark gc`)")
+        print(f"no retained versions (looked in {_where(args)}; run `tidemark gc`)")
     for entry in listing:
         empty = f" ({len(entry.empty)} more empty then, untagged)" if entry.empty else ""
         covered = len(entry.snapshots) - len(entry.empty)
@@ -408,6 +570,33 @@ def _orphan_age(text: str) -> int:
     return ms
 
 
+def _interval(text: str) -> int:
+    """``--set-interval``: milliseconds, ``MIN_INTERVAL_MS`` to a day (a typo of a few digits froze pipelines)."""
+    if not text.isascii() or not text.isdigit() or not MIN_INTERVAL_MS <= int(text) <= MAX_INTERVAL_MS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an interval of {MIN_INTERVAL_MS} to {MAX_INTERVAL_MS} ms "
+                                         "(a day): for hourly or daily jobs keep a short grid and give the jobs a "
+                                         "cadence (every='1h')")
+    return int(text)
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed distribution's name and version, found when asked (not on every command)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print tidemark's version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: Optional[str] = None) -> None:
+        import platform
+        from importlib import metadata
+        where = Path(__file__).resolve().parent.parent
+        found = next((d for d in metadata.distributions()
+                      if "coordinator" in (d.read_text("top_level.txt") or "").split()), None)
+        name = f"{found.metadata['Name']} {found.version}" if found is not None else "tidemark (not installed)"
+        print(f"{name} (coordinator at {where}, Python {platform.python_version()})")
+        parser.exit()
+
+
 def _epoch(text: str) -> int:
     from coordinator.names import MAX_EPOCH_MS
     if not text.isascii() or not text.isdigit() or int(text) > MAX_EPOCH_MS:
@@ -426,10 +615,15 @@ def _version(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="tidemark", description="Consistent, exactly-once Iceberg tables")
-    parser.add_argument("--zk", help="ZooKeeper connect string (default: $TIDEMARK_ZK or 127.0.0.1:2181)")
-    parser.add_argument("--root", default="/tidemark", help="root znode (default /tidemark)")
-    parser.add_argument("--timeout", type=_seconds, default=15.0, help="seconds to wait for ZooKeeper (up to 3600)")
+    parser = _Parser(prog="tidemark", description="Consistent, exactly-once Iceberg tables. Commands that change "
+                     "shared state say what they would do and ask (without a terminal: --yes); --dry-run only says "
+                     "it. Read commands take --json. `tidemark COMMAND --help` explains each option.")
+    parser.add_argument("--version", action=_Version)
+    parser.add_argument("--zk", help="ZooKeeper connect string host:port[,host:port...][/chroot] "
+                                     "(default: $TIDEMARK_ZK or 127.0.0.1:2181)")
+    parser.add_argument("--root", default="/tidemark", help="root znode of the deployment (default /tidemark)")
+    parser.add_argument("--timeout", type=_seconds, default=15.0,
+                        help="seconds to wait for ZooKeeper, above 0 and up to 3600 (default 15)")
     tls = parser.add_argument_group("TLS to ZooKeeper's secureClientPort (or TIDEMARK_ZK_TLS* variables)")
     tls.add_argument("--tls", action="store_true", help="use TLS with the system's CAs ($TIDEMARK_ZK_TLS=1)")
     tls.add_argument("--tls-ca", metavar="PEM", help="CA of the servers' certificates ($TIDEMARK_ZK_TLS_CA)")
@@ -437,29 +631,39 @@ def build_parser() -> argparse.ArgumentParser:
     tls.add_argument("--tls-key", metavar="PEM", help="client certificate's key ($TIDEMARK_ZK_TLS_KEY)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    zk = sub.add_parser("zk", help="a local ZooKeeper server")
-    zk.add_argument("action", choices=["start", "stop", "status"])
-    zk.add_argument("--port", type=_port, default=DEFAULT_PORT)
-    zk.add_argument("--data-dir", type=Path, help="default: $TIDEMARK_HOME/zookeeper")
+    zk = sub.add_parser("zk", help="a local ZooKeeper server (for trying Tidemark out, the demo and tests)")
+    zk.add_argument("action", choices=["start", "stop", "status"],
+                    help="start one in the background, stop the one recorded in --data-dir, or say whether it serves "
+                         "(status exits 3 when it does not)")
+    zk.add_argument("--port", type=_port, help=f"its client port, 1-65535 (start: default {DEFAULT_PORT}; stop and "
+                                               "status: refuse a server recorded with another port)")
+    zk.add_argument("--data-dir", type=Path, help="its data directory, where its pid and port are recorded "
+                                                  "(default: $TIDEMARK_HOME/zookeeper)")
+    zk.add_argument("--json", action="store_true", help="status: one JSON object on stdout")
     zk.set_defaults(func=cmd_zk)
 
     status = sub.add_parser("status", help="jobs, leaders, tidemarks, lag and what each job waits for")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--json", action="store_true", help=JSON_HELP)
     status.set_defaults(func=cmd_status)
 
     topology = sub.add_parser("topology", help="the job graph")
-    topology.add_argument("--format", choices=["text", "json", "dot", "mermaid"], default="text")
+    topology.add_argument("--format", choices=["text", "json", "dot", "mermaid"], default="text",
+                          help="text (default), json, Graphviz dot or a Mermaid flowchart")
+    topology.add_argument("--json", action="store_true", help="the same as --format json")
     topology.set_defaults(func=cmd_topology)
 
     fence = sub.add_parser("fence", help="bump a job's term so its current leader can no longer commit")
-    fence.add_argument("job")
+    fence.add_argument("job", help="the job's name (`tidemark status` lists them)")
     fence.add_argument("--by", default="operator", help="who fenced it (recorded in the term znode)")
+    _confirmation(fence)
     fence.set_defaults(func=cmd_fence)
 
     unregister = sub.add_parser("unregister", help="remove a fenced or leaderless job (says what a re-registration "
                                                    "resumes from; asks for confirmation)")
-    unregister.add_argument("job")
-    unregister.add_argument("--yes", action="store_true", help="go ahead without asking")
+    unregister.add_argument("job", help="the job's name (`tidemark status` lists them)")
+    unregister.add_argument("--yes", action="store_true", help="go ahead without asking (needed without a terminal)")
+    unregister.add_argument("--dry-run", action="store_true", help="say what would happen and what a "
+                            "re-registration resumes from; change nothing")
     unregister.add_argument("--unfenced", action="store_true",
                             help="go ahead even though the sinks cannot be fenced in Iceberg (catalog unreachable, "
                                  "sinks dropped): only for sinks gone for good, as a still-running leader could "
@@ -473,7 +677,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "epoch: not stale, out of the consistent lag; its drivers refuse to lead it until resumed"),
             ("resume", "remove a pause or a retirement (a job with no live leader is then stale again)")):
         rest = sub.add_parser(command, help=helptext)
-        rest.add_argument("job")
+        rest.add_argument("job", help="the job's name (`tidemark status` lists them)")
         rest.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
         if command != "resume":
             rest.add_argument("--reason", default="", help="why (shown by `tidemark status`)")
@@ -484,36 +688,50 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the job is stale again; default: until resumed")
         rest.set_defaults(func=cmd_rest)
 
-    barriers = sub.add_parser("barriers", help="show the barrier grid and each job's cadence, or change the grid's "
-                                               "interval at a future grid point")
-    barriers.add_argument("--json", action="store_true")
-    barriers.add_argument("--set-interval", type=int, metavar="MS", help="the grid's new interval")
+    barriers = sub.add_parser("barriers", help="show the barrier grid and each job's cadence, change the grid's "
+                                               "interval at a future grid point, or cancel a pending change")
+    barriers.add_argument("--json", action="store_true", help=JSON_HELP)
+    barriers.add_argument("--set-interval", type=_interval, metavar="MS",
+                          help=f"the grid's new interval, {MIN_INTERVAL_MS} to {MAX_INTERVAL_MS} ms (a day), for "
+                               "every job; needs --from")
     barriers.add_argument("--from", dest="effective_from", type=_epoch, metavar="T",
-                          help="a future point of the current grid where the new interval takes effect")
+                          help=f"with --set-interval: when it takes effect (ms since 1970), {CHANGE_LEAD_MS // 1000} s "
+                               "to 30 days ahead, at a point of the current grid or, to leave a grid whose next "
+                               "point is far away, at a multiple of MS before it (the error names the earliest); "
+                               "with --revert: which pending change to cancel")
+    barriers.add_argument("--revert", action="store_true",
+                          help="cancel the interval changes that have not taken effect yet (at least "
+                               f"{CHANGE_LEAD_MS // 1000} s ahead); a change in force is undone by a new change")
+    _confirmation(barriers)
     barriers.set_defaults(func=cmd_barriers)
 
     exporter = sub.add_parser("exporter", help="serve the topology-wide view as Prometheus metrics (read-only)")
-    exporter.add_argument("--port", type=_port, default=9464)
-    exporter.add_argument("--address", default="0.0.0.0")
+    exporter.add_argument("--port", type=_port, default=9464, help="port of /metrics and /healthz (default 9464)")
+    exporter.add_argument("--address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     exporter.add_argument("--refresh", type=_seconds, default=5.0, metavar="S",
                           help="seconds between reads of ZooKeeper (scrapes never wait on it)")
     exporter.set_defaults(func=cmd_exporter)
 
     resolve = sub.add_parser("resolve", help="the snapshot of each table at one consistency level")
-    resolve.add_argument("tables", nargs="+")
-    resolve.add_argument("--level", choices=["latest", "committed", "consistent"], default="consistent")
+    resolve.add_argument("tables", nargs="+", metavar="TABLE", help="tables to read together, namespace.table "
+                                                                      "(or catalog.namespace.table)")
+    resolve.add_argument("--level", choices=["latest", "committed", "consistent"], default="consistent",
+                         help="consistent (default): the newest epoch every table holds; committed: each table at its "
+                              "own committed epoch; latest: each table's current snapshot")
     resolve.add_argument("--as-of", type=_version, metavar="T", help="a retained version, by its epoch or its tag "
                          "tidemark-<T> (`tidemark versions` lists them), or any epoch every table holds")
     resolve.add_argument("--no-zk", action="store_true", help="resolve from Iceberg metadata alone")
     resolve.add_argument("--format", choices=["text", "sql"], default="text",
                          help="sql: a Spark SQL / Trino statement per table reading it at the version, by its tag "
                          "(tidemark-T, on a retained version) or its snapshot id")
-    resolve.add_argument("--json", action="store_true")
+    resolve.add_argument("--json", action="store_true", help=JSON_HELP)
     resolve.set_defaults(func=cmd_resolve)
 
     gc = sub.add_parser("gc", help="keep the versions the retention policy wants, expire the rest and delete its files")
     gc.add_argument("--dry-run", action="store_true", help="print what would be kept and dropped, and why")
-    gc.add_argument("--json", action="store_true")
+    gc.add_argument("--yes", action="store_true", help="go ahead without asking (needed without a terminal, as in a "
+                                                       "CronJob)")
+    gc.add_argument("--json", action="store_true", help=JSON_HELP)
     gc.add_argument("--policy", metavar="SPEC", help="record this retention policy for the deployment first, e.g. "
                     "all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo,tags:hourly (tags:E: only the versions of "
                     "tiers of E or coarser, and the newest, get an Iceberg tag; default hourly) (with --dry-run: "
@@ -530,9 +748,18 @@ def build_parser() -> argparse.ArgumentParser:
     gc.set_defaults(func=cmd_gc)
 
     versions = sub.add_parser("versions", help="the retained consistent versions, with their tier and age")
-    versions.add_argument("--json", action="store_true")
+    versions.add_argument("--json", action="store_true", help=JSON_HELP)
     versions.set_defaults(func=cmd_versions)
     return parser
+
+
+JSON_HELP = "print one JSON document on stdout instead of text"
+
+
+def _confirmation(command: argparse.ArgumentParser) -> None:
+    """--yes and --dry-run, for a command that changes shared state."""
+    command.add_argument("--yes", action="store_true", help="go ahead without asking (needed without a terminal)")
+    command.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
 
 
 
@@ -542,10 +769,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as done:  # --help, or a usage error already reported in one line
         return done.code if isinstance(done.code, int) else EXIT_USAGE
-    # kazoo logs every reconnection attempt; the command reports the outcome in one line instead.
+    # kazoo's own loggers (recipes, handlers) would reach Python's last-resort handler; our sessions' connection
+    # changes are one line each (coordinator.zookeeper.session), shown with the rest of Tidemark's log below.
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+    with logging_to_stderr(fmt="tidemark: %(message)s"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
-        return args.func(args)
+        return int(args.func(args))
     except TidemarkError as exc:
         return _fail(str(exc))
     except BrokenPipeError:

@@ -45,6 +45,11 @@ STATE_FILE = "server.json"
 TICK_MS = 200
 # Netty, which serves TLS, needs these next to the jars zookeeper.jar's manifest lists.
 NETTY_EXTRA_JARS = ("/usr/share/java/netty-codec.jar", "/usr/share/java/netty-resolver.jar")
+# Lines of the server's log that mean it will never serve, though the JVM may linger (a non-daemon thread
+# outliving a main thread that died): waiting for the start timeout then helps nobody.
+FATAL_LOG_LINES = ("Error: Could not find or load main class", "Exception in thread \"main\"",
+                   "Error: Unable to access jarfile", "Unable to start ZooKeeper server", "Invalid config, exiting",
+                   "Error: Could not create the Java Virtual Machine")
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,7 @@ class EmbeddedZooKeeper:
         self.tls, self.secure_port = tls, secure_port
         self.quorum, self.server_id = tuple(quorum), server_id
         self._process: Optional[subprocess.Popen] = None
+        self._log_offset = 0  # where this start's lines begin in zookeeper.log (it is appended to)
 
     @property
     def connect_string(self) -> str:
@@ -176,6 +182,10 @@ class EmbeddedZooKeeper:
     @property
     def state_path(self) -> Path:
         return self.data_dir / STATE_FILE
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "zookeeper.log"
 
     def start(self, wait: bool = True) -> EmbeddedZooKeeper:
         recorded = self.recorded_state()
@@ -202,7 +212,8 @@ class EmbeddedZooKeeper:
             if self.quorum:
                 (self.data_dir / "data" / "myid").write_text(f"{self.server_id}\n")
             config.write_text("\n".join(lines))
-            log = open(self.data_dir / "zookeeper.log", "ab")  # noqa: SIM115 - the server process inherits it
+            log = open(self.log_path, "ab")  # noqa: SIM115 - the server process inherits it
+            self._log_offset = log.tell()
         except OSError as exc:
             raise ConfigurationError(f"cannot use {self.data_dir} as ZooKeeper's data directory "
                                      f"({exc.strerror or exc}): "
@@ -231,20 +242,47 @@ class EmbeddedZooKeeper:
         return next((line.split(":", 1)[1].strip() for line in reply.splitlines() if line.startswith("Mode:")), None)
 
     def wait_until_serving(self) -> None:
+        """Wait until the server accepts sessions; fail as soon as its JVM exits or its log says it never will."""
+        failed: list[str] = []
+
         # "ruok" answers before the server accepts sessions; "srvr" reports a Mode only once it does.
         def serving() -> Optional[bytes]:
-            if self._process is not None and self._process.poll() is not None:
-                return b"exited"
+            exit_code = self._process.poll() if self._process is not None else None
+            fatal = self._fatal_log_line()
+            if exit_code is not None or fatal is not None:
+                failed.append(f"Java exited with status {exit_code}" if exit_code is not None else "Java failed")
+                failed.extend([fatal] if fatal else [])
+                return None
             return four_letter_word("127.0.0.1", self.port, b"srvr")
 
         retrying = Retrying(stop=stop_after_delay(self.start_timeout), wait=wait_fixed(0.1),
-                            retry=retry_if_result(lambda r: r != b"exited" and b"Mode:" not in (r or b"")),
+                            retry=retry_if_result(lambda r: not failed and b"Mode:" not in (r or b"")),
                             retry_error_callback=lambda s: None)
         reply = retrying(serving)
         if reply is None or b"Mode:" not in reply:
             self.stop()
-            raise ZooKeeperUnavailable(f"ZooKeeper on port {self.port} did not start within {self.start_timeout:.0f}s; "
-                                       f"see {self.data_dir / 'zookeeper.log'}")
+            if self._process is not None and self._process.poll() is None:  # a JVM lingering after its main died
+                self._process.kill()
+                self._process.wait()
+            why = (f"it failed at once ({': '.join(failed)})" if failed
+                   else f"it did not serve within {self.start_timeout:.0f}s")
+            raise ZooKeeperUnavailable(f"ZooKeeper on port {self.port} did not start: {why}; see {self.log_path} "
+                                       "(a wrong TIDEMARK_ZK_CLASSPATH or Java version shows there)")
+
+    def _fatal_log_line(self) -> Optional[str]:
+        """The first line of this start's log saying the server will never serve (``FATAL_LOG_LINES``)."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_offset)
+                text = log.read(1 << 20).decode(errors="replace")
+        except OSError:
+            return None
+        lines = text.splitlines()
+        for at, line in enumerate(lines):
+            if any(marker in line for marker in FATAL_LOG_LINES):
+                cause = next((c.strip() for c in lines[at + 1:at + 4] if c.strip().startswith("Caused by")), "")
+                return " ".join(f"{line.strip()} {cause}".split())[:300]
+        return None
 
     def recorded_state(self) -> Optional[ServerState]:
         try:

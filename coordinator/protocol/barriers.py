@@ -4,6 +4,7 @@
     grid = barriers.ensure_grid(interval_ms=5000)        # first caller defines it; the rest must agree
     grid.floor(now_ms() - grace)                          # the newest grid point the clock has passed
     barriers.change_interval(10_000, effective_from=T)   # for everyone, at a future grid point
+    barriers.revert_changes()                            # cancel the changes that have not taken effect yet
 
 ``/barriers`` records the interval, the mode and future interval changes. A barrier is a
 grid point ``T = start + k * interval_ms``; epoch ``T`` is the slice of data "up to ``T``".
@@ -15,12 +16,19 @@ cadence (``every``) is a multiple of its interval, so an hourly job's epochs are
 epochs of every healthy 5-second job.
 
 Grid changes are conditional on ``/barriers``' version (a compare-and-set, retried with a
-deadline when another writer moved it), and take effect only at a future grid point, so no
-epoch any job already chose leaves the grid.
+deadline when another writer moved it), and take effect only in the future, at least
+``CHANGE_LEAD_MS`` ahead of the clock, so no epoch any job already chose leaves the grid. A change
+takes effect at a multiple of the new interval (so cadences, multiples of it, meet the new
+points) that is a point of the current grid, or, to leave a grid whose next point is far away
+(an absurd interval in force), any such multiple before that next point: either way no grid
+point the clock has passed changes. Intervals are bounded (``MAX_INTERVAL_MS``, a
+day: an hourly or daily job is a cadence, not a grid), and a change that has not taken effect
+yet can be cancelled (``revert_changes``) while it is still ``CHANGE_LEAD_MS`` ahead.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from typing import Any, Callable, Optional, TypeVar
 
 from kazoo.exceptions import BadVersionError
@@ -39,6 +47,11 @@ from coordinator.zookeeper.ops import Op, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
 T = TypeVar("T")
+MAX_INTERVAL_MS = 24 * 3600 * 1000  # a day: a coarser rhythm is a job's cadence (every=), not the grid's interval
+# A change (or its cancellation) lies at least this far ahead of the clock: a driver whose clock runs a little
+# ahead of this one must not have taken an epoch on the old grid there yet.
+CHANGE_LEAD_MS = 5_000
+MAX_CHANGE_AHEAD_MS = 30 * 24 * 3600 * 1000  # further ahead is a typo more often than a plan
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,87 @@ class BarrierGrid(JsonRecord):
     def interval_at(self, t: int) -> int:
         return self._segment(t)[1]
 
+    def pending(self, now: int) -> tuple[Any, ...]:
+        """The interval changes that have not taken effect at ``now``."""
+        return tuple(c for c in self.changes if c["from_epoch"] > now)
+
+    def earliest_change(self, interval_ms: int, now: int) -> Optional[int]:
+        """The first time an interval change to ``interval_ms`` may take effect (see ``with_change``); None when no
+        point of the grid in the next ``MAX_CHANGE_AHEAD_MS`` is a multiple of ``interval_ms``."""
+        lead = now + CHANGE_LEAD_MS
+        aligned = -(-lead // interval_ms) * interval_ms
+        if aligned < self.next_candidate(now):
+            return aligned
+        t = lead if self.is_barrier(lead) else self.next_candidate(lead)
+        for _ in range(10_000):  # a few steps for intervals that divide each other
+            if t > now + MAX_CHANGE_AHEAD_MS:
+                break
+            if t % interval_ms == 0:
+                return t
+            t = self.next_candidate(t)
+        return None
+
+    def with_change(self, interval_ms: int, effective_from: int, now: int) -> BarrierGrid:
+        """This grid with the interval ``interval_ms`` from ``effective_from`` on; ``EpochOrderError`` (or
+        ``ConfigurationError`` for an interval out of range) when that change is not allowed at ``now``.
+
+        ``effective_from`` lies ``CHANGE_LEAD_MS`` to ``MAX_CHANGE_AHEAD_MS`` ahead of ``now``; it is a multiple
+        of ``interval_ms`` (so the new grid points are too, and every cadence that is a multiple of the interval
+        meets them); and it is a point of this grid, or before this grid's next point (the way out of a grid
+        whose next point is far away). No point the clock has passed changes either way."""
+        check_interval(interval_ms)
+        validate_epoch(effective_from, "the barrier an interval change takes effect at")
+        next_point = self.next_candidate(now)
+        placed = self.is_barrier(effective_from) or effective_from < next_point
+        if not (now + CHANGE_LEAD_MS <= effective_from <= now + MAX_CHANGE_AHEAD_MS) or not placed \
+                or effective_from % interval_ms:
+            earliest = self.earliest_change(interval_ms, now)
+            raise EpochOrderError(
+                f"an interval change must take effect at a future point of the current grid, at least "
+                f"{CHANGE_LEAD_MS // 1000} s and at most {MAX_CHANGE_AHEAD_MS // 86_400_000} days ahead (or, to "
+                f"leave a grid whose next point is far away, before that point, {_when(next_point)}), and at a "
+                f"multiple of the new interval, so that cadences meet its points; {effective_from} is not one. "
+                + (f"The earliest is {_when(earliest)}" if earliest is not None else
+                   "No point of the current grid in that window is a multiple of it: choose another interval"))
+        return replace(self, changes=(*self.changes, {"from_epoch": effective_from, "interval_ms": interval_ms}))
+
+    def without_pending(self, now: int, effective_from: Optional[int] = None) -> tuple[BarrierGrid, tuple[Any, ...]]:
+        """This grid without its pending changes (only the one at ``effective_from`` when given), and the changes
+        removed; ``EpochOrderError`` when there is none, or one takes effect within ``CHANGE_LEAD_MS``."""
+        pending = self.pending(now)
+        removed = tuple(c for c in pending if effective_from is None or c["from_epoch"] == effective_from)
+        if not removed:
+            listed = ", ".join(f"every {c['interval_ms']} ms from {_when(c['from_epoch'])}" for c in pending)
+            raise EpochOrderError(
+                (f"no pending interval change at {effective_from}: the pending ones are {listed}" if pending else
+                 "no interval change is pending") + "; a change already in force is undone by a new change "
+                "(`tidemark barriers --set-interval MS --from T`)")
+        close = [c for c in removed if c["from_epoch"] < now + CHANGE_LEAD_MS]
+        if close:
+            raise EpochOrderError(
+                f"the change at {_when(close[0]['from_epoch'])} takes effect in less than {CHANGE_LEAD_MS // 1000} s, "
+                "so some driver may have begun an epoch on it: let it take effect, then set the interval back with "
+                "a new change (`tidemark barriers --set-interval MS --from T`)")
+        return replace(self, changes=tuple(c for c in self.changes if c not in removed)), removed
+
+
+def check_interval(interval_ms: object) -> int:
+    """``interval_ms`` if it is a grid interval Tidemark accepts (1 ms to ``MAX_INTERVAL_MS``), else
+    ``ConfigurationError`` saying what to use instead."""
+    if isinstance(interval_ms, bool) or not isinstance(interval_ms, int) or not 0 < interval_ms <= MAX_INTERVAL_MS:
+        raise ConfigurationError(f"a barrier interval is 1 to {MAX_INTERVAL_MS} ms (a day), got {interval_ms!r}: "
+                                 "for a job that runs hourly or daily, keep a short grid and give the job a "
+                                 "cadence (every='1h')")
+    return interval_ms
+
+
+def _when(t: int) -> str:
+    """``t`` and its UTC time, for messages (a time past year 9999 stays a number)."""
+    try:
+        return f"{t} ({datetime.fromtimestamp(t / 1000, timezone.utc):%Y-%m-%dT%H:%M:%SZ})"
+    except (OverflowError, ValueError, OSError):
+        return str(t)
+
 
 class _Moved(Exception):
     """``/barriers`` changed between our read and our conditional write; decide again."""
@@ -134,7 +228,7 @@ class Barriers:
     def ensure_grid(self, interval_ms: int, mode: BarrierMode = BarrierMode.PROCESSING_TIME) -> BarrierGrid:
         """Define the grid if nobody has; otherwise check it matches (every job shares one grid)."""
         try:
-            wanted = BarrierGrid(interval_ms, mode)
+            wanted = BarrierGrid(check_interval(interval_ms), mode)
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"invalid barrier grid: {exc}") from None
         path = self.tm.paths.barriers
@@ -154,22 +248,24 @@ class Barriers:
         return self._conditionally("defining the barrier grid", attempt)
 
     def change_interval(self, interval_ms: int, effective_from: int) -> BarrierGrid:
-        """Switch to ``interval_ms`` at barrier ``effective_from``, which must be a future barrier of the grid."""
-        validate_epoch(effective_from, "the barrier an interval change takes effect at")
-
+        """Switch to ``interval_ms`` at ``effective_from``, a future barrier of the grid (``BarrierGrid.with_change``
+        says which times are allowed)."""
         def attempt() -> BarrierGrid:
             current, stat = self._read()
-            now = now_ms()
-            if not current.is_barrier(effective_from) or effective_from <= now:
-                raise EpochOrderError(f"an interval change must take effect at a future point of the current grid "
-                                      f"(the next one is {current.next_candidate(now)}); {effective_from} is not one")
-            try:
-                changed = replace(current, changes=(*current.changes,
-                                                    {"from_epoch": effective_from, "interval_ms": interval_ms}))
-            except ValueError as exc:
-                raise ConfigurationError(f"cannot change the barrier interval: {exc}") from None
+            changed = current.with_change(interval_ms, effective_from, now_ms())
             self._write([SetData(self.tm.paths.barriers, changed.to_json(), stat.version)], stat.version)
             return changed
         return self._conditionally("changing the interval", attempt)
 
-__all__ = ["BarrierGrid", "BarrierMode", "Barriers", "grid_from"]
+    def revert_changes(self, effective_from: Optional[int] = None) -> tuple[BarrierGrid, tuple[Any, ...]]:
+        """Cancel the interval changes that have not taken effect yet (only the one at ``effective_from`` when
+        given); returns the grid and the changes cancelled (``BarrierGrid.without_pending``)."""
+        def attempt() -> tuple[BarrierGrid, tuple[Any, ...]]:
+            current, stat = self._read()
+            changed, removed = current.without_pending(now_ms(), effective_from)
+            self._write([SetData(self.tm.paths.barriers, changed.to_json(), stat.version)], stat.version)
+            return changed, removed
+        return self._conditionally("cancelling interval changes", attempt)
+
+__all__ = ["CHANGE_LEAD_MS", "MAX_INTERVAL_MS", "BarrierGrid", "BarrierMode", "Barriers", "check_interval",
+           "grid_from"]

@@ -13,6 +13,12 @@ connection itself is re-established in the background for as long as the object 
 listener that never blocks, and recipes (leadership) read them. The session counts its
 retries per operation and its connection state changes (``retry_counts``,
 ``connection_changes``) for the driver's metrics.
+
+Logging: one line per connection state change (``coordinator.zookeeper.session``: a warning
+when the connection is suspended or the session lost, an info line when it is back). kazoo's
+own lines, one per reconnection attempt (``Connection dropped: ...``), go to the logger
+``coordinator.zookeeper.kazoo``, which passes only errors; lower its level to see them. Nothing
+here configures the root logger.
 """
 from __future__ import annotations
 
@@ -44,12 +50,17 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 from coordinator.errors import ConfigurationError, MultiFailed, PermissionDenied, ZooKeeperUnavailable
 from coordinator.names import validate_chroot
 from coordinator.records import JsonRecord, TopologyVersion
-from coordinator.settings import Settings
+from coordinator.settings import Settings, check_connect_string
 from coordinator.zookeeper.ops import Op
 from coordinator.zookeeper.paths import Paths
 from coordinator.zookeeper.security import Credentials, TlsSettings, diagnose_tls, is_open
 
 log = logging.getLogger(__name__)
+# kazoo logs every reconnection attempt at WARNING (20 lines per job in one outage); the state listener says
+# what matters in one line per change, so kazoo's logger passes errors only. A level on our own logger, not on
+# kazoo's or the root logger: an application that wants the attempts lowers it.
+KAZOO_LOG = logging.getLogger("coordinator.zookeeper.kazoo")
+KAZOO_LOG.setLevel(logging.ERROR)
 R = TypeVar("R", bound=JsonRecord)
 S = TypeVar("S", bound="ZooKeeperSession")
 RETRYABLE = (ConnectionLoss, OperationTimeoutError, KazooTimeoutError, SessionExpiredError)
@@ -76,6 +87,7 @@ class ZooKeeperSession:
         self._topology: Optional[object] = None  # the last topology read (protocol.topology keeps it fresh)
         self._retries: Counter[str] = Counter()
         self._state_changes: Counter[str] = Counter()
+        self._closing = False
         client.add_listener(self._on_state_change)
 
     @classmethod
@@ -99,7 +111,7 @@ class ZooKeeperSession:
         ``ConfigurationError`` for a malformed connect string and ``InvalidName`` for a bad root.
         """
         settings = Settings.from_env()
-        hosts = hosts or settings.zk_connect
+        hosts = check_connect_string(hosts) if hosts else settings.zk_connect
         env = Credentials.from_env(settings)
         user, password = _identity(auth, "auth") if auth is not None else (env.user, env.password)
         reader_user, reader_password = (_identity(reader, "reader") if reader is not None
@@ -113,7 +125,7 @@ class ZooKeeperSession:
             kwargs.update(tls.kazoo_kwargs())
         try:
             client = KazooClient(
-                hosts=hosts, timeout=session_timeout,
+                hosts=hosts, timeout=session_timeout, logger=KAZOO_LOG,
                 # Reconnection keeps the session alive through short outages; it runs in the
                 # background and never blocks a caller. Operations have their own deadline.
                 connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2),
@@ -143,6 +155,7 @@ class ZooKeeperSession:
     # -- lifecycle and connection state --------------------------------------------------
 
     def close(self) -> None:
+        self._closing = True  # the LOST that stop() causes is no news
         self.client.stop()
         self.client.close()
 
@@ -167,7 +180,9 @@ class ZooKeeperSession:
                 self._state_listeners.remove(listener)
 
     def _on_state_change(self, state: str) -> None:
-        self._state = state
+        previous, self._state = self._state, state
+        if not self._closing and state != previous:
+            _log_state_change(self.client, self.session_timeout, previous, state)
         with self._lock:
             self._state_changes[state] += 1
             listeners = list(self._state_listeners)
@@ -329,6 +344,21 @@ class ZooKeeperSession:
                     "or delete the tree if it holds nothing yet, then connect again") from None
             log.warning("%s was open to anyone (created by an unauthenticated client): gave it the writer's ACL",
                         path)
+
+
+def _log_state_change(client: KazooClient, session_timeout: float, previous: str, state: str) -> None:
+    """One line per connection state change (on kazoo's event thread: logging never blocks for long)."""
+    servers = ",".join(f"{host}:{port}" for host, port in client.hosts) + (client.chroot or "")
+    if state == KazooState.SUSPENDED:
+        log.warning("ZooKeeper connection to %s lost: reconnecting; the session survives if it is back within "
+                    "%.0f s", servers, session_timeout)
+    elif state == KazooState.LOST:
+        log.warning("ZooKeeper session on %s ended (expired): its leaderships, locks and pins are gone; "
+                    "reconnecting with a new session", servers)
+    elif previous == KazooState.LOST:
+        log.info("ZooKeeper connection to %s is back, with a new session", servers)
+    else:
+        log.info("ZooKeeper connection to %s is back (session kept)", servers)
 
 
 def _identity(pair: object, what: str) -> tuple[str, str]:
