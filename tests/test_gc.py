@@ -53,6 +53,16 @@ def pipeline(tm, catalog_settings, namespace):
     built.close()
 
 
+@pytest.fixture
+def catalog_env(catalog_settings, monkeypatch) -> dict[str, str]:
+    """The catalog for ``tidemark`` commands, in-process (set here) and in subprocesses (the returned variables)."""
+    env = {"TIDEMARK_CATALOG_URI": catalog_settings.uri, "TIDEMARK_WAREHOUSE": catalog_settings.warehouse,
+           "TIDEMARK_CATALOG_NAME": catalog_settings.name}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
 def local_path(location: str) -> str:
     return location[len("file://"):] if location.startswith("file://") else location
 
@@ -424,7 +434,7 @@ def test_a_gc_killed_after_its_expiry_commit_leaves_orphans_that_gc_orphans_dele
 
 
 def test_the_default_policy_tags_a_bounded_number_of_versions_at_2s_barriers(tm, zk_connect, catalog_settings,
-                                                                            namespace, capsys):
+                                                                            catalog_env, namespace, capsys):
     """Issue 19: ``all:1h`` used to tag every version GC made, up to 1,800 tags per table per hour at 2 s barriers,
     each a ref that every commit of the table copies. Under the default, 65 simulated minutes at 2 s barriers with
     GC every 5 minutes keep hundreds of versions in ``/versions`` and tag three: the oldest of each hour and the
@@ -458,7 +468,7 @@ def test_the_default_policy_tags_a_bounded_number_of_versions_at_2s_barriers(tm,
 
 
 def test_versions_stay_true_when_tidemark_gc_is_killed_between_two_tables(tm, connect, zk_connect, catalog_settings,
-                                                                          namespace, monkeypatch, capsys):
+                                                                          catalog_env, namespace, capsys):
     """``tidemark gc`` SIGKILLed after one table's commit, twice, then run to the end: at every point each listed
     version has its tag on every table it covers or is listed untagged. A version that loses its tag (the old
     newest, pinned by a reader) is recorded untagged before any table loses the tag."""
@@ -466,8 +476,6 @@ def test_versions_stay_true_when_tidemark_gc_is_killed_between_two_tables(tm, co
     base = int(datetime.now(timezone.utc).timestamp() * 1000) // (10 * minute) * (10 * minute) - 30 * minute
     epochs = [base + (k + 2) * minute for k in range(20)]  # 1 min apart, 10 to 28 min ago; epochs[9] is not the
     pipeline = Pipeline(tm, catalog_settings, namespace, interval_ms=minute)  # oldest of its 10 minutes
-    catalog_env = {"TIDEMARK_CATALOG_URI": catalog_settings.uri, "TIDEMARK_WAREHOUSE": catalog_settings.warehouse,
-                   "TIDEMARK_CATALOG_NAME": catalog_settings.name}
     reader_tm = connect()
     try:
         for epoch in epochs[:10]:
@@ -481,7 +489,7 @@ def test_versions_stay_true_when_tidemark_gc_is_killed_between_two_tables(tm, co
             pipeline.epoch(epoch, rows=1)
 
         # Only whole 10 minutes and the newest are kept now, tagged; epochs[9] stays for its reader, untagged.
-        gc = [sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "gc", "--policy",
+        gc = [sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "gc", "--yes", "--policy",
               "all:1m,10m:1d,tags:10m"]
         for killed_after in (pipeline.events, pipeline.totals):  # the second run finds the events table done
             killed = subprocess.run(gc, env={**crash_env("gc-expired", nth=1), **catalog_env}, capture_output=True,
@@ -495,9 +503,7 @@ def test_versions_stay_true_when_tidemark_gc_is_killed_between_two_tables(tm, co
                 assert {epochs[18], epochs[19]} <= set(tidemark_tags(pipeline.catalog.load_table(pipeline.events)))
             assert epochs[19] not in listed, "a new version is recorded only after every table has its tag"
 
-        for name, value in catalog_env.items():
-            monkeypatch.setenv(name, value)
-        assert cli(["--zk", zk_connect, "gc"]) == 0
+        assert cli(["--zk", zk_connect, "gc", "--yes"]) == 0
         capsys.readouterr()
         listed = {v["epoch"]: v for v in assert_listing_true(zk_connect, pipeline.catalog, capsys)}
         assert sorted(listed) == [epochs[0], epochs[8], epochs[9], epochs[18], epochs[19]]
@@ -514,8 +520,8 @@ def test_versions_stay_true_when_tidemark_gc_is_killed_between_two_tables(tm, co
 
 
 def test_versions_stay_true_when_a_driver_is_killed_in_the_middle_of_its_scheduled_gc(tm, zk_connect,
-                                                                                       catalog_settings, namespace,
-                                                                                       capsys):
+                                                                                       catalog_settings, catalog_env,
+                                                                                       namespace, capsys):
     """A driver process runs a job on a 1 s grid and GC on its schedule; it SIGKILLs itself after a table's expiry
     commit in its second run or later. Each listed version is tagged on every table it covers, or listed untagged,
     right after the kill and after the next run."""
