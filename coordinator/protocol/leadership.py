@@ -8,24 +8,37 @@
 States: ``IDLE -> CONTENDING -> LEADING <-> SUSPENDED``, then ``LOST`` (session expired),
 ``FENCED`` (the term moved on: a newer leader or an operator) or ``RELEASED``.
 
-Contention uses kazoo's ``Lock`` recipe under ``/jobs/<job>/election``. The winner bumps
-the job's term with a version-checked set and creates the ephemeral ``/leader`` in the
-same multi. Every later write of the leader goes through ``transact``, which carries two
-checks: the term znode's version (an operator's ``fence`` or a newer leader bumps it) and
-the existence of ``/jobs/<job>/incarnation-<id>``, the znode of the registration it was
-elected in. Unregistering deletes that znode and a new registration creates one with a
-fresh id, so a term znode re-created with a repeating version (after unregister and
-re-register, or a wiped chroot) can never satisfy an old leader's checks: a zombie, an old
-leader whose session expired while it was paused, can never change anything and gets
-``Fenced``. Terms never go backwards: the new term is above both the term znode and
-``term_floor``, which a writer reads from its sinks' Iceberg metadata (a re-registered
-job's term znode starts again at 0), and a leader claims its sinks in Iceberg for its
-term before it writes (``publish.claim_table``), so no commit of an older term lands there.
+Contention uses kazoo's ``Lock`` recipe under ``/jobs/<job>/election``, a fresh contender
+for every ``acquire``. The winner bumps the job's term with a version-checked set and
+creates the ephemeral ``/leader`` in the same multi, which also checks that its contender
+node still exists: a winner whose session expired meanwhile (its node went with it) takes no
+term. Every later write of the leader goes through ``transact``, which carries two checks:
+the term znode's version (an operator's ``fence`` or a newer leader bumps it) and the
+existence of ``/jobs/<job>/incarnation-<id>``, the znode of the registration it was elected
+in. Unregistering deletes that znode and a new registration creates one with a fresh id, so
+a term znode re-created with a repeating version (after unregister and re-register, or a
+wiped chroot) can never satisfy an old leader's checks: a zombie, an old leader whose
+session expired while it was paused, can never change anything and gets ``Fenced``. Terms
+never go backwards: the new term is above both the term znode and ``term_floor``, which a
+writer reads from its sinks' Iceberg metadata (a re-registered job's term znode starts again
+at 0), and a leader claims its sinks in Iceberg for its term before it writes
+(``publish.claim_table``), so no commit of an older term lands there.
 
 Failure behaviour (Curator's rules): on SUSPENDED the leader stops committing at once
 (``transact`` raises ``NotLeader``) until the connection comes back with the same session;
 on LOST it is over (``Fenced``): release and contend again with a new ``Leadership``.
 The state listener only flips the state; it never blocks.
+
+A contender that gives up (its ``acquire`` timed out or failed) or steps down must leave no
+node behind: kazoo's recipe deletes it on a best-effort basis and swallows the error when the
+connection is SUSPENDED (kazoo #732), and a node left so by a session that survives blocks
+every later contender forever, this replica included. So every node a ``Leadership`` of this
+session gave up on is remembered on the session (``abandoned_contenders``) until it is seen
+deleted, and every ``acquire`` first deletes those that are still there. Stepping down deletes
+the node itself, within the session's operation deadline (kazoo's ``release`` waits with none
+while the connection is down), and leaves it to the next ``acquire`` if that fails. kazoo's
+``acquire`` itself still waits while the connection is down, for as long as it is (the session
+logs each connection state change); its ``timeout`` bounds the wait for the lock otherwise.
 """
 from __future__ import annotations
 
@@ -37,6 +50,7 @@ from typing import Any, Optional
 
 from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, KazooException, LockTimeout, NodeExistsError, NoNodeError
+from kazoo.recipe.lock import Lock
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from coordinator.errors import Fenced, JobNotFound, MultiFailed, NotLeader, TidemarkError, ZooKeeperUnavailable
@@ -68,7 +82,7 @@ class Leadership:
         self.term: Optional[int] = None
         self._term_version: Optional[int] = None
         self._incarnation: Optional[str] = None
-        self._lock = tm.client.Lock(tm.paths.election(job), identifier=tm.member)
+        self._lock: Optional[Lock] = None
         self._state_lock = threading.Condition()
 
     # -- contention -------------------------------------------------------------------------
@@ -80,14 +94,20 @@ class Leadership:
         if found is None:
             raise JobNotFound(f"job {self.job!r} is not registered: register_job() it first")
         self._incarnation = found[0].incarnation
+        self._sweep_abandoned()
+        # A fresh contender each time: a recipe object whose last acquire or release failed half-way can
+        # believe it still holds the lock (and then never acquires it again) or keep a stale node name.
+        lock = self._lock = self.tm.client.Lock(self.tm.paths.election(self.job), identifier=self.tm.member)
         self.state = LeaderState.CONTENDING
         try:
-            if not self._lock.acquire(blocking=True, timeout=timeout):
+            if not lock.acquire(blocking=True, timeout=timeout):
                 raise LockTimeout()
         except LockTimeout:
+            self._abandon(lock)
             self.state = LeaderState.IDLE
             raise NotLeader(f"job {self.job!r}: not elected within {timeout}s; another replica leads") from None
         except KazooException as exc:  # kazoo's lock recipe gave up on its own retries
+            self._abandon(lock)
             self.state = LeaderState.IDLE
             raise ZooKeeperUnavailable(f"job {self.job!r}: could not contend for leadership "
                                        f"({type(exc).__name__}); check that ZooKeeper is up") from None
@@ -116,13 +136,17 @@ class Leadership:
         current, stat = found
         new = TermRecord(max(current.term, term_floor) + 1)
         leader = LeaderRecord(member=self.tm.member, term=new.term, host=socket.gethostname())
-        ops = [*self._incarnation_check(), SetData(p.term(self.job), new.to_json(), stat.version)]
+        ops = [*self._incarnation_check(), *self._contender_check(),
+               SetData(p.term(self.job), new.to_json(), stat.version)]
         if self.tm.get(p.leader(self.job)) is not None:
             ops.append(Delete(p.leader(self.job)))  # left by a fenced zombie whose session is still alive
         ops.append(Create(p.leader(self.job), leader.to_json(), ephemeral=True))
         try:
             self.tm.multi(ops)
         except MultiFailed as failed:
+            if failed.op.kind == "check" and failed.op in self._contender_check():
+                raise NotLeader(f"job {self.job!r}: this replica's election node went with its session before it "
+                                "took the term (the session expired); contend again") from None
             if failed.op.kind == "check":  # not elected: acquiring again reads the registration there is now
                 raise NotLeader(f"job {self.job!r} was unregistered (and perhaps registered again) while this "
                                 "replica contended; contend again") from None
@@ -134,6 +158,14 @@ class Leadership:
             if self.state == LeaderState.CONTENDING:
                 self.state = LeaderState.LEADING
         return new.term
+
+    def _contender_check(self) -> list[Op]:
+        """The multi that takes the term requires this replica's contender node (ephemeral: gone with an
+        expired session, and then another replica may hold the lock)."""
+        lock = self._lock
+        if lock is None or lock.node is None:
+            raise NotLeader(f"job {self.job!r}: this replica is not contending; acquire() first")
+        return [Check(f"{lock.path}/{lock.node}", -1)]
 
     def _on_state_change(self, state: str) -> None:
         with self._state_lock:
@@ -242,10 +274,42 @@ class Leadership:
 
     def _give_up_lock(self) -> None:
         self.tm.remove_state_listener(self._on_state_change)
+        lock, self._lock = self._lock, None
+        if lock is None or not lock.is_acquired or lock.node is None:
+            return  # an acquire that failed abandoned its node already
+        # Not lock.release(): kazoo waits for its delete with no deadline while the connection is down.
         try:
-            self._lock.release()
-        except Exception:  # noqa: BLE001 - the lock node is ephemeral: it goes with the session anyway
-            pass
+            self._delete_contender(f"{lock.path}/{lock.node}")
+        except TidemarkError:  # ZooKeeper unreachable until the deadline: the next acquire deletes the node
+            self._abandon(lock)
+
+    def _delete_contender(self, path: str) -> None:
+        try:
+            self.tm.multi([Delete(path)])
+        except MultiFailed as failed:
+            if not isinstance(failed.error, NoNodeError):
+                raise
+
+    def _abandon(self, lock: Lock) -> None:
+        """Remember ``lock``'s contender node (by its unique prefix) until it is seen deleted: if the session
+        survives, a node left behind would be the head of the election queue forever."""
+        with self.tm.contenders_lock:
+            self.tm.abandoned_contenders.add(f"{lock.path}/{lock.prefix}")
+
+    def _sweep_abandoned(self) -> None:
+        """Delete this session's abandoned contender nodes of this job that are still there (deadline-bounded:
+        ``ZooKeeperUnavailable``); forget those that are gone."""
+        election = self.tm.paths.election(self.job)
+        with self.tm.contenders_lock:
+            mine = [p for p in self.tm.abandoned_contenders if p.rsplit("/", 1)[0] == election]
+        if not mine:
+            return
+        children = self.tm.children(election)
+        for prefix in mine:
+            for child in (c for c in children if f"{election}/{c}".startswith(prefix)):
+                self._delete_contender(f"{election}/{child}")
+            with self.tm.contenders_lock:
+                self.tm.abandoned_contenders.discard(prefix)
 
     def __enter__(self) -> Leadership:
         self.acquire()

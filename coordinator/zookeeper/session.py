@@ -87,6 +87,10 @@ class ZooKeeperSession:
         self._topology: Optional[object] = None  # the last topology read (protocol.topology keeps it fresh)
         self._retries: Counter[str] = Counter()
         self._state_changes: Counter[str] = Counter()
+        # Election nodes a Leadership of this session gave up on and has not seen deleted yet: it deletes them
+        # before contending again (protocol/leadership.py), under this lock (leaderships run on any thread).
+        self.abandoned_contenders: set[str] = set()
+        self.contenders_lock = threading.Lock()
         self._closing = False
         client.add_listener(self._on_state_change)
 
