@@ -53,7 +53,8 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
@@ -68,6 +69,7 @@ from coordinator.errors import (
     JobNotFound,
     NotLeader,
     TableNotFound,
+    TidemarkError,
     ZooKeeperUnavailable,
 )
 from coordinator.iceberg.catalog import CatalogSettings, is_catalog_outage, load_table
@@ -85,7 +87,15 @@ from coordinator.protocol.registry import register_job
 from coordinator.protocol.rest import refuse_retired
 from coordinator.protocol.tidemarks import TidemarkCache
 from coordinator.protocol.topology import read_topology
-from coordinator.records import EpochInputs, EpochRecord, EpochState, FinishedRecord, SourceRange, now_ms
+from coordinator.records import (
+    EpochInputs,
+    EpochRecord,
+    EpochState,
+    FinishedRecord,
+    LeaderRecord,
+    SourceRange,
+    now_ms,
+)
 from coordinator.zookeeper.ops import Create, Delete, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 from coordinator.zookeeper.watched import WatchedNode
@@ -95,6 +105,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 STANDBY_WARM_EVERY_S = 60.0
+STANDBY_LOG_EVERY_S = 60.0  # a standby says who leads when it starts waiting, then this often
 WAIT_SLICE_S = 0.5  # how often a waiting writer looks at stop() and the clock
 CATALOG_RETRY_S = 1.0  # a leader that lost the catalog steps down, and contends again after this pause
 CATALOG_OUTAGE_TIMEOUT_S = 300.0  # ... until the catalog has been unreachable this long: then run() raises
@@ -158,8 +169,11 @@ class EpochContext:
 
     def _stage_with(self, sink: str, stage: Callable[..., int], rows: pa.Table) -> None:
         self.check_sink(sink)
+        # A replica that knows it lost its term stages nothing. One that does not know yet (paused, partitioned)
+        # may still stage: harmless, see docs/design.md "Zombies".
+        self.writer.leadership.ensure_leading()
         term = self.writer.term
-        with self.writer.metrics.phase("stage"):
+        with self.writer.doing(f"epoch {self.epoch}: staging {sink}", "stage"):
             self.stage(sink, stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term, self.inputs))
 
     def check_sink(self, sink: str) -> None:
@@ -216,6 +230,9 @@ class EpochWriter:
         self._grid: Optional[tuple[int, BarrierGrid]] = None      # parsed, with the znode's mzxid
         self._topology_seen = -2                                   # the /topology version last read
         self._logged_at = 0.0
+        # What this replica is busy with while it leads (and since when, monotonic): _watch_steps logs a step
+        # that lasts, so a leader that commits nothing always says what it waits for (issue 22).
+        self._doing: Optional[tuple[str, float]] = None
         self.metrics = DriverMetrics(self, port=metrics_port)  # port None: TIDEMARK_METRICS_PORT, unset: not served
 
     # -- what the loop reads ----------------------------------------------------------------
@@ -278,14 +295,18 @@ class EpochWriter:
             table.refresh()
         self._acquire(leader_timeout, while_standby, max(recorded_term(t) for t in sinks.values()))
         self.metrics.became_leader()
+        log.info("job %s: leading as term %s; taking over", self.name, self.leadership.term)
+        self._doing = (f"taking over as term {self.leadership.term}: claiming its sinks in the catalog",
+                       time.monotonic())
         try:
             self._grid_node = WatchedNode(self.tm, self.tm.paths.barriers)
             self._topology_node = WatchedNode(self.tm, self.tm.paths.topology)
             epochs = EpochCoordinator(self.leadership, self.sinks, self.history, grid=self.grid)
-            committer = self._committer = EpochCommitter(epochs, self.table, timed=self.metrics.phase,
+            committer = self._committer = EpochCommitter(epochs, self.table, timed=self._timed,
                                                          marker_every_ms=self.marker_every_ms)
             refuse_retired(self.tm, self.name)  # once leading: a standby may outlast the retirement of its job
             self._cache = TidemarkCache(self.tm)
+            self._doing = (f"taking over as term {self.leadership.term}: recovering its last epoch", time.monotonic())
             plan = epochs.recover(lambda: resume_point(self.name, sinks))
             if plan.resumed_from is not None:
                 log.info("%s", plan.resumed_from.describe())
@@ -301,6 +322,7 @@ class EpochWriter:
                 self.metrics.epoch_committed(rolled_forward=True)
             elif plan.action == RecoveryAction.NEXT and last is not None:
                 committer.mark_committed(last)  # the last run may have died first
+            self._doing = None
         except BaseException:
             self.close()
             raise
@@ -308,7 +330,7 @@ class EpochWriter:
     def _acquire(self, leader_timeout: Optional[float], while_standby: Optional[Callable[[], None]],
                  term_floor: int) -> None:
         deadline = None if leader_timeout is None else time.monotonic() + leader_timeout
-        warmed = None
+        warmed = told = None
         while True:
             if while_standby is not None and (warmed is None or time.monotonic() - warmed > STANDBY_WARM_EVERY_S):
                 warmed = time.monotonic()
@@ -327,6 +349,51 @@ class EpochWriter:
                     raise
                 if isinstance(exc, ZooKeeperUnavailable):
                     log.warning("job %s: %s; contending again", self.name, exc)
+                elif told is None or time.monotonic() - told > STANDBY_LOG_EVERY_S:
+                    told = time.monotonic()
+                    log.info("job %s: standby (%s); taking over when its session ends", self.name, self._leader_note())
+
+    def _leader_note(self) -> str:
+        """Who leads the job, for a standby's log line."""
+        path = self.tm.paths.leader(self.name)
+        try:
+            found = self.tm.get(path)
+            leader = None if found is None else LeaderRecord.from_json(found[0], path)
+        except TidemarkError as exc:
+            return f"its leader could not be read: {type(exc).__name__}"
+        return "no leader right now" if leader is None else f"{leader.member} leads as term {leader.term}"
+
+    @contextmanager
+    def doing(self, what: str, phase: Optional[str] = None) -> Iterator[None]:
+        """Say what this leader is busy with (``_watch_steps`` logs it once it lasts ``log_every`` seconds),
+        timing ``phase`` in the metrics."""
+        outer, self._doing = self._doing, (what, time.monotonic())
+        try:
+            if phase is None:
+                yield
+            else:
+                with self.metrics.phase(phase):
+                    yield
+        finally:
+            self._doing = outer
+
+    def _timed(self, phase: str) -> AbstractContextManager[None]:
+        """The committer's phases (precommit, publish, commit), timed and said."""
+        current = self._epochs.current if self._epochs is not None else None
+        return self.doing(f"{phase} of epoch {current.epoch}" if current is not None else phase, phase)
+
+    def _watch_steps(self, done: threading.Event) -> None:
+        """While ``run`` runs: log a step of the leader that has lasted ``log_every`` seconds, and every
+        ``log_every`` seconds after. Its waits for the next epoch say why themselves (``_note_wait``); this
+        covers everything else, a catalog commit or a ZooKeeper request that takes long included."""
+        last = 0.0
+        while not done.wait(WAIT_SLICE_S):
+            doing = self._doing
+            now = time.monotonic()
+            if doing is not None and now - doing[1] >= self.log_every and now - last >= self.log_every:
+                log.info("job %s (term %s): %s for %.0f s so far", self.name, self.leadership.term, doing[0],
+                         now - doing[1])
+                last = now
 
     def close(self) -> None:
         """Step down (a standby takes over). Nothing is left half-committed: every epoch finished or recovers."""
@@ -338,6 +405,7 @@ class EpochWriter:
             self.metrics.stepping_down(self.leadership.state)
         self.leadership.release()
         self._epochs = self._committer = self._cache = None
+        self._doing = None
         self.leadership = Leadership(self.tm, self.name)
 
     def _record_pacing(self) -> None:
@@ -385,6 +453,18 @@ class EpochWriter:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         start = len(self.committed)
         self._stop.clear()
+        watched = threading.Event()
+        threading.Thread(target=self._watch_steps, args=(watched,), name=f"tidemark-steps-{self.name}",
+                         daemon=True).start()
+        try:
+            self._run(function, max_epochs, until, once, leader_timeout, while_standby, start)
+        finally:
+            watched.set()
+        self.metrics.loop_ended()
+        return self.committed[start:]
+
+    def _run(self, function: Callable[..., None], max_epochs: Optional[int], until: Optional[int], once: bool,
+             leader_timeout: Optional[float], while_standby: Optional[Callable[[], None]], start: int) -> None:
         outage_since: Optional[float] = None
         while not self._stop.is_set():
             try:
@@ -427,8 +507,6 @@ class EpochWriter:
                 self.close()
             if outage is not None:
                 outage_since = self._ride_out_catalog_outage(outage, outage_since)
-        self.metrics.loop_ended()
-        return self.committed[start:]
 
     def _ride_out_catalog_outage(self, exc: Exception, since: Optional[float]) -> float:
         """After stepping down for a catalog outage, pause before contending again (the epoch in flight is
@@ -481,7 +559,7 @@ class EpochWriter:
         if idle:
             committed = committer.commit_idle(epoch, inputs)
         else:
-            with self.metrics.phase("compute"):
+            with self.doing(f"computing epoch {epoch}", "compute"):
                 record = epochs.begin(epoch, inputs)
                 crash_point("begin")
                 ctx = self.context(self, record)
@@ -607,9 +685,11 @@ class EpochWriter:
     def _note_wait(self, after: Optional[int], reason: str, lagging: tuple[str, ...] = ()) -> None:
         """Record why the writer waits; log it once the wait has lasted ``log_every`` seconds, and every
         ``log_every`` seconds after (short waits for the clock are the normal rhythm, not news)."""
-        if self.waiting is None or (self.waiting.after, self.waiting.reason) != (after, reason):
+        if self.waiting is None or self.waiting.after != after:
             self.waiting = Waiting(after, reason, now_ms())
             self._logged_at = time.monotonic()
+        elif self.waiting.reason != reason:  # the same wait, said anew (a reason names the sources' epochs)
+            self.waiting = Waiting(after, reason, self.waiting.since_ms)
         if time.monotonic() - self._logged_at >= self.log_every:
             log.info("job %s waiting %.0f s%s: %s%s", self.name, (now_ms() - self.waiting.since_ms) / 1000,
                      f" for an epoch after {after}" if after is not None else "", reason,
