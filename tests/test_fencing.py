@@ -7,6 +7,7 @@ Iceberg metadata with no duplicate and no loss, and consistent reads stay consis
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from dataclasses import replace
 from typing import Any
@@ -480,3 +481,26 @@ def test_a_waiting_replica_of_an_unregistered_job_registers_it_again_and_takes_o
     assert outcome["term"] > fence_term, "the new registration reused a term at or below the fence"
     assert Counter(e for e, _ in rows_in(catalog.load_table(sink))) == {1000: 2, epoch: 1}
     standby.tm.close()
+
+
+def test_a_replica_stepping_down_while_zookeeper_is_down_returns_within_its_deadline(tm, connect, zk_server):
+    """kazoo's ``Lock.release`` waits for its delete with no deadline while the connection is down: a leader
+    stepping down during a ZooKeeper outage must still return within its operation deadline (the writer then
+    contends again and says so), and once ZooKeeper is back the same session leads again, whatever its old
+    contender node became (deleted late, or left behind and deleted by the next contender: kazoo #732)."""
+    tm.register_job("outage", sources=[], sinks=["lake.db.outage"])
+    replica = connect(session_timeout=60, operation_timeout=2)
+    leadership = replica.leadership("outage")
+    assert leadership.acquire(timeout=30) == 1
+    zk_server.kill()
+    try:
+        started = time.monotonic()
+        stepping_down = threading.Thread(target=leadership.release, daemon=True)
+        stepping_down.start()
+        stepping_down.join(30)
+        assert not stepping_down.is_alive(), "stepping down waits for ZooKeeper with no deadline"
+        assert time.monotonic() - started < 15
+    finally:
+        zk_server.start()
+    wait_for(lambda: replica.connection_state == "CONNECTED", "the replica's session to come back", DEADLINE)
+    assert replica.leadership("outage").acquire(timeout=30) == 2

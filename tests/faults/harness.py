@@ -277,6 +277,32 @@ class Cascade:
     def wait_recovered(self, fault: Fault, timeout: float = RECOVERY_DEADLINE) -> None:
         wait_for(lambda: fault.recovered_ms is not None, f"recovery from {fault.kind}", timeout)
 
+    def hold_catalog_row(self, table: str) -> Callable[[], None]:
+        """Leave a catalog session in the middle of a commit of ``table``: its row updated, not committed, what a
+        writer paused (or cut off) between the two leaves behind; every other commit to ``table`` waits on it.
+        The session is opened as a writer's (the catalog's own connection settings). Returns the release."""
+        from sqlalchemy import create_engine, text
+        engine = create_engine(self.settings.python_catalog_properties()["uri"])
+        connection = engine.connect()
+        _, namespace, name = table.split(".")
+        try:
+            # Behind a writer that was itself paused mid-commit: not forever.
+            connection.execute(text("SET lock_timeout = '30s'"))
+            connection.execute(text("UPDATE iceberg_tables SET table_name = table_name WHERE catalog_name = :c "
+                                    "AND table_namespace = :n AND table_name = :t"),
+                               {"c": self.settings.name, "n": namespace, "t": name})
+        except BaseException:
+            engine.dispose()
+            raise
+
+        def release() -> None:
+            try:
+                connection.close()  # rolled back; or the server ended the session already
+            except Exception as exc:  # noqa: BLE001 - ended by the server: nothing to roll back
+                log.info("catalog row holder: %s", type(exc).__name__)
+            engine.dispose()
+        return release
+
     def leader_replica(self, job: str) -> Replica:
         """The replica that leads ``job`` now (waits until one does)."""
         def find() -> Optional[Replica]:

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 from coordinator import EpochRecord, EpochState, TidemarkError
 from coordinator.crashpoints import EPOCH_STEPS
 from coordinator.operations.zookeeper_server import ZooKeeperEnsemble
-from coordinator.records import TermRecord
+from coordinator.records import LeaderRecord, TermRecord
 from tests.faults.cascade import COUNTER, JOBS, TOTALS
 from tests.faults.harness import (
     INTERVAL_MS,
@@ -79,6 +79,66 @@ def zombie(env: Environment, run: int, seed: int, faults: int) -> RunResult:
         wait_for(lambda: time.monotonic() - stopped_at > SESSION_TIMEOUT + 2, "the pause to end", 30)
         leader.signal(signal.SIGCONT)
     return _hit_each_leader(env, "zombie", run, seed, faults, pause_past_session)
+
+
+def zombie_mid_commit(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """SIGSTOP a job's leader as if in the middle of a catalog commit of its first sink (its row updated, not
+    committed: ``hold_catalog_row``), and keep it paused until the standby has taken over and committed. The
+    standby's first commit, claiming its sinks, waits on that row lock: it must get through (PostgreSQL ends
+    the paused session's transaction) and say what it waits for meanwhile; it waited silently until the
+    zombie came back (issue 22: a 90 s stall, because the harness resumes a zombie only after recovery)."""
+    def pause_mid_commit(cascade: Cascade, leader: Replica) -> None:
+        sink = cascade.tables.job(leader.job)[1][0]
+        released: list[Callable[[], None]] = []
+
+        def act() -> None:
+            leader.signal(signal.SIGSTOP)
+            released.append(cascade.hold_catalog_row(sink))
+        try:
+            cascade.wait_recovered(cascade.inject("SIGSTOP mid-commit (its catalog row lock held)", leader.job, act))
+        finally:
+            leader.signal(signal.SIGCONT)
+            for release in released:
+                release()
+    return _hit_each_leader(env, "zombie-mid-commit", run, seed, faults, pause_mid_commit)
+
+
+def takeover_pause(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """SIGSTOP a job's leader past its session; the moment the standby has taken over (the leader znode names
+    it), SIGSTOP that one too, in the middle of its takeover, and SIGCONT the first: the old leader, a fenced
+    zombie now, must step down, contend again and take over from the paused new leader, which stays paused
+    until the job committed again."""
+    def pause_both(cascade: Cascade, leader: Replica) -> None:
+        stopped_at = time.monotonic()
+        taken: list[Replica] = []
+
+        def act() -> None:
+            leader.signal(signal.SIGSTOP)
+            taken.append(wait_for(lambda: _new_leader(cascade, leader), f"a standby of {leader.job} to take over",
+                                  RECOVERY_DEADLINE, every=0.005))
+            taken[0].signal(signal.SIGSTOP)
+        try:
+            fault = cascade.inject("SIGSTOP of the new leader just after it took over", leader.job, act)
+            wait_for(lambda: time.monotonic() - stopped_at > SESSION_TIMEOUT + 2, "the pause to end", 30)
+            leader.signal(signal.SIGCONT)
+            cascade.wait_recovered(fault)
+        finally:
+            leader.signal(signal.SIGCONT)
+            for replica in taken:
+                replica.signal(signal.SIGCONT)
+    return _hit_each_leader(env, "takeover-pause", run, seed, faults, pause_both)
+
+
+def _new_leader(cascade: Cascade, old: Replica) -> Optional[Replica]:
+    """The live replica of ``old``'s job that the leader znode names, if it is not ``old``."""
+    tm = cascade.tm
+    try:
+        found = tm.get(tm.paths.leader(old.job))  # type: ignore[union-attr]
+    except TidemarkError:
+        return None
+    member = LeaderRecord.from_json(found[0]).member if found is not None else None
+    return next((r for r in cascade.slots.values() if r.member == member and r is not old and r.proc.poll() is None),
+                None)
 
 
 def session_expiry(env: Environment, run: int, seed: int, faults: int) -> RunResult:
@@ -245,7 +305,7 @@ def _fence_and_unregister(cascade: Cascade) -> int:
         if done.returncode != 0:
             raise RuntimeError(f"tidemark {' '.join(args)} failed: {done.stderr.strip()}")
         return done.stdout
-    term = int(cli("fence", COUNTER, "--yes").split("term is now ")[1].split(";")[0])
+    term = int(cli("fence", COUNTER).split("term is now ")[1].split(";")[0])
     cli("unregister", COUNTER, "--yes")
     return term
 
@@ -321,7 +381,11 @@ def mixed_cadence(env: Environment, run: int, seed: int, faults: int) -> RunResu
 
 SCENARIOS = {s.name: s for s in [
     Scenario("kill-9", 2, 65, kill_nine, "kill -9 of a driver at every protocol step (crash points)"),
-    Scenario("zombie", 2, 5, zombie, "SIGSTOP of a leader past its session timeout, then SIGCONT"),
+    Scenario("zombie", 3, 6, zombie, "SIGSTOP of a leader past its session timeout, then SIGCONT"),
+    Scenario("zombie-mid-commit", 2, 2, zombie_mid_commit, "SIGSTOP of a leader in the middle of a catalog commit "
+                                                           "(its row lock held) until the standby committed"),
+    Scenario("takeover-pause", 2, 4, takeover_pause, "SIGSTOP of the new leader just after it took over; the old "
+                                                     "one, a zombie, must take over from it"),
     Scenario("session-expiry", 2, 15, session_expiry, "a leader's ZooKeeper session expired on the server"),
     Scenario("zk-restart", 2, 6, zookeeper_restart, "the ZooKeeper server killed and restarted"),
     Scenario("zk-ensemble", 2, 4, zookeeper_ensemble, "a 3-server ensemble losing a follower, then its leader"),
