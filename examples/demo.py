@@ -184,6 +184,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.getLogger("kazoo").setLevel(logging.ERROR)  # reconnection chatter; outcomes are reported below
     if args.job:
+        from coordinator.operations.logs import log_to_stderr
+        log_to_stderr()  # the driver's log (<home>/<job>.log) shows what it waits for and when it takes over
         return run_job(args)
     try:
         report = run_demo(args.seconds, args.interval_ms, Path(args.home) if args.home else None, verbose=True,

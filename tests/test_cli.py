@@ -1,0 +1,291 @@
+"""The ``tidemark`` command against a real ZooKeeper and real catalogs: confirmations and dry runs, the interval
+typo refused and a pending change reverted, a stuck grid left without editing znodes, answers that say where
+they looked, catalogs lacking registered tables, --json everywhere, ``zk`` honouring its arguments, and one log
+line per connection change. Failures are one ``tidemark: error:`` line and a non-zero exit."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import pty
+import subprocess
+import sys
+import time
+
+import pytest
+
+from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark
+from coordinator.history.gc import GarbageCollector
+from coordinator.history.versions import RetainedVersions
+from coordinator.operations.cli import main
+from coordinator.operations.zookeeper_server import four_letter_word, free_port
+from coordinator.protocol.barriers import BarrierGrid
+from coordinator.records import now_ms
+from coordinator.zookeeper.session import KAZOO_LOG
+from tests.helpers.lake import commit_rows, create_table, lead_job
+from tests.helpers.wait import wait_for
+
+TIDEMARK = [sys.executable, "-m", "coordinator.operations.cli"]
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 1 and err.startswith("tidemark: error: ") and err.count("\n") == 1, (code, err)
+    assert "unexpected" not in err, err
+    for needle in needles:
+        assert needle in err, err
+
+
+class Terminal(io.StringIO):
+    """Standard input on a terminal, where an operator types ``answer``."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def no_terminal(monkeypatch):
+    """Standard input is not a terminal (a script, a CronJob)."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+
+
+def test_the_interval_typo_is_refused_and_a_pending_change_is_reverted(tm, zk_connect, capsys, monkeypatch,
+                                                                       no_terminal):
+    tm.barriers.ensure_grid(1000)
+    zk = ["--zk", zk_connect]
+    future = (now_ms() // 60_000 + 2) * 60_000
+    before = tm.get(tm.paths.barriers)
+    assert before is not None
+
+    code, _, err = cli(capsys, *zk, "barriers", "--set-interval", "999999999999", "--from", str(future))
+    assert code == 2 and err.count("\n") == 1 and "100 to 86400000 ms (a day)" in err, err
+    code, _, err = cli(capsys, *zk, "barriers", "--set-interval", "2000", "--from", str(future))
+    one_line_error(code, err, f"change the barrier interval of every job from 1000 ms to 2000 ms at {future}",
+                   "nothing changed: pass --yes")
+    code, out, _ = cli(capsys, *zk, "barriers", "--set-interval", "2000", "--from", str(future), "--dry-run")
+    assert code == 0 and out.endswith("dry run: nothing changed\n")
+    assert tm.get(tm.paths.barriers) == before, "a refused or dry-run change wrote /barriers"
+
+    code, out, err = cli(capsys, *zk, "barriers", "--set-interval", "2000", "--from", str(future), "--yes")
+    assert code == 0, err
+    assert f"  every 2000 ms from {future} (" in out and "pending: `tidemark barriers --revert` cancels it" in out
+    assert tm.barriers.grid().pending(now_ms()) == ({"from_epoch": future, "interval_ms": 2000},)
+
+    monkeypatch.setattr(sys, "stdin", Terminal("n\n"))
+    code, out, err = cli(capsys, *zk, "barriers", "--revert")
+    one_line_error(code, err, "not confirmed; nothing changed")
+    assert f"cancel the pending interval change to 2000 ms at {future}" in out and "Cancel it? [y/N]" in out
+    assert tm.barriers.grid().changes != ()
+    monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
+    code, out, err = cli(capsys, *zk, "barriers", "--revert")
+    assert code == 0, err
+    assert tm.barriers.grid() == BarrierGrid(1000)
+    one_line_error(*cli(capsys, *zk, "barriers", "--revert", "--yes")[::2], "no interval change is pending")
+
+
+def test_a_grid_stuck_on_an_absurd_interval_is_left_without_editing_znodes(tm, zk_connect, capsys, no_terminal,
+                                                                            tmp_path, namespace):
+    lake = CatalogSettings.embedded(tmp_path)
+    sink = f"{namespace}.ticks"
+    create_table(lake.load(), sink)
+    past = (now_ms() // 1000 - 60) * 1000
+    # What a release without range checks let through: an interval of 31 years, in force for a minute now.
+    tm.barriers.ensure_grid(1000)
+    tm.client.set(tm.paths.barriers,
+                  BarrierGrid(1000, changes=({"from_epoch": past, "interval_ms": 999_999_999_999},)).to_json())
+    writer = lead_job(tm, lake, "ticks", [sink])
+    try:
+        assert writer.next_barrier(wait=False) is None, "the grid has no point between now and 2058"
+        zk = ["--zk", zk_connect]
+        code, out, _ = cli(capsys, *zk, "barriers")
+        assert code == 0 and "no job takes an epoch until then" in out and "--set-interval MS --from T" in out
+
+        code, _, err = cli(capsys, *zk, "barriers", "--set-interval", "1000", "--yes")
+        one_line_error(code, err, "--from T", "the earliest allowed is ")
+        earliest = int(err.split("the earliest allowed is ")[1].split()[0])
+        code, _, err = cli(capsys, *zk, "barriers", "--set-interval", "1000", "--from", str(earliest), "--yes")
+        assert code == 0, err
+        grid = tm.barriers.grid()
+        assert grid.is_barrier(past) and grid.next_candidate(past) == earliest
+        assert grid.floor(earliest + 2500) == earliest + 2000
+
+        epoch = writer.next_barrier(wait=True)  # the job takes epochs again once the clock reaches the new points
+        assert epoch is not None and epoch >= earliest and grid.is_barrier(epoch)
+        commit_rows(writer, epoch)
+        assert tm.tidemarks([sink])[sink].epoch == epoch
+    finally:
+        writer.close()
+
+
+def test_fence_and_unregister_ask_first_and_dry_run(tm, zk_connect, capsys, monkeypatch, no_terminal, tmp_path):
+    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path))
+    tm.register_job("counts", sources=["db.words"], sinks=["db.counts"])
+    zk = ["--zk", zk_connect]
+    term = next(j.term for j in tm.status().jobs if j.name == "counts")
+    code, _, err = cli(capsys, *zk, "fence", "counts")
+    one_line_error(code, err, f"fence job counts: its term goes from {term} to {(term or 0) + 1}", "pass --yes")
+    code, out, _ = cli(capsys, *zk, "fence", "counts", "--dry-run")
+    assert code == 0 and "dry run: nothing changed" in out
+    assert next(j.term for j in tm.status().jobs if j.name == "counts") == term
+    monkeypatch.setattr(sys, "stdin", Terminal("yes\n"))
+    code, out, err = cli(capsys, *zk, "fence", "counts")
+    assert code == 0 and "Fence job counts? [y/N]" in out and f"term is now {(term or 0) + 1}" in out, err
+
+    one_line_error(*cli(capsys, *zk, "fence", "nojob", "--yes")[::2], "job 'nojob' is not registered",
+                   f"looked in ZooKeeper {zk_connect.split('/')[0]}, chroot /{zk_connect.split('/', 1)[1]}, "
+                   "root /tidemark")
+    code, out, err = cli(capsys, *zk, "unregister", "counts", "--dry-run", "--unfenced")
+    assert code == 0 and out.endswith("dry run: nothing changed\n"), err
+    assert "counts" in tm.topology().jobs
+
+
+def test_answers_that_find_nothing_say_where_they_looked(zk_connect, capsys, tm):
+    tm.barriers.ensure_grid(1000)
+    hosts, chroot = zk_connect.split("/", 1)
+    for argv, where in ([["--zk", zk_connect + "-typo"], f"chroot /{chroot}-typo, root /tidemark"],
+                        [["--zk", zk_connect, "--root", "/nope"], f"chroot /{chroot}, root /nope"]):
+        looked = f"(looked in ZooKeeper {hosts}, {where})"
+        for command in (["status"], ["topology"]):
+            code, out, err = cli(capsys, *argv, *command)
+            assert code == 0 and f"no jobs registered {looked}" in out, (command, out, err)
+        code, out, _ = cli(capsys, *argv, "versions")
+        assert code == 0 and f"no retained versions (looked in ZooKeeper {hosts}, {where}; run `tidemark gc`)" in out
+        one_line_error(*cli(capsys, *argv, "barriers")[::2], f"no barrier grid is defined yet {looked}")
+    code, out, _ = cli(capsys, "--zk", zk_connect, "barriers")  # the right place: a grid and no jobs
+    assert code == 0 and out.startswith("grid: every 1000 ms") and "no jobs registered (looked in" in out
+
+
+def test_a_catalog_lacking_a_registered_table_is_refused_and_gc_changes_nothing(tm, zk_connect, capsys, monkeypatch,
+                                                                                 tmp_path, namespace, no_terminal):
+    right = CatalogSettings.embedded(tmp_path / "right")
+    sink = f"{namespace}.counts"
+    create_table(right.load(), sink)
+    writer = lead_job(tm, right, "counts", [sink])
+    try:
+        epoch = tm.barriers.grid().floor(now_ms()) - 2000
+        commit_rows(writer, epoch)
+    finally:
+        writer.close()
+    GarbageCollector(tm, right).run()
+    retained = RetainedVersions(tm).epochs()
+    assert epoch in retained
+    zk = ["--zk", zk_connect]
+    monkeypatch.delenv("TIDEMARK_CATALOG_URI", raising=False)
+
+    # TIDEMARK_HOME unset or wrong: a new, empty embedded catalog, announced once, lacks the job's table.
+    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "wrong"))
+    code, out, err = cli(capsys, *zk, "resolve", sink)
+    created, error = err.splitlines(keepends=True)
+    assert created == (f"tidemark: created a new, empty Iceberg catalog 'lake' at {tmp_path / 'wrong' / 'catalog.db'}"
+                       ": set TIDEMARK_HOME (or TIDEMARK_CATALOG_URI) if your tables live elsewhere\n")
+    missing = (f"{sink} (written by job counts) does not exist in catalog 'lake' at "
+               f"sqlite:///{tmp_path / 'wrong' / 'catalog.db'}")
+    one_line_error(code, error, missing, "point TIDEMARK_CATALOG_URI")
+    assert out == ""
+    for command in (["gc", "--yes"], ["versions"], ["versions", "--json"]):
+        one_line_error(*cli(capsys, *zk, *command)[::2], missing)  # announced once: one line now
+    assert RetainedVersions(tm).epochs() == retained, "gc with the wrong catalog dropped retained versions"
+
+    # The right catalog: every read command prints one JSON document with --json, and gc asks first.
+    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "right"))
+    for command in (["status"], ["topology"], ["barriers"], ["versions"], ["resolve", sink]):
+        code, out, err = cli(capsys, *zk, *command, "--json")
+        assert code == 0 and err == "", (command, err)
+        assert isinstance(json.loads(out), (dict, list)), command
+    assert json.loads(cli(capsys, *zk, "resolve", sink, "--json")[1])["snapshots"][sink] is not None
+    one_line_error(*cli(capsys, *zk, "gc")[::2], "gc with the policy", "pass --yes")
+    code, out, _ = cli(capsys, *zk, "gc", "--dry-run")
+    assert code == 0 and out.startswith("dry run: nothing changed")
+    code, out, err = cli(capsys, *zk, "gc", "--yes")
+    assert code == 0 and "expired" in out, err
+
+
+def test_a_terminal_confirms_through_the_real_entry_point(tm, zk_connect):
+    tm.barriers.ensure_grid(1000)
+    future = (now_ms() // 60_000 + 2) * 60_000
+    controller, terminal = pty.openpty()
+    try:
+        os.write(controller, b"y\n")
+        done = subprocess.run([*TIDEMARK, "--zk", zk_connect, "barriers", "--set-interval", "5000", "--from",
+                               str(future)], stdin=terminal, capture_output=True, text=True, timeout=120)
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert done.returncode == 0, done.stderr
+    assert "Change the interval? [y/N]" in done.stdout and f"every 5000 ms from {future}" in done.stdout
+    assert tm.barriers.grid().changes == ({"from_epoch": future, "interval_ms": 5000},)
+
+
+def test_zk_stop_and_status_honour_the_port_and_start_fails_fast_without_zookeeper_classes(tmp_path):
+    port, data = free_port(), tmp_path / "zk"
+    started = subprocess.run([*TIDEMARK, "zk", "start", "--port", str(port), "--data-dir", str(data)],
+                             capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
+    try:
+        other = subprocess.run([*TIDEMARK, "zk", "stop", "--port", "1", "--data-dir", str(data)],
+                               capture_output=True, text=True, timeout=120)
+        assert other.returncode == 1 and other.stderr.count("\n") == 1, other.stderr
+        assert f"listens on port {port}, not 1: nothing stopped" in other.stderr
+        assert four_letter_word("127.0.0.1", port) == b"imok", "--port 1 stopped the server on another port"
+        status = subprocess.run([*TIDEMARK, "zk", "status", "--port", str(port), "--data-dir", str(data), "--json"],
+                                capture_output=True, text=True, timeout=120)
+        assert status.returncode == 0 and json.loads(status.stdout)["running"] is True
+        assert json.loads(status.stdout)["mode"] == "standalone"
+        elsewhere = subprocess.run([*TIDEMARK, "zk", "status", "--port", "1", "--data-dir", str(data)],
+                                   capture_output=True, text=True, timeout=120)
+        assert elsewhere.returncode == 3 and f"listens on {port}" in elsewhere.stdout
+        stopped = subprocess.run([*TIDEMARK, "zk", "stop", "--port", str(port), "--data-dir", str(data)],
+                                 capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 0 and stopped.stdout.strip() == "stopped"
+        assert four_letter_word("127.0.0.1", port) is None
+    finally:
+        EmbeddedZooKeeper(port, data).stop()
+
+    began = time.monotonic()
+    broken = subprocess.run([*TIDEMARK, "zk", "start", "--port", str(free_port()), "--data-dir", str(tmp_path / "b")],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "TIDEMARK_ZK_CLASSPATH": str(tmp_path / "no-zookeeper.jar")})
+    assert time.monotonic() - began < 20, "zk start waited for its timeout after Java had died"
+    assert broken.returncode == 1 and broken.stderr.count("\n") == 1, broken.stderr
+    assert "failed at once" in broken.stderr and "ClassNotFoundException" in broken.stderr, broken.stderr
+
+
+def test_each_connection_change_is_one_log_line_and_kazoo_attempts_are_not_logged(tmp_path, caplog):
+    server = EmbeddedZooKeeper(port=free_port(), data_dir=tmp_path).start()
+    tm = Tidemark.connect(server.connect_string, session_timeout=10, operation_timeout=5)
+    try:
+        def outage() -> list[logging.LogRecord]:
+            caplog.clear()
+            server.stop()
+            wait_for(lambda: tm.connection_state == "SUSPENDED", "the connection to be suspended", timeout=30)
+            server.start()  # kazoo tries to reconnect every few hundred ms meanwhile
+            wait_for(lambda: tm.connection_state == "CONNECTED", "the session to be back", timeout=30)
+            wait_for(lambda: any("is back" in r.getMessage() for r in caplog.records), "the log line", timeout=10)
+            return list(caplog.records)
+
+        with caplog.at_level(logging.DEBUG):
+            records = outage()
+        ours = [r.getMessage() for r in records if r.name == "coordinator.zookeeper.session"]
+        assert len(ours) == 2, ours
+        assert ours[0].startswith(f"ZooKeeper connection to {server.connect_string} lost: reconnecting")
+        assert ours[1] == f"ZooKeeper connection to {server.connect_string} is back (session kept)"
+        assert not [r for r in records if r.name.startswith(("kazoo", "coordinator.zookeeper.kazoo"))
+                    and r.levelno >= logging.INFO], "kazoo's per-attempt lines were logged"
+
+        # The control: with its level lowered, kazoo's logger shows the attempts this test means to hide.
+        KAZOO_LOG.setLevel(logging.INFO)
+        try:
+            with caplog.at_level(logging.DEBUG):
+                records = outage()
+        finally:
+            KAZOO_LOG.setLevel(logging.ERROR)
+        assert any("Connection" in r.getMessage() for r in records if r.name == KAZOO_LOG.name)
+    finally:
+        tm.close()
+        server.stop()
