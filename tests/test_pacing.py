@@ -81,3 +81,21 @@ def test_a_job_follows_the_slowest_cadence_upstream_of_it():
     chain = Topology(1, 1, {f"j{i:05d}": job([f"t{i + 1}"] if i + 1 < n else [], [f"t{i}"]) for i in range(n)})
     deep = effective_cadences(chain, {f"j{n - 1:05d}": Pacing(every_ms=60_000)}, 1000)
     assert deep["j00000"] == (60_000, f"j{n - 1:05d}")
+
+
+def test_a_job_far_behind_waits_only_for_an_upstream_epoch_in_flight_that_covers_far_more():
+    pacing = Pacing(grace_ms=0)
+    # Catching up: more than 3 cadences behind the clock (1 s grid), not when keeping up.
+    assert pacing.catching_up(GRID, available=5000, now=9001) and not pacing.catching_up(GRID, 5000, now=8000)
+    assert not Pacing(every_ms=4000).catching_up(GRID, available=5000, now=16_000)  # 2.5 of its 4 s cadences
+    # Back from downtime: the upstream's tidemark offers 1 s since the last epoch, its epoch in flight 300 s.
+    assert pacing.worth_waiting(GRID, after=10_000, available=11_000, in_flight=310_000, leading_for_s=500)
+    # A slow upstream's next epoch covers about as much as its last: take what is there.
+    assert not pacing.worth_waiting(GRID, after=10_000, available=13_000, in_flight=16_000, leading_for_s=0)
+    # Nothing in flight: wait only while this job has just taken over (its upstream may have restarted too).
+    assert pacing.worth_waiting(GRID, after=10_000, available=11_000, in_flight=None, leading_for_s=5)
+    assert not pacing.worth_waiting(GRID, after=10_000, available=11_000, in_flight=None, leading_for_s=31)
+    # Off this job's cadence, the upstream's epoch would not be one it could take.
+    slow = Pacing(every_ms=4000)
+    assert not slow.worth_waiting(GRID, after=8000, available=12_000, in_flight=310_000, leading_for_s=500)
+    assert slow.worth_waiting(GRID, after=8000, available=12_000, in_flight=312_000, leading_for_s=500)

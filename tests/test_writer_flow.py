@@ -414,6 +414,54 @@ def test_a_restart_after_downtime_processes_one_epoch_per_job(tm, fleet, catalog
     assert r.writer.committed[0] == firsts["root"] and a.writer.committed[0] == firsts["a"]
 
 
+def test_after_a_restart_a_job_waits_for_its_upstreams_catch_up_epoch_rather_than_run_twice(
+        tm, fleet, catalog, namespace):
+    """Stopped together, the root one epoch ahead: on restart the derived job does not take the root's stale
+    epoch first (a second epoch for the backlog after it); it waits for the root's catch-up epoch in flight."""
+    interval, grace = fleet.interval_ms, fleet.grace_ms
+    events = new_table(catalog, f"{namespace}.events")
+    events.append(rows(0, range(3)))
+    r_out, a_out = f"{namespace}.r_out", f"{namespace}.a_out"
+    new_table(catalog, r_out)
+    new_table(catalog, a_out)
+    in_catch_up, release = threading.Event(), threading.Event()
+
+    def root(ctx) -> None:
+        new = ctx.changes(f"{namespace}.events")
+        if in_catch_up.is_set():
+            assert release.wait(DEADLINE), "the test never released the root's catch-up epoch"
+        if new.num_rows:
+            ctx.append(r_out, new)
+
+    def start(job: str):
+        if job == "root":
+            return fleet.start(fleet.writer("root", [f"{namespace}.events"], [r_out]), root)
+        return fleet.start(fleet.writer("a", [r_out], [a_out]), copy(r_out, a_out))
+
+    r, a = start("root"), start("a")
+    fleet.wait(lambda: len(a.writer.committed) >= 2, "a's first epochs")
+    a.stop()
+    behind = present(mark_epoch(tm, a_out))
+    fleet.wait(lambda: (mark_epoch(tm, r_out) or 0) > behind, "the root to commit an epoch a has not")
+    r.stop()
+    ahead = present(mark_epoch(tm, r_out))
+    grid = tm.barriers.grid()
+    fleet.wait(lambda: clock_barrier(grid, grace) >= ahead + 10 * interval, "the clock to pass ten grid points",
+               timeout=60)
+    events.append(rows(1, [7]))
+    in_catch_up.set()
+    r, a = start("root"), start("a")
+    fleet.wait(lambda: a.writer.waiting is not None and "catching up" in a.writer.waiting.reason,
+               "a to wait for the root's catch-up epoch")
+    assert not a.writer.committed, f"a committed {a.writer.committed} before the root's catch-up epoch"
+    release.set()
+    fleet.wait(lambda: a.writer.committed, "a's first epoch after the restart")
+    caught_up = r.writer.committed[0]
+    assert caught_up >= ahead + 10 * interval
+    assert a.writer.committed[0] == caught_up, "a ran the root's stale epoch before its catch-up epoch"
+    assert (7, 7) in as_set(catalog.load_table(a_out).scan().to_arrow())
+
+
 # -- 4. no epoch before a table's history --------------------------------------------------------
 
 def test_a_new_job_starts_no_earlier_than_its_sources_histories(tm, slow_fleet, catalog, namespace):

@@ -78,11 +78,11 @@ from coordinator.iceberg.snapshots import WRITER_PROPERTY, recorded_term, snapsh
 from coordinator.iceberg.staging import stage_append, stage_overwrite
 from coordinator.job.commit import DEFAULT_MARKER_EVERY, EpochCommitter
 from coordinator.job.driver_metrics import DriverMetrics
-from coordinator.names import validate_name, validate_names
+from coordinator.names import parse_epoch, validate_name, validate_names
 from coordinator.protocol.barriers import BarrierGrid, Barriers, grid_from
 from coordinator.protocol.epochs import EpochCoordinator, RecoveryAction
 from coordinator.protocol.leadership import Leadership
-from coordinator.protocol.pacing import DEFAULT_GRACE_MS, Pacing, parse_every
+from coordinator.protocol.pacing import CATCH_UP_WAIT_S, DEFAULT_GRACE_MS, Choice, Pacing, parse_every
 from coordinator.protocol.registry import register_job
 from coordinator.protocol.rest import refuse_retired
 from coordinator.protocol.tidemarks import TidemarkCache
@@ -94,6 +94,7 @@ from coordinator.records import (
     FinishedRecord,
     LeaderRecord,
     SourceRange,
+    TableTidemark,
     now_ms,
 )
 from coordinator.zookeeper.ops import Create, Delete, SetData
@@ -229,6 +230,8 @@ class EpochWriter:
         self._topology_node: Optional[WatchedNode] = None
         self._grid: Optional[tuple[int, BarrierGrid]] = None      # parsed, with the znode's mzxid
         self._topology_seen = -2                                   # the /topology version last read
+        self._leading_since = 0.0                                  # time.monotonic() when this replica took over
+        self._catch_up: Optional[tuple[int, float]] = None         # waiting for an upstream since: (after, since)
         self._logged_at = 0.0
         # What this replica is busy with while it leads (and since when, monotonic): _watch_steps logs a step
         # that lasts, so a leader that commits nothing always says what it waits for (issue 22).
@@ -295,6 +298,7 @@ class EpochWriter:
             table.refresh()
         self._acquire(leader_timeout, while_standby, max(recorded_term(t) for t in sinks.values()))
         self.metrics.became_leader()
+        self._leading_since = time.monotonic()
         log.info("job %s: leading as term %s; taking over", self.name, self.leadership.term)
         self._doing = (f"taking over as term {self.leadership.term}: claiming its sinks in the catalog",
                        time.monotonic())
@@ -673,14 +677,61 @@ class EpochWriter:
             choice = self.pacing.choose(grid, after=after, sources=marks, has_root_source=self.has_root_source,
                                         now=now_ms(), until=until)
             if choice.epoch is not None:
-                self.waiting = None
-                return choice.epoch
-            if not wait or (final is not None and marks and all(
+                upstream = self._upstream_catching_up(grid, after, choice.epoch, until) if wait else None
+                if upstream is None:
+                    self.waiting = None
+                    return choice.epoch
+                choice = Choice(None, f"{upstream}: waiting for it rather than taking {choice.epoch} first",
+                                WAIT_SLICE_S)
+            elif not wait or (final is not None and marks and all(
                     m is not None and m.epoch is not None and m.epoch >= final for m in marks.values())):
                 return None  # nothing newer now; or the sources moved past ``until`` without holding a barrier
             self._note_wait(after, choice.reason, choice.behind)
             self._open_cache.wait_changed(generation, min(choice.wake_in_s, WAIT_SLICE_S))
         return None
+
+    def _upstream_catching_up(self, grid: BarrierGrid, after: Optional[int], available: int,
+                              until: Optional[int]) -> Optional[str]:
+        """Why to wait for a managed source's writer rather than take ``available`` (``Pacing.worth_waiting``),
+        or None: the upstream is catching up after downtime, and taking ``available`` first would cost this
+        job a second epoch. Looked up only while this job is far behind the clock, so a job keeping up makes
+        no request for it; the waits for one epoch last at most ``CATCH_UP_WAIT_S`` in all."""
+        if after is None or not self.pacing.catching_up(grid, available, now_ms()):
+            return None
+        if self._catch_up is None or self._catch_up[0] != after:
+            self._catch_up = (after, time.monotonic())
+        elif time.monotonic() - self._catch_up[1] > CATCH_UP_WAIT_S:
+            return None  # waited long enough: the upstream may be down
+        writers = read_topology(self.tm).writers
+        marks = self._open_cache.get(self._managed)
+        for source in self._managed:
+            job, mark = writers.get(source), marks[source]
+            if job is None:
+                continue
+            recorded = (parse_epoch(name) for name in self.tm.children(self.tm.paths.epochs(job)))
+            newest = max((e for e in recorded if e is not None), default=None)
+            in_flight = newest if newest is not None and (mark is None or mark.epoch is None or newest > mark.epoch) \
+                else None
+            if until is not None and in_flight is not None and in_flight > until:
+                continue
+            if in_flight is None and not self._behind_its_cadence(job, mark, grid):
+                continue  # an upstream on time (an hourly one, say) has no catch-up epoch to come
+            if self.pacing.worth_waiting(grid, after=after, available=available, in_flight=in_flight,
+                                         leading_for_s=time.monotonic() - self._leading_since):
+                return (f"source {source} is catching up: its writer's epoch {in_flight} is in flight"
+                        if in_flight is not None else
+                        f"source {source}'s writer has begun no epoch since this job took over; it may be "
+                        "catching up too")
+        return None
+
+    def _behind_its_cadence(self, job: str, mark: Optional[TableTidemark], grid: BarrierGrid) -> bool:
+        if mark is None or mark.epoch is None:
+            return True
+        try:
+            found = self.tm.read(self.tm.paths.pacing(job), Pacing)
+        except CorruptState:
+            found = None  # its leader rewrites it; judge by the grid's interval meanwhile
+        return (found[0] if found is not None else Pacing()).catching_up(grid, mark.epoch, now_ms())
 
     def _note_wait(self, after: Optional[int], reason: str, lagging: tuple[str, ...] = ()) -> None:
         """Record why the writer waits; log it once the wait has lasted ``log_every`` seconds, and every

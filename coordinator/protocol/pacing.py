@@ -35,6 +35,17 @@ it, so an hourly job's epochs are barriers of every 5-second job as well and rea
 cadences always have common versions. A job downstream of a slower-cadence job can only take
 that job's epochs: it follows the slower cadence (``effective_cadences``).
 
+**Catching up after downtime.** When a job and its upstream restart together, the upstream's
+first epoch covers the whole downtime, but until it commits, its tidemark still offers the
+barrier or two it had before the stop. A downstream job that took those first would then need a
+second epoch for the backlog. So a job behind the clock by more than ``CATCH_UP_BEHIND``
+cadences waits (``worth_waiting``) for a source writer's epoch in flight that covers
+``CATCH_UP_FACTOR`` times what is available, and, for its first ``CATCH_UP_NEW_LEADER_S`` as
+leader, for a source writer that has no epoch in flight yet (restarted with it, it begins its
+catch-up epoch shortly). Each wait lasts at most ``CATCH_UP_WAIT_S``: the upstream may be down.
+A job that keeps up never checks (it is not behind), and a downstream of a slow job does not
+wait (a slow job's next epoch covers about as much as its last one did).
+
 **No backpressure.** Coalescing bounds what a slow job owes: its next epoch covers everything
 since its last, so nothing queues in front of the work, and its lag stays near one epoch's
 time plus the interval. A slow job therefore slows nobody, upstream or in another pipeline.
@@ -52,6 +63,10 @@ from coordinator.protocol.topology import Topology
 from coordinator.records import JsonRecord, TableTidemark, _int, _opt_int
 
 DEFAULT_GRACE_MS = 1000
+CATCH_UP_BEHIND = 3     # cadences behind the clock from which a job looks for an upstream catching up
+CATCH_UP_FACTOR = 4     # an upstream epoch in flight covering this many times more is worth waiting for
+CATCH_UP_NEW_LEADER_S = 30.0  # ... or, this long after taking over, for a source writer to begin one
+CATCH_UP_WAIT_S = 120.0  # each such wait lasts at most this long (the upstream may have died)
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 _EVERY = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)\s*$")
 
@@ -138,6 +153,21 @@ class Pacing(JsonRecord):
             t = grid.next_candidate(t)
         return t
 
+    def catching_up(self, grid: BarrierGrid, available: int, now: int) -> bool:
+        """Whether ``available`` is so far behind the clock that the job is catching up."""
+        cadence = self.every_ms if self.every_ms is not None else grid.interval_at(now)
+        return now - self.grace_ms - available > CATCH_UP_BEHIND * cadence
+
+    def worth_waiting(self, grid: BarrierGrid, *, after: int, available: int, in_flight: Optional[int],
+                      leading_for_s: float) -> bool:
+        """Whether to wait for a source writer rather than take ``available`` now, while catching up: for its
+        epoch ``in_flight`` if that is on this job's cadence and covers ``CATCH_UP_FACTOR`` times as much since
+        ``after``; with none in flight, while this job's leader has led for less than ``CATCH_UP_NEW_LEADER_S``."""
+        if in_flight is None:
+            return leading_for_s < CATCH_UP_NEW_LEADER_S
+        return (in_flight > available and self.on_cadence(grid, in_flight)
+                and in_flight - after >= CATCH_UP_FACTOR * (available - after))
+
     def choose(self, grid: BarrierGrid, *, after: Optional[int], sources: Mapping[str, Optional[TableTidemark]],
                has_root_source: bool, now: int, until: Optional[int] = None) -> Choice:
         """The job's next epoch: the newest barrier after ``after`` that every managed source (``sources``: each
@@ -222,5 +252,5 @@ def newest_common_epoch(marks: Iterable[Optional[TableTidemark]]) -> Optional[in
     return max(common) if common else None
 
 
-__all__ = ["DEFAULT_GRACE_MS", "Choice", "Pacing", "effective_cadences", "fmt_every", "newest_common_epoch",
-           "parse_every"]
+__all__ = ["CATCH_UP_WAIT_S", "DEFAULT_GRACE_MS", "Choice", "Pacing", "effective_cadences", "fmt_every",
+           "newest_common_epoch", "parse_every"]
