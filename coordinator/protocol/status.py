@@ -42,7 +42,8 @@ cadence yet, or when a source committed its first epoch after the job's only lat
 than that threshold ago: the job is catching up after its upstream did). Such a job is
 shown waiting (with the reason), not stale: the job it waits for is the one flagged. A
 job at rest is never stale. An hourly job lagging 40 minutes is on time, and so is a job
-downstream of it.
+downstream of it. A stale job whose live leader has committed nothing since it took over (its
+leader znode's creation) says so: the znode is live, the leader is stuck.
 
 The **consistent epoch** of the deployment is the newest epoch every managed table holds
 (``pacing.newest_common_epoch`` over the tidemarks; None when they share none, or a table
@@ -162,6 +163,7 @@ class JobStatus:
     stale: bool = False
     stale_reason: Optional[str] = None
     holds_back_ms: Optional[int] = None       # for a stale job: how far it holds the consistent epoch back
+    leader_since_ms: Optional[int] = None     # when its leader znode was created: the live leader's takeover
 
     @property
     def committed_epoch(self) -> Optional[int]:
@@ -213,6 +215,7 @@ class JobStatus:
         return {
             "name": self.name, "sources": list(self.sources), "sinks": list(self.sinks), "term": self.term,
             "leader": self.leader.to_dict() if self.leader else None, "leader_state": self.leader_state,
+            "leader_since_ms": self.leader_since_ms,
             "state": self.state, "fenced_by": self.fenced_by,
             "finished": self.finished.to_dict() if self.finished else None,
             "paused": self.paused.to_dict() if self.paused else None,
@@ -293,7 +296,8 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS,
         leader = LeaderRecord.from_json(leader_raw[0], p.leader(name)) if leader_raw else None
         tidemarks = {t: (m.epoch if (m := marks.get(t)) else None) for t in topo.jobs[name].sinks}
         base[name] = JobStatus(name, topo.jobs[name].sources, topo.jobs[name].sinks, term.term if term else None,
-                               leader, term.fenced_by if term else None, tidemarks, pacing=pacings[name])
+                               leader, term.fenced_by if term else None, tidemarks, pacing=pacings[name],
+                               leader_since_ms=leader_raw[1].ctime if leader_raw else None)
     read_ms = clock()
     # The markers of a job at rest matter only while it has no live leader (a leader that starts removes
     # the finished and paused ones, and a retired job's drivers refuse to lead it): a healthy cluster costs
@@ -351,7 +355,8 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS,
                     f" (its pause ended at {fmt_time(job.pause_ended.until_ms)})" if job.pause_ended else "")
         elif job.state == LEADING and lagging and not explained:
             stale, why = True, (f"lags {fmt_seconds(lag)}, more than {stale_intervals} of its "
-                                f"{'effective ' if setter else ''}cadence ({fmt_cadence(effective)})")
+                                f"{'effective ' if setter else ''}cadence ({fmt_cadence(effective)})"
+                                + _silent_leader(job, marks, read_ms))
         own_tables = [*job.sinks, *managed]
         partial[name] = replace(job, cadence_ms=own, effective_cadence_ms=effective, cadence_from=setter,
                                 consistent_epoch=newest_common_epoch(marks.get(t) for t in own_tables),
@@ -376,6 +381,18 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS,
             job = replace(job, holds_back_ms=max(0, reference - c))
         jobs.append(job)
     return Status(topo, tuple(jobs), grid, interval, consistent, read_ms, live_consistent)
+
+
+def _silent_leader(job: JobStatus, marks: Mapping[str, Optional[TableTidemark]], read_ms: int) -> str:
+    """A live leader znode held by a replica that has committed nothing since it took over (stuck taking over,
+    or in a step that does not end) is not a slow leader: say so. Its log says what it waits for."""
+    since, leader = job.leader_since_ms, job.leader
+    if since is None or leader is None or any(
+            (m := marks.get(t)) is not None and m.committed_ms is not None and m.committed_ms >= since
+            for t in job.sinks):
+        return ""
+    return (f"; its leader {leader.member} (term {leader.term}) has committed nothing since it took over "
+            f"{fmt_seconds(max(0, read_ms - since))} ago (its log says what it waits for)")
 
 
 def _upstream_graces(topo: Topology, writers: Mapping[str, str],
