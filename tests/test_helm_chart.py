@@ -31,7 +31,15 @@ CHART = ROOT / "helm" / "tidemark"
 KUBERNETES_VERSIONS = ("1.25.0", "1.30.0")
 RELEASE, NAMESPACE = "lake", "pipelines"
 FULLNAME = f"{RELEASE}-tidemark"
-VALUES_FILES = [None] + sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
+EXAMPLES = sorted(f"examples/{p.name}" for p in (CHART / "examples").glob("*-values.yaml"))
+VALUES_FILES = [None] + sorted(p.name for p in (CHART / "ci").glob("*-values.yaml")) + EXAMPLES
+# The Secrets an operator created before installing, for values that give the catalog and S3 no other way
+# (the chart's defaults give none: they fail, saying which values to set).
+CREATED_SECRETS = {"catalog": {"uri": {"existingSecret": "tidemark-catalog"},
+                               "s3": {"credentials": {"existingSecret": "tidemark-s3"}}}}
+# What each example's header puts on the helm install command line: the object store.
+OBJECT_STORE = {"catalog": {"warehouse": "s3://my-bucket/warehouse",
+                            "s3": {"credentials": {"accessKeyId": "AKIAEXAMPLE", "secretAccessKey": "example"}}}}
 SPARK_MASTER = "k8s://https://kubernetes.default.svc"
 
 
@@ -41,13 +49,36 @@ def chart():
         yield loaded
 
 
+def merged(base: dict, top: dict) -> dict:
+    """``top`` over ``base``, recursively (as Helm merges values files)."""
+    result = dict(base)
+    for key, value in top.items():
+        result[key] = merged(result[key], value) if isinstance(value, dict) and isinstance(result.get(key), dict) \
+            else value
+    return result
+
+
 def values_of(name):
-    return yaml.safe_load((CHART / "ci" / name).read_text()) if name else {}
+    """A values file as installed: an example with its command line's object store, any other file with the
+    operator's Secrets unless it gives the catalog and S3 credentials itself."""
+    if name and name.startswith("examples/"):
+        return merged(yaml.safe_load((CHART / name).read_text()), OBJECT_STORE)
+    return with_credentials(yaml.safe_load((CHART / "ci" / name).read_text()) if name else {})
+
+
+def with_credentials(values: dict) -> dict:
+    """``values``, plus the operator's Secrets (CREATED_SECRETS) for the catalog and S3 when they give none."""
+    catalog = values.get("catalog", {})
+    if not ({"value", "existingSecret"} & set(catalog.get("uri", {})) or catalog.get("bundledPostgres")):
+        values = merged({"catalog": {"uri": CREATED_SECRETS["catalog"]["uri"]}}, values)
+    if not set(catalog.get("s3", {}).get("credentials", {})) & {"accessKeyId", "existingSecret", "podIdentity"}:
+        values = merged({"catalog": {"s3": CREATED_SECRETS["catalog"]["s3"]}}, values)
+    return values
 
 
 def render(chart, values=None) -> list[dict]:
     """Every manifest of one release, as ``helm template`` would print them (NOTES excluded)."""
-    rendered = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    rendered = chart.render(with_credentials(values or {}), name=RELEASE, namespace=NAMESPACE, is_install=True)
     docs: list[dict] = []
     for template, text in sorted(rendered.items()):
         if template.endswith("NOTES.txt"):
@@ -82,13 +113,18 @@ def env_of(container) -> dict[str, dict]:
     return {e["name"]: e for e in container.get("env", [])}
 
 
+def object_name(job: str) -> str:
+    """The name of a job's objects: ``jobs.<key>`` with '_' as '-'."""
+    return f"{FULLNAME}-{job.replace('_', '-')}"
+
+
 def spark_defaults(docs, job) -> dict[str, str]:
-    text = only(docs, "ConfigMap", f"{FULLNAME}-{job}")["data"]["spark-defaults.conf"]
+    text = only(docs, "ConfigMap", object_name(job))["data"]["spark-defaults.conf"]
     return dict(line.split(" ", 1) for line in text.splitlines() if line.strip())
 
 
 def driver(docs, job) -> tuple[dict, dict]:
-    deployment = only(docs, "Deployment", f"{FULLNAME}-{job}")
+    deployment = only(docs, "Deployment", object_name(job))
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     return deployment, container
 
@@ -121,7 +157,7 @@ def test_every_manifest_validates_against_the_kubernetes_schemas(chart, values_f
 
 @pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda v: v or "defaults")
 def test_helm_lint_finds_nothing_to_warn_about(values_file):
-    report = helm.lint(str(CHART), values_of(values_file) or None, strict=True, namespace=NAMESPACE,
+    report = helm.lint(str(CHART), values_of(values_file), strict=True, namespace=NAMESPACE,
                        kube_version=f"v{KUBERNETES_VERSIONS[0]}")
     assert not report["errors"]
     assert [m for m in report["messages"] if m["severity"] >= 2] == []  # 1 is information ("icon is recommended")
@@ -174,7 +210,10 @@ def test_every_pod_runs_as_non_root_with_a_read_only_root_filesystem(chart, valu
 @pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda v: v or "defaults")
 def test_secrets_are_referenced_by_name_never_inlined(chart, values_file):
     docs = render(chart, values_of(values_file))
-    assert not of_kind(docs, "Secret")
+    # The only Secrets in a release are the ones values give the content of (and the bundled PostgreSQL's).
+    for secret in of_kind(docs, "Secret"):
+        assert secret["metadata"]["name"] in {f"{FULLNAME}-catalog", f"{FULLNAME}-s3", f"{FULLNAME}-postgres"}
+        assert set(secret) == {"apiVersion", "kind", "metadata", "type", "stringData"}
     for owner, spec in pod_specs(docs).items():
         for container in spec["containers"]:
             for name, entry in env_of(container).items():
@@ -527,7 +566,6 @@ def test_service_monitor_and_prometheus_rule(chart):
 
 @pytest.mark.parametrize("values, message", [
     ({"jobs": {"wc": {"scriptPath": "/j.py", "replicas": 0}}}, "at '/jobs/wc/replicas': minimum: got 0, want 1"),
-    ({"jobs": {"Word_Counts": {"scriptPath": "/j.py"}}}, "at '/jobs': additional properties 'Word_Counts' not allowed"),
     ({"jobs": {"wc": {"scriptPath": "/j.py", "replica": 2}}}, "additional properties 'replica' not allowed"),
     ({"jobs": {"wc": {"scriptPath": "/j.py", "antiAffinity": "strict"}}}, "at '/jobs/wc/antiAffinity'"),
     ({"jobs": {"wc": {"scriptPath": "/j.py", "executor": {"memory": "4 GB"}}}}, "at '/jobs/wc/executor/memory'"),
@@ -535,7 +573,9 @@ def test_service_monitor_and_prometheus_rule(chart):
      "at '/jobs/wc/sparkConf': additional properties 'shuffle.partitions' not allowed"),
     ({"zookeeper": {"chroot": "tidemark"}}, "at '/zookeeper/chroot'"),
     ({"zookeeper": {"external": {"connect": "zk:2181/tidemark"}}}, "at '/zookeeper/external/connect'"),
-    ({"catalog": {"uri": {"existingSecret": ""}}}, "at '/catalog/uri/existingSecret'"),
+    ({"catalog": {"uri": {"existingSecret": "Lake_Catalog"}}}, "at '/catalog/uri/existingSecret'"),
+    ({"catalog": {"bundledPostgres": {"user": "Tide-Mark"}}}, "at '/catalog/bundledPostgres/user'"),
+    ({"catalog": {"s3": {"credentials": {"podIdentity": "yes"}}}}, "at '/catalog/s3/credentials/podIdentity'"),
     ({"catalog": {"name": "my_lake"}}, "at '/catalog/name'"),
     ({"podSecurityContext": {"runAsNonRoot": False}}, "at '/podSecurityContext/runAsNonRoot'"),
     ({"driverMetricsPort": 80}, "at '/driverMetricsPort': minimum: got 80, want 1,024"),
@@ -566,11 +606,116 @@ def test_the_schema_refuses_bad_values_naming_them(chart, values, message):
      "jobs.wc: set either script (inline) or scriptPath"),
     ({"jobs": {"wc": {"scriptPath": "/j.py", "executor": {"dynamicAllocation": {"enabled": True, "minExecutors": 5}}}}},
      "jobs.wc: executor.dynamicAllocation.maxExecutors (4) is below minExecutors (5)"),
+    # A job's key names Kubernetes objects: the rule, and why, in a sentence (the schema could only say "additional
+    # properties not allowed").
+    ({"jobs": {"Word_Counts": {"scriptPath": "/j.py"}}},
+     "jobs.Word_Counts: a job's key names its Kubernetes objects (lake-tidemark-<key>), so it must be lower-case"),
+    ({"jobs": {"counts_over_the_last_hour": {"scriptPath": "/j.py"}}}, "at most 20 characters"),
+    ({"jobs": {"word_counts": {"scriptPath": "/j.py"}, "word-counts": {"scriptPath": "/j.py"}}},
+     "jobs.word-counts and jobs.word_counts would both name their objects lake-tidemark-word-counts"),
+    # Credentials: none given, or two ways at once.
+    ({"catalog": {"s3": {"credentials": {"podIdentity": True}}}},
+     "catalog.uri: the drivers and GC need the catalog's JDBC URI; set catalog.uri.value"),
+    ({"catalog": {"uri": {"value": "postgresql://u:p@pg/lake", "existingSecret": "lake"},
+                  "s3": {"credentials": {"podIdentity": True}}}}, "catalog: give the catalog one way only"),
+    ({"catalog": {"uri": {"value": "postgresql://u:p@pg/lake"}, "bundledPostgres": {"enabled": True},
+                  "s3": {"credentials": {"podIdentity": True}}}}, "catalog: give the catalog one way only"),
+    ({"catalog": {"uri": {"existingSecret": "lake"}}},
+     "catalog.s3.credentials: the drivers, their executors and GC need S3 credentials in exactly one way (0 given)"),
+    ({"catalog": {"uri": {"existingSecret": "lake"}, "s3": {"credentials": {"existingSecret": "s3",
+                                                                            "podIdentity": True}}}}, "(2 given)"),
+    ({"catalog": {"uri": {"existingSecret": "lake"}, "s3": {"credentials": {"accessKeyId": "AKIA"}}}},
+     "catalog.s3.credentials: set both accessKeyId and secretAccessKey, or neither"),
 ], ids=lambda v: None if isinstance(v, dict) else v[:40])
 def test_contradicting_values_fail_with_a_sentence(chart, values, message):
     with pytest.raises(helm.HelmRenderError) as refused:
         chart.render(values, name=RELEASE, namespace=NAMESPACE)
     assert message in str(refused.value)
+
+
+def test_the_defaults_fail_saying_which_values_to_set(chart):
+    """No catalog and no S3 credentials in the defaults: an install stops at once with a sentence, instead of pods
+    waiting for Secrets that nothing creates."""
+    with pytest.raises(helm.HelmRenderError) as refused:
+        chart.render({}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    message = str(refused.value)
+    assert "catalog.uri.value" in message and "catalog.bundledPostgres.enabled=true" in message
+    assert "helm/tidemark/examples/" in message
+    assert chart.values["catalog"]["uri"]["existingSecret"] == ""
+    assert chart.values["catalog"]["s3"]["credentials"]["existingSecret"] == ""
+
+
+def test_the_chart_creates_the_secrets_whose_content_values_give(chart):
+    values = values_of("monitoring-values.yaml")
+    docs = render(chart, values)
+    catalog, s3 = only(docs, "Secret", f"{FULLNAME}-catalog"), only(docs, "Secret", f"{FULLNAME}-s3")
+    assert catalog["stringData"] == {"uri": values["catalog"]["uri"]["value"]} and catalog["type"] == "Opaque"
+    assert s3["stringData"] == {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "example-secret-key"}
+    _, container = driver(docs, "word-counts")
+    env = env_of(container)
+    assert env["TIDEMARK_CATALOG_URI"]["valueFrom"]["secretKeyRef"] == {"name": f"{FULLNAME}-catalog", "key": "uri"}
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": f"{FULLNAME}-s3",
+                                                                         "key": "AWS_SECRET_ACCESS_KEY"}
+    assert spark_defaults(docs, "word-counts")["spark.kubernetes.executor.secretKeyRef.AWS_ACCESS_KEY_ID"] == \
+        f"{FULLNAME}-s3:AWS_ACCESS_KEY_ID"
+    gc = env_of(only(docs, "CronJob", f"{FULLNAME}-gc")["spec"]["jobTemplate"]["spec"]["template"]["spec"][
+        "containers"][0])
+    assert gc["TIDEMARK_CATALOG_URI"] == env["TIDEMARK_CATALOG_URI"]
+    assert gc["AWS_ACCESS_KEY_ID"] == env["AWS_ACCESS_KEY_ID"]
+    # A Secret named in values is the operator's: the chart creates none of its own then.
+    assert not of_kind(render(chart, values_of("two-jobs-values.yaml")), "Secret")
+
+
+def test_the_bundled_postgres_catalog_gets_a_password_and_the_uri_the_drivers_read(chart):
+    docs = render(chart, values_of("bundled-zk-auth-values.yaml"))
+    name = f"{FULLNAME}-postgres"
+    secret = only(docs, "Secret", name)
+    password = secret["stringData"]["password"]
+    assert re.fullmatch(r"[A-Za-z0-9]{32}", password)
+    assert secret["stringData"]["uri"] == f"postgresql://tidemark:{password}@{name}.{NAMESPACE}.svc:5432/lake"
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"  # a reinstall finds the volume's
+    server = only(docs, "StatefulSet", name)
+    assert server["spec"]["replicas"] == 1
+    (container,) = server["spec"]["template"]["spec"]["containers"]
+    assert env_of(container)["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": name, "key": "password"}
+    assert only(docs, "Service", name)["spec"]["ports"][0]["port"] == 5432
+    _, driver_container = driver(docs, "word-counts")
+    assert env_of(driver_container)["TIDEMARK_CATALOG_URI"]["valueFrom"]["secretKeyRef"] == {"name": name,
+                                                                                            "key": "uri"}
+
+
+def test_a_job_key_with_an_underscore_names_its_objects_with_a_dash(chart):
+    docs = render(chart, values_of(EXAMPLES[0]))
+    deployment, container = driver(docs, "region_totals")
+    assert deployment["metadata"]["name"] == f"{FULLNAME}-region-totals"
+    assert deployment["spec"]["selector"]["matchLabels"]["tidemark.io/job"] == "region-totals"
+    assert container["args"] == ["job", "/etc/tidemark/job/job.py", "region_totals"]
+    only(docs, "Service", f"{FULLNAME}-region-totals")
+    notes = chart.render(values_of(EXAMPLES[0]), name=RELEASE, namespace=NAMESPACE)["tidemark/templates/NOTES.txt"]
+    assert f"deployment/{FULLNAME}-region-totals: 2 replicas" in notes
+
+
+def example_script() -> str:
+    jobs = yaml.safe_load((CHART / "examples" / "pipeline-values.yaml").read_text())["jobs"]
+    assert jobs["events"]["script"] == jobs["region_totals"]["script"]  # one script, the job named by its argument
+    return jobs["events"]["script"]
+
+
+def test_the_example_installs_as_its_header_says(chart):
+    """As it is, the example stops at the one thing it cannot know (the object store), naming the values; with the
+    header's command-line values it renders a pipeline: ZooKeeper, PostgreSQL, both jobs, the exporter."""
+    text = (CHART / "examples" / "pipeline-values.yaml").read_text()
+    for flag in ("--set catalog.warehouse=", "--set catalog.s3.credentials.accessKeyId=",
+                 "--set catalog.s3.credentials.secretAccessKey=", "--set image.repository="):
+        assert flag in text, flag
+    with pytest.raises(helm.HelmRenderError, match=r"catalog\.s3\.credentials: .* exactly one way"):
+        chart.render(yaml.safe_load(text), name=RELEASE, namespace=NAMESPACE, is_install=True)
+    docs = render(chart, values_of(EXAMPLES[0]))
+    for kind, name in (("StatefulSet", "zookeeper"), ("StatefulSet", "postgres"), ("Deployment", "exporter"),
+                       ("Deployment", "events"), ("Deployment", "region-totals"), ("Secret", "s3")):
+        only(docs, kind, f"{FULLNAME}-{name}")
+    assert only(docs, "ConfigMap", f"{FULLNAME}-events")["data"]["job.py"] == example_script()
+    compile(example_script(), "pipeline-values.yaml:jobs.events.script", "exec")
 
 
 def test_chart_version_follows_the_package_version(chart):
@@ -661,3 +806,44 @@ def test_the_entrypoint_explains_its_usage_and_missing_inputs(tmp_path):
     assert done.returncode == 2 and "SPARK_DRIVER_URL" in done.stderr
     done = run_entrypoint()
     assert done.returncode == 2 and "usage:" in done.stderr
+
+
+def test_the_example_pipeline_script_runs_both_jobs_consistently(zk_connect, tmp_path):
+    """The example's script as the chart mounts it, run as the two drivers the chart starts (one per job), against
+    a real ZooKeeper and a real catalog (the embedded SQLite one, where the chart gives PostgreSQL and S3): both
+    jobs commit, region_totals' consistent version sums exactly the events of its epochs, and SIGTERM ends both
+    drivers cleanly."""
+    import signal
+
+    from coordinator import CatalogSettings, Resolver, Tidemark, read_arrow
+    from tests.helpers.wait import wait_for
+
+    script = tmp_path / "job.py"
+    script.write_text(example_script())
+    home = tmp_path / "home"
+    env = {**os.environ, "TIDEMARK_ZK": zk_connect, "TIDEMARK_HOME": str(home)}
+    for name in ("TIDEMARK_CATALOG_URI", "TIDEMARK_WAREHOUSE", "TIDEMARK_CATALOG_NAME"):
+        env.pop(name, None)
+    drivers = [subprocess.Popen([sys.executable, str(script), job], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for job in ("events", "region_totals")]
+    try:
+        with Tidemark.connect(zk_connect) as tm:
+            def committed() -> bool:
+                for process in drivers:
+                    assert process.poll() is None, f"a driver exited: {present(process.stderr).read()}"
+                jobs = tm.status().jobs
+                return len(jobs) == 2 and all(job.committed_epoch is not None for job in jobs)
+            wait_for(committed, "both example jobs to commit an epoch", timeout=120, every=0.5)
+            settings = CatalogSettings.embedded(home)
+            resolver = Resolver(settings.load(), settings, tm)
+            version = resolver.resolve(["demo.events", "demo.region_totals"], level="consistent")
+            tables = read_arrow(resolver, version)
+    finally:
+        for process in drivers:
+            process.send_signal(signal.SIGTERM)
+        for process in drivers:
+            process.wait(60)
+    assert [p.returncode for p in drivers] == [0, 0], [present(p.stderr).read()[-2000:] for p in drivers]
+    events, totals = tables["demo.events"], tables["demo.region_totals"]
+    assert totals.num_rows > 0 and sum(totals["orders"].to_pylist()) == events.num_rows
+    assert sum(totals["amount"].to_pylist()) == sum(events["amount"].to_pylist())

@@ -83,7 +83,16 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
 {{- if and $s3.enabled (not (regexMatch "^s3a?://" .Values.catalog.warehouse)) -}}
 {{- fail (printf "catalog.warehouse: %q is not an s3:// location while catalog.s3.enabled=true; use s3://bucket/path or disable catalog.s3" .Values.catalog.warehouse) -}}
 {{- end -}}
+{{- $jobNames := dict -}}
 {{- range $name, $values := .Values.jobs -}}
+{{- if not (regexMatch "^[a-z]([-_a-z0-9]{0,18}[a-z0-9])?$" $name) -}}
+{{- fail (printf "jobs.%s: a job's key names its Kubernetes objects (%s-<key>), so it must be lower-case letters, digits, '-' or '_' (an '_' becomes '-'), start with a letter, end with a letter or digit and have at most 20 characters; the Tidemark job name is the one your script gives EpochJob, whatever the key" $name (include "tidemark.fullname" $)) -}}
+{{- end -}}
+{{- $dns := include "tidemark.jobName" $name -}}
+{{- with get $jobNames $dns -}}
+{{- fail (printf "jobs.%s and jobs.%s would both name their objects %s-%s (an '_' becomes '-'): rename one" . $name (include "tidemark.fullname" $) $dns) -}}
+{{- end -}}
+{{- $_ := set $jobNames $dns $name -}}
 {{- $job := include "tidemark.job" (dict "ctx" $ "values" $values) | fromYaml -}}
 {{- $scaling := $job.executor.dynamicAllocation -}}
 {{- if and $scaling.enabled (lt (int $scaling.maxExecutors) (int $scaling.minExecutors)) -}}
@@ -94,6 +103,31 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
 {{- end -}}
 {{- if not (or $job.script $job.scriptPath) -}}
 {{- fail (printf "jobs.%s: no driver script; set script (inline Python) or scriptPath (a file in the image)" $name) -}}
+{{- end -}}
+{{- end -}}
+{{- $uri := .Values.catalog.uri -}}
+{{- $catalogs := 0 -}}
+{{- range $way := list $uri.value $uri.existingSecret .Values.catalog.bundledPostgres.enabled -}}
+{{- if $way }}{{ $catalogs = add1 $catalogs }}{{ end -}}
+{{- end -}}
+{{- if gt (int $catalogs) 1 -}}
+{{- fail "catalog: give the catalog one way only: catalog.uri.value (the chart creates the Secret), catalog.uri.existingSecret (a Secret you created) or catalog.bundledPostgres.enabled (the chart runs PostgreSQL)" -}}
+{{- end -}}
+{{- if eq (int $catalogs) 0 -}}
+{{- fail (printf "catalog.uri: the drivers and GC need the catalog's JDBC URI; set catalog.uri.value (postgresql://user:password@host:5432/catalog: the chart keeps it in the Secret %s-catalog), catalog.uri.existingSecret (a Secret you created, its key catalog.uri.key=%s holding the URI) or catalog.bundledPostgres.enabled=true (the chart runs a small PostgreSQL); helm/tidemark/examples/ has complete values" (include "tidemark.fullname" .) $uri.key) -}}
+{{- end -}}
+{{- if $s3.enabled -}}
+{{- $credentials := $s3.credentials -}}
+{{- $pair := or $credentials.accessKeyId $credentials.secretAccessKey -}}
+{{- if and $pair (not (and $credentials.accessKeyId $credentials.secretAccessKey)) -}}
+{{- fail "catalog.s3.credentials: set both accessKeyId and secretAccessKey, or neither" -}}
+{{- end -}}
+{{- $ways := 0 -}}
+{{- range $way := list $pair $credentials.existingSecret $credentials.podIdentity -}}
+{{- if $way }}{{ $ways = add1 $ways }}{{ end -}}
+{{- end -}}
+{{- if ne (int $ways) 1 -}}
+{{- fail (printf "catalog.s3.credentials: the drivers, their executors and GC need S3 credentials in exactly one way (%d given): accessKeyId and secretAccessKey (the chart keeps them in the Secret %s-s3), existingSecret (a Secret you created, keys accessKeyIdKey and secretAccessKeyKey), or podIdentity: true (IRSA, an instance role); or set catalog.s3.enabled=false for another file system" (int $ways) (include "tidemark.fullname" .)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -164,6 +198,36 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
 
 {{/* Environment of every process that opens the Iceberg catalog from Python (drivers, GC): the
      catalog, and the S3 settings pyiceberg reads from PYICEBERG_CATALOG__<NAME>__*. */}}
+{{/* The Secret holding the catalog URI: the one named in values, the bundled PostgreSQL's, or the one
+     the chart creates from catalog.uri.value. */}}
+{{- define "tidemark.catalog.secret" -}}
+{{- if .Values.catalog.bundledPostgres.enabled -}}
+{{- include "tidemark.postgres.name" . -}}
+{{- else -}}
+{{- .Values.catalog.uri.existingSecret | default (printf "%s-catalog" (include "tidemark.fullname" .)) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tidemark.postgres.name" -}}
+{{- printf "%s-postgres" (include "tidemark.fullname" .) -}}
+{{- end -}}
+
+{{/* The Secret holding the S3 key pair: the one named in values, the one the chart creates, or
+     nothing (the pods' own identity). */}}
+{{- define "tidemark.s3.secret" -}}
+{{- $credentials := .Values.catalog.s3.credentials -}}
+{{- if $credentials.existingSecret -}}
+{{- $credentials.existingSecret -}}
+{{- else if $credentials.accessKeyId -}}
+{{- printf "%s-s3" (include "tidemark.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A job's key as a DNS label: word_counts -> word-counts (the key rule is checked in tidemark.validate). */}}
+{{- define "tidemark.jobName" -}}
+{{- . | replace "_" "-" -}}
+{{- end -}}
+
 {{- define "tidemark.catalog.env" -}}
 {{- $catalog := .Values.catalog -}}
 {{- $s3 := $catalog.s3 -}}
@@ -171,13 +235,13 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
   value: {{ $catalog.name | quote }}
 - name: TIDEMARK_CATALOG_URI
   valueFrom:
-    secretKeyRef: {name: {{ $catalog.uri.existingSecret | quote }}, key: {{ $catalog.uri.key | quote }}}
+    secretKeyRef: {name: {{ include "tidemark.catalog.secret" . | quote }}, key: {{ $catalog.uri.key | quote }}}
 - name: TIDEMARK_WAREHOUSE
   value: {{ $catalog.warehouse | quote }}
 {{- if $s3.enabled }}
 - name: AWS_REGION
   value: {{ $s3.region | quote }}
-{{- with $s3.credentials.existingSecret }}
+{{- with include "tidemark.s3.secret" . }}
 - name: AWS_ACCESS_KEY_ID
   valueFrom:
     secretKeyRef: {name: {{ . | quote }}, key: {{ $s3.credentials.accessKeyIdKey | quote }}}
