@@ -45,7 +45,10 @@ Failure behaviour: a leader that is fenced or whose session expires steps down a
 contends again (``run`` does not raise for it); so does a leader that loses the catalog's
 database (restarted, failing over: ``is_catalog_outage``), contending again after a pause, until
 it has been unreachable for ``CATALOG_OUTAGE_TIMEOUT_S``. Any other error while this replica
-still leads is raised, and the epoch is recomputed by the next leader.
+still leads is raised, and the epoch is recomputed by the next leader. A leader never goes quiet:
+a step that lasts ``log_every`` seconds (taking over, computing, staging, publishing, committing) is
+logged with what it is, and again every ``log_every`` seconds until it ends; its waits for the next
+epoch say why themselves.
 """
 from __future__ import annotations
 
