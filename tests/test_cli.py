@@ -108,15 +108,16 @@ def test_a_grid_stuck_on_an_absurd_interval_is_left_without_editing_znodes(tm, z
 
         code, _, err = cli(capsys, *zk, "barriers", "--set-interval", "1000", "--yes")
         one_line_error(code, err, "--from T", "the earliest allowed is ")
-        earliest = int(err.split("the earliest allowed is ")[1].split()[0])
-        code, _, err = cli(capsys, *zk, "barriers", "--set-interval", "1000", "--from", str(earliest), "--yes")
+        # A few seconds later than the earliest: that moves on with the clock while the next command starts.
+        start = int(err.split("the earliest allowed is ")[1].split()[0]) + 3000
+        code, _, err = cli(capsys, *zk, "barriers", "--set-interval", "1000", "--from", str(start), "--yes")
         assert code == 0, err
         grid = tm.barriers.grid()
-        assert grid.is_barrier(past) and grid.next_candidate(past) == earliest
-        assert grid.floor(earliest + 2500) == earliest + 2000
+        assert grid.is_barrier(past) and grid.next_candidate(past) == start
+        assert grid.floor(start + 2500) == start + 2000
 
         epoch = writer.next_barrier(wait=True)  # the job takes epochs again once the clock reaches the new points
-        assert epoch is not None and epoch >= earliest and grid.is_barrier(epoch)
+        assert epoch is not None and epoch >= start and grid.is_barrier(epoch)
         commit_rows(writer, epoch)
         assert tm.tidemarks([sink])[sink].epoch == epoch
     finally:
@@ -258,7 +259,8 @@ def test_zk_stop_and_status_honour_the_port_and_start_fails_fast_without_zookeep
 
 def test_each_connection_change_is_one_log_line_and_kazoo_attempts_are_not_logged(tmp_path, caplog):
     server = EmbeddedZooKeeper(port=free_port(), data_dir=tmp_path).start()
-    tm = Tidemark.connect(server.connect_string, session_timeout=10, operation_timeout=5)
+    # A session that outlives a slow restart of the server: the connection comes back with the session kept.
+    tm = Tidemark.connect(server.connect_string, session_timeout=30, operation_timeout=5)
     try:
         def outage() -> list[logging.LogRecord]:
             caplog.clear()

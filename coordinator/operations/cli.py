@@ -106,6 +106,8 @@ def _require_in_catalog(settings: CatalogSettings, tables: list[str], tm: Option
     dropping retained versions."""
     from coordinator.errors import TableNotFound
     from coordinator.iceberg.catalog import load_table
+    if not tables:
+        return  # nothing to check: opening the catalog would create the embedded default for nothing
     catalog = settings.load()
     missing = []
     for table in sorted(set(tables)):
