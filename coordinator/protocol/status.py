@@ -368,9 +368,10 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS,
                    for t in (*base[j].sinks, *(s for s in base[j].sources if s in writers))}
     live_consistent = newest_common_epoch(marks.get(t) for t in sorted(live_tables)) if live_tables else None
     # How far each stale job holds the consistent epoch back: the consistent epoch of the tables of the
-    # healthy jobs (neither stale nor waiting on something), or the wall clock when there are none, minus
-    # its epoch.
-    healthy = [j for j in names if not partial[j].stale and not blocked[j] and committed[j] is not None]
+    # healthy jobs (live, neither stale nor waiting on something), or the wall clock when there are none,
+    # minus its epoch. A job at rest is no reference: its tables stay where it stopped.
+    healthy = [j for j in names if not partial[j].stale and not blocked[j] and committed[j] is not None
+               and not base[j].at_rest]
     reference = newest_common_epoch(marks.get(t) for j in healthy for t in base[j].sinks) if healthy else None
     if reference is None:
         reference = min((c for j in healthy if (c := committed[j]) is not None), default=read_ms)
