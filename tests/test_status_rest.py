@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 
@@ -112,8 +113,12 @@ def test_a_paused_stream_is_not_stale_and_leaves_the_live_consistent_epoch_until
 def test_a_pause_ends_by_itself_and_bad_durations_are_one_line_errors(tm, zk_connect, capsys):
     tm.register_job("idle", sources=[], sinks=["lake.db.idle"])
     assert tm.status().job("idle").stale
-    with pytest.raises(InvalidArgument, match="must end in the future"):
+    with pytest.raises(InvalidArgument, match="a pause must end after it starts"):
         tm.pause_job("idle", until_ms=now_ms() - 1)
+    bad_arguments: list[dict[str, Any]] = [{"until_ms": "soon"}, {"by": None}, {"reason": 7}, {"until_ms": True}]
+    for arguments in bad_arguments:
+        with pytest.raises(InvalidArgument):
+            tm.pause_job("idle", **arguments)
     with pytest.raises(JobNotFound):
         tm.pause_job("nojob")
     for bad in ("0s", "soon", "1x"):

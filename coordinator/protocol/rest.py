@@ -30,7 +30,6 @@ from typing import Any, Callable, Optional, TypeVar
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from coordinator.errors import (
-    InvalidArgument,
     JobNotFound,
     JobRetired,
     MultiFailed,
@@ -38,7 +37,7 @@ from coordinator.errors import (
     ZooKeeperUnavailable,
 )
 from coordinator.names import validate_name
-from coordinator.records import LeaderRecord, RestRecord, TermRecord, now_ms
+from coordinator.records import LeaderRecord, RestRecord, TermRecord
 from coordinator.zookeeper.ops import Check, Create, Delete, Op, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -48,10 +47,9 @@ T = TypeVar("T")
 
 def pause_job(tm: ZooKeeperSession, name: str, *, by: str = "operator", reason: str = "",
               until_ms: Optional[int] = None) -> RestRecord:
-    """Mark ``name`` paused (replacing a retirement or an earlier pause); returns the record written."""
-    if until_ms is not None and until_ms <= now_ms():
-        raise InvalidArgument(f"a pause must end in the future, got until_ms={until_ms}")
-    record = RestRecord(by, reason, until_ms=until_ms)
+    """Mark ``name`` paused (replacing a retirement or an earlier pause); returns the record written.
+    ``InvalidArgument`` for an ``until_ms`` that is not after now."""
+    record = RestRecord(by, reason, until_ms=until_ms)  # validates every argument, until_ms after its since_ms
     _mark(tm, name, PAUSED, record, refuse_leader=False)
     return record
 
