@@ -499,7 +499,8 @@ def cmd_versions(args: argparse.Namespace) -> int:
     settings = CatalogSettings.from_env()
     with _connect(args, read_only=True) as tm:
         listing = tier_listing(tm, RetainedVersions(tm).all())
-        _require_in_catalog(settings, [*tm.topology().writers, *(t for e in listing for t in e.snapshots)], tm)
+        topology = tm.topology()  # registered tables only: a table dropped since a version was retained is fine
+        _require_in_catalog(settings, [*topology.writers, *topology.root_tables], tm)
     if args.json:
         print(json.dumps([entry.to_dict() for entry in listing], indent=2))
         return 0
