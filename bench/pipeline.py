@@ -470,7 +470,8 @@ def catchup(opts, zk: str) -> None:
             print(f"NOT caught up within {opts.catchup_timeout:g} s (lag {samples[-1][1] if samples else '?'} s)")
             cascade.stop_drivers()
             return
-        covered = next((wall for wall, lag, _ in samples if wall - lag >= restarted), caught)
+        barrier = int(restarted * 1000) // opts.interval_ms * opts.interval_ms / 1000  # the grid point of the restart
+        covered = next((wall for wall, lag, _ in samples if wall - lag >= barrier), caught)
         cascade.sample(2 * interval_s)  # a little steady state after it, then a clean stop
         cascade.stop_drivers()
 
@@ -481,14 +482,18 @@ def catchup(opts, zk: str) -> None:
         def counts(found: dict[str, list[dict]]) -> str:
             return ", ".join(f"{j} {len(r)}" + (f" (first started +{r[0]['start_ms'] / 1000 - restarted:.0f} s)"
                                                 if r else "") for j, r in found.items())
+        own = {job: [e for e in cascade.epochs(job) if e["start_ms"] >= restarted * 1000] for job in stop}
+        to_cover = {job: next((i + 1 for i, e in enumerate(r) if e["epoch"] >= barrier * 1000), None)
+                    for job, r in own.items()}
         goal = 1 if opts.stop != "all" else 2
-        print(f"the consistent epoch covers the downtime (passes the restart) {covered - restarted:.1f} s after the "
-              f"restart; epochs each restarted job ran: {counts(runs(covered))}; goal <= {goal} per job: "
-              f"{verdict(all(len(r) <= goal for r in runs(covered).values()))}")
+        print("epochs each restarted job ran until its own epoch covered the downtime (reached the restart's grid "
+              "point): " + ", ".join(f"{j} {n}" for j, n in to_cover.items()) + f"; goal <= {goal} per job: "
+              f"{verdict(all(n is not None and n <= goal for n in to_cover.values()))}")
+        print(f"the consistent epoch covered the downtime {covered - restarted:.1f} s after the restart (each "
+              f"restarted job ran {counts(runs(covered))} epochs by then, the root keeping its cadence meanwhile)")
         print(f"within one interval of the clock (now - T* <= {interval_s:g} s) {caught - restarted:.1f} s after "
-              f"the restart (stopped {restarted - stopped:.0f} s); epochs each restarted job ran: "
-              f"{counts(runs(caught))}; goal <= {goal} per job: "
-              f"{verdict(all(len(r) <= goal for r in runs(caught).values()))}")
+              f"the restart (stopped {restarted - stopped:.0f} s); epochs each restarted job ran by then: "
+              f"{counts(runs(caught))}")
         print("each job's first epoch after the restart covered: " + ", ".join(
             f"{j} {(r[0]['epoch'] - before[j]) / 1000:.0f} s of input ({before[j]} -> {r[0]['epoch']})"
             for j, r in runs(caught).items() if r and before[j] is not None))

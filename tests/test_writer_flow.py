@@ -445,9 +445,11 @@ def test_after_a_restart_a_job_waits_for_its_upstreams_catch_up_epoch_rather_tha
     fleet.wait(lambda: (mark_epoch(tm, r_out) or 0) > behind, "the root to commit an epoch a has not")
     r.stop()
     ahead = present(mark_epoch(tm, r_out))
+    # Long enough a downtime that the root's catch-up epoch covers more than 4x what a could take now.
+    downtime = max(10, 4 * (ahead - behind) // interval + 2) * interval
     grid = tm.barriers.grid()
-    fleet.wait(lambda: clock_barrier(grid, grace) >= ahead + 10 * interval, "the clock to pass ten grid points",
-               timeout=60)
+    fleet.wait(lambda: clock_barrier(grid, grace) >= ahead + downtime, "the clock to pass the downtime",
+               timeout=60 + downtime / 1000)
     events.append(rows(1, [7]))
     in_catch_up.set()
     r, a = start("root"), start("a")
@@ -457,7 +459,7 @@ def test_after_a_restart_a_job_waits_for_its_upstreams_catch_up_epoch_rather_tha
     release.set()
     fleet.wait(lambda: a.writer.committed, "a's first epoch after the restart")
     caught_up = r.writer.committed[0]
-    assert caught_up >= ahead + 10 * interval
+    assert caught_up >= ahead + downtime
     assert a.writer.committed[0] == caught_up, "a ran the root's stale epoch before its catch-up epoch"
     assert (7, 7) in as_set(catalog.load_table(a_out).scan().to_arrow())
 
