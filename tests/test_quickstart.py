@@ -1,0 +1,131 @@
+"""README.md's quickstart, run as written, so it cannot rot; and a job whose tables are missing registers nothing.
+
+The quickstart's shell blocks run in order as one bash script (``set -euo pipefail``) and its Python block
+is saved under the name its first line gives, as the README tells the reader to. Real ZooKeeper (``tidemark
+zk start``, the default port 2181) and the real embedded SQLite catalog, in a fresh ``TIDEMARK_HOME``.
+The script runs in a private network namespace (``unshare``), so the default port is the test's own and
+never another ZooKeeper's on this machine. The install line is checked, not run (the venv is the install):
+it must name this distribution and an extra pyproject.toml declares.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from coordinator import EpochWriter
+from coordinator.errors import TableNotFound
+from coordinator.operations.zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+PYPROJECT = (ROOT / "pyproject.toml").read_text()
+DEADLINE_S = 240
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+
+
+def quickstart() -> str:
+    start = README.index("\n## Quickstart\n")
+    return README[start:README.index("\n## ", start + 1)]
+
+
+def blocks(section: str) -> list[tuple[str, str]]:
+    return [(language, body) for language, body in FENCE.findall(section)]
+
+
+def test_the_quickstart_is_one_screen_with_an_install_line_for_this_distribution():
+    section = quickstart()
+    assert len(section.splitlines()) <= 60, "the quickstart no longer fits on one screen"
+    shell = "\n".join(body for language, body in blocks(section) if language == "sh")
+    (install,) = re.findall(r"^pip install (.*?)(?:\s+#.*)?$", shell, re.M)
+    name = re.search(r'^name = "([^"]+)"$', PYPROJECT, re.M)
+    assert name is not None
+    found = re.fullmatch(r"'([\w.-]+)\[([\w,]+)\]'", install)
+    assert found and found.group(1) == name.group(1), f"the quickstart installs {install}, not {name.group(1)}"
+    for extra in found.group(2).split(","):
+        assert re.search(rf"^{extra} = \[", PYPROJECT, re.M), f"pyproject.toml has no extra {extra!r}"
+
+
+def _namespaced() -> Optional[list[str]]:
+    """The command prefix that runs the script with a network of its own (loopback only), or None."""
+    unshare = shutil.which("unshare")
+    if unshare is None or shutil.which("ip") is None:
+        return None
+    prefix = [unshare, "--net"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    probe = subprocess.run([*prefix, "ip", "link", "set", "lo", "up"], capture_output=True, timeout=30)
+    return prefix if probe.returncode == 0 else None
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_the_readme_quickstart_runs_as_written(tmp_path):
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    script = ["trap 'tidemark zk stop >/dev/null 2>&1 || true' EXIT"]  # the server goes with the script, whatever fails
+    for language, body in blocks(quickstart()):
+        if language == "python":
+            name = re.match(r"# ([\w.-]+\.py)\b", body)
+            assert name, "the quickstart's Python block must start with '# <file>.py' (the file the reader saves)"
+            (work / name.group(1)).write_text(body)
+        elif language == "sh":
+            script += [line for line in body.splitlines() if not line.startswith("pip install ")]
+    (work / "quickstart.sh").write_text("\n".join(script) + "\n")
+
+    # The quickstart's defaults, not this machine's settings (the ZooKeeper server's class path stays).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_") or k == "TIDEMARK_ZK_CLASSPATH"}
+    env.update(TIDEMARK_HOME=str(home), HOME=str(tmp_path), PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
+    prefix = _namespaced()
+    if prefix is None and not _port_free(DEFAULT_PORT):
+        pytest.fail(f"port {DEFAULT_PORT} is taken and this machine has no network namespaces (unshare): the "
+                    "quickstart's `tidemark zk start` needs that port")
+    command = ["bash", "-c", "ip link set lo up && exec bash -euo pipefail quickstart.sh"] if prefix else \
+        ["bash", "-euo", "pipefail", "quickstart.sh"]
+    process = subprocess.Popen([*(prefix or []), *command], cwd=work, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"the quickstart did not finish within {DEADLINE_S} s:\n{output}")
+    finally:
+        server = EmbeddedZooKeeper(data_dir=home / "zookeeper").recorded_state()
+        if server is not None and _alive(server.pid):  # the script's trap failed: the test started it, end it
+            os.kill(server.pid, signal.SIGKILL)
+    assert process.returncode == 0, f"the quickstart failed (exit {process.returncode}):\n{output}"
+    # pandas: the one big order above 2000; DuckDB: both big orders joined with their root rows.
+    assert re.search(r"^\s*id\n0\s+3$", output, re.M), output
+    assert "[(2, 4000)]" in output, output
+    statements = re.findall(r"^SELECT \* FROM lake\.db\.(\w+) FOR VERSION AS OF (\S+);$", output, re.M)
+    assert sorted(t for t, _ in statements) == ["big_orders", "orders"], output
+    assert re.search(r"^stopped$", output, re.M), output
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_job_whose_sink_does_not_exist_fails_before_anything_is_registered(tm, catalog_settings, namespace):
+    catalog = catalog_settings.load()
+    catalog.create_namespace(namespace)
+    writer = EpochWriter(tm, "orphan", sources=[f"{namespace}.orders"], sinks=[f"{namespace}.big_orders"],
+                         catalog=catalog_settings, interval_ms=1000)
+    with pytest.raises(TableNotFound, match=f"{namespace}.big_orders"):
+        writer.run(lambda ctx: None, once=True)
+    assert not tm.topology().jobs, "a job with a missing sink was registered"
+    assert not tm.status().jobs
