@@ -461,7 +461,7 @@ def test_after_a_restart_a_job_waits_for_its_upstreams_catch_up_epoch_rather_tha
     caught_up = r.writer.committed[0]
     assert caught_up >= ahead + downtime
     assert a.writer.committed[0] == caught_up, "a ran the root's stale epoch before its catch-up epoch"
-    assert (7, 7) in as_set(catalog.load_table(a_out).scan().to_arrow())
+    assert (1, 7) in as_set(catalog.load_table(a_out).scan().to_arrow())
 
 
 # -- 4. no epoch before a table's history --------------------------------------------------------
