@@ -22,6 +22,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, NotEmptyError
 
 from coordinator import EpochWriter, VersionNotFound
+from coordinator.history import resolve as resolve_module
 from coordinator.history.checker import ConsistencyChecker
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.resolve import Resolver, read_arrow
@@ -37,6 +38,19 @@ from tests.helpers.wait import wait_for
 @pytest.fixture
 def catalog(catalog_settings):
     return catalog_settings.load()
+
+
+@pytest.fixture
+def loaded(monkeypatch) -> list[str]:
+    """The tables whose Iceberg metadata a ``Resolver`` loads (from the real catalog), in order."""
+    names: list[str] = []
+    load = resolve_module.load_table
+
+    def counted(catalog, settings, name: str):
+        names.append(name)
+        return load(catalog, settings, name)
+    monkeypatch.setattr(resolve_module, "load_table", counted)
+    return names
 
 
 def epoch_counts(frame: pa.Table) -> dict[int, int]:
@@ -315,5 +329,59 @@ def test_a_stopped_table_holds_the_consistent_epoch_at_its_own_once_its_peers_li
     assert not present(tm.tidemarks([busy])[busy]).holds(base), "busy's list should have moved past E"
     version = Resolver(catalog, catalog_settings, tm).resolve([stuck, busy])
     assert version.epoch == base and version.snapshots[busy] == at_base
+    frames = read_arrow(Resolver(catalog, catalog_settings), version)
+    assert epoch_counts(frames[busy]) == {base: 2} and epoch_counts(frames[stuck]) == {base: 1}
+
+
+def test_zookeeper_resolves_tables_at_mixed_epochs_without_loading_iceberg_metadata(tm, catalog, catalog_settings,
+                                                                                   namespace, loaded):
+    """``up`` is ahead of ``down`` and ``other``: its tidemark lists the epoch they hold with its snapshot there,
+    so resolving from ZooKeeper (cold, and from the watch cache) loads no table's metadata; Iceberg alone (which
+    loads each table once) gives the same version."""
+    lake = MixedLake(catalog, catalog_settings, namespace)
+    lake.open(tm)
+    cache = tm.tidemark_cache()
+    try:
+        for epoch in (1000, 2000, 3000, 4000):
+            lake.root_epoch(lake.up, epoch)
+        lake.copy_epoch(2000)
+        for epoch in (2000, 3000):
+            lake.root_epoch(lake.other, epoch)
+        loaded.clear()
+        cold = Resolver(catalog, catalog_settings, tm).resolve(lake.tables)
+        warm = Resolver(catalog, catalog_settings, tm, cache)
+        assert cold.epoch == 2000 and warm.resolve(lake.tables) == cold and warm.resolve(lake.tables) == cold
+        assert Resolver(catalog, catalog_settings, tm).resolve([lake.up, lake.other]).epoch == 3000
+        assert loaded == [], "ZooKeeper names every table's snapshot at the consistent epoch"
+        assert Resolver(catalog, catalog_settings, None).resolve(lake.tables) == cold
+        assert sorted(loaded) == sorted(lake.tables), "Iceberg alone loads each table's metadata once"
+        lake.check(Resolver(catalog, catalog_settings), cold)
+    finally:
+        cache.close()
+        lake.close()
+
+
+def test_a_stopped_tables_epoch_comes_from_iceberg_once_its_peers_writer_records_no_longer_reach_it(
+        tm, connect, catalog, catalog_settings, namespace, loaded):
+    """As above, but ``busy``'s writer keeps 2 epoch records: neither its tidemark's list nor its records reach E
+    any more. Its Iceberg metadata does (it published a snapshot at E): only that table's is loaded, and the
+    version is E, the same as from Iceberg alone."""
+    stuck, busy = f"{namespace}.stuck", f"{namespace}.busy"
+    for name in (stuck, busy):
+        create_table(catalog, name)
+    stuck_writer = lead_job(connect(), catalog_settings, "stuck", [stuck])
+    busy_writer = lead_job(connect(), catalog_settings, "busy", [busy], history=2)
+    base = 7_000_000 * 1000 + 1000  # not on a minute: only the 16 newest of busy's list would reach it
+    commit_rows(stuck_writer, base, rows=1)
+    at_base = commit_rows(busy_writer, base, rows=2)
+    for i in range(1, 40):
+        busy_writer.commit_idle(base + 1000 * i)  # ZooKeeper only: Iceberg records E by its snapshot
+    assert not present(tm.tidemarks([busy])[busy]).holds(base), "busy's list should have moved past E"
+    assert tm.get(tm.paths.epoch("busy", base)) is None, "busy's writer should keep no record of E"
+    loaded.clear()
+    version = Resolver(catalog, catalog_settings, tm).resolve([stuck, busy])
+    assert version.epoch == base and version.snapshots[busy] == at_base
+    assert loaded == [busy]
+    assert Resolver(catalog, catalog_settings, None).resolve([stuck, busy]) == version
     frames = read_arrow(Resolver(catalog, catalog_settings), version)
     assert epoch_counts(frames[busy]) == {base: 2} and epoch_counts(frames[stuck]) == {base: 1}

@@ -51,7 +51,6 @@ from coordinator.errors import ConfigurationError, EpochOrderError, InvalidName,
 from coordinator.history.versions import RetainedVersions, nearest, tag_epoch, tag_name
 from coordinator.iceberg.catalog import CatalogSettings, load_table
 from coordinator.iceberg.lineage import EpochLineage
-from coordinator.iceberg.snapshots import committed_epoch, first_epoch, is_tidemark_table
 from coordinator.names import validate_epoch, validate_name
 from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
 from coordinator.protocol.topology import read_topology
@@ -77,6 +76,7 @@ class Resolver:
                  cache: Optional[TidemarkCache] = None) -> None:
         self.catalog, self.settings, self.tm, self.cache = catalog, settings, tm, cache
         self._tables: dict[str, Table] = {}
+        self._lineages: dict[str, EpochLineage] = {}  # per table, for the metadata it was indexed from
 
     def table(self, name: str, refresh: bool = True) -> Table:
         table = self._tables.get(name)
@@ -103,8 +103,8 @@ class Resolver:
             if mark is not None:  # a registered writer exists: ZooKeeper is the authority
                 result[name] = mark.epoch
                 continue
-            table = self.table(name)
-            result[name] = committed_epoch(table) if is_tidemark_table(table) else ROOT
+            lineage = self._lineage(name)  # no tidemark: the table's Iceberg records say, from one walk
+            result[name] = lineage.committed_epoch if lineage.is_tidemark_table else ROOT
         return result
 
     def held_epochs(self, tables: Iterable[str], marks: Optional[Mapping[str, Optional[TableTidemark]]] = None,
@@ -122,7 +122,13 @@ class Resolver:
         return dict(self._lineage(name, refresh=False).recorded_epochs())
 
     def _lineage(self, name: str, refresh: bool = True) -> EpochLineage:
-        return EpochLineage(self.table(name, refresh))
+        """The table's lineage, indexed once per version of its metadata (a refresh that finds a newer one
+        indexes again)."""
+        table = self.table(name, refresh)
+        lineage = self._lineages.get(name)
+        if lineage is None or lineage.table is not table or lineage.metadata is not table.metadata:
+            lineage = self._lineages[name] = EpochLineage(table)
+        return lineage
 
     def resolve(self, tables: Iterable[str], level: Union[str, ConsistencyLevel] = ConsistencyLevel.CONSISTENT,
                 as_of: Optional[int] = None) -> ConsistentVersion:
@@ -184,8 +190,9 @@ class Resolver:
         """No consistent version can be newer than the lowest newest epoch among the tables (the laggard's).
         When a table's list of recent epochs no longer reaches it (its job went on while the laggard's
         stopped), its writer's epoch records still may: ``/jobs/<writer>/epochs/<T>`` keeps the newest
-        ``history`` epochs with the snapshot each sink had at them. One pipelined read, only then, so the
-        consistent epoch stays at the laggard's instead of stepping back to an older common one."""
+        ``history`` epochs with the snapshot each sink had at them (one pipelined read, only then); what
+        they do not name, the table's Iceberg records may (its metadata loaded, only for those tables). So
+        the consistent epoch stays at the laggard's instead of stepping back to an older common one."""
         newest = [e for n in held if isinstance(e := epochs[n], int)]
         if self.tm is None or not newest:
             return
@@ -193,21 +200,27 @@ class Resolver:
         missing = [n for n, h in held.items() if epoch not in h]
         if not missing or any(marks[n] is None for n in missing):
             return
+        found = self._from_epoch_records(missing, epoch)
+        for name in missing:
+            if name not in found:
+                lineage = self._lineage(name)
+                if not lineage.holds(epoch):
+                    return  # this table does not hold the laggard's epoch: no version there
+                found[name] = lineage.snapshot_at(epoch)
+        for name in missing:
+            held[name][epoch] = found[name]
+
+    def _from_epoch_records(self, tables: list[str], epoch: int) -> dict[str, Optional[int]]:
+        """The snapshot each of ``tables`` had at ``epoch`` where its writer's COMMITTED epoch record names it."""
+        assert self.tm is not None
         writers = read_topology(self.tm).writers
-        jobs = sorted({writers[n] for n in missing if n in writers})
-        if any(n not in writers for n in missing):
-            return
+        jobs = sorted({writers[n] for n in tables if n in writers})
         found = self.tm.get_many([self.tm.paths.epoch(job, epoch) for job in jobs])
         records = {job: EpochRecord.from_json(r[0], self.tm.paths.epoch(job, epoch)) for job, r in zip(jobs, found)
                    if r is not None}
-        if any(job not in records or records[job].state != EpochState.COMMITTED for job in jobs):
-            return
-        for name in missing:
-            record = records[writers[name]]
-            if name not in record.published:
-                return
-        for name in missing:
-            held[name][epoch] = records[writers[name]].published[name]
+        committed = {job: r.published for job, r in records.items() if r.state == EpochState.COMMITTED}
+        return {n: committed[writers[n]][n] for n in tables
+                if n in writers and writers[n] in committed and n in committed[writers[n]]}
 
     def _held_at(self, name: str, mark: Optional[TableTidemark], held: Mapping[int, Optional[int]], epoch: int,
                  names: list[str]) -> Optional[int]:
@@ -308,7 +321,7 @@ class Resolver:
             mark = marks[name]
             first = mark.first_epoch if mark is not None else None
             if first is None and epochs[name] is not None:
-                first = first_epoch(self.table(name, refresh=False))
+                first = self._lineage(name, refresh=False).first_epoch
             result[name] = first
         return result
 

@@ -10,6 +10,7 @@ table's epochs through it.
     lineage.main_since(T)                    # main from the snapshot at T up to the head
     lineage.truncated                        # main's older history was expired
     lineage.ancestors(snapshot_id)           # any ref's snapshots, newest first
+    lineage.committed_epoch, lineage.first_epoch, lineage.is_tidemark_table   # snapshots.py's rules, one walk
 
 **The epochs a table records** (what a reader with no ZooKeeper goes by): the ``tidemark.epoch``
 of every snapshot in ``main``'s lineage (an overwrite is a delete and an append snapshot of one
@@ -28,7 +29,9 @@ sequence number 1 (0 in format 1 tables), so either sign says the walk ends on a
 
 The rules that pick a snapshot from a walk (``newest_at_epoch`` and the others) are those of
 ``snapshots.py``, which applies them to ``main`` for callers holding only a table; here they run
-over the lineage indexed once.
+over the lineage indexed once, so a reader with no ZooKeeper walks each table's history once per
+resolution (its committed epoch, whether Tidemark writes it, its first epoch and the epochs it
+records), not once per question.
 """
 from __future__ import annotations
 
@@ -39,8 +42,10 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from coordinator.iceberg.snapshots import (
+    WRITER_PROPERTY,
     ancestors,
     carrying_epoch,
+    first_epoch,
     marker_progress,
     newest_at_epoch,
     newest_at_time,
@@ -54,6 +59,7 @@ class EpochLineage:
 
     def __init__(self, table: Table) -> None:
         self.table = table
+        self.metadata = table.metadata  # what was indexed: ``Table.refresh`` replaces it
         self.by_id: dict[int, Snapshot] = snapshot_index(table)
         self.main: list[Snapshot] = list(ancestors(self.by_id, table.metadata.current_snapshot_id))  # newest first
         self.main_ids = {s.snapshot_id for s in self.main}
@@ -71,6 +77,26 @@ class EpochLineage:
             return False
         oldest = self.main[-1]
         return oldest.parent_snapshot_id is not None or (oldest.sequence_number or 0) > 1
+
+    @property
+    def committed_epoch(self) -> Optional[int]:
+        """The table's committed epoch by the one rule (``snapshots.committed_epoch``): the newer of ``main``'s
+        newest snapshot carrying an epoch and the committed-epoch marker (None: neither)."""
+        newest = next((e for e in map(snapshot_epoch, self.main) if e is not None), None)
+        marker = marker_progress(self.table)
+        candidates = [e for e in (newest, None if marker is None else marker.epoch) if e is not None]
+        return max(candidates) if candidates else None
+
+    @property
+    def is_tidemark_table(self) -> bool:
+        """True for a table some Tidemark job writes (``snapshots.is_tidemark_table``): it names a writer, or
+        records an epoch."""
+        return self.table.properties.get(WRITER_PROPERTY) is not None or self.committed_epoch is not None
+
+    @property
+    def first_epoch(self) -> Optional[int]:
+        """The writer's first epoch as Iceberg records it (``snapshots.first_epoch``)."""
+        return first_epoch(self.table)
 
     # -- one snapshot -------------------------------------------------------------------------
 

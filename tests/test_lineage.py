@@ -1,0 +1,62 @@
+"""``EpochLineage`` answers a table's questions from one walk with the same rules as ``snapshots.py``
+(which walks ``main`` again for each question), on real Iceberg tables in a real SQLite catalog: no
+ZooKeeper, the way a reader without it sees tables."""
+from __future__ import annotations
+
+import pytest
+
+from coordinator.iceberg.lineage import EpochLineage
+from coordinator.iceberg.publish import advance_committed_epoch, claim_table, publish_staged
+from coordinator.iceberg.snapshots import committed_epoch, first_epoch, is_tidemark_table
+from coordinator.records import EpochProgress
+from tests.helpers.lake import create_table, rows_of, stage_rows
+
+
+@pytest.fixture
+def catalog(catalog_settings):
+    return catalog_settings.load()
+
+
+def publish(table, epoch: int, rows: int = 1) -> int:
+    staged = stage_rows(table, epoch, "job", 1, rows)
+    return publish_staged(table, staged, epoch, 1).snapshot_id
+
+
+def same_answers(table) -> EpochLineage:
+    """The lineage's answers equal ``snapshots.py``'s for ``table`` as loaded now."""
+    table.refresh()
+    lineage = EpochLineage(table)
+    assert lineage.committed_epoch == committed_epoch(table)
+    assert lineage.is_tidemark_table == is_tidemark_table(table)
+    assert lineage.first_epoch == first_epoch(table)
+    return lineage
+
+
+def test_a_table_no_tidemark_job_writes_is_a_root_table(catalog, namespace):
+    table = create_table(catalog, f"{namespace}.raw")
+    table.append(rows_of(0, 3))
+    lineage = same_answers(table)
+    assert (lineage.committed_epoch, lineage.is_tidemark_table, lineage.first_epoch) == (None, False, None)
+
+
+def test_a_claimed_table_with_no_epoch_yet_is_a_tidemark_table(catalog, namespace):
+    table = create_table(catalog, f"{namespace}.claimed")
+    claim_table(table, "job", 1)
+    lineage = same_answers(table)
+    assert (lineage.committed_epoch, lineage.is_tidemark_table) == (None, True)
+
+
+def test_the_committed_epoch_is_the_newer_of_the_newest_epoch_snapshot_and_the_marker(catalog, namespace):
+    table = create_table(catalog, f"{namespace}.t")
+    claim_table(table, "job", 1)
+    at_1000 = publish(table, 1000)
+    at_2000 = publish(table, 2000)
+    lineage = same_answers(table)
+    assert lineage.committed_epoch == 2000 and lineage.first_epoch == 1000
+    advance_committed_epoch(table, EpochProgress("job", 4000, 1), 1)  # 3000 and 4000 published nothing here
+    lineage = same_answers(table)
+    assert lineage.committed_epoch == 4000
+    assert lineage.recorded_epochs() == ((1000, at_1000), (2000, at_2000), (4000, at_2000)), \
+        "the marker's epoch is held by the newest snapshot below it"
+    publish(table, 5000)
+    assert same_answers(table).committed_epoch == 5000, "a snapshot newer than the marker"
