@@ -31,11 +31,12 @@ scrape target). Base units: seconds, and epochs as Unix timestamps in seconds.
   ``tidemark_driver_consistent_epoch_timestamp_seconds`` and
   ``tidemark_driver_consistent_lag_seconds`` (the pipeline's lag as this job sees it: wall clock
   minus the newest epoch its managed sources and its sinks all hold, the consistent version of
-  the tables it reads and writes, kept by ZooKeeper watches on those tables only, so a driver
-  costs the same whatever the size of the deployment).
+  the tables it reads and writes: the sources' tidemarks as the loop's own watches keep them, the
+  sinks' as this leader committed them, so the metric costs no ZooKeeper request at all and a
+  driver costs the same whatever the size of the deployment).
 
 Failure behaviour: instrumentation never raises into the epoch loop and a scrape never waits
-on ZooKeeper (the consistent epoch is read from a watch-backed cache the loop keeps loaded);
+on ZooKeeper (the consistent epoch is read from the writer's memory);
 only ``serve`` raises, ``ConfigurationError``, for a port it cannot bind.
 """
 from __future__ import annotations
@@ -43,7 +44,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Optional
 
@@ -57,7 +58,6 @@ from coordinator.errors import NotLeader
 from coordinator.job.metrics_server import MetricsServer
 from coordinator.protocol.leadership import LeaderState
 from coordinator.protocol.pacing import newest_common_epoch
-from coordinator.protocol.tidemarks import TidemarkCache
 from coordinator.settings import Settings
 
 if TYPE_CHECKING:
@@ -114,8 +114,6 @@ class DriverMetrics:
         self._nested = threading.local()
         self._server: Optional[MetricsServer] = None
         self._loop: Optional[threading.Thread] = None
-        self._tables: tuple[str, ...] = ()
-        self._consistent: Optional[TidemarkCache] = None
 
     # -- serving --------------------------------------------------------------------------------
 
@@ -169,43 +167,19 @@ class DriverMetrics:
                 counter.inc()
 
     def became_leader(self) -> None:
-        """Count the takeover and start watching its tables' tidemarks for the consistent lag."""
         self.acquired.inc()
-        if self._consistent is None:
-            self._consistent = TidemarkCache(self.writer.tm)
-            self.watch_tables(self._tables)
 
     def stepping_down(self, state: LeaderState) -> None:
         """``state``: the leadership's state when it ends (FENCED or LOST: it was taken away)."""
         self.stepped_down.inc()
         if state in (LeaderState.FENCED, LeaderState.LOST):
             self.fencings.inc()
-        if self._consistent is not None:
-            self._consistent.close()
-            self._consistent = None
-
-    def watch_tables(self, tables: Sequence[str]) -> None:
-        """The job's managed sources and sinks: keep their tidemarks loaded for the consistent lag.
-
-        Called from the loop after each topology read; loads only tables not loaded yet (the
-        watches keep the others fresh), and never raises into the loop.
-        """
-        self._tables = tuple(sorted(tables))
-        cache = self._consistent
-        if cache is None:
-            return
-        try:
-            cache.get(self._tables)
-        except Exception as exc:  # noqa: BLE001 - a metric must never stop an epoch; the next pass retries
-            log.debug("job %s: could not load the tidemarks for the consistent lag: %s", self.job, exc)
 
     def consistent_epoch(self) -> Optional[int]:
-        """The newest epoch every watched table holds, from memory (None until all are known)."""
-        cache = self._consistent
-        if cache is None or not self._tables:
-            return None
-        marks = cache.cached(self._tables)
-        return newest_common_epoch(marks.get(t) for t in self._tables) if len(marks) == len(self._tables) else None
+        """The newest epoch the job's managed sources and its sinks all hold, from the writer's memory (None
+        until every one is known)."""
+        marks = self.writer.tidemarks_in_memory()
+        return None if marks is None else newest_common_epoch(marks.values())
 
 
 class _DriverState(Collector):

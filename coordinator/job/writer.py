@@ -656,7 +656,18 @@ class EpochWriter:
         self._topology_seen = topo.znode_version
         writers = topo.writers
         self._managed = tuple(s for s in self.sources if s in writers or self._claimed_in_iceberg(s))
-        self.metrics.watch_tables(sorted({*self._managed, *self.sinks}))
+
+    def tidemarks_in_memory(self) -> Optional[dict[str, Optional[TableTidemark]]]:
+        """The managed sources' tidemarks as the loop's watches keep them and the sinks' as this leader committed
+        them, from memory only (for metrics scrapes: never a request); None when not leading or a source's is
+        not loaded."""
+        cache, epochs = self._cache, self._epochs
+        if cache is None or epochs is None:
+            return None
+        sources = cache.cached(self._managed)
+        if len(sources) < len(self._managed):
+            return None
+        return {**sources, **{sink: epochs.mark(sink) for sink in self.sinks}}
 
     def _claimed_in_iceberg(self, source: str) -> bool:
         try:
