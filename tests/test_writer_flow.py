@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import pyarrow as pa
 import pytest
@@ -36,6 +36,17 @@ def catalog(catalog_settings):
 def new_table(catalog, name: str):
     catalog.create_namespace_if_not_exists(name.rsplit(".", 1)[0])
     return catalog.create_table(name, schema=SCHEMA)
+
+
+def root_and_derived_tables(catalog, namespace: str) -> tuple[Any, str, str]:
+    """A root table ``events`` with three rows, and the empty sinks ``r_out`` (of a root job reading it) and
+    ``a_out`` (of a job reading ``r_out``)."""
+    events = new_table(catalog, f"{namespace}.events")
+    events.append(rows(0, range(3)))
+    r_out, a_out = f"{namespace}.r_out", f"{namespace}.a_out"
+    new_table(catalog, r_out)
+    new_table(catalog, a_out)
+    return events, r_out, a_out
 
 
 def rows(epoch: int, values) -> pa.Table:
@@ -326,11 +337,7 @@ def test_a_job_slower_than_the_interval_coalesces_and_slows_nobody(tm, slow_flee
 
 
 def test_a_stopped_job_holds_nobody_back_and_catches_up_in_one_epoch(tm, fleet, catalog, namespace):
-    events = new_table(catalog, f"{namespace}.events")
-    events.append(rows(0, range(3)))
-    r_out, a_out = f"{namespace}.r_out", f"{namespace}.a_out"
-    new_table(catalog, r_out)
-    new_table(catalog, a_out)
+    events, r_out, a_out = root_and_derived_tables(catalog, namespace)
 
     def root(ctx) -> None:
         new = ctx.changes(f"{namespace}.events")
@@ -375,11 +382,7 @@ def test_a_stopped_job_holds_nobody_back_and_catches_up_in_one_epoch(tm, fleet, 
 
 def test_a_restart_after_downtime_processes_one_epoch_per_job(tm, fleet, catalog, namespace):
     interval, grace = fleet.interval_ms, fleet.grace_ms
-    events = new_table(catalog, f"{namespace}.events")
-    events.append(rows(0, range(3)))
-    r_out, a_out = f"{namespace}.r_out", f"{namespace}.a_out"
-    new_table(catalog, r_out)
-    new_table(catalog, a_out)
+    _, r_out, a_out = root_and_derived_tables(catalog, namespace)
 
     def root(ctx) -> None:
         new = ctx.changes(f"{namespace}.events")
@@ -419,11 +422,7 @@ def test_after_a_restart_a_job_waits_for_its_upstreams_catch_up_epoch_rather_tha
     """Stopped together, the root one epoch ahead: on restart the derived job does not take the root's stale
     epoch first (a second epoch for the backlog after it); it waits for the root's catch-up epoch in flight."""
     interval, grace = fleet.interval_ms, fleet.grace_ms
-    events = new_table(catalog, f"{namespace}.events")
-    events.append(rows(0, range(3)))
-    r_out, a_out = f"{namespace}.r_out", f"{namespace}.a_out"
-    new_table(catalog, r_out)
-    new_table(catalog, a_out)
+    events, r_out, a_out = root_and_derived_tables(catalog, namespace)
     in_catch_up, release = threading.Event(), threading.Event()
 
     def root(ctx) -> None:
