@@ -14,7 +14,8 @@ SUITES: dict[str, tuple[str, str]] = {
     "spark": ("spark", "a Tidemark epoch vs a plain Iceberg append of the same DataFrame (Spark)"),
     "pipeline": ("pipeline", "a 3-job cascade against the clock: freshness, overload, catch-up (python or spark)"),
     "takeover": ("takeover", "kill -9 of a leader to the standby's first commit, warm vs cold"),
-    "retention": ("retention", "10,000 epochs with GC on its schedule vs without"),
+    "retention": ("retention", "the default policy at 2 s barriers vs every version tagged vs no GC; 10,000 epochs "
+                               "with GC on its schedule vs without"),
     "scale": ("scale", "many pipelines on one ZooKeeper: isolation, cost per job, catch-up, mixed cadence, "
                        "overload, idle epochs"),
 }
