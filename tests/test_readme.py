@@ -26,6 +26,10 @@ def test_the_readme_lists_every_benchmark_suite_and_bench_help_works():
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert all(name in done.stdout for name in SUITES)
+    for name in SUITES:  # "python -m bench SUITE --help a suite's options"
+        done = subprocess.run([sys.executable, "-m", "bench", name, "--help"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0 and done.stdout.startswith(f"usage: python -m bench {name}"), done.stderr
 
 
 def test_the_readme_gives_one_duration_for_make_test():
