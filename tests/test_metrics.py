@@ -532,8 +532,8 @@ def test_a_bounded_run_then_idle_time_raises_no_alert_with_the_shipped_rules(zk_
         for name in ("old", "quit"):
             wait_for(partial(caught_up, name), f"{name} to commit {last}")
             running[name].stop()
-        assert cli_main(["--zk", chroot, "pause", "stream", "--reason", "maintenance"]) == 0
-        assert cli_main(["--zk", chroot, "retire", "old", "--reason", "replaced by quit"]) == 0
+        assert cli_main(["--zk", chroot, "pause", "stream", "--reason", "maintenance", "--yes"]) == 0
+        assert cli_main(["--zk", chroot, "retire", "old", "--reason", "replaced by quit", "--yes"]) == 0
         status = tm.status()
         assert {j.name: j.state for j in status.jobs} == {"batch": "finished", "old": "retired", "quit": "no leader",
                                                           "stream": "paused"}
@@ -559,7 +559,7 @@ def test_a_bounded_run_then_idle_time_raises_no_alert_with_the_shipped_rules(zk_
         assert 900 <= control.fired[("TidemarkConsistentLagHigh", "*")] <= 900 + 2 * IDLE_STEP_S
 
         capsys.readouterr()
-        assert cli_main(["--zk", chroot, "pause", "quit"]) == 0
+        assert cli_main(["--zk", chroot, "pause", "quit", "--yes"]) == 0
         quiet = idle(60)
         assert quiet.returned == set(), f"alerts after a bounded run and idle time: {sorted(quiet.returned)}"
         body = quiet.history[-1][1]

@@ -60,9 +60,11 @@ def test_a_paused_stream_is_not_stale_and_leaves_the_live_consistent_epoch_until
         assert status.job("stream").stale and status.job("stream").state == "no leader"
 
         code, out, _ = cli(zk_connect, capsys, "pause", "stream", "--reason", "maintenance", "--dry-run")
-        assert code == 0 and "would pause job stream until resumed; nothing changed" in out
+        assert code == 0 and out.startswith("pause job stream until resumed: ") and "dry run: nothing changed" in out
+        code, _, err = cli(zk_connect, capsys, "pause", "stream")  # no terminal, no --yes: refused
+        assert code == 1 and err.count("\n") == 1 and "pass --yes to pause job stream" in err
         assert tm.status().job("stream").stale
-        code, out, _ = cli(zk_connect, capsys, "pause", "stream", "--reason", "maintenance", "--by", "ops")
+        code, out, _ = cli(zk_connect, capsys, "pause", "stream", "--reason", "maintenance", "--by", "ops", "--yes")
         assert code == 0 and out.startswith("job stream paused until `tidemark resume`")
 
         # The live consistent epoch is live's alone: it moves on while the paused and finished jobs' tables stay.
@@ -122,11 +124,11 @@ def test_a_pause_ends_by_itself_and_bad_durations_are_one_line_errors(tm, zk_con
     with pytest.raises(JobNotFound):
         tm.pause_job("nojob")
     for bad in ("0s", "soon", "1x"):
-        code, _, err = cli(zk_connect, capsys, "pause", "idle", "--for", bad)
+        code, _, err = cli(zk_connect, capsys, "pause", "idle", "--for", bad, "--yes")
         assert code == 1 and err.count("\n") == 1 and err.startswith("tidemark: error: "), (bad, err)
-    code, _, err = cli(zk_connect, capsys, "pause", "idle", "--reason", "x" * 1001)
+    code, _, err = cli(zk_connect, capsys, "pause", "idle", "--reason", "x" * 1001, "--yes")
     assert code == 1 and "at most 1000 characters" in err and err.count("\n") == 1
-    code, _, err = cli(zk_connect, capsys, "retire", "nojob")
+    code, _, err = cli(zk_connect, capsys, "retire", "nojob", "--yes")
     assert code == 1 and "not registered" in err and err.count("\n") == 1
     assert tm.get(tm.paths.paused("idle")) is None  # nothing changed by any of them
 
@@ -138,9 +140,9 @@ def test_a_pause_ends_by_itself_and_bad_durations_are_one_line_errors(tm, zk_con
     job = status.job("idle")
     assert job.state == "no leader" and job.paused is None and job.pause_ended.until_ms == until
     assert "its pause ended at" in job.stale_reason
-    code, out, _ = cli(zk_connect, capsys, "resume", "idle")
+    code, out, _ = cli(zk_connect, capsys, "resume", "idle", "--yes")
     assert code == 0 and "resumed (it was paused)" in out
-    code, out, _ = cli(zk_connect, capsys, "resume", "idle")
+    code, out, _ = cli(zk_connect, capsys, "resume", "idle", "--yes")
     assert code == 0 and "was not paused or retired; nothing changed" in out
 
 
@@ -150,7 +152,7 @@ def test_a_retired_job_is_refused_while_it_runs_and_its_drivers_refuse_to_lead_i
     running = writer(connect(), catalog_settings, "old", [], [table])
     running.open(leader_timeout=30)
     try:
-        code, _, err = cli(zk_connect, capsys, "retire", "old")
+        code, _, err = cli(zk_connect, capsys, "retire", "old", "--yes")
         assert code == 1 and err.count("\n") == 1 and "has a live leader" in err and "stop its drivers" in err
         with pytest.raises(RegistrationError):
             tm.retire_job("old")
@@ -158,7 +160,7 @@ def test_a_retired_job_is_refused_while_it_runs_and_its_drivers_refuse_to_lead_i
         running.close()
     assert tm.status().job("old").stale
     tm.pause_job("old", reason="first paused")
-    code, out, _ = cli(zk_connect, capsys, "retire", "old", "--reason", "replaced")
+    code, out, _ = cli(zk_connect, capsys, "retire", "old", "--reason", "replaced", "--yes")
     assert code == 0 and "retired" in out
     job = tm.status().job("old")
     assert job.state == "retired" and not job.stale and job.retired.reason == "replaced"
@@ -169,7 +171,7 @@ def test_a_retired_job_is_refused_while_it_runs_and_its_drivers_refuse_to_lead_i
         refused.run(append_epoch(table), max_epochs=1, stop_on_sigterm=False)
     assert refused.committed == [] and tm.status().job("old").state == "retired"
 
-    code, out, _ = cli(zk_connect, capsys, "resume", "old")
+    code, out, _ = cli(zk_connect, capsys, "resume", "old", "--yes")
     assert code == 0 and "resumed (it was retired)" in out and tm.status().job("old").stale
     assert len(writer(connect(), catalog_settings, "old", [], [table]).run(
         append_epoch(table), max_epochs=1, stop_on_sigterm=False)) == 1

@@ -5,7 +5,7 @@
     tidemark status [--json]                        jobs, leaders, tidemarks, lag (s), cadence, what each job waits for
     tidemark topology [--format text|json|dot|mermaid]
     tidemark fence JOB [--yes] [--dry-run] | tidemark unregister JOB [--yes] [--dry-run] [--unfenced]
-    tidemark pause JOB [--for 2h] [--reason R] | retire JOB [--reason R] | resume JOB   jobs at rest on purpose
+    tidemark pause JOB [--for 2h] [--reason R] | retire JOB [--reason R] | resume JOB   [--yes] [--dry-run]
     tidemark barriers [--json] [--set-interval MS --from T | --revert [--from T]] [--yes] [--dry-run]
                                                     the grid; per job its cadence and last epoch
     tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--json | --format sql]
@@ -20,10 +20,11 @@ line (a number out of range included) exits with status 2. Output into a closed 
 (``tidemark status | head -2``) ends the command quietly with status 141, as a SIGPIPE would.
 
 Commands that change shared state (``fence``, ``unregister``, ``barriers --set-interval/--revert``,
-``gc``) say what they would do and ask; without a terminal they need ``--yes``, and ``--dry-run``
-only says it. Read commands print one JSON document with ``--json``. Answers that find nothing
-say where they looked (ZooKeeper connect string, chroot, root; the catalog). Log lines (a
-connection lost and back, a new embedded catalog) go to stderr as ``tidemark: ...``.
+``gc``, ``pause``, ``retire``, ``resume``) say what they would do and ask; without a terminal they
+need ``--yes``, and ``--dry-run`` only says it. Read commands print one JSON document with
+``--json``. Answers that find nothing say where they looked (ZooKeeper connect string, chroot,
+root; the catalog). Log lines (a connection lost and back, a new embedded catalog) go to stderr as
+``tidemark: ...``.
 
 ZooKeeper credentials come from the environment only (``TIDEMARK_ZK_USER``/``_PASSWORD``,
 ``TIDEMARK_ZK_READER_USER``/``_PASSWORD``: a password on a command line is visible to every
@@ -295,8 +296,11 @@ def cmd_rest(args: argparse.Namespace) -> int:
                                  ) from None
     doing = {"pause": f"pause job {args.job}" + (f" for {fmt_every(for_ms)}" if for_ms else " until resumed"),
              "retire": f"retire job {args.job}", "resume": f"resume job {args.job}"}[args.command]
-    if args.dry_run:
-        print(f"would {doing}; nothing changed (dry run)")
+    plan = {"pause": f"{doing}: while no leader runs it, it is not stale and its tables leave the consistent lag",
+            "retire": f"{doing}: its tables stay readable at their last epoch; its drivers refuse to lead it until "
+                      "`tidemark resume`",
+            "resume": f"{doing}: with no live leader it is stale again"}[args.command]
+    if not _confirm(args, plan, doing):
         return 0
     with _connect(args) as tm:
         if args.command == "pause":
@@ -681,7 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
             ("resume", "remove a pause or a retirement (a job with no live leader is then stale again)")):
         rest = sub.add_parser(command, help=helptext)
         rest.add_argument("job", help="the job's name (`tidemark status` lists them)")
-        rest.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
+        _confirmation(rest)
         if command != "resume":
             rest.add_argument("--reason", default="", help="why (shown by `tidemark status`)")
             rest.add_argument("--by", default="operator", help="who did it (recorded with the mark)")
