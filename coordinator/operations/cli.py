@@ -629,7 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--zk", help="ZooKeeper connect string host:port[,host:port...][/chroot] "
                                      "(default: $TIDEMARK_ZK or 127.0.0.1:2181)")
     parser.add_argument("--root", default="/tidemark", help="root znode of the deployment (default /tidemark)")
-    parser.add_argument("--timeout", type=_seconds, default=15.0,
+    parser.add_argument("--timeout", type=_seconds, default=15.0, metavar="S",
                         help="seconds to wait for ZooKeeper, above 0 and up to 3600 (default 15)")
     tls = parser.add_argument_group("TLS to ZooKeeper's secureClientPort (or TIDEMARK_ZK_TLS* variables)")
     tls.add_argument("--tls", action="store_true", help="use TLS with the system's CAs ($TIDEMARK_ZK_TLS=1)")
@@ -747,7 +747,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "location that no metadata references (left by killed writers or a killed gc); lists them "
                     "all, so daily is enough")
     gc.add_argument("--wait", type=_seconds, default=300.0, metavar="S",
-                    help="wait this long for a garbage collection another process is running (default 300)")
+                    help="wait this long for a garbage collection another process is running, above 0 and up to "
+                         "3600 s (default 300)")
     gc.add_argument("--skip-if-running", action="store_true", help="when another run still holds the GC lock "
                     "after --wait, say so and exit 0 (for schedules: that run does the same work)")
     gc.add_argument("--older-than", type=_orphan_age, default="3d", metavar="LENGTH",
