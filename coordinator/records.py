@@ -394,6 +394,9 @@ class FinishedRecord(JsonRecord):
         _epoch(self.finished_ms, "finished_ms")
 
 
+MAX_NOTE_CHARS = 1000  # who paused or retired a job, and why: a line for `tidemark status`, not a document
+
+
 @dataclass(frozen=True)
 class RestRecord(JsonRecord):
     """``/jobs/<job>/paused`` or ``/jobs/<job>/retired``: an operator said that no leader runs the job, on purpose.
@@ -410,8 +413,9 @@ class RestRecord(JsonRecord):
     until_ms: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _str(self.by, "by")
-        _str(self.reason, "reason")
+        for name, text in (("by", self.by), ("reason", self.reason)):
+            if len(_str(text, name)) > MAX_NOTE_CHARS:
+                raise InvalidArgument(f"{name} must be at most {MAX_NOTE_CHARS} characters, got {len(text)}")
         _epoch(self.since_ms, "since_ms")
         _opt_epoch(self.until_ms, "until_ms")
         if self.until_ms is not None and self.until_ms <= self.since_ms:
