@@ -191,6 +191,9 @@ def command_lines(connect: str, data_dir: str) -> st.SearchStrategy:
         st.tuples(st.just(["fence"]), name.map(lambda n: [n]), maybe(weird.map(lambda by: ["--by", by]))
                   ).map(sum_lists),
         st.tuples(st.just(["unregister"]), name.map(lambda n: [n]), optional("--yes")).map(sum_lists),
+        st.tuples(st.sampled_from([["pause"], ["retire"], ["resume"]]), name.map(lambda n: [n]), optional("--yes"),
+                  maybe(weird.map(lambda r: ["--reason", r])), maybe(number.map(lambda d: ["--for", d]))
+                  ).map(sum_lists),
         st.tuples(st.just(["barriers"]), maybe(st.tuples(number, number).map(
             lambda t: ["--set-interval", t[0], "--from", t[1]]))).map(sum_lists),
         st.tuples(st.just(["resolve"]), st.lists(name, min_size=1, max_size=3),
