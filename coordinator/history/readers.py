@@ -13,7 +13,9 @@ Iceberg skips files by partition and column statistics and reads only the column
 Delete files, schema evolution and the object store are pyiceberg's, so any table pyiceberg
 reads, these readers read. DuckDB's own Iceberg extension cannot read tags (duckdb-iceberg #1252),
 and a reader pinned by snapshot id needs no tag anyway: ``duckdb()`` registers the scans'
-Arrow tables as views on a DuckDB connection (zero-copy), one call for the whole version.
+Arrow tables as views on a DuckDB connection, one call for the whole version. The scans are read into
+memory then (DuckDB queries the Arrow tables without copying them): ``columns`` and ``row_filters``
+keep that to what the queries need.
 
 Spark SQL and Trino read Iceberg by ref: ``version_sql`` names a table's tag ``tidemark-<T>``
 when the version is retained (every table holding data at ``T`` carries the tag, so
