@@ -261,9 +261,12 @@ def test_each_connection_change_is_one_log_line_and_kazoo_attempts_are_not_logge
     server = EmbeddedZooKeeper(port=free_port(), data_dir=tmp_path).start()
     # A session that outlives a slow restart of the server: the connection comes back with the session kept.
     tm = Tidemark.connect(server.connect_string, session_timeout=30, operation_timeout=5)
+    changes: list[str] = []
+    tm.add_state_listener(changes.append)
     try:
         def outage() -> list[logging.LogRecord]:
             caplog.clear()
+            changes.clear()
             server.stop()
             wait_for(lambda: tm.connection_state == "SUSPENDED", "the connection to be suspended", timeout=30)
             server.start()  # kazoo tries to reconnect every few hundred ms meanwhile
@@ -274,11 +277,12 @@ def test_each_connection_change_is_one_log_line_and_kazoo_attempts_are_not_logge
         with caplog.at_level(logging.DEBUG):
             records = outage()
         ours = [r.getMessage() for r in records if r.name == "coordinator.zookeeper.session"]
-        assert len(ours) == 2, ours
-        assert ours[0].startswith(f"ZooKeeper connection to {server.connect_string} lost: reconnecting")
-        assert ours[1] == f"ZooKeeper connection to {server.connect_string} is back (session kept)"
-        assert not [r for r in records if r.name.startswith(("kazoo", "coordinator.zookeeper.kazoo"))
-                    and r.levelno >= logging.INFO], "kazoo's per-attempt lines were logged"
+        assert len(ours) == len(changes) >= 2, (ours, changes)  # a busy server may flap: still one line each
+        assert ours[0].startswith(f"ZooKeeper connection to {server.connect_string} lost: reconnecting"), ours
+        assert ours[-1] == f"ZooKeeper connection to {server.connect_string} is back (session kept)", ours
+        noise = [r.getMessage() for r in records if r.name.startswith(("kazoo", "coordinator.zookeeper.kazoo"))
+                 and r.levelno >= logging.INFO]
+        assert noise == [], "kazoo's per-attempt lines were logged"
 
         # The control: with its level lowered, kazoo's logger shows the attempts this test means to hide.
         KAZOO_LOG.setLevel(logging.INFO)
@@ -287,7 +291,8 @@ def test_each_connection_change_is_one_log_line_and_kazoo_attempts_are_not_logge
                 records = outage()
         finally:
             KAZOO_LOG.setLevel(logging.ERROR)
-        assert any("Connection" in r.getMessage() for r in records if r.name == KAZOO_LOG.name)
+        assert any("Connection" in r.getMessage() for r in records if r.name == KAZOO_LOG.name), \
+            [(r.name, r.getMessage()) for r in records]
     finally:
         tm.close()
         server.stop()
