@@ -403,8 +403,8 @@ class RestRecord(JsonRecord):
 
     While no live leader runs it, such a job is *at rest* like a finished one: not stale, and its
     tables are left out of the consistent lag of what is live (``coordinator.protocol.status``).
-    A pause lasts until ``until_ms`` (None: until ``tidemark resume``) or until a leader starts,
-    which removes it; a retired job's drivers refuse to lead it until ``tidemark resume``.
+    A pause lasts until ``until_ms`` (None: until ``tidemark resume``); a retired job's drivers
+    refuse to lead it until ``tidemark resume``. A live leader outranks both: a job being run is live.
     """
 
     by: str

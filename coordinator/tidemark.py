@@ -51,8 +51,8 @@ class Tidemark(ZooKeeperSession):
 
     def pause_job(self, name: str, *, by: str = "operator", reason: str = "",
                   until_ms: Optional[int] = None) -> RestRecord:
-        """See ``coordinator.protocol.rest``: no leader runs the job on purpose, until ``until_ms``, a resume or a
-        leader that starts; meanwhile it is not stale and leaves the consistent lag of what is live."""
+        """See ``coordinator.protocol.rest``: no leader runs the job on purpose, until ``until_ms`` or a resume;
+        while no live leader runs it, it is not stale and leaves the consistent lag of what is live."""
         return pause_job(self, name, by=by, reason=reason, until_ms=until_ms)
 
     def retire_job(self, name: str, *, by: str = "operator", reason: str = "") -> RestRecord:

@@ -101,13 +101,17 @@ def test_a_paused_stream_is_not_stale_and_leaves_the_live_consistent_epoch_until
         assert line.startswith(f"stream: term 1, paused by ops (maintenance), committed {stopped_at}")
         assert "STALE" not in line
 
-        # A leader that starts runs the job again: the pause is gone, and with it the exemption.
+        # A leader that runs it again makes the job live (a standby taking over while the drivers stop, say),
+        # but the pause stays the operator's: once nobody runs the job, it is paused again, not stale.
         again = InBackground(writer(connect(), catalog_settings, "stream", [], [stream_table]),
                              append_epoch(stream_table))
         wait_for(lambda: again.writer.committed, "the stream to run again")
-        assert tm.get(tm.paths.paused("stream")) is None and tm.status().job("stream").state == "leading"
+        running_again = tm.status()
+        assert running_again.job("stream").state == "leading" and "stream" in running_again.to_dict()["live_jobs"]
         again.stop()
-        assert tm.status().job("stream").stale
+        assert tm.status().job("stream").state == "paused" and not tm.status().job("stream").stale
+        code, out, _ = cli(zk_connect, capsys, "resume", "stream", "--yes")
+        assert code == 0 and "resumed (it was paused)" in out and tm.status().job("stream").stale
     finally:
         live.stop()
 

@@ -428,11 +428,9 @@ class EpochWriter:
             self.leadership.transact([SetData(path, data) if found is not None else Create(path, data)])
 
     def _clear_finished(self) -> None:
-        """A leader runs the job again: it is no longer finished, nor paused (``coordinator.protocol.rest``)."""
-        paths = (self.tm.paths.finished(self.name), self.tm.paths.paused(self.name))
-        found = [path for path, data in zip(paths, self.tm.get_many(paths)) if data is not None]
-        if found:
-            self.leadership.transact([Delete(path) for path in found])
+        path = self.tm.paths.finished(self.name)
+        if self.tm.get(path) is not None:
+            self.leadership.transact([Delete(path)])
 
     def _mark_finished(self) -> None:
         """A bounded run ended: say so, so that status does not call the job stale nor hold barriers for it."""

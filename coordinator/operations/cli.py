@@ -307,8 +307,8 @@ def cmd_rest(args: argparse.Namespace) -> int:
             record = tm.pause_job(args.job, by=args.by, reason=args.reason,
                                   until_ms=None if for_ms is None else now_ms() + for_ms)
             until = "until `tidemark resume`" if record.until_ms is None else f"until {fmt_time(record.until_ms)}"
-            print(f"job {args.job} paused {until}, or until a leader runs it again: while no leader runs it, it "
-                  "is not stale and its tables leave the consistent lag")
+            print(f"job {args.job} paused {until}: while no leader runs it, it is not stale and its tables leave "
+                  "the consistent lag")
         elif args.command == "retire":
             tm.retire_job(args.job, by=args.by, reason=args.reason)
             print(f"job {args.job} retired: its tables stay readable at their last epoch, it is not stale and "
@@ -679,7 +679,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for command, helptext in (
             ("pause", "say a job is stopped on purpose (maintenance): while no leader runs it, it is not stale and its "
-                      "tables leave the consistent lag; a leader that starts resumes it"),
+                      "tables leave the consistent lag; until `tidemark resume` or --for"),
             ("retire", "take a job out of service, keeping its registration and its tables readable at their last "
                        "epoch: not stale, out of the consistent lag; its drivers refuse to lead it until resumed"),
             ("resume", "remove a pause or a retirement (a job with no live leader is then stale again)")):

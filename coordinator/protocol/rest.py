@@ -12,12 +12,16 @@ pipeline taken out of service whose tables stay readable at their last epoch (un
 ``unregister``, retiring keeps the job's registration, its claim on its sinks and its tidemarks,
 so consistent reads of its tables go on as before).
 
-- ``/jobs/<job>/paused`` (``RestRecord``): until ``until_ms`` (None: until resumed). A leader
-  that starts removes it (running the job resumes it), as it removes ``/jobs/<job>/finished``.
-  Pausing a job that a leader runs now takes effect once that leader stops: pause, then stop
-  the drivers, and no alert fires in between.
+- ``/jobs/<job>/paused`` (``RestRecord``): until ``until_ms`` (None: until resumed). It counts
+  only while no live leader runs the job: a job being run is live whatever its marks say. So
+  pausing a job that a leader runs now takes effect once its drivers stop: pause, then stop them,
+  and no alert fires in between, even when a standby takes over during the shutdown. A leader
+  does not remove it (it does remove ``/jobs/<job>/finished``): the pause stays the operator's
+  statement until ``tidemark resume`` or its end, so give ``until_ms`` (``--for``) when the job
+  should be watched again by itself.
 - ``/jobs/<job>/retired`` (``RestRecord``): refused while the job has a live, unfenced leader;
-  a driver that becomes the job's leader while it is retired steps down with ``JobRetired``.
+  a driver that becomes the job's leader while it is retired steps down, and its ``run()`` raises
+  ``JobRetired``.
 
 Each change is one multi that checks the job's term znode version, so a leader elected while
 ``retire`` checked for one makes the multi fail; it is then decided again (tenacity, within the

@@ -299,9 +299,8 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS,
                                leader, term.fenced_by if term else None, tidemarks, pacing=pacings[name],
                                leader_since_ms=leader_raw[1].ctime if leader_raw else None)
     read_ms = clock()
-    # The markers of a job at rest matter only while it has no live leader (a leader that starts removes
-    # the finished and paused ones, and a retired job's drivers refuse to lead it): a healthy cluster costs
-    # no read for them.
+    # The markers of a job at rest matter only while it has no live leader (a job being run is live, and a
+    # leader that starts removes the finished marker): a healthy cluster costs no read for them.
     leaderless = [name for name in names if base[name].leader_state != LEADING]
     found = tm.get_many([path for j in leaderless for path in (p.finished(j), p.paused(j), p.retired(j))]) \
         if leaderless else []

@@ -54,7 +54,7 @@ class Paths:
         return self.job(job) + "/finished"
 
     def paused(self, job: str) -> str:
-        """An operator paused the job (``RestRecord``); removed by ``tidemark resume`` or a leader that starts."""
+        """An operator paused the job (``RestRecord``), until ``tidemark resume`` or the pause's end."""
         return self.job(job) + "/paused"
 
     def retired(self, job: str) -> str:
