@@ -59,7 +59,7 @@ def test_a_commit_waiting_on_a_paused_writers_row_lock_goes_through_once_the_ser
     thread.join(PG_IDLE_IN_TRANSACTION_MS / 1000 + 15)
     assert "error" not in outcome, outcome
     assert "ok" in outcome, "the commit still waits on the paused writer's row lock"
-    assert outcome["ok"] - started < PG_LOCK_TIMEOUT_MS / 1000  # type: ignore[operator]
+    assert outcome["ok"] - started < PG_LOCK_TIMEOUT_MS / 1000
     # The paused writer's own commit was rolled back with its session: it never lands.
     with pytest.raises(Exception) as ended:
         holder.commit()
@@ -80,7 +80,7 @@ def test_a_commit_waiting_on_any_other_row_lock_fails_as_an_outage_within_the_lo
         thread.join(PG_LOCK_TIMEOUT_MS / 1000 + 15)
         assert "ok" not in outcome
         assert "error" in outcome, "the commit waits on the lock with no deadline"
-        assert is_catalog_outage(outcome["error"])  # type: ignore[arg-type]
+        assert is_catalog_outage(outcome["error"])
         assert time.monotonic() - started < PG_LOCK_TIMEOUT_MS / 1000 + 10
     finally:
         holder.rollback()
