@@ -14,7 +14,7 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, ClassVar, Optional, TypeVar
 
 from coordinator.errors import CorruptState, InvalidArgument, InvalidName
-from coordinator.names import parse_epoch, validate_epoch
+from coordinator.names import MAX_EPOCH_MS, parse_epoch, validate_epoch
 
 R = TypeVar("R", bound="JsonRecord")
 
@@ -306,6 +306,8 @@ RECENT_LEVELS_MS = (1, 60_000, 3_600_000, 86_400_000)
 def keep_recent(entries: Iterable[tuple[int, Optional[int]]]) -> tuple[tuple[int, Optional[int]], ...]:
     """The ``(epoch, snapshot_id)`` entries a tidemark keeps, oldest first (see ``RECENT_LEVELS_MS``)."""
     ordered = sorted(dict(entries).items())
+    if len(ordered) <= RECENT_PER_LEVEL:
+        return tuple(ordered)  # the newest RECENT_PER_LEVEL of every epoch: all of them
     kept: set[int] = set()
     for period in RECENT_LEVELS_MS:
         kept.update([e for e, _ in ordered if e % period == 0][-RECENT_PER_LEVEL:])
@@ -342,9 +344,16 @@ class TableTidemark(JsonRecord):
             raise InvalidArgument(f"recent must be a list of [epoch, snapshot_id] pairs, got {str(self.recent)[:40]}")
         pairs = []
         for entry in self.recent:
-            if isinstance(entry, (str, Mapping)) or len(entry) != 2:
+            # Decoded on every tidemark read and built on every commit: plain types are checked inline, anything
+            # else goes through the checks that say what is wrong.
+            if not isinstance(entry, (list, tuple)) or len(entry) != 2:
                 raise InvalidArgument(f"recent entries are [epoch, snapshot_id] pairs, got {str(entry)[:40]}")
-            pairs.append((_epoch(entry[0], "recent epoch"), _opt_int(entry[1], "recent snapshot_id")))
+            epoch, snapshot_id = entry
+            if type(epoch) is not int or not 0 <= epoch <= MAX_EPOCH_MS:
+                epoch = _epoch(epoch, "recent epoch")
+            if snapshot_id is not None and (type(snapshot_id) is not int or not -2**63 <= snapshot_id < 2**63):
+                snapshot_id = _int(snapshot_id, "recent snapshot_id")
+            pairs.append((epoch, snapshot_id))
         if self.epoch is not None:
             pairs.append((self.epoch, self.snapshot_id))  # a tidemark written before ``recent`` existed
         object.__setattr__(self, "recent", keep_recent(pairs))
@@ -372,7 +381,8 @@ class TableTidemark(JsonRecord):
                              (*self.recent, (epoch, snapshot_id)))
 
     def to_dict(self) -> dict[str, Any]:
-        data = super().to_dict()
+        # Not ``asdict``, which deep-copies every pair: each commit writes one of these per sink.
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["recent"] = [list(pair) for pair in self.recent]
         return data
 

@@ -52,6 +52,7 @@ from coordinator.iceberg.snapshots import (
     snapshot_epoch,
     snapshot_index,
 )
+from coordinator.records import EpochProgress
 
 
 class EpochLineage:
@@ -65,6 +66,7 @@ class EpochLineage:
         self.main_ids = {s.snapshot_id for s in self.main}
         self._position = {s.snapshot_id: i for i, s in enumerate(self.main)}
         self._recorded: Optional[dict[int, Optional[int]]] = None
+        self._marker: Optional[tuple[Optional[EpochProgress]]] = None  # parsed once: it carries the inputs
 
     def ancestors(self, snapshot_id: Optional[int]) -> Iterator[Snapshot]:
         """The snapshot ``snapshot_id`` and its ancestors, newest first (a branch's or a tag's history)."""
@@ -83,9 +85,16 @@ class EpochLineage:
         """The table's committed epoch by the one rule (``snapshots.committed_epoch``): the newer of ``main``'s
         newest snapshot carrying an epoch and the committed-epoch marker (None: neither)."""
         newest = next((e for e in map(snapshot_epoch, self.main) if e is not None), None)
-        marker = marker_progress(self.table)
+        marker = self.marker
         candidates = [e for e in (newest, None if marker is None else marker.epoch) if e is not None]
         return max(candidates) if candidates else None
+
+    @property
+    def marker(self) -> Optional[EpochProgress]:
+        """The committed-epoch marker (``snapshots.marker_progress``)."""
+        if self._marker is None:
+            self._marker = (marker_progress(self.table),)
+        return self._marker[0]
 
     @property
     def is_tidemark_table(self) -> bool:
@@ -147,7 +156,7 @@ class EpochLineage:
                 epoch = snapshot_epoch(snapshot)
                 if epoch is not None and epoch not in held:
                     held[epoch] = snapshot.snapshot_id
-            marker = marker_progress(self.table)
+            marker = self.marker
             if marker is not None and marker.epoch not in held:
                 at = self.at_epoch(marker.epoch)
                 if at is not None or not self.truncated:  # below a cut history its state is unknown
