@@ -1,12 +1,19 @@
-"""The Iceberg side: resolution latency for 10, 100 and 1,000 tables (cold, with the watch cache, and from
-Iceberg metadata alone), publish latency next to a plain pyiceberg ``set_current_snapshot``, and the two
-ways to mark an empty epoch (a table-property commit vs an empty snapshot).
+"""The Iceberg side: resolution latency for lakes of 100 and 1,000 tables at mixed epochs (with the watch
+cache, cold, and from Iceberg metadata alone beside loading the same tables' metadata), publish latency
+next to a plain pyiceberg ``set_current_snapshot``, and the two ways to mark an empty epoch (a
+table-property commit vs an empty snapshot).
 
-    python -m bench iceberg [--tables 10 100 1000]
+    python -m bench iceberg [--tables 100 1000] [--ahead 1]
+
+The lake is the user's case: jobs of 50 tables in pairs, an upstream job ahead of the downstream job that
+reads it (``--ahead`` epochs), so half the tables sit past the consistent epoch. Each table's tidemark
+lists its recent epochs, and Iceberg records the epochs that published a snapshot. Resolution is checked
+to give the same version from ZooKeeper and from Iceberg alone before it is timed.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 import uuid
@@ -21,10 +28,13 @@ from coordinator.iceberg.publish import advance_committed_epoch, publish_staged
 from coordinator.iceberg.snapshots import summary_properties
 from coordinator.records import EpochProgress
 
-from .common import header, ms, timed, zookeeper
+from .common import header, ms, timed, verdict, zookeeper
 
 SCHEMA = pa.schema([pa.field("epoch", pa.int64(), nullable=False)])
 TABLES_PER_JOB = 50
+HISTORY = 20  # idle epochs before the data epochs: each tidemark lists about as many as a running job's
+GOALS_MS = {100: (2.0, 15.0), 1000: (10.0, 100.0)}  # tables: (with the watch cache, cold), issue 21
+ICEBERG_RATIO_GOAL = 1.5
 
 
 def stage(table, epoch: int) -> int:
@@ -39,48 +49,108 @@ def stage(table, epoch: int) -> int:
     return staged
 
 
-def build_lake(tm: Tidemark, settings: CatalogSettings, catalog, count: int, namespace: str) -> list[str]:
-    """``count`` tables, each committed at epoch 1000 (an idle epoch, a barrier of the 1 s grid) by one of
-    ``count / 50`` jobs."""
+def build_mixed_lake(tm: Tidemark, settings: CatalogSettings, catalog, count: int, namespace: str,
+                     ahead: int) -> tuple[list[str], int]:
+    """``count`` tables in jobs of 50 sinks on a 1 s grid, half of them ``ahead`` epochs ahead of the other half:
+    each upstream job (root) is read by a downstream job, which took only the epochs up to ``D``. Every job
+    first commits ``HISTORY`` idle epochs (ZooKeeper only: the tidemarks list them), then publishes one row
+    to each sink at ``D``; the upstream jobs publish again at each of the ``ahead`` epochs after ``D``.
+    Returns the tables and ``D``, the consistent epoch of the whole lake."""
     catalog.create_namespace_if_not_exists(namespace)
     names = [f"{namespace}.t{i:04d}" for i in range(count)]
     for name in names:
         catalog.create_table(name, schema=SCHEMA)
     tm.barriers.ensure_grid(1000)
-    for start in range(0, count, TABLES_PER_JOB):
-        writer = EpochWriter(tm, f"{namespace}-j{start}", sources=[], sinks=names[start:start + TABLES_PER_JOB],
-                             catalog=settings, interval_ms=1000)
-        writer.open(leader_timeout=60)
-        try:
-            writer.commit_idle(1000)  # one ZooKeeper multi, then (the writer's first epoch) every sink's marker
-        finally:
-            writer.close()
-    return names
+    pairs = []
+    for start in range(0, count, 2 * TABLES_PER_JOB):
+        up_tables = names[start:start + TABLES_PER_JOB]
+        down_tables = names[start + TABLES_PER_JOB:start + 2 * TABLES_PER_JOB]
+        up = EpochWriter(tm, f"{namespace}-up{start}", sources=[], sinks=up_tables, catalog=settings,
+                         interval_ms=1000, grace_ms=0, always_run=True)  # a root job: its data epochs compute
+        down = EpochWriter(tm, f"{namespace}-down{start}", sources=up_tables, sinks=down_tables,
+                           catalog=settings, interval_ms=1000, grace_ms=0)
+        for writer in (up, down):
+            writer.open(leader_timeout=60)
+        pairs.append((up, down))
+    first = (int(time.time()) + 1) * 1000  # after every downstream job opened: a job's first epoch is after then
+    final = first + HISTORY * 1000
+    try:
+        for epoch in range(first, final + (ahead + 1) * 1000, 1000):
+            for up, down in pairs:
+                if epoch < final:
+                    up.commit_idle(epoch)
+                else:
+                    up.process(epoch, _one_row, inputs=up.inputs_for(epoch))
+                if epoch <= final:  # idle until up publishes at ``final``
+                    taken = down.next_barrier()  # the real loop's wait: up's tidemark arrives by its watch
+                    assert taken == epoch, (taken, epoch)
+                    down.process(epoch, _one_row, inputs=down.inputs_for(epoch))
+    finally:
+        for up, down in pairs:
+            up.close()
+            down.close()
+    return names, final
 
 
-def resolution(server, settings: CatalogSettings, sizes: list[int]) -> None:
-    header("resolution latency (consistent level)")
+def _one_row(ctx) -> None:
+    """An epoch's function: one row in each sink (only the data epochs call it; the others are idle)."""
+    for sink in ctx.writer.sinks:
+        ctx.append(sink, pa.table({"epoch": pa.array([ctx.epoch], pa.int64())}, schema=SCHEMA))
+
+
+def load_metadata(catalog, names: list[str]) -> None:
+    """The baseline of Iceberg-only resolution: load the same tables' metadata, one after another."""
+    for name in names:
+        catalog.load_table(name)
+
+
+def resolution(server, settings: CatalogSettings, sizes: list[int], ahead: int) -> None:
+    header(f"resolution latency, consistent level, half the tables {ahead} epoch(s) ahead of the other half")
     catalog = settings.load()
     tm = Tidemark.connect(server.connect_string + "/bench-resolve", operation_timeout=120)
-    print("cold: a new resolver reading ZooKeeper; watch cache: tidemarks kept fresh by watches; "
-          "Iceberg-only: no ZooKeeper, every table's metadata loaded")
+    print("watch cache: tidemarks kept fresh by watches; cold: a new Resolver, one pipelined read of the "
+          "tidemarks; Iceberg-only: no ZooKeeper, every table's metadata loaded; baseline: loading the same "
+          "tables' metadata (pyiceberg load_table, one after another)")
     try:
         for count in sizes:
             start = time.perf_counter()
-            names = build_lake(tm, settings, catalog, count, f"r{count}")
+            names, consistent = build_mixed_lake(tm, settings, catalog, count, f"r{count}", ahead)
             built = time.perf_counter() - start
-            cold = timed(lambda: Resolver(catalog, settings, tm).resolve(names), 5)
             cache = tm.tidemark_cache()
             warm_resolver = Resolver(catalog, settings, tm, cache)
-            warm_resolver.resolve(names)
-            warm = timed(lambda: warm_resolver.resolve(names), 20)
-            iceberg_only = timed(lambda: Resolver(catalog, settings, None).resolve(names), 2 if count == 1000 else 5)
+            version = warm_resolver.resolve(names)
+            if version.epoch != consistent or Resolver(catalog, settings, None).resolve(names) != version:
+                raise RuntimeError(f"{count} tables resolved to {version.epoch}, not {consistent} (or Iceberg "
+                                   "alone resolved another version)")
+            warm = timed(lambda: warm_resolver.resolve(names), 50)
+            cold_resolvers: list[Resolver] = []
+
+            def cold() -> None:
+                cold_resolvers.append(Resolver(catalog, settings, tm))
+                cold_resolvers[-1].resolve(names)
+            cold_samples = timed(cold, 10)
+            opened = sum(len(r._tables) for r in cold_resolvers) + len(warm_resolver._tables)
+            repeat = 3 if count >= 1000 else 5
+            iceberg_only = timed(lambda: Resolver(catalog, settings, None).resolve(names), repeat)
+            baseline = timed(lambda: load_metadata(catalog, names), repeat)
             cache.close()
-            print(f"{count:>7}  cold          {ms(cold)}")
-            print(f"{'':>7}  watch cache   {ms(warm)}")
-            print(f"{'':>7}  Iceberg-only  {ms(iceberg_only)}   (lake built in {built:.1f} s)")
+            warm_goal, cold_goal = GOALS_MS.get(count, (None, None))
+            ratio = statistics.median(iceberg_only) / statistics.median(baseline)
+            print(f"{count:>6} tables (lake built in {built:.0f} s; consistent epoch {version.epoch}, "
+                  f"Iceberg metadata opened with ZooKeeper: {opened} tables)")
+            print(f"  watch cache   {ms(warm)}   {_goal(warm, warm_goal)}")
+            print(f"  cold          {ms(cold_samples)}   {_goal(cold_samples, cold_goal)}")
+            print(f"  Iceberg-only  {ms(iceberg_only)}")
+            print(f"  baseline      {ms(baseline)}   Iceberg-only / baseline = {ratio:.3f} "
+                  f"(goal <= {ICEBERG_RATIO_GOAL}): {verdict(ratio <= ICEBERG_RATIO_GOAL)}", flush=True)
     finally:
         tm.close()
+
+
+def _goal(samples: list[float], goal_ms: Optional[float]) -> str:
+    if goal_ms is None:
+        return ""
+    return f"(goal <= {goal_ms:g} ms): {verdict(statistics.median(samples) * 1000 <= goal_ms)}"
 
 
 def publishing(settings: CatalogSettings) -> None:
@@ -117,12 +187,14 @@ def publishing(settings: CatalogSettings) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench iceberg", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tables", type=int, nargs="+", default=[10, 100, 1000], help="lake sizes to resolve")
+    parser.add_argument("--tables", type=int, nargs="+", default=[100, 1000],
+                        help="lake sizes to resolve (multiples of 100: pairs of 50-table jobs)")
+    parser.add_argument("--ahead", type=int, default=1, help="epochs the upstream half is ahead")
     opts = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tidemark-bench-lake-") as home, zookeeper() as server:
         settings = CatalogSettings.embedded(Path(home))
         publishing(settings)
-        resolution(server, settings, opts.tables)
+        resolution(server, settings, opts.tables, opts.ahead)
     return 0
 
 
