@@ -1,6 +1,6 @@
 """Reading table tidemarks: one-shot (pipelined) and through a watch-backed cache.
 
-    tm.tidemarks(["lake.db.a", "lake.db.b"])     # {table: TableTidemark | None}, one round trip's latency
+    tm.tidemarks(["lake.db.a", "lake.db.b"])     # {table: TableTidemark | None}: one multiRead per 256 tables
     cache = tm.tidemark_cache()
     cache.get(tables)                             # served from memory once watched
     cache.cached(tables)                          # memory only, never a ZooKeeper read (for metrics scrapes)
@@ -26,13 +26,14 @@ from kazoo.protocol.states import WatchedEvent
 from coordinator.errors import CorruptState, TidemarkError
 from coordinator.names import validate_names
 from coordinator.records import TableTidemark
+from coordinator.zookeeper.multiread import read_many
 from coordinator.zookeeper.session import ZooKeeperSession
 
 
 def read_tidemarks(tm: ZooKeeperSession, tables: Iterable[str]) -> dict[str, Optional[TableTidemark]]:
     """Every table's tidemark (None for a table no registered job writes)."""
     names = list(validate_names(tables, "table name"))
-    results = tm.get_many([tm.paths.tidemark(t) for t in names])
+    results = read_many(tm, [tm.paths.tidemark(t) for t in names])
     return {t: (None if r is None else TableTidemark.from_json(r[0], tm.paths.tidemark(t)))
             for t, r in zip(names, results)}
 
