@@ -7,7 +7,7 @@ import pytest
 
 from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.publish import advance_committed_epoch, claim_table, publish_staged
-from coordinator.iceberg.snapshots import committed_epoch, first_epoch, is_tidemark_table
+from coordinator.iceberg.snapshots import COMMITTED_EPOCH_PROPERTY, committed_epoch, first_epoch, is_tidemark_table
 from coordinator.records import EpochProgress
 from tests.helpers.lake import create_table, rows_of, stage_rows
 
@@ -60,3 +60,13 @@ def test_the_committed_epoch_is_the_newer_of_the_newest_epoch_snapshot_and_the_m
         "the marker's epoch is held by the newest snapshot below it"
     publish(table, 5000)
     assert same_answers(table).committed_epoch == 5000, "a snapshot newer than the marker"
+
+
+def test_the_markers_epoch_is_read_alone_and_an_unreadable_one_goes_by_the_whole_record(catalog, namespace):
+    table = create_table(catalog, f"{namespace}.m")
+    claim_table(table, "job", 1)
+    advance_committed_epoch(table, EpochProgress("job", 3000, 1), 1)
+    assert same_answers(table).committed_epoch == 3000
+    with table.transaction() as tx:
+        tx.set_properties({COMMITTED_EPOCH_PROPERTY: "²"})  # a digit to str.isdigit, not to int()
+    assert same_answers(table).committed_epoch == 3000, "the whole record (tidemark.committed) says 3000"

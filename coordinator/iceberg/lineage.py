@@ -42,6 +42,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from coordinator.iceberg.snapshots import (
+    COMMITTED_EPOCH_PROPERTY,
     WRITER_PROPERTY,
     ancestors,
     carrying_epoch,
@@ -52,7 +53,7 @@ from coordinator.iceberg.snapshots import (
     snapshot_epoch,
     snapshot_index,
 )
-from coordinator.records import EpochProgress
+from coordinator.names import MAX_EPOCH_MS
 
 
 class EpochLineage:
@@ -66,7 +67,7 @@ class EpochLineage:
         self.main_ids = {s.snapshot_id for s in self.main}
         self._position = {s.snapshot_id: i for i, s in enumerate(self.main)}
         self._recorded: Optional[dict[int, Optional[int]]] = None
-        self._marker: Optional[tuple[Optional[EpochProgress]]] = None  # parsed once: it carries the inputs
+        self._marker: Optional[tuple[Optional[int]]] = None  # the marker's epoch, read once
 
     def ancestors(self, snapshot_id: Optional[int]) -> Iterator[Snapshot]:
         """The snapshot ``snapshot_id`` and its ancestors, newest first (a branch's or a tag's history)."""
@@ -85,15 +86,22 @@ class EpochLineage:
         """The table's committed epoch by the one rule (``snapshots.committed_epoch``): the newer of ``main``'s
         newest snapshot carrying an epoch and the committed-epoch marker (None: neither)."""
         newest = next((e for e in map(snapshot_epoch, self.main) if e is not None), None)
-        marker = self.marker
-        candidates = [e for e in (newest, None if marker is None else marker.epoch) if e is not None]
+        candidates = [e for e in (newest, self.marker_epoch) if e is not None]
         return max(candidates) if candidates else None
 
     @property
-    def marker(self) -> Optional[EpochProgress]:
-        """The committed-epoch marker (``snapshots.marker_progress``)."""
+    def marker_epoch(self) -> Optional[int]:
+        """The committed-epoch marker's epoch (``snapshots.marker_progress``). The marker is written as two
+        properties in one commit, the whole record and its epoch alone (``snapshots.committed_properties``):
+        the epoch is read from the second, so the record's inputs (a range per source) are not decoded."""
         if self._marker is None:
-            self._marker = (marker_progress(self.table),)
+            alone = self.table.properties.get(COMMITTED_EPOCH_PROPERTY) or ""
+            if alone.isascii() and alone.isdigit() and int(alone) <= MAX_EPOCH_MS:
+                epoch: Optional[int] = int(alone)
+            else:  # no marker, or not a plain epoch: the rule's own decoding says which (CorruptState)
+                marker = marker_progress(self.table)
+                epoch = None if marker is None else marker.epoch
+            self._marker = (epoch,)
         return self._marker[0]
 
     @property
@@ -156,11 +164,11 @@ class EpochLineage:
                 epoch = snapshot_epoch(snapshot)
                 if epoch is not None and epoch not in held:
                     held[epoch] = snapshot.snapshot_id
-            marker = self.marker
-            if marker is not None and marker.epoch not in held:
-                at = self.at_epoch(marker.epoch)
+            marker = self.marker_epoch
+            if marker is not None and marker not in held:
+                at = self.at_epoch(marker)
                 if at is not None or not self.truncated:  # below a cut history its state is unknown
-                    held[marker.epoch] = None if at is None else at.snapshot_id
+                    held[marker] = None if at is None else at.snapshot_id
             self._recorded = held
         return self._recorded
 
