@@ -39,7 +39,8 @@ def test_kept_versions_read_back_in_spark_sql_version_as_of_their_tag(spark, tm,
                 total = spark.sql(f"SELECT sum(rows) AS n FROM {pipeline.totals} VERSION AS OF '{tag}'").first()["n"]
                 assert events == total == pipeline.rows_at[epoch], f"{tag}: events {events}, totals {total}"
             else:
-                assert tag not in pipeline.catalog.load_table(pipeline.events).metadata.refs
+                events_table = pipeline.catalog.load_table(catalog_settings.identifier(pipeline.events))
+                assert tag not in events_table.metadata.refs
             frames = read_consistent(spark, tm, pipeline.tables, as_of=epoch, catalog=catalog_settings)
             assert frames[pipeline.events].count() == pipeline.rows_at[epoch]
             pipeline.check(resolver, resolver.resolve(pipeline.tables, as_of=epoch))  # the consistency checker
