@@ -305,7 +305,7 @@ def _fence_and_unregister(cascade: Cascade) -> int:
         if done.returncode != 0:
             raise RuntimeError(f"tidemark {' '.join(args)} failed: {done.stderr.strip()}")
         return done.stdout
-    term = int(cli("fence", COUNTER).split("term is now ")[1].split(";")[0])
+    term = int(cli("fence", COUNTER, "--yes").split("term is now ")[1].split(";")[0])
     cli("unregister", COUNTER, "--yes")
     return term
 
