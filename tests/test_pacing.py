@@ -88,14 +88,19 @@ def test_a_job_far_behind_waits_only_for_an_upstream_epoch_in_flight_that_covers
     # Catching up: more than 3 cadences behind the clock (1 s grid), not when keeping up.
     assert pacing.catching_up(GRID, available=5000, now=9001) and not pacing.catching_up(GRID, 5000, now=8000)
     assert not Pacing(every_ms=4000).catching_up(GRID, available=5000, now=16_000)  # 2.5 of its 4 s cadences
+
+    def worth(p: Pacing = pacing, *, after=10_000, available=11_000, in_flight=None, restarted=False, led=500.0):
+        return p.worth_waiting(GRID, after=after, available=available, in_flight=in_flight,
+                               upstream_restarted=restarted, leading_for_s=led)
     # Back from downtime: the upstream's tidemark offers 1 s since the last epoch, its epoch in flight 300 s.
-    assert pacing.worth_waiting(GRID, after=10_000, available=11_000, in_flight=310_000, leading_for_s=500)
+    assert worth(in_flight=310_000)
     # A slow upstream's next epoch covers about as much as its last: take what is there.
-    assert not pacing.worth_waiting(GRID, after=10_000, available=13_000, in_flight=16_000, leading_for_s=0)
-    # Nothing in flight: wait only while this job has just taken over (its upstream may have restarted too).
-    assert pacing.worth_waiting(GRID, after=10_000, available=11_000, in_flight=None, leading_for_s=5)
-    assert not pacing.worth_waiting(GRID, after=10_000, available=11_000, in_flight=None, leading_for_s=31)
+    assert not worth(available=13_000, in_flight=16_000, led=0)
+    # An upstream that took over with this job begins its catch-up epoch shortly (perhaps after recovering the
+    # small epoch it had in flight): wait, while this job has led for less than 30 s.
+    assert worth(in_flight=None, restarted=True, led=5) and worth(in_flight=11_500, restarted=True, led=5)
+    assert not worth(in_flight=None, restarted=True, led=31) and not worth(in_flight=None, restarted=False, led=5)
     # Off this job's cadence, the upstream's epoch would not be one it could take.
     slow = Pacing(every_ms=4000)
-    assert not slow.worth_waiting(GRID, after=8000, available=12_000, in_flight=310_000, leading_for_s=500)
-    assert slow.worth_waiting(GRID, after=8000, available=12_000, in_flight=312_000, leading_for_s=500)
+    assert not worth(slow, after=8000, available=12_000, in_flight=310_000)
+    assert worth(slow, after=8000, available=12_000, in_flight=312_000)

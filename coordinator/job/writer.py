@@ -85,7 +85,14 @@ from coordinator.names import parse_epoch, validate_name, validate_names
 from coordinator.protocol.barriers import BarrierGrid, Barriers, grid_from
 from coordinator.protocol.epochs import EpochCoordinator, RecoveryAction
 from coordinator.protocol.leadership import Leadership
-from coordinator.protocol.pacing import CATCH_UP_WAIT_S, DEFAULT_GRACE_MS, Choice, Pacing, parse_every
+from coordinator.protocol.pacing import (
+    CATCH_UP_NEW_LEADER_S,
+    CATCH_UP_WAIT_S,
+    DEFAULT_GRACE_MS,
+    Choice,
+    Pacing,
+    parse_every,
+)
 from coordinator.protocol.registry import register_job
 from coordinator.protocol.rest import refuse_retired
 from coordinator.protocol.tidemarks import TidemarkCache
@@ -235,6 +242,7 @@ class EpochWriter:
         self._topology_seen = -2                                   # the /topology version last read
         self._leading_since = 0.0                                  # time.monotonic() when this replica took over
         self._catch_up: Optional[tuple[int, float]] = None         # waiting for an upstream since: (after, since)
+        self._leader_created_ms: Optional[int] = None              # this replica's /leader znode's ctime
         self._logged_at = 0.0
         # What this replica is busy with while it leads (and since when, monotonic): _watch_steps logs a step
         # that lasts, so a leader that commits nothing always says what it waits for (issue 22).
@@ -302,6 +310,7 @@ class EpochWriter:
         self._acquire(leader_timeout, while_standby, max(recorded_term(t) for t in sinks.values()))
         self.metrics.became_leader()
         self._leading_since = time.monotonic()
+        self._leader_created_ms = None
         log.info("job %s: leading as term %s; taking over", self.name, self.leadership.term)
         self._doing = (f"taking over as term {self.leadership.term}: claiming its sinks in the catalog",
                        time.monotonic())
@@ -726,15 +735,27 @@ class EpochWriter:
                 else None
             if until is not None and in_flight is not None and in_flight > until:
                 continue
-            if in_flight is None and not self._behind_its_cadence(job, mark, grid):
+            if not self._behind_its_cadence(job, mark, grid):
                 continue  # an upstream on time (an hourly one, say) has no catch-up epoch to come
             if self.pacing.worth_waiting(grid, after=after, available=available, in_flight=in_flight,
+                                         upstream_restarted=self._took_over_with_this_job(job),
                                          leading_for_s=time.monotonic() - self._leading_since):
-                return (f"source {source} is catching up: its writer's epoch {in_flight} is in flight"
-                        if in_flight is not None else
-                        f"source {source}'s writer has begun no epoch since this job took over; it may be "
-                        "catching up too")
+                return f"source {source}'s writer {job} is catching up: " + (
+                    f"its epoch {in_flight} is in flight" if in_flight is not None and in_flight > available else
+                    "it took over about when this job did and has not begun its catch-up epoch yet")
         return None
+
+    def _took_over_with_this_job(self, job: str) -> bool:
+        """Whether ``job``'s leader took over within ``CATCH_UP_NEW_LEADER_S`` of this replica (by the leader znodes'
+        creation times, both on ZooKeeper's clock), or it has no leader yet: it restarted with this job."""
+        theirs = self.tm.get(self.tm.paths.leader(job))
+        if theirs is None:
+            return True
+        if self._leader_created_ms is None:
+            mine = self.tm.get(self.tm.paths.leader(self.name))
+            self._leader_created_ms = mine[1].ctime if mine is not None else None
+        return (self._leader_created_ms is not None
+                and abs(theirs[1].ctime - self._leader_created_ms) <= CATCH_UP_NEW_LEADER_S * 1000)
 
     def _behind_its_cadence(self, job: str, mark: Optional[TableTidemark], grid: BarrierGrid) -> bool:
         if mark is None or mark.epoch is None:

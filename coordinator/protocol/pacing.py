@@ -39,11 +39,12 @@ that job's epochs: it follows the slower cadence (``effective_cadences``).
 first epoch covers the whole downtime, but until it commits, its tidemark still offers the
 barrier or two it had before the stop. A downstream job that took those first would then need a
 second epoch for the backlog. So a job behind the clock by more than ``CATCH_UP_BEHIND``
-cadences waits (``worth_waiting``) for a source writer's epoch in flight that covers
-``CATCH_UP_FACTOR`` times what is available, and, for its first ``CATCH_UP_NEW_LEADER_S`` as
-leader, for a source writer that has no epoch in flight yet (restarted with it, it begins its
-catch-up epoch shortly). Each wait lasts at most ``CATCH_UP_WAIT_S``: the upstream may be down.
-A job that keeps up never checks (it is not behind), and a downstream of a slow job does not
+cadences, whose source writer is behind its own cadence too, waits (``worth_waiting``) for that
+writer's epoch in flight if it covers ``CATCH_UP_FACTOR`` times what is available, and, for its
+first ``CATCH_UP_NEW_LEADER_S`` as leader, for a writer that took over about when it did (or has
+no leader yet): that writer begins its catch-up epoch shortly, perhaps after recovering the epoch
+it had in flight. The waits for one epoch last at most ``CATCH_UP_WAIT_S``: the upstream may be
+down. A job that keeps up never checks (it is not behind), and a downstream of a slow job does not
 wait (a slow job's next epoch covers about as much as its last one did).
 
 **No backpressure.** Coalescing bounds what a slow job owes: its next epoch covers everything
@@ -159,14 +160,16 @@ class Pacing(JsonRecord):
         return now - self.grace_ms - available > CATCH_UP_BEHIND * cadence
 
     def worth_waiting(self, grid: BarrierGrid, *, after: int, available: int, in_flight: Optional[int],
-                      leading_for_s: float) -> bool:
+                      upstream_restarted: bool, leading_for_s: float) -> bool:
         """Whether to wait for a source writer rather than take ``available`` now, while catching up: for its
         epoch ``in_flight`` if that is on this job's cadence and covers ``CATCH_UP_FACTOR`` times as much since
-        ``after``; with none in flight, while this job's leader has led for less than ``CATCH_UP_NEW_LEADER_S``."""
-        if in_flight is None:
-            return leading_for_s < CATCH_UP_NEW_LEADER_S
-        return (in_flight > available and self.on_cadence(grid, in_flight)
-                and in_flight - after >= CATCH_UP_FACTOR * (available - after))
+        ``after``; else, while this job has led for less than ``CATCH_UP_NEW_LEADER_S``, for a writer that took
+        over about when this job did (``upstream_restarted``: it will begin its catch-up epoch shortly, perhaps
+        after recovering the epoch it had in flight when it stopped)."""
+        if (in_flight is not None and in_flight > available and self.on_cadence(grid, in_flight)
+                and in_flight - after >= CATCH_UP_FACTOR * (available - after)):
+            return True
+        return upstream_restarted and leading_for_s < CATCH_UP_NEW_LEADER_S
 
     def choose(self, grid: BarrierGrid, *, after: Optional[int], sources: Mapping[str, Optional[TableTidemark]],
                has_root_source: bool, now: int, until: Optional[int] = None) -> Choice:
