@@ -172,9 +172,9 @@ class EpochCoordinator:
         published = {t: self._marks[t].snapshot_id if t in self._marks else None for t in self.sinks}
         record = EpochRecord(epoch=epoch, state=EpochState.COMMITTED, term=self.leadership.leading_term,
                              inputs=inputs, published=published)
-        self._write(self._tidemark_ops(epoch, published, record.updated_ms) + self._record_ops(record, redo), record,
-                    created=not redo)
-        self._committed(epoch, published, record.updated_ms)
+        marks = self._advanced(epoch, published, record.updated_ms)
+        self._write(self._tidemark_ops(marks) + self._record_ops(record, redo), record, created=not redo)
+        self._committed(epoch, marks)
         return record
 
     def _prepare(self, epoch: int, inputs: Optional[EpochInputs]) -> tuple[bool, EpochInputs]:
@@ -232,22 +232,23 @@ class EpochCoordinator:
         stamp = now_ms()
         record = replace(current, state=EpochState.COMMITTED, term=self.leadership.leading_term,
                          published=dict(published), updated_ms=stamp)
-        ops = self._tidemark_ops(epoch, published, stamp)
+        marks = self._advanced(epoch, published, stamp)
+        ops = self._tidemark_ops(marks)
         ops.append(SetData(self.tm.paths.epoch(self.job, epoch), record.to_json(), self._version))
         self._write(ops, record)
-        self._committed(epoch, published, stamp)
+        self._committed(epoch, marks)
         return record
 
-    def _tidemark_ops(self, epoch: int, published: Mapping[str, Optional[int]], stamp: int) -> list[Op]:
-        return [SetData(self.tm.paths.tidemark(t), self._mark(t, epoch, published[t], stamp).to_json())
-                for t in self.sinks]
+    def _advanced(self, epoch: int, published: Mapping[str, Optional[int]], stamp: int) -> dict[str, TableTidemark]:
+        """Every sink's tidemark after committing ``epoch``: built once, written, then kept as this leader's."""
+        return {t: self.mark(t).advanced(epoch, published[t], stamp) for t in self.sinks}
 
-    def _mark(self, table: str, epoch: int, snapshot_id: Optional[int], stamp: int) -> TableTidemark:
-        return self.mark(table).advanced(epoch, snapshot_id, stamp)
+    def _tidemark_ops(self, marks: Mapping[str, TableTidemark]) -> list[Op]:
+        return [SetData(self.tm.paths.tidemark(t), mark.to_json()) for t, mark in marks.items()]
 
-    def _committed(self, epoch: int, published: Mapping[str, Optional[int]], stamp: int) -> None:
+    def _committed(self, epoch: int, marks: dict[str, TableTidemark]) -> None:
         self.last_committed = epoch
-        self._marks = {t: self._mark(t, epoch, published[t], stamp) for t in self.sinks}
+        self._marks = marks
 
     def abort(self, epoch: int, reason: str = "") -> EpochRecord:
         """Give up an epoch that was not precommitted: its staged snapshots will never be published."""
