@@ -240,6 +240,7 @@ class EpochWriter:
         self._topology_node: Optional[WatchedNode] = None
         self._grid: Optional[tuple[int, BarrierGrid]] = None      # parsed, with the znode's mzxid
         self._topology_seen = -2                                   # the /topology version last read
+        self._writers: dict[str, str] = {}                         # ... and its writer job of each table
         self._leading_since = 0.0                                  # time.monotonic() when this replica took over
         self._catch_up: Optional[tuple[int, float]] = None         # waiting for an upstream since: (after, since)
         self._leader_created_ms: Optional[int] = None              # this replica's /leader znode's ctime
@@ -661,8 +662,8 @@ class EpochWriter:
                 return
         topo = read_topology(self.tm)
         self._topology_seen = topo.znode_version
-        writers = topo.writers
-        self._managed = tuple(s for s in self.sources if s in writers or self._claimed_in_iceberg(s))
+        self._writers = topo.writers
+        self._managed = tuple(s for s in self.sources if s in self._writers or self._claimed_in_iceberg(s))
 
     def tidemarks_in_memory(self) -> Optional[dict[str, Optional[TableTidemark]]]:
         """The managed sources' tidemarks as the loop's watches keep them and the sinks' as this leader committed
@@ -698,7 +699,7 @@ class EpochWriter:
             choice = self.pacing.choose(grid, after=after, sources=marks, has_root_source=self.has_root_source,
                                         now=now_ms(), until=until)
             if choice.epoch is not None:
-                upstream = self._upstream_catching_up(grid, after, choice.epoch, until) if wait else None
+                upstream = self._upstream_catching_up(grid, after, choice.epoch, marks, until) if wait else None
                 if upstream is None:
                     self.waiting = None
                     return choice.epoch
@@ -712,7 +713,7 @@ class EpochWriter:
         return None
 
     def _upstream_catching_up(self, grid: BarrierGrid, after: Optional[int], available: int,
-                              until: Optional[int]) -> Optional[str]:
+                              marks: dict[str, Optional[TableTidemark]], until: Optional[int]) -> Optional[str]:
         """Why to wait for a managed source's writer rather than take ``available`` (``Pacing.worth_waiting``),
         or None: the upstream is catching up after downtime, and taking ``available`` first would cost this
         job a second epoch. Looked up only while this job is far behind the clock, so a job keeping up makes
@@ -723,10 +724,8 @@ class EpochWriter:
             self._catch_up = (after, time.monotonic())
         elif time.monotonic() - self._catch_up[1] > CATCH_UP_WAIT_S:
             return None  # waited long enough: the upstream may be down
-        writers = read_topology(self.tm).writers
-        marks = self._open_cache.get(self._managed)
         for source in self._managed:
-            job, mark = writers.get(source), marks[source]
+            job, mark = self._writers.get(source), marks[source]
             if job is None:
                 continue
             recorded = (parse_epoch(name) for name in self.tm.children(self.tm.paths.epochs(job)))
