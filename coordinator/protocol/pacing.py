@@ -255,5 +255,5 @@ def newest_common_epoch(marks: Iterable[Optional[TableTidemark]]) -> Optional[in
     return max(common) if common else None
 
 
-__all__ = ["CATCH_UP_WAIT_S", "DEFAULT_GRACE_MS", "Choice", "Pacing", "effective_cadences", "fmt_every",
-           "newest_common_epoch", "parse_every"]
+__all__ = ["CATCH_UP_NEW_LEADER_S", "CATCH_UP_WAIT_S", "DEFAULT_GRACE_MS", "Choice", "Pacing", "effective_cadences",
+           "fmt_every", "newest_common_epoch", "parse_every"]
