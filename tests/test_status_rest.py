@@ -15,22 +15,10 @@ from coordinator.operations.cli import main as cli_main
 from coordinator.operations.exporter import view_families
 from coordinator.records import now_ms
 from tests.helpers.background import InBackground
-from tests.helpers.lake import create_table
 from tests.helpers.present import present
 from tests.helpers.wait import wait_for
 from tests.test_status_waiting import INTERVAL, append_epoch, writer
-
-
-@pytest.fixture
-def lake(catalog_settings, namespace):
-    """Create tables in this test's namespace; returns their ``lake.<ns>.<name>`` names."""
-    catalog = catalog_settings.load()
-
-    def make(*names: str) -> list[str]:
-        for name in names:
-            create_table(catalog, f"{namespace}.{name}")
-        return [f"{catalog_settings.name}.{namespace}.{name}" for name in names]
-    return make
+from tests.test_status_waiting import lake as lake  # the fixture: tables in this test's namespace
 
 
 def cli(zk_connect: str, capsys, *args: str) -> tuple[int, str, str]:
