@@ -49,6 +49,8 @@ from coordinator.operations.zookeeper_server import DEFAULT_PORT, EmbeddedZooKee
 from coordinator.protocol.barriers import CHANGE_LEAD_MS, MAX_INTERVAL_MS
 
 if TYPE_CHECKING:  # imported by the commands that use them: `tidemark --help` stays quick
+    from pyiceberg.catalog import Catalog
+
     from coordinator.history.gc import GcPlan
     from coordinator.iceberg.catalog import CatalogSettings
     from coordinator.protocol.status import JobStatus, Status
@@ -101,15 +103,16 @@ def _catalog_where(settings: CatalogSettings) -> str:
     return f"catalog {settings.name!r} at {uri}"
 
 
-def _require_in_catalog(settings: CatalogSettings, tables: list[str], tm: Optional[Tidemark] = None) -> None:
+def _require_in_catalog(settings: CatalogSettings, tables: list[str], tm: Optional[Tidemark] = None,
+                        catalog: Optional[Catalog] = None) -> None:
     """Refuse to go on when the catalog lacks one of ``tables``: ZooKeeper's records would otherwise answer for
     tables this catalog does not have (a wrong TIDEMARK_CATALOG_URI), and gc would collect nothing while
-    dropping retained versions."""
+    dropping retained versions. ``catalog``: the one the command already opened (else it is opened here)."""
     from coordinator.errors import TableNotFound
     from coordinator.iceberg.catalog import load_table
     if not tables:
         return  # nothing to check: opening the catalog would create the embedded default for nothing
-    catalog = settings.load()
+    catalog = catalog if catalog is not None else settings.load()
     missing = []
     for table in sorted(set(tables)):
         try:
@@ -421,9 +424,10 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     settings = CatalogSettings.from_env()
     tm = None if args.no_zk else _connect(args, read_only=True)
     try:
+        catalog = settings.load()
         if tm is not None:  # without ZooKeeper the resolver loads every table anyway
-            _require_in_catalog(settings, args.tables, tm)
-        resolver = Resolver(settings.load(), settings, tm)
+            _require_in_catalog(settings, args.tables, tm, catalog)
+        resolver = Resolver(catalog, settings, tm)
         version = resolver.resolve(args.tables, level=args.level, as_of=args.as_of)
     finally:
         if tm is not None:
@@ -452,8 +456,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
     settings = CatalogSettings.from_env()
     with _connect(args) as tm:
         topology = tm.topology()
-        _require_in_catalog(settings, [*topology.writers, *topology.root_tables], tm)
         collector = GarbageCollector(tm, settings, policy=policy)
+        _require_in_catalog(settings, [*topology.writers, *topology.root_tables], tm, collector.catalog)
         if not args.dry_run and not args.yes:
             _confirm(args, _gc_plan(collector.plan(), args), "collect")
         try:
