@@ -40,7 +40,7 @@ from pyiceberg.table import DataScan
 from pyparsing import ParseException
 
 from coordinator.errors import ConfigurationError, InvalidArgument
-from coordinator.history.resolve import Resolver
+from coordinator.history.resolve import Resolver, scan_at
 from coordinator.history.versions import tag_name
 from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.records import ConsistencyLevel, ConsistentVersion
@@ -83,14 +83,8 @@ class VersionReader:
              row_filter: Optional[RowFilter] = None) -> Optional[DataScan]:
         """The pyiceberg scan of ``table`` at its snapshot, or None when the table had no snapshot then (empty)."""
         name = self._name(table)
-        snapshot_id = self.version.snapshots[name]
-        if snapshot_id is None:
-            return None
-        iceberg = self.resolver.table(name, refresh=False)
-        if iceberg.snapshot_by_id(snapshot_id) is None:
-            iceberg = self.resolver.table(name)  # resolved from ZooKeeper alone: metadata loaded before that commit
-        return iceberg.scan(row_filter=_row_filter(row_filter), selected_fields=_columns(columns),
-                            snapshot_id=snapshot_id)
+        return scan_at(self.resolver, name, self.version.snapshots[name], row_filter=_row_filter(row_filter),
+                       selected_fields=_columns(columns))
 
     def arrow(self, table: str, *, columns: Optional[Sequence[str]] = None,
               row_filter: Optional[RowFilter] = None) -> pa.Table:

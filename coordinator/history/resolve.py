@@ -45,7 +45,8 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Optional, Union
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.table import DataScan, Snapshot, Table
+from pyiceberg.expressions import BooleanExpression
+from pyiceberg.table import ALWAYS_TRUE, DataScan, Snapshot, Table
 
 from coordinator.errors import ConfigurationError, EpochOrderError, InvalidName, VersionNotFound
 from coordinator.history.versions import RetainedVersions, nearest, tag_epoch, tag_name
@@ -455,15 +456,20 @@ def pinned_versions(tm: ZooKeeperSession) -> dict[int, dict[str, Optional[int]]]
     return pinned
 
 
+def scan_at(resolver: Resolver, name: str, snapshot_id: Optional[int], *, row_filter: BooleanExpression = ALWAYS_TRUE,
+            selected_fields: tuple[str, ...] = ("*",)) -> Optional[DataScan]:
+    """A pyiceberg scan of table ``name`` at ``snapshot_id`` (None for a table that was empty at that point)."""
+    if snapshot_id is None:
+        return None
+    table = resolver.table(name, refresh=False)
+    if table.snapshot_by_id(snapshot_id) is None:
+        table = resolver.table(name)  # resolved from ZooKeeper alone: metadata loaded before that commit
+    return table.scan(row_filter=row_filter, selected_fields=selected_fields, snapshot_id=snapshot_id)
+
+
 def scans(resolver: Resolver, version: ConsistentVersion) -> dict[str, Optional[DataScan]]:
     """A pyiceberg scan per table at its snapshot (None for a table that was empty at that point)."""
-    result: dict[str, Optional[DataScan]] = {}
-    for name, sid in version.snapshots.items():
-        table = resolver.table(name, refresh=False)
-        if sid is not None and table.snapshot_by_id(sid) is None:
-            table = resolver.table(name)  # resolved from ZooKeeper alone: metadata loaded before that commit
-        result[name] = None if sid is None else table.scan(snapshot_id=sid)
-    return result
+    return {name: scan_at(resolver, name, sid) for name, sid in version.snapshots.items()}
 
 
 def read_arrow(resolver: Resolver, version: ConsistentVersion) -> dict[str, pa.Table]:
