@@ -216,9 +216,7 @@ def test_a_pinned_version_and_a_lagging_jobs_next_inputs_survive_gc(tm, connect,
 
 
 def test_the_cli_lists_versions_dry_runs_gc_and_resolves_a_tag(tm, zk_connect, pipeline, catalog_settings,
-                                                               monkeypatch, capsys):
-    monkeypatch.setenv("TIDEMARK_CATALOG_URI", catalog_settings.uri)
-    monkeypatch.setenv("TIDEMARK_WAREHOUSE", catalog_settings.warehouse)
+                                                               catalog_env, capsys):
     base = (datetime.now(timezone.utc).timestamp() * 1000 // INTERVAL_MS - 5) * INTERVAL_MS
     epochs = [int(base + k * INTERVAL_MS) for k in range(3)]
     for epoch in epochs:
@@ -252,12 +250,10 @@ def test_the_cli_lists_versions_dry_runs_gc_and_resolves_a_tag(tm, zk_connect, p
 
 
 def test_every_listed_version_has_its_tag_on_every_table_it_covers(tm, zk_connect, pipeline, catalog_settings,
-                                                                    monkeypatch, capsys):
+                                                                    catalog_env, capsys):
     """A version at which every table was empty is not made: no tag could name it (``tidemark versions`` once
     listed such a version as covering 2 tables while no table had its tag). Each listed version names the tables
     carrying its tag, and each of them carries it, on the version's snapshot."""
-    monkeypatch.setenv("TIDEMARK_CATALOG_URI", catalog_settings.uri)
-    monkeypatch.setenv("TIDEMARK_WAREHOUSE", catalog_settings.warehouse)
     epochs = [START + k * INTERVAL_MS for k in range(1, 4)]
     pipeline.epoch(epochs[0])             # both jobs' first epoch is idle: both tables are empty at it
     pipeline.epoch(epochs[1], rows=2)
@@ -297,9 +293,7 @@ def test_scheduled_gc_runs_in_one_process_at_a_time(tm, connect, pipeline, catal
 
 
 def test_tidemark_gc_waits_for_a_run_in_progress_and_says_so_when_it_cannot(tm, connect, zk_connect, pipeline,
-                                                                            catalog_settings, monkeypatch, capsys):
-    monkeypatch.setenv("TIDEMARK_CATALOG_URI", catalog_settings.uri)
-    monkeypatch.setenv("TIDEMARK_WAREHOUSE", catalog_settings.warehouse)
+                                                                            catalog_settings, catalog_env, capsys):
     base = (datetime.now(timezone.utc).timestamp() * 1000 // INTERVAL_MS - 5) * INTERVAL_MS
     pipeline.epoch(int(base), rows=1)
     gc = ["--zk", zk_connect, "gc", "--yes", "--policy", "all:1d"]
@@ -373,14 +367,12 @@ def test_gc_bounds_old_metadata_files(tm, pipeline, catalog_settings):
 
 
 def test_a_gc_killed_after_its_expiry_commit_leaves_orphans_that_gc_orphans_deletes(tm, zk_connect, pipeline,
-                                                                                    catalog_settings, monkeypatch,
+                                                                                    catalog_settings, catalog_env,
                                                                                     capsys):
     for k in range(1, 7):
         pipeline.epoch(START + k * INTERVAL_MS, rows=2)
     events = pipeline.catalog.load_table(pipeline.events)
     referenced_before = FileIndex().referenced(events, events.snapshots())
-    catalog_env = {"TIDEMARK_CATALOG_URI": catalog_settings.uri, "TIDEMARK_WAREHOUSE": catalog_settings.warehouse,
-                   "TIDEMARK_CATALOG_NAME": catalog_settings.name}
     gc = [sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "gc", "--yes", "--policy",
           "all:1h"]
     killed = subprocess.run(gc, env={**crash_env("gc-expired", nth=1), **catalog_env}, capture_output=True,
@@ -391,8 +383,6 @@ def test_a_gc_killed_after_its_expiry_commit_leaves_orphans_that_gc_orphans_dele
     left_behind = {local_path(p) for p in referenced_before - FileIndex().referenced(events, events.snapshots())}
     assert left_behind, "the killed run expired snapshots of events before it died"
 
-    for name, value in catalog_env.items():
-        monkeypatch.setenv(name, value)
     args = ["--zk", zk_connect, "gc", "--yes"]
     assert cli(args) == 0, "a complete run finishes what the killed one left (the totals table)"
     capsys.readouterr()
