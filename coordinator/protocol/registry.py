@@ -63,6 +63,23 @@ class _TopologyMoved(Exception):
     """A version-checked multi lost a race; decide again on what is there now."""
 
 
+class TermMoved(Exception):
+    """A job's term moved (a leader was elected) between the read and the multi conditional on it: decide again."""
+
+
+def retry_term_change(tm: ZooKeeperSession, what: str, attempt: Callable[[], T]) -> T:
+    """Run ``attempt`` again while it raises ``TermMoved``, within the session's operation timeout; then
+    ``ZooKeeperUnavailable`` saying ``what`` kept racing with the job's leader elections."""
+    retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
+                        retry=retry_if_exception_type(TermMoved), reraise=True,
+                        before_sleep=tm.count_retries("registration"))
+    try:
+        return retrying(attempt)
+    except TermMoved:
+        raise ZooKeeperUnavailable(f"{what} kept racing with its leader elections for "
+                                   f"{tm.operation_timeout:.0f}s; try again") from None
+
+
 def _with_topology(tm: ZooKeeperSession, decide: Callable[[Topology], T]) -> T:
     retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
                         retry=retry_if_exception_type(_TopologyMoved), reraise=False,
@@ -173,17 +190,9 @@ def fence_job(tm: ZooKeeperSession, name: str, by: str = "operator") -> int:
         try:
             tm.multi([SetData(tm.paths.term(name), new.to_json(), stat.version)])
         except MultiFailed:
-            raise _TopologyMoved() from None  # a leader was elected meanwhile: fence that one
+            raise TermMoved() from None  # a leader was elected meanwhile: fence that one
         return new.term
-
-    retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
-                        retry=retry_if_exception_type(_TopologyMoved), reraise=True,
-                        before_sleep=tm.count_retries("registration"))
-    try:
-        return retrying(attempt)
-    except _TopologyMoved:
-        raise ZooKeeperUnavailable(f"fencing job {name!r} kept racing with its leader elections for "
-                                   f"{tm.operation_timeout:.0f}s; try again") from None
+    return retry_term_change(tm, f"fencing job {name!r}", attempt)
 
 
 @dataclass(frozen=True)

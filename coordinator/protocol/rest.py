@@ -29,24 +29,16 @@ session's operation timeout).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
-
-from coordinator.errors import (
-    JobNotFound,
-    JobRetired,
-    MultiFailed,
-    RegistrationError,
-    ZooKeeperUnavailable,
-)
+from coordinator.errors import JobNotFound, JobRetired, MultiFailed, RegistrationError
 from coordinator.names import validate_name
+from coordinator.protocol.registry import TermMoved, retry_term_change
 from coordinator.records import LeaderRecord, RestRecord, TermRecord
 from coordinator.zookeeper.ops import Check, Create, Delete, Op, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
 PAUSED, RETIRED = "paused", "retired"
-T = TypeVar("T")
 
 
 def pause_job(tm: ZooKeeperSession, name: str, *, by: str = "operator", reason: str = "",
@@ -77,7 +69,7 @@ def resume_job(tm: ZooKeeperSession, name: str) -> Optional[str]:
         if found:
             _apply(tm, [Check(p.term(name), term[1].version), *(Delete(path) for _, path in found)])
         return found[0][0] if found else None
-    return _retrying(tm, name, attempt)
+    return retry_term_change(tm, f"changing job {name!r}", attempt)
 
 
 def refuse_retired(tm: ZooKeeperSession, name: str) -> None:
@@ -88,10 +80,6 @@ def refuse_retired(tm: ZooKeeperSession, name: str) -> None:
         why = f" ({record.reason})" if record.reason else ""
         raise JobRetired(f"job {name!r} was retired by {record.by}{why}: its drivers may not lead it; "
                          f"`tidemark resume {name}` to run it again")
-
-
-class _Moved(Exception):
-    """The job's term moved (a leader was elected) between the read and the multi: decide again."""
 
 
 def _mark(tm: ZooKeeperSession, name: str, kind: str, record: RestRecord, refuse_leader: bool) -> None:
@@ -113,7 +101,7 @@ def _mark(tm: ZooKeeperSession, name: str, kind: str, record: RestRecord, refuse
         data = record.to_json()
         ops.append(SetData(path, data) if tm.get(path) is not None else Create(path, data))
         _apply(tm, ops)
-    _retrying(tm, name, attempt)
+    retry_term_change(tm, f"changing job {name!r}", attempt)
 
 
 def _term(tm: ZooKeeperSession, name: str) -> tuple[TermRecord, Any]:
@@ -127,18 +115,7 @@ def _apply(tm: ZooKeeperSession, ops: list[Op]) -> None:
     try:
         tm.multi(ops)
     except MultiFailed:
-        raise _Moved() from None
-
-
-def _retrying(tm: ZooKeeperSession, name: str, attempt: Callable[[], T]) -> T:
-    retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
-                        retry=retry_if_exception_type(_Moved), reraise=True,
-                        before_sleep=tm.count_retries("registration"))
-    try:
-        return retrying(attempt)
-    except _Moved:
-        raise ZooKeeperUnavailable(f"changing job {name!r} kept racing with its leader elections for "
-                                   f"{tm.operation_timeout:.0f}s; try again") from None
+        raise TermMoved() from None
 
 
 __all__ = ["PAUSED", "RETIRED", "pause_job", "refuse_retired", "resume_job", "retire_job"]
