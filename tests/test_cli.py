@@ -18,28 +18,13 @@ import pytest
 from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.versions import RetainedVersions
-from coordinator.operations.cli import main
 from coordinator.operations.zookeeper_server import four_letter_word, free_port
 from coordinator.protocol.barriers import BarrierGrid
 from coordinator.records import now_ms
 from coordinator.zookeeper.session import KAZOO_LOG
+from tests.helpers.cli import TIDEMARK, assert_one_line_error, run_cli
 from tests.helpers.lake import commit_rows, create_table, lead_job
 from tests.helpers.wait import wait_for
-
-TIDEMARK = [sys.executable, "-m", "coordinator.operations.cli"]
-
-
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line_error(code: int, err: str, *needles: str) -> None:
-    assert code == 1 and err.startswith("tidemark: error: ") and err.count("\n") == 1, (code, err)
-    assert "unexpected" not in err, err
-    for needle in needles:
-        assert needle in err, err
 
 
 class Terminal(io.StringIO):
@@ -63,30 +48,30 @@ def test_the_interval_typo_is_refused_and_a_pending_change_is_reverted(tm, zk_co
     before = tm.get(tm.paths.barriers)
     assert before is not None
 
-    code, _, err = cli(capsys, *zk, "barriers", "--set-interval", "999999999999", "--from", str(future))
+    code, _, err = run_cli(capsys, *zk, "barriers", "--set-interval", "999999999999", "--from", str(future))
     assert code == 2 and err.count("\n") == 1 and "100 to 86400000 ms (a day)" in err, err
-    code, _, err = cli(capsys, *zk, "barriers", "--set-interval", "2000", "--from", str(future))
-    one_line_error(code, err, f"change the barrier interval of every job from 1000 ms to 2000 ms at {future}",
+    code, _, err = run_cli(capsys, *zk, "barriers", "--set-interval", "2000", "--from", str(future))
+    assert_one_line_error(code, err, f"change the barrier interval of every job from 1000 ms to 2000 ms at {future}",
                    "nothing changed: pass --yes")
-    code, out, _ = cli(capsys, *zk, "barriers", "--set-interval", "2000", "--from", str(future), "--dry-run")
+    code, out, _ = run_cli(capsys, *zk, "barriers", "--set-interval", "2000", "--from", str(future), "--dry-run")
     assert code == 0 and out.endswith("dry run: nothing changed\n")
     assert tm.get(tm.paths.barriers) == before, "a refused or dry-run change wrote /barriers"
 
-    code, out, err = cli(capsys, *zk, "barriers", "--set-interval", "2000", "--from", str(future), "--yes")
+    code, out, err = run_cli(capsys, *zk, "barriers", "--set-interval", "2000", "--from", str(future), "--yes")
     assert code == 0, err
     assert f"  every 2000 ms from {future} (" in out and "pending: `tidemark barriers --revert` cancels it" in out
     assert tm.barriers.grid().pending(now_ms()) == ({"from_epoch": future, "interval_ms": 2000},)
 
     monkeypatch.setattr(sys, "stdin", Terminal("n\n"))
-    code, out, err = cli(capsys, *zk, "barriers", "--revert")
-    one_line_error(code, err, "not confirmed; nothing changed")
+    code, out, err = run_cli(capsys, *zk, "barriers", "--revert")
+    assert_one_line_error(code, err, "not confirmed; nothing changed")
     assert f"cancel the pending interval change to 2000 ms at {future}" in out and "Cancel it? [y/N]" in out
     assert tm.barriers.grid().changes != ()
     monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
-    code, out, err = cli(capsys, *zk, "barriers", "--revert")
+    code, out, err = run_cli(capsys, *zk, "barriers", "--revert")
     assert code == 0, err
     assert tm.barriers.grid() == BarrierGrid(1000)
-    one_line_error(*cli(capsys, *zk, "barriers", "--revert", "--yes")[::2], "no interval change is pending")
+    assert_one_line_error(*run_cli(capsys, *zk, "barriers", "--revert", "--yes")[::2], "no interval change is pending")
 
 
 def test_a_grid_stuck_on_an_absurd_interval_is_left_without_editing_znodes(tm, zk_connect, capsys, no_terminal,
@@ -103,14 +88,14 @@ def test_a_grid_stuck_on_an_absurd_interval_is_left_without_editing_znodes(tm, z
     try:
         assert writer.next_barrier(wait=False) is None, "the grid has no point between now and 2058"
         zk = ["--zk", zk_connect]
-        code, out, _ = cli(capsys, *zk, "barriers")
+        code, out, _ = run_cli(capsys, *zk, "barriers")
         assert code == 0 and "no job takes an epoch until then" in out and "--set-interval MS --from T" in out
 
-        code, _, err = cli(capsys, *zk, "barriers", "--set-interval", "1000", "--yes")
-        one_line_error(code, err, "--from T", "the earliest allowed is ")
+        code, _, err = run_cli(capsys, *zk, "barriers", "--set-interval", "1000", "--yes")
+        assert_one_line_error(code, err, "--from T", "the earliest allowed is ")
         # A few seconds later than the earliest: that moves on with the clock while the next command starts.
         start = int(err.split("the earliest allowed is ")[1].split()[0]) + 3000
-        code, _, err = cli(capsys, *zk, "barriers", "--set-interval", "1000", "--from", str(start), "--yes")
+        code, _, err = run_cli(capsys, *zk, "barriers", "--set-interval", "1000", "--from", str(start), "--yes")
         assert code == 0, err
         grid = tm.barriers.grid()
         assert grid.is_barrier(past) and grid.next_candidate(past) == start
@@ -129,19 +114,19 @@ def test_fence_and_unregister_ask_first_and_dry_run(tm, zk_connect, capsys, monk
     tm.register_job("counts", sources=["db.words"], sinks=["db.counts"])
     zk = ["--zk", zk_connect]
     term = next(j.term for j in tm.status().jobs if j.name == "counts")
-    code, _, err = cli(capsys, *zk, "fence", "counts")
-    one_line_error(code, err, f"fence job counts: its term goes from {term} to {(term or 0) + 1}", "pass --yes")
-    code, out, _ = cli(capsys, *zk, "fence", "counts", "--dry-run")
+    code, _, err = run_cli(capsys, *zk, "fence", "counts")
+    assert_one_line_error(code, err, f"fence job counts: its term goes from {term} to {(term or 0) + 1}", "pass --yes")
+    code, out, _ = run_cli(capsys, *zk, "fence", "counts", "--dry-run")
     assert code == 0 and "dry run: nothing changed" in out
     assert next(j.term for j in tm.status().jobs if j.name == "counts") == term
     monkeypatch.setattr(sys, "stdin", Terminal("yes\n"))
-    code, out, err = cli(capsys, *zk, "fence", "counts")
+    code, out, err = run_cli(capsys, *zk, "fence", "counts")
     assert code == 0 and "Fence job counts? [y/N]" in out and f"term is now {(term or 0) + 1}" in out, err
 
-    one_line_error(*cli(capsys, *zk, "fence", "nojob", "--yes")[::2], "job 'nojob' is not registered",
+    assert_one_line_error(*run_cli(capsys, *zk, "fence", "nojob", "--yes")[::2], "job 'nojob' is not registered",
                    f"looked in ZooKeeper {zk_connect.split('/')[0]}, chroot /{zk_connect.split('/', 1)[1]}, "
                    "root /tidemark")
-    code, out, err = cli(capsys, *zk, "unregister", "counts", "--dry-run", "--unfenced")
+    code, out, err = run_cli(capsys, *zk, "unregister", "counts", "--dry-run", "--unfenced")
     assert code == 0 and out.endswith("dry run: nothing changed\n"), err
     assert "counts" in tm.topology().jobs
 
@@ -153,12 +138,12 @@ def test_answers_that_find_nothing_say_where_they_looked(zk_connect, capsys, tm)
                         [["--zk", zk_connect, "--root", "/nope"], f"chroot /{chroot}, root /nope"]):
         looked = f"(looked in ZooKeeper {hosts}, {where})"
         for command in (["status"], ["topology"]):
-            code, out, err = cli(capsys, *argv, *command)
+            code, out, err = run_cli(capsys, *argv, *command)
             assert code == 0 and f"no jobs registered {looked}" in out, (command, out, err)
-        code, out, _ = cli(capsys, *argv, "versions")
+        code, out, _ = run_cli(capsys, *argv, "versions")
         assert code == 0 and f"no retained versions (looked in ZooKeeper {hosts}, {where}; run `tidemark gc`)" in out
-        one_line_error(*cli(capsys, *argv, "barriers")[::2], f"no barrier grid is defined yet {looked}")
-    code, out, _ = cli(capsys, "--zk", zk_connect, "barriers")  # the right place: a grid and no jobs
+        assert_one_line_error(*run_cli(capsys, *argv, "barriers")[::2], f"no barrier grid is defined yet {looked}")
+    code, out, _ = run_cli(capsys, "--zk", zk_connect, "barriers")  # the right place: a grid and no jobs
     assert code == 0 and out.startswith("grid: every 1000 ms") and "no jobs registered (looked in" in out
 
 
@@ -181,29 +166,29 @@ def test_a_catalog_lacking_a_registered_table_is_refused_and_gc_changes_nothing(
 
     # TIDEMARK_HOME unset or wrong: a new, empty embedded catalog, announced once, lacks the job's table.
     monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "wrong"))
-    code, out, err = cli(capsys, *zk, "resolve", sink)
+    code, out, err = run_cli(capsys, *zk, "resolve", sink)
     created, error = err.splitlines(keepends=True)
     assert created == (f"tidemark: created a new, empty Iceberg catalog 'lake' at {tmp_path / 'wrong' / 'catalog.db'}"
                        ": set TIDEMARK_HOME (or TIDEMARK_CATALOG_URI) if your tables live elsewhere\n")
     missing = (f"{sink} (written by job counts) does not exist in catalog 'lake' at "
                f"sqlite:///{tmp_path / 'wrong' / 'catalog.db'}")
-    one_line_error(code, error, missing, "point TIDEMARK_CATALOG_URI")
+    assert_one_line_error(code, error, missing, "point TIDEMARK_CATALOG_URI")
     assert out == ""
     for command in (["gc", "--yes"], ["versions"], ["versions", "--json"]):
-        one_line_error(*cli(capsys, *zk, *command)[::2], missing)  # announced once: one line now
+        assert_one_line_error(*run_cli(capsys, *zk, *command)[::2], missing)  # announced once: one line now
     assert RetainedVersions(tm).epochs() == retained, "gc with the wrong catalog dropped retained versions"
 
     # The right catalog: every read command prints one JSON document with --json, and gc asks first.
     monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "right"))
     for command in (["status"], ["topology"], ["barriers"], ["versions"], ["resolve", sink]):
-        code, out, err = cli(capsys, *zk, *command, "--json")
+        code, out, err = run_cli(capsys, *zk, *command, "--json")
         assert code == 0 and err == "", (command, err)
         assert isinstance(json.loads(out), (dict, list)), command
-    assert json.loads(cli(capsys, *zk, "resolve", sink, "--json")[1])["snapshots"][sink] is not None
-    one_line_error(*cli(capsys, *zk, "gc")[::2], "gc with the policy", "pass --yes")
-    code, out, _ = cli(capsys, *zk, "gc", "--dry-run")
+    assert json.loads(run_cli(capsys, *zk, "resolve", sink, "--json")[1])["snapshots"][sink] is not None
+    assert_one_line_error(*run_cli(capsys, *zk, "gc")[::2], "gc with the policy", "pass --yes")
+    code, out, _ = run_cli(capsys, *zk, "gc", "--dry-run")
     assert code == 0 and out.startswith("dry run: nothing changed")
-    code, out, err = cli(capsys, *zk, "gc", "--yes")
+    code, out, err = run_cli(capsys, *zk, "gc", "--yes")
     assert code == 0 and "expired" in out, err
 
 

@@ -16,26 +16,14 @@ import pytest
 
 from coordinator import ConfigurationError, Tidemark
 from coordinator.errors import EpochOrderError
-from coordinator.operations.cli import build_parser, main
+from coordinator.operations.cli import EXIT_USAGE, build_parser
 from coordinator.operations.zookeeper_server import MAIN_CLASS, EmbeddedZooKeeper, free_port
 from coordinator.protocol.barriers import CHANGE_LEAD_MS, MAX_INTERVAL_MS, BarrierGrid, check_interval
 from coordinator.protocol.pacing import Pacing
 from coordinator.settings import Settings, check_connect_string
+from tests.helpers.cli import TIDEMARK, assert_one_line_error, run_cli
 
-TIDEMARK = [sys.executable, "-m", "coordinator.operations.cli"]
 NOW = 1_800_000_000_000  # a grid point of every interval below
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_usage_error(code: int, err: str, *needles: str) -> None:
-    assert code == 2 and err.startswith("tidemark: error: ") and err.count("\n") == 1, (code, err)
-    for needle in needles:
-        assert needle in err, err
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
@@ -52,7 +40,7 @@ def assert_usage_error(code: int, err: str, *needles: str) -> None:
     (["resolve", "--as-of", "-1", "db.t"], "neither an epoch"),
 ])
 def test_numbers_out_of_range_are_refused_in_one_line_saying_what_is_allowed(capsys, argv, needle):
-    assert_usage_error(*run(capsys, *argv)[::2], needle)
+    assert_one_line_error(*run_cli(capsys, *argv)[::2], needle, status=EXIT_USAGE)
 
 
 def test_every_option_of_every_command_is_explained_in_its_help(capsys):
@@ -63,9 +51,9 @@ def test_every_option_of_every_command_is_explained_in_its_help(capsys):
                    for action in command._actions
                    if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) and not action.help]
     assert unexplained == []
-    assert run(capsys, "barriers", "--help")[:2] == (0, build_parser()._subparsers._group_actions[0]  # type: ignore
-                                                     .choices["barriers"].format_help())
-    out = run(capsys, "--help")[1]
+    assert run_cli(capsys, "barriers", "--help")[:2] == (0, build_parser()._subparsers._group_actions[0]  # type: ignore
+                                                         .choices["barriers"].format_help())
+    out = run_cli(capsys, "--help")[1]
     assert "--yes" in out and "--dry-run" in out and "--json" in out and "--version" in out
 
 
@@ -89,10 +77,10 @@ def test_a_malformed_connect_string_is_a_configuration_error(connect, capsys, mo
         Settings.from_env({"TIDEMARK_ZK": connect})
     with pytest.raises(ConfigurationError, match="connect string"):  # before any connection is tried
         Tidemark.connect(connect, connect_timeout=1)
-    code, _, err = run(capsys, "--zk", connect, "status")
+    code, _, err = run_cli(capsys, "--zk", connect, "status")
     assert code == 1 and err.startswith("tidemark: error: ZooKeeper connect string") and err.count("\n") == 1, err
     monkeypatch.setenv("TIDEMARK_ZK", connect)
-    code, _, err = run(capsys, "status")
+    code, _, err = run_cli(capsys, "status")
     assert code == 1 and "(TIDEMARK_ZK) is malformed" in err and err.count("\n") == 1, err
 
 
@@ -133,9 +121,9 @@ def test_zk_start_fails_as_soon_as_java_fails(tmp_path, body):
 
 
 def test_zk_status_and_stop_say_where_no_server_is_recorded(tmp_path, capsys):
-    code, out, _ = run(capsys, "zk", "status", "--data-dir", str(tmp_path), "--json")
+    code, out, _ = run_cli(capsys, "zk", "status", "--data-dir", str(tmp_path), "--json")
     assert code == 3 and '"running": false' in out
-    code, out, _ = run(capsys, "zk", "stop", "--port", "2999", "--data-dir", str(tmp_path))
+    code, out, _ = run_cli(capsys, "zk", "stop", "--port", "2999", "--data-dir", str(tmp_path))
     assert code == 0 and out.strip() == f"no ZooKeeper server recorded in {tmp_path}"
     assert MAIN_CLASS.endswith("ZooKeeperServerMain")
 
