@@ -175,7 +175,8 @@ def real_loop(server, settings: CatalogSettings, shape: str, sinks: int, count: 
     does not change: every epoch is idle); each with ``sinks`` sink tables."""
     tag = f"{shape}-{sinks}"
     chroot = f"{server.connect_string}/bench-loop-{tag}"
-    names = [f"loop_{tag.replace('-', '_')}.t{i}" for i in range(sinks)]
+    namespace = f"loop_{tag.replace('-', '_')}"
+    names = [f"{namespace}.t{i}" for i in range(sinks)]
     create_tables(settings, names)
     always_run = shape != "idle"
     upstream: Optional[EpochWriter] = None
@@ -183,12 +184,12 @@ def real_loop(server, settings: CatalogSettings, shape: str, sinks: int, count: 
     sources: list[str] = []
     interval = 1
     if shape in ("root-source", "idle"):
-        sources = [f"loop_{tag.replace('-', '_')}.raw"]
+        sources = [f"{namespace}.raw"]
         create_tables(settings, sources)
         settings.load().load_table(sources[0]).append(pa.table({"n": pa.array([1], pa.int64())}, schema=SCHEMA))
     elif shape == "derived":
         interval = 50  # the job keeps up: one 3 intervals behind the clock looks for an upstream catching up
-        sources = [f"loop_{tag.replace('-', '_')}.up"]
+        sources = [f"{namespace}.up"]
         create_tables(settings, sources)
         up_session = Tidemark.connect(chroot, session_timeout=10.0, operation_timeout=60)
         upstream = EpochWriter(up_session, "up", sources=[], sinks=sources, catalog=settings, interval_ms=interval,
