@@ -98,7 +98,7 @@ class Tier:
             return lambda epoch: (epoch - MONDAY_OFFSET_MS) // WEEK_MS
         if self.every == "monthly":
             return _month
-        length = NAMED_BUCKETS.get(self.every) or parse_length(self.every)
+        length = self.min_bucket_ms  # a fixed length: every bucket is that long
         return lambda epoch: epoch // length
 
     @property
