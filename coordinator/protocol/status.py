@@ -320,6 +320,7 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS,
     committed = {name: job.committed_epoch for name, job in base.items()}
     partial: dict[str, JobStatus] = {}
     blocked: dict[str, bool] = {}
+    live_tables: set[str] = set()                 # the sinks and managed sources of the live jobs
     for name in names:
         job, c = base[name], committed[name]
         pacing = pacings[name] or Pacing()
@@ -357,15 +358,15 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS,
                                 f"{'effective ' if setter else ''}cadence ({fmt_cadence(effective)})"
                                 + _silent_leader(job, marks, read_ms))
         own_tables = [*job.sinks, *managed]
+        if not job.at_rest:
+            live_tables.update(own_tables)
         partial[name] = replace(job, cadence_ms=own, effective_cadence_ms=effective, cadence_from=setter,
                                 consistent_epoch=newest_common_epoch(marks.get(t) for t in own_tables),
                                 lag_ms=lag, stale_after_ms=stale_after, waiting_for=tuple(blockers),
                                 waiting=waiting, stale=stale, stale_reason=why)
 
     consistent = newest_common_epoch(marks.values()) if marks else None
-    live_tables = {t for j in names if not base[j].at_rest
-                   for t in (*base[j].sinks, *(s for s in base[j].sources if s in writers))}
-    live_consistent = newest_common_epoch(marks.get(t) for t in sorted(live_tables)) if live_tables else None
+    live_consistent = newest_common_epoch(marks.get(t) for t in live_tables) if live_tables else None
     # How far each stale job holds the consistent epoch back: the consistent epoch of the tables of the
     # healthy jobs (live, neither stale nor waiting on something), or the wall clock when there are none,
     # minus its epoch. A job at rest is no reference: its tables stay where it stopped.
