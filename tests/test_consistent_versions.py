@@ -18,8 +18,6 @@ from typing import Optional
 
 import pyarrow as pa
 import pytest
-from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError, NotEmptyError
 
 from coordinator import EpochWriter, VersionNotFound
 from coordinator.history import resolve as resolve_module
@@ -33,6 +31,7 @@ from coordinator.records import ConsistentVersion
 from tests.helpers.lake import commit_rows, create_table, lead_job, rows_of
 from tests.helpers.present import present
 from tests.helpers.wait import wait_for
+from tests.helpers.zookeeper_tree import wipe_zookeeper
 
 
 @pytest.fixture
@@ -113,25 +112,6 @@ def resolve_all(resolver: Resolver, lake: MixedLake) -> dict[tuple[str, ...], Co
         version = found[tables] = resolver.resolve(tables)
         lake.check(resolver, version)
     return found
-
-
-def wipe_zookeeper(zk_server, zk_connect: str) -> None:
-    """Delete the test's whole chroot, as a ZooKeeper ensemble that lost its data would."""
-    wiper = KazooClient(hosts=zk_server.connect_string)
-    wiper.start(30)
-    chroot = "/" + zk_connect.split("/", 1)[1]
-
-    def wiped() -> bool:
-        try:
-            wiper.delete(chroot, recursive=True)
-        except (NotEmptyError, NoNodeError):
-            pass  # a node was created during the recursive delete: delete again
-        return wiper.exists(chroot) is None
-    try:
-        wait_for(wiped, "the whole tree to be deleted", 30)
-    finally:
-        wiper.stop()
-        wiper.close()
 
 
 def test_tables_at_mixed_epochs_resolve_to_the_newest_epoch_they_all_hold(tm, connect, zk_server, zk_connect,

@@ -1,0 +1,169 @@
+"""Resolution is the same whether ZooKeeper's records or Iceberg's metadata name the versions, for tables at mixed
+epochs, after GC and after a ZooKeeper wipe (real ZooKeeper, real SQLite catalog, real ``GarbageCollector``).
+
+The lake: ``up`` (a root job) takes every barrier and runs two epochs ahead of ``down``, which reads it and
+coalesced over one of its barriers; ``other`` (a root job) holds fewer barriers than ``up`` and one more than
+``down``. So every set of tables resolves to an epoch below some table's newest, and that table's snapshot
+comes from its list of recent epochs (ZooKeeper) or from its lineage (Iceberg), never from its head.
+
+Each version is checked three ways: a new ``Resolver`` per resolution (cold: one read of the tidemarks), a
+``Resolver`` on the watch cache (resolved twice, the second time from memory), and a ``Resolver`` with no
+ZooKeeper; and against the truth, the snapshot each writer published at the epoch (so a resolver that
+picks the wrong snapshot of a table, ahead or not, fails even when the other paths pick it too).
+"""
+from __future__ import annotations
+
+import pytest
+
+from coordinator import EpochWriter
+from coordinator.history import resolve as resolve_module
+from coordinator.history.gc import GarbageCollector
+from coordinator.history.resolve import Resolver
+from coordinator.history.retention import RetentionPolicy
+from coordinator.records import ConsistentVersion
+from tests.helpers.lake import commit_rows, create_table, lead_job
+from tests.helpers.zookeeper_tree import wipe_zookeeper
+
+
+@pytest.fixture
+def catalog(catalog_settings):
+    return catalog_settings.load()
+
+
+@pytest.fixture
+def loaded(monkeypatch) -> list[str]:
+    """The tables whose Iceberg metadata a ``Resolver`` loads (from the real catalog), in order."""
+    names: list[str] = []
+    load = resolve_module.load_table
+
+    def counted(catalog, settings, name: str):
+        names.append(name)
+        return load(catalog, settings, name)
+    monkeypatch.setattr(resolve_module, "load_table", counted)
+    return names
+
+
+class Lake:
+    """Three jobs and the snapshot each published at each of its epochs (the truth versions are checked against)."""
+
+    def __init__(self, catalog, settings, namespace: str) -> None:
+        self.settings = settings
+        self.up, self.down, self.other = (f"{namespace}.{t}" for t in ("up", "down", "other"))
+        for name in (self.up, self.down, self.other):
+            create_table(catalog, name)
+        self.published: dict[str, dict[int, int]] = {self.up: {}, self.down: {}, self.other: {}}
+        self.writers: dict[str, EpochWriter] = {}
+
+    def open(self, tm) -> None:
+        """Open the three writers (registered, leading, recovered: after a wipe, from their sinks' Iceberg
+        progress)."""
+        self.writers = {self.up: lead_job(tm, self.settings, "up", [self.up]),
+                        self.down: lead_job(tm, self.settings, "down", [self.down], sources=(self.up,)),
+                        self.other: lead_job(tm, self.settings, "other", [self.other])}
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+
+    def root_epoch(self, table: str, epoch: int) -> None:
+        self.published[table][epoch] = commit_rows(self.writers[table], epoch)
+
+    def copy_epoch(self, epoch: int) -> None:
+        """``down`` takes ``epoch``, copying every change of ``up`` since its previous epoch."""
+        writer = self.writers[self.down]
+        record = writer.process(epoch, lambda ctx: ctx.append(self.down, ctx.changes(self.up)),
+                                inputs=writer.inputs_for(epoch))
+        published = record.published[self.down]
+        assert published is not None
+        self.published[self.down][epoch] = published
+
+    def truth(self, tables: tuple[str, ...]) -> ConsistentVersion:
+        """The newest epoch every table of ``tables`` published, each table at the snapshot it published there."""
+        epoch = max(set.intersection(*(set(self.published[t]) for t in tables)))
+        return ConsistentVersion(epoch, {t: self.published[t][epoch] for t in tables})
+
+    def sets(self) -> list[tuple[str, ...]]:
+        return [(self.up, self.down), (self.up, self.other), (self.down, self.other), (self.up, self.down, self.other)]
+
+
+def assert_same_everywhere(catalog, settings, lake: Lake, warm: Resolver, loaded: list[str],
+                           zookeeper_names: bool) -> None:
+    """Cold, watch-cache and Iceberg-only resolution of every set give the truth; with ``zookeeper_names``,
+    the two ZooKeeper paths take every snapshot from ZooKeeper's records (no table metadata loaded), and the
+    watch cache is first waited on until it saw every table's newest epoch (its watches are asynchronous)."""
+    assert warm.tm is not None and warm.cache is not None
+    if zookeeper_names:
+        for table, published in lake.published.items():
+            warm.cache.wait_for([table], epoch=max(published), timeout=30)
+    for tables in lake.sets():
+        truth = lake.truth(tables)
+        assert truth.epoch is not None and any(max(lake.published[t]) > truth.epoch for t in tables), \
+            f"{tables}: no table is ahead"
+        loaded.clear()
+        cold = Resolver(catalog, settings, warm.tm).resolve(tables)
+        cached = warm.resolve(tables)
+        again = warm.resolve(tables)
+        if zookeeper_names:
+            assert loaded == [], f"{tables}: ZooKeeper's records name every snapshot, no metadata is loaded"
+        iceberg = Resolver(catalog, settings, None).resolve(tables)
+        assert cold == truth, f"{tables} cold from ZooKeeper"
+        assert cached == truth and again == truth, f"{tables} from the watch cache"
+        assert iceberg == truth, f"{tables} from Iceberg alone"
+
+
+def test_zookeeper_and_iceberg_resolve_the_same_versions_at_mixed_epochs_after_gc_and_after_a_wipe(
+        tm, connect, zk_server, zk_connect, catalog, catalog_settings, namespace, loaded):
+    lake = Lake(catalog, catalog_settings, namespace)
+    up, down, other = lake.up, lake.down, lake.other
+    lake.open(tm)
+    cache = tm.tidemark_cache()
+    warm = Resolver(catalog, catalog_settings, tm, cache)
+    try:
+        for epoch in (1000, 2000, 3000):
+            lake.root_epoch(up, epoch)
+        lake.copy_epoch(2000)
+        lake.root_epoch(other, 2000)
+        assert warm.resolve([up, down, other]).epoch == 2000  # the cache loads and watches every tidemark
+        for epoch in (4000, 5000, 6000):
+            lake.root_epoch(up, epoch)           # up holds every barrier up to 6000
+        lake.copy_epoch(4000)                    # down coalesced over 3000, which up holds
+        for epoch in (4000, 5000):
+            lake.root_epoch(other, epoch)        # other skips 1000, 3000 and 6000
+        assert [lake.truth(s).epoch for s in lake.sets()] == [4000, 5000, 4000, 4000]
+        assert lake.truth((up, down)).snapshots[up] != catalog.load_table(up).current_snapshot().snapshot_id
+        assert_same_everywhere(catalog, catalog_settings, lake, warm, loaded, zookeeper_names=True)
+
+        # GC expires the snapshots below the newest consistent epoch (4000) that no retained version keeps,
+        # so Iceberg's lineages no longer reach the oldest epochs ZooKeeper's lists still name.
+        report = GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1d"),
+                                  clock=lambda: 7000).run()
+        assert report.plan.consistent_epoch == 4000 and report.expired_snapshots > 0
+        assert catalog.load_table(up).snapshot_by_id(lake.published[up][3000]) is None, "up's 3000 expired"
+        assert_same_everywhere(catalog, catalog_settings, lake, warm, loaded, zookeeper_names=True)
+    finally:
+        cache.close()
+        lake.close()
+
+    # ZooKeeper loses everything: with no tidemark, a ZooKeeper reader goes by each table's Iceberg records.
+    wipe_zookeeper(zk_server, zk_connect)
+    fresh = connect()
+    cache = fresh.tidemark_cache()
+    warm = Resolver(catalog, catalog_settings, fresh, cache)
+    try:
+        assert_same_everywhere(catalog, catalog_settings, lake, warm, loaded, zookeeper_names=False)
+
+        # The writers restart and reseed their jobs from their sinks' Iceberg progress: ZooKeeper names the
+        # snapshots again, the same ones (the cache sees the tidemarks created); and the epochs committed after
+        # the restart agree too.
+        lake.open(fresh)
+        assert_same_everywhere(catalog, catalog_settings, lake, warm, loaded, zookeeper_names=True)
+        for epoch in (7000, 8000):
+            lake.root_epoch(up, epoch)
+        lake.copy_epoch(6000)
+        for epoch in (6000, 7000):
+            lake.root_epoch(other, epoch)
+        assert [lake.truth(s).epoch for s in lake.sets()] == [6000, 7000, 6000, 6000]
+        assert_same_everywhere(catalog, catalog_settings, lake, warm, loaded, zookeeper_names=True)
+    finally:
+        cache.close()
+        lake.close()
