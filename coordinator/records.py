@@ -108,6 +108,10 @@ def _int_map(value: Any, name: str) -> dict[str, int]:
     return {str(k): _int(v, f"{name}[{k!r}]") for k, v in value.items()}
 
 
+def _json_int(value: Optional[int]) -> str:
+    return "null" if value is None else str(value)
+
+
 def _opt_int_map(value: Any, name: str) -> dict[str, Optional[int]]:
     if not isinstance(value, Mapping):
         raise InvalidArgument(f"{name} must be an object, got {value!r}")
@@ -259,6 +263,12 @@ class EpochRecord(JsonRecord):
         object.__setattr__(self, "staged", _opt_int_map(self.staged, "staged"))
         object.__setattr__(self, "published", _opt_int_map(self.published, "published"))
 
+    def to_dict(self) -> dict[str, Any]:
+        # Not ``asdict``, which deep-copies the staged and published maps (an entry per sink) at every epoch step.
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["state"], data["inputs"] = self.state.value, self.inputs.to_dict()
+        return data
+
 
 @dataclass(frozen=True)
 class EpochProgress(JsonRecord):
@@ -305,13 +315,17 @@ RECENT_LEVELS_MS = (1, 60_000, 3_600_000, 86_400_000)
 
 def keep_recent(entries: Iterable[tuple[int, Optional[int]]]) -> tuple[tuple[int, Optional[int]], ...]:
     """The ``(epoch, snapshot_id)`` entries a tidemark keeps, oldest first (see ``RECENT_LEVELS_MS``)."""
-    ordered = sorted(dict(entries).items())
+    return _keep_ordered(tuple(sorted(dict(entries).items())))
+
+
+def _keep_ordered(ordered: tuple[tuple[int, Optional[int]], ...]) -> tuple[tuple[int, Optional[int]], ...]:
+    """``keep_recent`` of entries already in epoch order, one per epoch."""
     if len(ordered) <= RECENT_PER_LEVEL:
-        return tuple(ordered)  # the newest RECENT_PER_LEVEL of every epoch: all of them
-    kept: set[int] = set()
-    for period in RECENT_LEVELS_MS:
+        return ordered  # the newest RECENT_PER_LEVEL of every epoch: all of them
+    kept = {e for e, _ in ordered[-RECENT_PER_LEVEL:]}  # the finest level (every epoch is a multiple of 1 ms)
+    for period in RECENT_LEVELS_MS[1:]:
         kept.update([e for e, _ in ordered if e % period == 0][-RECENT_PER_LEVEL:])
-    return tuple((e, s) for e, s in ordered if e in kept)
+    return tuple(entry for entry in ordered if entry[0] in kept)
 
 
 @dataclass(frozen=True)
@@ -377,6 +391,18 @@ class TableTidemark(JsonRecord):
     def advanced(self, epoch: int, snapshot_id: Optional[int], committed_ms: int) -> TableTidemark:
         """The record after committing ``epoch`` with ``snapshot_id`` (the first epoch too, for the first commit)."""
         first = self.first_epoch if self.first_epoch is not None else epoch
+        recent = self.recent
+        if (recent and type(epoch) is int and recent[-1][0] < epoch <= MAX_EPOCH_MS
+                and (snapshot_id is None or (type(snapshot_id) is int and -2**63 <= snapshot_id < 2**63))
+                and type(committed_ms) is int and 0 <= committed_ms <= MAX_EPOCH_MS):
+            # Every commit builds one per sink: this record's entries were checked and kept when it was built, and
+            # the new epoch is newer than all of them, so only the new values are checked and nothing is sorted.
+            record = object.__new__(TableTidemark)
+            for name, value in (("table", self.table), ("epoch", epoch), ("snapshot_id", snapshot_id),
+                                ("committed_ms", committed_ms), ("first_epoch", first),
+                                ("recent", _keep_ordered((*recent, (epoch, snapshot_id))))):
+                object.__setattr__(record, name, value)
+            return record
         return TableTidemark(self.table, epoch, snapshot_id, committed_ms, first,
                              (*self.recent, (epoch, snapshot_id)))
 
@@ -385,6 +411,14 @@ class TableTidemark(JsonRecord):
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["recent"] = [list(pair) for pair in self.recent]
         return data
+
+    def to_json(self) -> bytes:
+        # Each commit encodes one per sink: written out in ``JsonOutput.to_json``'s exact form (keys sorted,
+        # compact), without the generic encoder's walk of a dict of lists.
+        recent = ",".join([f"[{e},{'null' if s is None else s}]" for e, s in self.recent])
+        return (f'{{"committed_ms":{_json_int(self.committed_ms)},"epoch":{_json_int(self.epoch)},'
+                f'"first_epoch":{_json_int(self.first_epoch)},"recent":[{recent}],'
+                f'"snapshot_id":{_json_int(self.snapshot_id)},"table":{json.dumps(self.table)}}}').encode()
 
 
 @dataclass(frozen=True)
