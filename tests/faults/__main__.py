@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tests.faults.harness import Environment, RunResult
 from tests.faults.scenarios import SCENARIOS, run_scenario
-from tests.faults.summary import Row, table
+from tests.faults.summary import Row, slow_faults, table
 
 
 def main(argv=None) -> int:
@@ -46,14 +46,14 @@ def main(argv=None) -> int:
                 t0 = time.monotonic()
                 result = run_scenario(env, name, run, seed, args.faults or scenario.faults)
                 results.append(result)
-                report_run(result, run, time.monotonic() - t0)
+                report_run(result, run, time.monotonic() - t0, base / f"{name}-{run}")
             rows.append(Row.of(name, results))
     print(f"\nfault suite finished in {(time.monotonic() - started) / 60:.1f} min\n")
     print(table(rows))
     return 0 if all(row.passed for row in rows) else 1
 
 
-def report_run(result: RunResult, run: int, seconds: float) -> None:
+def report_run(result: RunResult, run: int, seconds: float, logs: Path) -> None:
     recoveries = sorted(f.recovery_s for f in result.faults if f.recovery_s is not None)
     print(f"{result.scenario} run {run} (seed {result.seed}, {seconds:.0f} s): {len(result.faults)} faults, "
           f"{result.epochs_committed} epochs, {result.produced} rows produced, {result.checked} versions checked, "
@@ -73,6 +73,8 @@ def report_run(result: RunResult, run: int, seconds: float) -> None:
     for fault in result.faults:
         kinds[fault.kind] = kinds.get(fault.kind, 0) + 1
     print("    faults: " + ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())), flush=True)
+    for line in slow_faults(result, logs):
+        print(f"    slow: {line}", flush=True)
 
 
 if __name__ == "__main__":
