@@ -88,6 +88,9 @@ def test_a_job_far_behind_waits_only_for_an_upstream_epoch_in_flight_that_covers
     # Catching up: more than 3 cadences behind the clock (1 s grid), not when keeping up.
     assert pacing.catching_up(GRID, available=5000, now=9001) and not pacing.catching_up(GRID, 5000, now=8000)
     assert not Pacing(every_ms=4000).catching_up(GRID, available=5000, now=16_000)  # 2.5 of its 4 s cadences
+    # A takeover leaves a job about a session timeout behind: not downtime, until 3 session timeouts.
+    assert not pacing.catching_up(GRID, available=5000, now=14_000, session_timeout_ms=3000)
+    assert pacing.catching_up(GRID, available=5000, now=14_001, session_timeout_ms=3000)
 
     def worth(p: Pacing = pacing, *, after=10_000, available=11_000, in_flight=None, restarted=False, led=500.0):
         return p.worth_waiting(GRID, after=after, available=available, in_flight=in_flight,

@@ -17,6 +17,7 @@ from kazoo.protocol.states import ZnodeStat
 
 from coordinator import EpochRecord, EpochState, EpochWriter
 from coordinator.iceberg.snapshots import COMMITTED_EPOCH_PROPERTY
+from coordinator.protocol.pacing import CATCH_UP_TAKEOVERS
 from coordinator.records import FinishedRecord, now_ms
 from tests.helpers.lake import SCHEMA
 from tests.helpers.present import present
@@ -445,8 +446,10 @@ def test_after_a_restart_a_job_waits_for_its_upstreams_catch_up_epoch_rather_tha
     r.stop()
     ahead = present(mark_epoch(tm, r_out))
     events.append(rows(1, [7]))  # during the downtime: the root's catch-up epoch computes (and is held)
-    # Long enough a downtime that the root's catch-up epoch covers more than 4x what a could take now.
-    downtime = max(10, 4 * (ahead - behind) // interval + 2) * interval
+    # Long enough a downtime that the root's catch-up epoch covers more than 4x what a could take now, and
+    # both are further behind than a takeover leaves a job (CATCH_UP_TAKEOVERS session timeouts).
+    downtime = max(10, 4 * (ahead - behind) // interval + 2,
+                   (CATCH_UP_TAKEOVERS * int(tm.session_timeout * 1000)) // interval + 4) * interval
     grid = tm.barriers.grid()
     fleet.wait(lambda: clock_barrier(grid, grace) >= ahead + downtime, "the clock to pass the downtime",
                timeout=60 + downtime / 1000)

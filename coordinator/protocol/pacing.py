@@ -39,7 +39,8 @@ that job's epochs: it follows the slower cadence (``effective_cadences``).
 first epoch covers the whole downtime, but until it commits, its tidemark still offers the
 barrier or two it had before the stop. A downstream job that took those first would then need a
 second epoch for the backlog. So a job behind the clock by more than ``CATCH_UP_BEHIND``
-cadences, whose source writer is behind its own cadence too, waits (``worth_waiting``) for that
+cadences and ``CATCH_UP_TAKEOVERS`` session timeouts (a takeover alone costs about one), whose
+source writer is that far behind its own cadence too, waits (``worth_waiting``) for that
 writer's epoch in flight if it covers ``CATCH_UP_FACTOR`` times what is available, and, for its
 first ``CATCH_UP_NEW_LEADER_S`` as leader, for a writer that took over about when it did (or has
 no leader yet): that writer begins its catch-up epoch shortly, perhaps after recovering the epoch
@@ -65,6 +66,10 @@ from coordinator.records import JsonRecord, TableTidemark, _int, _opt_int
 
 DEFAULT_GRACE_MS = 1000
 CATCH_UP_BEHIND = 3     # cadences behind the clock from which a job looks for an upstream catching up
+# ... and session timeouts behind: a takeover (kill -9, an expired session) leaves a job about one session
+# timeout behind, and its upstream too when both were hit; that is no downtime worth waiting on (the fault
+# suite's kill-9 runs, where takeovers come every few seconds, had totals wait up to 21 s on counter).
+CATCH_UP_TAKEOVERS = 3
 CATCH_UP_FACTOR = 4     # an upstream epoch in flight covering this many times more is worth waiting for
 CATCH_UP_NEW_LEADER_S = 30.0  # ... or, this long after taking over, for a source writer to begin one
 CATCH_UP_WAIT_S = 120.0  # each such wait lasts at most this long (the upstream may have died)
@@ -154,10 +159,12 @@ class Pacing(JsonRecord):
             t = grid.next_candidate(t)
         return t
 
-    def catching_up(self, grid: BarrierGrid, available: int, now: int) -> bool:
-        """Whether ``available`` is so far behind the clock that the job is catching up."""
+    def catching_up(self, grid: BarrierGrid, available: int, now: int, session_timeout_ms: int = 0) -> bool:
+        """Whether ``available`` is so far behind the clock that the job is catching up after downtime: more
+        than ``CATCH_UP_BEHIND`` cadences, and more than ``CATCH_UP_TAKEOVERS`` session timeouts."""
         cadence = self.every_ms if self.every_ms is not None else grid.interval_at(now)
-        return now - self.grace_ms - available > CATCH_UP_BEHIND * cadence
+        behind = now - self.grace_ms - available
+        return behind > max(CATCH_UP_BEHIND * cadence, CATCH_UP_TAKEOVERS * session_timeout_ms)
 
     def worth_waiting(self, grid: BarrierGrid, *, after: int, available: int, in_flight: Optional[int],
                       upstream_restarted: bool, leading_for_s: float) -> bool:
@@ -255,5 +262,5 @@ def newest_common_epoch(marks: Iterable[Optional[TableTidemark]]) -> Optional[in
     return max(common) if common else None
 
 
-__all__ = ["CATCH_UP_NEW_LEADER_S", "CATCH_UP_WAIT_S", "DEFAULT_GRACE_MS", "Choice", "Pacing", "effective_cadences",
-           "fmt_every", "newest_common_epoch", "parse_every"]
+__all__ = ["CATCH_UP_NEW_LEADER_S", "CATCH_UP_TAKEOVERS", "CATCH_UP_WAIT_S", "DEFAULT_GRACE_MS", "Choice", "Pacing",
+           "effective_cadences", "fmt_every", "newest_common_epoch", "parse_every"]
