@@ -37,6 +37,10 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "TIDEMARK_ZK_PASSWORD": ("none", "the writer identity's password"),
     "TIDEMARK_ZK_READER_USER": ("none", "reader identity, granted read access to every znode"),
     "TIDEMARK_ZK_READER_PASSWORD": ("none", "the reader identity's password"),
+    "TIDEMARK_ZK_JOB_USER": ("none", "this job's own identity: only it and the operator change its znodes"),
+    "TIDEMARK_ZK_JOB_PASSWORD": ("none", "the job identity's password"),
+    "TIDEMARK_ZK_OPERATOR_USER": ("none: the writer", "operator identity, which may change every job's znodes"),
+    "TIDEMARK_ZK_OPERATOR_PASSWORD": ("none", "the operator identity's password (operators only)"),
     "TIDEMARK_ZK_TLS": ("on if a TLS file is set", "`1` to connect with TLS, `0` to refuse it"),
     "TIDEMARK_ZK_TLS_CA": ("none", "CA bundle (PEM) that signed ZooKeeper's certificate"),
     "TIDEMARK_ZK_TLS_CERT": ("none", "client certificate (PEM), for servers that require one"),
@@ -72,6 +76,10 @@ class Settings:
     zk_password: str = ""
     zk_reader_user: Optional[str] = None
     zk_reader_password: str = ""
+    zk_job_user: Optional[str] = None
+    zk_job_password: str = ""
+    zk_operator_user: Optional[str] = None
+    zk_operator_password: Optional[str] = None
     zk_tls: Optional[bool] = None                 # None: on when a TLS file is set
     zk_tls_ca: Optional[str] = None
     zk_tls_cert: Optional[str] = None
@@ -110,6 +118,10 @@ class Settings:
             zk_password=env.get("TIDEMARK_ZK_PASSWORD", ""),
             zk_reader_user=text("TIDEMARK_ZK_READER_USER"),
             zk_reader_password=env.get("TIDEMARK_ZK_READER_PASSWORD", ""),
+            zk_job_user=text("TIDEMARK_ZK_JOB_USER"),
+            zk_job_password=env.get("TIDEMARK_ZK_JOB_PASSWORD", ""),
+            zk_operator_user=text("TIDEMARK_ZK_OPERATOR_USER"),
+            zk_operator_password=env.get("TIDEMARK_ZK_OPERATOR_PASSWORD"),
             zk_tls=_flag(env, "TIDEMARK_ZK_TLS"),
             zk_tls_ca=text("TIDEMARK_ZK_TLS_CA"),
             zk_tls_cert=text("TIDEMARK_ZK_TLS_CERT"),

@@ -27,7 +27,8 @@ root; the catalog). Log lines (a connection lost and back, a new embedded catalo
 ``tidemark: ...``.
 
 ZooKeeper credentials come from the environment only (``TIDEMARK_ZK_USER``/``_PASSWORD``,
-``TIDEMARK_ZK_READER_USER``/``_PASSWORD``: a password on a command line is visible to every
+``TIDEMARK_ZK_READER_USER``/``_PASSWORD``, ``TIDEMARK_ZK_JOB_USER``/``_PASSWORD``,
+``TIDEMARK_ZK_OPERATOR_USER``/``_PASSWORD``: a password on a command line is visible to every
 user of the machine); TLS from ``--tls-*`` options or ``TIDEMARK_ZK_TLS*`` variables.
 """
 from __future__ import annotations
@@ -153,10 +154,18 @@ def _confirm(args: argparse.Namespace, plan: str, action: str) -> bool:
 
 
 def cmd_zk(args: argparse.Namespace) -> int:
-    server = EmbeddedZooKeeper(port=args.port or DEFAULT_PORT, data_dir=args.data_dir)
+    from coordinator.settings import Settings
+    settings = Settings.from_env()
+    # With credentials configured, the local server refuses clients without any (--no-require-auth: it does not).
+    require_auth = (args.require_auth if args.require_auth is not None
+                    else bool(settings.zk_user or settings.zk_reader_user))
+    server = EmbeddedZooKeeper(port=args.port or DEFAULT_PORT, data_dir=args.data_dir, require_auth=require_auth)
     if args.action == "start":
         server.start()
         print(server.connect_string)
+        if require_auth:
+            print("tidemark: the server refuses clients without credentials (TIDEMARK_ZK_USER or _READER_USER); "
+                  "--no-require-auth lets them in", file=sys.stderr)
         return 0
     state = server.recorded_state()
     other_port = args.port is not None and state is not None and state.port != args.port
@@ -182,6 +191,12 @@ def cmd_zk(args: argparse.Namespace) -> int:
         print(f"pid {state.pid}, 127.0.0.1:{state.port}, data {state.data_dir}: "
               f"{'serving, Mode: ' + str(mode) if reply else 'NOT answering'}")
     return 0 if reply else 3
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    with _connect(args) as tm:
+        print(f"tree ready in {_where(args)}, as {tm.credentials.identity}")
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -651,7 +666,14 @@ def build_parser() -> argparse.ArgumentParser:
     zk.add_argument("--data-dir", type=Path, help="its data directory, where its pid and port are recorded "
                                                   "(default: $TIDEMARK_HOME/zookeeper)")
     zk.add_argument("--json", action="store_true", help="status: one JSON object on stdout")
+    zk.add_argument("--require-auth", action=argparse.BooleanOptionalAction, default=None,
+                    help="start: refuse clients without a digest identity (default: when TIDEMARK_ZK_USER or "
+                         "TIDEMARK_ZK_READER_USER is set)")
     zk.set_defaults(func=cmd_zk)
+
+    init = sub.add_parser("init", help="create the tree's top-level znodes and secure them for the identities "
+                                       "configured (run once as the operator before jobs with their own identity)")
+    init.set_defaults(func=cmd_init)
 
     status = sub.add_parser("status", help="jobs, leaders, tidemarks, lag and what each job waits for")
     status.add_argument("--json", action="store_true", help=JSON_HELP)

@@ -12,6 +12,11 @@ brings its dependencies) run in the background with its own session, so it outli
 process that started it until ``stop()``. Its pid, port and data directory are recorded in
 ``<data_dir>/server.json`` so that ``tidemark zk stop`` ends exactly that process.
 
+With ``require_auth`` the server refuses clients without an identity: it closes the session of
+any client whose request comes before a digest authentication (ZooKeeper 3.8's
+``enforce.auth.enabled``, ``enforce.auth.schemes=digest``), so nobody without credentials can
+create znodes outside Tidemark's tree or watch what is readable.
+
 With ``tls=ServerTls(...)`` the server also listens for TLS on ``secure_port``
 (ZooKeeper's ``secureClientPort``, served by Netty), next to the plaintext ``port``:
 
@@ -50,6 +55,9 @@ NETTY_EXTRA_JARS = ("/usr/share/java/netty-codec.jar", "/usr/share/java/netty-re
 FATAL_LOG_LINES = ("Error: Could not find or load main class", "Exception in thread \"main\"",
                    "Error: Unable to access jarfile", "Unable to start ZooKeeper server", "Invalid config, exiting",
                    "Error: Could not create the Java Virtual Machine")
+# zoo.cfg lines of a server that closes the session of a client that has not authenticated by digest.
+AUTH_REQUIRED_LINES = ("enforce.auth.enabled=true", "enforce.auth.schemes=digest",
+                       "authProvider.1=org.apache.zookeeper.server.auth.DigestAuthenticationProvider")
 
 
 @dataclass(frozen=True)
@@ -160,7 +168,7 @@ class EmbeddedZooKeeper:
     def __init__(self, port: int = DEFAULT_PORT, data_dir: Optional[os.PathLike] = None,
                  start_timeout: float = 30.0, tls: Optional[ServerTls] = None,
                  secure_port: Optional[int] = None, quorum: Sequence[QuorumPeer] = (),
-                 server_id: Optional[int] = None) -> None:
+                 server_id: Optional[int] = None, require_auth: bool = False) -> None:
         if (tls is None) != (secure_port is None):
             raise ConfigurationError("a TLS ZooKeeper needs both tls=ServerTls(...) and secure_port")
         self.port = port
@@ -168,6 +176,7 @@ class EmbeddedZooKeeper:
         self.start_timeout = start_timeout
         self.tls, self.secure_port = tls, secure_port
         self.quorum, self.server_id = tuple(quorum), server_id
+        self.require_auth = require_auth
         self._process: Optional[subprocess.Popen] = None
         self._log_offset = 0  # where this start's lines begin in zookeeper.log (it is appended to)
 
@@ -205,6 +214,7 @@ class EmbeddedZooKeeper:
             "clientPortAddress=127.0.0.1", "maxClientCnxns=0", f"minSessionTimeout={2 * TICK_MS}",
             "maxSessionTimeout=60000", "admin.enableServer=false", "4lw.commands.whitelist=ruok,srvr,mntr,stat",
             "autopurge.snapRetainCount=3", "autopurge.purgeInterval=1", *self._quorum_config(),
+            *(AUTH_REQUIRED_LINES if self.require_auth else ()),
             *(self.tls.config_lines(self.secure_port) if self.tls and self.secure_port else []), "",  # both or none
         ]
         try:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.security import Permissions
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from coordinator.errors import (
@@ -302,6 +303,9 @@ def unregister_job(tm: ZooKeeperSession, name: str, *, confirm: bool = False,
     # read changes it, which makes the deletes refuse (its commits would otherwise go unrecorded).
     term = tm.read(tm.paths.term(name), TermRecord)
     plan = plan_unregister(tm, name, catalog)
+    # Before anything changes, in Iceberg first: a job identity may unregister only its own job.
+    if not tm.may_change(tm.paths.job(name), Permissions.DELETE):
+        raise tm.denied(f"unregistering job {name!r} (delete under {tm.paths.job(name)})")
     if plan.resume is None and not allow_unfenced:
         raise SinksNotFenced(plan)
     if not confirm:

@@ -9,9 +9,10 @@ be built, and ``ZooKeeperSession.multi`` has no fall-through case to get wrong.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Union
+from typing import ClassVar, Optional, Union
 
 from kazoo.client import TransactionRequest
+from kazoo.security import ACL
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,9 @@ class Create:
     data: bytes = b""
     ephemeral: bool = False
 
-    def add_to(self, tx: TransactionRequest) -> None:
-        tx.create(self.path, self.data, ephemeral=self.ephemeral)
+    def add_to(self, tx: TransactionRequest, acl: Optional[list[ACL]] = None) -> None:
+        """``acl``: the session's choice for this path (None: the session's default)."""
+        tx.create(self.path, self.data, acl=acl, ephemeral=self.ephemeral)
 
 
 @dataclass(frozen=True)

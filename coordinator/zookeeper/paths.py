@@ -109,6 +109,11 @@ class Paths:
     def reader(self, reader_id: str) -> str:
         return self._join("readers", validate_name(reader_id, "reader id"))
 
+    def job_owned(self, path: str) -> bool:
+        """Whether ``path`` belongs to one job (``/jobs/<job>/...``, ``/tables/<sink>/...``): a job with its own
+        identity gives it its ACL and the operator's; everything else is deployment-wide."""
+        return path.startswith((self.jobs + "/", self.tables + "/"))
+
     def top_level(self) -> tuple[str, ...]:
         return (self.jobs, self.tables, self.barriers, self.versions, self.readers)
 

@@ -52,28 +52,68 @@ def _identity(user: str, password: str, role: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class Credentials:
-    """The writer identity this session authenticates as, and the reader identity granted read access."""
+    """The identities this session authenticates as, and the reader identity granted read access.
+
+    ``user`` is the writer identity; ``job_user`` this job's own identity (its znodes carry its
+    ACL, see ``owned_acl``); ``operator_user`` names the operator identity, which may change every
+    job's znodes, and ``operator_password`` makes this session the operator's.
+    """
 
     user: Optional[str] = None
     password: str = ""
     reader_user: Optional[str] = None
     reader_password: str = ""
+    job_user: Optional[str] = None
+    job_password: str = ""
+    operator_user: Optional[str] = None
+    operator_password: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.user is not None:
             _identity(self.user, self.password, "writer")
         if self.reader_user is not None:
             _identity(self.reader_user, self.reader_password, "reader")
+        if self.operator_user is not None:
+            _identity(self.operator_user, self.operator_password or "", "operator")
+        elif self.operator_password is not None:
+            raise ConfigurationError("an operator password needs the operator identity's name too "
+                                     "(TIDEMARK_ZK_OPERATOR_USER)")
+        if (self.operator_password is not None or self.job_user is not None) and self.user is None:
+            raise ConfigurationError(
+                "a job or operator identity comes with the writer identity (TIDEMARK_ZK_USER/_PASSWORD), which "
+                "registration, the barrier grid and GC change: set it too")
+        if self.job_user is not None:
+            _identity(self.job_user, self.job_password, "job")
+            if self.operator_user is None or self.operator_user == self.user:
+                raise ConfigurationError(
+                    f"job identity {self.job_user!r} needs an operator identity other than the writer's "
+                    "(TIDEMARK_ZK_OPERATOR_USER), which may fence and unregister the job")
+            if self.job_user in (self.user, self.operator_user):
+                raise ConfigurationError(f"the job identity {self.job_user!r} must differ from the writer and "
+                                         "operator identities")
 
     @classmethod
     def from_env(cls, settings: Optional[Settings] = None) -> Credentials:
-        """The identities ``TIDEMARK_ZK_USER``/``_PASSWORD`` and ``TIDEMARK_ZK_READER_USER``/``_PASSWORD``."""
+        """The identities ``TIDEMARK_ZK_USER``/``_PASSWORD``, ``TIDEMARK_ZK_READER_USER``/``_PASSWORD``,
+        ``TIDEMARK_ZK_JOB_USER``/``_PASSWORD`` and ``TIDEMARK_ZK_OPERATOR_USER``/``_PASSWORD``."""
         settings = settings or Settings.from_env()
-        return cls(settings.zk_user, settings.zk_password, settings.zk_reader_user, settings.zk_reader_password)
+        return cls(settings.zk_user, settings.zk_password, settings.zk_reader_user, settings.zk_reader_password,
+                   settings.zk_job_user, settings.zk_job_password, settings.zk_operator_user,
+                   settings.zk_operator_password)
 
     @property
     def is_writer(self) -> bool:
         return self.user is not None
+
+    @property
+    def is_job(self) -> bool:
+        """This session runs a job with its own identity: the znodes of its job are its and the operator's."""
+        return self.job_user is not None
+
+    @property
+    def separate_operator(self) -> bool:
+        """An operator identity other than the writer's is configured (per-job identities)."""
+        return self.operator_user is not None and self.operator_user != self.user
 
     @property
     def read_only(self) -> bool:
@@ -82,22 +122,35 @@ class Credentials:
 
     @property
     def identity(self) -> str:
+        if self.job_user is not None:
+            return f"job identity {self.job_user!r}"
+        if self.operator_password is not None and self.separate_operator:
+            return f"operator identity {self.operator_user!r}"
         who = self.user or self.reader_user
         return f"ZooKeeper user {who!r}" if who else "an unauthenticated client"
 
     def auth_data(self) -> list[tuple[str, str]]:
         who = (self.user, self.password) if self.user is not None else (self.reader_user, self.reader_password)
-        return [] if who[0] is None else [("digest", f"{who[0]}:{who[1]}")]
+        identities = [who, (self.job_user, self.job_password)]
+        if self.operator_password is not None and self.separate_operator:
+            identities.append((self.operator_user, self.operator_password))
+        return [("digest", f"{user}:{password}") for user, password in identities if user is not None]
 
     def _readers(self, **perms: bool) -> ACL:
         if self.reader_user is None:
             return make_acl("world", "anyone", **perms)
         return make_digest_acl(self.reader_user, self.reader_password, **perms)
 
+    def _operator(self) -> list[ACL]:
+        """The operator's entry, when this session is the operator's and the operator is not the writer."""
+        if self.operator_password is None or not self.separate_operator:
+            return []
+        return [make_digest_acl(self.operator_user, self.operator_password, all=True)]
+
     def default_acl(self) -> Optional[list[ACL]]:
-        """The ACL of every znode this session creates (None: ZooKeeper's open default)."""
+        """The ACL of every znode this session creates (None: ZooKeeper's open default), but a job's own."""
         if self.user is not None:
-            return [make_digest_acl(self.user, self.password, all=True), self._readers(read=True)]
+            return [make_digest_acl(self.user, self.password, all=True), *self._operator(), self._readers(read=True)]
         if self.reader_user is not None:  # its pins: its own, readable by whoever runs retention
             return [make_digest_acl(self.reader_user, self.reader_password, all=True),
                     make_acl("world", "anyone", read=True)]
@@ -107,8 +160,38 @@ class Credentials:
         """``/readers``: the reader identity also creates and deletes its pins there."""
         if self.user is None or self.reader_user is None:
             return self.default_acl()
-        return [make_digest_acl(self.user, self.password, all=True),
+        return [make_digest_acl(self.user, self.password, all=True), *self._operator(),
                 self._readers(read=True, create=True, delete=True)]
+
+    def owned_acl(self, operator: ACL) -> list[ACL]:
+        """The ACL of the znodes of this session's job (``Paths.owner``): the job and the operator (``operator``,
+        its entry as found in the tree) change them; the writer identity, which every job holds, only reads."""
+        if self.job_user is None or self.user is None:
+            raise ConfigurationError("only a session with a job identity owns znodes")
+        readers = [self._readers(read=True)]
+        if self.reader_user is not None:  # other jobs read this job's tidemarks as the writer
+            readers.append(make_digest_acl(self.user, self.password, read=True))
+        return [make_digest_acl(self.job_user, self.job_password, all=True), operator, *readers]
+
+    def operator_entry(self, acl: Sequence[ACL]) -> Optional[ACL]:
+        """The operator identity's entry in ``acl`` (a top-level znode's), given every permission; None if absent."""
+        prefix = f"{self.operator_user}:"
+        return next((ACL(Permissions.ALL, entry.id) for entry in acl
+                     if entry.id.scheme == "digest" and entry.id.id.startswith(prefix)), None)
+
+    def lacks_operator(self, acl: Sequence[ACL]) -> bool:
+        """This is the operator's session and ``acl`` (a top-level znode's) does not give the operator everything."""
+        wanted = self._operator()
+        return bool(wanted) and not any(entry.id == wanted[0].id and entry.perms == Permissions.ALL
+                                        for entry in acl)
+
+    def may_change(self, acl: Sequence[ACL], perms: int) -> bool:
+        """Whether one of this session's identities has ``perms`` in ``acl`` (as the server would judge it)."""
+        mine = {make_digest_acl(user, password).id.id
+                for user, password in (tuple(a[1].split(":", 1)) for a in self.auth_data())}
+        return any(entry.perms & perms == perms and (entry.id == ANYONE_ID_UNSAFE
+                                                     or (entry.id.scheme == "digest" and entry.id.id in mine))
+                   for entry in acl)
 
 
 def is_open(acl: Sequence[ACL]) -> bool:
