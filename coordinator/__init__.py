@@ -39,6 +39,7 @@ from coordinator.errors import (
     UnregisterNotConfirmed,
     VersionNotFound,
     WriterConflict,
+    ZooKeeperRebuilt,
     ZooKeeperUnavailable,
 )
 from coordinator.history.gc import GarbageCollector
@@ -76,5 +77,5 @@ __all__ = [
     "Recovery", "RecoveryAction", "RegistrationError", "Resolver", "RetentionPolicy", "SinksNotFenced", "SourceRange",
     "StorageError", "TableNotFound", "TableTidemark", "Tidemark", "TidemarkError", "TlsError", "TlsSettings",
     "Topology", "UnregisterNotConfirmed", "VersionNotFound", "VersionReader", "Waiting", "WriterConflict",
-    "ZooKeeperUnavailable", "read_arrow", "version_sql",
+    "ZooKeeperRebuilt", "ZooKeeperUnavailable", "read_arrow", "version_sql",
 ]

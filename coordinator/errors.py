@@ -33,6 +33,17 @@ class ZooKeeperUnavailable(TidemarkError):
     """ZooKeeper could not be reached before the operation's deadline."""
 
 
+class ZooKeeperRebuilt(TidemarkError):
+    """The ZooKeeper server is behind this session: its data was deleted or restored from an older copy while
+    this process was connected (it refuses a session that has seen newer transactions than its own), or the
+    session's tree is gone under a new session. This session can never come back: restart the process; a
+    driver registers its job again and resumes from its sinks' Iceberg metadata. ``what`` says what happened."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}: restart this process (a driver registers its job again and resumes from Iceberg)")
+        self.what = what
+
+
 class CorruptState(TidemarkError):
     """A znode holds data Tidemark cannot parse; the message names the znode."""
 

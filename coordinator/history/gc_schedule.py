@@ -12,7 +12,11 @@ that dies mid-run loses the lock with its session and the next due process runs 
 run is safe to repeat).
 
 Failure behaviour: an error of a run is logged and kept in ``last_error``; the schedule goes
-on (GC is housekeeping: it must never stop the driver's epochs).
+on (GC is housekeeping: it must never stop the driver's epochs). A ZooKeeper server found behind
+the session (rebuilt or restored: ``ZooKeeperRebuilt``, which the session logs) ends the schedule
+with one line: that session can never run GC again, and the driver it runs in exits for a restart.
+``stop`` returns promptly even with ZooKeeper down once the process is stopping
+(``ZooKeeperSession.stop_waiting``, which the writer calls on SIGTERM).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import logging
 import threading
 from typing import Callable, Optional
 
-from coordinator.errors import CorruptState, GcRunning, InvalidArgument
+from coordinator.errors import CorruptState, GcRunning, InvalidArgument, ZooKeeperRebuilt
 from coordinator.history.gc import GarbageCollector, GcReport
 from coordinator.history.retention import RetentionPolicy
 from coordinator.iceberg.catalog import CatalogSettings
@@ -59,6 +63,10 @@ class GcSchedule:
         while not self._stop.is_set():
             try:
                 self.run_if_due()
+            except ZooKeeperRebuilt as exc:
+                self.last_error = exc
+                log.error("gc: the schedule stops: %s", exc)
+                return
             except Exception as exc:  # noqa: BLE001 - housekeeping never takes the driver down
                 self.last_error = exc
                 log.warning("gc: run failed (%s: %s); trying again in %.0f s", type(exc).__name__, exc, self.every_s)

@@ -49,6 +49,17 @@ still leads is raised, and the epoch is recomputed by the next leader. A leader 
 a step that lasts ``log_every`` seconds (taking over, computing, staging, publishing, committing) is
 logged with what it is, and again every ``log_every`` seconds until it ends; its waits for the next
 epoch say why themselves.
+
+A rebuilt ZooKeeper (its data deleted or restored while this driver was connected: the session's
+``ZooKeeperRebuilt``, see ``coordinator.zookeeper.session``) ends ``run``: it logs one line saying
+so and, by default, exits the process with ``EXIT_ZOOKEEPER_REBUILT`` (75, EX_TEMPFAIL) for its
+supervisor (Kubernetes) to restart it; the restarted driver registers the job again and resumes
+from its sinks' Iceberg metadata, as after a ZooKeeper wipe. The driver does not start a new session
+in-process: the session's every recipe (leadership, watches, the tidemark cache, GC's lock,
+readers' pins) would have to be rebuilt on a new one, and a restart does exactly that, with the
+code the wipe path already proves. SIGTERM while ZooKeeper is unreachable does not wait for it:
+the session fails every operation at once (``stop_waiting``), the epoch in flight is left to the
+next leader, and ``run`` returns after one line saying so.
 """
 from __future__ import annotations
 
@@ -73,6 +84,7 @@ from coordinator.errors import (
     NotLeader,
     TableNotFound,
     TidemarkError,
+    ZooKeeperRebuilt,
     ZooKeeperUnavailable,
 )
 from coordinator.iceberg.catalog import CatalogSettings, is_catalog_outage, load_table
@@ -120,6 +132,8 @@ STANDBY_LOG_EVERY_S = 60.0  # a standby says who leads when it starts waiting, t
 WAIT_SLICE_S = 0.5  # how often a waiting writer looks at stop() and the clock
 CATALOG_RETRY_S = 1.0  # a leader that lost the catalog steps down, and contends again after this pause
 CATALOG_OUTAGE_TIMEOUT_S = 300.0  # ... until the catalog has been unreachable this long: then run() raises
+# The exit status of a driver whose ZooKeeper server was rebuilt (sysexits' EX_TEMPFAIL: restart me).
+EXIT_ZOOKEEPER_REBUILT = 75
 
 
 @dataclass(frozen=True)
@@ -292,6 +306,11 @@ class EpochWriter:
         """Finish the epoch in flight, commit it, and return from ``run``."""
         self._stop.set()
 
+    def _on_sigterm(self, *_: object) -> None:
+        """Stop, and while ZooKeeper is unreachable do not wait for it (the pod's grace period is short)."""
+        self.stop()
+        self.tm.stop_waiting()
+
     # -- leadership --------------------------------------------------------------------------
 
     def open(self, leader_timeout: Optional[float] = None,
@@ -452,7 +471,8 @@ class EpochWriter:
 
     def run(self, function: Callable[..., None], *, max_epochs: Optional[int] = None, until: Optional[int] = None,
             once: bool = False, leader_timeout: Optional[float] = None,
-            while_standby: Optional[Callable[[], None]] = None, stop_on_sigterm: bool = True) -> list[int]:
+            while_standby: Optional[Callable[[], None]] = None, stop_on_sigterm: bool = True,
+            exit_on_rebuilt: bool = True) -> list[int]:
         """Process epochs until ``max_epochs`` epochs, barrier ``until``, or ``stop()``; with ``once``, process the
         newest epoch available now (if it is newer than the last) and return: a batch run.
 
@@ -463,9 +483,15 @@ class EpochWriter:
         committed before it returns (FLIP-147). A replica that loses leadership (fenced,
         session expired) steps down and contends again; ``leader_timeout`` bounds only the
         wait to become leader.
+
+        A ZooKeeper server found behind this session (rebuilt or restored) ends the run with one
+        log line; with ``exit_on_rebuilt`` (on the main thread) the process exits with status
+        ``EXIT_ZOOKEEPER_REBUILT`` for its supervisor to restart it, otherwise ``ZooKeeperRebuilt``
+        is raised.
         """
-        if stop_on_sigterm and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        main = threading.current_thread() is threading.main_thread()
+        if stop_on_sigterm and main:
+            signal.signal(signal.SIGTERM, self._on_sigterm)
         start = len(self.committed)
         self._stop.clear()
         watched = threading.Event()
@@ -473,6 +499,11 @@ class EpochWriter:
                          daemon=True).start()
         try:
             self._run(function, max_epochs, until, once, leader_timeout, while_standby, start)
+        except ZooKeeperRebuilt as exc:
+            log.error("job %s: stopping: %s", self.name, exc)
+            if exit_on_rebuilt and main:
+                raise SystemExit(EXIT_ZOOKEEPER_REBUILT) from None
+            raise
         finally:
             watched.set()
         self.metrics.loop_ended()
@@ -501,7 +532,11 @@ class EpochWriter:
                     break
                 log.warning("job %s: %s; registering it again", self.name, str(exc).splitlines()[0])
                 continue
+            except ZooKeeperRebuilt:
+                raise
             except Exception as exc:  # noqa: BLE001 - re-raised unless the catalog is unreachable
+                if self._stopped_without_zookeeper(exc):
+                    break
                 outage_since = self._ride_out_catalog_outage(exc, outage_since)
                 continue
             outage_since, outage = None, None
@@ -510,7 +545,11 @@ class EpochWriter:
                 if self._loop(function, remaining, until, once):
                     self._mark_finished()
                 break
+            except ZooKeeperRebuilt:
+                raise
             except Exception as exc:
+                if self._stopped_without_zookeeper(exc):
+                    break
                 if is_catalog_outage(exc):
                     outage = exc
                 elif self.leadership.confirm():
@@ -522,6 +561,15 @@ class EpochWriter:
                 self.close()
             if outage is not None:
                 outage_since = self._ride_out_catalog_outage(outage, outage_since)
+
+    def _stopped_without_zookeeper(self, exc: Exception) -> bool:
+        """Stopping (SIGTERM) while ZooKeeper is unreachable: say so and end the run (no traceback); the next
+        leader recovers the epoch in flight."""
+        if not (self._stop.is_set() and isinstance(exc, (ZooKeeperUnavailable, NotLeader))):
+            return False
+        log.warning("job %s: stopped while ZooKeeper was unreachable (%s); the next leader recovers any epoch in "
+                    "flight", self.name, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return True
 
     def _ride_out_catalog_outage(self, exc: Exception, since: Optional[float]) -> float:
         """After stepping down for a catalog outage, pause before contending again (the epoch in flight is
@@ -718,7 +766,7 @@ class EpochWriter:
         or None: the upstream is catching up after downtime, and taking ``available`` first would cost this
         job a second epoch. Looked up only while this job is far behind the clock, so a job keeping up makes
         no request for it; the waits for one epoch last at most ``CATCH_UP_WAIT_S`` in all."""
-        if after is None or not self.pacing.catching_up(grid, available, now_ms(), self._session_timeout_ms):
+        if after is None or not self.pacing.catching_up(grid, available, now_ms()):
             return None
         if self._catch_up is None or self._catch_up[0] != after:
             self._catch_up = (after, time.monotonic())
@@ -763,12 +811,7 @@ class EpochWriter:
             found = self.tm.read(self.tm.paths.pacing(job), Pacing)
         except CorruptState:
             found = None  # its leader rewrites it; judge by the grid's interval meanwhile
-        return (found[0] if found is not None else Pacing()).catching_up(grid, mark.epoch, now_ms(),
-                                                                        self._session_timeout_ms)
-
-    @property
-    def _session_timeout_ms(self) -> int:
-        return int(self.tm.session_timeout * 1000)
+        return (found[0] if found is not None else Pacing()).catching_up(grid, mark.epoch, now_ms())
 
     def _note_wait(self, after: Optional[int], reason: str, lagging: tuple[str, ...] = ()) -> None:
         """Record why the writer waits; log it once the wait has lasted ``log_every`` seconds, and every

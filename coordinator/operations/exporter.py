@@ -40,7 +40,11 @@ seconds); jobs are labelled ``tidemark_job`` (``job`` is the scrape target's lab
 Failure behaviour: nothing here raises once started. An unreachable ZooKeeper (at start or
 later), an expired session or corrupt znodes make refreshes fail (logged once per kind of
 failure, counted in ``tidemark_exporter_refresh_failures_total``) and ``tidemark_up`` 0;
-kazoo reconnects in the background and the next refresh after that brings the view back.
+kazoo reconnects in the background and the next refresh after that brings the view back. A
+ZooKeeper server found behind the session (its data rebuilt or restored: ``ZooKeeperRebuilt``)
+cannot serve that session again: the exporter says so in one line, drops the session and
+connects anew at the next refresh. ``close`` (SIGTERM) does not wait for an unreachable
+ZooKeeper (``ZooKeeperSession.stop_waiting``).
 """
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from coordinator.errors import TidemarkError
+from coordinator.errors import TidemarkError, ZooKeeperRebuilt
 from coordinator.job.driver_metrics import JOB_LABEL
 from coordinator.protocol.status import FINISHED, LEADING, PAUSED, RETIRED, Status, read_status
 from coordinator.tidemark import Tidemark
@@ -98,6 +102,8 @@ class Exporter(Collector):
 
     def close(self) -> None:
         self._stop.set()
+        if self.tm is not None:
+            self.tm.stop_waiting()  # a refresh in flight with ZooKeeper down ends now, not at its deadline
         self._thread.join(timeout=self.max_age)
         if self.tm is not None:
             self.tm.close()
@@ -115,10 +121,14 @@ class Exporter(Collector):
                 self.tm = self.connect()
             view = read_status(self.tm, clock=lambda: int(self.clock() * 1000))
         except Exception as exc:  # noqa: BLE001 - whatever failed, keep serving the last view with tidemark_up 0
+            if isinstance(exc, ZooKeeperRebuilt) and self.tm is not None:
+                log.warning("tidemark exporter: %s; connecting with a new session", exc.what)
+                self.tm.close()
+                self.tm = None
             self._last_ok = False
             self._failures += 1
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            if error != self._last_error:
+            if error != self._last_error and not isinstance(exc, ZooKeeperRebuilt):  # that one is said above
                 log.warning("tidemark exporter: refresh failed (%s); serving the last view with tidemark_up 0",
                             error if isinstance(exc, TidemarkError) else repr(exc))
             self._last_error = error

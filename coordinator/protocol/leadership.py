@@ -49,14 +49,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from kazoo.client import KazooState
-from kazoo.exceptions import (
-    BadVersionError,
-    KazooException,
-    LockTimeout,
-    NoAuthError,
-    NodeExistsError,
-    NoNodeError,
-)
+from kazoo.exceptions import BadVersionError, KazooException, LockTimeout, NodeExistsError, NoNodeError
 from kazoo.recipe.lock import Lock
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
@@ -113,15 +106,13 @@ class Leadership:
             self._abandon(lock)
             self.state = LeaderState.IDLE
             raise NotLeader(f"job {self.job!r}: not elected within {timeout}s; another replica leads") from None
-        except NoAuthError:  # the job's znodes are another job identity's
-            self._abandon(lock)
-            self.state = LeaderState.IDLE
-            raise self.tm.denied(f"contending for job {self.job!r}") from None
         except KazooException as exc:  # kazoo's lock recipe gave up on its own retries
             self._abandon(lock)
             self.state = LeaderState.IDLE
-            raise ZooKeeperUnavailable(f"job {self.job!r}: could not contend for leadership "
-                                       f"({type(exc).__name__}); check that ZooKeeper is up") from None
+            # A session that can never come back (a rebuilt server) says so rather than "check ZooKeeper".
+            raise self.tm.ended_error() or ZooKeeperUnavailable(
+                f"job {self.job!r}: could not contend for leadership ({type(exc).__name__}); check that "
+                "ZooKeeper is up") from None
         self.tm.add_state_listener(self._on_state_change)
         try:
             retrying = Retrying(stop=stop_after_delay(self.tm.operation_timeout), reraise=True,

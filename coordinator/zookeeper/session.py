@@ -14,6 +14,20 @@ listener that never blocks, and recipes (leadership) read them. The session coun
 retries per operation and its connection state changes (``retry_counts``,
 ``connection_changes``) for the driver's metrics.
 
+A rebuilt server: a ZooKeeper server whose data was deleted (or restored from an older copy) while
+this process was connected refuses the session for good, since it has seen newer transactions
+than the server's own ("Refusing session request ... as it has seen zxid ..."), and kazoo would
+retry forever. A helper thread of the session (never kazoo's) watches for it: once the
+connection has been down for the session timeout, it connects a fresh, session-less client to
+the same servers (within ``PROBE_TIMEOUT_S``) and compares the zxid it sees with the newest
+this session saw. A server that answers and is behind this session ends it: kazoo is stopped
+(no more reconnection attempts) and every operation raises ``ZooKeeperRebuilt`` at once,
+saying to restart the process. So does a new session (after an expiry) on a server that went
+backwards or lost this session's tree. A server that does not answer is an outage:
+operations keep raising ``ZooKeeperUnavailable`` after their deadline. A process that is
+stopping calls ``stop_waiting()`` (the writer does on SIGTERM): while the connection is down,
+operations then fail at once instead of waiting out their deadline.
+
 Logging: one line per connection state change (``coordinator.zookeeper.session``: a warning
 when the connection is suspended or the session lost, an info line when it is back). kazoo's
 own lines, one per reconnection attempt (``Connection dropped: ...``), go to the logger
@@ -26,9 +40,10 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -36,23 +51,37 @@ from kazoo.exceptions import (
     BadArgumentsError,
     ConnectionLoss,
     InvalidACLError,
+    KazooException,
     NoAuthError,
     NodeExistsError,
     NoNodeError,
     OperationTimeoutError,
     RolledBackError,
-    SessionClosedRequireSaslError,
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_random_exponential,
+)
+from tenacity.stop import stop_base
 
-from coordinator.errors import ConfigurationError, MultiFailed, PermissionDenied, ZooKeeperUnavailable
+from coordinator.errors import (
+    ConfigurationError,
+    MultiFailed,
+    PermissionDenied,
+    TidemarkError,
+    ZooKeeperRebuilt,
+    ZooKeeperUnavailable,
+)
 from coordinator.names import validate_chroot
 from coordinator.records import JsonRecord, TopologyVersion
 from coordinator.settings import Settings, check_connect_string
-from coordinator.zookeeper.ops import Create, Op
+from coordinator.zookeeper.ops import Op
 from coordinator.zookeeper.paths import Paths
 from coordinator.zookeeper.security import Credentials, TlsSettings, diagnose_tls, is_open
 
@@ -67,6 +96,9 @@ S = TypeVar("S", bound="ZooKeeperSession")
 RETRYABLE = (ConnectionLoss, OperationTimeoutError, KazooTimeoutError, SessionExpiredError)
 # A healthy session comes up in milliseconds; after this long, look for a TLS mismatch instead of waiting it out.
 TLS_DIAGNOSIS_AFTER_S = 1.0
+# A rebuilt server: how long a fresh client may take to connect and read, and how often to look again meanwhile.
+PROBE_TIMEOUT_S = 5.0
+PROBE_EVERY_S = 1.0
 __all__ = ["ZooKeeperSession"]
 
 
@@ -78,8 +110,6 @@ class ZooKeeperSession:
                  credentials: Optional[Credentials] = None) -> None:
         self.client = client
         self.credentials = credentials or Credentials()
-        # The ACL of the znodes of this session's job, with a job identity (``_learn_operator``); else None.
-        self.owned_acl: Optional[list] = None
         self.session_timeout = session_timeout
         self.paths = Paths(root)
         self.operation_timeout = operation_timeout
@@ -95,15 +125,24 @@ class ZooKeeperSession:
         self.abandoned_contenders: set[str] = set()
         self.contenders_lock = threading.Lock()
         self._closing = False
+        # Set once this session can never come back (a rebuilt server, or the process stopping with ZooKeeper
+        # down): (error class, message), raised by every operation from then on.
+        self._ended: Optional[tuple[type[TidemarkError], str]] = None
+        self._stopping = False
+        self._down_since: Optional[float] = None   # time.monotonic() when the connection went down
+        self._seen_zxid = client.last_zxid or 0     # the newest transaction this session saw, before any expiry
+        self._new_session = False                  # a new session after an expiry: look at the server once
+        self._wake = threading.Event()
         client.add_listener(self._on_state_change)
+        self._watchdog = threading.Thread(target=self._watch_connection, name="tidemark-zk-watchdog", daemon=True)
+        self._watchdog.start()
 
     @classmethod
     def connect(cls: type[S], hosts: Optional[str] = None, *, root: str = "/tidemark", session_timeout: float = 10.0,
                 connect_timeout: float = 15.0, operation_timeout: float = 30.0,
                 auth: Optional[tuple[str, str]] = None, reader: Optional[tuple[str, str]] = None,
                 tls: Optional[TlsSettings] = None, member: Optional[str] = None,
-                read_only: bool = False, job: Optional[tuple[str, str]] = None,
-                operator: Optional[Union[str, tuple[str, str]]] = None) -> S:
+                read_only: bool = False) -> S:
         """Connect to ``hosts`` (``host:port,...[/chroot]``; default ``TIDEMARK_ZK``, else 127.0.0.1:2181).
 
         ``auth`` is the writer identity, a digest ``(user, password)`` (default
@@ -111,10 +150,6 @@ class ZooKeeperSession:
         (default ``TIDEMARK_ZK_READER_USER`` / ``TIDEMARK_ZK_READER_PASSWORD``); see
         ``coordinator.security`` for the ACLs they give. With the writer identity, top-level
         znodes that anyone may change are repaired, or ``PermissionDenied`` says what to do.
-        ``job`` is this job's own identity (default ``TIDEMARK_ZK_JOB_USER``/``_PASSWORD``) and
-        ``operator`` the operator identity's name, or ``(user, password)`` for an operator's
-        session (default ``TIDEMARK_ZK_OPERATOR_USER``/``_PASSWORD``): a session with a job
-        identity gives the znodes of its job ACLs that only it and the operator may change.
         ``tls`` defaults to ``TlsSettings.from_env()``. ``read_only`` creates and repairs nothing
         (neither the chroot nor the layout), whatever the identity, for observers such as the exporter.
 
@@ -128,12 +163,7 @@ class ZooKeeperSession:
         user, password = _identity(auth, "auth") if auth is not None else (env.user, env.password)
         reader_user, reader_password = (_identity(reader, "reader") if reader is not None
                                         else (env.reader_user, env.reader_password))
-        job_user, job_password = _identity(job, "job") if job is not None else (env.job_user, env.job_password)
-        operator_user, operator_password = ((operator, None) if isinstance(operator, str) else
-                                            _identity(operator, "operator") if operator is not None
-                                            else (env.operator_user, env.operator_password))
-        credentials = Credentials(user, password, reader_user, reader_password, job_user, job_password,
-                                  operator_user, operator_password)
+        credentials = Credentials(user, password, reader_user, reader_password)
         tls = tls if tls is not None else TlsSettings.from_env(settings)
         paths = Paths(root)  # InvalidName before any connection
         kwargs: dict[str, Any] = {"auth_data": credentials.auth_data(), "default_acl": credentials.default_acl()}
@@ -164,8 +194,6 @@ class ZooKeeperSession:
             client.chroot = chroot
             if not read_only:
                 tm.ensure_layout()
-                if credentials.is_job:
-                    tm._learn_operator()
         except BaseException:
             tm.close()
             raise
@@ -175,8 +203,24 @@ class ZooKeeperSession:
 
     def close(self) -> None:
         self._closing = True  # the LOST that stop() causes is no news
+        self._wake.set()
+        if self._ended is not None and threading.current_thread() is not self._watchdog:
+            self._watchdog.join(PROBE_TIMEOUT_S + 15)  # it is stopping kazoo: close() may not overtake it
         self.client.stop()
         self.client.close()
+
+    def stop_waiting(self) -> None:
+        """This process is stopping (SIGTERM): from now on, while the connection is down, every operation fails
+        at once with ``ZooKeeperUnavailable`` and the session ends (kazoo's own waits end with it), instead of
+        waiting out ``operation_timeout``. Operations on a connected session go on, so a leader still finishes
+        its epoch. Safe to call from a signal handler."""
+        self._stopping = True
+        self._wake.set()
+
+    def ended_error(self) -> Optional[TidemarkError]:
+        """The error every operation raises once this session can never come back, or None."""
+        ended = self._ended
+        return None if ended is None else ended[0](ended[1])
 
     def __enter__(self: S) -> S:
         return self
@@ -200,7 +244,15 @@ class ZooKeeperSession:
 
     def _on_state_change(self, state: str) -> None:
         previous, self._state = self._state, state
-        if not self._closing and state != previous:
+        # Read before kazoo resets it for a new session (it calls listeners first): a server behind this is rebuilt.
+        self._seen_zxid = max(self._seen_zxid, self.client.last_zxid or 0)
+        if state == KazooState.CONNECTED:
+            self._down_since = None
+            self._new_session = self._new_session or previous == KazooState.LOST
+        elif self._down_since is None:
+            self._down_since = time.monotonic()
+        self._wake.set()  # the watchdog thread looks (nothing here blocks kazoo's event thread)
+        if not self._closing and self._ended is None and state != previous:
             _log_state_change(self.client, self.session_timeout, previous, state)
         with self._lock:
             self._state_changes[state] += 1
@@ -210,6 +262,62 @@ class ZooKeeperSession:
                 listener(state)
             except Exception:  # a listener's bug must not break the session
                 log.exception("state listener %r failed", listener)
+
+    def _watch_connection(self) -> None:
+        """The session's helper thread: end the session when the server is behind it (see the module's
+        docstring), or when the process is stopping with the connection down."""
+        next_probe = 0.0
+        while not self._closing and self._ended is None:
+            self._wake.wait(PROBE_EVERY_S)
+            self._wake.clear()
+            if self._closing:
+                return
+            if self._state == KazooState.CONNECTED:
+                if self._new_session:
+                    self._new_session = False
+                    self._look_at_new_session()
+                continue
+            if self._stopping:
+                self._end(ZooKeeperUnavailable, "ZooKeeper is unreachable and this process is stopping: not "
+                                                "waiting for it (a new leader recovers any epoch in flight)")
+                return
+            down_since = self._down_since
+            if down_since is None or time.monotonic() - down_since < self.session_timeout \
+                    or time.monotonic() < next_probe:
+                continue
+            server = _probe_zxid(self.client, PROBE_TIMEOUT_S)
+            next_probe = time.monotonic() + PROBE_EVERY_S
+            if server is not None and server < self._seen_zxid and self._state != KazooState.CONNECTED:
+                self._end_rebuilt(f"it refuses this session, which has seen transaction {self._seen_zxid:#x}, while "
+                                  f"its own newest is {server:#x} (a fresh client connects at once)")
+
+    def _look_at_new_session(self) -> None:
+        """After an expiry, kazoo's new session may be on a server that went backwards or lost the tree."""
+        try:
+            exists = self.client.exists(self.paths.topology)
+        except (KazooException, KazooTimeoutError):
+            return  # down again: the next connection change looks again
+        server = self.client.last_zxid or 0
+        if server < self._seen_zxid:
+            self._end_rebuilt(f"its newest transaction, {server:#x}, is older than {self._seen_zxid:#x}, which this "
+                              "process's expired session had seen")
+        elif exists is None and not self.credentials.read_only:
+            self._end_rebuilt(f"this process's session expired and its tree ({self.paths.topology}) is gone")
+
+    def _end_rebuilt(self, why: str) -> None:
+        servers = _servers(self.client)
+        self._end(ZooKeeperRebuilt, f"the ZooKeeper server at {servers} is behind this process's session: {why}. "
+                                    "Its data was rebuilt or restored, so this session can never come back")
+        log.error("%s", self.ended_error())
+
+    def _end(self, error: type[TidemarkError], message: str) -> None:
+        """End the session for good: every operation raises ``error`` from now on, and stopping kazoo ends its
+        reconnection attempts and every request waiting for a connection (on this thread, never kazoo's)."""
+        self._ended = (error, message)
+        try:
+            self.client.stop()
+        except Exception as exc:  # noqa: BLE001 - the session is over either way; close() tries again
+            log.debug("stopping the ended session: %s", exc)
 
     def connection_changes(self) -> dict[str, int]:
         """How many times the connection entered each state (``CONNECTED``, ``SUSPENDED``, ``LOST``)."""
@@ -238,22 +346,26 @@ class ZooKeeperSession:
         A refusal by the znode's ACL is ``PermissionDenied``; ZooKeeper's other answers
         (no node, node exists, bad version) reach the caller, which decides what they mean.
         """
-        retrying = Retrying(stop=stop_after_delay(self.operation_timeout),
+        ended = self.ended_error()
+        if ended is not None:
+            raise ended
+        retrying = Retrying(stop=stop_after_delay(self.operation_timeout) | _GaveUp(self),
                             wait=wait_random_exponential(multiplier=0.05, max=1.0),
                             retry=retry_if_exception_type(RETRYABLE), reraise=True,
                             before_sleep=self.count_retries("zookeeper"))
         try:
             return retrying(attempt)
         except RETRYABLE as exc:
+            ended = self.ended_error()
+            if ended is not None:
+                raise ended from None
+            if self.gave_up():
+                raise ZooKeeperUnavailable(f"ZooKeeper is unreachable and this process is stopping: {what} not "
+                                           "done") from None
             raise ZooKeeperUnavailable(f"ZooKeeper did not complete {what} within {self.operation_timeout:.0f}s "
                                        f"({type(exc).__name__}); check that the ensemble is up") from None
         except NoAuthError:
-            raise self.denied(what) from None
-        except SessionClosedRequireSaslError:  # the server's enforce.auth closed a session with no identity
-            raise PermissionDenied(
-                f"ZooKeeper at {','.join(f'{h}:{p}' for h, p in self.client.hosts)} closed the session of "
-                f"{self.credentials.identity} ({what}): the server requires authentication: set TIDEMARK_ZK_USER "
-                "and TIDEMARK_ZK_PASSWORD (or the reader identity, TIDEMARK_ZK_READER_USER/_PASSWORD)") from None
+            raise self._denied(what) from None
         except (InvalidACLError, AuthFailedError) as exc:
             raise ConfigurationError(f"ZooKeeper refused {what} for {self.credentials.identity} "
                                      f"({type(exc).__name__}): check TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD"
@@ -262,14 +374,14 @@ class ZooKeeperSession:
             raise ConfigurationError(f"ZooKeeper refused {what} as malformed (BadArguments): check the connect "
                                      "string's chroot and the root") from None
 
-    def denied(self, what: str) -> PermissionDenied:
+    def gave_up(self) -> bool:
+        """Whether to stop retrying: the session ended, or the process is stopping while the connection is down."""
+        return self._ended is not None or (self._stopping and self._state != KazooState.CONNECTED)
+
+    def _denied(self, what: str) -> PermissionDenied:
         hint = ("set TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD to the writer identity this tree is secured with"
                 if not self.credentials.is_writer else
-                "a job identity changes only its own job's znodes: run this as that job, or as the operator "
-                "(TIDEMARK_ZK_OPERATOR_USER/_PASSWORD)" if self.credentials.is_job else
-                "this tree is secured with another writer identity, or the znode is a job's that has its own "
-                "identity: use that one (TIDEMARK_ZK_USER/_PASSWORD), or the operator's "
-                "(TIDEMARK_ZK_OPERATOR_USER/_PASSWORD)")
+                "this tree is secured with another writer identity: use that one (TIDEMARK_ZK_USER/_PASSWORD)")
         return PermissionDenied(f"ZooKeeper refused {what} to {self.credentials.identity} (NoAuth): {hint}")
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -314,43 +426,15 @@ class ZooKeeperSession:
         def attempt() -> list[Any]:
             tx = self.client.transaction()
             for op in ops:
-                if isinstance(op, Create):
-                    op.add_to(tx, self.acl_for(op.path))
-                else:
-                    op.add_to(tx)
+                op.add_to(tx)
             return tx.commit_async().get(timeout=self.operation_timeout)
         results = self._with_deadline(f"a {len(ops)}-operation multi", attempt)
         for op, result in zip(ops, results):
             if isinstance(result, NoAuthError):
-                raise self.denied(f"{op.kind} {op.path}")
+                raise self._denied(f"{op.kind} {op.path}")
             if isinstance(result, Exception) and not isinstance(result, RolledBackError):
                 raise MultiFailed(op, result)
         return results
-
-    def acl_for(self, path: str) -> Optional[list]:
-        """The ACL a znode created at ``path`` gets: its job's (``owned_acl``) for a job's znode in a session with a
-        job identity, else the session's default (None)."""
-        return self.owned_acl if self.owned_acl is not None and self.paths.job_owned(path) else None
-
-    def may_change(self, path: str, perms: int) -> bool:
-        """Whether ``path``'s ACL gives one of this session's identities ``perms`` (kazoo ``Permissions``): a check
-        before a change that starts outside ZooKeeper (the server still decides the change itself)."""
-        found = self.call(f"read the ACL of {path}", self.client.get_acls_async, path)
-        return self.credentials.may_change(found[0], perms)
-
-    def _learn_operator(self) -> None:
-        """Find the operator identity's entry (its digest) in the ACL of ``/jobs``, which an operator's session
-        gave it, for the ACL of this job's znodes; ``ConfigurationError`` while no operator session connected."""
-        acl = self.call(f"read the ACL of {self.paths.jobs}", self.client.get_acls_async, self.paths.jobs)[0]
-        entry = self.credentials.operator_entry(acl)
-        if entry is None:
-            full = (self.client.chroot or "") + self.paths.jobs
-            raise ConfigurationError(
-                f"{full} does not name the operator identity {self.credentials.operator_user!r}, so the znodes of "
-                f"job identity {self.credentials.job_user!r} could not be given to it: run `tidemark init` once as "
-                "the operator (TIDEMARK_ZK_USER/_PASSWORD with TIDEMARK_ZK_OPERATOR_USER/_PASSWORD), then start "
-                "the job again")
-        self.owned_acl = self.credentials.owned_acl(entry)
 
     def ensure_path(self, path: str, data: bytes = b"", acl: Optional[list] = None) -> None:
         # Look first: creating an existing znode under another user's ACL fails with NoAuth, not NodeExists.
@@ -388,10 +472,6 @@ class ZooKeeperSession:
             return [result.get(timeout=self.operation_timeout)[0] for result in pending]
         for path, acl in zip(nodes, self._with_deadline("reading the top-level ACLs", read_acls)):
             if not is_open(acl):
-                if self.credentials.lacks_operator(acl):  # made before the operator identity came: add it
-                    self.call(f"set the ACL of {path}", self.client.set_acls_async, path, self._acl_of(path))
-                    log.info("%s: gave the operator identity %r every permission", path,
-                             self.credentials.operator_user)
                 continue
             try:
                 self.call(f"set the ACL of {path}", self.client.set_acls_async, path, self._acl_of(path))
@@ -406,9 +486,43 @@ class ZooKeeperSession:
                         path)
 
 
+class _GaveUp(stop_base):
+    """A tenacity stop condition: ``session.gave_up()``."""
+
+    def __init__(self, session: ZooKeeperSession) -> None:
+        self.session = session
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self.session.gave_up()
+
+
+def _servers(client: KazooClient) -> str:
+    return ",".join(f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in client.hosts)
+
+
+def _probe_zxid(client: KazooClient, timeout: float) -> Optional[int]:
+    """The newest transaction a fresh, session-less client sees on ``client``'s servers (its TLS settings and
+    identities), or None when none answers within ``timeout``: a server the client's own session cannot reach
+    but this one can, and that is behind it, lost its data."""
+    probe = KazooClient(hosts=_servers(client), timeout=max(timeout, 2.0), logger=KAZOO_LOG,
+                        auth_data=list(client.auth_data), use_ssl=client.use_ssl, ca=client.ca,
+                        certfile=client.certfile, keyfile=client.keyfile, keyfile_password=client.keyfile_password,
+                        verify_certs=client.verify_certs, check_hostname=client.check_hostname,
+                        sasl_options=getattr(client._connection, "sasl_options", None))
+    try:
+        probe.start(timeout=timeout)
+        probe.sync("/")  # its reply carries the server's newest zxid
+        return probe.last_zxid or 0
+    except (KazooException, KazooTimeoutError, OSError):
+        return None
+    finally:
+        probe.stop()
+        probe.close()
+
+
 def _log_state_change(client: KazooClient, session_timeout: float, previous: str, state: str) -> None:
     """One line per connection state change (on kazoo's event thread: logging never blocks for long)."""
-    servers = ",".join(f"{host}:{port}" for host, port in client.hosts) + (client.chroot or "")
+    servers = _servers(client) + (client.chroot or "")
     if state == KazooState.SUSPENDED:
         log.warning("ZooKeeper connection to %s lost: reconnecting; the session survives if it is back within "
                     "%.0f s", servers, session_timeout)

@@ -1,0 +1,162 @@
+"""A ZooKeeper server rebuilt under running processes: stopped, its data directory deleted, started again empty on
+the same port (issue 20). Real servers and processes: an ``EmbeddedZooKeeper`` of the test's own (the shared one
+must not lose its data), a PostgreSQL catalog and ``tests/helpers/python_driver.py`` drivers.
+
+The server refuses the old sessions for good (they have seen newer transactions than its own), and kazoo alone
+would retry forever. A session must say so (``ZooKeeperRebuilt``) within about its timeout, a driver must exit
+with one line and status ``EXIT_ZOOKEEPER_REBUILT`` (its supervisor restarts it, and the restarted driver
+resumes from Iceberg with nothing lost or duplicated), the exporter must connect anew, and SIGTERM during a
+ZooKeeper outage must end a driver at once, without a traceback. Every wait has a deadline.
+"""
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from collections import Counter
+
+import pytest
+
+from coordinator import EmbeddedZooKeeper, Tidemark, ZooKeeperRebuilt, ZooKeeperUnavailable
+from coordinator.job.writer import EXIT_ZOOKEEPER_REBUILT
+from coordinator.operations.exporter import Exporter
+from coordinator.operations.zookeeper_server import free_port
+from tests.helpers.python_driver import EPOCH_SCHEMA
+from tests.helpers.wait import wait_for
+from tests.test_writer_faults import catalog_config, create_table, drivers  # noqa: F401 - drivers is a fixture
+
+SESSION = 2.0
+# Detection (the session timeout, then a probe) plus a driver's own exit: well within 3 session timeouts + margin.
+EXIT_DEADLINE = 3 * SESSION + 20
+pytestmark = pytest.mark.fault
+
+
+@pytest.fixture
+def server(tmp_path):
+    zk = EmbeddedZooKeeper(port=free_port(), data_dir=tmp_path / "zookeeper").start()
+    yield zk
+    zk.stop()
+
+
+def rebuild(zk: EmbeddedZooKeeper) -> None:
+    """What rebuilding or restoring an ensemble from nothing does to a server: its data gone, the same address."""
+    zk.stop()
+    shutil.rmtree(zk.data_dir / "data")
+    zk.start()
+
+
+def test_session_says_the_server_is_behind_it_and_stops_retrying(server):
+    tm = Tidemark.connect(server.connect_string + "/rebuilt", session_timeout=SESSION, operation_timeout=30)
+    try:
+        for i in range(20):  # transactions the rebuilt server will not have seen
+            tm.ensure_path(f"/n{i}")
+        rebuild(server)
+        started = time.monotonic()
+        wait_for(lambda: tm.ended_error() is not None, "the session to find the server behind it", EXIT_DEADLINE)
+        assert isinstance(tm.ended_error(), ZooKeeperRebuilt)
+        asked = time.monotonic()
+        with pytest.raises(ZooKeeperRebuilt, match=r"behind this process.s session.*restart this process"):
+            tm.get("/n1")
+        assert time.monotonic() - asked < 1.0, "an operation on an ended session waited for its deadline"
+        assert time.monotonic() - started < 3 * SESSION + 5
+        wait_for(lambda: not tm._watchdog.is_alive(), "the session's watchdog to stop kazoo", 30)
+        assert not tm.client.connected and tm.client._stopped.is_set(), "kazoo still tries to reconnect"
+    finally:
+        tm.close()
+    with Tidemark.connect(server.connect_string + "/rebuilt", session_timeout=SESSION) as fresh:
+        assert fresh.get("/n1") is None  # a new session works: the server is up, and empty
+
+
+def test_exporter_drops_the_session_and_connects_anew(server):
+    connect = server.connect_string + "/exported"
+    with Tidemark.connect(connect, session_timeout=SESSION) as writer:
+        for i in range(20):
+            writer.ensure_path(f"/n{i}")
+    exporter = Exporter(lambda: Tidemark.connect(connect, session_timeout=SESSION, operation_timeout=5,
+                                                 read_only=True), refresh_every=0.2)
+    exporter.start()
+    try:
+        wait_for(exporter.up, "the exporter's first view", 30)
+        first = exporter.tm
+        rebuild(server)
+        with Tidemark.connect(connect, session_timeout=SESSION):  # a restarted driver lays the tree out again
+            pass
+        wait_for(lambda: exporter.tm is not first and exporter.up(), "the exporter to read the rebuilt server",
+                 EXIT_DEADLINE)
+    finally:
+        exporter.close()
+
+
+def test_driver_exits_with_one_line_and_its_restart_resumes_from_iceberg(server, pg_catalog_settings, namespace,
+                                                                         drivers):  # noqa: F811 - the fixture
+    catalog = pg_catalog_settings.load()
+    sink = f"pg.{namespace}.epochs"
+    table = create_table(catalog, f"{namespace}.epochs", EPOCH_SCHEMA)
+    connect = server.connect_string + f"/{namespace}"
+    config = {"mode": "serve", "connect": connect, "session_timeout": SESSION, "job": "served",
+              "catalog": catalog_config(pg_catalog_settings), "log": sink}
+    leader, standby = drivers(config), drivers(config)
+    leader.line("READY")
+    standby.line("READY")
+
+    def newest(at_least: int = 1) -> int:
+        """The newest epoch in the sink, once it holds ``at_least`` epochs (else 0)."""
+        rows = table.refresh().scan().to_arrow().column("epoch").to_pylist()
+        return max(rows) if len(rows) >= at_least else 0
+    before = wait_for(lambda: newest(3), "three epochs committed before the rebuild", 120)
+
+    rebuild(server)
+    rebuilt_at = time.monotonic()
+    for driver in (leader, standby):
+        assert driver.wait(EXIT_DEADLINE) == EXIT_ZOOKEEPER_REBUILT, driver.log()
+        log = driver.log()
+        assert "Traceback" not in log, log
+        exits = [line for line in log.splitlines() if line.startswith("job served: stopping:")]
+        assert len(exits) == 1 and "behind this process's session" in exits[0] and "restart" in exits[0], log
+        assert "check that the ensemble is up" not in log, log
+    assert time.monotonic() - rebuilt_at < EXIT_DEADLINE
+
+    # The supervisor's restart: the job registers again on the empty server and resumes after its last epoch.
+    restarted = drivers(config)
+    restarted.line("READY")
+    wait_for(lambda: newest() > before, "the restarted driver to commit", 120)
+    epochs = table.refresh().scan().to_arrow().column("epoch").to_pylist()
+    assert [e for e, n in Counter(epochs).items() if n > 1] == [], "an epoch was written twice"
+
+
+def test_sigterm_during_a_zookeeper_outage_ends_drivers_at_once(server, pg_catalog_settings, namespace,
+                                                                drivers):  # noqa: F811 - the fixture
+    catalog = pg_catalog_settings.load()
+    sink = f"pg.{namespace}.epochs"
+    table = create_table(catalog, f"{namespace}.epochs", EPOCH_SCHEMA)
+    config = {"mode": "serve", "connect": server.connect_string + f"/{namespace}", "session_timeout": SESSION,
+              "job": "served", "catalog": catalog_config(pg_catalog_settings), "log": sink}
+    leader, standby = drivers(config), drivers(config)
+    leader.line("READY")
+    standby.line("READY")
+    wait_for(lambda: len(table.refresh().scan().to_arrow()) >= 2, "two epochs committed", 120)
+
+    server.kill()  # an outage, not a rebuild: only SIGTERM may end the drivers
+    wait_for(lambda: all("ZooKeeper connection to" in d.log() for d in (leader, standby)),
+             "the drivers to see the outage", 30)
+    stopped_at = time.monotonic()
+    for driver in (leader, standby):
+        driver.proc.send_signal(signal.SIGTERM)
+    for driver in (leader, standby):
+        assert driver.wait(15) == 0, driver.log()
+        assert "EXIT ok" in driver.lines and "Traceback" not in driver.log(), driver.log()
+    assert time.monotonic() - stopped_at < 10, "SIGTERM waited for ZooKeeper"
+
+
+def test_operations_of_a_stopping_process_fail_at_once_while_zookeeper_is_down(server):
+    tm = Tidemark.connect(server.connect_string + "/stopping", session_timeout=SESSION, operation_timeout=30)
+    try:
+        server.kill()
+        wait_for(lambda: tm.connection_state != "CONNECTED", "the connection to drop", 30)
+        tm.stop_waiting()
+        asked = time.monotonic()
+        with pytest.raises(ZooKeeperUnavailable, match="this process is stopping"):
+            tm.get("/anything")
+        assert time.monotonic() - asked < 5, "a stopping process waited for ZooKeeper's deadline"
+    finally:
+        tm.close()
