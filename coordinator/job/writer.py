@@ -766,7 +766,7 @@ class EpochWriter:
         or None: the upstream is catching up after downtime, and taking ``available`` first would cost this
         job a second epoch. Looked up only while this job is far behind the clock, so a job keeping up makes
         no request for it; the waits for one epoch last at most ``CATCH_UP_WAIT_S`` in all."""
-        if after is None or not self.pacing.catching_up(grid, available, now_ms()):
+        if after is None or not self.pacing.catching_up(grid, available, now_ms(), self._session_timeout_ms):
             return None
         if self._catch_up is None or self._catch_up[0] != after:
             self._catch_up = (after, time.monotonic())
@@ -811,7 +811,12 @@ class EpochWriter:
             found = self.tm.read(self.tm.paths.pacing(job), Pacing)
         except CorruptState:
             found = None  # its leader rewrites it; judge by the grid's interval meanwhile
-        return (found[0] if found is not None else Pacing()).catching_up(grid, mark.epoch, now_ms())
+        return (found[0] if found is not None else Pacing()).catching_up(grid, mark.epoch, now_ms(),
+                                                                        self._session_timeout_ms)
+
+    @property
+    def _session_timeout_ms(self) -> int:
+        return int(self.tm.session_timeout * 1000)
 
     def _note_wait(self, after: Optional[int], reason: str, lagging: tuple[str, ...] = ()) -> None:
         """Record why the writer waits; log it once the wait has lasted ``log_every`` seconds, and every

@@ -49,7 +49,14 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from kazoo.client import KazooState
-from kazoo.exceptions import BadVersionError, KazooException, LockTimeout, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    LockTimeout,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+)
 from kazoo.recipe.lock import Lock
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
@@ -106,6 +113,10 @@ class Leadership:
             self._abandon(lock)
             self.state = LeaderState.IDLE
             raise NotLeader(f"job {self.job!r}: not elected within {timeout}s; another replica leads") from None
+        except NoAuthError:  # the job's znodes are another job identity's
+            self._abandon(lock)
+            self.state = LeaderState.IDLE
+            raise self.tm.denied(f"contending for job {self.job!r}") from None
         except KazooException as exc:  # kazoo's lock recipe gave up on its own retries
             self._abandon(lock)
             self.state = LeaderState.IDLE

@@ -43,7 +43,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar, Union
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -57,6 +57,7 @@ from kazoo.exceptions import (
     NoNodeError,
     OperationTimeoutError,
     RolledBackError,
+    SessionClosedRequireSaslError,
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
@@ -81,7 +82,7 @@ from coordinator.errors import (
 from coordinator.names import validate_chroot
 from coordinator.records import JsonRecord, TopologyVersion
 from coordinator.settings import Settings, check_connect_string
-from coordinator.zookeeper.ops import Op
+from coordinator.zookeeper.ops import Create, Op
 from coordinator.zookeeper.paths import Paths
 from coordinator.zookeeper.security import Credentials, TlsSettings, diagnose_tls, is_open
 
@@ -110,6 +111,8 @@ class ZooKeeperSession:
                  credentials: Optional[Credentials] = None) -> None:
         self.client = client
         self.credentials = credentials or Credentials()
+        # The ACL of the znodes of this session's job, with a job identity (``_learn_operator``); else None.
+        self.owned_acl: Optional[list] = None
         self.session_timeout = session_timeout
         self.paths = Paths(root)
         self.operation_timeout = operation_timeout
@@ -142,7 +145,8 @@ class ZooKeeperSession:
                 connect_timeout: float = 15.0, operation_timeout: float = 30.0,
                 auth: Optional[tuple[str, str]] = None, reader: Optional[tuple[str, str]] = None,
                 tls: Optional[TlsSettings] = None, member: Optional[str] = None,
-                read_only: bool = False) -> S:
+                read_only: bool = False, job: Optional[tuple[str, str]] = None,
+                operator: Optional[Union[str, tuple[str, str]]] = None) -> S:
         """Connect to ``hosts`` (``host:port,...[/chroot]``; default ``TIDEMARK_ZK``, else 127.0.0.1:2181).
 
         ``auth`` is the writer identity, a digest ``(user, password)`` (default
@@ -150,6 +154,10 @@ class ZooKeeperSession:
         (default ``TIDEMARK_ZK_READER_USER`` / ``TIDEMARK_ZK_READER_PASSWORD``); see
         ``coordinator.security`` for the ACLs they give. With the writer identity, top-level
         znodes that anyone may change are repaired, or ``PermissionDenied`` says what to do.
+        ``job`` is this job's own identity (default ``TIDEMARK_ZK_JOB_USER``/``_PASSWORD``) and
+        ``operator`` the operator identity's name, or ``(user, password)`` for an operator's
+        session (default ``TIDEMARK_ZK_OPERATOR_USER``/``_PASSWORD``): a session with a job
+        identity gives the znodes of its job ACLs that only it and the operator may change.
         ``tls`` defaults to ``TlsSettings.from_env()``. ``read_only`` creates and repairs nothing
         (neither the chroot nor the layout), whatever the identity, for observers such as the exporter.
 
@@ -163,7 +171,12 @@ class ZooKeeperSession:
         user, password = _identity(auth, "auth") if auth is not None else (env.user, env.password)
         reader_user, reader_password = (_identity(reader, "reader") if reader is not None
                                         else (env.reader_user, env.reader_password))
-        credentials = Credentials(user, password, reader_user, reader_password)
+        job_user, job_password = _identity(job, "job") if job is not None else (env.job_user, env.job_password)
+        operator_user, operator_password = ((operator, None) if isinstance(operator, str) else
+                                            _identity(operator, "operator") if operator is not None
+                                            else (env.operator_user, env.operator_password))
+        credentials = Credentials(user, password, reader_user, reader_password, job_user, job_password,
+                                  operator_user, operator_password)
         tls = tls if tls is not None else TlsSettings.from_env(settings)
         paths = Paths(root)  # InvalidName before any connection
         kwargs: dict[str, Any] = {"auth_data": credentials.auth_data(), "default_acl": credentials.default_acl()}
@@ -194,6 +207,8 @@ class ZooKeeperSession:
             client.chroot = chroot
             if not read_only:
                 tm.ensure_layout()
+                if credentials.is_job:
+                    tm._learn_operator()
         except BaseException:
             tm.close()
             raise
@@ -365,7 +380,12 @@ class ZooKeeperSession:
             raise ZooKeeperUnavailable(f"ZooKeeper did not complete {what} within {self.operation_timeout:.0f}s "
                                        f"({type(exc).__name__}); check that the ensemble is up") from None
         except NoAuthError:
-            raise self._denied(what) from None
+            raise self.denied(what) from None
+        except SessionClosedRequireSaslError:  # the server's enforce.auth closed a session with no identity
+            raise PermissionDenied(
+                f"ZooKeeper at {','.join(f'{h}:{p}' for h, p in self.client.hosts)} closed the session of "
+                f"{self.credentials.identity} ({what}): the server requires authentication: set TIDEMARK_ZK_USER "
+                "and TIDEMARK_ZK_PASSWORD (or the reader identity, TIDEMARK_ZK_READER_USER/_PASSWORD)") from None
         except (InvalidACLError, AuthFailedError) as exc:
             raise ConfigurationError(f"ZooKeeper refused {what} for {self.credentials.identity} "
                                      f"({type(exc).__name__}): check TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD"
@@ -378,10 +398,14 @@ class ZooKeeperSession:
         """Whether to stop retrying: the session ended, or the process is stopping while the connection is down."""
         return self._ended is not None or (self._stopping and self._state != KazooState.CONNECTED)
 
-    def _denied(self, what: str) -> PermissionDenied:
+    def denied(self, what: str) -> PermissionDenied:
         hint = ("set TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD to the writer identity this tree is secured with"
                 if not self.credentials.is_writer else
-                "this tree is secured with another writer identity: use that one (TIDEMARK_ZK_USER/_PASSWORD)")
+                "a job identity changes only its own job's znodes: run this as that job, or as the operator "
+                "(TIDEMARK_ZK_OPERATOR_USER/_PASSWORD)" if self.credentials.is_job else
+                "this tree is secured with another writer identity, or the znode is a job's that has its own "
+                "identity: use that one (TIDEMARK_ZK_USER/_PASSWORD), or the operator's "
+                "(TIDEMARK_ZK_OPERATOR_USER/_PASSWORD)")
         return PermissionDenied(f"ZooKeeper refused {what} to {self.credentials.identity} (NoAuth): {hint}")
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -426,15 +450,43 @@ class ZooKeeperSession:
         def attempt() -> list[Any]:
             tx = self.client.transaction()
             for op in ops:
-                op.add_to(tx)
+                if isinstance(op, Create):
+                    op.add_to(tx, self.acl_for(op.path))
+                else:
+                    op.add_to(tx)
             return tx.commit_async().get(timeout=self.operation_timeout)
         results = self._with_deadline(f"a {len(ops)}-operation multi", attempt)
         for op, result in zip(ops, results):
             if isinstance(result, NoAuthError):
-                raise self._denied(f"{op.kind} {op.path}")
+                raise self.denied(f"{op.kind} {op.path}")
             if isinstance(result, Exception) and not isinstance(result, RolledBackError):
                 raise MultiFailed(op, result)
         return results
+
+    def acl_for(self, path: str) -> Optional[list]:
+        """The ACL a znode created at ``path`` gets: its job's (``owned_acl``) for a job's znode in a session with a
+        job identity, else the session's default (None)."""
+        return self.owned_acl if self.owned_acl is not None and self.paths.job_owned(path) else None
+
+    def may_change(self, path: str, perms: int) -> bool:
+        """Whether ``path``'s ACL gives one of this session's identities ``perms`` (kazoo ``Permissions``): a check
+        before a change that starts outside ZooKeeper (the server still decides the change itself)."""
+        found = self.call(f"read the ACL of {path}", self.client.get_acls_async, path)
+        return self.credentials.may_change(found[0], perms)
+
+    def _learn_operator(self) -> None:
+        """Find the operator identity's entry (its digest) in the ACL of ``/jobs``, which an operator's session
+        gave it, for the ACL of this job's znodes; ``ConfigurationError`` while no operator session connected."""
+        acl = self.call(f"read the ACL of {self.paths.jobs}", self.client.get_acls_async, self.paths.jobs)[0]
+        entry = self.credentials.operator_entry(acl)
+        if entry is None:
+            full = (self.client.chroot or "") + self.paths.jobs
+            raise ConfigurationError(
+                f"{full} does not name the operator identity {self.credentials.operator_user!r}, so the znodes of "
+                f"job identity {self.credentials.job_user!r} could not be given to it: run `tidemark init` once as "
+                "the operator (TIDEMARK_ZK_USER/_PASSWORD with TIDEMARK_ZK_OPERATOR_USER/_PASSWORD), then start "
+                "the job again")
+        self.owned_acl = self.credentials.owned_acl(entry)
 
     def ensure_path(self, path: str, data: bytes = b"", acl: Optional[list] = None) -> None:
         # Look first: creating an existing znode under another user's ACL fails with NoAuth, not NodeExists.
@@ -472,6 +524,10 @@ class ZooKeeperSession:
             return [result.get(timeout=self.operation_timeout)[0] for result in pending]
         for path, acl in zip(nodes, self._with_deadline("reading the top-level ACLs", read_acls)):
             if not is_open(acl):
+                if self.credentials.lacks_operator(acl):  # made before the operator identity came: add it
+                    self.call(f"set the ACL of {path}", self.client.set_acls_async, path, self._acl_of(path))
+                    log.info("%s: gave the operator identity %r every permission", path,
+                             self.credentials.operator_user)
                 continue
             try:
                 self.call(f"set the ACL of {path}", self.client.set_acls_async, path, self._acl_of(path))
