@@ -319,6 +319,45 @@ def test_bundled_zookeeper_with_auth_and_an_inline_job_script(chart):
                                                    "items": [{"key": "job.py", "path": "job.py"}]}
 
 
+def test_each_job_can_have_its_own_zookeeper_identity_and_the_servers_require_one(chart):
+    docs = render(chart, values_of("bundled-zk-auth-values.yaml"))
+    _, container = driver(docs, "word-counts")
+    env = env_of(container)
+    own = {"name": "tidemark-zk-word-counts"}
+    assert env["TIDEMARK_ZK_JOB_USER"]["valueFrom"]["secretKeyRef"] == {**own, "key": "user"}
+    assert env["TIDEMARK_ZK_JOB_PASSWORD"]["valueFrom"]["secretKeyRef"] == {**own, "key": "password"}
+    operator = {"name": "tidemark-zk-operator"}
+    assert env["TIDEMARK_ZK_OPERATOR_USER"]["valueFrom"]["secretKeyRef"] == {**operator, "key": "user"}
+    assert "TIDEMARK_ZK_OPERATOR_PASSWORD" not in env  # a driver learns the operator's name, never its password
+    gc = only(docs, "CronJob", f"{FULLNAME}-gc")["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    init = only(docs, "Job", f"{FULLNAME}-init")
+    assert init["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    (init_container,) = init["spec"]["template"]["spec"]["containers"]
+    assert init_container["args"] == ["tidemark", "init"]
+    for runs_as_operator in (gc, init_container):
+        assert env_of(runs_as_operator)["TIDEMARK_ZK_OPERATOR_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+            **operator, "key": "password"}
+        assert "TIDEMARK_ZK_JOB_USER" not in env_of(runs_as_operator)
+    zoo_cfg = only(docs, "ConfigMap", f"{FULLNAME}-zookeeper")["data"]["zoo.cfg"]
+    assert "enforce.auth.enabled=true" in zoo_cfg and "enforce.auth.schemes=digest" in zoo_cfg
+
+    # Without a writer identity the servers let anyone in (as before), and no job has an identity of its own.
+    plain = render(chart, values_of("two-jobs-values.yaml"))
+    assert "enforce.auth" not in only(plain, "ConfigMap", f"{FULLNAME}-zookeeper")["data"]["zoo.cfg"]
+    assert not of_kind(plain, "Job")
+    for values, message in [
+        ({"jobs": {"word-counts": {"zkAuthSecret": "x"}}, "zookeeper": {"auth": {"operatorSecret": ""}}},
+         r"jobs\.word-counts\.zkAuthSecret: .*zookeeper\.auth\.operatorSecret"),
+        ({"zookeeper": {"auth": {"readerSecret": ""}}},
+         r"zookeeper\.bundled\.requireAuth: .*set zookeeper\.auth\.readerSecret, or requireAuth=false"),
+    ]:
+        with pytest.raises(helm.HelmRenderError, match=message):
+            render(chart, merged(values_of("bundled-zk-auth-values.yaml"), values))
+    relaxed = merged(values_of("bundled-zk-auth-values.yaml"),
+                     {"zookeeper": {"auth": {"readerSecret": ""}, "bundled": {"requireAuth": False}}})
+    assert "enforce.auth" not in only(render(chart, relaxed), "ConfigMap", f"{FULLNAME}-zookeeper")["data"]["zoo.cfg"]
+
+
 def test_gc_runs_as_cron_jobs_with_the_writer_identity_and_the_drivers_catalog(chart):
     values = values_of("bundled-zk-auth-values.yaml")
     values["gc"] = {"policy": "all:1h,daily:30d", "orphans": {"olderThan": "7d"}}

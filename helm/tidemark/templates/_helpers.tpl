@@ -76,6 +76,12 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
 {{- if and $zk.tls.enabled (not $zk.tls.existingSecret) -}}
 {{- fail "zookeeper.tls.existingSecret: name the Secret that holds the CA (and client certificate) when zookeeper.tls.enabled=true" -}}
 {{- end -}}
+{{- if and (include "tidemark.zookeeper.requireAuth" .) .Values.exporter.enabled (not $zk.auth.readerSecret) -}}
+{{- fail "zookeeper.bundled.requireAuth: the bundled servers refuse clients without an identity, and the exporter has none; set zookeeper.auth.readerSecret, or requireAuth=false" -}}
+{{- end -}}
+{{- if and $zk.auth.operatorSecret (not $zk.auth.existingSecret) -}}
+{{- fail "zookeeper.auth.operatorSecret: the operator identity comes with the writer identity; set zookeeper.auth.existingSecret too" -}}
+{{- end -}}
 {{- if and $zk.bundled.enabled (eq (int $zk.bundled.replicas) 2) -}}
 {{- fail "zookeeper.bundled.replicas: 2 servers tolerate no failure, like 1; use 1 for a test or 3 or 5 for production" -}}
 {{- end -}}
@@ -97,6 +103,9 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
 {{- $scaling := $job.executor.dynamicAllocation -}}
 {{- if and $scaling.enabled (lt (int $scaling.maxExecutors) (int $scaling.minExecutors)) -}}
 {{- fail (printf "jobs.%s: executor.dynamicAllocation.maxExecutors (%v) is below minExecutors (%v)" $name $scaling.maxExecutors $scaling.minExecutors) -}}
+{{- end -}}
+{{- if and $job.zkAuthSecret (not (and $zk.auth.existingSecret $zk.auth.operatorSecret)) -}}
+{{- fail (printf "jobs.%s.zkAuthSecret: a job with its own identity needs zookeeper.auth.existingSecret (the writer) and zookeeper.auth.operatorSecret (who may fence and unregister it)" $name) -}}
 {{- end -}}
 {{- if and $job.script $job.scriptPath -}}
 {{- fail (printf "jobs.%s: set either script (inline) or scriptPath (a file in the image), not both" $name) -}}
@@ -157,12 +166,14 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
 
 {{/* Environment of every process that talks to ZooKeeper: the connect string, TLS and the
      digest identities. Drivers (role "writer") authenticate as the writer and grant the reader
-     identity read access; the exporter (role "reader") has the reader identity only. */}}
+     identity read access, and with a jobSecret as the job's own identity too (they learn the
+     operator's name); GC and the init hook (role "operator") also authenticate as the operator;
+     the exporter (role "reader") has the reader identity only. */}}
 {{- define "tidemark.zookeeper.env" -}}
 {{- $zk := .ctx.Values.zookeeper -}}
 - name: TIDEMARK_ZK
   value: {{ include "tidemark.zookeeper.connect" .ctx | quote }}
-{{- if eq .role "writer" }}
+{{- if has .role (list "writer" "operator") }}
 {{- with $zk.auth.existingSecret }}
 - name: TIDEMARK_ZK_USER
   valueFrom:
@@ -170,6 +181,24 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
 - name: TIDEMARK_ZK_PASSWORD
   valueFrom:
     secretKeyRef: {name: {{ . | quote }}, key: {{ $zk.auth.passwordKey | quote }}}
+{{- end }}
+{{- with $zk.auth.operatorSecret }}
+- name: TIDEMARK_ZK_OPERATOR_USER
+  valueFrom:
+    secretKeyRef: {name: {{ . | quote }}, key: {{ $zk.auth.operatorUserKey | quote }}}
+{{- if eq $.role "operator" }}
+- name: TIDEMARK_ZK_OPERATOR_PASSWORD
+  valueFrom:
+    secretKeyRef: {name: {{ . | quote }}, key: {{ $zk.auth.operatorPasswordKey | quote }}}
+{{- end }}
+{{- end }}
+{{- with .jobSecret }}
+- name: TIDEMARK_ZK_JOB_USER
+  valueFrom:
+    secretKeyRef: {name: {{ . | quote }}, key: user}
+- name: TIDEMARK_ZK_JOB_PASSWORD
+  valueFrom:
+    secretKeyRef: {name: {{ . | quote }}, key: password}
 {{- end }}
 {{- end }}
 {{- with $zk.auth.readerSecret }}
@@ -300,4 +329,18 @@ podAntiAffinity:
       podAffinityTerm:
         {{- $term | toYaml | nindent 8 }}
 {{- end }}
+{{- end -}}
+
+
+{{/* "true" when the bundled servers refuse clients that send no identity (enforce.auth): they are
+     bundled, requireAuth is on and a writer identity is configured; else empty. */}}
+{{- define "tidemark.zookeeper.requireAuth" -}}
+{{- $zk := .Values.zookeeper -}}
+{{- if and $zk.bundled.enabled $zk.bundled.requireAuth $zk.auth.existingSecret -}}true{{- end -}}
+{{- end -}}
+
+{{/* True when some job has its own ZooKeeper identity: a `tidemark init` hook then gives the tree the
+     operator identity before the drivers need it. */}}
+{{- define "tidemark.perJobIdentities" -}}
+{{- range $name, $job := .Values.jobs -}}{{- if $job.zkAuthSecret -}}true{{- end -}}{{- end -}}
 {{- end -}}
