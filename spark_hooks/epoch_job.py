@@ -179,9 +179,12 @@ class EpochJob:
         self.writer.stop()
 
     def run(self, max_epochs: Optional[int] = None, until: Optional[int] = None, once: bool = False,
-            leader_timeout: Optional[float] = None, stop_on_sigterm: bool = True) -> list[int]:
+            leader_timeout: Optional[float] = None, stop_on_sigterm: bool = True,
+            exit_on_rebuilt: bool = True) -> list[int]:
         """Process epochs until ``max_epochs`` epochs, barrier ``until``, or ``stop()``; ``once``: one epoch at the
-        newest barrier available now (``EpochWriter.run``).
+        newest barrier available now (``EpochWriter.run``). A ZooKeeper server found behind the session (rebuilt
+        or restored) ends the driver with one line and status 75 for its supervisor to restart it
+        (``exit_on_rebuilt=False``: ``ZooKeeperRebuilt`` is raised instead).
 
         Returns the epochs this call committed. Every one of them is committed before it returns.
         """
@@ -190,7 +193,8 @@ class EpochJob:
         self._prepare_sinks()
         return self.writer.run(self._function, max_epochs=max_epochs, until=until, once=once,
                                leader_timeout=leader_timeout,
-                               while_standby=self.warm_up, stop_on_sigterm=stop_on_sigterm)
+                               while_standby=self.warm_up, stop_on_sigterm=stop_on_sigterm,
+                               exit_on_rebuilt=exit_on_rebuilt)
 
     def warm_up(self) -> None:
         """Load every table in Spark and plan a scan of each, so the first epoch after a takeover is not cold."""
