@@ -66,6 +66,7 @@ class EpochLineage:
         self.main: list[Snapshot] = list(ancestors(self.by_id, table.metadata.current_snapshot_id))  # newest first
         self.main_ids = {s.snapshot_id for s in self.main}
         self._position = {s.snapshot_id: i for i, s in enumerate(self.main)}
+        self._epochs: Optional[list[Optional[int]]] = None  # each main snapshot's epoch, parsed once
         self._recorded: Optional[dict[int, Optional[int]]] = None
         self._marker: Optional[tuple[Optional[int]]] = None  # the marker's epoch, read once
 
@@ -120,7 +121,7 @@ class EpochLineage:
     def at_epoch(self, epoch: int) -> Optional[Snapshot]:
         """The newest ``main`` snapshot with ``tidemark.epoch <= epoch``: the table's state at an epoch it holds
         (None: it had no Tidemark snapshot then, or that history was expired: see ``truncated``)."""
-        return newest_at_epoch(self.main, epoch)
+        return newest_at_epoch(self.main, epoch, self._main_epochs())
 
     def of_epoch(self, epoch: int) -> Optional[Snapshot]:
         """The ``main`` snapshot that carries epoch ``epoch`` itself, if any."""
@@ -157,12 +158,18 @@ class EpochLineage:
         held = self._held()
         return max(held) if held else None
 
+    def _main_epochs(self) -> list[Optional[int]]:
+        """The epoch of each snapshot of ``main``, in its order: a resolution asks for the recorded epochs and the
+        snapshot at the marker's epoch, and each summary is parsed once for both."""
+        if self._epochs is None:
+            self._epochs = [snapshot_epoch(s) for s in self.main]
+        return self._epochs
+
     def _held(self) -> dict[int, Optional[int]]:
         if self._recorded is None:
             held: dict[int, Optional[int]] = {}
-            for snapshot in self.main:  # newest first: the first snapshot of an epoch seen is the one holding it
-                epoch = snapshot_epoch(snapshot)
-                if epoch is not None and epoch not in held:
+            for snapshot, epoch in zip(self.main, self._main_epochs()):  # newest first: the first snapshot of an
+                if epoch is not None and epoch not in held:                # epoch seen is the one holding it
                     held[epoch] = snapshot.snapshot_id
             marker = self.marker_epoch
             if marker is not None and marker not in held:

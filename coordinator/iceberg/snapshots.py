@@ -198,11 +198,13 @@ def main_lineage(table: Table) -> Iterator[Snapshot]:
     return ancestors(snapshot_index(table), table.metadata.current_snapshot_id)
 
 
-def newest_at_epoch(lineage: Iterable[Snapshot], epoch: int) -> Optional[Snapshot]:
+def newest_at_epoch(lineage: Iterable[Snapshot], epoch: int,
+                    epochs: Optional[Iterable[Optional[int]]] = None) -> Optional[Snapshot]:
     """The first snapshot of ``lineage`` (newest first) with ``tidemark.epoch <= epoch``: the table's state at an
-    epoch it holds (None: it had no Tidemark snapshot then, so it reads as empty)."""
-    for snapshot in lineage:
-        found = snapshot_epoch(snapshot)
+    epoch it holds (None: it had no Tidemark snapshot then, so it reads as empty). ``epochs``: the lineage's
+    epochs already parsed (``snapshot_epoch`` of each snapshot, in the same order)."""
+    pairs = zip(lineage, epochs) if epochs is not None else ((s, snapshot_epoch(s)) for s in lineage)
+    for snapshot, found in pairs:
         if found is not None and found <= epoch:
             return snapshot
     return None
