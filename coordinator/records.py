@@ -7,6 +7,7 @@ is reported, never crash-looped on.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import time
 from collections.abc import Iterable, Mapping
@@ -322,10 +323,18 @@ def _keep_ordered(ordered: tuple[tuple[int, Optional[int]], ...]) -> tuple[tuple
     """``keep_recent`` of entries already in epoch order, one per epoch."""
     if len(ordered) <= RECENT_PER_LEVEL:
         return ordered  # the newest RECENT_PER_LEVEL of every epoch: all of them
-    kept = {e for e, _ in ordered[-RECENT_PER_LEVEL:]}  # the finest level (every epoch is a multiple of 1 ms)
-    for period in RECENT_LEVELS_MS[1:]:
-        kept.update([e for e, _ in ordered if e % period == 0][-RECENT_PER_LEVEL:])
+    kept = _kept_epochs(tuple([e for e, _ in ordered]))
     return tuple(entry for entry in ordered if entry[0] in kept)
+
+
+@functools.lru_cache(maxsize=64)
+def _kept_epochs(epochs: tuple[int, ...]) -> frozenset[int]:
+    """Which of ``epochs`` (ordered, distinct) a tidemark keeps. Cached: a job's sinks list the same epochs, so a
+    commit that advances all of them decides once."""
+    kept = set(epochs[-RECENT_PER_LEVEL:])  # the finest level (every epoch is a multiple of 1 ms)
+    for period in RECENT_LEVELS_MS[1:]:
+        kept.update([e for e in epochs if e % period == 0][-RECENT_PER_LEVEL:])
+    return frozenset(kept)
 
 
 @dataclass(frozen=True)
