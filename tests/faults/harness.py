@@ -14,7 +14,9 @@ logs every row it wrote, and four threads watching it:
 
 - the **supervisor** restarts every replica that exits, as Kubernetes would, with the next crash
   point of the crash plan in its environment; a replica that died at a crash point is a fault
-  (``kill -9 at <step>``), any other exit not caused by the harness is recorded as unexpected;
+  (``kill -9 at <step>``), an exit with a status the scenario expects (``expected_exits``: a driver whose
+  ZooKeeper server was rebuilt exits 75) is counted in ``restarted``, any other exit not caused by the
+  harness is recorded as unexpected;
 - the **tracker** follows each job's tidemark: a fault is recovered at the first commit of every
   affected job after the fault was injected (recovery time = that commit's time - injection time);
 - the **checker** (``coordinator.history.checker``) resolves and checks every consistent version it can;
@@ -30,6 +32,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -180,7 +183,7 @@ class Cascade:
 
     def __init__(self, env: Environment, scenario: str, run: int, seed: int, *, hosts: Optional[str] = None,
                  crash_plan: Callable[[str], Optional[str]] = lambda job: None, replicas: int = 2,
-                 every: Optional[dict[str, int]] = None) -> None:
+                 every: Optional[dict[str, int]] = None, expected_exits: frozenset[int] = frozenset()) -> None:
         self.env, self.scenario, self.seed = env, scenario, seed
         self.rng = random.Random(seed)
         self.dir = env.base / f"{scenario}-{run}"
@@ -197,6 +200,8 @@ class Cascade:
         self.held = False            # while True the supervisor does not restart exited replicas
         self.faults: list[Fault] = []
         self.unexpected: list[str] = []
+        self.expected_exits = expected_exits
+        self.restarted: list[str] = []   # replicas that exited with an expected status, and the line they said it in
         self.commits: set[tuple[str, int]] = set()
         self.produced: list[tuple[int, str]] = []
         self.last_append_ms = 0
@@ -360,6 +365,26 @@ class Cascade:
             log.info("wipe: %s; deleting again", type(exc).__name__)
         return client.exists(self.chroot) is None
 
+    def rebuild_zookeeper(self) -> None:
+        """Stop the ZooKeeper server, delete its data and start it again empty on the same address, as rebuilding
+        or restoring an ensemble from nothing does, leaving every driver running: the server refuses their sessions
+        (they saw newer transactions), and each must find out, exit and be restarted by the supervisor, then
+        register its job again and resume from Iceberg. No person acts: the harness only reconnects its own
+        observer session (refused too) and re-creates nothing else; consistent reads may step back as after a wipe."""
+        checker = self.checker
+        if checker is not None and checker.newest is not None:
+            self.wipe_floor = max(self.wipe_floor or 0, checker.newest - DEFAULT_MARKER_EVERY_MS)
+            checker.newest = None
+        zookeeper = self.env.zookeeper
+        zookeeper.stop()
+        shutil.rmtree(zookeeper.data_dir / "data")
+        zookeeper.start()
+        old, self.tm = self.tm, Tidemark.connect(self.connect, session_timeout=10, operation_timeout=10)
+        if checker is not None:
+            checker.resolver = Resolver(self.settings.load(), self.settings, self.tm)
+        if old is not None:
+            old.close()
+
     def restart_every_driver(self) -> None:
         """kill -9 every replica, deploy the pipeline again and start fresh replicas (held meanwhile)."""
         self.held = True
@@ -458,6 +483,10 @@ class Cascade:
                     step = crash.split()[3]
                     with self._lock:
                         self.faults.append(Fault(f"kill -9 at {step.split('#')[0]}", replica.job, injected))
+                elif replica.proc.returncode in self.expected_exits:
+                    self.restarted.append(f"{replica.member} exited with {replica.proc.returncode}: "
+                                          f"{replica.last_line()}")
+                    log.info("expected exit, restarting: %s", self.restarted[-1])
                 else:
                     self.unexpected.append(f"{replica.member} exited with {replica.proc.returncode}: "
                                            f"{replica.last_line()}")

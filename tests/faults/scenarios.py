@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 from coordinator import EpochRecord, EpochState, TidemarkError
 from coordinator.crashpoints import EPOCH_STEPS
+from coordinator.job.writer import EXIT_ZOOKEEPER_REBUILT
 from coordinator.operations.zookeeper_server import ZooKeeperEnsemble
 from coordinator.records import LeaderRecord, TermRecord
 from tests.faults.cascade import COUNTER, JOBS, TOTALS
@@ -247,6 +248,27 @@ def zookeeper_wipe(env: Environment, run: int, seed: int, faults: int) -> RunRes
         return cascade.finish()
 
 
+def zookeeper_rebuilt(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """Stop the ZooKeeper server, delete its data and start it again empty on the same address, with every driver
+    left running (``Cascade.rebuild_zookeeper``). The server refuses their sessions for good; each driver must find
+    its server behind its session, exit with one line and status ``EXIT_ZOOKEEPER_REBUILT``, and, restarted by the
+    supervisor, register its job again and resume from Iceberg. Goal: every job commits again within 3 session
+    timeouts plus one interval of the fault, with nothing lost or duplicated, and no person acting."""
+    rng = random.Random(seed)
+    goal_s = 3 * SESSION_TIMEOUT + INTERVAL_MS / 1000
+    with Cascade(env, "zk-rebuilt", run, seed, expected_exits=frozenset({EXIT_ZOOKEEPER_REBUILT})) as cascade:
+        cascade.start()
+        for _ in range(faults):
+            pause(rng, 1.0, 3.0)
+            cascade.wait_recovered(cascade.inject("ZooKeeper server rebuilt empty", None, cascade.rebuild_zookeeper))
+        result = cascade.finish()
+    result.problems += [f"{f.kind}: recovered in {f.recovery_s:.1f} s, above the goal of {goal_s:.0f} s"
+                        for f in result.faults if f.recovery_s is not None and f.recovery_s > goal_s]
+    if not cascade.restarted:
+        result.problems.append("no driver exited for a restart: the rebuilt server was not noticed")
+    return result
+
+
 def fence_unregister(env: Environment, run: int, seed: int, faults: int) -> RunResult:
     """The operator sequence ``tidemark fence counter``, ``tidemark unregister counter --yes`` against a paused
     leader (a zombie: a GC pause or a partition) and a paused standby, so that nobody takes over in between;
@@ -391,6 +413,8 @@ SCENARIOS = {s.name: s for s in [
     Scenario("zk-ensemble", 2, 4, zookeeper_ensemble, "a 3-server ensemble losing a follower, then its leader"),
     Scenario("catalog-restart", 2, 5, catalog_restart, "the PostgreSQL catalog restarted mid-epoch"),
     Scenario("zk-wipe", 2, 3, zookeeper_wipe, "the whole ZooKeeper state wiped, every driver restarted"),
+    Scenario("zk-rebuilt", 2, 3, zookeeper_rebuilt, "the ZooKeeper server's data deleted, started again empty on the "
+                                                    "same address, drivers left running (and restarted on exit)"),
     Scenario("fence-unregister", 2, 3, fence_unregister, "tidemark fence, unregister --yes, re-register"),
     Scenario("coalesced-kill", 2, 4, coalesced_kill, "a job down for several intervals, then kill -9 in its "
                                                       "coalesced catch-up epoch"),
