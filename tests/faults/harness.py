@@ -442,23 +442,32 @@ class Cascade:
         rng = random.Random(self.seed)
         table = self.settings.load().load_table(f"{self.tables.namespace}.src")
         next_id, batch = 1, 0
+        unsure: Optional[list[tuple[int, str]]] = None  # a batch whose failed append may still have landed
         with open(self.dir / "producer.log", "w") as out:
             while not self._stop_producing.is_set():
                 burst_end = time.monotonic() + rng.uniform(2, 4)
                 while time.monotonic() < burst_end and not self._stop_producing.wait(0.15):
-                    rows = [(next_id + i, rng.choice(KEYS)) for i in range(rng.randint(1, 4))]
-                    if self._append(table, rows, batch):
+                    rows = unsure or [(next_id + i, rng.choice(KEYS)) for i in range(rng.randint(1, 4))]
+                    if self._append(table, rows, batch, unsure is not None):
                         for row in rows:
                             out.write(json.dumps(row) + "\n")
                         out.flush()
                         self.produced.extend(rows)
                         self.last_append_ms = now_ms()
-                        next_id, batch = next_id + len(rows), batch + 1
+                        next_id, batch, unsure = next_id + len(rows), batch + 1, None
+                    else:
+                        unsure = rows
                 self._stop_producing.wait(rng.uniform(1, 2))
 
-    def _append(self, table, rows: list[tuple[int, str]], batch: int) -> bool:
-        """Append ``rows`` as batch ``batch``; True once it is in the table. A failed commit (catalog down)
-        may still have landed: the batch property on the snapshot says."""
+    def _append(self, table, rows: list[tuple[int, str]], batch: int, tried: bool) -> bool:
+        """Append ``rows`` as batch ``batch``; True once it is in the table. A failed commit (catalog down) may
+        still have landed: the batch property on the snapshot says, and a batch ``tried`` before is appended
+        again only once the table, read again, says it did not land (a producer that appended it again after
+        the catalog came back, unread, wrote its rows twice: a duplicate in ``src`` itself)."""
+        if tried:
+            landed = self._landed(table, batch)
+            if landed is not False:
+                return bool(landed)
         data = pa.table({"id": [r[0] for r in rows], "k": [r[1] for r in rows], "batch": [batch] * len(rows)},
                         schema=SRC_SCHEMA)
         try:
@@ -466,10 +475,15 @@ class Cascade:
             return True
         except Exception as exc:  # noqa: BLE001 - the catalog is down (an injected fault): look, then retry
             log.info("producer: append of batch %s failed (%s)", batch, type(exc).__name__)
+        return bool(self._landed(table, batch))
+
+    @staticmethod
+    def _landed(table, batch: int) -> Optional[bool]:
+        """Whether batch ``batch`` is in ``table``; None when the catalog cannot say (still down)."""
         try:
             table.refresh()
         except Exception:  # noqa: BLE001 - still down: try again later
-            return False
+            return None
         return any(s.summary is not None and s.summary.get(BATCH_PROPERTY) == str(batch) for s in table.snapshots())
 
     def _supervise(self) -> None:
