@@ -18,13 +18,14 @@ A rebuilt server: a ZooKeeper server whose data was deleted (or restored from an
 this process was connected refuses the session for good, since it has seen newer transactions
 than the server's own ("Refusing session request ... as it has seen zxid ..."), and kazoo would
 retry forever. A helper thread of the session (never kazoo's) watches for it: once the
-connection has been down for the session timeout, it connects a fresh, session-less client to
-the same servers (within ``PROBE_TIMEOUT_S``) and compares the zxid it sees with the newest
-this session saw. A server that answers and is behind this session ends it: kazoo is stopped
-(no more reconnection attempts) and every operation raises ``ZooKeeperRebuilt`` at once,
-saying to restart the process. So does a new session (after an expiry) on a server that went
-backwards or lost this session's tree. A server that does not answer is an outage:
-operations keep raising ``ZooKeeperUnavailable`` after their deadline. A process that is
+connection has been down for half the session timeout (a short blip costs no probe), it connects
+a fresh, session-less client to the same servers (within ``PROBE_TIMEOUT_S``, again every
+second) and compares the zxid it sees, after a ``sync`` (so a follower answers with at least what
+the quorum committed), with the newest this session saw. A server that answers and is behind
+this session ends it: kazoo is stopped (no more reconnection attempts) and every operation raises
+``ZooKeeperRebuilt`` at once, saying to restart the process. So does a new session (after an
+expiry) on a server that went backwards or lost this session's tree. A server that does not
+answer is an outage: operations keep raising ``ZooKeeperUnavailable`` after their deadline. A process that is
 stopping calls ``stop_waiting()`` (the writer does on SIGTERM): while the connection is down,
 operations then fail at once instead of waiting out their deadline.
 
@@ -100,6 +101,10 @@ TLS_DIAGNOSIS_AFTER_S = 1.0
 # A rebuilt server: how long a fresh client may take to connect and read, and how often to look again meanwhile.
 PROBE_TIMEOUT_S = 5.0
 PROBE_EVERY_S = 1.0
+# ... after the connection has been down this fraction of the session timeout. A server that answers a synced read
+# below the session's zxid lost committed data: waiting longer adds no certainty, only recovery time (a restarted
+# driver must commit within 3 session timeouts and an epoch, issue 20), while short blips cost no probe.
+PROBE_AFTER = 0.5
 __all__ = ["ZooKeeperSession"]
 
 
@@ -297,7 +302,7 @@ class ZooKeeperSession:
                                                 "waiting for it (a new leader recovers any epoch in flight)")
                 return
             down_since = self._down_since
-            if down_since is None or time.monotonic() - down_since < self.session_timeout \
+            if down_since is None or time.monotonic() - down_since < PROBE_AFTER * self.session_timeout \
                     or time.monotonic() < next_probe:
                 continue
             server = _probe_zxid(self.client, PROBE_TIMEOUT_S)
