@@ -379,6 +379,8 @@ class ZooKeeperSession:
             ended = self.ended_error()
             if ended is not None:
                 raise ended from None
+            if self._closing:
+                raise ZooKeeperUnavailable(f"this ZooKeeper session was closed: {what} not done") from None
             if self.gave_up():
                 raise ZooKeeperUnavailable(f"ZooKeeper is unreachable and this process is stopping: {what} not "
                                            "done") from None
@@ -400,8 +402,10 @@ class ZooKeeperSession:
                                      "string's chroot and the root") from None
 
     def gave_up(self) -> bool:
-        """Whether to stop retrying: the session ended, or the process is stopping while the connection is down."""
-        return self._ended is not None or (self._stopping and self._state != KazooState.CONNECTED)
+        """Whether to stop retrying: the session ended or was closed, or the process is stopping while the
+        connection is down."""
+        return (self._ended is not None or self._closing
+                or (self._stopping and self._state != KazooState.CONNECTED))
 
     def denied(self, what: str) -> PermissionDenied:
         hint = ("set TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD to the writer identity this tree is secured with"
