@@ -85,3 +85,37 @@ def test_a_commit_waiting_on_any_other_row_lock_fails_as_an_outage_within_the_lo
     finally:
         holder.rollback()
         holder.close()
+
+
+@pytest.mark.spark
+def test_a_spark_commit_waiting_on_a_row_lock_fails_within_the_lock_timeout(spark, pg_catalog_settings, namespace):
+    """Spark's JDBC catalog gets the same session settings as Python's: its commit gives up on a held row lock."""
+    table = f"{pg_catalog_settings.name}.{namespace}.spark_waiter"
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {pg_catalog_settings.name}.{namespace}")
+    spark.sql(f"CREATE TABLE {table} (a bigint) USING iceberg")
+    plain = pg_catalog_settings.python_catalog_properties()["uri"].split("?")[0]
+    holder = create_engine(plain).connect()
+    holder.execute(text("UPDATE iceberg_tables SET table_name = table_name "
+                        "WHERE table_namespace = :n AND table_name = 'spark_waiter'"), {"n": namespace})
+    outcome: dict[str, object] = {}
+
+    def insert() -> None:
+        try:
+            spark.sql(f"INSERT INTO {table} VALUES (1)")
+            outcome["ok"] = True
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            outcome["error"] = exc
+    try:
+        started = time.monotonic()
+        thread = threading.Thread(target=insert, daemon=True)
+        thread.start()
+        thread.join(PG_LOCK_TIMEOUT_MS / 1000 + 60)
+        assert "ok" not in outcome
+        assert "error" in outcome, "the Spark commit waits on the lock with no deadline"
+        assert "lock timeout" in str(outcome["error"])
+        assert time.monotonic() - started < PG_LOCK_TIMEOUT_MS / 1000 + 60
+    finally:
+        holder.rollback()
+        holder.close()
+    spark.sql(f"INSERT INTO {table} VALUES (2)")  # the lock released, Spark commits again
+    assert [row.a for row in spark.sql(f"SELECT a FROM {table}").collect()] == [2]

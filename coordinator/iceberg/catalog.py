@@ -113,6 +113,9 @@ class CatalogSettings:
                 conf[f"{prefix}.jdbc.user"] = parts["user"]
             if parts["password"]:
                 conf[f"{prefix}.jdbc.password"] = parts["password"]
+            # The same session settings as Python's (the PostgreSQL driver's ``options`` property): a Spark
+            # commit waits on a row lock no longer than Python's does.
+            conf[f"{prefix}.jdbc.options"] = PG_SESSION_OPTIONS
         return conf
 
     def python_catalog_properties(self) -> dict[str, str]:
