@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 
-from coordinator import EmbeddedZooKeeper, Tidemark, ZooKeeperRebuilt, ZooKeeperUnavailable
+from coordinator import EmbeddedZooKeeper, GcSchedule, Tidemark, ZooKeeperRebuilt, ZooKeeperUnavailable
 from coordinator.job.writer import EXIT_ZOOKEEPER_REBUILT
 from coordinator.operations.exporter import Exporter
 from coordinator.operations.zookeeper_server import free_port
@@ -159,4 +159,41 @@ def test_operations_of_a_stopping_process_fail_at_once_while_zookeeper_is_down(s
             tm.get("/anything")
         assert time.monotonic() - asked < 5, "a stopping process waited for ZooKeeper's deadline"
     finally:
+        tm.close()
+
+
+def test_a_new_session_on_a_server_that_lost_the_tree_ends_too(server):
+    """The rebuilt server took more transactions than the session had seen before it reconnected: the server then
+    takes the reconnection, the old session is unknown (expired) and kazoo opens a new one, on a server without
+    this session's tree."""
+    tm = Tidemark.connect(server.connect_string + "/lost", session_timeout=10, operation_timeout=30)
+    try:
+        seen = tm.client.last_zxid
+        rebuild(server)
+        with Tidemark.connect(server.connect_string + "/elsewhere", session_timeout=10) as other:
+            while other.client.last_zxid <= seen + 5:  # past the old session's zxid before its probe runs
+                other.ensure_path(f"/n{other.client.last_zxid}")
+            wait_for(lambda: tm.ended_error() is not None, "the new session to find its tree gone", 30)
+        error = tm.ended_error()
+        assert isinstance(error, ZooKeeperRebuilt) and "tree" in str(error), error
+    finally:
+        tm.close()
+
+
+def test_gc_schedule_stops_with_one_line(server, catalog_settings, caplog):
+    tm = Tidemark.connect(server.connect_string + "/gc", session_timeout=SESSION, operation_timeout=30)
+    schedule = GcSchedule(tm, catalog_settings, every_s=0.2).start()
+    try:
+        for i in range(20):
+            tm.ensure_path(f"/n{i}")
+        rebuild(server)
+        thread = schedule._thread
+        assert thread is not None
+        wait_for(lambda: not thread.is_alive(), "the GC schedule to stop", EXIT_DEADLINE)
+        assert isinstance(schedule.last_error, ZooKeeperRebuilt)
+        stops = [r.getMessage() for r in caplog.records
+                 if r.name == "coordinator.history.gc_schedule" and "the schedule stops" in r.getMessage()]
+        assert len(stops) == 1 and "behind this process's session" in stops[0], stops
+    finally:
+        schedule.stop()
         tm.close()
