@@ -70,37 +70,41 @@ class SparkEpochContext(EpochContext):
         return self.spark.read.format("iceberg").option("snapshot-id", bounds.end).load(source)
 
     def append(self, sink: str, df) -> None:
-        self._write(sink, lambda: df.writeTo(sink).append())
+        self._write(sink, df.sparkSession, lambda: df.writeTo(sink).append())
 
     def overwrite(self, sink: str, df) -> None:
         """Replace the whole table with ``df``."""
         from pyspark.sql import functions as F
-        self._write(sink, lambda: df.writeTo(sink).overwrite(F.lit(True)))
+        self._write(sink, df.sparkSession, lambda: df.writeTo(sink).overwrite(F.lit(True)))
 
     def merge(self, sink: str, df, on: Sequence[str], matched: Optional[str] = None) -> None:
         """``MERGE INTO sink t USING df s ON t.k = s.k``: update matches (``matched``, default ``*``), insert others."""
         view = f"tidemark_merge_{self.writer.name.replace('.', '_').replace('-', '_')}_{self.epoch}"
+        session = df.sparkSession  # the view is registered there, and the MERGE must see it
         df.createOrReplaceTempView(view)
         condition = " AND ".join(f"t.{k} = s.{k}" for k in on)
         update = f"UPDATE SET {matched}" if matched else "UPDATE SET *"
         sql = (f"MERGE INTO {sink} t USING {view} s ON {condition} "
                f"WHEN MATCHED THEN {update} WHEN NOT MATCHED THEN INSERT *")
         try:
-            self._write(sink, lambda: self.spark.sql(sql))
+            self._write(sink, session, lambda: session.sql(sql))
         finally:
-            self.spark.catalog.dropTempView(view)
+            session.catalog.dropTempView(view)
 
-    def _write(self, sink: str, write: Callable[[], object]) -> None:
+    def _write(self, sink: str, session, write: Callable[[], object]) -> None:
+        """Stage ``write`` in ``sink``: ``session`` is the one that runs it, the written DataFrame's. A
+        ``foreachBatch`` micro-batch belongs to the streaming query's own session (a clone of the job's), which
+        does not see a ``spark.wap.id`` set on the job's session: the write would go straight to ``main``."""
         self.check_sink(sink)
         term = self.writer.term
         wap = wap_id(self.epoch, self.writer.name, term)
-        self.spark.conf.set("spark.wap.id", wap)
+        session.conf.set("spark.wap.id", wap)
         try:
             with self.writer.metrics.phase("stage"):
                 with_commit_properties(self.spark, summary_properties(self.epoch, self.writer.name, term, self.inputs),
                                        write)
         finally:
-            self.spark.conf.unset("spark.wap.id")
+            session.conf.unset("spark.wap.id")
         table = self.writer.table(sink)
         table.refresh()
         # The newest snapshot of this (job, epoch, term): a retried write in the same term leaves an

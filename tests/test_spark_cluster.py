@@ -1,9 +1,11 @@
 """The word-count cascade on a Spark standalone cluster: a master and two workers on loopback, started from
 pyspark's own launcher, every executor a JVM of its own, as Kubernetes users run it (a driver with executor pods).
 
-The drivers are processes of ``tests/helpers/spark_driver.py`` (``EpochJob``) against ``spark://``; they
-take Iceberg's runtime from ``build_spark_session`` (``spark.executor.extraClassPath``, the jars ``make setup``
-prepared), as the chart's drivers do from the image. The tests show the executors load Iceberg's write classes
+The drivers are processes of ``tests/helpers/spark_driver.py`` (``EpochJob``), started the way the chart
+starts them in its image: ``SPARK_HOME`` set, the master and the executors' settings in the
+``spark-defaults.conf`` of ``SPARK_CONF_DIR``, the driver's address in ``PYSPARK_SUBMIT_ARGS``; and
+``build_spark_session`` adds Iceberg's runtime (``spark.executor.extraClassPath``: the jars ``make setup``
+prepared, the image's in a pod). The tests show the executors load Iceberg's write classes
 from those jars; WAP staging, the ``MERGE`` commit properties and ``foreachBatch`` work there; an executor
 killed (kill -9) while it runs an epoch's task is replaced by Spark with nothing lost or repeated; and a
 driver killed mid-epoch, with its JVM, is taken over by a standby driver that has executors of its own.
@@ -32,7 +34,7 @@ from coordinator.iceberg.snapshots import main_lineage, snapshot_progress, wap_i
 from coordinator.records import LeaderRecord, now_ms
 from tests.helpers.crash import crash_env
 from tests.helpers.present import present
-from tests.helpers.spark_cluster import SparkCluster
+from tests.helpers.spark_cluster import SparkCluster, spark_home
 from tests.helpers.spark_driver import COUNTS, LOG, WORDS
 from tests.helpers.wait import wait_for
 
@@ -45,9 +47,9 @@ JOB = "counter"
 # Small executors, two per application (one on each worker), few shuffle partitions: a 2-core machine.
 # spark.executor.defaultJavaOptions logs every class an executor JVM loads, and from which jar, to its stdout
 # (<worker dir>/<app id>/<executor id>/stdout); build_spark_session's extraJavaOptions add to it.
-SUBMIT_ARGS = ("--conf spark.executor.memory=512m --conf spark.executor.cores=1 --conf spark.cores.max=2 "
-               "--conf spark.sql.shuffle.partitions=2 --conf spark.executor.defaultJavaOptions=-Xlog:class+load=info "
-               "pyspark-shell")
+SPARK_DEFAULTS = {"spark.submit.deployMode": "client", "spark.executor.memory": "512m", "spark.executor.cores": "1",
+                  "spark.cores.max": "2", "spark.sql.shuffle.partitions": "2",
+                  "spark.executor.defaultJavaOptions": "-Xlog:class+load=info"}
 ICEBERG_WRITE_LOADED = re.compile(r"org\.apache\.iceberg\.spark\.source\.SparkWrite\S* source: \S*"
                                   r"iceberg-spark-runtime-3\.5_2\.12-[\d.]+\.jar")
 STARTUP = 240.0  # a Spark application's start on a loaded 2-core machine, with its executors
@@ -82,9 +84,14 @@ class Driver:
 
     def __init__(self, cluster: SparkCluster, lake: Lake, zk: str, member: str, *args: str,
                  crash_at: str = "none") -> None:
-        env = {k: v for k, v in crash_env(crash_at).items() if not k.startswith("SPARK_")}
-        env.update(TIDEMARK_SPARK_MASTER=cluster.url, PYSPARK_SUBMIT_ARGS=SUBMIT_ARGS, PYSPARK_PYTHON=sys.executable,
-                   SPARK_LOCAL_IP="127.0.0.1")
+        conf = lake.home / "spark-conf"
+        conf.mkdir(exist_ok=True)
+        defaults = {"spark.master": cluster.url, "spark.local.dir": str(lake.home / "spark-local"), **SPARK_DEFAULTS}
+        (conf / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in defaults.items()))
+        env = {k: v for k, v in crash_env(crash_at).items() if not k.startswith(("SPARK_", "TIDEMARK_SPARK_"))}
+        env.update(SPARK_HOME=str(spark_home()), SPARK_CONF_DIR=str(conf), SPARK_LOCAL_IP="127.0.0.1",
+                   PYSPARK_SUBMIT_ARGS="--conf spark.driver.host=127.0.0.1 pyspark-shell",
+                   PYSPARK_PYTHON=sys.executable)
         self.member = member
         self.out, self.err = lake.home / f"{member}.out", lake.home / f"{member}.log"
         with open(self.out, "w") as out, open(self.err, "w") as err:
@@ -180,17 +187,18 @@ def check_exactly_once(lake: Lake, zk: str, produced: list[str]):
     return version
 
 
-def check_staged_with_progress(lake: Lake) -> int:
-    """Every snapshot of the sinks' main branch that an epoch wrote was staged under the epoch's ``spark.wap.id``
-    and carries its progress record (the ``MERGE`` ones through the commit properties); returns how many."""
+def check_staged_with_progress(lake: Lake, job: str = JOB, sinks: tuple[str, ...] = ("kill.log", "kill.counts")) -> int:
+    """Every snapshot of the sinks' main branch was written by an epoch of ``job``, staged under the epoch's
+    ``spark.wap.id``, and carries its progress record (the ``MERGE`` ones through the commit properties);
+    returns how many there are."""
     catalog, checked = lake.settings.load(), 0
-    for sink in ("kill.log", "kill.counts"):
+    for sink in sinks:
         for snapshot in main_lineage(catalog.load_table(sink)):
             record = snapshot_progress(snapshot)
-            if record is None:
-                continue
-            assert record.job == JOB and present(record.inputs).sources[WORDS].end is not None, (sink, snapshot)
-            assert present(snapshot.summary).get("wap.id") == wap_id(record.epoch, JOB, record.term), (sink, snapshot)
+            assert record is not None and record.job == job and record.inputs is not None, (sink, snapshot)
+            if job == JOB:
+                assert present(record.inputs.sources[WORDS].end) is not None
+            assert present(snapshot.summary).get("wap.id") == wap_id(record.epoch, job, record.term), (sink, snapshot)
             checked += 1
     return checked
 
@@ -213,7 +221,7 @@ def test_executors_write_the_epochs_and_one_killed_mid_epoch_is_replaced_by_spar
     driver = Driver(cluster, lake, zk_connect, "executor-kill", "--task-gate", str(gate))
     try:
         wait_for(lambda: tasks(gate), "a task of the first computed epoch to start on an executor", STARTUP)
-        app = present(cluster.app_id("executor-kill"))
+        app = wait_for(lambda: cluster.app_id("executor-kill"), "the driver's application", STARTUP)
         executors = wait_for(lambda: len(cluster.executors(app)) == 2 and cluster.executors(app),
                              "the application's two executors", STARTUP)
         held = {t: cluster.executor_of(t.pid) for t in tasks(gate)}
@@ -259,6 +267,9 @@ def test_foreach_batch_runs_on_the_cluster_one_epoch_per_batch(cluster, lake, zk
     records = [r for r in map(snapshot_progress, main_lineage(log)) if r is not None]
     assert sorted(present(present(r.inputs).batch_id) for r in records) == [0, 1, 2]
     assert all(r.job == "stream" for r in records)
+    assert check_staged_with_progress(lake, "stream", ("kill.log",)) == len(batches)
+    app = present(cluster.app_id("stream"))
+    assert iceberg_loaded_by(cluster, app), f"no executor of {app} loaded Iceberg's write classes"
 
 
 @pytest.mark.fault
@@ -270,8 +281,8 @@ def test_a_driver_killed_mid_epoch_is_taken_over_by_a_standby_with_executors_of_
         wait_for(lambda: leader_of(tm) == "driver-a", "driver-a to lead", STARTUP)
         standby = Driver(cluster, lake, zk_connect, "driver-b")
         wait_for(lambda: len(tm.children(tm.paths.election(JOB))) == 2, "driver-b to stand by", STARTUP)
-        standby_app = present(cluster.app_id("driver-b"))
-        assert cluster.executors(standby_app), "the standby has no executors"
+        standby_app = wait_for(lambda: cluster.app_id("driver-b"), "the standby's application", STARTUP)
+        wait_for(lambda: cluster.executors(standby_app), "the standby's executors", STARTUP)
         # Words only now: driver-a's computed epochs, and so its crash point (its second one), come after the
         # standby is ready.
         producer = Producer(lake.words)

@@ -112,9 +112,11 @@ class SparkCluster:
         return [w for w in (self.state() or {}).get("workers", []) if w.get("state") == "ALIVE"]
 
     def app_id(self, name: str) -> Optional[str]:
-        """The id of the running application named ``name`` (``spark.app.name``), once the master has it."""
-        apps = [a for a in (self.state() or {}).get("activeapps", []) if a.get("name") == name]
-        return apps[-1]["id"] if apps else None
+        """The id of the newest application named ``name`` (``spark.app.name``), running or ended, once the
+        master has it."""
+        state = self.state() or {}
+        apps = [a for a in state.get("activeapps", []) + state.get("completedapps", []) if a.get("name") == name]
+        return max(apps, key=lambda a: a.get("starttime", 0))["id"] if apps else None
 
     def executors(self, app_id: str) -> dict[str, int]:
         """``{executor id: pid}`` of ``app_id``'s live executor JVMs on this cluster's workers."""

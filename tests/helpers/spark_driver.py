@@ -12,14 +12,15 @@ the function and reach none of these steps): ``staged`` (sinks staged, nothing p
 ``committed`` (ZooKeeper commit done, Iceberg not yet marked); unset, it runs to the end: MAX_EPOCHS
 epochs, or until SIGTERM (the epoch in flight is finished) without it.
 
-The Spark master is ``TIDEMARK_SPARK_MASTER`` (default ``local[2]``); ``PYSPARK_SUBMIT_ARGS`` adds
-settings such as the executors' size. ``--member`` names the Spark application and the driver's
-ZooKeeper member, so a test can tell which driver leads and which executors are its. With
-``--task-gate``, every task that reads an epoch's new words first creates
-``DIR/task-<stage>-<partition>-<attempt>-<task attempt id>-<pid>`` (pid: its Python worker's) and
-waits for ``DIR/release``, so a test can kill an executor while it runs a task of an epoch.
-``--stream`` runs a Structured Streaming query instead (``EpochJob.foreach_batch``, one file per
-batch, until the files run out) that appends every batch to the log table.
+Spark's master and settings are ``build_spark_session``'s: ``TIDEMARK_SPARK_MASTER`` (default
+``local[2]``), or with ``SPARK_HOME`` set, as in the image, the ``spark-defaults.conf`` of
+``SPARK_CONF_DIR``. ``--member`` names the Spark application and the driver's ZooKeeper member, so a
+test can tell which driver leads and which executors are its. With ``--task-gate``, every task that
+reads an epoch's new words first creates ``DIR/task-<stage>-<partition>-<attempt>-<task attempt
+id>-<pid>`` (pid: its Python worker's) and waits for ``DIR/release``, so a test can kill an executor
+while it runs a task of an epoch. ``--stream`` runs a Structured Streaming query instead
+(``EpochJob.foreach_batch``, one file per batch, until the files run out) that appends every batch
+to the log table.
 """
 from __future__ import annotations
 
