@@ -231,6 +231,8 @@ def test_structured_streaming_batches_are_epochs_and_reruns_are_not_committed_tw
     assert version.epoch == job.committed[-1]
     words = read_arrow(Resolver(catalog, catalog_settings), version)[sink].column("word").to_pylist()
     assert sorted(words) == ["a", "b", "c", "d"]
+    # each batch was staged (in the streaming query's own session) before Tidemark published it
+    assert all(present(s.summary).get("wap.id") for s in main_lineage(catalog.load_table(f"{namespace}.events")))
 
 
 def test_read_consistent_frames_and_sql_version_as_of(spark, tm, catalog_settings, namespace):
