@@ -21,6 +21,8 @@ from coordinator import EmbeddedZooKeeper, GcSchedule, Tidemark, ZooKeeperRebuil
 from coordinator.job.writer import EXIT_ZOOKEEPER_REBUILT
 from coordinator.operations.exporter import Exporter
 from coordinator.operations.zookeeper_server import free_port
+from coordinator.zookeeper import session as session_module
+from coordinator.zookeeper.session import ZooKeeperSession
 from tests.helpers.python_driver import EPOCH_SCHEMA
 from tests.helpers.wait import wait_for
 from tests.test_writer_faults import catalog_config, create_table, drivers  # noqa: F401 - drivers is a fixture
@@ -197,3 +199,45 @@ def test_gc_schedule_stops_with_one_line(server, catalog_settings, caplog):
     finally:
         schedule.stop()
         tm.close()
+
+
+class _Disconnected:
+    """Just enough of a KazooClient for a session's watchdog: three servers, never connected."""
+
+    hosts = (("zk1", 2181), ("zk2", 2181), ("zk3", 2181))
+    chroot = ""
+    connected = False
+    last_zxid = 0x500000010
+
+    def add_listener(self, listener) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_one_server_of_an_ensemble_answering_from_the_past_ends_no_session(monkeypatch):
+    """On an ensemble, a probe that lands on one server behind the session (a leader cut off from its quorum that
+    has not noticed yet) is not enough: the session ends only when a probe starting at each server finds it
+    behind, one after another."""
+    firsts: list[int] = []
+    stale_only = [True]
+
+    def probe(client, timeout: float, first: int = 0) -> int:
+        firsts.append(first)
+        return 0x400000020 if first % 3 == 0 or not stale_only[0] else 0x500000030
+    monkeypatch.setattr(session_module, "_probe_zxid", probe)
+    monkeypatch.setattr(session_module, "PROBE_EVERY_S", 0.05)
+    session = ZooKeeperSession(_Disconnected(), session_timeout=0.1)
+    try:
+        session._on_state_change("SUSPENDED")
+        wait_for(lambda: len(firsts) >= 4, "four probes", 30)
+        assert session.ended_error() is None and set(firsts) == {0, 1}
+        stale_only[0] = False  # every server behind: rebuilt
+        wait_for(lambda: session.ended_error() is not None, "the session to end", 30)
+        assert isinstance(session.ended_error(), ZooKeeperRebuilt) and firsts[-3:] == [0, 1, 2], firsts
+    finally:
+        session.close()

@@ -15,19 +15,20 @@ retries per operation and its connection state changes (``retry_counts``,
 ``connection_changes``) for the driver's metrics.
 
 A rebuilt server: a ZooKeeper server whose data was deleted (or restored from an older copy) while
-this process was connected refuses the session for good, since it has seen newer transactions
-than the server's own ("Refusing session request ... as it has seen zxid ..."), and kazoo would
-retry forever. A helper thread of the session (never kazoo's) watches for it: once the
-connection has been down for half the session timeout (a short blip costs no probe), it connects
-a fresh, session-less client to the same servers (within ``PROBE_TIMEOUT_S``, again every
-second) and compares the zxid it sees, after a ``sync`` (so a follower answers with at least what
-the quorum committed), with the newest this session saw. A server that answers and is behind
-this session ends it: kazoo is stopped (no more reconnection attempts) and every operation raises
-``ZooKeeperRebuilt`` at once, saying to restart the process. So does a new session (after an
-expiry) on a server that went backwards or lost this session's tree. A server that does not
-answer is an outage: operations keep raising ``ZooKeeperUnavailable`` after their deadline. A process that is
-stopping calls ``stop_waiting()`` (the writer does on SIGTERM): while the connection is down,
-operations then fail at once instead of waiting out their deadline.
+this process was connected refuses the session for good, since it has seen newer transactions than
+the server's own ("Refusing session request ... as it has seen zxid ..."), and kazoo would retry
+forever. A helper thread of the session (never kazoo's) watches for it: once the connection has been
+down for half the session timeout (a short blip costs no probe), it connects a fresh, session-less
+client to the same servers (within ``PROBE_TIMEOUT_S``, again every second) and compares the zxid it
+sees, after a ``sync`` (so a follower answers with at least what the quorum committed), with the
+newest this session saw. A server that answers and is behind this session (on an ensemble, in as
+many probes in a row as it has servers, each starting at the next server, so that no single server
+answering from the past decides) ends it: kazoo is stopped (no more reconnection attempts) and every
+operation raises ``ZooKeeperRebuilt`` at once, saying to restart the process. So does a new session
+(after an expiry) on a server that went backwards (after a sync) or lost this session's tree. A
+server that does not answer is an outage: operations keep raising ``ZooKeeperUnavailable`` after
+their deadline. A process that is stopping calls ``stop_waiting()`` (the writer does on SIGTERM):
+while the connection is down, operations then fail at once instead of waiting out their deadline.
 
 Logging: one line per connection state change (``coordinator.zookeeper.session``: a warning
 when the connection is suspended or the session lost, an info line when it is back). kazoo's
@@ -113,9 +114,11 @@ class ZooKeeperSession:
 
     def __init__(self, client: KazooClient, *, root: str = "/tidemark", operation_timeout: float = 30.0,
                  session_timeout: float = 10.0, member: Optional[str] = None,
-                 credentials: Optional[Credentials] = None) -> None:
+                 credentials: Optional[Credentials] = None, read_only: bool = False) -> None:
         self.client = client
         self.credentials = credentials or Credentials()
+        # An observer's session creates no tree, so it may run before there is one (see _look_at_new_session).
+        self.read_only = read_only or self.credentials.read_only
         # The ACL of the znodes of this session's job, with a job identity (``_learn_operator``); else None.
         self.owned_acl: Optional[list] = None
         self.session_timeout = session_timeout
@@ -205,9 +208,9 @@ class ZooKeeperSession:
             validate_chroot(chroot)
         _start(client, hosts, tls, connect_timeout)
         tm = cls(client, root=paths.root, operation_timeout=operation_timeout, session_timeout=session_timeout,
-                 member=member, credentials=credentials)
+                 member=member, credentials=credentials, read_only=read_only)
         try:
-            if chroot and not (read_only or credentials.read_only):
+            if chroot and not tm.read_only:
                 tm.ensure_path(chroot)
             client.chroot = chroot
             if not read_only:
@@ -287,12 +290,14 @@ class ZooKeeperSession:
         """The session's helper thread: end the session when the server is behind it (see the module's
         docstring), or when the process is stopping with the connection down."""
         next_probe = 0.0
+        behind = 0  # consecutive probes that found the server behind this session
         while not self._closing and self._ended is None:
             self._wake.wait(PROBE_EVERY_S)
             self._wake.clear()
             if self._closing:
                 return
             if self._state == KazooState.CONNECTED:
+                behind = 0
                 if self._new_session:
                     self._new_session = False
                     self._look_at_new_session()
@@ -305,23 +310,33 @@ class ZooKeeperSession:
             if down_since is None or time.monotonic() - down_since < PROBE_AFTER * self.session_timeout \
                     or time.monotonic() < next_probe:
                 continue
-            server = _probe_zxid(self.client, PROBE_TIMEOUT_S)
+            server = _probe_zxid(self.client, PROBE_TIMEOUT_S, first=behind)
             next_probe = time.monotonic() + PROBE_EVERY_S
-            if server is not None and server < self._seen_zxid and self._state != KazooState.CONNECTED:
-                self._end_rebuilt(f"it refuses this session, which has seen transaction {self._seen_zxid:#x}, while "
-                                  f"its own newest is {server:#x} (a fresh client connects at once)")
+            if server is None or server >= self._seen_zxid or self._state == KazooState.CONNECTED or self._closing:
+                behind = 0
+                continue
+            behind += 1
+            # One answer per server of an ensemble, each probe starting at the next one: a server that answers a
+            # synced read from the past only briefly (a leader cut off from its quorum that has not yet noticed)
+            # ends no session, as long as another server answers ahead of it.
+            if behind >= len(self.client.hosts):
+                self._end_rebuilt(f"it refuses this session, which has seen transaction {self._seen_zxid:#x}, "
+                                  f"while its own newest is {server:#x} (a fresh client connects at once)")
 
     def _look_at_new_session(self) -> None:
         """After an expiry, kazoo's new session may be on a server that went backwards or lost the tree."""
         try:
-            exists = self.client.exists(self.paths.topology)
+            # A new session may be on a follower that lags (kazoo connects it with no zxid, so no server refuses
+            # it): sync first, so that the server answers with at least what the quorum committed.
+            self.client.sync_async("/").get(timeout=PROBE_TIMEOUT_S)
+            exists = self.client.exists_async(self.paths.topology).get(timeout=PROBE_TIMEOUT_S)
         except (KazooException, KazooTimeoutError):
             return  # down again: the next connection change looks again
         server = self.client.last_zxid or 0
         if server < self._seen_zxid:
             self._end_rebuilt(f"its newest transaction, {server:#x}, is older than {self._seen_zxid:#x}, which this "
                               "process's expired session had seen")
-        elif exists is None and not self.credentials.read_only:
+        elif exists is None and not self.read_only:
             self._end_rebuilt(f"this process's session expired and its tree ({self.paths.topology}) is gone")
 
     def _end_rebuilt(self, why: str) -> None:
@@ -561,22 +576,26 @@ class _GaveUp(stop_base):
         return self.session.gave_up()
 
 
-def _servers(client: KazooClient) -> str:
-    return ",".join(f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in client.hosts)
+def _servers(client: KazooClient, hosts: Optional[Sequence[tuple[str, int]]] = None) -> str:
+    return ",".join(f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                    for host, port in (client.hosts if hosts is None else hosts))
 
 
-def _probe_zxid(client: KazooClient, timeout: float) -> Optional[int]:
+def _probe_zxid(client: KazooClient, timeout: float, first: int = 0) -> Optional[int]:
     """The newest transaction a fresh, session-less client sees on ``client``'s servers (its TLS settings and
-    identities), or None when none answers within ``timeout``: a server the client's own session cannot reach
-    but this one can, and that is behind it, lost its data."""
-    probe = KazooClient(hosts=_servers(client), timeout=max(timeout, 2.0), logger=KAZOO_LOG,
+    identities), trying them in order from the ``first``-th, or None when none answers within ``timeout`` (to
+    connect, and again to sync): a server the client's own session cannot reach but this one can, and that is
+    behind it, lost its data."""
+    start = first % len(client.hosts)
+    hosts = _servers(client, client.hosts[start:] + client.hosts[:start])
+    probe = KazooClient(hosts=hosts, randomize_hosts=False, timeout=max(timeout, 2.0), logger=KAZOO_LOG,
                         auth_data=list(client.auth_data), use_ssl=client.use_ssl, ca=client.ca,
                         certfile=client.certfile, keyfile=client.keyfile, keyfile_password=client.keyfile_password,
                         verify_certs=client.verify_certs, check_hostname=client.check_hostname,
                         sasl_options=getattr(client._connection, "sasl_options", None))
     try:
         probe.start(timeout=timeout)
-        probe.sync("/")  # its reply carries the server's newest zxid
+        probe.sync_async("/").get(timeout=timeout)  # its reply carries the server's newest zxid
         return probe.last_zxid or 0
     except (KazooException, KazooTimeoutError, OSError):
         return None
