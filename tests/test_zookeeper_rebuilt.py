@@ -10,7 +10,6 @@ ZooKeeper outage must end a driver at once, without a traceback. Every wait has 
 """
 from __future__ import annotations
 
-import shutil
 import signal
 import time
 from collections import Counter
@@ -25,6 +24,7 @@ from coordinator.zookeeper import session as session_module
 from coordinator.zookeeper.session import ZooKeeperSession
 from tests.helpers.python_driver import EPOCH_SCHEMA
 from tests.helpers.wait import wait_for
+from tests.helpers.zookeeper_tree import rebuild_server
 from tests.test_writer_faults import catalog_config, create_table, drivers  # noqa: F401 - drivers is a fixture
 
 SESSION = 2.0
@@ -40,19 +40,12 @@ def server(tmp_path):
     zk.stop()
 
 
-def rebuild(zk: EmbeddedZooKeeper) -> None:
-    """What rebuilding or restoring an ensemble from nothing does to a server: its data gone, the same address."""
-    zk.stop()
-    shutil.rmtree(zk.data_dir / "data")
-    zk.start()
-
-
 def test_session_says_the_server_is_behind_it_and_stops_retrying(server):
     tm = Tidemark.connect(server.connect_string + "/rebuilt", session_timeout=SESSION, operation_timeout=30)
     try:
         for i in range(20):  # transactions the rebuilt server will not have seen
             tm.ensure_path(f"/n{i}")
-        rebuild(server)
+        rebuild_server(server)
         started = time.monotonic()
         wait_for(lambda: tm.ended_error() is not None, "the session to find the server behind it", EXIT_DEADLINE)
         assert isinstance(tm.ended_error(), ZooKeeperRebuilt)
@@ -80,7 +73,7 @@ def test_exporter_drops_the_session_and_connects_anew(server):
     try:
         wait_for(exporter.up, "the exporter's first view", 30)
         first = exporter.tm
-        rebuild(server)
+        rebuild_server(server)
         with Tidemark.connect(connect, session_timeout=SESSION):  # a restarted driver lays the tree out again
             pass
         wait_for(lambda: exporter.tm is not first and exporter.up(), "the exporter to read the rebuilt server",
@@ -107,7 +100,7 @@ def test_driver_exits_with_one_line_and_its_restart_resumes_from_iceberg(server,
         return max(rows) if len(rows) >= at_least else 0
     before = wait_for(lambda: newest(3), "three epochs committed before the rebuild", 120)
 
-    rebuild(server)
+    rebuild_server(server)
     rebuilt_at = time.monotonic()
     for driver in (leader, standby):
         assert driver.wait(EXIT_DEADLINE) == EXIT_ZOOKEEPER_REBUILT, driver.log()
@@ -171,7 +164,7 @@ def test_a_new_session_on_a_server_that_lost_the_tree_ends_too(server):
     tm = Tidemark.connect(server.connect_string + "/lost", session_timeout=10, operation_timeout=30)
     try:
         seen = tm.client.last_zxid
-        rebuild(server)
+        rebuild_server(server)
         with Tidemark.connect(server.connect_string + "/elsewhere", session_timeout=10) as other:
             while other.client.last_zxid <= seen + 5:  # past the old session's zxid before its probe runs
                 other.ensure_path(f"/n{other.client.last_zxid}")
@@ -188,7 +181,7 @@ def test_gc_schedule_stops_with_one_line(server, catalog_settings, caplog):
     try:
         for i in range(20):
             tm.ensure_path(f"/n{i}")
-        rebuild(server)
+        rebuild_server(server)
         thread = schedule._thread
         assert thread is not None
         wait_for(lambda: not thread.is_alive(), "the GC schedule to stop", EXIT_DEADLINE)

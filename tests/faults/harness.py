@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +55,7 @@ from coordinator.records import LeaderRecord, now_ms
 from tests.faults.cascade import JOBS, SRC_SCHEMA, Tables, counts_of, invariant
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.wait import wait_for
+from tests.helpers.zookeeper_tree import delete_tree, rebuild_server
 
 DEFAULT_MARKER_EVERY_MS = parse_every(DEFAULT_MARKER_EVERY) or 0
 
@@ -346,24 +346,15 @@ class Cascade:
         The newest epochs then exist only in ZooKeeper's lost records when they were idle: Iceberg records an
         idle epoch once per ``marker_every`` (a minute), so consistent reads may step back by up to that
         (docs/design.md), never further: the checker's history restarts at the wipe, above that floor."""
+        self._allow_step_back()
+        delete_tree(self.hosts, self.chroot)
+
+    def _allow_step_back(self) -> None:
+        """ZooKeeper's records are lost: the checker's history restarts, above the floor a wipe allows."""
         checker = self.checker
         if checker is not None and checker.newest is not None:
             self.wipe_floor = max(self.wipe_floor or 0, checker.newest - DEFAULT_MARKER_EVERY_MS)
             checker.newest = None  # the step back the wipe allows is not counted against the run
-        client = KazooClient(hosts=self.hosts, timeout=10)
-        client.start(timeout=15)
-        try:
-            wait_for(lambda: self._delete_tree(client), "the ZooKeeper tree to be deleted", 30)
-        finally:
-            client.stop()
-            client.close()
-
-    def _delete_tree(self, client: KazooClient) -> bool:
-        try:
-            client.delete(self.chroot, recursive=True)
-        except Exception as exc:  # noqa: BLE001 - a live driver re-created a node meanwhile: delete again
-            log.info("wipe: %s; deleting again", type(exc).__name__)
-        return client.exists(self.chroot) is None
 
     def rebuild_zookeeper(self) -> None:
         """Stop the ZooKeeper server, delete its data and start it again empty on the same address, as rebuilding
@@ -371,17 +362,11 @@ class Cascade:
         (they saw newer transactions), and each must find out, exit and be restarted by the supervisor, then
         register its job again and resume from Iceberg. No person acts: the harness only reconnects its own
         observer session (refused too) and re-creates nothing else; consistent reads may step back as after a wipe."""
-        checker = self.checker
-        if checker is not None and checker.newest is not None:
-            self.wipe_floor = max(self.wipe_floor or 0, checker.newest - DEFAULT_MARKER_EVERY_MS)
-            checker.newest = None
-        zookeeper = self.env.zookeeper
-        zookeeper.stop()
-        shutil.rmtree(zookeeper.data_dir / "data")
-        zookeeper.start()
+        self._allow_step_back()
+        rebuild_server(self.env.zookeeper)
         old, self.tm = self.tm, Tidemark.connect(self.connect, session_timeout=10, operation_timeout=10)
-        if checker is not None:
-            checker.resolver = Resolver(self.settings.load(), self.settings, self.tm)
+        if self.checker is not None:
+            self.checker.resolver = Resolver(self.settings.load(), self.settings, self.tm)
         if old is not None:
             old.close()
 

@@ -1,17 +1,25 @@
-"""Losing ZooKeeper's state in a test: the whole chroot deleted, as an ensemble that lost its data would."""
+"""Losing ZooKeeper's state in a test: the whole chroot deleted, as an ensemble that lost its data would, or the
+server rebuilt empty on the same address."""
 from __future__ import annotations
+
+import shutil
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, NotEmptyError
 
+from coordinator import EmbeddedZooKeeper
 from tests.helpers.wait import wait_for
 
 
 def wipe_zookeeper(zk_server, zk_connect: str) -> None:
     """Delete the test's whole chroot (``zk_connect``'s path), retrying while live sessions create nodes in it."""
-    wiper = KazooClient(hosts=zk_server.connect_string)
+    delete_tree(zk_server.connect_string, "/" + zk_connect.split("/", 1)[1])
+
+
+def delete_tree(hosts: str, chroot: str) -> None:
+    """Delete ``chroot`` on ``hosts`` with everything under it, retrying while live sessions create nodes in it."""
+    wiper = KazooClient(hosts=hosts)
     wiper.start(30)
-    chroot = "/" + zk_connect.split("/", 1)[1]
 
     def wiped() -> bool:
         try:
@@ -24,3 +32,10 @@ def wipe_zookeeper(zk_server, zk_connect: str) -> None:
     finally:
         wiper.stop()
         wiper.close()
+
+
+def rebuild_server(zk: EmbeddedZooKeeper) -> None:
+    """What rebuilding or restoring an ensemble from nothing does to a server: its data gone, the same address."""
+    zk.stop()
+    shutil.rmtree(zk.data_dir / "data")
+    zk.start()
