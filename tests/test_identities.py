@@ -15,15 +15,21 @@ from coordinator import (
     ConfigurationError,
     EpochCoordinator,
     EpochInputs,
+    EpochRecord,
+    EpochWriter,
     Fenced,
     PermissionDenied,
     SourceRange,
     Tidemark,
 )
+from coordinator.history.resolve import Resolver
 from coordinator.operations.zookeeper_server import free_port
 from coordinator.records import TableTidemark
 from coordinator.zookeeper.ops import Create, Delete, SetData
 from tests.helpers.cli import assert_one_line_error, run_cli
+from tests.helpers.present import present
+from tests.helpers.wait import wait_for
+from tests.test_writer_flow import Runner, as_set, new_table, rows
 
 WRITER = ("etl", "s3cret")
 OPERATOR = ("ops", "0ps-only")
@@ -134,6 +140,67 @@ def test_a_job_identity_cannot_fence_unregister_lead_or_commit_for_another_job(c
     assert set(operator.topology().jobs) == {"a"}
     team_b.register_job("b", sources=["lake.db.a"], sinks=["lake.db.b"])  # and b registers itself again
     assert set(operator.topology().jobs) == {"a", "b"}
+
+
+@pytest.mark.timeout(240)  # a hang (a refusal retried forever) fails here, not after the suite's limit
+def test_two_epoch_writers_each_with_its_own_identity_commit_a_chain(connect, catalog_settings, namespace):
+    """What users do with job identities: each job's driver runs the full ``EpochWriter`` loop (election,
+    leadership, epochs, publishing, tidemarks) under its own identity; the derived job reads the root's."""
+    connect(auth=WRITER, operator=OPERATOR)  # `tidemark init`
+    catalog = catalog_settings.load()
+    events, a_out, b_out = f"{namespace}.events", f"{namespace}.a_out", f"{namespace}.b_out"
+    new_table(catalog, events).append(rows(0, range(3)))
+    new_table(catalog, a_out)
+    new_table(catalog, b_out)
+
+    def copy(source: str, sink: str):
+        def step(ctx) -> None:
+            new = ctx.changes(source)
+            if new.num_rows:
+                ctx.append(sink, new)
+        return step
+
+    def writer(job: str, identity: tuple[str, str], sources: list[str], sinks: list[str]) -> EpochWriter:
+        tm = connect(auth=WRITER, job=identity, operator=OPERATOR[0])
+        return EpochWriter(tm, job, sources=sources, sinks=sinks, catalog=catalog_settings, interval_ms=500,
+                           grace_ms=100, log_every=1.0)
+
+    epochs = 4
+    # a runs until stopped, so b always finds a newer tidemark of a's to read up to.
+    a = Runner(writer("a", TEAM_A, [events], [a_out]), copy(events, a_out), leader_timeout=30)
+    b = Runner(writer("b", TEAM_B, [a_out], [b_out]), copy(a_out, b_out), max_epochs=epochs, leader_timeout=30)
+    try:
+        def b_done() -> bool:
+            a.check()
+            b.check()
+            return len(a.writer.committed) >= epochs and b.done
+        wait_for(b_done, f"a to commit and b to finish {epochs} epochs", timeout=150)
+    finally:
+        a.stop(timeout=30)
+        b.stop(timeout=30)
+    assert b.result is not None and len(b.result) == epochs, b.result
+    a_epochs = a.writer.committed
+
+    reader = connect(auth=WRITER)
+    p = reader.paths
+    # Each job's znodes carry its own identity, never the other's.
+    for job, owner, last in (("a", TEAM_A[0], a_epochs[-1]), ("b", TEAM_B[0], b.result[-1])):
+        acl = {e.id.id.split(":")[0]: e.perms for e in reader.client.get_acls(p.epoch(job, last))[0]}
+        assert acl == {owner: 31, OPERATOR[0]: 31, "anyone": 1}, (job, acl)
+    marks = reader.tidemarks([a_out, b_out])
+    assert marks[a_out].epoch == a_epochs[-1] and marks[b_out].epoch == b.result[-1]
+    # b read a's tidemark: each of its epochs read a's sink up to the snapshot a published at that epoch.
+    for epoch in b.result:
+        record = present(reader.read(p.epoch("b", epoch), EpochRecord))[0]
+        upstream = present(reader.read(p.epoch("a", epoch), EpochRecord))[0]
+        assert record.inputs.sources[a_out].end == upstream.published[a_out], epoch
+    assert as_set(catalog.load_table(b_out).scan().to_arrow()) == as_set(catalog.load_table(events).scan().to_arrow())
+
+    version = Resolver(catalog, catalog_settings, reader).resolve([a_out, b_out])
+    assert version.epoch == b.result[-1], (version, b.result)  # the newest epoch both sinks hold
+    for name in (a_out, b_out):
+        at = catalog.load_table(name).scan(snapshot_id=version.snapshots[name]).to_arrow()
+        assert as_set(at) == [(0, 0), (0, 1), (0, 2)], (name, version)
 
 
 def test_a_job_identity_needs_the_operator_to_have_set_up_the_tree(connect, monkeypatch, capsys, zk_connect):
