@@ -85,7 +85,13 @@ class Driver:
         self.stdin.flush()
 
     def wait(self, timeout: float = DEADLINE) -> int:
-        rc = self.proc.wait(timeout)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # Where it is stuck: the driver writes every thread's stack to its log on SIGUSR1.
+            os.kill(self.proc.pid, signal.SIGUSR1)
+            wait_for(lambda: "most recent call first" in self.log(), "the driver's stacks", 10)
+            raise AssertionError(f"the driver did not exit within {timeout:.0f} s:\n{self.log()}") from None
         self._reader.join(5)
         return rc
 

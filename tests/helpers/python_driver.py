@@ -19,7 +19,9 @@ test that starts this process; nothing here is patched.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
+import signal
 import sys
 from typing import Optional
 
@@ -85,6 +87,8 @@ def run_serve(config: dict, tm: Tidemark, settings: Optional[CatalogSettings]) -
 
 
 def main() -> None:
+    # A test whose driver does not end in time sends SIGUSR1 for every thread's stack in the driver's log.
+    faulthandler.register(signal.SIGUSR1)
     config = json.loads(sys.argv[1])
     catalog = config.get("catalog")
     settings = CatalogSettings(**catalog) if catalog else None
