@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark
+from coordinator.history import resolve as resolve_module
 from coordinator.operations.zookeeper_server import free_port
 from tests.helpers.postgres import PostgresServer
 
@@ -86,6 +87,25 @@ def spark(catalog_settings, pg_catalog_settings):
                                   extra_conf={"spark.ui.enabled": "false", **pg_catalog_settings.spark_conf()})
     yield session
     session.stop()
+
+
+@pytest.fixture
+def catalog(catalog_settings):
+    """The SQLite catalog, loaded (pyiceberg)."""
+    return catalog_settings.load()
+
+
+@pytest.fixture
+def loaded(monkeypatch) -> list[str]:
+    """The tables whose Iceberg metadata a ``Resolver`` loads (from the real catalog), in order."""
+    names: list[str] = []
+    load = resolve_module.load_table
+
+    def counted(catalog, settings, name: str):
+        names.append(name)
+        return load(catalog, settings, name)
+    monkeypatch.setattr(resolve_module, "load_table", counted)
+    return names
 
 
 @pytest.fixture

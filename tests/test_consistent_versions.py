@@ -20,7 +20,6 @@ import pyarrow as pa
 import pytest
 
 from coordinator import EpochWriter, VersionNotFound
-from coordinator.history import resolve as resolve_module
 from coordinator.history.checker import ConsistencyChecker
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.resolve import Resolver, read_arrow
@@ -32,24 +31,6 @@ from tests.helpers.lake import commit_rows, create_table, lead_job, rows_of
 from tests.helpers.present import present
 from tests.helpers.wait import wait_for
 from tests.helpers.zookeeper_tree import wipe_zookeeper
-
-
-@pytest.fixture
-def catalog(catalog_settings):
-    return catalog_settings.load()
-
-
-@pytest.fixture
-def loaded(monkeypatch) -> list[str]:
-    """The tables whose Iceberg metadata a ``Resolver`` loads (from the real catalog), in order."""
-    names: list[str] = []
-    load = resolve_module.load_table
-
-    def counted(catalog, settings, name: str):
-        names.append(name)
-        return load(catalog, settings, name)
-    monkeypatch.setattr(resolve_module, "load_table", counted)
-    return names
 
 
 def epoch_counts(frame: pa.Table) -> dict[int, int]:

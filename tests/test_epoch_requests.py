@@ -16,19 +16,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pytest
-
 from coordinator import EpochWriter
 from tests.helpers.lake import create_table
 from tests.helpers.requests import received
 
 COUNTED = 10  # epochs in each counted window
 WARM_UP = 3   # epochs before it: the first one marks the sinks in Iceberg, the watches settle
-
-
-@pytest.fixture
-def catalog(catalog_settings):
-    return catalog_settings.load()
 
 
 def writer_for(connect, settings, job: str, sinks: list[str], sources: tuple[str, ...] = (),

@@ -35,11 +35,6 @@ from tests.helpers.wait import wait_for
 DEADLINE = 90.0
 
 
-@pytest.fixture
-def catalog(catalog_settings):
-    return catalog_settings.load()
-
-
 def rows_in(table, snapshot_id=None) -> list[tuple[int, int]]:
     if snapshot_id is None:
         table.refresh()

@@ -29,11 +29,6 @@ from tests.helpers.present import present
 
 
 @pytest.fixture
-def catalog(catalog_settings):
-    return catalog_settings.load()
-
-
-@pytest.fixture
 def writers(tm, catalog_settings):
     """Open ``EpochWriter`` s on this test's ZooKeeper (closed at the end): ``writers(job, sinks)``."""
     opened = []

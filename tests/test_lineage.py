@@ -3,18 +3,11 @@
 ZooKeeper, the way a reader without it sees tables."""
 from __future__ import annotations
 
-import pytest
-
 from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.publish import advance_committed_epoch, claim_table, publish_staged
 from coordinator.iceberg.snapshots import COMMITTED_EPOCH_PROPERTY, committed_epoch, first_epoch, is_tidemark_table
 from coordinator.records import EpochProgress
 from tests.helpers.lake import create_table, rows_of, stage_rows
-
-
-@pytest.fixture
-def catalog(catalog_settings):
-    return catalog_settings.load()
 
 
 def publish(table, epoch: int, rows: int = 1) -> int:

@@ -13,34 +13,13 @@ picks the wrong snapshot of a table, ahead or not, fails even when the other pat
 """
 from __future__ import annotations
 
-import pytest
-
 from coordinator import EpochWriter
-from coordinator.history import resolve as resolve_module
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.resolve import Resolver
 from coordinator.history.retention import RetentionPolicy
 from coordinator.records import ConsistentVersion
 from tests.helpers.lake import commit_rows, create_table, lead_job
 from tests.helpers.zookeeper_tree import wipe_zookeeper
-
-
-@pytest.fixture
-def catalog(catalog_settings):
-    return catalog_settings.load()
-
-
-@pytest.fixture
-def loaded(monkeypatch) -> list[str]:
-    """The tables whose Iceberg metadata a ``Resolver`` loads (from the real catalog), in order."""
-    names: list[str] = []
-    load = resolve_module.load_table
-
-    def counted(catalog, settings, name: str):
-        names.append(name)
-        return load(catalog, settings, name)
-    monkeypatch.setattr(resolve_module, "load_table", counted)
-    return names
 
 
 class Lake:

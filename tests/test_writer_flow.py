@@ -29,11 +29,6 @@ DEADLINE = 90.0
 
 # -- helpers ----------------------------------------------------------------------------------
 
-@pytest.fixture
-def catalog(catalog_settings):
-    return catalog_settings.load()
-
-
 def new_table(catalog, name: str):
     catalog.create_namespace_if_not_exists(name.rsplit(".", 1)[0])
     return catalog.create_table(name, schema=SCHEMA)
