@@ -384,7 +384,9 @@ class Cascade:
 
     def take_down(self, job: str, down_s: float, crash_at: Optional[str]) -> int:
         """kill -9 every replica of ``job``, keep it down ``down_s`` seconds while the rest of the cascade goes
-        on, then start its replicas again with crash point ``crash_at``; returns its epoch before the downtime."""
+        on, then start its replicas again with crash point ``crash_at``; returns its last epoch before the
+        downtime, committed or in flight: the next leader finishes an epoch in flight (rolls it forward or
+        recomputes it from its recorded inputs) before it catches up."""
         self.held = True
         try:
             for replica in [r for r in self.slots.values() if r.job == job]:
@@ -392,22 +394,22 @@ class Cascade:
                 replica.signal(signal.SIGCONT)
                 replica.signal(signal.SIGKILL)
                 replica.proc.wait(30)
-            mark = self.tm.tidemarks([self.tables.job(job)[1][0]])  # type: ignore[union-attr]
-            before = next(iter(mark.values()))
+            before = max(self.epochs_of(job, committed_only=False), default=0)
             threading.Event().wait(down_s)
             for slot in range(self.replicas):
                 self.slots[(job, slot)] = Replica(self, job, slot, crash_at)
         finally:
             self.held = False
-        return before.epoch if before is not None and before.epoch is not None else 0
+        return before
 
-    def epochs_of(self, job: str) -> list[int]:
-        """The epochs ``job`` committed in this run (every epoch znode is kept: ``driver.HISTORY``)."""
+    def epochs_of(self, job: str, committed_only: bool = True) -> list[int]:
+        """The epochs ``job`` committed in this run (every epoch znode is kept: ``driver.HISTORY``), or with
+        ``committed_only=False`` every epoch it began."""
         path = self.tm.paths.epochs(job)  # type: ignore[union-attr]
         children = [c for c in self.tm.children(path) if c.isdigit()]  # type: ignore[union-attr]
         found = self.tm.get_many([f"{path}/{c}" for c in children])  # type: ignore[union-attr]
         records = [EpochRecord.from_json(raw[0]) for raw in found if raw is not None]
-        return sorted(r.epoch for r in records if r.state == EpochState.COMMITTED)
+        return sorted(r.epoch for r in records if r.state == EpochState.COMMITTED or not committed_only)
 
     def committed_after(self, job: str, since_ms: int) -> Optional[int]:
         """The commit time of ``job``'s newest epoch if it is after ``since_ms``."""
