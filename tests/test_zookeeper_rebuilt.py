@@ -11,6 +11,7 @@ ZooKeeper outage must end a driver at once, without a traceback. Every wait has 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections import Counter
 
@@ -157,6 +158,30 @@ def test_operations_of_a_stopping_process_fail_at_once_while_zookeeper_is_down(s
         tm.close()
 
 
+def test_a_probe_under_way_gives_up_when_the_process_stops(server, monkeypatch):
+    """SIGTERM while the watchdog probes a server that is down: the probe (a fresh client connecting for up to
+    ``PROBE_TIMEOUT_S``, then stopping its connection thread) must not hold the stop back. A fresh-clone run once
+    took more than 15 s to end a driver this way."""
+    probing = threading.Event()
+    real_probe = session_module._probe_zxid
+
+    def watched_probe(*args, **kwargs):
+        probing.set()
+        return real_probe(*args, **kwargs)
+    monkeypatch.setattr(session_module, "_probe_zxid", watched_probe)
+    tm = Tidemark.connect(server.connect_string + "/probing", session_timeout=SESSION, operation_timeout=30)
+    try:
+        server.kill()
+        assert probing.wait(3 * SESSION + 10), "the watchdog never probed the server that is down"
+        tm.stop_waiting()
+        asked = time.monotonic()
+        wait_for(lambda: tm.ended_error() is not None, "the stopping session to end", 30, every=0.05)
+        assert time.monotonic() - asked < 2.0, "ending a stopping session waited for the probe under way"
+        assert isinstance(tm.ended_error(), ZooKeeperUnavailable)
+    finally:
+        tm.close()
+
+
 def test_a_new_session_on_a_server_that_lost_the_tree_ends_too(server):
     """The rebuilt server took more transactions than the session had seen before it reconnected: the server then
     takes the reconnection, the old session is unknown (expired) and kazoo opens a new one, on a server without
@@ -219,7 +244,7 @@ def test_one_server_of_an_ensemble_answering_from_the_past_ends_no_session(monke
     firsts: list[int] = []
     stale_only = [True]
 
-    def probe(client, timeout: float, first: int = 0) -> int:
+    def probe(client, timeout: float, first: int, cancelled) -> int:
         firsts.append(first)
         return 0x400000020 if first % 3 == 0 or not stale_only[0] else 0x500000030
     monkeypatch.setattr(session_module, "_probe_zxid", probe)

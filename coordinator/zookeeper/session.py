@@ -102,6 +102,7 @@ TLS_DIAGNOSIS_AFTER_S = 1.0
 # A rebuilt server: how long a fresh client may take to connect and read, and how often to look again meanwhile.
 PROBE_TIMEOUT_S = 5.0
 PROBE_EVERY_S = 1.0
+PROBE_CANCEL_CHECK_S = 0.25  # ... and how soon a probe under way gives up once the process is stopping
 # ... after the connection has been down this fraction of the session timeout. A server that answers a synced read
 # below the session's zxid lost committed data: waiting longer adds no certainty, only recovery time (a restarted
 # driver must commit within 3 session timeouts and an epoch, issue 20), while short blips cost no probe.
@@ -310,7 +311,8 @@ class ZooKeeperSession:
             if down_since is None or time.monotonic() - down_since < PROBE_AFTER * self.session_timeout \
                     or time.monotonic() < next_probe:
                 continue
-            server = _probe_zxid(self.client, PROBE_TIMEOUT_S, first=behind)
+            server = _probe_zxid(self.client, PROBE_TIMEOUT_S, first=behind,
+                                 cancelled=lambda: self._stopping or self._closing)
             next_probe = time.monotonic() + PROBE_EVERY_S
             if server is None or server >= self._seen_zxid or self._state == KazooState.CONNECTED or self._closing:
                 behind = 0
@@ -581,20 +583,27 @@ def _servers(client: KazooClient, hosts: Optional[Sequence[tuple[str, int]]] = N
                     for host, port in (client.hosts if hosts is None else hosts))
 
 
-def _probe_zxid(client: KazooClient, timeout: float, first: int = 0) -> Optional[int]:
+def _probe_zxid(client: KazooClient, timeout: float, first: int, cancelled: Callable[[], bool]) -> Optional[int]:
     """The newest transaction a fresh, session-less client sees on ``client``'s servers (its TLS settings and
     identities), trying them in order from the ``first``-th, or None when none answers within ``timeout`` (to
-    connect, and again to sync): a server the client's own session cannot reach but this one can, and that is
-    behind it, lost its data."""
+    connect, and again to sync) or once ``cancelled()`` (checked every ``PROBE_CANCEL_CHECK_S`` while it
+    connects): a server the client's own session cannot reach but this one can, and that is behind it, lost its
+    data."""
     start = first % len(client.hosts)
     hosts = _servers(client, client.hosts[start:] + client.hosts[:start])
     probe = KazooClient(hosts=hosts, randomize_hosts=False, timeout=max(timeout, 2.0), logger=KAZOO_LOG,
+                        # Short pauses between attempts: stopping the probe waits out the one under way (kazoo's
+                        # default grows to an hour), and a SIGTERM must not wait on a probe.
+                        connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=PROBE_CANCEL_CHECK_S),
                         auth_data=list(client.auth_data), use_ssl=client.use_ssl, ca=client.ca,
                         certfile=client.certfile, keyfile=client.keyfile, keyfile_password=client.keyfile_password,
                         verify_certs=client.verify_certs, check_hostname=client.check_hostname,
                         sasl_options=getattr(client._connection, "sasl_options", None))
     try:
-        probe.start(timeout=timeout)
+        connected, deadline = probe.start_async(), time.monotonic() + timeout
+        while not connected.wait(PROBE_CANCEL_CHECK_S):
+            if cancelled() or time.monotonic() >= deadline:
+                return None
         probe.sync_async("/").get(timeout=timeout)  # its reply carries the server's newest zxid
         return probe.last_zxid or 0
     except (KazooException, KazooTimeoutError, OSError):
