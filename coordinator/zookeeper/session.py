@@ -28,7 +28,8 @@ operation raises ``ZooKeeperRebuilt`` at once, saying to restart the process. So
 (after an expiry) on a server that went backwards (after a sync) or lost this session's tree. A
 server that does not answer is an outage: operations keep raising ``ZooKeeperUnavailable`` after
 their deadline. A process that is stopping calls ``stop_waiting()`` (the writer does on SIGTERM):
-while the connection is down, operations then fail at once instead of waiting out their deadline.
+while the connection is down, operations then fail at once instead of waiting out their deadline,
+and a probe under way gives up within ``PROBE_CANCEL_CHECK_S``.
 
 Logging: one line per connection state change (``coordinator.zookeeper.session``: a warning
 when the connection is suspended or the session lost, an info line when it is back). kazoo's
