@@ -129,7 +129,7 @@ def resolution(server, settings: CatalogSettings, sizes: list[int], ahead: int) 
                 cold_resolvers.append(Resolver(catalog, settings, tm))
                 cold_resolvers[-1].resolve(names)
             cold_samples = timed(cold, 10)
-            opened = sum(len(r._tables) for r in cold_resolvers) + len(warm_resolver._tables)
+            opened = sum(len(r._summaries) for r in cold_resolvers) + len(warm_resolver._summaries)
             repeat = 3 if count >= 1000 else 5
             iceberg_only = timed(lambda: Resolver(catalog, settings, None).resolve(names), repeat)
             baseline = timed(lambda: load_metadata(catalog, names), repeat)

@@ -11,7 +11,9 @@ over is refused, naming the table.
 """
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Mapping
 from typing import Optional
@@ -20,6 +22,7 @@ import pyarrow as pa
 import pytest
 
 from coordinator import EpochWriter, VersionNotFound
+from coordinator.history import resolve as resolve_module
 from coordinator.history.checker import ConsistencyChecker
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.resolve import Resolver, read_arrow
@@ -319,6 +322,48 @@ def test_zookeeper_resolves_tables_at_mixed_epochs_without_loading_iceberg_metad
         lake.check(Resolver(catalog, catalog_settings), cold)
     finally:
         cache.close()
+        lake.close()
+
+
+def test_iceberg_alone_keeps_no_tables_metadata_and_indexes_a_table_once_per_metadata_file(
+        tm, catalog, catalog_settings, namespace, monkeypatch):
+    """A resolver keeps a summary of each table's lineage, not the table: every table a resolution loads is garbage
+    once indexed (1,000 tables' metadata kept alive made Python's cyclic collector walk them again and again), and a
+    table whose metadata file has not changed since is loaded again (its commits must be seen) but not re-indexed."""
+    lake = MixedLake(catalog, catalog_settings, namespace)
+    lake.open(tm)
+    loaded_tables: list[weakref.ref] = []
+    indexed: list[str] = []
+    load, lineage = resolve_module.load_table, resolve_module.EpochLineage
+
+    def tracked_load(catalog, settings, name: str):
+        table = load(catalog, settings, name)
+        loaded_tables.append(weakref.ref(table))
+        return table
+
+    def tracked_lineage(table):
+        indexed.append(table.name()[-1])
+        return lineage(table)
+    monkeypatch.setattr(resolve_module, "load_table", tracked_load)
+    monkeypatch.setattr(resolve_module, "EpochLineage", tracked_lineage)
+    try:
+        for epoch in (1000, 2000):
+            lake.root_epoch(lake.up, epoch)
+        lake.copy_epoch(2000)
+        lake.root_epoch(lake.other, 2000)
+        resolver = Resolver(catalog, catalog_settings, None)
+        version = resolver.resolve(lake.tables)
+        assert version == Resolver(catalog, catalog_settings, tm).resolve(lake.tables) and version.epoch == 2000
+        gc.collect()
+        assert len(loaded_tables) == 3 and all(ref() is None for ref in loaded_tables), "no table's metadata is kept"
+        assert sorted(indexed) == ["down", "other", "up"]
+        indexed.clear()
+        assert resolver.resolve(lake.tables) == version and indexed == [], "the same metadata files: no new index"
+        assert len(loaded_tables) == 6, "each table's metadata is loaded again, to see its new commits"
+        lake.root_epoch(lake.up, 3000)
+        assert resolver.resolve(lake.tables) == version and indexed == ["up"], "only up's metadata changed"
+        lake.check(resolver, version)
+    finally:
         lake.close()
 
 

@@ -51,7 +51,7 @@ from pyiceberg.table import ALWAYS_TRUE, DataScan, Snapshot, Table
 from coordinator.errors import ConfigurationError, EpochOrderError, InvalidName, VersionNotFound
 from coordinator.history.versions import RetainedVersions, nearest, tag_epoch, tag_name
 from coordinator.iceberg.catalog import CatalogSettings, load_table
-from coordinator.iceberg.lineage import EpochLineage
+from coordinator.iceberg.lineage import EpochLineage, LineageSummary
 from coordinator.names import validate_epoch, validate_name
 from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
 from coordinator.protocol.topology import read_topology
@@ -76,16 +76,25 @@ class Resolver:
     def __init__(self, catalog: Catalog, settings: CatalogSettings, tm: Optional[ZooKeeperSession] = None,
                  cache: Optional[TidemarkCache] = None) -> None:
         self.catalog, self.settings, self.tm, self.cache = catalog, settings, tm, cache
-        self._tables: dict[str, Table] = {}
-        self._lineages: dict[str, EpochLineage] = {}  # per table, for the metadata it was indexed from
+        self._tables: dict[str, Table] = {}  # handed out by ``table``: what readers scan
+        self._summaries: dict[str, LineageSummary] = {}  # per table, for the metadata location it was indexed from
 
     def table(self, name: str, refresh: bool = True) -> Table:
+        """The table for reads of it (scans, schema, refs): loaded once and kept, reloaded when ``refresh``."""
         table = self._tables.get(name)
         if table is None:
             table = self._tables[name] = load_table(self.catalog, self.settings, name)
         elif refresh:
             table.refresh()
         return table
+
+    def _load(self, name: str, refresh: bool = True) -> Table:
+        """The table's metadata for one question of resolution. A table ``table`` handed out is refreshed in place,
+        as before; any other is loaded and not kept: a resolution of many tables keeps only their summaries
+        (``LineageSummary``), so the metadata it loads does not pile up for the garbage collector to walk."""
+        if name in self._tables:
+            return self.table(name, refresh)
+        return load_table(self.catalog, self.settings, name)
 
     def _tidemarks(self, tables: list[str]) -> dict[str, Optional[TableTidemark]]:
         if self.tm is None:
@@ -104,8 +113,8 @@ class Resolver:
             if mark is not None:  # a registered writer exists: ZooKeeper is the authority
                 result[name] = mark.epoch
                 continue
-            lineage = self._lineage(name)  # no tidemark: the table's Iceberg records say, from one walk
-            result[name] = lineage.committed_epoch if lineage.is_tidemark_table else ROOT
+            summary = self._summary(name)  # no tidemark: the table's Iceberg records say, from one walk
+            result[name] = summary.committed_epoch if summary.is_tidemark_table else ROOT
         return result
 
     def held_epochs(self, tables: Iterable[str], marks: Optional[Mapping[str, Optional[TableTidemark]]] = None,
@@ -120,16 +129,23 @@ class Resolver:
     def _held(self, name: str, mark: Optional[TableTidemark]) -> dict[int, Optional[int]]:
         if mark is not None:
             return dict(mark.recent)
-        return dict(self._lineage(name, refresh=False).recorded_epochs())
+        return dict(self._summary(name, refresh=False).recorded)
 
-    def _lineage(self, name: str, refresh: bool = True) -> EpochLineage:
-        """The table's lineage, indexed once per version of its metadata (a refresh that finds a newer one
-        indexes again)."""
-        table = self.table(name, refresh)
-        lineage = self._lineages.get(name)
-        if lineage is None or lineage.table is not table or lineage.metadata is not table.metadata:
-            lineage = self._lineages[name] = EpochLineage(table)
-        return lineage
+    def _summary(self, name: str, refresh: bool = True) -> LineageSummary:
+        """The table's lineage as resolution reads it, indexed once per version of its metadata (a refresh that
+        finds a newer metadata file indexes again; without ``refresh``, the one indexed last)."""
+        summary = self._summaries.get(name)
+        if summary is not None and not refresh:
+            return summary
+        table = self._load(name, refresh)
+        if summary is None or summary.location != table.metadata_location:
+            summary = self._summaries[name] = EpochLineage(table).summary()
+        return summary
+
+    def _lineage(self, name: str) -> EpochLineage:
+        """The table's whole lineage, from its metadata as it is now, for the questions its summary does not
+        answer (a snapshot by id, by time, at an epoch): not kept."""
+        return EpochLineage(self._load(name))
 
     def resolve(self, tables: Iterable[str], level: Union[str, ConsistencyLevel] = ConsistencyLevel.CONSISTENT,
                 as_of: Optional[int] = None) -> ConsistentVersion:
@@ -204,10 +220,10 @@ class Resolver:
         found = self._from_epoch_records(missing, epoch)
         for name in missing:
             if name not in found:
-                lineage = self._lineage(name)
-                if not lineage.holds(epoch):
+                recorded = dict(self._summary(name).recorded)
+                if epoch not in recorded:
                     return  # this table does not hold the laggard's epoch: no version there
-                found[name] = lineage.snapshot_at(epoch)
+                found[name] = recorded[epoch]
         for name in missing:
             held[name][epoch] = found[name]
 
@@ -231,15 +247,16 @@ class Resolver:
             snapshot_id = held[epoch]
             if mark is None or snapshot_id is None or epoch == mark.epoch:
                 return snapshot_id  # from the table's metadata itself, empty, or the newest (never expired)
-            if snapshot_id in self._lineage(name).by_id:
+            if self._load(name).snapshot_by_id(snapshot_id) is not None:
                 return snapshot_id
             raise self._expired(f"epoch {epoch} is not a retained version and table {name}'s snapshot at it "
                                 f"({snapshot_id}) was expired", names, epoch)
-        lineage = self._lineage(name, refresh=mark is not None)
-        if mark is not None and lineage.holds(epoch):  # older than the tidemark's list reaches
-            return lineage.snapshot_at(epoch)
-        known = sorted({*held, *(e for e, _ in lineage.recorded_epochs())})
-        if lineage.truncated and (not known or epoch < known[0]):
+        summary = self._summary(name, refresh=mark is not None)
+        recorded = dict(summary.recorded)
+        if mark is not None and epoch in recorded:  # older than the tidemark's list reaches
+            return recorded[epoch]
+        known = sorted({*held, *recorded})
+        if summary.truncated and (not known or epoch < known[0]):
             raise self._expired(f"epoch {epoch} is not a retained version and table {name}'s history there was "
                                 "expired", names, epoch)
         below, above = nearest(known, epoch)
@@ -279,7 +296,7 @@ class Resolver:
             if record is None or not set(names) <= set(record.snapshots):
                 return None
             return ConsistentVersion(epoch, {n: record.snapshots[n] for n in names}, ConsistencyLevel.AS_OF)
-        tags = {n: ref for n in names if (ref := self.table(n).metadata.refs.get(tag_name(epoch))) is not None}
+        tags = {n: ref for n in names if (ref := self._load(n).metadata.refs.get(tag_name(epoch))) is not None}
         if len(tags) < len(set(names)):
             return None
         return ConsistentVersion(epoch, {n: ref.snapshot_id for n, ref in tags.items()}, ConsistencyLevel.AS_OF)
@@ -288,7 +305,7 @@ class Resolver:
         """The retained versions (from ZooKeeper, or the ``tidemark-<T>`` tags every table of ``names`` has)."""
         if self.tm is not None:
             return RetainedVersions(self.tm).epochs()
-        tagged = [{e for e in map(tag_epoch, self.table(n, refresh=False).metadata.refs) if e is not None}
+        tagged = [{e for e in map(tag_epoch, self._load(n, refresh=False).metadata.refs) if e is not None}
                   for n in names]
         return sorted(set.intersection(*tagged)) if tagged else []
 
@@ -322,7 +339,7 @@ class Resolver:
             mark = marks[name]
             first = mark.first_epoch if mark is not None else None
             if first is None and epochs[name] is not None:
-                first = self._lineage(name, refresh=False).first_epoch
+                first = self._summary(name, refresh=False).first_epoch
             result[name] = first
         return result
 
@@ -349,7 +366,7 @@ class Resolver:
             f"read {', '.join(below)} without {', '.join(lagging)}")
 
     def _current(self, names: list[str]) -> dict[str, Optional[int]]:
-        return {n: _id(self.table(n).current_snapshot()) for n in names}
+        return {n: _id(self._load(n).current_snapshot()) for n in names}
 
     def _root_snapshot(self, name: str, wall_ms: int) -> Optional[int]:
         """A root table cut by commit time at ``wall_ms`` (barrier ``wall_ms`` reads its commits up to then)."""
@@ -362,7 +379,7 @@ class Resolver:
     def _snapshot_at(self, name: str, epoch: Union[int, str, None]) -> Optional[int]:
         """For ``committed``: the table at its own committed epoch (a root table at its current snapshot)."""
         if isinstance(epoch, str):  # ROOT
-            return _id(self.table(name).current_snapshot())
+            return _id(self._load(name).current_snapshot())
         if epoch is None:
             return None
         lineage = self._lineage(name)

@@ -11,6 +11,7 @@ table's epochs through it.
     lineage.truncated                        # main's older history was expired
     lineage.ancestors(snapshot_id)           # any ref's snapshots, newest first
     lineage.committed_epoch, lineage.first_epoch, lineage.is_tidemark_table   # snapshots.py's rules, one walk
+    lineage.summary()                        # what resolution keeps of it: no snapshot, no metadata
 
 **The epochs a table records** (what a reader with no ZooKeeper goes by): the ``tidemark.epoch``
 of every snapshot in ``main``'s lineage (an overwrite is a delete and an append snapshot of one
@@ -36,6 +37,7 @@ records), not once per question.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Optional
 
 from pyiceberg.table import Table
@@ -54,6 +56,21 @@ from coordinator.iceberg.snapshots import (
     snapshot_index,
 )
 from coordinator.names import MAX_EPOCH_MS
+
+
+@dataclass(frozen=True)
+class LineageSummary:
+    """What a resolver keeps of one table's lineage between resolutions (``EpochLineage.summary``): ints and tuples
+    of ints only, so the table's metadata and ``main``'s snapshots are garbage as soon as they are indexed. Kept for
+    every table of a lake, they would stay alive for the whole resolution, and each pass of Python's cyclic garbage
+    collector, which the allocations of loading the next tables start, would walk them all again."""
+
+    location: str  # the metadata file it was read from: a refresh that finds the same one does not index again
+    committed_epoch: Optional[int]
+    is_tidemark_table: bool
+    first_epoch: Optional[int]
+    truncated: bool
+    recorded: tuple[tuple[int, Optional[int]], ...]  # ``recorded_epochs()``: (epoch, snapshot id), oldest first
 
 
 class EpochLineage:
@@ -115,6 +132,11 @@ class EpochLineage:
     def first_epoch(self) -> Optional[int]:
         """The writer's first epoch as Iceberg records it (``snapshots.first_epoch``)."""
         return first_epoch(self.table)
+
+    def summary(self) -> LineageSummary:
+        """This lineage's answers that a resolution reads for every table, without the metadata they came from."""
+        return LineageSummary(self.table.metadata_location, self.committed_epoch, self.is_tidemark_table,
+                              self.first_epoch, self.truncated, self.recorded_epochs())
 
     # -- one snapshot -------------------------------------------------------------------------
 
@@ -180,4 +202,4 @@ class EpochLineage:
         return self._recorded
 
 
-__all__ = ["EpochLineage"]
+__all__ = ["EpochLineage", "LineageSummary"]
