@@ -17,42 +17,34 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
-import threading
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
-import pyarrow as pa
 import pytest
 
-from coordinator import CatalogSettings, Tidemark
-from coordinator.history.checker import exactly_once
-from coordinator.history.resolve import Resolver, read_arrow
-from coordinator.iceberg.snapshots import main_lineage, snapshot_progress, wap_id
-from coordinator.records import LeaderRecord, now_ms
-from tests.helpers.crash import crash_env
+from coordinator.iceberg.snapshots import main_lineage, snapshot_progress
+from coordinator.records import now_ms
 from tests.helpers.present import present
-from tests.helpers.spark_cluster import SparkCluster, spark_home
-from tests.helpers.spark_driver import COUNTS, LOG, WORDS
+from tests.helpers.spark_cascade import (
+    JOB,
+    STARTUP,
+    Driver,
+    Lake,
+    Producer,
+    check_exactly_once,
+    check_staged_with_progress,
+    committed_since,
+    leader_of,
+    rerun,
+    tasks,
+)
+from tests.helpers.spark_cluster import SparkCluster
+from tests.helpers.spark_driver import LOG
 from tests.helpers.wait import wait_for
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.spark
 
-WORD = pa.schema([pa.field("word", pa.string())])
-COUNT = pa.schema([pa.field("word", pa.string()), pa.field("cnt", pa.int64())])
-JOB = "counter"
-# Small executors, two per application (one on each worker), few shuffle partitions: a 2-core machine.
-# spark.executor.defaultJavaOptions logs every class an executor JVM loads, and from which jar, to its stdout
-# (<worker dir>/<app id>/<executor id>/stdout); build_spark_session's extraJavaOptions add to it.
-SPARK_DEFAULTS = {"spark.submit.deployMode": "client", "spark.executor.memory": "512m", "spark.executor.cores": "1",
-                  "spark.cores.max": "2", "spark.sql.shuffle.partitions": "2",
-                  "spark.executor.defaultJavaOptions": "-Xlog:class+load=info"}
 ICEBERG_WRITE_LOADED = re.compile(r"org\.apache\.iceberg\.spark\.source\.SparkWrite\S* source: \S*"
                                   r"iceberg-spark-runtime-3\.5_2\.12-[\d.]+\.jar")
-STARTUP = 240.0  # a Spark application's start on a loaded 2-core machine, with its executors
 
 
 @pytest.fixture(scope="module")
@@ -61,146 +53,9 @@ def cluster(tmp_path_factory):
         yield running
 
 
-@dataclass
-class Lake:
-    home: Path
-    settings: CatalogSettings
-    words: object   # the root table, pyiceberg
-
-
 @pytest.fixture
 def lake(tmp_path) -> Lake:
-    settings = CatalogSettings.embedded(tmp_path)
-    catalog = settings.load()
-    catalog.create_namespace_if_not_exists("kill")
-    words = catalog.create_table("kill.words", schema=WORD)
-    catalog.create_table("kill.counts", schema=COUNT)
-    catalog.create_table("kill.log", schema=WORD)
-    return Lake(tmp_path, settings, words)
-
-
-class Driver:
-    """``tests.helpers.spark_driver`` against the cluster, in a process group of its own (with its Spark JVM)."""
-
-    def __init__(self, cluster: SparkCluster, lake: Lake, zk: str, member: str, *args: str,
-                 crash_at: str = "none") -> None:
-        conf = lake.home / "spark-conf"
-        conf.mkdir(exist_ok=True)
-        defaults = {"spark.master": cluster.url, "spark.local.dir": str(lake.home / "spark-local"), **SPARK_DEFAULTS}
-        (conf / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in defaults.items()))
-        env = {k: v for k, v in crash_env(crash_at).items() if not k.startswith(("SPARK_", "TIDEMARK_SPARK_"))}
-        env.update(SPARK_HOME=str(spark_home()), SPARK_CONF_DIR=str(conf), SPARK_LOCAL_IP="127.0.0.1",
-                   PYSPARK_SUBMIT_ARGS="--conf spark.driver.host=127.0.0.1 pyspark-shell",
-                   PYSPARK_PYTHON=sys.executable)
-        self.member = member
-        self.out, self.err = lake.home / f"{member}.out", lake.home / f"{member}.log"
-        with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.helpers.spark_driver", str(lake.home), zk, "--member", member, *args],
-                cwd=REPO, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def stop(self) -> list[int]:
-        """SIGTERM (it finishes its epoch in flight) and the epochs it committed."""
-        self.proc.send_signal(signal.SIGTERM)
-        return self.wait()
-
-    def wait(self) -> list[int]:
-        assert self.proc.wait(180) == 0, self.err.read_text()[-3000:]
-        return json.loads(self.out.read_text().strip().splitlines()[-1])["committed"]
-
-    def kill(self) -> None:
-        """kill -9 of the whole driver, its Spark JVM included (a lost pod)."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(30)
-
-
-class Producer:
-    """Appends one batch of three new words every 0.25 s to the root table, and keeps them."""
-
-    def __init__(self, words) -> None:
-        self.words = words
-        self.produced: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        batch = 0
-        while not self._stop.wait(0.25):
-            rows = [f"b{batch}-{i}" for i in range(3)]
-            self.words.append(pa.table({"word": rows}, schema=WORD))
-            self.produced += rows
-            batch += 1
-
-    def stop(self) -> int:
-        """Stop, and return the barrier by which the jobs have read every produced row."""
-        self._stop.set()
-        self._thread.join(30)
-        self.words.refresh()
-        return -(-present(self.words.current_snapshot()).timestamp_ms // 1000) * 1000
-
-
-def leader_of(tm: Tidemark) -> Optional[str]:
-    found = tm.get(tm.paths.leader(JOB))
-    return LeaderRecord.from_json(found[0]).member if found else None
-
-
-def committed_since(tm: Tidemark, since_ms: int, epoch: int = 0) -> bool:
-    """The counter job committed, after ``since_ms``, an epoch at or after ``epoch`` (both sinks: one commit)."""
-    mark = tm.tidemarks([LOG])[LOG]
-    return mark is not None and (mark.committed_ms or 0) > since_ms and (mark.epoch or 0) >= epoch
-
-
-@dataclass(frozen=True)
-class Task:
-    stage: int
-    partition: int
-    attempt: int
-    attempt_id: int   # unique in the application: a rerun has a higher one
-    pid: int          # its Python worker's
-
-
-def tasks(gate: Path) -> list[Task]:
-    """The tasks that passed the gate's marker, in the order they created it."""
-    found = sorted((p for p in gate.glob("task-*")), key=lambda p: p.stat().st_mtime_ns)
-    return [Task(*(int(part) for part in p.name.split("-")[1:])) for p in found]
-
-
-def check_exactly_once(lake: Lake, zk: str, produced: list[str]):
-    """Every produced row once in the log and once in the counts, at the consistent version ZooKeeper and
-    Iceberg alone both resolve; returns that version."""
-    catalog = lake.settings.load()
-    tables = [WORDS, COUNTS, LOG]
-    with Tidemark.connect(zk) as tm:
-        version = Resolver(catalog, lake.settings, tm).resolve(tables)
-    assert version == Resolver(catalog, lake.settings, None).resolve(tables)
-    data = read_arrow(Resolver(catalog, lake.settings), version)
-    assert sorted(data[WORDS].column("word").to_pylist()) == sorted(produced), "the version misses produced rows"
-    logged = exactly_once(produced, data[LOG].column("word").to_pylist())
-    counts = data[COUNTS]
-    counted = exactly_once(produced, [w for w, n in zip(counts.column("word").to_pylist(),
-                                                        counts.column("cnt").to_pylist()) for _ in range(n)])
-    assert (logged.duplicates, logged.losses, counted.duplicates, counted.losses) == (0, 0, 0, 0), (logged, counted)
-    return version
-
-
-def check_staged_with_progress(lake: Lake, job: str = JOB, sinks: tuple[str, ...] = ("kill.log", "kill.counts")) -> int:
-    """Every snapshot of the sinks' main branch was written by an epoch of ``job``, staged under the epoch's
-    ``spark.wap.id``, and carries its progress record (the ``MERGE`` ones through the commit properties);
-    returns how many there are."""
-    catalog, checked = lake.settings.load(), 0
-    for sink in sinks:
-        for snapshot in main_lineage(catalog.load_table(sink)):
-            record = snapshot_progress(snapshot)
-            assert record is not None and record.job == job and record.inputs is not None, (sink, snapshot)
-            if job == JOB:
-                assert present(record.inputs.sources[WORDS].end) is not None
-            assert present(snapshot.summary).get("wap.id") == wap_id(record.epoch, job, record.term), (sink, snapshot)
-            checked += 1
-    return checked
+    return Lake.create(tmp_path)
 
 
 def iceberg_loaded_by(cluster: SparkCluster, app_id: str) -> set[str]:
@@ -240,9 +95,7 @@ def test_executors_write_the_epochs_and_one_killed_mid_epoch_is_replaced_by_spar
         driver.kill()
     # Spark ran each killed task again (in the same stage attempt or a new one), on a live executor.
     for task in killed:
-        again = [t for t in tasks(gate) if (t.stage, t.partition) == (task.stage, task.partition)
-                 and t.attempt_id > task.attempt_id]
-        assert again, f"task {task} of the killed executor was never run again: {tasks(gate)}"
+        assert rerun(gate, task), f"task {task} of the killed executor was never run again: {tasks(gate)}"
     assert committed and committed == sorted(set(committed))
     version = check_exactly_once(lake, zk_connect, producer.produced)
     assert version.epoch == committed[-1]

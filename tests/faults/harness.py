@@ -600,6 +600,19 @@ class Cascade:
         return len(set(self.commits) | {(job, epoch) for job in JOBS for epoch in self.epochs_of(job)})
 
 
+MID_EPOCH = (EpochState.STARTED, EpochState.PRECOMMITTED)
+
+
+def newest_epoch_state(tm: Tidemark, job: str) -> Optional[EpochState]:
+    """The state of ``job``'s newest epoch record (None: none, or ZooKeeper unreachable)."""
+    try:
+        epochs = [int(c) for c in tm.children(tm.paths.epochs(job)) if c.isdigit()]
+        found = tm.read(tm.paths.epoch(job, max(epochs)), EpochRecord) if epochs else None
+    except TidemarkError:
+        return None
+    return found[0].state if found is not None else None
+
+
 def _per_key(counts: pa.Table) -> list[tuple[str, int]]:
     """Counts as a multiset of keys (``k`` repeated ``cnt`` times), for ``exactly_once``."""
     return [(k, i) for k, cnt in zip(counts.column("k").to_pylist(), counts.column("cnt").to_pylist())

@@ -26,6 +26,7 @@ from coordinator.records import LeaderRecord, TermRecord
 from tests.faults.cascade import COUNTER, JOBS, TOTALS
 from tests.faults.harness import (
     INTERVAL_MS,
+    MID_EPOCH,
     RECOVERY_DEADLINE,
     REPO,
     SESSION_TIMEOUT,
@@ -33,7 +34,10 @@ from tests.faults.harness import (
     Environment,
     Replica,
     RunResult,
+    newest_epoch_state,
 )
+from tests.faults.spark import SparkRun
+from tests.helpers.spark_cluster import SparkCluster
 from tests.helpers.wait import wait_for
 
 
@@ -222,13 +226,8 @@ def catalog_restart(env: Environment, run: int, seed: int, faults: int) -> RunRe
 
 
 def _mid_epoch(cascade: Cascade) -> bool:
-    tm = cascade.tm
-    try:
-        epochs = [int(c) for c in tm.children(tm.paths.epochs(COUNTER)) if c.isdigit()]  # type: ignore[union-attr]
-        found = tm.read(tm.paths.epoch(COUNTER, max(epochs)), EpochRecord) if epochs else None  # type: ignore[union-attr]
-    except TidemarkError:
-        return False
-    return found is not None and found[0].state in (EpochState.STARTED, EpochState.PRECOMMITTED)
+    state = newest_epoch_state(cascade.tm, COUNTER)  # type: ignore[arg-type]
+    return state is not None and state in MID_EPOCH
 
 
 def zookeeper_wipe(env: Environment, run: int, seed: int, faults: int) -> RunResult:
@@ -401,6 +400,23 @@ def mixed_cadence(env: Environment, run: int, seed: int, faults: int) -> RunResu
     return result
 
 
+def spark_cluster(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """The word-count job on a Spark standalone cluster (``tests/faults/spark.py``): kill -9 of one of the leader's
+    executors while it runs a task of an epoch (Spark runs the task again), and of the leading driver with its
+    JVM while its epoch is STARTED or PRECOMMITTED (the standby takes over), in a seeded order, half each."""
+    rng = random.Random(seed)
+    kinds = ([SparkRun.kill_executor, SparkRun.kill_driver] * faults)[:faults]
+    rng.shuffle(kinds)
+    daemons = env.base / f"spark-cluster-{run}" / "cluster"   # the master's and workers' logs, executors' dirs
+    daemons.mkdir(parents=True, exist_ok=True)
+    with SparkCluster(daemons, workers=2) as cluster, SparkRun(env, cluster, run, seed) as spark:
+        spark.start()
+        for kill in kinds:
+            pause(rng, 1.0, 3.0)
+            kill(spark, rng)
+        return spark.finish()
+
+
 SCENARIOS = {s.name: s for s in [
     Scenario("kill-9", 2, 65, kill_nine, "kill -9 of a driver at every protocol step (crash points)"),
     Scenario("zombie", 3, 6, zombie, "SIGSTOP of a leader past its session timeout, then SIGCONT"),
@@ -420,6 +436,8 @@ SCENARIOS = {s.name: s for s in [
                                                       "coalesced catch-up epoch"),
     Scenario("mixed-cadence", 2, 5, mixed_cadence, "a 4 s batch job over a 1 s job, killed at each step; reads "
                                                    "across cadences checked"),
+    Scenario("spark-cluster", 1, 4, spark_cluster, "kill -9 of an executor, and of the leading driver, mid-epoch on "
+                                                   "a Spark standalone cluster"),
 ]}
 
 
