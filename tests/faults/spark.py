@@ -123,13 +123,14 @@ class SparkRun:
         return self.drivers[present(leader_of(self.tm))]
 
     def _inject(self, kind: str, act: Callable[[], object]) -> Fault:
-        """Record a fault injected now, inject it, and wait for the job's next commit (its recovery)."""
+        """Record a fault injected now, and inject it."""
         fault = Fault(kind, JOB, now_ms())
         self.faults.append(fault)
         act()
         return fault
 
     def _recovered(self, fault: Fault) -> None:
+        """Wait for the job's next commit after ``fault``: its recovery."""
         fault.recovered_ms = wait_for(lambda: committed_since(self.tm, fault.injected_ms),
                                       f"the first commit after {fault.kind}", RECOVERY_DEADLINE, every=0.1)
 
