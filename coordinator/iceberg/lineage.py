@@ -47,7 +47,6 @@ from coordinator.iceberg.snapshots import (
     COMMITTED_EPOCH_PROPERTY,
     WRITER_PROPERTY,
     ancestors,
-    carrying_epoch,
     first_epoch,
     marker_progress,
     newest_at_epoch,
@@ -145,10 +144,6 @@ class EpochLineage:
         (None: it had no Tidemark snapshot then, or that history was expired: see ``truncated``)."""
         return newest_at_epoch(self.main, epoch, self._main_epochs())
 
-    def of_epoch(self, epoch: int) -> Optional[Snapshot]:
-        """The ``main`` snapshot that carries epoch ``epoch`` itself, if any."""
-        return carrying_epoch(self.main, epoch)
-
     def at_time(self, wall_ms: int) -> Optional[Snapshot]:
         """For a root table (written outside Tidemark): the newest ``main`` snapshot committed at or before
         ``wall_ms``, which is what barrier ``wall_ms`` reads of it."""
@@ -170,11 +165,6 @@ class EpochLineage:
     def snapshot_at(self, epoch: int) -> Optional[int]:
         """The snapshot holding ``epoch``, an epoch the table records (``KeyError`` otherwise)."""
         return self._held()[epoch]
-
-    @property
-    def newest_recorded(self) -> Optional[int]:
-        held = self._held()
-        return max(held) if held else None
 
     def _main_epochs(self) -> list[Optional[int]]:
         """The epoch of each snapshot of ``main``, in its order: a resolution asks for the recorded epochs and the
