@@ -138,6 +138,7 @@ class ZooKeeperSession:
         self.abandoned_contenders: set[str] = set()
         self.contenders_lock = threading.Lock()
         self._closing = False
+        self._quiet = False  # connection changes go unlogged (``connect``, until the server answered a request)
         # Set once this session can never come back (a rebuilt server, or the process stopping with ZooKeeper
         # down): (error class, message), raised by every operation from then on.
         self._ended: Optional[tuple[type[TidemarkError], str]] = None
@@ -212,6 +213,11 @@ class ZooKeeperSession:
         tm = cls(client, root=paths.root, operation_timeout=operation_timeout, session_timeout=session_timeout,
                  member=member, credentials=credentials, read_only=read_only)
         try:
+            # A server that requires authentication closes a session with no identity at its first request: that
+            # is one error (PermissionDenied), not a lost connection to log and reconnect from.
+            tm._quiet = True
+            tm.get("/")
+            tm._quiet = False
             if chroot and not tm.read_only:
                 tm.ensure_path(chroot)
             client.chroot = chroot
@@ -277,7 +283,7 @@ class ZooKeeperSession:
         elif self._down_since is None:
             self._down_since = time.monotonic()
         self._wake.set()  # the watchdog thread looks (nothing here blocks kazoo's event thread)
-        if not self._closing and self._ended is None and state != previous:
+        if not self._closing and not self._quiet and self._ended is None and state != previous:
             _log_state_change(self.client, self.session_timeout, previous, state)
         with self._lock:
             self._state_changes[state] += 1
