@@ -6,11 +6,12 @@ import time
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
-from kazoo.security import make_acl
+from kazoo.security import OPEN_ACL_UNSAFE, make_acl, make_digest_acl
 
-from coordinator import PermissionDenied, Tidemark
+from coordinator import EmbeddedZooKeeper, PermissionDenied, Tidemark
 from coordinator.history.resolve import ReaderSession, Resolver
 from coordinator.operations.cli import main
+from coordinator.operations.zookeeper_server import free_port
 from coordinator.zookeeper.security import is_open
 
 WRITER = ("etl", "s3cret")
@@ -115,3 +116,31 @@ def test_open_nodes_the_writer_may_not_repair_refuse_the_connection(zk_connect, 
     raw.create("/tidemark/jobs", b"", acl=anyone_but_admin)
     with pytest.raises(PermissionDenied, match=r"/tidemark/jobs was created by an unauthenticated client.*setAcl"):
         Tidemark.connect(zk_connect, auth=WRITER, session_timeout=4, operation_timeout=20)
+
+
+def test_a_root_only_the_ensemble_admin_may_read_does_not_stop_tidemark_in_its_chroot(tmp_path):
+    """A shared ensemble may lock ``/`` down to its admin: Tidemark, confined to its chroot, never needs to read it
+    (the question ``connect`` asks first, for a server that requires authentication, is ``exists``)."""
+    server = EmbeddedZooKeeper(port=free_port(), data_dir=tmp_path / "zookeeper").start()
+    admin = KazooClient(hosts=server.connect_string, auth_data=[("digest", "admin:secret")])
+    admin.start(timeout=30)
+    try:
+        admin.create("/team", acl=OPEN_ACL_UNSAFE)
+        admin.set_acls("/", [make_digest_acl("admin", "secret", all=True)])
+        anonymous = KazooClient(hosts=server.connect_string)
+        anonymous.start(timeout=30)
+        try:
+            with pytest.raises(NoAuthError):
+                anonymous.get("/")
+        finally:
+            anonymous.stop()
+            anonymous.close()
+        with Tidemark.connect(server.connect_string + "/team", operation_timeout=20) as tm:
+            tm.register_job("a", sources=[], sinks=["lake.db.a"])
+        with Tidemark.connect(server.connect_string + "/team", operation_timeout=20, read_only=True) as reader:
+            assert "a" in reader.children(reader.paths.jobs)
+    finally:
+        admin.set_acls("/", OPEN_ACL_UNSAFE)
+        admin.stop()
+        admin.close()
+        server.stop()

@@ -29,10 +29,12 @@ operation raises ``ZooKeeperRebuilt`` at once, saying to restart the process. So
 server that does not answer is an outage: operations keep raising ``ZooKeeperUnavailable`` after
 their deadline. A process that is stopping calls ``stop_waiting()`` (the writer does on SIGTERM):
 while the connection is down, operations then fail at once instead of waiting out their deadline,
-and a probe under way gives up within ``PROBE_CANCEL_CHECK_S``.
+and a probe under way gives up within ``PROBE_CANCEL_CHECK_S`` while it connects (a server that
+takes the connection and then does not answer holds it up to ``PROBE_TIMEOUT_S``).
 
 Logging: one line per connection state change (``coordinator.zookeeper.session``: a warning
-when the connection is suspended or the session lost, an info line when it is back). kazoo's
+when the connection is suspended or the session lost, an info line when it is back), except
+during ``connect``'s first request. kazoo's
 own lines, one per reconnection attempt (``Connection dropped: ...``), go to the logger
 ``coordinator.zookeeper.kazoo``, which passes only errors; lower its level to see them. Nothing
 here configures the root logger.
@@ -214,9 +216,11 @@ class ZooKeeperSession:
                  member=member, credentials=credentials, read_only=read_only)
         try:
             # A server that requires authentication closes a session with no identity at its first request: that
-            # is one error (PermissionDenied), not a lost connection to log and reconnect from.
+            # is one error (PermissionDenied), not a lost connection to log and reconnect from. ``exists`` needs no
+            # permission on ``/`` (a shared ensemble may lock it down). On failure the session stays quiet: the
+            # dropped connection may reach the listener after the error, and close() follows.
             tm._quiet = True
-            tm.get("/")
+            tm.call("exists /", client.exists_async, "/")
             tm._quiet = False
             if chroot and not tm.read_only:
                 tm.ensure_path(chroot)
@@ -599,9 +603,6 @@ def _probe_zxid(client: KazooClient, timeout: float, first: int, cancelled: Call
     start = first % len(client.hosts)
     hosts = _servers(client, client.hosts[start:] + client.hosts[:start])
     probe = KazooClient(hosts=hosts, randomize_hosts=False, timeout=max(timeout, 2.0), logger=KAZOO_LOG,
-                        # Short pauses between attempts: stopping the probe waits out the one under way (kazoo's
-                        # default grows to an hour), and a SIGTERM must not wait on a probe.
-                        connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=PROBE_CANCEL_CHECK_S),
                         auth_data=list(client.auth_data), use_ssl=client.use_ssl, ca=client.ca,
                         certfile=client.certfile, keyfile=client.keyfile, keyfile_password=client.keyfile_password,
                         verify_certs=client.verify_certs, check_hostname=client.check_hostname,
