@@ -77,7 +77,6 @@ class EpochLineage:
 
     def __init__(self, table: Table) -> None:
         self.table = table
-        self.metadata = table.metadata  # what was indexed: ``Table.refresh`` replaces it
         self.by_id: dict[int, Snapshot] = snapshot_index(table)
         self.main: list[Snapshot] = list(ancestors(self.by_id, table.metadata.current_snapshot_id))  # newest first
         self.main_ids = {s.snapshot_id for s in self.main}

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from coordinator import EpochRecord, EpochState, TidemarkError
+from coordinator import EpochRecord, TidemarkError
 from coordinator.crashpoints import EPOCH_STEPS
 from coordinator.job.writer import EXIT_ZOOKEEPER_REBUILT
 from coordinator.operations.zookeeper_server import ZooKeeperEnsemble
@@ -306,11 +306,7 @@ def fence_unregister(env: Environment, run: int, seed: int, faults: int) -> RunR
 
 def _last_committed(cascade: Cascade) -> int:
     """The counter job's newest committed epoch (0 before its first)."""
-    tm = cascade.tm
-    path = tm.paths.epochs(COUNTER)  # type: ignore[union-attr]
-    records = (tm.read(f"{path}/{child}", EpochRecord)  # type: ignore[union-attr]
-               for child in tm.children(path) if child.isdigit())  # type: ignore[union-attr]
-    return max((r[0].epoch for r in records if r is not None and r[0].state == EpochState.COMMITTED), default=0)
+    return max(cascade.epochs_of(COUNTER), default=0)
 
 
 def _fence_and_unregister(cascade: Cascade) -> int:
