@@ -20,7 +20,7 @@ test: setup lint
 test-fast: setup lint
 	@$(call PYTEST,-m "not spark")
 
-# The whole fault suite (about 20 minutes, CPU-heavy): prints the summary table kept in README.md.
+# The whole fault suite (about 22 minutes, CPU-heavy): prints the summary table kept in README.md.
 test-faults: setup
 	$(PY) -m tests.faults
 
