@@ -4,7 +4,6 @@ table's epochs through it.
 
     lineage = EpochLineage(table)            # main's snapshots, newest first, indexed once
     lineage.recorded_epochs()                # ((epoch, snapshot id), ...), oldest first: what Iceberg records
-    lineage.snapshot_at(T)                   # the snapshot holding an epoch the table records
     lineage.at_epoch(T)                      # newest main snapshot with tidemark.epoch <= T (None: empty then)
     lineage.at_time(wall_ms)                 # a root table: newest main snapshot committed at or before wall_ms
     lineage.main_since(T)                    # main from the snapshot at T up to the head
@@ -160,10 +159,6 @@ class EpochLineage:
         """The epochs the table records in Iceberg (see the module docstring) with the snapshot holding each
         (None: the table was empty then), oldest first; only those at or below ``up_to`` when given."""
         return tuple((e, s) for e, s in sorted(self._held().items()) if up_to is None or e <= up_to)
-
-    def snapshot_at(self, epoch: int) -> Optional[int]:
-        """The snapshot holding ``epoch``, an epoch the table records (``KeyError`` otherwise)."""
-        return self._held()[epoch]
 
     def _main_epochs(self) -> list[Optional[int]]:
         """The epoch of each snapshot of ``main``, in its order: a resolution asks for the recorded epochs and the
