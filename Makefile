@@ -1,10 +1,18 @@
 PY := .venv/bin/python
+# The second Spark: every Spark test, the demo and the spark-cluster fault scenario run on it too.
+SPARK4_VENV := .venv-spark4
+SPARK4_PY := $(SPARK4_VENV)/bin/python
+SPARK4 := 4.1.*
 # pytest exits 5 when it collected no tests: that is a failure here, never a green run.
-PYTEST = $(PY) -m pytest -q $(1); rc=$$?; [ $$rc -ne 5 ] || { echo "pytest: no tests ran" >&2; exit 1; }; exit $$rc
+# $(2): another venv's python (default: .venv's).
+PYTEST = $(or $(2),$(PY)) -m pytest -q $(1); rc=$$?; [ $$rc -ne 5 ] || { echo "pytest: no tests ran" >&2; exit 1; }; exit $$rc
 
-.PHONY: setup demo lint test test-fast test-faults bench clean
+.PHONY: setup setup-spark4 demo lint test test-fast test-spark4 test-faults bench clean
 setup:
 	@bash scripts/setup.sh
+
+setup-spark4:
+	@TIDEMARK_VENV=$(SPARK4_VENV) TIDEMARK_PYSPARK='$(SPARK4)' bash scripts/setup.sh
 
 demo: setup
 	$(PY) -m examples.demo
@@ -20,6 +28,13 @@ test: setup lint
 test-fast: setup lint
 	@$(call PYTEST,-m "not spark")
 
+# The Spark part of the suite on Spark 4.1 (make test runs it on 3.5): every Spark test, the demo, and the
+# spark-cluster fault scenario, in a venv of its own.
+test-spark4: setup-spark4
+	@$(call PYTEST,-m spark,$(SPARK4_PY))
+	$(SPARK4_PY) -m examples.demo
+	$(SPARK4_PY) -m tests.faults --scenario spark-cluster
+
 # The whole fault suite (about 22 minutes, CPU-heavy): prints the summary table kept in README.md.
 test-faults: setup
 	$(PY) -m tests.faults
@@ -28,4 +43,4 @@ bench: setup
 	$(PY) -m bench
 
 clean:
-	rm -rf .venv .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf .venv $(SPARK4_VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache

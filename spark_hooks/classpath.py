@@ -1,19 +1,29 @@
-"""The jars a SparkSession needs for Iceberg: ``TIDEMARK_SPARK_JARS``, or the set ``make setup`` prepared.
+"""Iceberg's Spark runtime for the installed pyspark: which Maven artifacts, and how Spark gets them.
 
-    classpath = spark_classpath()        # SparkClasspath(jars=(...), java_library_path=...)
+    runtime = IcebergRuntime.for_spark("4.1")     # or IcebergRuntime.installed(): the installed pyspark's
+    runtime.coordinates()                          # ('org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0', ...)
+    classpath = spark_classpath(settings, {"jdbc:sqlite:/data/catalog.db"})
+    classpath.spark_conf()                         # spark.driver.extraClassPath=... or spark.jars.packages=...
 
-In production, add ``org.apache.iceberg:iceberg-spark-runtime-3.5_2.12`` as usual and point
-``TIDEMARK_SPARK_JARS`` at the jars (comma separated), or pass ``jars=`` to ``build_spark_session``.
-A development machine gets them from ``make setup`` (``tools/jars.py``, not part of the
-installed package): it writes ``<cache>/jars/classpath.json``, naming every jar and the JVM's
-native library directory, which this module reads.
+Users get Iceberg the way Spark users do: by Maven coordinates. ``spark_classpath`` chooses, in order:
 
-Failure behaviour: ``ConfigurationError`` saying how to provide the jars when none are configured,
-the manifest is unreadable, or a named jar does not exist.
+1. ``TIDEMARK_SPARK_JARS``: the jars you name (comma separated), put on the driver's and executors'
+   class path as they are (your image's jars, or a mirror's).
+2. The jars ``make setup`` downloaded from Maven Central into ``<cache>/maven`` (``TIDEMARK_CACHE``), laid
+   out as a Maven repository, when every one this Spark needs is there.
+3. Otherwise ``spark.jars.packages``: Spark itself resolves the coordinates from Maven Central (or the
+   repositories in ``spark.jars.repositories``) when the session starts, and caches them in Ivy's cache.
+
+The artifacts are Iceberg's Spark runtime for the installed Spark and Scala versions, ``iceberg-aws-bundle``
+(``S3FileIO``: object storage) of the same Iceberg release, and the JDBC driver of each SQL catalog the
+session names (SQLite's, PostgreSQL's). Spark releases without an official Iceberg runtime are refused.
+
+Failure behaviour: ``ConfigurationError`` naming the Spark version and the ones supported when no Iceberg
+runtime exists for it, and naming the missing files when ``TIDEMARK_SPARK_JARS`` names jars that do not exist.
 """
 from __future__ import annotations
 
-import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -21,44 +31,124 @@ from typing import Optional
 from coordinator.errors import ConfigurationError
 from coordinator.settings import Settings
 
-MANIFEST = "classpath.json"
+MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
+ICEBERG_GROUP = "org.apache.iceberg"
+# Spark minor version -> (Scala binary version, the newest Iceberg release with a runtime for it). Iceberg 1.12
+# dropped Spark 4.0, and no release has a runtime for Spark 4.2 yet (the 4.1 runtime fails on it:
+# IncompatibleClassChangeError, apache/iceberg#17959); pyproject.toml's spark extra pins the same range.
+ICEBERG_RUNTIMES: dict[str, tuple[str, str]] = {
+    "3.5": ("2.12", "1.12.0"),
+    "4.0": ("2.13", "1.11.0"),
+    "4.1": ("2.13", "1.12.0"),
+}
+
+
+@dataclass(frozen=True)
+class MavenArtifact:
+    """One jar in a Maven repository, by its coordinates."""
+
+    group: str
+    artifact: str
+    version: str
+
+    @property
+    def coordinate(self) -> str:
+        return f"{self.group}:{self.artifact}:{self.version}"
+
+    @property
+    def path(self) -> str:
+        """Its place in a Maven repository's layout (Maven Central's, or ``<cache>/maven``)."""
+        return f"{self.group.replace('.', '/')}/{self.artifact}/{self.version}/{self.artifact}-{self.version}.jar"
+
+
+# The JDBC driver of a SQL catalog, by the subprotocol of its JDBC URI (jdbc:<subprotocol>:...). Maven's
+# sqlite-jdbc carries its native libraries, so nothing else is needed on the machine.
+JDBC_DRIVERS: dict[str, MavenArtifact] = {
+    "sqlite": MavenArtifact("org.xerial", "sqlite-jdbc", "3.54.1.0"),
+    "postgresql": MavenArtifact("org.postgresql", "postgresql", "42.7.14"),
+}
+
+
+@dataclass(frozen=True)
+class IcebergRuntime:
+    """Iceberg's artifacts for one Spark minor version."""
+
+    spark_version: str
+    scala_version: str
+    iceberg_version: str
+
+    @classmethod
+    def for_spark(cls, spark_version: str) -> IcebergRuntime:
+        """The runtime of Spark ``spark_version`` (``"3.5.7"`` or ``"3.5"``); ``ConfigurationError`` if none exists."""
+        minor = ".".join(spark_version.split(".")[:2])
+        if minor not in ICEBERG_RUNTIMES:
+            raise ConfigurationError(
+                f"Iceberg publishes no Spark runtime for Spark {spark_version}: install pyspark "
+                f"{', '.join(ICEBERG_RUNTIMES)} (pip install 'tidemark-iceberg[spark]' picks one), or set "
+                "TIDEMARK_SPARK_JARS to runtime jars you built for it")
+        scala, iceberg = ICEBERG_RUNTIMES[minor]
+        return cls(minor, scala, iceberg)
+
+    @classmethod
+    def installed(cls) -> IcebergRuntime:
+        """The runtime of the installed pyspark."""
+        try:
+            import pyspark
+        except ImportError:
+            raise ConfigurationError("pyspark is not installed: pip install 'tidemark-iceberg[spark]'") from None
+        return cls.for_spark(pyspark.__version__)
+
+    def artifacts(self) -> tuple[MavenArtifact, ...]:
+        """Iceberg's Spark runtime and ``iceberg-aws-bundle`` (S3FileIO) of the same release."""
+        runtime = f"iceberg-spark-runtime-{self.spark_version}_{self.scala_version}"
+        return (MavenArtifact(ICEBERG_GROUP, runtime, self.iceberg_version),
+                MavenArtifact(ICEBERG_GROUP, "iceberg-aws-bundle", self.iceberg_version))
+
+    def coordinates(self) -> tuple[str, ...]:
+        return tuple(a.coordinate for a in self.artifacts())
 
 
 @dataclass(frozen=True)
 class SparkClasspath:
-    """Jars for the driver's and executors' class path, and where the JVM finds their native libraries."""
+    """How a session gets its jars: files on the JVMs' class path, or Maven coordinates for Spark to resolve."""
 
-    jars: tuple[str, ...]
-    java_library_path: Optional[str] = None
+    jars: tuple[str, ...] = ()
+    packages: tuple[str, ...] = ()
 
-    def to_json(self) -> str:
-        return json.dumps({"jars": list(self.jars), "java_library_path": self.java_library_path}, indent=2)
+    def spark_conf(self) -> dict[str, str]:
+        if self.packages:
+            return {"spark.jars.packages": ",".join(self.packages)}
+        # On the JVMs' own class path, not spark.jars: JDBC's DriverManager finds drivers through the system class
+        # loader only.
+        joined = ":".join(self.jars)
+        return {"spark.driver.extraClassPath": joined, "spark.executor.extraClassPath": joined}
 
 
-def manifest_path(settings: Settings) -> Path:
-    return settings.cache / "jars" / MANIFEST
+def jdbc_drivers(jdbc_uris: Iterable[str]) -> tuple[MavenArtifact, ...]:
+    """The JDBC driver of each ``jdbc:<subprotocol>:...`` URI that Tidemark knows a driver for, once each."""
+    found: dict[str, MavenArtifact] = {}
+    for uri in jdbc_uris:
+        subprotocol = uri.split(":")[1] if uri.startswith("jdbc:") and uri.count(":") >= 2 else ""
+        if subprotocol in JDBC_DRIVERS:
+            found[subprotocol] = JDBC_DRIVERS[subprotocol]
+    return tuple(found.values())
 
 
-def spark_classpath(settings: Optional[Settings] = None) -> SparkClasspath:
-    """``TIDEMARK_SPARK_JARS`` if set, else the jars ``make setup`` prepared; ``ConfigurationError`` otherwise."""
+def cached_jar(settings: Settings, artifact: MavenArtifact) -> Path:
+    """Where ``make setup`` keeps ``artifact``: ``<cache>/maven``, in a Maven repository's layout."""
+    return settings.cache / "maven" / artifact.path
+
+
+def spark_classpath(settings: Optional[Settings] = None, jdbc_uris: Iterable[str] = ()) -> SparkClasspath:
+    """The jars of ``TIDEMARK_SPARK_JARS``, else those cached by ``make setup``, else Maven coordinates for Spark."""
     settings = settings or Settings.from_env()
     if settings.spark_jars:
-        return _existing(SparkClasspath(settings.spark_jars), "TIDEMARK_SPARK_JARS")
-    manifest = manifest_path(settings)
-    if not manifest.is_file():
-        raise ConfigurationError(
-            f"Iceberg's Spark runtime jars are not prepared ({manifest} is missing): run `make setup`, "
-            "or set TIDEMARK_SPARK_JARS to your iceberg-spark-runtime-3.5_2.12 jar(s), comma separated")
-    try:
-        data = json.loads(manifest.read_text())
-        classpath = SparkClasspath(tuple(str(j) for j in data["jars"]), data.get("java_library_path"))
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ConfigurationError(f"{manifest} is unreadable: run `make setup` again") from None
-    return _existing(classpath, str(manifest))
-
-
-def _existing(classpath: SparkClasspath, named_by: str) -> SparkClasspath:
-    missing = [j for j in classpath.jars if not Path(j).is_file()]
-    if missing:
-        raise ConfigurationError(f"{named_by} names jars that do not exist: {', '.join(missing)}")
-    return classpath
+        missing = [j for j in settings.spark_jars if not Path(j).is_file()]
+        if missing:
+            raise ConfigurationError(f"TIDEMARK_SPARK_JARS names jars that do not exist: {', '.join(missing)}")
+        return SparkClasspath(jars=settings.spark_jars)
+    needed = IcebergRuntime.installed().artifacts() + jdbc_drivers(jdbc_uris)
+    cached = [cached_jar(settings, a) for a in needed]
+    if all(path.is_file() for path in cached):
+        return SparkClasspath(jars=tuple(str(path) for path in cached))
+    return SparkClasspath(packages=tuple(a.coordinate for a in needed))

@@ -3,7 +3,9 @@
     spark = build_spark_session(CatalogSettings.embedded())   # or CatalogSettings.from_env()
 
 The catalog is configured with ``cache-enabled=false`` so Spark sees the refs that
-Tidemark moves from Python when it publishes staged snapshots.
+Tidemark moves from Python when it publishes staged snapshots. Iceberg's jars come as
+``spark_hooks.classpath`` chooses: ``TIDEMARK_SPARK_JARS``, the jars ``make setup`` cached, or
+``spark.jars.packages`` with the coordinates that match the installed pyspark.
 """
 from __future__ import annotations
 
@@ -18,25 +20,25 @@ from coordinator.settings import Settings
 from spark_hooks.classpath import SparkClasspath, spark_classpath
 
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+# Settings by which a user's own conf brings Iceberg's jars (their image, --packages, a mirror).
+USER_CLASSPATH_KEYS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")
 
 
-def spark_conf(catalog: CatalogSettings, jars: Optional[list[str]] = None) -> dict[str, str]:
-    """Every Spark setting Tidemark needs, as a plain dict (for spark-submit or a Kubernetes manifest)."""
-    classpath = spark_classpath() if jars is None else SparkClasspath(tuple(jars))
-    joined = os.pathsep.join(classpath.jars)
-    # JDBC drivers must be on the JVM class path (DriverManager ignores spark.jars' class loader).
-    conf = {
-        "spark.driver.extraClassPath": joined,
-        "spark.executor.extraClassPath": joined,
-        "spark.sql.extensions": ICEBERG_EXTENSIONS,
-        "spark.sql.defaultCatalog": catalog.name,
-    }
-    if classpath.java_library_path:  # e.g. Debian's sqlite-jdbc loads its native library from there
-        java_opts = f"-Djava.library.path={classpath.java_library_path}"
-        conf["spark.driver.extraJavaOptions"] = java_opts
-        conf["spark.executor.extraJavaOptions"] = java_opts
+def spark_conf(catalog: CatalogSettings, jars: Optional[list[str]] = None,
+               extra_conf: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """Every Spark setting Tidemark needs, as a plain dict (for spark-submit or a Kubernetes manifest).
+
+    ``jars``: the jars to put on the class path instead of ``spark_classpath``'s choice. ``extra_conf`` is
+    applied last; its SQL catalogs get their JDBC drivers too, and when it names jars or packages itself
+    (``USER_CLASSPATH_KEYS``) the class path is left to it."""
+    conf = {"spark.sql.extensions": ICEBERG_EXTENSIONS, "spark.sql.defaultCatalog": catalog.name}
     conf.update(catalog.spark_conf())
-    return conf
+    conf.update(extra_conf or {})
+    if jars is None and any(key in conf for key in USER_CLASSPATH_KEYS):
+        return conf
+    jdbc_uris = [v for k, v in conf.items() if k.startswith("spark.sql.catalog.") and k.endswith(".uri")]
+    classpath = spark_classpath(jdbc_uris=jdbc_uris) if jars is None else SparkClasspath(jars=tuple(jars))
+    return {**classpath.spark_conf(), **conf}
 
 
 def build_spark_session(catalog: Optional[CatalogSettings] = None, *, app_name: str = "tidemark",
@@ -60,8 +62,7 @@ def build_spark_session(catalog: Optional[CatalogSettings] = None, *, app_name: 
         builder = builder.master(master)
         if master.startswith("local"):
             conf["spark.sql.shuffle.partitions"] = "4"  # Spark's 200 only slow a local session down
-    conf.update(spark_conf(catalog, jars))
-    conf.update(extra_conf or {})
+    conf.update(spark_conf(catalog, jars, extra_conf))
     for key, value in conf.items():
         builder = builder.config(key, value)
     catalog.load()  # creates the catalog tables pyiceberg's way before Spark's JdbcCatalog looks at them

