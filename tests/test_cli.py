@@ -164,19 +164,25 @@ def test_a_catalog_lacking_a_registered_table_is_refused_and_gc_changes_nothing(
     zk = ["--zk", zk_connect]
     monkeypatch.delenv("TIDEMARK_CATALOG_URI", raising=False)
 
-    # TIDEMARK_HOME unset or wrong: a new, empty embedded catalog, announced once, lacks the job's table.
+    # TIDEMARK_HOME wrong: no catalog there, and the commands create none (tests/test_fresh_home.py has them all).
+    wrong = CatalogSettings.embedded(tmp_path / "wrong")
     monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "wrong"))
+    assert_one_line_error(*run_cli(capsys, *zk, "resolve", sink)[::2], f"Iceberg catalog 'lake' at {wrong.uri} does "
+                          "not exist")
+    assert not (tmp_path / "wrong").exists()
+    # A catalog there, but another one: it lacks the job's table, which is registered in ZooKeeper.
+    wrong.load()
     code, out, err = run_cli(capsys, *zk, "resolve", sink)
-    created, error = err.splitlines(keepends=True)
-    assert created == (f"tidemark: created a new, empty Iceberg catalog 'lake' at {tmp_path / 'wrong' / 'catalog.db'}"
-                       ": set TIDEMARK_HOME (or TIDEMARK_CATALOG_URI) if your tables live elsewhere\n")
-    missing = (f"{sink} (written by job counts) does not exist in catalog 'lake' at "
-               f"sqlite:///{tmp_path / 'wrong' / 'catalog.db'}")
-    assert_one_line_error(code, error, missing, "point TIDEMARK_CATALOG_URI")
+    missing = f"{sink} (written by job counts) does not exist in catalog 'lake' at {wrong.uri}"
+    assert_one_line_error(code, err, missing, "though it is registered in ZooKeeper", "point TIDEMARK_CATALOG_URI")
     assert out == ""
     for command in (["gc", "--yes"], ["versions"], ["versions", "--json"]):
-        assert_one_line_error(*run_cli(capsys, *zk, *command)[::2], missing)  # announced once: one line now
+        assert_one_line_error(*run_cli(capsys, *zk, *command)[::2], missing)
     assert RetainedVersions(tm).epochs() == retained, "gc with the wrong catalog dropped retained versions"
+    # Only the tables jobs registered are said to be registered: not a typo named with them.
+    code, _, err = run_cli(capsys, *zk, "resolve", sink, f"{namespace}.typo")
+    assert_one_line_error(code, err, f"{sink} (written by job counts), {namespace}.typo do not exist in catalog 'lake' "
+                          f"at {wrong.uri}, though {sink} is registered in ZooKeeper")
 
     # The right catalog: every read command prints one JSON document with --json, and gc asks first.
     monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "right"))
@@ -190,6 +196,17 @@ def test_a_catalog_lacking_a_registered_table_is_refused_and_gc_changes_nothing(
     assert code == 0 and out.startswith("dry run: nothing changed")
     code, out, err = run_cli(capsys, *zk, "gc", "--yes")
     assert code == 0 and "expired" in out, err
+
+
+def test_a_table_missing_in_an_empty_deployment_is_not_said_to_be_registered(zk_connect, capsys, tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.delenv("TIDEMARK_CATALOG_URI", raising=False)
+    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path))
+    lake = CatalogSettings.embedded(tmp_path)
+    lake.load()
+    code, out, err = run_cli(capsys, "--zk", zk_connect, "resolve", "db.t")
+    assert_one_line_error(code, err, f"db.t does not exist in catalog 'lake' at {lake.uri}: check the table names")
+    assert "registered" not in err and out == ""
 
 
 def test_a_terminal_confirms_through_the_real_entry_point(tm, zk_connect):

@@ -112,15 +112,14 @@ def test_catalog_mistakes_are_one_line_and_create_nothing(capsys, monkeypatch, t
         CatalogSettings.from_env().spark_conf()
 
     monkeypatch.delenv("TIDEMARK_CATALOG_URI")
-    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "home"))  # the embedded default creates its own, and says so
-    code, _, err = cli(capsys, "resolve", "--no-zk", "words")
-    created, error = err.splitlines(keepends=True)
-    assert created.startswith("tidemark: created a new, empty Iceberg catalog 'lake' at ")
-    assert "TIDEMARK_HOME" in created
-    assert str(tmp_path / "home" / "catalog.db") in created
-    assert_one_line_error(code, error, "no namespace")
-    assert_one_line_error(*cli(capsys, "resolve", "--no-zk", "db.words")[::2], "does not exist")
-    assert (tmp_path / "home" / "catalog.db").is_file()
+    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "home"))  # the embedded default is not created either
+    assert_one_line_error(*cli(capsys, "resolve", "--no-zk", "db.words")[::2],
+                          f"catalog 'lake' at sqlite:///{tmp_path / 'home' / 'catalog.db'} does not exist")
+    assert not (tmp_path / "home").exists()
+
+    CatalogSettings.embedded(tmp_path / "home").load()  # a program that asks for it
+    assert_one_line_error(*cli(capsys, "resolve", "--no-zk", "words")[::2], "no namespace")
+    assert_one_line_error(*cli(capsys, "resolve", "--no-zk", "db.words")[::2], "'db.words' does not exist")
 
 
 def test_resolve_as_of_before_any_history_is_version_not_found(tm, zk_connect, capsys, monkeypatch, tmp_path,

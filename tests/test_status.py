@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
+from typing import Optional
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,9 +19,17 @@ from coordinator.records import now_ms
 from tests.helpers.lake import SCHEMA, create_table, lead_job
 
 
-def cli(zk_connect: str, *args: str, catalog=None) -> subprocess.CompletedProcess:
-    env = None if catalog is None else {**os.environ, "TIDEMARK_CATALOG_URI": catalog.uri,
-                                        "TIDEMARK_WAREHOUSE": catalog.warehouse, "TIDEMARK_CATALOG_NAME": catalog.name}
+def cli(zk_connect: str, *args: str, catalog=None, home: Optional[Path] = None) -> subprocess.CompletedProcess:
+    """``tidemark --zk ZK_CONNECT ARGS...`` as a program; ``catalog`` names one, ``home`` (no catalog named) is the
+    TIDEMARK_HOME of the embedded default."""
+    env = dict(os.environ)
+    if catalog is not None:
+        env.update(TIDEMARK_CATALOG_URI=catalog.uri, TIDEMARK_WAREHOUSE=catalog.warehouse,
+                   TIDEMARK_CATALOG_NAME=catalog.name)
+    if home is not None:
+        env = {k: v for k, v in env.items() if k not in ("TIDEMARK_CATALOG_URI", "TIDEMARK_WAREHOUSE",
+                                                         "TIDEMARK_CATALOG_NAME")}
+        env["TIDEMARK_HOME"] = str(home)
     return subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, *args],
                           capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
 
@@ -41,7 +51,7 @@ def two_epochs(tm, catalog_settings, namespace):
     writer.close()
 
 
-def test_status_topology_fence_unregister_from_the_cli(tm, zk_connect, two_epochs, catalog_settings):
+def test_status_topology_fence_unregister_from_the_cli(tm, zk_connect, two_epochs, catalog_settings, tmp_path):
     up, last = two_epochs
     status = json.loads(cli(zk_connect, "status", "--json").stdout)
     jobs = {j["name"]: j for j in status["jobs"]}
@@ -64,9 +74,13 @@ def test_status_topology_fence_unregister_from_the_cli(tm, zk_connect, two_epoch
     assert refused.returncode == 1 and "live leader" in refused.stderr and "Traceback" not in refused.stderr
     assert "term is now 2" in cli(zk_connect, "fence", "up", "--yes").stdout
     assert json.loads(cli(zk_connect, "status", "--json").stdout)["jobs"][1]["leader_state"] == "fenced"
-    without_catalog = cli(zk_connect, "unregister", "up", "--yes", catalog=None)  # the sinks cannot be fenced
-    assert without_catalog.returncode == 1 and without_catalog.stderr.count("\n") == 1
+    new_home = tmp_path / "new-home"  # no catalog there, and unregister creates none: the sinks cannot be fenced
+    new_home.mkdir()
+    without_catalog = cli(zk_connect, "unregister", "up", "--yes", home=new_home)
+    assert without_catalog.returncode == 1 and without_catalog.stderr.count("\n") == 1, without_catalog.stderr
     assert "cannot be fenced in Iceberg" in without_catalog.stderr and "--unfenced" in without_catalog.stderr
+    assert f"catalog 'lake' at sqlite:///{new_home / 'catalog.db'} does not exist" in without_catalog.stderr
+    assert list(new_home.iterdir()) == []
     unconfirmed = cli(zk_connect, "unregister", "up", catalog=catalog_settings)  # no TTY, no --yes: refused
     assert unconfirmed.returncode == 1 and unconfirmed.stderr.count("\n") == 1
     assert f"committed epoch {last}" in unconfirmed.stderr and "pass --yes" in unconfirmed.stderr

@@ -2,21 +2,24 @@
 
     settings = CatalogSettings.from_env()             # TIDEMARK_CATALOG_URI or the embedded SQLite default
     catalog = settings.load()                          # pyiceberg SqlCatalog on the same database
+    CatalogSettings.embedded().load()                  # the embedded SQLite catalog, created the first time
     settings.spark_conf()                              # spark.sql.catalog.<name>.* for the session
 
 Supported URIs: ``sqlite:///abs/path/catalog.db`` and ``postgresql://user:password@host:port/db``.
 Any other catalog (REST, Glue, Hive, ...) is described with ``CatalogSettings.custom``.
 
-Only the embedded default (``CatalogSettings.embedded``, or ``create_if_missing=True``) creates
-its SQLite database and directories, and says so in one warning (``TIDEMARK_HOME`` unset is an easy
-way to get an empty catalog by accident); any other SQLite URI must name an existing database, so a
-mistyped URI is a ``ConfigurationError``, never a new empty catalog.
+Only code that asks for a new catalog gets one: ``CatalogSettings.embedded`` (or
+``create_if_missing=True``) creates its SQLite database and directories when first loaded, and says
+so in one warning. ``from_env`` never does, the embedded default included: a command that reads or
+operates (``tidemark resolve``, ``gc``, ``unregister``), a reader or a writer run with ``TIDEMARK_HOME``
+unset or mistyped gets a ``ConfigurationError`` naming the catalog it looked for, never a new empty
+catalog that would answer "no such table" (or nothing) for tables that live elsewhere.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 from urllib.parse import quote, unquote, urlsplit
@@ -68,16 +71,18 @@ class CatalogSettings:
 
     @classmethod
     def embedded(cls, home: Optional[Path] = None, name: str = DEFAULT_CATALOG) -> CatalogSettings:
+        """The embedded SQLite catalog in ``home`` (default ``TIDEMARK_HOME``), created when first loaded."""
         home = Path(home or Settings.from_env().home)
         return cls(name=name, uri=f"sqlite:///{home / 'catalog.db'}", warehouse=f"file://{home / 'warehouse'}",
                    create_if_missing=True)
 
     @classmethod
     def from_env(cls, settings: Optional[Settings] = None) -> CatalogSettings:
-        """``TIDEMARK_CATALOG_URI`` / ``TIDEMARK_WAREHOUSE`` / ``TIDEMARK_CATALOG_NAME``, else the embedded default."""
+        """``TIDEMARK_CATALOG_URI`` / ``TIDEMARK_WAREHOUSE`` / ``TIDEMARK_CATALOG_NAME``, else the embedded default in
+        ``TIDEMARK_HOME``; it creates nothing: loading a catalog that does not exist is a ``ConfigurationError``."""
         settings = settings or Settings.from_env()
         if not settings.catalog_uri:
-            return cls.embedded(settings.home, name=settings.catalog_name)
+            return replace(cls.embedded(settings.home, name=settings.catalog_name), create_if_missing=False)
         warehouse = settings.warehouse or f"file://{settings.home / 'warehouse'}"
         return cls(name=settings.catalog_name, uri=settings.catalog_uri, warehouse=warehouse)
 
@@ -134,12 +139,22 @@ class CatalogSettings:
                             f"?options={quote(PG_SESSION_OPTIONS)}")
         return props
 
+    def describe(self) -> str:
+        """The catalog, for messages: its name and URI, without a password."""
+        if self.uri is None:
+            return f"catalog {self.name!r} (custom properties)"
+        parts = urlsplit(self.uri)
+        uri = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl() if parts.password \
+            else self.uri
+        return f"catalog {self.name!r} at {uri}"
+
     def _require_database(self, path: str) -> None:
         if not self.create_if_missing:
             if not Path(path).is_file():
-                raise ConfigurationError(f"the SQLite catalog database {path} does not exist: check "
-                                         "TIDEMARK_CATALOG_URI (only the embedded default catalog is created "
-                                         "when missing)")
+                raise ConfigurationError(
+                    f"Iceberg {self.describe()} does not exist: point TIDEMARK_CATALOG_URI (and TIDEMARK_CATALOG_NAME) "
+                    "at the catalog your jobs use, or TIDEMARK_HOME at the directory of its embedded one; the "
+                    "embedded catalog is created only by a program that asks for it (CatalogSettings.embedded())")
             return
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -151,8 +166,9 @@ class CatalogSettings:
         """The pyiceberg catalog, or a ConfigurationError saying why the database cannot be opened."""
         from pyiceberg.catalog import load_catalog
         new = self._new_database()
+        properties = self.python_catalog_properties()  # a missing database: its own ConfigurationError, not wrapped
         try:
-            catalog = load_catalog(self.name, **self.python_catalog_properties())
+            catalog = load_catalog(self.name, **properties)
         except Exception as exc:  # noqa: BLE001 - any driver error becomes one readable line
             raise ConfigurationError(
                 f"cannot open Iceberg catalog {self.name!r} at {self.uri or self.python_properties}: "

@@ -37,6 +37,11 @@ A job's epochs are barriers every one of its managed sources committed: that is 
 epoch every table of a set holds a version at which each holds exactly the inputs up to it
 (``pacing.py`` has the argument). A new job's first epoch is after the time it opened.
 
+The catalog is ``catalog``, else the environment's (``CatalogSettings.from_env``), which must exist:
+a writer never creates one (its sinks must exist before its first epoch anyway), and one that does
+not exist is a ``ConfigurationError`` naming it. The quickstart creates the embedded catalog, and
+its tables, with ``CatalogSettings.embedded().load()`` first.
+
 Metrics: ``writer.metrics`` (``coordinator.driver_metrics``) times every phase and counts
 epochs, takeovers, fencings and retries; ``metrics_port`` (or ``TIDEMARK_METRICS_PORT``)
 serves them with ``/healthz`` while ``run`` runs.

@@ -23,8 +23,8 @@ Commands that change shared state (``fence``, ``unregister``, ``barriers --set-i
 ``gc``, ``pause``, ``retire``, ``resume``) say what they would do and ask; without a terminal they
 need ``--yes``, and ``--dry-run`` only says it. Read commands print one JSON document with
 ``--json``. Answers that find nothing say where they looked (ZooKeeper connect string, chroot,
-root; the catalog). Log lines (a connection lost and back, a new embedded catalog) go to stderr as
-``tidemark: ...``.
+root; the catalog). Log lines (a connection lost and back) go to stderr as ``tidemark: ...``. No
+command creates a catalog: one that does not exist is an error naming the catalog looked for.
 
 ZooKeeper credentials come from the environment only (``TIDEMARK_ZK_USER``/``_PASSWORD``,
 ``TIDEMARK_ZK_READER_USER``/``_PASSWORD``, ``TIDEMARK_ZK_JOB_USER``/``_PASSWORD``,
@@ -93,26 +93,17 @@ def _where(args: argparse.Namespace) -> str:
     return f"ZooKeeper {hosts}, chroot {'/' + chroot if slash and chroot else '(none)'}, root {args.root}"
 
 
-def _catalog_where(settings: CatalogSettings) -> str:
-    """The catalog, for messages: its name and URI, without a password."""
-    from urllib.parse import urlsplit
-    if settings.uri is None:
-        return f"catalog {settings.name!r} (custom properties)"
-    parts = urlsplit(settings.uri)
-    uri = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl() if parts.password \
-        else settings.uri
-    return f"catalog {settings.name!r} at {uri}"
-
-
 def _require_in_catalog(settings: CatalogSettings, tables: list[str], tm: Optional[Tidemark] = None,
                         catalog: Optional[Catalog] = None) -> None:
     """Refuse to go on when the catalog lacks one of ``tables``: ZooKeeper's records would otherwise answer for
     tables this catalog does not have (a wrong TIDEMARK_CATALOG_URI), and gc would collect nothing while
-    dropping retained versions. ``catalog``: the one the command already opened (else it is opened here)."""
+    dropping retained versions. ``catalog``: the one the command already opened (else it is opened here).
+    The error says a table is registered in ZooKeeper only when a job writes or reads it there: a typo in
+    ``tidemark resolve`` is not a catalog that lacks the jobs' tables."""
     from coordinator.errors import TableNotFound
     from coordinator.iceberg.catalog import load_table
     if not tables:
-        return  # nothing to check: opening the catalog would create the embedded default for nothing
+        return  # nothing to check, and no catalog needed (a deployment that registered no table yet)
     catalog = catalog if catalog is not None else settings.load()
     missing = []
     for table in sorted(set(tables)):
@@ -122,14 +113,30 @@ def _require_in_catalog(settings: CatalogSettings, tables: list[str], tm: Option
             missing.append(table)
     if not missing:
         return
-    writers = tm.topology().writers if tm is not None else {}
-    named = ", ".join(t + (f" (written by job {writers[t]})" if t in writers else "") for t in missing[:5])
+    writers: dict[str, str] = {}
+    roots: set[str] = set()
+    if tm is not None:  # registered names may carry the catalog's name (lake.db.t) or not: compare them without
+        topology = tm.topology()
+        writers = {settings.identifier(t): job for t, job in topology.writers.items()}
+        roots = {settings.identifier(t) for t in topology.root_tables}
+    registered = [t for t in missing if settings.identifier(t) in writers or settings.identifier(t) in roots]
+
+    def named(table: str) -> str:
+        writer = writers.get(settings.identifier(table))
+        return table + (f" (written by job {writer})" if writer else "")
     more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-    raise TidemarkError(f"{named}{more} {'does' if len(missing) == 1 else 'do'} not exist in "
-                        f"{_catalog_where(settings)}, though {'it is' if len(missing) == 1 else 'they are'} "
-                        "registered in ZooKeeper: point TIDEMARK_CATALOG_URI (and TIDEMARK_CATALOG_NAME) at the "
-                        "catalog the jobs write, or create the table, or unregister a job whose tables were dropped; "
-                        "nothing changed")
+    lacks = (f"{', '.join(map(named, missing[:5]))}{more} {'does' if len(missing) == 1 else 'do'} not exist in "
+             f"{settings.describe()}")
+    if not registered:
+        raise TidemarkError(f"{lacks}: check the table names, or point TIDEMARK_CATALOG_URI (and "
+                            "TIDEMARK_CATALOG_NAME) at the catalog that has them; nothing changed")
+    if len(registered) == len(missing):
+        which = "it is" if len(missing) == 1 else "they are"
+    else:  # some registered, some not: only tables a command line names (resolve), so a few
+        which = f"{', '.join(registered)} {'is' if len(registered) == 1 else 'are'}"
+    raise TidemarkError(f"{lacks}, though {which} registered in ZooKeeper: point TIDEMARK_CATALOG_URI (and "
+                        "TIDEMARK_CATALOG_NAME) at the catalog the jobs write, or create the table, or unregister a "
+                        "job whose tables were dropped; nothing changed")
 
 
 def _confirm(args: argparse.Namespace, plan: str, action: str) -> bool:
