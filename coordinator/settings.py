@@ -56,10 +56,10 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "TIDEMARK_HOME": ("`$XDG_DATA_HOME/tidemark` or `~/.local/share/tidemark`",
                       "where the embedded defaults live (catalog, warehouse, local ZooKeeper's data)"),
     "TIDEMARK_CACHE": ("`$XDG_CACHE_HOME/tidemark` or `~/.cache/tidemark`",
-                       "where `make setup` keeps the Spark jars (`<cache>/jars`)"),
+                       "where `make setup` keeps the Spark jars from Maven Central (`<cache>/maven`)"),
     "TIDEMARK_SPARK_MASTER": ("`local[2]`", "Spark master of `build_spark_session` (unless `SPARK_HOME` is set: "
                                             "then `spark-defaults.conf` decides)"),
-    "TIDEMARK_SPARK_JARS": ("the jars in `<cache>/jars`",
+    "TIDEMARK_SPARK_JARS": ("the jars in `<cache>/maven`, else `spark.jars.packages`",
                             "Iceberg's Spark runtime jar(s) and JDBC drivers, comma separated"),
     "TIDEMARK_METRICS_PORT": ("unset: no endpoint", "port of a driver's `/metrics` and `/healthz`"),
     "TIDEMARK_METRICS_ADDRESS": (f"`{DEFAULT_METRICS_ADDRESS}`", "address that endpoint listens on"),

@@ -4,8 +4,9 @@ The quickstart's shell blocks run in order as one bash script (``set -euo pipefa
 is saved under the name its first line gives, as the README tells the reader to. Real ZooKeeper (``tidemark
 zk start``, the default port 2181) and the real embedded SQLite catalog, in a fresh ``TIDEMARK_HOME``.
 The script runs in a private network namespace (``unshare``), so the default port is the test's own and
-never another ZooKeeper's on this machine. The install line is checked, not run (the venv is the install):
-it must name this distribution and an extra pyproject.toml declares.
+never another ZooKeeper's on this machine. The install line runs for real, before the rest and outside that
+namespace (it needs the package index): into a fresh venv, from a wheel of this checkout built by the test at the
+path the line names; the rest of the quickstart then runs with that venv's python and ``tidemark``.
 """
 from __future__ import annotations
 
@@ -24,11 +25,13 @@ import pytest
 from coordinator import EpochWriter
 from coordinator.errors import TableNotFound
 from coordinator.operations.zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper
+from tests.helpers.wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 PYPROJECT = (ROOT / "pyproject.toml").read_text()
 DEADLINE_S = 240
+INSTALL_DEADLINE_S = 600  # a fresh venv: pyiceberg, pyarrow, pandas, polars, DuckDB
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 
 
@@ -41,16 +44,24 @@ def blocks(section: str) -> list[tuple[str, str]]:
     return [(language, body) for language, body in FENCE.findall(section)]
 
 
+def install_line(section: str) -> str:
+    shell = "\n".join(body for language, body in blocks(section) if language == "sh")
+    (line,) = re.findall(r"^pip install .*$", shell, re.M)
+    return line
+
+
 def test_the_quickstart_is_one_screen_with_an_install_line_for_this_distribution():
     section = quickstart()
     assert len(section.splitlines()) <= 60, "the quickstart no longer fits on one screen"
-    shell = "\n".join(body for language, body in blocks(section) if language == "sh")
-    (install,) = re.findall(r"^pip install (.*?)(?:\s+#.*)?$", shell, re.M)
+    found = re.fullmatch(r"pip install '(dist/([\w.]+)-([\w.]+)-py3-none-any\.whl)\[([\w,]+)\]'(?:\s+#.*)?",
+                         install_line(section))
+    assert found, f"the quickstart installs {install_line(section)!r}, not a wheel built from a clone"
     name = re.search(r'^name = "([^"]+)"$', PYPROJECT, re.M)
-    assert name is not None
-    found = re.fullmatch(r"'([\w.-]+)\[([\w,]+)\]'", install)
-    assert found and found.group(1) == name.group(1), f"the quickstart installs {install}, not {name.group(1)}"
-    for extra in found.group(2).split(","):
+    version = re.search(r'^version = "([^"]+)"$', PYPROJECT, re.M)
+    assert name is not None and version is not None
+    assert found.group(2) == name.group(1).replace("-", "_"), f"the quickstart installs {found.group(2)}"
+    assert found.group(3) == version.group(1), f"the wheel's version {found.group(3)} is not {version.group(1)}"
+    for extra in found.group(4).split(","):
         assert re.search(rf"^{extra} = \[", PYPROJECT, re.M), f"pyproject.toml has no extra {extra!r}"
 
 
@@ -72,6 +83,20 @@ def _port_free(port: int) -> bool:
 def test_the_readme_quickstart_runs_as_written(tmp_path):
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
+    install = install_line(quickstart())
+    wheel_path = re.search(r"'(dist/[^\[']+)", install)
+    assert wheel_path is not None
+    wheel, _ = build_wheel(tmp_path / "build")
+    (work / "dist").mkdir()
+    shutil.copy(wheel, work / wheel_path.group(1))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    bin_dir = venv / "bin"
+    # --no-compile: byte-compiling pandas, polars and pyarrow takes half a minute and tells nothing.
+    installed = subprocess.run(["bash", "-euo", "pipefail", "-c", f"{install} --no-compile -q"], cwd=work,
+                               env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                               capture_output=True, text=True, timeout=INSTALL_DEADLINE_S)
+    assert installed.returncode == 0, f"the install line failed:\n{installed.stdout}{installed.stderr}"
     script = ["trap 'tidemark zk stop >/dev/null 2>&1 || true' EXIT"]  # the server goes with the script, whatever fails
     for language, body in blocks(quickstart()):
         if language == "python":
@@ -79,12 +104,12 @@ def test_the_readme_quickstart_runs_as_written(tmp_path):
             assert name, "the quickstart's Python block must start with '# <file>.py' (the file the reader saves)"
             (work / name.group(1)).write_text(body)
         elif language == "sh":
-            script += [line for line in body.splitlines() if not line.startswith("pip install ")]
+            script += [line for line in body.splitlines() if line != install]
     (work / "quickstart.sh").write_text("\n".join(script) + "\n")
 
     # The quickstart's defaults, not this machine's settings (the ZooKeeper server's class path stays).
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_") or k == "TIDEMARK_ZK_CLASSPATH"}
-    env.update(TIDEMARK_HOME=str(home), HOME=str(tmp_path), PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
+    env.update(TIDEMARK_HOME=str(home), HOME=str(tmp_path), PATH=f"{bin_dir}:{env['PATH']}")
     prefix = _namespaced()
     if prefix is None and not _port_free(DEFAULT_PORT):
         pytest.fail(f"port {DEFAULT_PORT} is taken and this machine has no network namespaces (unshare): the "

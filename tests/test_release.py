@@ -15,7 +15,7 @@ def _project_field(pattern: str) -> str:
 
 
 VERSION = _project_field(r'^version = "([^"]+)"$')
-LICENSE = _project_field(r'^license = \{ text = "([^"]+)" \}$')
+LICENSE = _project_field(r'^license = "([^"]+)"$')
 
 
 def test_the_image_is_labelled_and_tagged_with_the_package_version_and_license():
