@@ -1,7 +1,16 @@
-"""Fixtures on real components: a ZooKeeper server, a PostgreSQL server, a SparkSession."""
+"""Fixtures on real components: a ZooKeeper server, a PostgreSQL server, a SparkSession.
+
+The suite never reads or writes the real home: before any test runs, HOME, the XDG directories and
+TIDEMARK_HOME point into a temporary directory (subprocesses inherit them), and the session fails if
+anything in the real home was created, changed or deleted by the end (``_real_home_untouched``).
+"""
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -10,9 +19,56 @@ import pytest
 from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark
 from coordinator.history import resolve as resolve_module
 from coordinator.operations.zookeeper_server import free_port
+from coordinator.settings import Settings
+from tests.helpers.home import changes, snapshot
 from tests.helpers.postgres import PostgresServer
 
 SESSION_TIMEOUT = 4.0
+REAL_HOME_VARIABLE = "TIDEMARK_TESTS_REAL_HOME"
+
+
+def _isolate_home() -> tuple[Path, Path]:
+    """Point HOME, the XDG directories and TIDEMARK_HOME into one fresh temporary directory (removed at exit), so
+    that a default location (the embedded catalog, ZooKeeper's data, a tool's cache or settings) is never the
+    user's. Returns the real home and the shared jar cache."""
+    if REAL_HOME_VARIABLE in os.environ:
+        # Done already: this module imported again (as tests.conftest, for its constants), or a suite that the suite
+        # started (it inherits the environment). The real home is the one found first.
+        return Path(os.environ[REAL_HOME_VARIABLE]), Path(os.environ["TIDEMARK_CACHE"])
+    # The one thing the suite shares with the user: the jar cache `make setup` fills (Iceberg's Spark runtime and
+    # the JDBC drivers, tens of MB, downloaded once), which Spark tests and drivers only read. It is resolved here,
+    # from the real environment, and set explicitly, as the swapped XDG_CACHE_HOME would otherwise hide it.
+    jar_cache = Settings.from_env().cache
+    real_home = Path(os.path.expanduser("~"))
+    sandbox = Path(tempfile.mkdtemp(prefix="tidemark-tests-home-"))
+    atexit.register(shutil.rmtree, sandbox, True)
+    for variable, name in (("HOME", "home"), ("XDG_DATA_HOME", "data"), ("XDG_CACHE_HOME", "cache"),
+                           ("XDG_CONFIG_HOME", "config"), ("TIDEMARK_HOME", "tidemark")):
+        (sandbox / name).mkdir()
+        os.environ[variable] = str(sandbox / name)
+    os.environ["TIDEMARK_CACHE"] = str(jar_cache)
+    os.environ[REAL_HOME_VARIABLE] = str(real_home)
+    return real_home, jar_cache
+
+
+REAL_HOME, JAR_CACHE = _isolate_home()  # at import: before any fixture or test reads the settings
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _real_home_untouched():
+    """Fail the session if it created, changed or deleted anything in the real home (the jar cache aside, which
+    `make setup` may fill meanwhile, and the temporary directory, should it lie under the home)."""
+    if REAL_HOME.parent == REAL_HOME:
+        yield  # a home that is the file system's root (some containers): the whole machine, not ours to judge
+        return
+    skip = [JAR_CACHE, Path(tempfile.gettempdir())]
+    before = snapshot(REAL_HOME, skip)
+    yield
+    touched = changes(before, snapshot(REAL_HOME, skip))
+    if touched:
+        pytest.fail(f"the suite changed the real home {REAL_HOME} (tests run with HOME={os.environ['HOME']}): "
+                    + "; ".join(touched[:20]) + (f"; and {len(touched) - 20} more" if len(touched) > 20 else ""),
+                    pytrace=False)
 
 
 @pytest.fixture(scope="session")
