@@ -860,6 +860,10 @@ def test_the_example_pipeline_script_runs_both_jobs_consistently(zk_connect, tmp
     script = tmp_path / "job.py"
     script.write_text(example_script())
     home = tmp_path / "home"
+    # The chart's catalog, PostgreSQL's database, is there before the drivers start; so is its stand-in here: the
+    # drivers' CatalogSettings.from_env() never creates a catalog.
+    settings = CatalogSettings.embedded(home)
+    settings.load()
     env = {**os.environ, "TIDEMARK_ZK": zk_connect, "TIDEMARK_HOME": str(home)}
     for name in ("TIDEMARK_CATALOG_URI", "TIDEMARK_WAREHOUSE", "TIDEMARK_CATALOG_NAME"):
         env.pop(name, None)
@@ -873,7 +877,6 @@ def test_the_example_pipeline_script_runs_both_jobs_consistently(zk_connect, tmp
                 jobs = tm.status().jobs
                 return len(jobs) == 2 and all(job.committed_epoch is not None for job in jobs)
             wait_for(committed, "both example jobs to commit an epoch", timeout=120, every=0.5)
-            settings = CatalogSettings.embedded(home)
             resolver = Resolver(settings.load(), settings, tm)
             version = resolver.resolve(["demo.events", "demo.region_totals"], level="consistent")
             tables = read_arrow(resolver, version)
