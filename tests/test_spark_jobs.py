@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from coordinator.operations.zookeeper_server import free_port
 from spark_hooks import EpochJob, read_consistent, snapshot_sql
 from tests.helpers.crash import crash_env
 from tests.helpers.present import present
+from tests.helpers.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 # Every test here runs Spark, in this process or in driver subprocesses: none belongs in `make test-fast`.
@@ -125,6 +127,10 @@ def test_merge_job_unregistered_and_registered_again_counts_every_word_once(spar
     assert plan.resume.committed is not None and plan.resume.committed.inputs.sources[source].end == \
         words.current_snapshot().snapshot_id
     words.append(pa.table({"word": ["b", "c"]}))
+    # The job registered again resumes at the newest barrier already passed: one must have passed since the append
+    # for its epoch to read it (within the same second the barrier is before it, and the epoch is rightly idle).
+    appended_ms = present(words.current_snapshot()).timestamp_ms
+    wait_for(lambda: time.time() * 1000 >= (appended_ms // 1000 + 1) * 1000, "a barrier after the append", timeout=5)
     counting_job().run(max_epochs=1)
     counts = catalog.load_table(f"{namespace}.counts").scan().to_arrow()
     assert dict(zip(counts["word"].to_pylist(), counts["cnt"].to_pylist())) == {"a": 2, "b": 2, "c": 1}
