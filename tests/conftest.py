@@ -27,18 +27,24 @@ SESSION_TIMEOUT = 4.0
 REAL_HOME_VARIABLE = "TIDEMARK_TESTS_REAL_HOME"
 
 
-def _isolate_home() -> tuple[Path, Path]:
+def _isolate_home() -> tuple[Path, tuple[Path, ...]]:
     """Point HOME, the XDG directories and TIDEMARK_HOME into one fresh temporary directory (removed at exit), so
     that a default location (the embedded catalog, ZooKeeper's data, a tool's cache or settings) is never the
-    user's. Returns the real home and the shared jar cache."""
+    user's. Returns the real home and the caches the suite shares with it."""
     if REAL_HOME_VARIABLE in os.environ:
         # Done already: this module imported again (as tests.conftest, for its constants), or a suite that the suite
         # started (it inherits the environment). The real home is the one found first.
-        return Path(os.environ[REAL_HOME_VARIABLE]), Path(os.environ["TIDEMARK_CACHE"])
-    # The one thing the suite shares with the user: the jar cache `make setup` fills (Iceberg's Spark runtime and
-    # the JDBC drivers, tens of MB, downloaded once), which Spark tests and drivers only read. It is resolved here,
-    # from the real environment, and set explicitly, as the swapped XDG_CACHE_HOME would otherwise hide it.
+        return Path(os.environ[REAL_HOME_VARIABLE]), (Path(os.environ["TIDEMARK_CACHE"]),
+                                                      Path(os.environ["PIP_CACHE_DIR"]))
+    # The two things the suite shares with the user, both resolved here from the real environment and set
+    # explicitly, as the swapped XDG_CACHE_HOME would otherwise hide them:
+    # - the jar cache `make setup` fills from Maven Central (Iceberg's Spark runtime, iceberg-aws-bundle and the
+    #   JDBC drivers, about 130 MB), which Spark tests and drivers only read;
+    # - pip's cache, which `make setup` filled with the wheels of the venv: the quickstart test installs the
+    #   package into a fresh venv as a user does, and would otherwise download some 700 MB of wheels every run.
     jar_cache = Settings.from_env().cache
+    pip_cache = Path(os.environ.get("PIP_CACHE_DIR") or
+                     Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "pip")
     real_home = Path(os.path.expanduser("~"))
     sandbox = Path(tempfile.mkdtemp(prefix="tidemark-tests-home-"))
     atexit.register(shutil.rmtree, sandbox, True)
@@ -47,21 +53,22 @@ def _isolate_home() -> tuple[Path, Path]:
         (sandbox / name).mkdir()
         os.environ[variable] = str(sandbox / name)
     os.environ["TIDEMARK_CACHE"] = str(jar_cache)
+    os.environ["PIP_CACHE_DIR"] = str(pip_cache)
     os.environ[REAL_HOME_VARIABLE] = str(real_home)
-    return real_home, jar_cache
+    return real_home, (jar_cache, pip_cache)
 
 
-REAL_HOME, JAR_CACHE = _isolate_home()  # at import: before any fixture or test reads the settings
+REAL_HOME, SHARED_CACHES = _isolate_home()  # at import: before any fixture or test reads the settings
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _real_home_untouched():
-    """Fail the session if it created, changed or deleted anything in the real home (the jar cache aside, which
-    `make setup` may fill meanwhile, and the temporary directory, should it lie under the home)."""
+    """Fail the session if it created, changed or deleted anything in the real home (the shared caches aside, and
+    the temporary directory, should it lie under the home)."""
     if REAL_HOME.parent == REAL_HOME:
         yield  # a home that is the file system's root (some containers): the whole machine, not ours to judge
         return
-    skip = [JAR_CACHE, Path(tempfile.gettempdir())]
+    skip = [*SHARED_CACHES, Path(tempfile.gettempdir())]
     before = snapshot(REAL_HOME, skip)
     yield
     touched = changes(before, snapshot(REAL_HOME, skip))
