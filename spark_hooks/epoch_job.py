@@ -41,6 +41,7 @@ from coordinator.job.writer import EpochContext, EpochWriter
 from coordinator.protocol.pacing import DEFAULT_GRACE_MS
 from coordinator.records import EpochInputs, EpochRecord, EpochState
 from coordinator.tidemark import Tidemark
+from spark_hooks.reads import snapshot_frame
 
 log = logging.getLogger(__name__)
 
@@ -55,19 +56,16 @@ class SparkEpochContext(EpochContext):
     def changes(self, source: str):
         """Rows appended to ``source`` in ``(previous barrier, T]`` (the source must be append-only)."""
         bounds = self.range_of(source)
-        reader = self.spark.read.format("iceberg")
         if bounds.end is None or bounds.is_empty:
             return self.spark.table(source).limit(0)
         if bounds.start is None:
-            return reader.option("snapshot-id", bounds.end).load(source)
-        return reader.option("start-snapshot-id", bounds.start).option("end-snapshot-id", bounds.end).load(source)
+            return snapshot_frame(self.spark, source, bounds.end)
+        return (self.spark.read.format("iceberg").option("start-snapshot-id", bounds.start)
+                .option("end-snapshot-id", bounds.end).load(source))
 
     def table(self, source: str):
         """All of ``source`` as of barrier ``T``."""
-        bounds = self.range_of(source)
-        if bounds.end is None:
-            return self.spark.table(source).limit(0)
-        return self.spark.read.format("iceberg").option("snapshot-id", bounds.end).load(source)
+        return snapshot_frame(self.spark, source, self.range_of(source).end)
 
     def append(self, sink: str, df) -> None:
         self._write(sink, df.sparkSession, lambda: df.writeTo(sink).append())
@@ -81,6 +79,11 @@ class SparkEpochContext(EpochContext):
         """``MERGE INTO sink t USING df s ON t.k = s.k``: update matches (``matched``, default ``*``), insert others."""
         view = f"tidemark_merge_{self.writer.name.replace('.', '_').replace('-', '_')}_{self.epoch}"
         session = df.sparkSession  # the view is registered there, and the MERGE must see it
+        if session.version.startswith("4.1."):
+            # Spark 4.1 cannot plan a MERGE whose source view reads a table at its current or an incremental
+            # snapshot: the view keeps a table reference the planner never resolves ("No plan for
+            # TableReference", SPARK-57539, fixed in 4.2). The source is computed first, so the view holds rows.
+            df = df.localCheckpoint()
         df.createOrReplaceTempView(view)
         condition = " AND ".join(f"t.{k} = s.{k}" for k in on)
         update = f"UPDATE SET {matched}" if matched else "UPDATE SET *"

@@ -22,15 +22,17 @@ class ConsistentFrames(dict):
     version: ConsistentVersion
 
 
+def snapshot_frame(spark, table: str, snapshot_id: Optional[int]):
+    """``table`` as of ``snapshot_id`` (empty when None: the table had no snapshot then). Spark's own time travel
+    option ``versionAsOf``: Iceberg's runtimes for Spark 4 refuse their older ``snapshot-id`` read option."""
+    if snapshot_id is None:
+        return spark.table(table).limit(0)
+    return spark.read.format("iceberg").option("versionAsOf", snapshot_id).load(table)
+
+
 def frames_at(spark, version: ConsistentVersion) -> dict:
     """One DataFrame per table of ``version``, each at its snapshot (empty when the table had none)."""
-    frames = {}
-    for table, snapshot_id in version.snapshots.items():
-        if snapshot_id is None:
-            frames[table] = spark.table(table).limit(0)
-        else:
-            frames[table] = spark.read.format("iceberg").option("snapshot-id", snapshot_id).load(table)
-    return frames
+    return {table: snapshot_frame(spark, table, snapshot_id) for table, snapshot_id in version.snapshots.items()}
 
 
 def read_consistent(spark, tm, tables: Iterable[str], level: Union[str, ConsistencyLevel] = "consistent",
