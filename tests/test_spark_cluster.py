@@ -23,6 +23,7 @@ import pytest
 
 from coordinator.iceberg.snapshots import main_lineage, snapshot_progress
 from coordinator.records import now_ms
+from spark_hooks.classpath import IcebergRuntime
 from tests.helpers.present import present
 from tests.helpers.spark_cascade import (
     JOB,
@@ -43,8 +44,10 @@ from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.spark
 
+RUNTIME = IcebergRuntime.installed()  # the runtime jar of the installed Spark: 3.5_2.12, 4.1_2.13, ...
 ICEBERG_WRITE_LOADED = re.compile(r"org\.apache\.iceberg\.spark\.source\.SparkWrite\S* source: \S*"
-                                  r"iceberg-spark-runtime-3\.5_2\.12-[\d.]+\.jar")
+                                  + re.escape(f"iceberg-spark-runtime-{RUNTIME.spark_version}_{RUNTIME.scala_version}-")
+                                  + r"[\d.]+\.jar")
 
 
 @pytest.fixture(scope="module")
