@@ -31,8 +31,8 @@ run_executor() {
         java_options+=("${!name}")
         index=$((index + 1))
     done
-    # Spark's configuration, then spark.executor.extraClassPath (SPARK_CLASSPATH: the Iceberg
-    # runtime), then Spark's jars (with iceberg-aws-bundle), as Spark's own images order them.
+    # Spark's configuration, then spark.executor.extraClassPath (SPARK_CLASSPATH: Iceberg's runtime,
+    # iceberg-aws-bundle and the JDBC drivers), then Spark's jars, as Spark's own images order them.
     local classpath="${SPARK_CONF_DIR:-$SPARK_HOME/conf}"
     [ -z "${SPARK_CLASSPATH:-}" ] || classpath="$classpath:$SPARK_CLASSPATH"
     classpath="$classpath:$SPARK_HOME/jars/*:$PWD"

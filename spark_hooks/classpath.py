@@ -84,7 +84,7 @@ class IcebergRuntime:
         if minor not in ICEBERG_RUNTIMES:
             raise ConfigurationError(
                 f"Iceberg publishes no Spark runtime for Spark {spark_version}: install pyspark "
-                f"{', '.join(ICEBERG_RUNTIMES)} (pip install 'tidemark-iceberg[spark]' picks one), or set "
+                f"{', '.join(ICEBERG_RUNTIMES)} (the package's spark extra picks one), or set "
                 "TIDEMARK_SPARK_JARS to runtime jars you built for it")
         scala, iceberg = ICEBERG_RUNTIMES[minor]
         return cls(minor, scala, iceberg)
@@ -95,7 +95,8 @@ class IcebergRuntime:
         try:
             import pyspark
         except ImportError:
-            raise ConfigurationError("pyspark is not installed: pip install 'tidemark-iceberg[spark]'") from None
+            raise ConfigurationError("pyspark is not installed: install the package with its spark extra "
+                                     "(pip install '.[spark]' in a clone)") from None
         return cls.for_spark(pyspark.__version__)
 
     def artifacts(self) -> tuple[MavenArtifact, ...]:
@@ -118,8 +119,7 @@ class SparkClasspath:
     def spark_conf(self) -> dict[str, str]:
         if self.packages:
             return {"spark.jars.packages": ",".join(self.packages)}
-        # On the JVMs' own class path, not spark.jars: JDBC's DriverManager finds drivers through the system class
-        # loader only.
+        # On the JVMs' own class path, not spark.jars: the class loader every JDBC DriverManager lookup sees.
         joined = ":".join(self.jars)
         return {"spark.driver.extraClassPath": joined, "spark.executor.extraClassPath": joined}
 

@@ -79,10 +79,13 @@ class SparkEpochContext(EpochContext):
         """``MERGE INTO sink t USING df s ON t.k = s.k``: update matches (``matched``, default ``*``), insert others."""
         view = f"tidemark_merge_{self.writer.name.replace('.', '_').replace('-', '_')}_{self.epoch}"
         session = df.sparkSession  # the view is registered there, and the MERGE must see it
-        if session.version.startswith("4.1."):
+        checkpointed = session.version.startswith("4.1.")
+        if checkpointed:
             # Spark 4.1 cannot plan a MERGE whose source view reads a table at its current or an incremental
             # snapshot: the view keeps a table reference the planner never resolves ("No plan for
             # TableReference", SPARK-57539, fixed in 4.2). The source is computed first, so the view holds rows.
+            # Those rows live on the executors: one lost before the MERGE has read them fails the epoch, which the
+            # job then runs again.
             df = df.localCheckpoint()
         df.createOrReplaceTempView(view)
         condition = " AND ".join(f"t.{k} = s.{k}" for k in on)
@@ -93,6 +96,8 @@ class SparkEpochContext(EpochContext):
             self._write(sink, session, lambda: session.sql(sql))
         finally:
             session.catalog.dropTempView(view)
+            if checkpointed:
+                df.unpersist()
 
     def _write(self, sink: str, session, write: Callable[[], object]) -> None:
         """Stage ``write`` in ``sink``: ``session`` is the one that runs it, the written DataFrame's. A

@@ -20,8 +20,11 @@ from coordinator.settings import Settings
 from spark_hooks.classpath import SparkClasspath, spark_classpath
 
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
-# Settings by which a user's own conf brings Iceberg's jars (their image, --packages, a mirror).
-USER_CLASSPATH_KEYS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")
+# Settings by which a user's own conf brings jars: Tidemark adds its own to them, unless they name Iceberg's runtime
+# already (their image, --packages, a mirror).
+USER_CLASSPATH_KEYS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath",
+                       "spark.executor.extraClassPath")
+ICEBERG_RUNTIME_ARTIFACT = "iceberg-spark-runtime"
 
 
 def spark_conf(catalog: CatalogSettings, jars: Optional[list[str]] = None,
@@ -29,16 +32,20 @@ def spark_conf(catalog: CatalogSettings, jars: Optional[list[str]] = None,
     """Every Spark setting Tidemark needs, as a plain dict (for spark-submit or a Kubernetes manifest).
 
     ``jars``: the jars to put on the class path instead of ``spark_classpath``'s choice. ``extra_conf`` is
-    applied last; its SQL catalogs get their JDBC drivers too, and when it names jars or packages itself
-    (``USER_CLASSPATH_KEYS``) the class path is left to it."""
+    applied last; its SQL catalogs get their JDBC drivers too. Jars or packages it names itself
+    (``USER_CLASSPATH_KEYS``) are kept, Tidemark's added before them; when they name Iceberg's Spark runtime
+    already, the class path is left to them."""
     conf = {"spark.sql.extensions": ICEBERG_EXTENSIONS, "spark.sql.defaultCatalog": catalog.name}
     conf.update(catalog.spark_conf())
     conf.update(extra_conf or {})
-    if jars is None and any(key in conf for key in USER_CLASSPATH_KEYS):
+    if jars is None and any(ICEBERG_RUNTIME_ARTIFACT in conf.get(key, "") for key in USER_CLASSPATH_KEYS):
         return conf
     jdbc_uris = [v for k, v in conf.items() if k.startswith("spark.sql.catalog.") and k.endswith(".uri")]
     classpath = spark_classpath(jdbc_uris=jdbc_uris) if jars is None else SparkClasspath(jars=tuple(jars))
-    return {**classpath.spark_conf(), **conf}
+    for key, value in classpath.spark_conf().items():
+        separator = "," if key == "spark.jars.packages" else os.pathsep
+        conf[key] = f"{value}{separator}{conf[key]}" if conf.get(key) else value
+    return conf
 
 
 def build_spark_session(catalog: Optional[CatalogSettings] = None, *, app_name: str = "tidemark",
@@ -51,7 +58,8 @@ def build_spark_session(catalog: Optional[CatalogSettings] = None, *, app_name: 
     try:
         from pyspark.sql import SparkSession
     except ImportError:
-        raise ConfigurationError("pyspark is not installed: pip install 'tidemark-iceberg[spark]'") from None
+        raise ConfigurationError("pyspark is not installed: install the package with its spark extra "
+                                 "(pip install '.[spark]' in a clone)") from None
     catalog = catalog or CatalogSettings.from_env()
     builder = SparkSession.builder.appName(app_name)
     conf = {"spark.ui.showConsoleProgress": "false"}

@@ -34,8 +34,7 @@ def _isolate_home() -> tuple[Path, tuple[Path, ...]]:
     if REAL_HOME_VARIABLE in os.environ:
         # Done already: this module imported again (as tests.conftest, for its constants), or a suite that the suite
         # started (it inherits the environment). The real home is the one found first.
-        return Path(os.environ[REAL_HOME_VARIABLE]), (Path(os.environ["TIDEMARK_CACHE"]),
-                                                      Path(os.environ["PIP_CACHE_DIR"]))
+        return Path(os.environ[REAL_HOME_VARIABLE]), (Settings.from_env().cache, Path(os.environ["PIP_CACHE_DIR"]))
     # The two things the suite shares with the user, both resolved here from the real environment and set
     # explicitly, as the swapped XDG_CACHE_HOME would otherwise hide them:
     # - the jar cache `make setup` fills from Maven Central (Iceberg's Spark runtime, iceberg-aws-bundle and the
@@ -64,11 +63,12 @@ REAL_HOME, SHARED_CACHES = _isolate_home()  # at import: before any fixture or t
 @pytest.fixture(scope="session", autouse=True)
 def _real_home_untouched():
     """Fail the session if it created, changed or deleted anything in the real home (the shared caches aside, and
-    the temporary directory, should it lie under the home)."""
+    the temporary directory and this checkout, should they lie under the home: the suite writes its own caches,
+    .hypothesis and __pycache__, into the checkout)."""
     if REAL_HOME.parent == REAL_HOME:
         yield  # a home that is the file system's root (some containers): the whole machine, not ours to judge
         return
-    skip = [*SHARED_CACHES, Path(tempfile.gettempdir())]
+    skip = [*SHARED_CACHES, Path(tempfile.gettempdir()), Path(__file__).resolve().parent.parent]
     before = snapshot(REAL_HOME, skip)
     yield
     touched = changes(before, snapshot(REAL_HOME, skip))

@@ -105,8 +105,8 @@ def test_only_the_embedded_catalog_asked_for_is_created(new_home, caplog):
     catalog = CatalogSettings.embedded().load()
     assert new_home.database.is_file()
     assert announced() == [
-        f"created a new, empty Iceberg catalog 'lake' at {new_home.database}: set TIDEMARK_HOME (or "
-        "TIDEMARK_CATALOG_URI) if your tables live elsewhere"]
+        f"created a new, empty Iceberg catalog 'lake' at {new_home.database}: set TIDEMARK_HOME if your tables "
+        "live elsewhere"]
     catalog.create_namespace("db")
     assert CatalogSettings.from_env().load().list_namespaces() == [("db",)]  # the same catalog, not created again
     assert len(announced()) == 1

@@ -81,11 +81,28 @@ def test_cached_jars_go_on_the_class_path_and_without_them_spark_resolves_the_co
     assert jars.spark_conf()["spark.executor.extraClassPath"] == ":".join(jars.jars)
 
 
-def test_a_conf_that_brings_its_own_jars_is_left_alone(tmp_path):
+def test_a_conf_that_brings_iceberg_itself_is_left_alone(tmp_path):
     catalog = CatalogSettings.embedded(tmp_path)
-    conf = spark_conf(catalog, extra_conf={"spark.jars.packages": "org.example:mine:1"})
-    assert conf["spark.jars.packages"] == "org.example:mine:1"
+    mine = "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.9.2"
+    conf = spark_conf(catalog, extra_conf={"spark.jars.packages": mine})
+    assert conf["spark.jars.packages"] == mine
     assert "spark.driver.extraClassPath" not in conf
+
+
+def test_jars_and_packages_of_a_users_own_are_kept_beside_icebergs(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIDEMARK_CACHE", str(tmp_path / "empty-cache"))  # nothing cached: packages
+    monkeypatch.delenv("TIDEMARK_SPARK_JARS", raising=False)
+    catalog = CatalogSettings.embedded(tmp_path)
+    conf = spark_conf(catalog, extra_conf={"spark.jars.packages": "org.example:udf:1"})
+    runtime = IcebergRuntime.installed()
+    assert conf["spark.jars.packages"] == ",".join(
+        (*runtime.coordinates(), JDBC_DRIVERS["sqlite"].coordinate, "org.example:udf:1"))
+    jar = tmp_path / "iceberg.jar"
+    jar.write_bytes(b"jar")
+    monkeypatch.setenv("TIDEMARK_SPARK_JARS", str(jar))
+    conf = spark_conf(catalog, extra_conf={"spark.executor.extraClassPath": "/opt/agent.jar"})
+    assert conf["spark.executor.extraClassPath"] == f"{jar}:/opt/agent.jar"
+    assert conf["spark.driver.extraClassPath"] == str(jar)
 
 
 def _start_session(tmp_path: Path, env: dict[str, str]) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -28,10 +29,15 @@ REQUEST_TIMEOUT_S = 60
 DOWNLOAD_DEADLINE_S = 300  # per jar, all attempts included
 
 
-def install(settings: Optional[Settings] = None, repository: Optional[str] = None) -> list[Path]:
+def repository_url() -> str:
+    """``MAVEN_REPOSITORY`` (a mirror), else Maven Central."""
+    return (os.environ.get("MAVEN_REPOSITORY") or MAVEN_CENTRAL).rstrip("/")
+
+
+def install(settings: Optional[Settings] = None) -> list[Path]:
     """Every jar the installed Spark needs, in the cache (idempotent); returns their paths."""
     settings = settings or Settings.from_env()
-    repository = (repository or os.environ.get("MAVEN_REPOSITORY") or MAVEN_CENTRAL).rstrip("/")
+    repository = repository_url()
     paths = []
     for artifact in (*IcebergRuntime.installed().artifacts(), *JDBC_DRIVERS.values()):
         target = cached_jar(settings, artifact)
@@ -53,14 +59,23 @@ def _transient(exc: BaseException) -> bool:
 def _download(artifact: MavenArtifact, url: str, target: Path) -> None:
     print(f"jars: downloading {artifact.coordinate}", flush=True)
     with urllib.request.urlopen(f"{url}.sha1", timeout=REQUEST_TIMEOUT_S) as response:
-        expected = response.read().decode().split()[0].strip().lower()
+        published = response.read().decode(errors="replace").split()
+    if not published:
+        raise ConfigurationError(f"{url}.sha1 is empty: the repository publishes no checksum to check the jar against")
+    expected = published[0].lower()
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".part")
-    digest = hashlib.sha1(usedforsecurity=False)
-    with urllib.request.urlopen(url, timeout=REQUEST_TIMEOUT_S) as response, open(partial, "wb") as out:
-        while chunk := response.read(1 << 20):
-            digest.update(chunk)
-            out.write(chunk)
+    # A file of this download's own (two set-ups at once share the JDBC drivers): only a checked file is renamed.
+    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", delete=False) as out:
+        partial = Path(out.name)
+        digest = hashlib.sha1(usedforsecurity=False)
+        try:
+            with urllib.request.urlopen(url, timeout=REQUEST_TIMEOUT_S) as response:
+                while chunk := response.read(1 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except BaseException:
+            partial.unlink()  # a download cut short is never left behind, whether it is tried again or not
+            raise
     if digest.hexdigest() != expected:
         partial.unlink()
         raise ConfigurationError(f"{url} does not match its published SHA-1 ({digest.hexdigest()} != {expected}): "
@@ -79,7 +94,7 @@ def main(argv: list[str]) -> int:
         print(f"jars: error: {exc}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-        print(f"jars: error: cannot download from Maven Central ({exc}): check the network, or set "
+        print(f"jars: error: cannot download from {repository_url()} ({exc}): check the network, or set "
               "MAVEN_REPOSITORY to a mirror or TIDEMARK_SPARK_JARS to jars you have", file=sys.stderr)
         return 1
     print(f"jars: ready ({len(paths)} jars in {Settings.from_env().cache / 'maven'})")

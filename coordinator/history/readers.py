@@ -22,7 +22,7 @@ when the version is retained (every table holding data at ``T`` carries the tag,
 ``tidemark versions`` lists it and GC keeps it), else its snapshot id, which GC may expire once
 the version is no longer the newest (pin it with ``ReaderSession.pin`` for long reads).
 
-pandas, polars and duckdb are the ``readers`` extra (``pip install 'tidemark-iceberg[readers]'``):
+pandas, polars and duckdb are the ``readers`` extra (``pip install '.[readers]'`` in a clone):
 each is imported when first used, and a missing one is a ``ConfigurationError`` naming the extra.
 """
 from __future__ import annotations
@@ -206,7 +206,8 @@ def _optional(module: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ConfigurationError(f"{module} is not installed: pip install 'tidemark-iceberg[readers]'") from None
+        raise ConfigurationError(f"{module} is not installed: install the package with its readers extra "
+                                 "(pip install '.[readers]' in a clone)") from None
 
 
 def _first_line(exc: Exception) -> str:

@@ -70,11 +70,13 @@ class CatalogSettings:
             _parse_uri(self.uri)  # fail at construction, with the message, not deep inside a driver
 
     @classmethod
-    def embedded(cls, home: Optional[Path] = None, name: str = DEFAULT_CATALOG) -> CatalogSettings:
-        """The embedded SQLite catalog in ``home`` (default ``TIDEMARK_HOME``), created when first loaded."""
-        home = Path(home or Settings.from_env().home)
-        return cls(name=name, uri=f"sqlite:///{home / 'catalog.db'}", warehouse=f"file://{home / 'warehouse'}",
-                   create_if_missing=True)
+    def embedded(cls, home: Optional[Path] = None, name: Optional[str] = None) -> CatalogSettings:
+        """The embedded SQLite catalog in ``home`` (default ``TIDEMARK_HOME``), created when first loaded; its name
+        is ``name``, else ``TIDEMARK_CATALOG_NAME``'s (as ``from_env`` names it), else ``lake``."""
+        settings = Settings.from_env()
+        home = Path(home or settings.home)
+        return cls(name=name or settings.catalog_name, uri=f"sqlite:///{home / 'catalog.db'}",
+                   warehouse=f"file://{home / 'warehouse'}", create_if_missing=True)
 
     @classmethod
     def from_env(cls, settings: Optional[Settings] = None) -> CatalogSettings:
@@ -175,8 +177,8 @@ class CatalogSettings:
                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; check the URI, "
                 "that the database server is running and that the credentials are right") from None
         if new is not None and Path(new).is_file():
-            log.warning("created a new, empty Iceberg catalog %r at %s: set TIDEMARK_HOME (or TIDEMARK_CATALOG_URI) "
-                        "if your tables live elsewhere", self.name, "/" + new.lstrip("/"))
+            log.warning("created a new, empty Iceberg catalog %r at %s: set TIDEMARK_HOME if your tables live "
+                        "elsewhere", self.name, "/" + new.lstrip("/"))
         return catalog
 
     def _new_database(self) -> Optional[str]:
