@@ -1,12 +1,24 @@
 """One Iceberg catalog, described once, opened from Python (pyiceberg) and from Spark alike.
 
-    settings = CatalogSettings.from_env()             # TIDEMARK_CATALOG_URI or the embedded SQLite default
-    catalog = settings.load()                          # pyiceberg SqlCatalog on the same database
+    settings = CatalogSettings.from_env()             # TIDEMARK_CATALOG_URI, pyiceberg's configuration, or
+                                                       # the embedded SQLite default
+    catalog = settings.load()                          # the pyiceberg catalog
     CatalogSettings.embedded().load()                  # the embedded SQLite catalog, created the first time
     settings.spark_conf()                              # spark.sql.catalog.<name>.* for the session
 
-Supported URIs: ``sqlite:///abs/path/catalog.db`` and ``postgresql://user:password@host:port/db``.
-Any other catalog (REST, Glue, Hive, ...) is described with ``CatalogSettings.custom``.
+``from_env`` reads, for the catalog named ``TIDEMARK_CATALOG_NAME`` (default ``lake``):
+
+1. ``TIDEMARK_CATALOG_URI``: ``sqlite:///abs/path/catalog.db``, ``postgresql://user:password@host:port/db``
+   (a SQL catalog: pyiceberg's SqlCatalog, Spark's JdbcCatalog on the same database) or ``http(s)://...``
+   (a REST catalog), with ``TIDEMARK_WAREHOUSE``;
+2. else pyiceberg's own configuration of that catalog (``.pyiceberg.yaml`` or ``PYICEBERG_CATALOG__<NAME>__*``):
+   a REST, Glue or Hive catalog, as pyiceberg opens it;
+3. else the embedded SQLite catalog in ``TIDEMARK_HOME``.
+
+In 1 and 3, the rest of pyiceberg's configuration of that catalog (object store settings such as
+``s3.endpoint``, credentials) is kept, so a user who configured pyiceberg configures nothing twice. Spark's
+properties are derived from the same settings (``catalog_properties.java_properties``). A catalog neither
+describes is given with ``CatalogSettings.custom``.
 
 Only code that asks for a new catalog gets one: ``CatalogSettings.embedded`` (or
 ``create_if_missing=True``) creates its SQLite database and directories when first loaded, and says
@@ -25,6 +37,7 @@ from typing import TYPE_CHECKING, Optional
 from urllib.parse import quote, unquote, urlsplit
 
 from coordinator.errors import ConfigurationError, InvalidName, TableNotFound
+from coordinator.iceberg.catalog_properties import java_properties, pyiceberg_properties
 from coordinator.names import validate_name
 from coordinator.settings import DEFAULT_CATALOG, Settings
 
@@ -55,7 +68,10 @@ def is_catalog_outage(exc: BaseException) -> bool:
 
 @dataclass(frozen=True)
 class CatalogSettings:
-    """The catalog's name, its database URI and warehouse, or verbatim properties for a custom catalog."""
+    """The catalog's name, its URI (SQL database or REST server) and warehouse, or properties for any catalog.
+
+    ``python_properties`` are pyiceberg's (with a URI: added to those the URI gives, such as an object store's
+    ``s3.*``); ``spark_properties`` are Spark's, derived from pyiceberg's when not given."""
 
     name: str = DEFAULT_CATALOG
     uri: Optional[str] = None
@@ -80,13 +96,24 @@ class CatalogSettings:
 
     @classmethod
     def from_env(cls, settings: Optional[Settings] = None) -> CatalogSettings:
-        """``TIDEMARK_CATALOG_URI`` / ``TIDEMARK_WAREHOUSE`` / ``TIDEMARK_CATALOG_NAME``, else the embedded default in
-        ``TIDEMARK_HOME``; it creates nothing: loading a catalog that does not exist is a ``ConfigurationError``."""
+        """``TIDEMARK_CATALOG_URI`` / ``TIDEMARK_WAREHOUSE`` / ``TIDEMARK_CATALOG_NAME``, else pyiceberg's configuration
+        of that catalog, else the embedded default in ``TIDEMARK_HOME`` (see the module docstring); it creates
+        nothing: loading a catalog that does not exist is a ``ConfigurationError``."""
         settings = settings or Settings.from_env()
-        if not settings.catalog_uri:
-            return replace(cls.embedded(settings.home, name=settings.catalog_name), create_if_missing=False)
-        warehouse = settings.warehouse or f"file://{settings.home / 'warehouse'}"
-        return cls(name=settings.catalog_name, uri=settings.catalog_uri, warehouse=warehouse)
+        name = settings.catalog_name
+        configured = pyiceberg_properties(name)
+        if settings.catalog_uri:
+            kind, _ = _parse_uri(settings.catalog_uri)
+            warehouse = settings.warehouse or configured.get("warehouse") or (
+                None if kind == "rest" else f"file://{settings.home / 'warehouse'}")  # a REST server has its own
+            return cls(name=name, uri=settings.catalog_uri, warehouse=warehouse,
+                       python_properties=_without(configured, "type", "uri", "warehouse"))
+        if "uri" in configured or "type" in configured:
+            if settings.warehouse:
+                configured["warehouse"] = settings.warehouse
+            return cls(name=name, python_properties=configured)
+        return replace(cls.embedded(settings.home, name=name), create_if_missing=False,
+                       python_properties=_without(configured, "warehouse"))
 
     @classmethod
     def custom(cls, name: str, *, spark_properties: Mapping[str, str],
@@ -96,11 +123,14 @@ class CatalogSettings:
 
     def spark_conf(self) -> dict[str, str]:
         prefix = f"spark.sql.catalog.{self.name}"
-        conf = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.cache-enabled": "false"}
-        if self.uri is None:
-            conf.update({f"{prefix}.{k}": v for k, v in self.spark_properties.items()})
+        conf = {prefix: "org.apache.iceberg.spark.SparkCatalog"}
+        if self.uri is None or _parse_uri(self.uri)[0] == "rest":
+            java = dict(self.spark_properties) or java_properties(self.python_catalog_properties())
+            conf.update({f"{prefix}.{k}": v for k, v in java.items()})
             conf[f"{prefix}.cache-enabled"] = "false"  # Spark must see refs that Python moved
             return conf
+        conf[f"{prefix}.cache-enabled"] = "false"
+        conf.update({f"{prefix}.{k}": v for k, v in java_properties(self.python_properties).items()})
         kind, parts = _parse_uri(self.uri)
         conf[f"{prefix}.catalog-impl"] = "org.apache.iceberg.jdbc.JdbcCatalog"
         # pyiceberg creates the catalog tables (already in the V1 layout). Java must not probe them
@@ -129,10 +159,12 @@ class CatalogSettings:
         if self.uri is None:
             return dict(self.python_properties)
         kind, parts = _parse_uri(self.uri)
-        props = {"type": "sql"}
+        props = {**self.python_properties, "type": "sql" if kind != "rest" else "rest"}
         if self.warehouse:
             props["warehouse"] = self.warehouse
-        if kind == "sqlite":
+        if kind == "rest":
+            props["uri"] = self.uri
+        elif kind == "sqlite":
             self._require_database(parts["path"])
             props["uri"] = f"sqlite:///{parts['path']}?timeout={SQLITE_BUSY_TIMEOUT_MS // 1000}"
         else:
@@ -143,12 +175,13 @@ class CatalogSettings:
 
     def describe(self) -> str:
         """The catalog, for messages: its name and URI, without a password."""
-        if self.uri is None:
+        uri = self.uri or self.python_properties.get("uri")
+        if uri is None:
             return f"catalog {self.name!r} (custom properties)"
-        parts = urlsplit(self.uri)
-        uri = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl() if parts.password \
-            else self.uri
-        return f"catalog {self.name!r} at {uri}"
+        parts = urlsplit(uri)
+        shown = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl() if parts.password \
+            else uri
+        return f"catalog {self.name!r} at {shown}"
 
     def _require_database(self, path: str) -> None:
         if not self.create_if_missing:
@@ -173,9 +206,9 @@ class CatalogSettings:
             catalog = load_catalog(self.name, **properties)
         except Exception as exc:  # noqa: BLE001 - any driver error becomes one readable line
             raise ConfigurationError(
-                f"cannot open Iceberg catalog {self.name!r} at {self.uri or self.python_properties}: "
-                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; check the URI, "
-                "that the database server is running and that the credentials are right") from None
+                f"cannot open Iceberg {self.describe()}: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}; check the URI, that the catalog's server "
+                "(database or REST) is running and that the credentials are right") from None
         if new is not None and Path(new).is_file():
             log.warning("created a new, empty Iceberg catalog %r at %s: set TIDEMARK_HOME if your tables live "
                         "elsewhere", self.name, "/" + new.lstrip("/"))
@@ -207,9 +240,13 @@ def load_table(catalog: Catalog, settings: CatalogSettings, table: str) -> Table
         raise TableNotFound(f"Iceberg table {table!r} does not exist in catalog {settings.name!r}") from None
 
 
+def _without(properties: Mapping[str, str], *keys: str) -> dict[str, str]:
+    return {k: v for k, v in properties.items() if k not in keys}
+
+
 def _parse_uri(uri: str) -> tuple[str, dict[str, str]]:
-    hint = ("use sqlite:///absolute/path/catalog.db or postgresql://user:password@host:port/database, "
-            "or CatalogSettings.custom(...) for another catalog")
+    hint = ("use sqlite:///absolute/path/catalog.db, postgresql://user:password@host:port/database or a REST "
+            "catalog's http(s)://host:port/path, or CatalogSettings.custom(...) for another catalog")
     try:
         parts = urlsplit(uri)
         port = parts.port
@@ -226,4 +263,8 @@ def _parse_uri(uri: str) -> tuple[str, dict[str, str]]:
             raise ConfigurationError(f"catalog URI {uri!r} needs a host and a database: {hint}")
         return "postgresql", {"host": parts.hostname, "port": str(port or 5432), "database": database,
                               "user": unquote(parts.username or ""), "password": unquote(parts.password or "")}
+    if parts.scheme in ("http", "https"):
+        if not parts.hostname:
+            raise ConfigurationError(f"catalog URI {uri!r} needs a host: {hint}")
+        return "rest", {}
     raise ConfigurationError(f"catalog URI {uri!r} has an unsupported scheme {parts.scheme!r}: {hint}")
