@@ -23,7 +23,7 @@ lint: setup
 	$(PY) -m mypy
 
 test: setup lint
-	@$(call PYTEST,--durations=15)
+	@$(call PYTEST,-n 2 --dist loadgroup --durations=15)
 
 test-fast: setup lint
 	@$(call PYTEST,-m "not spark")

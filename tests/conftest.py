@@ -25,16 +25,21 @@ from tests.helpers.postgres import PostgresServer
 
 SESSION_TIMEOUT = 4.0
 REAL_HOME_VARIABLE = "TIDEMARK_TESTS_REAL_HOME"
+SANDBOX_WORKER_VARIABLE = "TIDEMARK_TESTS_SANDBOX_WORKER"  # the pytest-xdist worker whose sandbox HOME is ("": none)
 
 
 def _isolate_home() -> tuple[Path, tuple[Path, ...]]:
     """Point HOME, the XDG directories and TIDEMARK_HOME into one fresh temporary directory (removed at exit), so
     that a default location (the embedded catalog, ZooKeeper's data, a tool's cache or settings) is never the
     user's. Returns the real home and the caches the suite shares with it."""
-    if REAL_HOME_VARIABLE in os.environ:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if REAL_HOME_VARIABLE in os.environ and os.environ.get(SANDBOX_WORKER_VARIABLE) == worker:
         # Done already: this module imported again (as tests.conftest, for its constants), or a suite that the suite
         # started (it inherits the environment). The real home is the one found first.
         return Path(os.environ[REAL_HOME_VARIABLE]), (Settings.from_env().cache, Path(os.environ["PIP_CACHE_DIR"]))
+    # Otherwise this is the first process of the run, or one of its pytest-xdist workers, which inherit the first
+    # process's sandbox and the caches it resolved (set below), and take a sandbox of their own, so that two tests
+    # that use a default location at once never share it.
     # The two things the suite shares with the user, both resolved here from the real environment and set
     # explicitly, as the swapped XDG_CACHE_HOME would otherwise hide them:
     # - the jar cache `make setup` fills from Maven Central (Iceberg's Spark runtime, iceberg-aws-bundle and the
@@ -44,7 +49,7 @@ def _isolate_home() -> tuple[Path, tuple[Path, ...]]:
     jar_cache = Settings.from_env().cache
     pip_cache = Path(os.environ.get("PIP_CACHE_DIR") or
                      Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "pip")
-    real_home = Path(os.path.expanduser("~"))
+    real_home = Path(os.environ.get(REAL_HOME_VARIABLE) or os.path.expanduser("~"))
     sandbox = Path(tempfile.mkdtemp(prefix="tidemark-tests-home-"))
     atexit.register(shutil.rmtree, sandbox, True)
     for variable, name in (("HOME", "home"), ("XDG_DATA_HOME", "data"), ("XDG_CACHE_HOME", "cache"),
@@ -54,6 +59,7 @@ def _isolate_home() -> tuple[Path, tuple[Path, ...]]:
     os.environ["TIDEMARK_CACHE"] = str(jar_cache)
     os.environ["PIP_CACHE_DIR"] = str(pip_cache)
     os.environ[REAL_HOME_VARIABLE] = str(real_home)
+    os.environ[SANDBOX_WORKER_VARIABLE] = worker
     return real_home, (jar_cache, pip_cache)
 
 
@@ -177,13 +183,21 @@ def namespace(request) -> str:
     return "ns_" + uuid.uuid4().hex[:8]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
 def pytest_collection_modifyitems(items):
     """A test that starts Spark says so with ``@pytest.mark.spark`` (``make test-fast`` deselects those);
-    one that takes the ``spark`` fixture without the mark would run Spark in the fast suite: refuse it."""
+    one that takes the ``spark`` fixture without the mark would run Spark in the fast suite: refuse it.
+
+    Under pytest-xdist (``make test`` runs two workers, ``--dist loadgroup``) every Spark test goes to one worker,
+    one after another: two Spark JVMs at once would compete for the machine's two cores, and each worker would
+    start a SparkSession of its own. The other worker runs the rest meanwhile."""
     unmarked = [item.nodeid for item in items
                 if "spark" in item.fixturenames and item.get_closest_marker("spark") is None]
     if unmarked:
         raise pytest.UsageError(f"these tests start Spark but are not marked @pytest.mark.spark: {unmarked}")
+    for item in items:
+        if item.get_closest_marker("spark") is not None:
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 @pytest.fixture(scope="session")
