@@ -42,7 +42,7 @@ def test_buckets_are_addressed_the_same_way_from_python_and_java():
 
 @pytest.mark.parametrize("kind", ["sql", "in-memory", "dynamodb"])
 def test_a_catalog_type_spark_cannot_be_given_says_what_to_do(kind):
-    with pytest.raises(ConfigurationError, match="TIDEMARK_CATALOG_URI.*CatalogSettings.custom") as err:
+    with pytest.raises(ConfigurationError, match=r"TIDEMARK_CATALOG_URI.*CatalogSettings\.custom") as err:
         java_properties({"type": kind, "uri": "x"})
     assert "\n" not in str(err.value)
 

@@ -66,7 +66,8 @@ def test_unreachable_catalog_database_is_a_clear_error():
     settings = CatalogSettings(name="pg", uri=f"postgresql://nobody@127.0.0.1:{free_port()}/nowhere")
     with pytest.raises(ConfigurationError) as err:
         settings.load()
-    assert "cannot open Iceberg catalog 'pg'" in str(err.value) and "server (database or REST) is running" in str(err.value)
+    assert "cannot open Iceberg catalog 'pg'" in str(err.value)
+    assert "server (database or REST) is running" in str(err.value)
 
 
 def test_coordinator_does_not_import_pyspark():

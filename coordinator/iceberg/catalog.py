@@ -59,11 +59,33 @@ PG_SESSION_OPTIONS = (f"-c lock_timeout={PG_LOCK_TIMEOUT_MS} "
 
 
 def is_catalog_outage(exc: BaseException) -> bool:
-    """True when ``exc`` says the catalog's database could not be reached or dropped the connection (it is
-    restarting or failing over, or the network failed): a transient failure, worth trying again."""
+    """True when ``exc`` says the catalog or the object store under its warehouse could not be reached, or
+    failed on the server's side (restarting, failing over, overloaded, or the network failed): a transient
+    failure, worth trying again.
+
+    - a SQL catalog's database: the connection failed or dropped;
+    - a REST catalog: no connection or a timeout, or an answer of 5xx or 429 (pyiceberg's ``ServerError``,
+      ``ServiceUnavailableError``, ``TooManyRequestsError``, and ``CommitStateUnknownException``: a commit
+      answered 500, 502 or 504, which may have landed; whoever leads next reads the table back before it
+      publishes, as ``publish.py`` does for every commit);
+    - the object store (pyarrow's S3 file system): an ``OSError`` whose message is the AWS SDK's.
+    A 409 is none of these: it is a commit that lost a race (``publish.lost_race``)."""
+    from pyiceberg.exceptions import (
+        CommitStateUnknownException,
+        ServerError,
+        ServiceUnavailableError,
+        TooManyRequestsError,
+    )
+    from requests import ConnectionError as RequestConnectionError
+    from requests import Timeout
     from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-    return isinstance(exc, (OperationalError, InterfaceError)) or (
-        isinstance(exc, DBAPIError) and exc.connection_invalidated)
+    if isinstance(exc, (OperationalError, InterfaceError)) or (
+            isinstance(exc, DBAPIError) and exc.connection_invalidated):
+        return True
+    if isinstance(exc, (RequestConnectionError, Timeout, ServerError, ServiceUnavailableError, TooManyRequestsError,
+                        CommitStateUnknownException)):
+        return True
+    return isinstance(exc, OSError) and "AWS Error" in str(exc)
 
 
 @dataclass(frozen=True)

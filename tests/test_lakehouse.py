@@ -1,0 +1,202 @@
+"""Tidemark on the lakehouse users run: an S3 object store and an Iceberg REST catalog, real servers on loopback
+(SeaweedFS's ``weed mini``, ``coordinator.operations.lakehouse_server``), configured once, the way a user
+configures pyiceberg, and read by the library and the ``tidemark`` command alike."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+
+from coordinator import CatalogSettings, VersionReader
+from coordinator.operations.lakehouse_server import EmbeddedLakehouse
+from coordinator.settings import Settings
+from tests.helpers.present import present
+from tests.test_writer_flow import Fleet
+
+COUNTS = pa.schema([pa.field("word", pa.string()), pa.field("n", pa.int64())])
+WORDS = pa.schema([pa.field("word", pa.string())])
+
+
+@pytest.fixture(scope="module")
+def lakehouse(tmp_path_factory):
+    with EmbeddedLakehouse(tmp_path_factory.mktemp("lakehouse")) as running:
+        yield running
+
+
+@pytest.fixture
+def rest_settings(lakehouse) -> CatalogSettings:
+    return lakehouse.catalog_settings()
+
+
+def create(catalog, name: str, schema: pa.Schema):
+    catalog.create_namespace_if_not_exists(name.rsplit(".", 1)[0])
+    return catalog.create_table(name, schema=schema)
+
+
+def test_pyicebergs_own_variables_are_the_whole_configuration(lakehouse, monkeypatch):
+    for variable, value in lakehouse.pyiceberg_environment().items():
+        monkeypatch.setenv(variable, value)
+    settings = CatalogSettings.from_env(Settings.from_env({}))
+    assert settings.python_catalog_properties() == lakehouse.python_properties()
+    assert settings.describe() == f"catalog 'lake' at {lakehouse.catalog_uri}"
+    conf = settings.spark_conf()
+    assert conf["spark.sql.catalog.lake.type"] == "rest"
+    assert conf["spark.sql.catalog.lake.s3.endpoint"] == lakehouse.s3_endpoint
+    assert conf["spark.sql.catalog.lake.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
+    settings.load().list_namespaces()  # the catalog answers with these settings alone
+
+
+def test_python_writers_run_a_cascade_on_s3_and_the_rest_catalog_exactly_once(lakehouse, rest_settings, connect,
+                                                                                namespace):
+    """A root job and a derived job, pure-Python writers, on the REST catalog with their files on S3; every
+    consistent version, resolved with ZooKeeper and from Iceberg alone, holds each word exactly once."""
+    catalog = rest_settings.load()
+    words = create(catalog, f"{namespace}.words", WORDS)
+    counts, totals = f"{namespace}.counts", f"{namespace}.totals"
+    create(catalog, counts, COUNTS)
+    create(catalog, totals, COUNTS)
+
+    def count(ctx) -> None:
+        new = ctx.changes(f"{namespace}.words")
+        tally = Counter(new.column("word").to_pylist())
+        if tally:
+            ctx.append(counts, pa.table({"word": list(tally), "n": list(tally.values())}, schema=COUNTS))
+
+    def total(ctx) -> None:
+        new = ctx.changes(counts)
+        if new.num_rows:
+            ctx.append(totals, pa.table({"word": ["*"], "n": [sum(new.column("n").to_pylist())]}, schema=COUNTS))
+
+    fleet = Fleet(connect, rest_settings, interval_ms=1000, grace_ms=200)
+    produced: Counter = Counter()
+    stop = threading.Event()
+
+    def produce() -> None:
+        i = 0
+        while not stop.wait(0.3):
+            batch = [f"w{(i + k) % 5}" for k in range(3)]
+            words.append(pa.table({"word": batch}, schema=WORDS))
+            produced.update(batch)
+            i += 1
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        counter = fleet.start(fleet.writer("count", [f"{namespace}.words"], [counts]), count)
+        totaller = fleet.start(fleet.writer("total", [counts], [totals]), total)
+        fleet.wait(lambda: len(totaller.writer.committed) >= 4 and len(counter.writer.committed) >= 4,
+                   "both jobs to commit four epochs")
+    finally:
+        stop.set()
+        producer.join()
+        fleet.stop_all()
+
+    tables = [f"{namespace}.words", counts, totals]
+    with_zookeeper = VersionReader.resolve(tables, connect(), settings=rest_settings)
+    from_iceberg = VersionReader.resolve(tables, None, settings=rest_settings)
+    for reader in (with_zookeeper, from_iceberg):
+        read_words = Counter(reader.arrow(f"{namespace}.words").column("word").to_pylist())
+        read_counts = reader.arrow(counts)
+        counted: Counter = Counter()
+        for word, n in zip(read_counts.column("word").to_pylist(), read_counts.column("n").to_pylist()):
+            counted[word] += n
+        assert counted == read_words, "a word was lost or counted twice"
+        assert sum(reader.arrow(totals).column("n").to_pylist()) == sum(read_words.values())
+        assert sum(read_words.values()) > 0
+        assert all(lakehouse.warehouse in reader.resolver.table(t, refresh=False).metadata_location for t in tables)
+    assert present(from_iceberg.version.epoch) <= present(with_zookeeper.version.epoch)
+
+
+def test_the_tidemark_command_operates_the_rest_catalog_from_pyicebergs_variables(lakehouse, rest_settings, connect,
+                                                                                 zk_connect, namespace):
+    """The issue's probe: `versions`, `gc --dry-run` and `gc --yes` against the REST catalog, configured only
+    through pyiceberg's variables."""
+    catalog = rest_settings.load()
+    create(catalog, f"{namespace}.raw", WORDS)
+    agg = f"{namespace}.agg"
+    create(catalog, agg, WORDS)
+    catalog.load_table(f"{namespace}.raw").append(pa.table({"word": ["a", "b"]}, schema=WORDS))
+
+    def copy(ctx) -> None:
+        new = ctx.changes(f"{namespace}.raw")
+        if new.num_rows:
+            ctx.append(agg, new)
+    fleet = Fleet(connect, rest_settings, interval_ms=1000, grace_ms=200)
+    try:
+        runner = fleet.start(fleet.writer("agg", [f"{namespace}.raw"], [agg]), copy)
+        fleet.wait(lambda: len(runner.writer.committed) >= 3, "the job to commit three epochs")
+    finally:
+        fleet.stop_all()
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYICEBERG_", "TIDEMARK_CATALOG"))}
+    env.update(lakehouse.pyiceberg_environment())
+
+    def tidemark(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, *argv],
+                              capture_output=True, text=True, timeout=120, env=env)
+    dry = tidemark("gc", "--dry-run")
+    assert dry.returncode == 0 and agg in dry.stdout, dry.stdout + dry.stderr
+    done = tidemark("gc", "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    versions = tidemark("versions", "--json")
+    assert versions.returncode == 0, versions.stderr
+    assert json.loads(versions.stdout), "gc tagged no version to retain: " + versions.stdout
+    resolved = tidemark("resolve", f"{namespace}.raw", agg, "--json")
+    assert resolved.returncode == 0, resolved.stderr
+    library = VersionReader.resolve([f"{namespace}.raw", agg], connect(), settings=rest_settings).version
+    assert json.loads(resolved.stdout)["snapshots"] == library.snapshots, resolved.stdout
+
+
+@pytest.mark.fault
+def test_a_writer_rides_out_the_lakehouse_killed_and_restarted_and_loses_nothing(lakehouse, rest_settings, connect,
+                                                                                  namespace, caplog):
+    """kill -9 of the server that is both the REST catalog and the object store, while a job stages and commits
+    every second; restarted on the same data once the job has said it cannot reach the catalog, the job goes on,
+    with every row once."""
+    caplog.set_level(logging.WARNING, logger="coordinator.job.writer")
+    catalog = rest_settings.load()
+    words = create(catalog, f"{namespace}.words", WORDS)
+    copies = f"{namespace}.copies"
+    create(catalog, copies, WORDS)
+
+    def copy(ctx) -> None:
+        new = ctx.changes(f"{namespace}.words")
+        if new.num_rows:
+            ctx.append(copies, new)
+    fleet = Fleet(connect, rest_settings, interval_ms=1000, grace_ms=200)
+    appended: list[str] = []
+    try:
+        runner = fleet.start(fleet.writer("copy", [f"{namespace}.words"], [copies]), copy)
+        for i in range(3):
+            words.append(pa.table({"word": [f"before-{i}"]}, schema=WORDS))
+            appended.append(f"before-{i}")
+        fleet.wait(lambda: len(runner.writer.committed) >= 2, "the job to commit two epochs")
+        lakehouse.kill()
+        killed_at = len(runner.writer.committed)
+        fleet.wait(lambda: any("the catalog is unreachable" in r.getMessage() for r in caplog.records),
+                   "the writer to say the catalog is unreachable")  # and ride it out, rather than fail
+        lakehouse.start()
+        words = rest_settings.load().load_table(f"{namespace}.words")
+        for i in range(3):
+            words.append(pa.table({"word": [f"after-{i}"]}, schema=WORDS))
+            appended.append(f"after-{i}")
+        tm = connect()
+
+        def consistent_copies() -> list[str]:
+            reader = VersionReader.resolve([f"{namespace}.words", copies], tm, settings=rest_settings)
+            return sorted(reader.arrow(copies).column("word").to_pylist())
+        fleet.wait(lambda: consistent_copies() == sorted(appended), "every word in a consistent version of the copy",
+                   timeout=120)
+        assert len(runner.writer.committed) > killed_at
+        fleet.check()
+    finally:
+        fleet.stop_all()
+    reader = VersionReader.resolve([f"{namespace}.words", copies], tm, settings=rest_settings)
+    assert sorted(reader.arrow(copies).column("word").to_pylist()) == sorted(
+        reader.arrow(f"{namespace}.words").column("word").to_pylist()) == sorted(appended)
