@@ -184,7 +184,7 @@ def namespace(request) -> str:
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """A test that starts Spark says so with ``@pytest.mark.spark`` (``make test-fast`` deselects those);
     one that takes the ``spark`` fixture without the mark would run Spark in the fast suite: refuse it.
 
@@ -195,9 +195,10 @@ def pytest_collection_modifyitems(items):
                 if "spark" in item.fixturenames and item.get_closest_marker("spark") is None]
     if unmarked:
         raise pytest.UsageError(f"these tests start Spark but are not marked @pytest.mark.spark: {unmarked}")
-    for item in items:
-        if item.get_closest_marker("spark") is not None:
-            item.add_marker(pytest.mark.xdist_group("spark"))
+    if config.pluginmanager.hasplugin("xdist"):  # its marker is unknown without it (-p no:xdist)
+        for item in items:
+            if item.get_closest_marker("spark") is not None:
+                item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,15 @@ import pyarrow as pa
 import pytest
 
 from coordinator import CatalogSettings, VersionReader
+from coordinator.history.gc import GarbageCollector
+from coordinator.history.readers import version_sql
+from coordinator.history.resolve import Resolver, read_arrow
+from coordinator.history.versions import tag_name
+from coordinator.iceberg.orphans import delete_orphan_files, find_orphan_files
 from coordinator.operations.lakehouse_server import EmbeddedLakehouse
+from coordinator.records import now_ms
 from coordinator.settings import Settings
+from spark_hooks import EpochJob, snapshot_sql
 from tests.helpers.present import present
 from tests.test_writer_flow import Fleet
 
@@ -200,3 +207,64 @@ def test_a_writer_rides_out_the_lakehouse_killed_and_restarted_and_loses_nothing
     reader = VersionReader.resolve([f"{namespace}.words", copies], tm, settings=rest_settings)
     assert sorted(reader.arrow(copies).column("word").to_pylist()) == sorted(
         reader.arrow(f"{namespace}.words").column("word").to_pylist()) == sorted(appended)
+
+
+@pytest.mark.spark
+def test_a_spark_epoch_job_on_the_rest_catalog_and_s3_merges_exactly_once_and_spark_sql_reads_it_by_tag(
+        spark, lakehouse, tm, namespace):
+    """Spark's REST catalog with S3FileIO (iceberg-aws-bundle), its properties derived from pyiceberg's: an
+    EpochJob stages with WAP and publishes two MERGE epochs; GC tags the consistent version, and Spark SQL reads
+    it by that tag and by snapshot id, equal to the version read through pyiceberg."""
+    settings = CatalogSettings(name="rest", python_properties=lakehouse.python_properties())
+    for key, value in settings.spark_conf().items():
+        spark.conf.set(key, value)  # a catalog's properties are session settings: this one is added at run time
+    catalog = settings.load()
+    words = create(catalog, f"{namespace}.words", WORDS)
+    create(catalog, f"{namespace}.counts", COUNTS)
+    src, dst = f"rest.{namespace}.words", f"rest.{namespace}.counts"
+    job = EpochJob(spark, tm, "spark-rest", sources=[src], sinks=[dst], catalog=settings, interval_ms=1000,
+                   grace_ms=100)
+
+    @job.epoch
+    def step(ctx) -> None:
+        new = ctx.changes(src).groupBy("word").count().withColumnRenamed("count", "n")
+        ctx.merge(dst, new, on=["word"], matched="t.n = t.n + s.n")
+
+    words.append(pa.table({"word": ["a", "b", "a"]}, schema=WORDS))
+    job.run(max_epochs=1)
+    words.append(pa.table({"word": ["b", "c"]}, schema=WORDS))
+    appended = present(words.refresh().current_snapshot()).timestamp_ms
+    job.run(until=-(-appended // 1000) * 1000)
+
+    GarbageCollector(tm, settings).run()
+    resolver = Resolver(catalog, settings, tm)
+    version = resolver.resolve([src, dst])
+    expected = {"a": 2, "b": 2, "c": 1}
+    through_python = read_arrow(resolver, version)[dst]
+    assert dict(zip(through_python.column("word").to_pylist(), through_python.column("n").to_pylist())) == expected
+    by_tag = version_sql(resolver, version)
+    assert f"'{tag_name(present(version.epoch))}'" in by_tag[dst], by_tag
+    by_id = snapshot_sql(version)
+    for query in (by_tag[dst], f"SELECT * FROM {by_id[dst]}"):
+        assert {r.word: r.n for r in spark.sql(query).collect()} == expected, query
+    assert all(str(p).startswith(lakehouse.warehouse) for p in
+               spark.sql(f"SELECT file_path FROM {dst}.files").toPandas()["file_path"])
+
+
+def test_orphan_files_are_found_by_listing_s3_and_deleted_leaving_every_snapshot_readable(rest_settings, namespace):
+    """A killed writer's data file on S3, which no metadata references: found by listing the bucket, deleted, and
+    nothing a snapshot references is touched."""
+    catalog = rest_settings.load()
+    table = create(catalog, f"{namespace}.events", WORDS)
+    for batch in (["a"], ["b", "c"]):
+        table.append(pa.table({"word": batch}, schema=WORDS))
+    stray = f"{table.metadata.location}/data/killed-writer-00000.parquet"
+    with table.io.new_output(stray).create() as out:
+        out.write(b"PAR1 a file no commit references")
+    found = find_orphan_files(table, f"{namespace}.events", cutoff_ms=now_ms() + 60_000)
+    assert found.paths == (stray,), found
+    delete_orphan_files(table, found)
+    assert not table.io.new_input(stray).exists()
+    assert find_orphan_files(table, f"{namespace}.events", cutoff_ms=now_ms() + 60_000).paths == ()
+    for snapshot in table.refresh().snapshots():
+        assert table.scan(snapshot_id=snapshot.snapshot_id).to_arrow().num_rows in (1, 3)
