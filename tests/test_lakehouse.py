@@ -25,6 +25,7 @@ from coordinator.records import now_ms
 from coordinator.settings import Settings
 from spark_hooks import EpochJob, snapshot_sql
 from tests.helpers.present import present
+from tests.helpers.rest_proxy import CommitOutcomeProxy
 from tests.test_writer_flow import Fleet
 
 COUNTS = pa.schema([pa.field("word", pa.string()), pa.field("n", pa.int64())])
@@ -268,3 +269,43 @@ def test_orphan_files_are_found_by_listing_s3_and_deleted_leaving_every_snapshot
     assert find_orphan_files(table, f"{namespace}.events", cutoff_ms=now_ms() + 60_000).paths == ()
     for snapshot in table.refresh().snapshots():
         assert table.scan(snapshot_id=snapshot.snapshot_id).to_arrow().num_rows in (1, 3)
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("status", [504, 502, None], ids=["504", "502", "no-answer"])
+def test_commits_whose_outcome_is_unknown_are_read_back_and_never_made_twice(lakehouse, connect, namespace, status):
+    """Table commits that land on the REST catalog but reach the writer as a 502, a 504 or no answer at all
+    (a proxy in front of the real catalog): the writer cannot know whether they landed. It reads the tables
+    back rather than committing again: every word is copied exactly once."""
+    with CommitOutcomeProxy(lakehouse.catalog_uri) as proxy:
+        settings = CatalogSettings(name="lake", python_properties={**lakehouse.python_properties(),
+                                                                   "uri": proxy.uri})
+        catalog = lakehouse.catalog_settings().load()  # the producer and the checks go to the catalog directly
+        words = create(catalog, f"{namespace}.words", WORDS)
+        copies = f"{namespace}.copies"
+        create(catalog, copies, WORDS)
+
+        def copy(ctx) -> None:
+            new = ctx.changes(f"{namespace}.words")
+            if new.num_rows:
+                ctx.append(copies, new)
+        fleet = Fleet(connect, settings, interval_ms=1000, grace_ms=200)
+        appended: list[str] = []
+        tm = connect()
+
+        def consistent_copies() -> list[str]:
+            reader = VersionReader.resolve([f"{namespace}.words", copies], tm, settings=lakehouse.catalog_settings())
+            return sorted(reader.arrow(copies).column("word").to_pylist())
+        try:
+            runner = fleet.start(fleet.writer("copy", [f"{namespace}.words"], [copies]), copy)
+            fleet.wait(lambda: len(runner.writer.committed) >= 1, "the job's first epoch")
+            proxy.fail_commits(every=2, status=status, times=3)
+            for i in range(6):
+                words.append(pa.table({"word": [f"w{i}"]}, schema=WORDS))
+                appended.append(f"w{i}")
+                fleet.wait(lambda: consistent_copies() == sorted(appended), f"w{i} copied", timeout=120)
+            assert len(proxy.failed) == 3, proxy.failed
+            fleet.check()
+        finally:
+            fleet.stop_all()
+    assert consistent_copies() == sorted(appended)
