@@ -26,7 +26,7 @@ from coordinator.settings import Settings
 from spark_hooks import EpochJob, snapshot_sql
 from tests.helpers.present import present
 from tests.helpers.rest_proxy import CommitOutcomeProxy
-from tests.test_writer_flow import Fleet
+from tests.test_writer_flow import Fleet, Runner
 
 COUNTS = pa.schema([pa.field("word", pa.string()), pa.field("n", pa.int64())])
 WORDS = pa.schema([pa.field("word", pa.string())])
@@ -46,6 +46,34 @@ def rest_settings(lakehouse) -> CatalogSettings:
 def create(catalog, name: str, schema: pa.Schema):
     catalog.create_namespace_if_not_exists(name.rsplit(".", 1)[0])
     return catalog.create_table(name, schema=schema)
+
+
+class CopyPipeline:
+    """A table ``words`` and a job ``copy`` that appends each epoch's new words to ``copies``: the words appended,
+    and those a consistent version of both tables holds in ``copies``."""
+
+    def __init__(self, catalog, namespace: str) -> None:
+        self.source, self.sink = f"{namespace}.words", f"{namespace}.copies"
+        self.words = create(catalog, self.source, WORDS)
+        create(catalog, self.sink, WORDS)
+        self.appended: list[str] = []
+
+    def start(self, fleet: Fleet) -> Runner:
+        def copy(ctx) -> None:
+            new = ctx.changes(self.source)
+            if new.num_rows:
+                ctx.append(self.sink, new)
+        return fleet.start(fleet.writer("copy", [self.source], [self.sink]), copy)
+
+    def append(self, word: str) -> None:
+        self.words.append(pa.table({"word": [word]}, schema=WORDS))
+        self.appended.append(word)
+
+    def consistent_copies(self, tm, settings: CatalogSettings) -> list[str]:
+        reader = VersionReader.resolve([self.source, self.sink], tm, settings=settings)
+        assert sorted(reader.arrow(self.sink).column("word").to_pylist()) == sorted(
+            reader.arrow(self.source).column("word").to_pylist()), "a word was lost or copied twice"
+        return sorted(reader.arrow(self.sink).column("word").to_pylist())
 
 
 def test_pyicebergs_own_variables_are_the_whole_configuration(lakehouse, monkeypatch):
@@ -168,46 +196,28 @@ def test_a_writer_rides_out_the_lakehouse_killed_and_restarted_and_loses_nothing
     every second; restarted on the same data once the job has said it cannot reach the catalog, the job goes on,
     with every row once."""
     caplog.set_level(logging.WARNING, logger="coordinator.job.writer")
-    catalog = rest_settings.load()
-    words = create(catalog, f"{namespace}.words", WORDS)
-    copies = f"{namespace}.copies"
-    create(catalog, copies, WORDS)
-
-    def copy(ctx) -> None:
-        new = ctx.changes(f"{namespace}.words")
-        if new.num_rows:
-            ctx.append(copies, new)
+    pipeline = CopyPipeline(rest_settings.load(), namespace)
     fleet = Fleet(connect, rest_settings, interval_ms=1000, grace_ms=200)
-    appended: list[str] = []
+    tm = connect()
     try:
-        runner = fleet.start(fleet.writer("copy", [f"{namespace}.words"], [copies]), copy)
+        runner = pipeline.start(fleet)
         for i in range(3):
-            words.append(pa.table({"word": [f"before-{i}"]}, schema=WORDS))
-            appended.append(f"before-{i}")
+            pipeline.append(f"before-{i}")
         fleet.wait(lambda: len(runner.writer.committed) >= 2, "the job to commit two epochs")
         lakehouse.kill()
         killed_at = len(runner.writer.committed)
         fleet.wait(lambda: any("the catalog is unreachable" in r.getMessage() for r in caplog.records),
                    "the writer to say the catalog is unreachable")  # and ride it out, rather than fail
         lakehouse.start()
-        words = rest_settings.load().load_table(f"{namespace}.words")
+        pipeline.words = rest_settings.load().load_table(pipeline.source)
         for i in range(3):
-            words.append(pa.table({"word": [f"after-{i}"]}, schema=WORDS))
-            appended.append(f"after-{i}")
-        tm = connect()
-
-        def consistent_copies() -> list[str]:
-            reader = VersionReader.resolve([f"{namespace}.words", copies], tm, settings=rest_settings)
-            return sorted(reader.arrow(copies).column("word").to_pylist())
-        fleet.wait(lambda: consistent_copies() == sorted(appended), "every word in a consistent version of the copy",
-                   timeout=120)
+            pipeline.append(f"after-{i}")
+        fleet.wait(lambda: pipeline.consistent_copies(tm, rest_settings) == sorted(pipeline.appended),
+                   "every word in a consistent version of the copy", timeout=120)
         assert len(runner.writer.committed) > killed_at
         fleet.check()
     finally:
         fleet.stop_all()
-    reader = VersionReader.resolve([f"{namespace}.words", copies], tm, settings=rest_settings)
-    assert sorted(reader.arrow(copies).column("word").to_pylist()) == sorted(
-        reader.arrow(f"{namespace}.words").column("word").to_pylist()) == sorted(appended)
 
 
 @pytest.mark.spark
@@ -280,32 +290,19 @@ def test_commits_whose_outcome_is_unknown_are_read_back_and_never_made_twice(lak
     with CommitOutcomeProxy(lakehouse.catalog_uri) as proxy:
         settings = CatalogSettings(name="lake", python_properties={**lakehouse.python_properties(),
                                                                    "uri": proxy.uri})
-        catalog = lakehouse.catalog_settings().load()  # the producer and the checks go to the catalog directly
-        words = create(catalog, f"{namespace}.words", WORDS)
-        copies = f"{namespace}.copies"
-        create(catalog, copies, WORDS)
-
-        def copy(ctx) -> None:
-            new = ctx.changes(f"{namespace}.words")
-            if new.num_rows:
-                ctx.append(copies, new)
+        pipeline = CopyPipeline(lakehouse.catalog_settings().load(), namespace)  # appended and checked directly
         fleet = Fleet(connect, settings, interval_ms=1000, grace_ms=200)
-        appended: list[str] = []
         tm = connect()
-
-        def consistent_copies() -> list[str]:
-            reader = VersionReader.resolve([f"{namespace}.words", copies], tm, settings=lakehouse.catalog_settings())
-            return sorted(reader.arrow(copies).column("word").to_pylist())
         try:
-            runner = fleet.start(fleet.writer("copy", [f"{namespace}.words"], [copies]), copy)
+            runner = pipeline.start(fleet)
             fleet.wait(lambda: len(runner.writer.committed) >= 1, "the job's first epoch")
             proxy.fail_commits(every=2, status=status, times=3)
             for i in range(6):
-                words.append(pa.table({"word": [f"w{i}"]}, schema=WORDS))
-                appended.append(f"w{i}")
-                fleet.wait(lambda: consistent_copies() == sorted(appended), f"w{i} copied", timeout=120)
+                pipeline.append(f"w{i}")
+                fleet.wait(lambda: pipeline.consistent_copies(tm, lakehouse.catalog_settings()) ==
+                           sorted(pipeline.appended), f"w{i} copied", timeout=120)
             assert len(proxy.failed) == 3, proxy.failed
             fleet.check()
         finally:
             fleet.stop_all()
-    assert consistent_copies() == sorted(appended)
+    assert pipeline.consistent_copies(tm, lakehouse.catalog_settings()) == sorted(pipeline.appended)
