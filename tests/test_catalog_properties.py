@@ -100,6 +100,17 @@ def test_a_sql_catalog_with_its_files_on_s3_gives_spark_s3fileio(no_pyiceberg_co
     assert conf["spark.sql.catalog.lake.s3.path-style-access"] == "true"
 
 
+def test_s3_settings_give_no_s3fileio_to_a_catalog_whose_files_are_elsewhere(no_pyiceberg_config, monkeypatch,
+                                                                           tmp_path):
+    (tmp_path / "catalog.db").touch()
+    monkeypatch.setenv("PYICEBERG_CATALOG__LAKE__S3__ENDPOINT", "http://127.0.0.1:8333")
+    settings = CatalogSettings.from_env(Settings.from_env({"TIDEMARK_CATALOG_URI": f"sqlite:///{tmp_path}/catalog.db",
+                                                           "TIDEMARK_WAREHOUSE": f"file://{tmp_path}/wh"}))
+    assert "spark.sql.catalog.lake.io-impl" not in settings.spark_conf()
+    assert "io-impl" not in java_properties({"type": "rest", "uri": "http://c", "warehouse": "gs://b/w",
+                                             "s3.endpoint": "http://x"})
+
+
 def test_without_any_configuration_it_is_the_embedded_catalog(no_pyiceberg_config):
     settings = CatalogSettings.from_env(Settings.from_env({"TIDEMARK_HOME": str(no_pyiceberg_config)}))
     assert settings.uri == f"sqlite:///{no_pyiceberg_config}/catalog.db" and not settings.create_if_missing

@@ -152,7 +152,8 @@ class CatalogSettings:
             conf[f"{prefix}.cache-enabled"] = "false"  # Spark must see refs that Python moved
             return conf
         conf[f"{prefix}.cache-enabled"] = "false"
-        conf.update({f"{prefix}.{k}": v for k, v in java_properties(self.python_properties).items()})
+        located = {**self.python_properties, **({"warehouse": self.warehouse} if self.warehouse else {})}
+        conf.update({f"{prefix}.{k}": v for k, v in java_properties(located).items()})  # s3.*, credentials
         kind, parts = _parse_uri(self.uri)
         conf[f"{prefix}.catalog-impl"] = "org.apache.iceberg.jdbc.JdbcCatalog"
         # pyiceberg creates the catalog tables (already in the V1 layout). Java must not probe them

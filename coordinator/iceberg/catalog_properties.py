@@ -65,9 +65,12 @@ def java_properties(python: Mapping[str, str]) -> dict[str, str]:
 
 
 def s3_file_io(python: Mapping[str, str]) -> dict[str, str]:
-    """Java's FileIO settings for a catalog whose files are on S3 (none for one on another file system)."""
-    on_s3 = any(key.startswith("s3.") for key in python) or str(python.get("warehouse", "")).startswith(
-        ("s3://", "s3a://"))
+    """Java's FileIO settings for a catalog whose files are on S3: its warehouse is an ``s3://`` location, or it
+    names no file system (a REST catalog's warehouse may be a name) and has ``s3.*`` settings. None for a catalog
+    on another file system (``file://``, ``gs://``, ...), whatever ``s3.*`` settings come with it."""
+    warehouse = str(python.get("warehouse", ""))
+    scheme = warehouse.split("://", 1)[0] if "://" in warehouse else None
+    on_s3 = scheme in ("s3", "s3a") or (scheme is None and any(key.startswith("s3.") for key in python))
     if not on_s3:
         return {}
     java = {"io-impl": S3_FILE_IO}

@@ -179,28 +179,15 @@ class EmbeddedLakehouse:
         """kill -9, for fault tests."""
         self._signal(signal.SIGKILL, 10.0)
 
-    def pause(self) -> None:
-        """SIGSTOP: the server holds every connection and answers nothing (a slow object store)."""
-        self._require_process().send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        self._require_process().send_signal(signal.SIGCONT)
-
     def _signal(self, signum: int, timeout: float) -> None:
         if self._process is None or self._process.poll() is not None:
             return
-        os.killpg(self._process.pid, signal.SIGCONT)  # a paused server must be able to end
         os.killpg(self._process.pid, signum)
         try:
             self._process.wait(timeout)
         except subprocess.TimeoutExpired:
             os.killpg(self._process.pid, signal.SIGKILL)
             self._process.wait(10)
-
-    def _require_process(self) -> subprocess.Popen:
-        if self._process is None or self._process.poll() is not None:
-            raise ConfigurationError("the lakehouse server is not running: start() it first")
-        return self._process
 
     def _log_tail(self) -> str:
         try:
