@@ -306,3 +306,31 @@ def test_commits_whose_outcome_is_unknown_are_read_back_and_never_made_twice(lak
         finally:
             fleet.stop_all()
     assert pipeline.consistent_copies(tm, lakehouse.catalog_settings()) == sorted(pipeline.appended)
+
+
+def test_tidemark_lakehouse_start_prints_the_settings_that_reach_it_and_stop_ends_it(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYICEBERG_")}, "TIDEMARK_HOME": str(home)}
+
+    def tidemark(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "lakehouse", *argv],
+                              capture_output=True, text=True, timeout=120, env=env)
+    idle = tidemark("status")
+    assert idle.returncode == 3 and "not running" in idle.stdout and not home.exists(), idle.stdout + idle.stderr
+    started = tidemark("start")
+    try:
+        assert started.returncode == 0, started.stderr
+        exports = dict(line.removeprefix("export ").split("=", 1) for line in started.stdout.splitlines())
+        assert exports["PYICEBERG_CATALOG__LAKE__TYPE"] == "rest" and "PYICEBERG_CATALOG__LAKE__S3__ENDPOINT" in exports
+        status = tidemark("status")
+        assert status.returncode == 0 and "serving" in status.stdout, status.stdout
+        again = tidemark("start")
+        assert again.returncode == 1 and "already runs" in again.stderr and again.stderr.count("\n") == 1
+        for variable, value in exports.items():  # what `eval "$(tidemark lakehouse start)"` does
+            monkeypatch.setenv(variable, value)
+        CatalogSettings.from_env(Settings.from_env({})).load().list_namespaces()
+    finally:
+        stopped = tidemark("stop")
+    assert stopped.returncode == 0 and stopped.stdout.strip() == "stopped", stopped.stdout + stopped.stderr
+    gone = tidemark("status")
+    assert gone.returncode == 3 and "not running" in gone.stdout

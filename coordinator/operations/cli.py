@@ -2,6 +2,7 @@
 
     tidemark --version | --help | COMMAND --help     every option of every command is explained there
     tidemark zk start [--port P] [--data-dir D]     a local ZooKeeper server in the background (zk status, zk stop)
+    tidemark lakehouse start [--data-dir D]         a local S3 endpoint and REST catalog (lakehouse status, stop)
     tidemark status [--json]                        jobs, leaders, tidemarks, lag (s), cadence, what each job waits for
     tidemark topology [--format text|json|dot|mermaid]
     tidemark fence JOB [--yes] [--dry-run] | tidemark unregister JOB [--yes] [--dry-run] [--unfenced]
@@ -37,6 +38,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -198,6 +200,29 @@ def cmd_zk(args: argparse.Namespace) -> int:
         print(f"pid {state.pid}, 127.0.0.1:{state.port}, data {state.data_dir}: "
               f"{'serving, Mode: ' + str(mode) if reply else 'NOT answering'}")
     return 0 if reply else 3
+
+
+def cmd_lakehouse(args: argparse.Namespace) -> int:
+    from coordinator.operations.lakehouse_server import EmbeddedLakehouse
+    from coordinator.settings import Settings
+    settings = Settings.from_env()
+    server = EmbeddedLakehouse(args.data_dir or settings.home / "lakehouse", catalog_name=settings.catalog_name)
+    if args.action == "start":
+        server.start()
+        for variable, value in server.pyiceberg_environment().items():
+            print(f"export {variable}={shlex.quote(value)}")
+        return 0
+    if args.action == "stop":
+        print("stopped" if server.stop() else f"no lakehouse server recorded in {server.data_dir}")
+        return 0
+    pid = server.running_pid()
+    if pid is None:
+        print(f"not running (no live server recorded in {server.data_dir})")
+        return 3
+    serving = server.serving()
+    print(f"pid {pid}, S3 {server.s3_endpoint}, catalog {server.catalog_uri}, data {server.data_dir}: "
+          f"{'serving' if serving else 'NOT answering'}")
+    return 0 if serving else 3
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -677,6 +702,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start: refuse clients without a digest identity (default: when TIDEMARK_ZK_USER or "
                          "TIDEMARK_ZK_READER_USER is set)")
     zk.set_defaults(func=cmd_zk)
+
+    lakehouse = sub.add_parser("lakehouse", help="a local S3 endpoint and Iceberg REST catalog (SeaweedFS, the "
+                                                 "lakehouse extra), for trying Tidemark on the stack it runs on")
+    lakehouse.add_argument("action", choices=["start", "stop", "status"],
+                           help="start one in the background and print the PYICEBERG_CATALOG__* settings that "
+                                "reach it (eval \"$(tidemark lakehouse start)\"), stop the one recorded in --data-dir, "
+                                "or say whether it serves (status exits 3 when it does not)")
+    lakehouse.add_argument("--data-dir", type=Path, help="its data directory, where its pid and ports are recorded "
+                                                         "(default: $TIDEMARK_HOME/lakehouse)")
+    lakehouse.set_defaults(func=cmd_lakehouse)
 
     init = sub.add_parser("init", help="create the tree's top-level znodes and secure them for the identities "
                                        "configured (run once as the operator before jobs with their own identity)")

@@ -125,7 +125,24 @@ class EmbeddedLakehouse:
         except (OSError, ValueError, TypeError):
             return None
 
+    def running_pid(self) -> Optional[int]:
+        """The pid of the server recorded in ``data_dir`` while it lives (this process's or another's)."""
+        recorded = self.recorded_state()
+        if recorded is None:
+            return None
+        try:
+            cmdline = Path(f"/proc/{recorded.pid}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{recorded.pid}/stat").read_text().split()[2]
+        except OSError:
+            return None
+        ours = b"mini" in cmdline and f"-dir={self.data_dir / 'data'}".encode() in cmdline
+        return recorded.pid if ours and state != "Z" else None
+
     def start(self) -> EmbeddedLakehouse:
+        running = self.running_pid()
+        if running is not None:
+            raise ConfigurationError(f"a lakehouse server (pid {running}) already runs with data dir {self.data_dir}: "
+                                     "`tidemark lakehouse stop` first")
         weed = weed_executable()
         try:
             (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
@@ -171,23 +188,34 @@ class EmbeddedLakehouse:
                                          f"{self.start_timeout:.0f} s: {self._log_tail()}")
             time.sleep(0.2)
 
-    def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout``; the data directory stays for a restart."""
-        self._signal(signal.SIGTERM, timeout)
+    def stop(self, timeout: float = 20.0) -> bool:
+        """SIGTERM, then SIGKILL after ``timeout``, to the server recorded in ``data_dir`` (started by this process
+        or another: ``tidemark lakehouse stop``); the data directory stays for a restart. False: none ran."""
+        return self._signal(signal.SIGTERM, timeout)
 
     def kill(self) -> None:
         """kill -9, for fault tests."""
         self._signal(signal.SIGKILL, 10.0)
 
-    def _signal(self, signum: int, timeout: float) -> None:
-        if self._process is None or self._process.poll() is not None:
-            return
-        os.killpg(self._process.pid, signum)
-        try:
-            self._process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self._process.pid, signal.SIGKILL)
-            self._process.wait(10)
+    def _signal(self, signum: int, timeout: float) -> bool:
+        pid = self.running_pid()
+        if pid is None:
+            return False
+        os.killpg(pid, signum)
+        deadline, killed = time.monotonic() + timeout, signum == signal.SIGKILL
+        while self._alive(pid):
+            if time.monotonic() > deadline:
+                if killed:
+                    raise ConfigurationError(f"the lakehouse server (pid {pid}) outlived kill -9 by 10 s")
+                os.killpg(pid, signal.SIGKILL)
+                deadline, killed = time.monotonic() + 10.0, True
+            time.sleep(0.05)
+        return True
+
+    def _alive(self, pid: int) -> bool:
+        if self._process is not None and self._process.pid == pid:
+            return self._process.poll() is None  # our child: reap it
+        return self.running_pid() == pid
 
     def _log_tail(self) -> str:
         try:
