@@ -424,6 +424,32 @@ def test_external_zookeeper_over_tls_with_s3_compatible_storage(chart):
     assert not of_kind(docs, "PodDisruptionBudget")  # one replica: nothing to keep available
 
 
+def test_a_rest_catalog_with_oauth2_credentials_and_s3_reaches_every_process_through_pyicebergs_settings(chart):
+    docs = render(chart, values_of("rest-catalog-values.yaml"))
+    assert not [s for s in of_kind(docs, "StatefulSet") if s["metadata"]["name"] == f"{FULLNAME}-postgres"]
+    _, container = driver(docs, "orders")
+    env = env_of(container)
+    assert env["TIDEMARK_CATALOG_NAME"]["value"] == "lakehouse"
+    assert env["TIDEMARK_CATALOG_URI"]["valueFrom"]["secretKeyRef"] == {"name": f"{FULLNAME}-catalog", "key": "uri"}
+    assert env["TIDEMARK_WAREHOUSE"]["value"] == "analytics"  # a REST catalog's warehouse name passes validation
+    assert env["PYICEBERG_CATALOG__LAKEHOUSE__CREDENTIAL"]["valueFrom"]["secretKeyRef"] == {"name": "polaris-client",
+                                                                                           "key": "client"}
+    assert env["PYICEBERG_CATALOG__LAKEHOUSE__SCOPE"]["value"] == "PRINCIPAL_ROLE:ALL"
+    assert "PYICEBERG_CATALOG__LAKEHOUSE__OAUTH2_SERVER_URI" not in env
+    assert env["PYICEBERG_CATALOG__LAKEHOUSE__S3__ENDPOINT"]["value"] == "http://minio.storage:9000"
+    catalog_uri = only(docs, "Secret", f"{FULLNAME}-catalog")["stringData"]["uri"]
+    assert catalog_uri == "https://polaris.data.svc:8181/api/catalog"
+    # the user's own Secret holds the credential: the chart creates none
+    assert f"{FULLNAME}-rest" not in {s["metadata"]["name"] for s in of_kind(docs, "Secret")}
+    gc = [c for job in of_kind(docs, "CronJob")
+          for c in job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]]
+    assert gc and all(env_of(c)["PYICEBERG_CATALOG__LAKEHOUSE__CREDENTIAL"] ==
+                      env["PYICEBERG_CATALOG__LAKEHOUSE__CREDENTIAL"] for c in gc)
+    inline = render(chart, merged(values_of("rest-catalog-values.yaml"),
+                                  {"catalog": {"rest": {"credential": {"existingSecret": "", "value": "id:secret"}}}}))
+    assert only(inline, "Secret", f"{FULLNAME}-rest")["stringData"]["client"] == "id:secret"
+
+
 def test_two_jobs_with_standby_replicas_spread_over_nodes(chart):
     docs = render(chart, values_of("two-jobs-values.yaml"))
     expected = {"word-counts": (3, "hard"), "count-histogram": (2, "soft")}
@@ -654,9 +680,14 @@ def test_the_schema_refuses_bad_values_naming_them(chart, values, message):
      "jobs.word-counts and jobs.word_counts would both name their objects lake-tidemark-word-counts"),
     # Credentials: none given, or two ways at once.
     ({"catalog": {"s3": {"credentials": {"podIdentity": True}}}},
-     "catalog.uri: the drivers and GC need the catalog's JDBC URI; set catalog.uri.value"),
+     "catalog.uri: the drivers and GC need the catalog's URI; set catalog.uri.value"),
     ({"catalog": {"uri": {"value": "postgresql://u:p@pg/lake", "existingSecret": "lake"},
                   "s3": {"credentials": {"podIdentity": True}}}}, "catalog: give the catalog one way only"),
+    ({"catalog": {"uri": {"value": "https://rest/api"},
+                  "rest": {"credential": {"value": "id:s", "existingSecret": "c"}},
+                  "s3": {"credentials": {"podIdentity": True}}}}, "catalog.rest.credential: give value"),
+    ({"catalog": {"uri": {"value": "https://rest/api"}, "warehouse": "gs://bucket/wh",
+                  "s3": {"credentials": {"podIdentity": True}}}}, "is not an s3:// location"),
     ({"catalog": {"uri": {"value": "postgresql://u:p@pg/lake"}, "bundledPostgres": {"enabled": True},
                   "s3": {"credentials": {"podIdentity": True}}}}, "catalog: give the catalog one way only"),
     ({"catalog": {"uri": {"existingSecret": "lake"}}},

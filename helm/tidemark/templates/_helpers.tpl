@@ -86,8 +86,12 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
 {{- fail "zookeeper.bundled.replicas: 2 servers tolerate no failure, like 1; use 1 for a test or 3 or 5 for production" -}}
 {{- end -}}
 {{- $s3 := .Values.catalog.s3 -}}
-{{- if and $s3.enabled (not (regexMatch "^s3a?://" .Values.catalog.warehouse)) -}}
-{{- fail (printf "catalog.warehouse: %q is not an s3:// location while catalog.s3.enabled=true; use s3://bucket/path or disable catalog.s3" .Values.catalog.warehouse) -}}
+{{- if and $s3.enabled (regexMatch "^[a-z0-9+.-]+://" .Values.catalog.warehouse) (not (regexMatch "^s3a?://" .Values.catalog.warehouse)) -}}
+{{- fail (printf "catalog.warehouse: %q is not an s3:// location while catalog.s3.enabled=true; use s3://bucket/path (or a REST catalog's warehouse name) or disable catalog.s3" .Values.catalog.warehouse) -}}
+{{- end -}}
+{{- $credential := .Values.catalog.rest.credential -}}
+{{- if and $credential.value $credential.existingSecret -}}
+{{- fail "catalog.rest.credential: give value (the chart creates the Secret) or existingSecret (a Secret you created), not both" -}}
 {{- end -}}
 {{- $jobNames := dict -}}
 {{- range $name, $values := .Values.jobs -}}
@@ -123,7 +127,7 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
 {{- fail "catalog: give the catalog one way only: catalog.uri.value (the chart creates the Secret), catalog.uri.existingSecret (a Secret you created) or catalog.bundledPostgres.enabled (the chart runs PostgreSQL)" -}}
 {{- end -}}
 {{- if eq (int $catalogs) 0 -}}
-{{- fail (printf "catalog.uri: the drivers and GC need the catalog's JDBC URI; set catalog.uri.value (postgresql://user:password@host:5432/catalog: the chart keeps it in the Secret %s-catalog), catalog.uri.existingSecret (a Secret you created, its key catalog.uri.key=%s holding the URI) or catalog.bundledPostgres.enabled=true (the chart runs a small PostgreSQL); helm/tidemark/examples/ has complete values" (include "tidemark.fullname" .) $uri.key) -}}
+{{- fail (printf "catalog.uri: the drivers and GC need the catalog's URI; set catalog.uri.value (postgresql://user:password@host:5432/catalog, or a REST catalog's https://...: the chart keeps it in the Secret %s-catalog), catalog.uri.existingSecret (a Secret you created, its key catalog.uri.key=%s holding the URI) or catalog.bundledPostgres.enabled=true (the chart runs a small PostgreSQL); helm/tidemark/examples/ has complete values" (include "tidemark.fullname" .) $uri.key) -}}
 {{- end -}}
 {{- if $s3.enabled -}}
 {{- $credentials := $s3.credentials -}}
@@ -252,6 +256,17 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret holding a REST catalog's OAuth2 client credentials: the one named in values, the one the
+     chart creates, or nothing (a catalog without them). */}}
+{{- define "tidemark.rest.secret" -}}
+{{- $credential := .Values.catalog.rest.credential -}}
+{{- if $credential.existingSecret -}}
+{{- $credential.existingSecret -}}
+{{- else if $credential.value -}}
+{{- printf "%s-rest" (include "tidemark.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* A job's key as a DNS label: word_counts -> word-counts (the key rule is checked in tidemark.validate). */}}
 {{- define "tidemark.jobName" -}}
 {{- . | replace "_" "-" -}}
@@ -267,6 +282,22 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
     secretKeyRef: {name: {{ include "tidemark.catalog.secret" . | quote }}, key: {{ $catalog.uri.key | quote }}}
 - name: TIDEMARK_WAREHOUSE
   value: {{ $catalog.warehouse | quote }}
+{{- /* A REST catalog's settings, as pyiceberg reads them (PYICEBERG_CATALOG__<NAME>__*): Tidemark takes the
+       rest of a catalog's settings from there, and derives the Spark session's from them. */}}
+{{- $rest := printf "PYICEBERG_CATALOG__%s__" (upper $catalog.name) }}
+{{- with include "tidemark.rest.secret" . }}
+- name: {{ $rest }}CREDENTIAL
+  valueFrom:
+    secretKeyRef: {name: {{ . | quote }}, key: {{ $catalog.rest.credential.key | quote }}}
+{{- end }}
+{{- with $catalog.rest.oauth2ServerUri }}
+- name: {{ $rest }}OAUTH2_SERVER_URI
+  value: {{ . | quote }}
+{{- end }}
+{{- with $catalog.rest.scope }}
+- name: {{ $rest }}SCOPE
+  value: {{ . | quote }}
+{{- end }}
 {{- if $s3.enabled }}
 - name: AWS_REGION
   value: {{ $s3.region | quote }}
