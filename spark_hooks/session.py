@@ -25,6 +25,9 @@ ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExt
 USER_CLASSPATH_KEYS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath",
                        "spark.executor.extraClassPath")
 ICEBERG_RUNTIME_ARTIFACT = "iceberg-spark-runtime"
+# Spark's own pattern, and a REST catalog's OAuth2 client secret (`credential`): values of matching settings are
+# hidden in the Spark UI, its REST API and event logs.
+REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|credential"
 
 
 def spark_conf(catalog: CatalogSettings, jars: Optional[list[str]] = None,
@@ -35,7 +38,8 @@ def spark_conf(catalog: CatalogSettings, jars: Optional[list[str]] = None,
     applied last; its SQL catalogs get their JDBC drivers too. Jars or packages it names itself
     (``USER_CLASSPATH_KEYS``) are kept, Tidemark's added before them; when they name Iceberg's Spark runtime
     already, the class path is left to them."""
-    conf = {"spark.sql.extensions": ICEBERG_EXTENSIONS, "spark.sql.defaultCatalog": catalog.name}
+    conf = {"spark.sql.extensions": ICEBERG_EXTENSIONS, "spark.sql.defaultCatalog": catalog.name,
+            "spark.redaction.regex": REDACTION_REGEX}
     conf.update(catalog.spark_conf())
     conf.update(extra_conf or {})
     if jars is None and any(ICEBERG_RUNTIME_ARTIFACT in conf.get(key, "") for key in USER_CLASSPATH_KEYS):

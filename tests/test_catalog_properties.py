@@ -2,9 +2,12 @@
 from either (pure logic: nothing connects here; the REST and S3 servers' tests are in test_lakehouse.py)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from coordinator import CatalogSettings, ConfigurationError
+from coordinator.iceberg.catalog import is_catalog_outage
 from coordinator.iceberg.catalog_properties import S3_FILE_IO, java_properties, pyiceberg_properties
 from coordinator.settings import Settings
 
@@ -127,3 +130,70 @@ def test_a_malformed_pyiceberg_yaml_is_one_clear_line(no_pyiceberg_config):
 def test_a_rest_uri_without_a_host_is_refused(uri):
     with pytest.raises(ConfigurationError, match="needs a host"):
         CatalogSettings(uri=uri)
+
+
+def test_the_type_is_inferred_from_the_uri_as_pyiceberg_does():
+    assert java_properties({"uri": "thrift://metastore:9083"})["type"] == "hive"
+    assert java_properties({"uri": "https://rest"})["type"] == "rest"
+    with pytest.raises(ConfigurationError, match="TIDEMARK_CATALOG_URI"):
+        java_properties({"uri": "postgresql+psycopg2://u@h/db"})
+
+
+def test_pyicebergs_client_properties_reach_java_and_its_s3_ones_win_as_in_pyiceberg():
+    java = java_properties({"type": "rest", "uri": "http://c", "client.access-key-id": "shared",
+                            "client.secret-access-key": "s", "client.region": "eu-west-1"})
+    assert (java["s3.access-key-id"], java["s3.secret-access-key"]) == ("shared", "s")
+    assert java["client.region"] == "eu-west-1"
+    assert java["io-impl"] == S3_FILE_IO and "client.access-key-id" not in java
+    both = java_properties({"type": "rest", "uri": "http://c", "client.access-key-id": "shared",
+                            "s3.access-key-id": "s3-own", "client.region": "eu-west-1", "s3.region": "us-east-2"})
+    assert (both["s3.access-key-id"], both["client.region"]) == ("s3-own", "us-east-2")
+
+
+def test_a_sql_catalog_in_pyicebergs_configuration_is_opened_as_tidemarks_own(no_pyiceberg_config, monkeypatch):
+    monkeypatch.setenv("PYICEBERG_CATALOG__LAKE__URI", "postgresql+psycopg2://tidemark:pw@db:5432/lake")
+    monkeypatch.setenv("PYICEBERG_CATALOG__LAKE__WAREHOUSE", "s3://bucket/wh")
+    settings = CatalogSettings.from_env(Settings.from_env({}))
+    assert settings.uri == "postgresql://tidemark:pw@db:5432/lake" and settings.warehouse == "s3://bucket/wh"
+    python = settings.python_catalog_properties()
+    assert python["type"] == "sql" and "lock_timeout" in python["uri"]  # the session settings of issue 22
+    assert settings.spark_conf()["spark.sql.catalog.lake.uri"] == "jdbc:postgresql://db:5432/lake"
+    assert "pw" not in repr(settings) and "pw" not in settings.describe()
+
+
+@pytest.mark.parametrize(("error", "outage"), [
+    (OSError("When reading information for key 'a' in bucket 'b': AWS Error NETWORK_CONNECTION during "
+             "HeadObject operation: curlCode: 7, Couldn't connect to server"), True),
+    (OSError("When uploading part for key 'a': AWS Error SLOW_DOWN during UploadPart operation"), True),
+    (OSError("When listing objects under key 'a': AWS Error UNKNOWN (HTTP status 503) during ListObjectsV2"), True),
+    (OSError("When reading information for key 'a' in bucket 'b': AWS Error ACCESS_DENIED during HeadObject"), False),
+    (OSError("When creating key 'a' in bucket 'nope': AWS Error NO_SUCH_BUCKET during PutObject"), False),
+    (OSError("[Errno 28] No space left on device"), False),
+])
+def test_only_transient_object_store_errors_are_outages(error, outage):
+    assert is_catalog_outage(error) is outage
+
+
+def test_rest_catalog_errors_that_pass_are_outages_and_mistakes_are_not():
+    from pyiceberg.exceptions import (
+        CommitFailedException,
+        CommitStateUnknownException,
+        ServerError,
+        TooManyRequestsError,
+        UnauthorizedError,
+    )
+    from requests.exceptions import ConnectionError as RequestConnectionError
+    from requests.exceptions import ReadTimeout, SSLError
+    for transient in (RequestConnectionError("refused"), ReadTimeout("slow"), ServerError("502"),
+                      TooManyRequestsError("429"), CommitStateUnknownException("504")):
+        assert is_catalog_outage(transient), transient
+    for mistake in (SSLError("certificate verify failed"), UnauthorizedError("401"), CommitFailedException("409")):
+        assert not is_catalog_outage(mistake), mistake
+
+
+def test_spark_hides_a_rest_catalogs_client_secret():
+    from spark_hooks.session import spark_conf
+    settings = CatalogSettings(name="lake", python_properties={"type": "rest", "uri": "http://c",
+                                                               "credential": "id:secret"})
+    conf = spark_conf(settings, jars=[])
+    assert re.search(conf["spark.redaction.regex"], "spark.sql.catalog.lake.credential")

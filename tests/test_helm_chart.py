@@ -688,6 +688,8 @@ def test_the_schema_refuses_bad_values_naming_them(chart, values, message):
                   "s3": {"credentials": {"podIdentity": True}}}}, "catalog.rest.credential: give value"),
     ({"catalog": {"uri": {"value": "https://rest/api"}, "warehouse": "gs://bucket/wh",
                   "s3": {"credentials": {"podIdentity": True}}}}, "is not an s3:// location"),
+    ({"catalog": {"uri": {"value": "postgresql://u:p@pg/lake"}, "warehouse": "analytics",
+                  "s3": {"credentials": {"podIdentity": True}}}}, "is not an s3:// location"),
     ({"catalog": {"uri": {"value": "postgresql://u:p@pg/lake"}, "bundledPostgres": {"enabled": True},
                   "s3": {"credentials": {"podIdentity": True}}}}, "catalog: give the catalog one way only"),
     ({"catalog": {"uri": {"existingSecret": "lake"}}},

@@ -218,6 +218,8 @@ def test_a_writer_rides_out_the_lakehouse_killed_and_restarted_and_loses_nothing
         fleet.check()
     finally:
         fleet.stop_all()
+        if lakehouse.running_pid() is None:  # the module's other tests need it
+            lakehouse.start()
 
 
 @pytest.mark.spark

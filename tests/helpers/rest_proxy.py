@@ -82,7 +82,7 @@ class CommitOutcomeProxy:
         """From now on, every ``every``-th table commit lands and is answered ``status`` (None: no answer), ``times``
         times (a bound: a writer's recovery makes commits too, which must get through in the end)."""
         with self._lock:
-            self.every, self.status, self.times, self.commits = every, status, times, 0
+            self.every, self.status, self.times, self.commits, self.failed = every, status, times, 0, []
 
     def _should_fail(self, path: str) -> bool:
         with self._lock:

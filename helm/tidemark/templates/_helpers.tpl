@@ -86,7 +86,9 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
 {{- fail "zookeeper.bundled.replicas: 2 servers tolerate no failure, like 1; use 1 for a test or 3 or 5 for production" -}}
 {{- end -}}
 {{- $s3 := .Values.catalog.s3 -}}
-{{- if and $s3.enabled (regexMatch "^[a-z0-9+.-]+://" .Values.catalog.warehouse) (not (regexMatch "^s3a?://" .Values.catalog.warehouse)) -}}
+{{- /* A PostgreSQL catalog's warehouse is a location; a REST catalog's may be a name its server knows. */}}
+{{- $sqlCatalog := or .Values.catalog.bundledPostgres.enabled (hasPrefix "postgres" .Values.catalog.uri.value) -}}
+{{- if and $s3.enabled (not (regexMatch "^s3a?://" .Values.catalog.warehouse)) (or $sqlCatalog (regexMatch "^[a-z0-9+.-]+://" .Values.catalog.warehouse)) -}}
 {{- fail (printf "catalog.warehouse: %q is not an s3:// location while catalog.s3.enabled=true; use s3://bucket/path (or a REST catalog's warehouse name) or disable catalog.s3" .Values.catalog.warehouse) -}}
 {{- end -}}
 {{- $credential := .Values.catalog.rest.credential -}}
