@@ -164,16 +164,16 @@ class CatalogSettings:
 
     def spark_conf(self) -> dict[str, str]:
         prefix = f"spark.sql.catalog.{self.name}"
-        conf = {prefix: "org.apache.iceberg.spark.SparkCatalog"}
-        if self.uri is None or _parse_uri(self.uri)[0] == "rest":
+        kind, parts = _parse_uri(self.uri) if self.uri is not None else ("custom", {})
+        if kind in ("custom", "rest"):
             java = dict(self.spark_properties) or java_properties(self.python_catalog_properties())
-            conf.update({f"{prefix}.{k}": v for k, v in java.items()})
-            conf[f"{prefix}.cache-enabled"] = "false"  # Spark must see refs that Python moved
+        else:  # a SQL catalog: what its URI does not say (s3.*, credentials), then the JDBC settings below
+            java = java_properties({**self.python_properties, **({"warehouse": self.warehouse} if self.warehouse
+                                                                 else {})})
+        conf = {prefix: "org.apache.iceberg.spark.SparkCatalog", **{f"{prefix}.{k}": v for k, v in java.items()},
+                f"{prefix}.cache-enabled": "false"}  # Spark must see refs that Python moved
+        if kind in ("custom", "rest"):
             return conf
-        conf[f"{prefix}.cache-enabled"] = "false"
-        located = {**self.python_properties, **({"warehouse": self.warehouse} if self.warehouse else {})}
-        conf.update({f"{prefix}.{k}": v for k, v in java_properties(located).items()})  # s3.*, credentials
-        kind, parts = _parse_uri(self.uri)
         conf[f"{prefix}.catalog-impl"] = "org.apache.iceberg.jdbc.JdbcCatalog"
         # pyiceberg creates the catalog tables (already in the V1 layout). Java must not probe them
         # itself: that probe leaves a read transaction open on its pooled connection, which pins a

