@@ -8,7 +8,6 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 from collections import Counter
 
 import pyarrow as pa
@@ -26,10 +25,11 @@ from coordinator.settings import Settings
 from spark_hooks import EpochJob, snapshot_sql
 from tests.helpers.present import present
 from tests.helpers.rest_proxy import CommitOutcomeProxy
+from tests.helpers.spark_cascade import WORD, Producer
 from tests.test_writer_flow import Fleet, Runner
 
 COUNTS = pa.schema([pa.field("word", pa.string()), pa.field("n", pa.int64())])
-WORDS = pa.schema([pa.field("word", pa.string())])
+WORDS = WORD
 
 
 @pytest.fixture(scope="module")
@@ -111,26 +111,14 @@ def test_python_writers_run_a_cascade_on_s3_and_the_rest_catalog_exactly_once(la
             ctx.append(totals, pa.table({"word": ["*"], "n": [sum(new.column("n").to_pylist())]}, schema=COUNTS))
 
     fleet = Fleet(connect, rest_settings, interval_ms=1000, grace_ms=200)
-    produced: Counter = Counter()
-    stop = threading.Event()
-
-    def produce() -> None:
-        i = 0
-        while not stop.wait(0.3):
-            batch = [f"w{(i + k) % 5}" for k in range(3)]
-            words.append(pa.table({"word": batch}, schema=WORDS))
-            produced.update(batch)
-            i += 1
-    producer = threading.Thread(target=produce)
-    producer.start()
+    producer = Producer(words)
     try:
         counter = fleet.start(fleet.writer("count", [f"{namespace}.words"], [counts]), count)
         totaller = fleet.start(fleet.writer("total", [counts], [totals]), total)
         fleet.wait(lambda: len(totaller.writer.committed) >= 4 and len(counter.writer.committed) >= 4,
                    "both jobs to commit four epochs")
     finally:
-        stop.set()
-        producer.join()
+        producer.stop()
         fleet.stop_all()
 
     tables = [f"{namespace}.words", counts, totals]
