@@ -29,7 +29,6 @@ from tests.helpers.spark_cascade import WORD, Producer
 from tests.test_writer_flow import Fleet, Runner
 
 COUNTS = pa.schema([pa.field("word", pa.string()), pa.field("n", pa.int64())])
-WORDS = WORD
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +53,8 @@ class CopyPipeline:
 
     def __init__(self, catalog, namespace: str) -> None:
         self.source, self.sink = f"{namespace}.words", f"{namespace}.copies"
-        self.words = create(catalog, self.source, WORDS)
-        create(catalog, self.sink, WORDS)
+        self.words = create(catalog, self.source, WORD)
+        create(catalog, self.sink, WORD)
         self.appended: list[str] = []
 
     def start(self, fleet: Fleet) -> Runner:
@@ -66,7 +65,7 @@ class CopyPipeline:
         return fleet.start(fleet.writer("copy", [self.source], [self.sink]), copy)
 
     def append(self, word: str) -> None:
-        self.words.append(pa.table({"word": [word]}, schema=WORDS))
+        self.words.append(pa.table({"word": [word]}, schema=WORD))
         self.appended.append(word)
 
     def consistent_copies(self, tm, settings: CatalogSettings) -> list[str]:
@@ -94,7 +93,7 @@ def test_python_writers_run_a_cascade_on_s3_and_the_rest_catalog_exactly_once(la
     """A root job and a derived job, pure-Python writers, on the REST catalog with their files on S3; every
     consistent version, resolved with ZooKeeper and from Iceberg alone, holds each word exactly once."""
     catalog = rest_settings.load()
-    words = create(catalog, f"{namespace}.words", WORDS)
+    words = create(catalog, f"{namespace}.words", WORD)
     counts, totals = f"{namespace}.counts", f"{namespace}.totals"
     create(catalog, counts, COUNTS)
     create(catalog, totals, COUNTS)
@@ -142,10 +141,10 @@ def test_the_tidemark_command_operates_the_rest_catalog_from_pyicebergs_variable
     """The issue's probe: `versions`, `gc --dry-run` and `gc --yes` against the REST catalog, configured only
     through pyiceberg's variables."""
     catalog = rest_settings.load()
-    create(catalog, f"{namespace}.raw", WORDS)
+    create(catalog, f"{namespace}.raw", WORD)
     agg = f"{namespace}.agg"
-    create(catalog, agg, WORDS)
-    catalog.load_table(f"{namespace}.raw").append(pa.table({"word": ["a", "b"]}, schema=WORDS))
+    create(catalog, agg, WORD)
+    catalog.load_table(f"{namespace}.raw").append(pa.table({"word": ["a", "b"]}, schema=WORD))
 
     def copy(ctx) -> None:
         new = ctx.changes(f"{namespace}.raw")
@@ -220,7 +219,7 @@ def test_a_spark_epoch_job_on_the_rest_catalog_and_s3_merges_exactly_once_and_sp
     for key, value in settings.spark_conf().items():
         spark.conf.set(key, value)  # a catalog's properties are session settings: this one is added at run time
     catalog = settings.load()
-    words = create(catalog, f"{namespace}.words", WORDS)
+    words = create(catalog, f"{namespace}.words", WORD)
     create(catalog, f"{namespace}.counts", COUNTS)
     src, dst = f"rest.{namespace}.words", f"rest.{namespace}.counts"
     job = EpochJob(spark, tm, "spark-rest", sources=[src], sinks=[dst], catalog=settings, interval_ms=1000,
@@ -231,9 +230,9 @@ def test_a_spark_epoch_job_on_the_rest_catalog_and_s3_merges_exactly_once_and_sp
         new = ctx.changes(src).groupBy("word").count().withColumnRenamed("count", "n")
         ctx.merge(dst, new, on=["word"], matched="t.n = t.n + s.n")
 
-    words.append(pa.table({"word": ["a", "b", "a"]}, schema=WORDS))
+    words.append(pa.table({"word": ["a", "b", "a"]}, schema=WORD))
     job.run(max_epochs=1)
-    words.append(pa.table({"word": ["b", "c"]}, schema=WORDS))
+    words.append(pa.table({"word": ["b", "c"]}, schema=WORD))
     appended = present(words.refresh().current_snapshot()).timestamp_ms
     job.run(until=-(-appended // 1000) * 1000)
 
@@ -256,9 +255,9 @@ def test_orphan_files_are_found_by_listing_s3_and_deleted_leaving_every_snapshot
     """A killed writer's data file on S3, which no metadata references: found by listing the bucket, deleted, and
     nothing a snapshot references is touched."""
     catalog = rest_settings.load()
-    table = create(catalog, f"{namespace}.events", WORDS)
+    table = create(catalog, f"{namespace}.events", WORD)
     for batch in (["a"], ["b", "c"]):
-        table.append(pa.table({"word": batch}, schema=WORDS))
+        table.append(pa.table({"word": batch}, schema=WORD))
     stray = f"{table.metadata.location}/data/killed-writer-00000.parquet"
     with table.io.new_output(stray).create() as out:
         out.write(b"PAR1 a file no commit references")
