@@ -63,4 +63,6 @@ if [ -z "${TIDEMARK_SPARK_JARS:-}" ]; then
     # Iceberg's Spark runtime for this venv's Spark, iceberg-aws-bundle and the JDBC drivers, from Maven Central.
     "$VENV/bin/python" -m tools.jars install
 fi
+# Trino and Iceberg's REST catalog server, which the tests read and write the lakehouse with (about 750 MB, once).
+"$VENV/bin/python" -m tools.jars test-servers
 say "ready"

@@ -50,6 +50,7 @@ class MavenArtifact:
     group: str
     artifact: str
     version: str
+    packaging: str = "jar"  # the file's extension: "tar.gz" for a server's tarball, "zip" for a Trino plugin
 
     @property
     def coordinate(self) -> str:
@@ -58,7 +59,8 @@ class MavenArtifact:
     @property
     def path(self) -> str:
         """Its place in a Maven repository's layout (Maven Central's, or ``<cache>/maven``)."""
-        return f"{self.group.replace('.', '/')}/{self.artifact}/{self.version}/{self.artifact}-{self.version}.jar"
+        return (f"{self.group.replace('.', '/')}/{self.artifact}/{self.version}/"
+                f"{self.artifact}-{self.version}.{self.packaging}")
 
 
 # The JDBC driver of a SQL catalog, by the subprotocol of its JDBC URI (jdbc:<subprotocol>:...). Maven's

@@ -1,6 +1,8 @@
-"""Download Iceberg's Spark jars from Maven Central into the cache (``make setup`` runs this; not in the wheel).
+"""Download Iceberg's Spark jars, and the servers the tests read with, from Maven Central into the cache
+(``make setup`` runs this; not in the wheel).
 
-    python -m tools.jars install
+    python -m tools.jars install         # what a Spark driver needs (the Docker image runs this too)
+    python -m tools.jars test-servers    # Trino and Iceberg's REST catalog server, for the tests
 
 For the installed pyspark it fetches what ``spark_hooks.classpath`` puts on a session's class path:
 Iceberg's Spark runtime for that Spark and Scala, ``iceberg-aws-bundle`` of the same Iceberg release, and
@@ -28,6 +30,16 @@ from spark_hooks.classpath import JDBC_DRIVERS, MAVEN_CENTRAL, IcebergRuntime, M
 REQUEST_TIMEOUT_S = 60
 DOWNLOAD_DEADLINE_S = 300  # per jar, all attempts included
 
+# The servers of the tests that read and write the lakehouse as software that knows nothing of Tidemark:
+# Iceberg's own REST catalog server (the second REST implementation, backed by PostgreSQL) and Trino, its core
+# tarball and Iceberg plugin (the full tarball is 800 MB of other connectors). Trino 476 is the newest whose
+# core tarball Maven Central serves; it runs on Java 24 or later (tests/helpers/trino.py finds one).
+ICEBERG_REST_SERVER = MavenArtifact("org.apache.iceberg", "iceberg-open-api", "1.10.0")
+TRINO_VERSION = "476"
+TRINO_SERVER = MavenArtifact("io.trino", "trino-server-core", TRINO_VERSION, packaging="tar.gz")
+TRINO_ICEBERG_PLUGIN = MavenArtifact("io.trino", "trino-iceberg", TRINO_VERSION, packaging="zip")
+TEST_SERVERS = (ICEBERG_REST_SERVER, TRINO_SERVER, TRINO_ICEBERG_PLUGIN, JDBC_DRIVERS["postgresql"])
+
 
 def repository_url() -> str:
     """``MAVEN_REPOSITORY`` (a mirror), else Maven Central."""
@@ -36,10 +48,15 @@ def repository_url() -> str:
 
 def install(settings: Optional[Settings] = None) -> list[Path]:
     """Every jar the installed Spark needs, in the cache (idempotent); returns their paths."""
+    return fetch((*IcebergRuntime.installed().artifacts(), *JDBC_DRIVERS.values()), settings)
+
+
+def fetch(artifacts: tuple[MavenArtifact, ...], settings: Optional[Settings] = None) -> list[Path]:
+    """``artifacts`` in the cache, each downloaded once and checked (idempotent); returns their paths."""
     settings = settings or Settings.from_env()
     repository = repository_url()
     paths = []
-    for artifact in (*IcebergRuntime.installed().artifacts(), *JDBC_DRIVERS.values()):
+    for artifact in artifacts:
         target = cached_jar(settings, artifact)
         if not target.is_file():
             _download(artifact, f"{repository}/{artifact.path}", target)
@@ -85,11 +102,12 @@ def _download(artifact: MavenArtifact, url: str, target: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if argv[1:] != ["install"]:
-        print("usage: python -m tools.jars install", file=sys.stderr)
+    actions = {"install": install, "test-servers": lambda: fetch(TEST_SERVERS)}
+    if len(argv) != 2 or argv[1] not in actions:
+        print("usage: python -m tools.jars install|test-servers", file=sys.stderr)
         return 2
     try:
-        paths = install()
+        paths = actions[argv[1]]()
     except ConfigurationError as exc:
         print(f"jars: error: {exc}", file=sys.stderr)
         return 1
@@ -97,7 +115,7 @@ def main(argv: list[str]) -> int:
         print(f"jars: error: cannot download from {repository_url()} ({exc}): check the network, or set "
               "MAVEN_REPOSITORY to a mirror or TIDEMARK_SPARK_JARS to jars you have", file=sys.stderr)
         return 1
-    print(f"jars: ready ({len(paths)} jars in {Settings.from_env().cache / 'maven'})")
+    print(f"jars: ready ({len(paths)} files in {Settings.from_env().cache / 'maven'})")
     return 0
 
 
