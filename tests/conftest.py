@@ -43,7 +43,8 @@ def _isolate_home() -> tuple[Path, tuple[Path, ...]]:
     # The two things the suite shares with the user, both resolved here from the real environment and set
     # explicitly, as the swapped XDG_CACHE_HOME would otherwise hide them:
     # - the jar cache `make setup` fills from Maven Central (Iceberg's Spark runtime, iceberg-aws-bundle and the
-    #   JDBC drivers, about 130 MB), which Spark tests and drivers only read;
+    #   JDBC drivers, about 130 MB) and the test servers (Trino, unpacked, and Iceberg's REST catalog server, about
+    #   1 GB), which Spark tests, drivers and the servers only read;
     # - pip's cache, which `make setup` filled with the wheels of the venv: the quickstart test installs the
     #   package into a fresh venv as a user does, and would otherwise download some 700 MB of wheels every run.
     jar_cache = Settings.from_env().cache

