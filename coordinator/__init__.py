@@ -44,7 +44,7 @@ from coordinator.errors import (
 )
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.gc_schedule import GcSchedule
-from coordinator.history.readers import VersionReader, version_sql
+from coordinator.history.readers import VersionReader, duckdb_iceberg_connection, duckdb_iceberg_sql, version_sql
 from coordinator.history.resolve import ReaderSession, Resolver, read_arrow
 from coordinator.history.retention import RetentionPolicy
 from coordinator.iceberg.catalog import CatalogSettings
@@ -77,5 +77,6 @@ __all__ = [
     "Recovery", "RecoveryAction", "RegistrationError", "Resolver", "RetentionPolicy", "SinksNotFenced", "SourceRange",
     "StorageError", "TableNotFound", "TableTidemark", "Tidemark", "TidemarkError", "TlsError", "TlsSettings",
     "Topology", "UnregisterNotConfirmed", "VersionNotFound", "VersionReader", "Waiting", "WriterConflict",
-    "ZooKeeperRebuilt", "ZooKeeperUnavailable", "read_arrow", "version_sql",
+    "ZooKeeperRebuilt", "ZooKeeperUnavailable", "duckdb_iceberg_connection", "duckdb_iceberg_sql", "read_arrow",
+    "version_sql",
 ]

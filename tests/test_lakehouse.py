@@ -9,11 +9,12 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from coordinator import CatalogSettings, VersionReader
+from coordinator import CatalogSettings, VersionReader, duckdb_iceberg_connection, duckdb_iceberg_sql
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.readers import version_sql
 from coordinator.history.resolve import Resolver, read_arrow
@@ -29,6 +30,7 @@ from tests.helpers.spark_cascade import WORD, Producer
 from tests.test_writer_flow import Fleet, Runner
 
 COUNTS = pa.schema([pa.field("word", pa.string()), pa.field("n", pa.int64())])
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +209,54 @@ def test_a_writer_rides_out_the_lakehouse_killed_and_restarted_and_loses_nothing
         fleet.stop_all()
         if lakehouse.running_pid() is None:  # the module's other tests need it
             lakehouse.start()
+
+
+def test_duckdbs_own_iceberg_extension_reads_a_consistent_version_from_s3_by_snapshot_id(rest_settings, connect,
+                                                                                          namespace):
+    """README's lines for DuckDB's Iceberg extension, loaded from its PyPI package (nothing downloaded), with an S3
+    secret from the catalog's properties: both tables of a consistent version of a pure-Python job's epochs, read
+    by snapshot id, are the rows Tidemark reads; a word appended later is not in them."""
+    readme = ["con = duckdb_iceberg_connection(reader.resolver)",
+              "by_id = duckdb_iceberg_sql(reader.resolver, reader.version)",
+              'con.sql(by_id["lake.db.word_counts"]).df()',
+              "con.sql(f\"SELECT count(*) FROM ({by_id['lake.db.words']}) JOIN ({by_id['lake.db.word_counts']}) "
+              "USING (word)\")"]
+    assert all(line in README for line in readme), "README's DuckDB extension lines changed: change this test too"
+    pipeline = CopyPipeline(rest_settings.load(), namespace)
+    fleet = Fleet(connect, rest_settings, interval_ms=1000, grace_ms=200)
+    tm = connect()
+    try:
+        runner = pipeline.start(fleet)
+        fleet.wait(lambda: len(runner.writer.committed) >= 1, "the job's first epoch")
+        for i in range(3):
+            pipeline.append(f"w{i}")
+            fleet.wait(lambda: pipeline.consistent_copies(tm, rest_settings) == sorted(pipeline.appended),
+                       f"w{i} copied")
+        assert len(runner.writer.committed) >= 3
+        fleet.check()
+    finally:
+        fleet.stop_all()
+    words, word_counts = pipeline.source, pipeline.sink
+    reader = VersionReader.resolve([words, word_counts], tm, settings=rest_settings)
+
+    con = duckdb_iceberg_connection(reader.resolver)
+    by_id = duckdb_iceberg_sql(reader.resolver, reader.version)
+    assert sorted(con.sql(by_id[word_counts]).df()["word"]) == sorted(pipeline.appended)
+    assert con.sql(f"SELECT count(*) FROM ({by_id[words]}) JOIN ({by_id[word_counts]}) USING (word)"
+                   ).fetchall() == [(len(pipeline.appended),)]
+    for table in (words, word_counts):
+        assert f"snapshot_from_id => {reader.version.snapshots[table]})" in by_id[table]
+        assert sorted(con.sql(by_id[table]).fetchall()) == sorted(
+            tuple(row.values()) for row in reader.arrow(table).to_pylist())
+    assert con.sql("SELECT current_setting('autoinstall_known_extensions')").fetchall() == [(False,)]
+
+    pipeline.append("later")  # after the version; the queries are made again from the newest metadata
+    reader.resolver.table(words)
+    pinned = duckdb_iceberg_sql(reader.resolver, reader.version)[words]
+    newest = pinned.split(", snapshot_from_id")[0] + ")"
+    assert pinned != by_id[words], "the metadata was not reloaded"
+    assert "later" not in {w for (w,) in con.sql(pinned).fetchall()}
+    assert "later" in {w for (w,) in con.sql(newest).fetchall()}
 
 
 @pytest.mark.spark

@@ -7,13 +7,24 @@ would have read past it. pandas, polars and DuckDB are the real libraries (the `
 """
 from __future__ import annotations
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from pyiceberg.expressions.parser import parse
 
-from coordinator import ConsistencyLevel, ConsistentVersion, EpochWriter, VersionReader, version_sql
-from coordinator.errors import InvalidArgument, TidemarkError
+from coordinator import (
+    CatalogSettings,
+    ConsistencyLevel,
+    ConsistentVersion,
+    EpochWriter,
+    VersionReader,
+    duckdb_iceberg_connection,
+    duckdb_iceberg_sql,
+    version_sql,
+)
+from coordinator.errors import ConfigurationError, InvalidArgument, TidemarkError
+from coordinator.history.readers import DUCKDB_EXTENSIONS, _extension_file, _s3_secret, _sql_identifier, _sql_string
 from coordinator.history.resolve import Resolver
 from coordinator.history.versions import tag_name
 from coordinator.operations.cli import main as cli
@@ -141,3 +152,56 @@ def test_spark_sql_and_trino_read_by_tag_when_retained_else_by_snapshot_id(tm, z
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"-- consistent version, epoch {epoch} (")
     assert out[1:] == [f"{tagged[sink]};", f"{tagged[source]};"]
+
+
+def test_duckdbs_iceberg_extension_reads_local_tables_at_a_snapshot_with_a_quote_in_their_path(tmp_path):
+    """DuckDB's own Iceberg extension, from its PyPI package: a table at an older snapshot by id and an empty one,
+    on the local file system (no S3 secret), their metadata files under a directory named with a quote."""
+    settings = CatalogSettings.embedded(tmp_path / "it's a \"lake\"")
+    catalog = settings.load()
+    catalog.create_namespace("db")
+    table = catalog.create_table("db.orders", SCHEMA)
+    table.append(orders(range(1, 3), [500, 1500]))
+    first = present(table.current_snapshot()).snapshot_id
+    table.append(orders(range(3, 4), [2500]))
+    catalog.create_table("db.empty", SCHEMA)
+    resolver = Resolver(catalog, settings)
+    version = ConsistentVersion(None, {"db.orders": first, "db.empty": None}, ConsistencyLevel.LATEST)
+    by_id = duckdb_iceberg_sql(resolver, version)
+    assert "it''s a" in by_id["db.orders"] and by_id["db.orders"].endswith(f", snapshot_from_id => {first})")
+    con = duckdb_iceberg_connection(resolver)
+    assert con.sql("SELECT count(*) FROM duckdb_secrets()").fetchall() == [(0,)]
+    assert con.sql("SELECT current_setting('autoinstall_known_extensions')").fetchall() == [(False,)]
+    assert sorted(con.sql(by_id["db.orders"]).fetchall()) == [(1, 500, "order 1"), (2, 1500, "order 2")]
+    empty = con.sql(by_id["db.empty"])
+    assert empty.columns == ["id", "amount", "note"] and empty.fetchall() == []
+    with pytest.raises(InvalidArgument, match="snapshot id -5 is negative"):
+        duckdb_iceberg_sql(resolver, ConsistentVersion(None, {"db.orders": -5}, ConsistencyLevel.LATEST))
+
+
+def test_duckdb_literals_and_s3_secrets_quote_what_they_are_given():
+    con = duckdb.connect(config={"autoinstall_known_extensions": False})
+    for value in ["it's", 'a "b"', "back\\slash", "two\nlines", "'); DROP TABLE x; --"]:
+        relation = con.sql(f"SELECT {_sql_string(value)} AS {_sql_identifier(value)}")
+        assert relation.columns == [value] and relation.fetchall() == [(value,)]
+
+    assert _s3_secret("lake", {"warehouse": "file:///lake", "type": "sql"}) is None
+    for name in DUCKDB_EXTENSIONS:
+        con.execute(f"LOAD {_sql_string(str(_extension_file(name, duckdb.__version__)))}")
+    con.execute(present(_s3_secret("my lake", {
+        "s3.endpoint": "https://s3.example:9000/", "client.access-key-id": "key", "s3.secret-access-key": "it's",
+        "client.region": "eu-west-1", "s3.force-virtual-addressing": "true"})))
+    ((name, secret),) = con.sql("SELECT name, secret_string FROM duckdb_secrets()").fetchall()
+    assert name == "tidemark_my lake"
+    for field in ("endpoint=s3.example:9000", "key_id=key", "region=eu-west-1", "url_style=vhost", "use_ssl=true"):
+        assert f";{field};" in f";{secret};", secret
+    assert "URL_STYLE 'path', USE_SSL false)" in present(_s3_secret("lake", {"s3.endpoint": "http://127.0.0.1:1"}))
+
+
+def test_duckdbs_missing_extension_packages_are_one_line_errors_naming_the_pip_line():
+    with pytest.raises(ConfigurationError, match="pip install duckdb-extension-iceberg duckdb-extension-httpfs "
+                                                 "duckdb-extension-avro"):
+        _extension_file("nosuch", duckdb.__version__)
+    with pytest.raises(ConfigurationError, match=f"no extension for duckdb 9.9.9 \\(it has v{duckdb.__version__}\\): "
+                                                 "pip install duckdb-extension-iceberg==9.9.9"):
+        _extension_file("iceberg", "9.9.9")

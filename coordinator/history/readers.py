@@ -5,17 +5,24 @@
     con = reader.duckdb()                     # a DuckDB view per table: orders, big_orders
     con.sql("SELECT count(*) FROM orders JOIN big_orders USING (id)")
     version_sql(reader.resolver, reader.version)   # Spark SQL / Trino: {table: "SELECT ... FOR VERSION AS OF ..."}
+    con = duckdb_iceberg_connection(reader.resolver)   # DuckDB's own Iceberg extension, from its PyPI package
+    con.sql(duckdb_iceberg_sql(reader.resolver, reader.version)["lake.db.orders"])   # iceberg_scan by snapshot id
 
 Every DataFrame and view is a pyiceberg scan of one table at its snapshot of the version, by
 snapshot id: ``columns`` (pyiceberg's ``selected_fields``) and ``row_filter`` (a pyiceberg
 expression or its string form, ``"amount > 5000 and id < 10"``) are pushed into the scan, so
 Iceberg skips files by partition and column statistics and reads only the columns asked for.
 Delete files, schema evolution and the object store are pyiceberg's, so any table pyiceberg
-reads, these readers read. DuckDB's own Iceberg extension cannot read tags (duckdb-iceberg #1252),
-and a reader pinned by snapshot id needs no tag anyway: ``duckdb()`` registers the scans'
-Arrow tables as views on a DuckDB connection, one call for the whole version. The scans are read into
-memory then (DuckDB queries the Arrow tables without copying them): ``columns`` and ``row_filters``
-keep that to what the queries need.
+reads, these readers read. ``duckdb()`` registers the scans' Arrow tables as views on a DuckDB
+connection, one call for the whole version. The scans are read into memory then (DuckDB queries the
+Arrow tables without copying them): ``columns`` and ``row_filters`` keep that to what the queries need.
+
+DuckDB's own Iceberg extension reads a table by snapshot id (not by tag: duckdb-iceberg #1252), in DuckDB
+and lazily: ``duckdb_iceberg_sql`` gives an ``iceberg_scan`` of each table at its snapshot of the version,
+and ``duckdb_iceberg_connection`` a connection that runs them: the extensions loaded from the files of
+their PyPI packages (``pip install duckdb-extension-iceberg duckdb-extension-httpfs duckdb-extension-avro``,
+the release of the installed duckdb), so DuckDB downloads nothing, and an S3 secret made of the catalog's
+pyiceberg properties.
 
 Spark SQL and Trino read Iceberg by ref: ``version_sql`` names a table's tag ``tidemark-<T>``
 when the version is retained (every table holding data at ``T`` carries the tag, so
@@ -28,9 +35,11 @@ each is imported when first used, and a missing one is a ``ConfigurationError`` 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Optional, Union
 
@@ -40,9 +49,10 @@ from pyiceberg.table import DataScan
 from pyparsing import ParseException
 
 from coordinator.errors import ConfigurationError, InvalidArgument
-from coordinator.history.resolve import Resolver, scan_at
+from coordinator.history.resolve import Resolver, scan_at, table_at
 from coordinator.history.versions import tag_name
 from coordinator.iceberg.catalog import CatalogSettings
+from coordinator.iceberg.catalog_properties import path_style_addressing
 from coordinator.records import ConsistencyLevel, ConsistentVersion
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -55,6 +65,10 @@ if TYPE_CHECKING:
 RowFilter = Union[str, BooleanExpression]
 # An identifier part Spark SQL and Trino both take unquoted; any other part is quoted.
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# DuckDB's extensions an Iceberg read needs (Avro manifests; S3 through httpfs), loaded in this order, each from
+# the file its PyPI package duckdb-extension-<name> ships for one duckdb release.
+DUCKDB_EXTENSIONS = ("avro", "httpfs", "iceberg")
+_EXTENSIONS_PIP = "pip install duckdb-extension-iceberg duckdb-extension-httpfs duckdb-extension-avro"
 
 
 @dataclass(frozen=True)
@@ -157,6 +171,97 @@ def version_sql(resolver: Resolver, version: ConsistentVersion) -> dict[str, str
         by = f"'{tag}'" if ref is not None and ref.snapshot_id == snapshot_id else str(snapshot_id)
         statements[table] = f"SELECT * FROM {quoted} FOR VERSION AS OF {by}"
     return statements
+
+
+def duckdb_iceberg_sql(resolver: Resolver, version: ConsistentVersion) -> dict[str, str]:
+    """``{table: "SELECT * FROM iceberg_scan('<metadata file>', snapshot_from_id => <id>)"}``: each table at its
+    snapshot of the version, for DuckDB's own Iceberg extension (a ``duckdb_iceberg_connection``); a table empty
+    at the version selects nothing, with its columns. The metadata file is the one ``resolver`` holds the table
+    by (reloaded when it predates the snapshot). A snapshot that is not a retained version may be expired by GC
+    once newer versions exist: pin it (``ReaderSession.pin``) for long reads."""
+    statements = {}
+    for table, snapshot_id in sorted(version.snapshots.items()):
+        if snapshot_id is None:
+            location = resolver.table(table, refresh=False).metadata_location
+            statements[table] = f"SELECT * FROM iceberg_scan({_sql_string(location)}) WHERE false"
+            continue
+        if snapshot_id < 0:  # Iceberg's writers make positive ids; DuckDB takes no other (UBIGINT)
+            raise InvalidArgument(f"{table}'s snapshot id {snapshot_id} is negative: DuckDB's iceberg_scan reads "
+                                  "only positive ones; read this table with VersionReader.duckdb")
+        location = table_at(resolver, table, snapshot_id).metadata_location
+        statements[table] = f"SELECT * FROM iceberg_scan({_sql_string(location)}, snapshot_from_id => {snapshot_id})"
+    return statements
+
+
+def duckdb_iceberg_connection(resolver: Resolver, connection: Optional[duckdb.DuckDBPyConnection] = None
+                              ) -> duckdb.DuckDBPyConnection:
+    """``connection`` (a new in-memory one by default, set never to install an extension by itself) with DuckDB's
+    Avro, httpfs and Iceberg extensions loaded from their PyPI packages' files, and, when the catalog's pyiceberg
+    properties name S3 settings, the S3 secret ``tidemark_<catalog name>`` made of them (replaced on each call):
+    what ``duckdb_iceberg_sql``'s queries need. A missing extension package is a ``ConfigurationError`` naming
+    the pip line."""
+    duckdb_module = _optional("duckdb")
+    con: duckdb.DuckDBPyConnection = (connection if connection is not None else
+                                      duckdb_module.connect(config={"autoinstall_known_extensions": False}))
+    for name in DUCKDB_EXTENSIONS:
+        path = _extension_file(name, duckdb_module.__version__)
+        try:
+            con.execute(f"LOAD {_sql_string(str(path))}")
+        except duckdb_module.Error as exc:
+            raise ConfigurationError(f"DuckDB {duckdb_module.__version__} cannot load its {name} extension from "
+                                     f"{path}: {_first_line(exc)}") from None
+    secret = _s3_secret(resolver.settings.name, resolver.catalog.properties)
+    if secret is not None:
+        con.execute(secret)
+    return con
+
+
+def _extension_file(name: str, duckdb_version: str) -> Path:
+    """The file of DuckDB's extension ``name`` for this duckdb, as its PyPI package ships it."""
+    package = f"duckdb_extension_{name}"
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigurationError(f"DuckDB's {name} extension is not installed: {_EXTENSIONS_PIP} (the release of "
+                                 f"the installed duckdb, {duckdb_version})")
+    shipped = Path(next(iter(spec.submodule_search_locations))) / "extensions"
+    path = shipped / f"v{duckdb_version}" / f"{name}.duckdb_extension"
+    if not path.is_file():
+        built = sorted(p.name for p in shipped.glob("v*")) or ["none"]
+        raise ConfigurationError(f"the package duckdb-extension-{name} has no extension for duckdb {duckdb_version} "
+                                 f"(it has {', '.join(built)}): pip install duckdb-extension-{name}=={duckdb_version}")
+    return path
+
+
+def _s3_secret(catalog: str, properties: Mapping[str, str]) -> Optional[str]:
+    """DuckDB's ``CREATE SECRET`` for the S3 settings of a catalog's pyiceberg properties (``s3.*``, else
+    pyiceberg's ``client.*`` twins; buckets by path unless ``s3.force-virtual-addressing``; http when the
+    endpoint is), or None when they name none."""
+    def first(*keys: str) -> Optional[str]:
+        return next((str(properties[key]) for key in keys if properties.get(key)), None)
+    given = {"KEY_ID": first("s3.access-key-id", "client.access-key-id"),
+             "SECRET": first("s3.secret-access-key", "client.secret-access-key"),
+             "SESSION_TOKEN": first("s3.session-token", "client.session-token"),
+             "REGION": first("s3.region", "client.region")}
+    options = [f"{key} {_sql_string(value)}" for key, value in given.items() if value is not None]
+    endpoint = first("s3.endpoint")
+    if endpoint is not None:
+        scheme, _, address = endpoint.rpartition("://")
+        options += [f"ENDPOINT {_sql_string(address.rstrip('/'))}",
+                    f"URL_STYLE {_sql_string('path' if path_style_addressing(properties) else 'vhost')}",
+                    f"USE_SSL {'false' if scheme.lower() == 'http' else 'true'}"]
+    if not options:
+        return None
+    return f"CREATE OR REPLACE SECRET {_sql_identifier(f'tidemark_{catalog}')} (TYPE s3, {', '.join(options)})"
+
+
+def _sql_string(value: str) -> str:
+    """``value`` as a SQL string literal (DuckDB's: a quote doubled, nothing else escaped)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _sql_identifier(value: str) -> str:
+    """``value`` as a double-quoted SQL identifier."""
+    return '"' + value.replace('"', '""') + '"'
 
 
 def _quoted(name: str) -> str:

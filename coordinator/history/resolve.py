@@ -478,10 +478,17 @@ def scan_at(resolver: Resolver, name: str, snapshot_id: Optional[int], *, row_fi
     """A pyiceberg scan of table ``name`` at ``snapshot_id`` (None for a table that was empty at that point)."""
     if snapshot_id is None:
         return None
+    table = table_at(resolver, name, snapshot_id)
+    return table.scan(row_filter=row_filter, selected_fields=selected_fields, snapshot_id=snapshot_id)
+
+
+def table_at(resolver: Resolver, name: str, snapshot_id: int) -> Table:
+    """Table ``name`` as ``resolver`` keeps it, with metadata that holds ``snapshot_id``: reloaded when the metadata
+    kept predates that commit (a version resolved from ZooKeeper alone loads no metadata)."""
     table = resolver.table(name, refresh=False)
     if table.snapshot_by_id(snapshot_id) is None:
-        table = resolver.table(name)  # resolved from ZooKeeper alone: metadata loaded before that commit
-    return table.scan(row_filter=row_filter, selected_fields=selected_fields, snapshot_id=snapshot_id)
+        table = resolver.table(name)
+    return table
 
 
 def scans(resolver: Resolver, version: ConsistentVersion) -> dict[str, Optional[DataScan]]:

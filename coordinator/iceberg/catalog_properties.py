@@ -97,9 +97,14 @@ def s3_file_io(python: Mapping[str, str]) -> dict[str, str]:
         return {}
     java = {"io-impl": S3_FILE_IO}
     if "s3.endpoint" in python and "s3.path-style-access" not in python:
-        virtual = str(python.get("s3.force-virtual-addressing", "false")).lower() in ("true", "1", "yes")
-        java["s3.path-style-access"] = "false" if virtual else "true"
+        java["s3.path-style-access"] = "true" if path_style_addressing(python) else "false"
     return java
+
+
+def path_style_addressing(python: Mapping[str, str]) -> bool:
+    """Whether pyiceberg addresses buckets by path (``http://endpoint/bucket/key``): unless
+    ``s3.force-virtual-addressing`` is true. Java's S3FileIO and DuckDB are given the same choice."""
+    return str(python.get("s3.force-virtual-addressing", "false")).lower() not in ("true", "1", "yes")
 
 
 def _flatten(found: Mapping[str, object], prefix: str = "") -> dict[str, str]:
@@ -113,4 +118,5 @@ def _flatten(found: Mapping[str, object], prefix: str = "") -> dict[str, str]:
     return flat
 
 
-__all__ = ["S3_FILE_IO", "catalog_type", "java_properties", "pyiceberg_properties", "s3_file_io"]
+__all__ = ["S3_FILE_IO", "catalog_type", "java_properties", "path_style_addressing", "pyiceberg_properties",
+           "s3_file_io"]
