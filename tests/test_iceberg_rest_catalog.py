@@ -12,7 +12,7 @@ listed in the helper's docstring; its answers to conditional commits (409, 400) 
 from __future__ import annotations
 
 import pytest
-from pyiceberg.exceptions import BadRequestError, CommitFailedException, NoSuchNamespaceError
+from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError
 
 from coordinator.errors import ConfigurationError, TableNotFound
 from coordinator.iceberg.catalog import load_table
@@ -82,32 +82,14 @@ test_publishing_whose_commit_state_is_unknown_finds_it_published = (
     races.test_publishing_whose_commit_state_is_unknown_finds_it_published)
 
 
-# A REST catalog applies a commit's updates itself, and answers an update that no longer applies to the table's
-# newer metadata with a 400 (``BadRequestError``): a snapshot of a stale sequence number (another commit landed since
-# the load) or a ref set to a snapshot expired since. pyiceberg's own commits to a SQL catalog raise a ``ValueError``
-# for the same, which ``publish.lost_race`` recognises and retries; the 400 it does not, on this server and on
-# SeaweedFS's alike (its wording: "can't add snapshot with sequence number N, must be > than last sequence number
-# M"), so staging and publishing raise it instead of retrying or raising ``PublishConflict``. Strict: fixing it
-# turns these into failures that say so.
-REST_ANSWERS_400 = pytest.mark.xfail(strict=True, raises=BadRequestError, reason=(
-    "lost_race does not recognise a REST catalog's 400 for an update that no longer applies "
-    "(ValidationException: Cannot add snapshot with sequence number N older than last sequence number N; "
-    "Cannot set main to unknown snapshot: ID)"))
-
-
-@REST_ANSWERS_400
-def test_staging_retries_a_commit_that_landed_after_its_load(catalog_settings, namespace, monkeypatch):
-    races.test_staging_retries_a_commit_that_landed_after_its_load(catalog_settings, namespace, monkeypatch)
-
-
-@REST_ANSWERS_400
-def test_staging_that_keeps_losing_raises_publish_conflict(catalog_settings, namespace, monkeypatch):
-    races.test_staging_that_keeps_losing_raises_publish_conflict(catalog_settings, namespace, monkeypatch)
-
-
-@REST_ANSWERS_400
-def test_publishing_a_snapshot_expired_after_the_load_raises_publish_conflict(catalog_settings, namespace):
-    races.test_publishing_a_snapshot_expired_after_the_load_raises_publish_conflict(catalog_settings, namespace)
+# A REST catalog applies a commit's updates itself and answers 400 for an update that no longer applies to the
+# table's newer metadata (a stale sequence number, a ref to a snapshot expired meanwhile), where pyiceberg's own
+# commits to a SQL catalog raise a ValueError: ``publish.stale_update_as_lost_race`` takes it for a lost race.
+test_staging_retries_a_commit_that_landed_after_its_load = (
+    races.test_staging_retries_a_commit_that_landed_after_its_load)
+test_staging_that_keeps_losing_raises_publish_conflict = races.test_staging_that_keeps_losing_raises_publish_conflict
+test_publishing_a_snapshot_expired_after_the_load_raises_publish_conflict = (
+    races.test_publishing_a_snapshot_expired_after_the_load_raises_publish_conflict)
 
 
 def test_a_publish_on_stale_metadata_is_answered_409_and_finds_its_epoch_published(catalog, namespace, monkeypatch):

@@ -22,19 +22,22 @@ narrower, non-atomic guard; ZooKeeper fencing still holds).
 
 Failure behaviour: a commit that lost a race (``lost_race``: the catalog's ``CommitFailedException``,
 ``CommitStateUnknownException``, or pyiceberg's ``ValueError`` for updates that no longer apply to the
-newer metadata) is looked at again from a fresh load, up to ``PUBLISH_ATTEMPTS`` times within
+newer metadata; a REST catalog's 400 for such updates, ``stale_update_as_lost_race``) is looked at
+again from a fresh load, up to ``PUBLISH_ATTEMPTS`` times within
 ``PUBLISH_DEADLINE_S`` seconds; then ``PublishConflict`` is raised. Any other error propagates.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Callable, Literal, Optional, TypeVar
 
 from pydantic import Field
 from pyiceberg.catalog.rest import RestCatalog
-from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+from pyiceberg.exceptions import BadRequestError, CommitFailedException, CommitStateUnknownException
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
@@ -100,6 +103,28 @@ def lost_race(error: BaseException) -> bool:
     return type(error) is ValueError and _LOST_RACE_MESSAGES.fullmatch(str(error)) is not None
 
 
+@contextlib.contextmanager
+def stale_update_as_lost_race(table: Table) -> Iterator[None]:
+    """A commit of ``table`` inside this block whose updates a REST catalog refused as no longer applying raises
+    ``CommitFailedException``, a lost race (``lost_race``), rather than pyiceberg's ``BadRequestError``.
+
+    A REST catalog applies a commit's updates itself and answers 400 for an update that no longer fits the
+    table's newer metadata (a stale sequence number, a ref to a snapshot expired meanwhile), in each server's
+    own words, where pyiceberg's own catalogs raise the ``ValueError`` ``lost_race`` recognises. So a 400 is a
+    lost race when the table, loaded again, moved since it was loaded; if it did not move, the request itself
+    was bad, and the error propagates.
+    """
+    loaded = table.metadata_location
+    try:
+        yield
+    except BadRequestError as exc:
+        # Looked up on a handle of its own: the caller's retry loads ``table`` again anyway.
+        if table.catalog.load_table(table.name()).metadata_location == loaded:
+            raise
+        raise CommitFailedException(f"the catalog refused updates that no longer apply to the table, which "
+                                    f"moved since it was loaded ({exc})") from exc
+
+
 class PublishOutcome(str, enum.Enum):
     PUBLISHED = "PUBLISHED"
     ALREADY_PUBLISHED = "ALREADY_PUBLISHED"
@@ -152,7 +177,8 @@ def _commit(table: Table, term: int, updates: tuple[TableUpdate, ...], requireme
     else:
         guard = (*guard, AssertTermAtMost(term=term))
     try:
-        response = table.catalog.commit_table(table, guard, updates)
+        with stale_update_as_lost_race(table):
+            response = table.catalog.commit_table(table, guard, updates)
     except (CommitFailedException, CommitStateUnknownException, ValueError) as exc:
         if not lost_race(exc):
             raise

@@ -18,7 +18,8 @@ raised (the epoch is recomputed). Lost races are what ``publish.lost_race`` reco
 concurrently, or the catalog's pointer swap lost), ``CommitStateUnknownException``, and
 pyiceberg's ``ValueError`` for a write that no longer applies to the newer metadata (a
 snapshot added since the load: "Cannot add snapshot with sequence number N older than last
-sequence number M"; the head we branched from expired meanwhile). Any other error, a
+sequence number M"; the head we branched from expired meanwhile), or a REST catalog's 400 for such a write
+(``publish.stale_update_as_lost_race``). Any other error, a
 ``ValueError`` of a write pyiceberg refuses included, propagates at once, unretried. A lost
 attempt's data and manifest files stay behind as orphans (``tidemark gc --orphans``).
 """
@@ -34,7 +35,7 @@ from pyiceberg.table.update.snapshot import ManageSnapshots
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
 
 from coordinator.errors import PublishConflict
-from coordinator.iceberg.publish import lost_race
+from coordinator.iceberg.publish import lost_race, stale_update_as_lost_race
 from coordinator.iceberg.snapshots import summary_properties
 from coordinator.records import EpochInputs
 
@@ -86,7 +87,8 @@ def _stage(table: Table, epoch: int, job: str, term: int, inputs: Optional[Epoch
         write(transaction, branch, summary_properties(epoch, job, term, inputs))
         staged = transaction.table_metadata.refs[branch].snapshot_id
         ManageSnapshots(transaction).remove_branch(branch).commit()
-        transaction.commit_transaction()
+        with stale_update_as_lost_race(table):
+            transaction.commit_transaction()
         return staged
 
     # pyiceberg reports some lost races as a plain ValueError (it re-applies our updates to the metadata
