@@ -3,8 +3,8 @@
     TIDEMARK_CRASH_AT=staged:2 python -m tests.faults.driver CONFIG_JSON
 
 CONFIG_JSON holds ``job`` (``counter`` or ``totals``), ``connect``, ``session_timeout``, ``member``,
-``catalog`` ({name, uri, warehouse}), ``namespace``, ``interval_ms``, ``grace_ms``, ``every`` (the job's
-cadence in ms, or null) and ``session_file``.
+``catalog`` ({name, uri, warehouse, python_properties}), ``namespace``, ``interval_ms``, ``grace_ms``, ``every``
+(the job's cadence in ms, or null) and ``session_file``.
 The replica writes its ZooKeeper session id and password to ``session_file`` whenever its session
 changes (the suite expires that session on the server to inject a real session expiry). Crash
 points come from the environment (``coordinator/crashpoints.py``); nothing here is patched.

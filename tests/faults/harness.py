@@ -49,6 +49,7 @@ from coordinator import CatalogSettings, EmbeddedZooKeeper, EpochRecord, EpochSt
 from coordinator.history.checker import ConsistencyChecker, Inconsistency, exactly_once
 from coordinator.history.resolve import Resolver
 from coordinator.job.commit import DEFAULT_MARKER_EVERY
+from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from coordinator.operations.zookeeper_server import free_port
 from coordinator.protocol.pacing import newest_common_epoch, parse_every
 from coordinator.records import LeaderRecord, now_ms
@@ -104,13 +105,15 @@ class RunResult:
 
 
 class Environment:
-    """The servers every run shares: a standalone ZooKeeper and a PostgreSQL catalog database."""
+    """The servers every run shares: a standalone ZooKeeper and a PostgreSQL catalog database; and, started for
+    the first scenario that runs on it, a lakehouse (an S3 object store and a REST catalog: ``lakehouse()``)."""
 
     def __init__(self, base: Path) -> None:
         self.base = base
         base.mkdir(parents=True, exist_ok=True)
         self.zookeeper = EmbeddedZooKeeper(port=free_port(), data_dir=base / "zookeeper")
         self.postgres = PostgresServer()
+        self._lakehouse: Optional[EmbeddedLakehouse] = None
         self.cascade: Optional[Cascade] = None   # the latest run, for reporting one that broke off
 
     def __enter__(self) -> Environment:
@@ -121,9 +124,19 @@ class Environment:
     def __exit__(self, *exc_info) -> None:
         self.zookeeper.stop()
         self.postgres.close()
+        if self._lakehouse is not None:
+            self._lakehouse.stop()
 
     def catalog(self) -> CatalogSettings:
         return CatalogSettings(name="pg", uri=self.postgres.uri, warehouse=f"file://{self.base / 'warehouse'}")
+
+    def lakehouse(self) -> EmbeddedLakehouse:
+        """The lakehouse, running (started again if a fault left it down)."""
+        if self._lakehouse is None:
+            self._lakehouse = EmbeddedLakehouse(self.base / "lakehouse")
+        if self._lakehouse.running_pid() is None:
+            self._lakehouse.start()
+        return self._lakehouse
 
 
 class Replica:
@@ -138,7 +151,8 @@ class Replica:
         self.expected_exit = False   # set when the harness itself stops or kills it
         config = {"job": job, "connect": cascade.connect, "session_timeout": SESSION_TIMEOUT, "member": self.member,
                   "catalog": {"name": cascade.settings.name, "uri": cascade.settings.uri,
-                              "warehouse": cascade.settings.warehouse},
+                              "warehouse": cascade.settings.warehouse,
+                              "python_properties": dict(cascade.settings.python_properties)},
                   "namespace": cascade.tables.namespace, "interval_ms": INTERVAL_MS, "grace_ms": GRACE_MS,
                   "every": cascade.every.get(job), "session_file": str(self.session_file)}
         env = {k: v for k, v in os.environ.items() if k != "TIDEMARK_CRASH_AT"}
@@ -183,7 +197,8 @@ class Cascade:
 
     def __init__(self, env: Environment, scenario: str, run: int, seed: int, *, hosts: Optional[str] = None,
                  crash_plan: Callable[[str], Optional[str]] = lambda job: None, replicas: int = 2,
-                 every: Optional[dict[str, int]] = None, expected_exits: frozenset[int] = frozenset()) -> None:
+                 every: Optional[dict[str, int]] = None, expected_exits: frozenset[int] = frozenset(),
+                 settings: Optional[CatalogSettings] = None) -> None:
         self.env, self.scenario, self.seed = env, scenario, seed
         self.rng = random.Random(seed)
         self.dir = env.base / f"{scenario}-{run}"
@@ -191,7 +206,7 @@ class Cascade:
         self.hosts = hosts or env.zookeeper.connect_string
         self.chroot = f"/faults-{scenario}-{run}-{seed}"
         self.connect = self.hosts + self.chroot
-        self.settings = env.catalog()
+        self.settings = settings or env.catalog()
         self.tables = Tables(self.settings.name, f"f_{scenario.replace('-', '_')}_{run}_{seed}")
         self.crash_plan, self.replicas = crash_plan, replicas
         self.every = every or {}     # a job's cadence in ms (absent: every grid point)

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from coordinator import EpochRecord, TidemarkError
+from coordinator import CatalogSettings, EpochRecord, EpochState, TidemarkError
 from coordinator.crashpoints import EPOCH_STEPS
 from coordinator.job.writer import EXIT_ZOOKEEPER_REBUILT
 from coordinator.operations.zookeeper_server import ZooKeeperEnsemble
@@ -37,6 +37,7 @@ from tests.faults.harness import (
     newest_epoch_state,
 )
 from tests.faults.spark import SparkRun
+from tests.helpers.rest_proxy import CommitOutcomeProxy
 from tests.helpers.spark_cluster import SparkCluster
 from tests.helpers.wait import wait_for
 
@@ -222,6 +223,78 @@ def catalog_restart(env: Environment, run: int, seed: int, faults: int) -> RunRe
             wait_for(lambda: _mid_epoch(cascade), "the counter job to be mid-epoch", RECOVERY_DEADLINE, every=0.01)
             cascade.wait_recovered(cascade.inject("catalog database restarted mid-epoch", None,
                                                   lambda: env.postgres.restart("immediate")))
+        return cascade.finish()
+
+
+def object_store_kill(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """On the lakehouse (S3 and the REST catalog: one server), kill -9 it while the counter job stages an epoch
+    (STARTED: data files and the staged snapshot going to S3) and while it publishes one (PRECOMMITTED), in turn;
+    restart it on the same data after a seeded pause."""
+    rng = random.Random(seed)
+    lakehouse = env.lakehouse()
+    steps = itertools.cycle([(EpochState.STARTED, "staging"), (EpochState.PRECOMMITTED, "publishing")])
+    with Cascade(env, "object-store-kill", run, seed, settings=lakehouse.catalog_settings()) as cascade:
+        cascade.start()
+        for state, step in itertools.islice(steps, faults):
+            pause(rng)
+            wait_for(lambda: newest_epoch_state(cascade.tm, COUNTER) == state,  # type: ignore[arg-type]
+                     f"the counter job to be {step}", RECOVERY_DEADLINE, every=0.005)
+
+            def kill_and_restart() -> None:
+                lakehouse.kill()
+                pause(rng, 1.0, 3.0)
+                lakehouse.start()
+            cascade.wait_recovered(cascade.inject(f"object store killed -9 while {step}", None, kill_and_restart))
+        return cascade.finish()
+
+
+def rest_commit_kill(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """The REST catalog killed -9 in the middle of a table commit of a job's sink: the commit has landed, the
+    writer never hears so and finds the catalog gone (a proxy in front of the catalog kills it before answering);
+    restarted after a seeded pause, the writer must learn the outcome by reading the table back."""
+    rng = random.Random(seed)
+    lakehouse = env.lakehouse()
+    with CommitOutcomeProxy(lakehouse.catalog_uri) as proxy:
+        settings = CatalogSettings(name=lakehouse.catalog_name,
+                                   python_properties={**lakehouse.python_properties(), "uri": proxy.uri})
+        with Cascade(env, "rest-commit-kill", run, seed, settings=settings) as cascade:
+            cascade.start()
+            for _ in range(faults):
+                pause(rng)
+                sink = rng.choice([cascade.tables.ids, cascade.tables.counts, cascade.tables.totals])
+
+                def kill_mid_commit() -> None:
+                    proxy.fail_commits(every=1, status=None, times=1, matching=f"/tables/{sink.rsplit('.', 1)[1]}",
+                                       then=lakehouse.kill)
+                    wait_for(lambda: proxy.failed, f"a commit of {sink}", RECOVERY_DEADLINE, every=0.01)
+                    pause(rng, 1.0, 3.0)
+                    lakehouse.start()
+                cascade.wait_recovered(cascade.inject(f"REST catalog killed -9 mid-commit of {sink.rsplit('.', 1)[1]}",
+                                                      None, kill_mid_commit))
+            return cascade.finish()
+
+
+def slow_object_store(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """SIGSTOP of the lakehouse (S3 and the REST catalog) for 15 to 25 s, past every client's request timeout and
+    the drivers' ZooKeeper session timeout; then SIGCONT. Requests in flight hang, time out or fail; nothing
+    may be lost or made twice."""
+    rng = random.Random(seed)
+    lakehouse = env.lakehouse()
+    with Cascade(env, "slow-object-store", run, seed, settings=lakehouse.catalog_settings()) as cascade:
+        cascade.start()
+        for _ in range(faults):
+            pause(rng)
+            wait_for(lambda: _mid_epoch(cascade), "the counter job to be mid-epoch", RECOVERY_DEADLINE, every=0.01)
+
+            def stop_and_continue() -> None:
+                pid = lakehouse.running_pid()
+                assert pid is not None, "the lakehouse is not running"
+                os.killpg(pid, signal.SIGSTOP)
+                try:
+                    pause(rng, 15.0, 25.0)
+                finally:
+                    os.killpg(pid, signal.SIGCONT)
+            cascade.wait_recovered(cascade.inject("object store stopped (SIGSTOP) 15-25 s", None, stop_and_continue))
         return cascade.finish()
 
 
@@ -432,6 +505,12 @@ SCENARIOS = {s.name: s for s in [
                                                       "coalesced catch-up epoch"),
     Scenario("mixed-cadence", 2, 5, mixed_cadence, "a 4 s batch job over a 1 s job, killed at each step; reads "
                                                    "across cadences checked"),
+    Scenario("object-store-kill", 2, 4, object_store_kill, "the lakehouse's S3 store and REST catalog killed -9 "
+                                                           "while a job stages, and while it publishes"),
+    Scenario("rest-commit-kill", 2, 3, rest_commit_kill, "the REST catalog killed -9 after a sink's commit "
+                                                         "landed, before the writer heard"),
+    Scenario("slow-object-store", 2, 2, slow_object_store, "the lakehouse stopped (SIGSTOP) 15-25 s mid-epoch, "
+                                                           "past the clients' timeouts"),
     Scenario("spark-cluster", 1, 4, spark_cluster, "kill -9 of an executor, and of the leading driver, mid-epoch on "
                                                    "a Spark standalone cluster"),
 ]}

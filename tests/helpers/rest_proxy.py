@@ -4,6 +4,9 @@ load balancer does: the commit reaches the catalog and lands, and the client is 
     with CommitOutcomeProxy(lakehouse.catalog_uri) as proxy:   # proxy.uri: give it to the client instead
         proxy.fail_commits(every=3, status=504, times=4)        # every 3rd table commit, 4 times: landed, 504
         proxy.fail_commits(every=2, status=None, times=4)       # landed, the connection closed without an answer
+        proxy.fail_commits(every=1, status=None, times=1, matching="counts", then=lakehouse.kill)
+                                                                # the next commit of a table named *counts*
+                                                                # lands, then the catalog is killed, unanswered
         proxy.failed                                            # the commits answered so (table paths)
 
 A table commit is ``POST /v1/{prefix}/namespaces/{ns}/tables/{table}`` (and ``POST /v1/{prefix}/transactions/
@@ -15,7 +18,7 @@ import http.client
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Optional
+from typing import Callable, Optional
 from urllib.parse import urlsplit
 
 COMMIT = re.compile(r"^/v1/(.+/)?(namespaces/[^/]+/tables/[^/?]+|transactions/commit)(\?.*)?$")
@@ -28,6 +31,8 @@ class CommitOutcomeProxy:
         self.every: int = 0
         self.times = 0
         self.status: Optional[int] = None
+        self.matching = ""
+        self.then: Optional[Callable[[], object]] = None
         self.commits = 0
         self.failed: list[str] = []
         self._lock = threading.Lock()
@@ -48,6 +53,8 @@ class CommitOutcomeProxy:
                 payload = answer.read()
                 upstream_conn.close()
                 if self.command == "POST" and COMMIT.match(self.path) and proxy._should_fail(self.path):
+                    if proxy.then is not None:
+                        proxy.then()
                     if proxy.status is None:
                         self.close_connection = True
                         self.connection.close()  # landed; the client never hears so
@@ -78,15 +85,18 @@ class CommitOutcomeProxy:
     def uri(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def fail_commits(self, every: int, status: Optional[int], times: int) -> None:
-        """From now on, every ``every``-th table commit lands and is answered ``status`` (None: no answer), ``times``
-        times (a bound: a writer's recovery makes commits too, which must get through in the end)."""
+    def fail_commits(self, every: int, status: Optional[int], times: int, *, matching: str = "",
+                     then: Optional[Callable[[], object]] = None) -> None:
+        """From now on, every ``every``-th table commit (of a path containing ``matching``) lands and is answered
+        ``status`` (None: no answer), ``times`` times (a bound: a writer's recovery makes commits too, which must
+        get through in the end); ``then`` runs after the commit landed, before the client is answered."""
         with self._lock:
             self.every, self.status, self.times, self.commits, self.failed = every, status, times, 0, []
+            self.matching, self.then = matching, then
 
     def _should_fail(self, path: str) -> bool:
         with self._lock:
-            if not self.every or len(self.failed) >= self.times:
+            if not self.every or len(self.failed) >= self.times or self.matching not in path:
                 return False
             self.commits += 1
             if self.commits % self.every:
