@@ -12,10 +12,63 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Optional, TextIO
 
-from coordinator import EmbeddedZooKeeper
+from coordinator import CatalogSettings, EmbeddedZooKeeper
+from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from coordinator.operations.zookeeper_server import four_letter_word, free_port
+
+CATALOG_FILE = "catalog.json"
+STACKS = ("embedded", "lakehouse")  # --stack: where a benchmark's tables live
+
+
+@contextmanager
+def bench_lake(home: Path, stack: str) -> Iterator[CatalogSettings]:
+    """The catalog a benchmark writes to, in ``home``: ``embedded`` (SQLite, files on the local disk), or
+    ``lakehouse`` (a real S3 object store and Iceberg REST catalog on loopback, SeaweedFS, started here and
+    stopped at the end), recorded in ``home`` for the benchmark's own driver processes (``bench_catalog``)."""
+    if stack == "embedded":
+        yield CatalogSettings.embedded(home)
+        return
+    with EmbeddedLakehouse(home / "lakehouse") as server:
+        settings = server.catalog_settings()
+        (home / CATALOG_FILE).write_text(json.dumps({"name": settings.name,
+                                                     "python_properties": dict(settings.python_properties)}))
+        yield settings
+
+
+def interleaved(first: Callable[[], object], second: Callable[[], object], warmup: int,
+                repeat: int) -> tuple[list[float], list[float]]:
+    """The wall times of ``first`` and ``second`` run in turn ``warmup + repeat`` times (a busy machine slows
+    both alike), the first ``warmup`` of each left out."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(warmup + repeat):
+        for function, samples in zip((first, second), times):
+            start = time.perf_counter()
+            function()
+            samples.append(time.perf_counter() - start)
+    return times[0][warmup:], times[1][warmup:]
+
+
+def epoch_ratio_line(rows: int, epoch_s: float, write_s: float, plain_s: float, goal: Optional[float]) -> str:
+    """One row of an epoch-vs-plain-append table (``epoch_ratio_header``)."""
+    ratio = epoch_s / plain_s
+    judged = "" if goal is None else f"<= {goal:g}x: {verdict(ratio <= goal)}"
+    return (f"{rows:>9} {epoch_s * 1000:>12.0f} ms {write_s * 1000:>10.0f} ms {plain_s * 1000:>20.0f} ms "
+            f"{ratio:>6.2f}  {judged}")
+
+
+EPOCH_RATIO_HEADER = (f"{'rows':>9} {'Tidemark epoch':>15} {'staged write':>13} {'baseline: plain append':>23} "
+                      f"{'ratio':>6}  goal")
+EPOCH_RATIO_GOALS = {10_000: 1.5, 1_000_000: 1.15}  # Tidemark epoch / plain append of the same rows
+
+
+def bench_catalog(home: Path) -> CatalogSettings:
+    """The catalog ``bench_lake`` made in ``home``, as a benchmark's driver process opens it."""
+    recorded = home / CATALOG_FILE
+    if recorded.is_file():
+        return CatalogSettings(**json.loads(recorded.read_text()))
+    return CatalogSettings.embedded(home)
 
 
 def log_each_epoch(writer: Any, ran: set[int], events: TextIO) -> None:

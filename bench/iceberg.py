@@ -1,9 +1,12 @@
 """The Iceberg side: resolution latency for lakes of 100 and 1,000 tables at mixed epochs (with the watch
 cache, cold, and from Iceberg metadata alone beside loading the same tables' metadata), publish latency
-next to a plain pyiceberg ``set_current_snapshot``, and the two ways to mark an empty epoch (a
-table-property commit vs an empty snapshot).
+next to a plain pyiceberg ``set_current_snapshot``, the two ways to mark an empty epoch (a
+table-property commit vs an empty snapshot), and a pure-Python writer's epoch against a plain append of
+the same rows (10,000 and 1,000,000).
 
-    python -m bench iceberg [--tables 100 1000] [--ahead 1]
+    python -m bench iceberg [--tables 100 1000] [--ahead 1] [--rows 10000 1000000] [--stack embedded|lakehouse]
+
+``--stack lakehouse`` runs it all on a real S3 object store and Iceberg REST catalog on loopback (SeaweedFS).
 
 The lake is the user's case: jobs of 50 tables in pairs, an upstream job ahead of the downstream job that
 reads it (``--ahead`` epochs), so half the tables sit past the consistent epoch. Each table's tidemark
@@ -28,13 +31,26 @@ from coordinator.iceberg.publish import advance_committed_epoch, publish_staged
 from coordinator.iceberg.snapshots import summary_properties
 from coordinator.records import EpochProgress
 
-from .common import header, ms, timed, verdict, zookeeper
+from .common import (
+    EPOCH_RATIO_GOALS,
+    EPOCH_RATIO_HEADER,
+    STACKS,
+    bench_lake,
+    epoch_ratio_line,
+    header,
+    interleaved,
+    ms,
+    timed,
+    verdict,
+    zookeeper,
+)
 
 SCHEMA = pa.schema([pa.field("epoch", pa.int64(), nullable=False)])
 TABLES_PER_JOB = 50
 HISTORY = 20  # idle epochs before the data epochs: each tidemark lists about as many as a running job's
 GOALS_MS = {100: (2.0, 15.0), 1000: (10.0, 100.0)}  # tables: (with the watch cache, cold), issue 21
 ICEBERG_RATIO_GOAL = 1.5
+EPOCH_WARMUP = 2  # epochs and appends not counted: the first writes of a table plan and load more
 
 
 def stage(table, epoch: int) -> int:
@@ -154,7 +170,7 @@ def _goal(samples: list[float], goal_ms: Optional[float]) -> str:
 
 
 def publishing(settings: CatalogSettings) -> None:
-    header("publish latency per table (SQLite catalog)")
+    header(f"publish latency per table ({settings.describe()})")
     catalog = settings.load()
     catalog.create_namespace_if_not_exists("pub")
     table = catalog.create_table("pub.t", schema=SCHEMA)
@@ -185,15 +201,66 @@ def publishing(settings: CatalogSettings) -> None:
     print(f"empty snapshot with the epoch in its summary:      {ms(as_snapshot)}")
 
 
+def epoch_overhead(settings: CatalogSettings, connect: str, rows: int, repeat: int) -> dict[str, float]:
+    """A pure-Python writer's epoch (choose the barrier, stage the append, precommit, publish, commit) against
+    pyiceberg's plain append of the same Arrow table, interleaved; on a 1 ms grid, so no clock waits."""
+    catalog = settings.load()
+    catalog.create_namespace_if_not_exists("e")
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("word", pa.string())])
+    sink, plain_table = (catalog.create_table(f"e.{kind}{rows}", schema=schema) for kind in ("job", "plain"))
+    data = pa.table({"id": pa.array(range(rows), pa.int64()), "word": [str(i % 1000) for i in range(rows)]},
+                    schema=schema)
+    tm = Tidemark.connect(f"{connect}/overhead-{rows}")
+    writer = EpochWriter(tm, f"bench{rows}", sources=[], sinks=[f"e.job{rows}"], catalog=settings, interval_ms=1,
+                         grace_ms=0)
+    write_s: list[float] = []
+
+    def append(ctx) -> None:
+        start = time.perf_counter()
+        ctx.append(f"e.job{rows}", data)
+        write_s.append(time.perf_counter() - start)
+
+    def epoch() -> None:
+        target = writer.next_barrier()  # at once: the clock passed a new 1 ms grid point
+        assert target is not None  # None only once the writer is stopped
+        writer.process(target, append, inputs=writer.inputs_for(target))
+    writer.open()
+    try:
+        epochs, plain = interleaved(epoch, lambda: plain_table.append(data), EPOCH_WARMUP, repeat)
+    finally:
+        writer.close()
+        tm.close()
+    assert sink.refresh().scan().count() == rows * (EPOCH_WARMUP + repeat), "an epoch lost or doubled rows"
+    return {"epoch": statistics.median(epochs), "write": statistics.median(write_s[EPOCH_WARMUP:]),
+            "plain": statistics.median(plain)}
+
+
+def epochs(settings: CatalogSettings, connect: str, sizes: list[int], repeat: int, stack: str) -> None:
+    header(f"epoch wall time, pure Python ({stack}): Tidemark epoch vs pyiceberg's plain append of the same rows")
+    print(f"median of {repeat} each, interleaved, after {EPOCH_WARMUP} warm-up writes; 'staged write' is the "
+          "append inside the epoch")
+    print(EPOCH_RATIO_HEADER)
+    for rows in sizes:
+        r = epoch_overhead(settings, connect, rows, repeat)
+        print(epoch_ratio_line(rows, r["epoch"], r["write"], r["plain"], EPOCH_RATIO_GOALS.get(rows)), flush=True)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench iceberg", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", type=int, nargs="+", default=[100, 1000],
                         help="lake sizes to resolve (multiples of 100: pairs of 50-table jobs)")
     parser.add_argument("--ahead", type=int, default=1, help="epochs the upstream half is ahead")
+    parser.add_argument("--rows", type=int, nargs="+", default=list(EPOCH_RATIO_GOALS),
+                        help="epoch vs plain append: rows per write")
+    parser.add_argument("--repeat", type=int, default=7, help="epochs (and plain appends) measured per size")
+    parser.add_argument("--stack", choices=STACKS, default="embedded",
+                        help="where the tables live: embedded (SQLite, local files) or lakehouse (S3 and a REST "
+                             "catalog, SeaweedFS)")
     opts = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="tidemark-bench-lake-") as home, zookeeper() as server:
-        settings = CatalogSettings.embedded(Path(home))
+    with tempfile.TemporaryDirectory(prefix="tidemark-bench-lake-") as home, zookeeper() as server, \
+            bench_lake(Path(home), opts.stack) as settings:
         publishing(settings)
+        epochs(settings, server.connect_string, opts.rows, opts.repeat, opts.stack)
         resolution(server, settings, opts.tables, opts.ahead)
     return 0
 

@@ -37,7 +37,18 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from .common import header, log_each_epoch, percentile, remove_run_dir, stop_drivers, verdict, zookeeper
+from .common import (
+    STACKS,
+    bench_catalog,
+    bench_lake,
+    header,
+    log_each_epoch,
+    percentile,
+    remove_run_dir,
+    stop_drivers,
+    verdict,
+    zookeeper,
+)
 
 ROOT, CLEAN, BY_KEY, TOTALS = "lake.p.events", "lake.p.clean", "lake.p.by_key", "lake.p.totals"
 SINKS = (CLEAN, BY_KEY, TOTALS)
@@ -45,6 +56,7 @@ JOBS = {"ingest": ((ROOT,), (CLEAN,)), "aggregate": ((CLEAN,), (BY_KEY,)), "summ
 ORDER = ("ingest", "aggregate", "summary")
 KEYS = 100
 SAMPLE_EVERY_S = 0.2
+FRESHNESS_RATIO_GOAL = 1.2  # the lakehouse's freshness p50 against the embedded stack's, in the same run
 SETTLE_S = 30.0  # freshness also reported without the first seconds (drivers still draining their start-up)
 REPO = Path(__file__).resolve().parent.parent
 
@@ -117,9 +129,9 @@ def spark_functions() -> dict[str, Callable]:
 
 def run_driver(args) -> int:
     """One job's driver: run epochs until SIGTERM; one JSON line per committed epoch into ``--events``."""
-    from coordinator import CatalogSettings, EpochWriter, Tidemark
+    from coordinator import EpochWriter, Tidemark
 
-    settings = CatalogSettings.embedded(Path(args.home))
+    settings = bench_catalog(Path(args.home))
     tm = Tidemark.connect(args.zk)
     sources, sinks = JOBS[args.driver]
     options = dict(sources=sources, sinks=sinks, catalog=settings, interval_ms=args.interval_ms,
@@ -161,10 +173,9 @@ def run_producer(args) -> int:
     """Append ``--rows`` random events to the root table every ``--every`` seconds until SIGTERM."""
     import pyarrow as pa
 
-    from coordinator import CatalogSettings
     from coordinator.records import now_ms
 
-    table = CatalogSettings.embedded(Path(args.home)).load().load_table("p.events")
+    table = bench_catalog(Path(args.home)).load().load_table("p.events")
     schema = schemas()[ROOT]
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -187,12 +198,15 @@ def run_producer(args) -> int:
 class Cascade:
     """The producer and the three drivers of one scenario, on a fresh catalog and a ZooKeeper chroot."""
 
-    def __init__(self, opts, zk_connect: str, name: str, slow: Optional[str] = None) -> None:
-        from coordinator import CatalogSettings, Tidemark
+    def __init__(self, opts, zk_connect: str, name: str, slow: Optional[str] = None,
+                 stack: Optional[str] = None) -> None:
+        from coordinator import Tidemark
         self.opts, self.name, self.slow = opts, name, slow
         self.home = Path(tempfile.mkdtemp(prefix=f"tidemark-bench-pipeline-{name}-"))
-        self.zk = f"{zk_connect}/{name}"
-        self.settings = CatalogSettings.embedded(self.home)
+        self.stack = stack or opts.stack[0]
+        self.zk = f"{zk_connect}/{name}-{self.stack}"
+        self._lake = bench_lake(self.home, self.stack)
+        self.settings = self._lake.__enter__()
         self.catalog = self.settings.load()
         self.catalog.create_namespace("p")
         for table, schema in schemas().items():
@@ -343,6 +357,7 @@ class Cascade:
                 self.producer.wait()
         self.cache.close()
         self.tm.close()
+        self._lake.__exit__(None, None, None)
         remove_run_dir(self.home)
 
     def __enter__(self) -> Cascade:
@@ -367,10 +382,23 @@ def mean_gap_s(epochs: list[int]) -> float:
 
 
 def freshness(opts, zk: str) -> None:
+    """Freshness on each ``--stack`` in turn; with more than one, each one's p50 and p95 against the first's."""
+    lags = {stack: freshness_on(opts, zk, stack) for stack in opts.stack}
+    if len(lags) > 1:
+        first, baseline = next(iter(lags.items()))
+        header(f"freshness by stack, baseline {first} (same run)")
+        for stack, (p50, p95) in lags.items():
+            print(f"  {stack:<10} p50 {p50:6.2f} s ({p50 / baseline[0]:.2f}x)  p95 {p95:6.2f} s "
+                  f"({p95 / baseline[1]:.2f}x)  goal p50 <= {FRESHNESS_RATIO_GOAL:g}x {first}'s: "
+                  f"{verdict(p50 <= FRESHNESS_RATIO_GOAL * baseline[0])}")
+
+
+def freshness_on(opts, zk: str, stack: str) -> tuple[float, float]:
+    """One freshness run on ``stack``; returns the cascade's lag p50 and p95 (s)."""
     interval_s = opts.interval_ms / 1000
-    header(f"freshness ({opts.engine} engine): producer -> ingest -> aggregate -> summary, "
+    header(f"freshness ({opts.engine} engine, {stack}): producer -> ingest -> aggregate -> summary, "
            f"{opts.interval_ms} ms barriers, {opts.minutes:g} min")
-    with Cascade(opts, zk, "freshness") as cascade:
+    with Cascade(opts, zk, "freshness", stack=stack) as cascade:
         cascade.start_producer()
         started = cascade.start_drivers()
         first = cascade.wait_consistent()
@@ -399,6 +427,7 @@ def freshness(opts, zk: str) -> None:
         print(f"epochs committed (whole run): {epoch_counts(cascade, started, time.time())}; "
               f"summary's mean gap between epochs {mean_gap_s(summary_epochs):.2f} s")
         print(cascade.check())
+    return p50, p95
 
 
 def overload_run(opts, zk: str, name: str, slow: Optional[str]) -> dict:
@@ -510,6 +539,9 @@ SCENARIOS = {"freshness": freshness, "overload": overload, "catchup": catchup}
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench pipeline", description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", choices=["python", "spark"], default="python")
+    p.add_argument("--stack", choices=STACKS, nargs="+", default=["embedded"],
+                   help="where the tables live: embedded (SQLite, local files), lakehouse (S3 and a REST catalog, "
+                        "SeaweedFS); freshness runs once on each, in turn")
     p.add_argument("--scenario", action="append", choices=list(SCENARIOS),
                    help="run only this scenario (repeatable; default: all three)")
     p.add_argument("--minutes", type=float, default=3.0, help="sampled duration of the freshness and each overload run")

@@ -7,7 +7,7 @@ run the function: a staged ``append``, then precommit, publish and commit). The 
 once: no waiting for the clock, pure epoch cost. Tidemark epochs and plain appends are
 interleaved (the machine may be busy with other work) and the median of each is compared.
 
-    python -m bench spark [--repeat 7] [--rows 10000 1000000]
+    python -m bench spark [--repeat 7] [--rows 10000 1000000] [--stack embedded|lakehouse]
 
 Freshness of a cascade against the clock is measured by ``python -m bench pipeline``.
 """
@@ -23,9 +23,17 @@ from typing import Optional
 from coordinator import CatalogSettings, Tidemark
 from spark_hooks import EpochJob, build_spark_session
 
-from .common import header, zookeeper
+from .common import (
+    EPOCH_RATIO_GOALS,
+    EPOCH_RATIO_HEADER,
+    STACKS,
+    bench_lake,
+    epoch_ratio_line,
+    header,
+    interleaved,
+    zookeeper,
+)
 
-GOALS = {10_000: 1.5, 1_000_000: 1.15}  # Tidemark epoch / plain append
 WARMUP = 2  # epochs and appends not counted: the first writes of a table plan and load more
 
 
@@ -47,52 +55,45 @@ def epoch_overhead(spark, connect: str, settings: CatalogSettings, rows: int, re
     job.epoch(append)
     job.open()
     writer = job.writer
-    epochs, plain = [], []
+
+    def epoch() -> None:
+        target = writer.next_barrier()  # at once: the clock passed a new 1 ms grid point
+        assert target is not None  # None only once the writer is stopped
+        writer.process(target, append, inputs=writer.inputs_for(target))
     try:
-        for _ in range(WARMUP + repeat):
-            start = time.perf_counter()
-            target = writer.next_barrier()  # at once: the clock passed a new 1 ms grid point
-            assert target is not None  # None only once the writer is stopped
-            writer.process(target, append, inputs=writer.inputs_for(target))
-            epochs.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            data.writeTo(table_plain).append()
-            plain.append(time.perf_counter() - start)
+        epochs, plain = interleaved(epoch, lambda: data.writeTo(table_plain).append(), WARMUP, repeat)
     finally:
         job.close()
         tm.close()
         data.unpersist()
     committed = writer.committed
     assert len(committed) == WARMUP + repeat and committed == sorted(set(committed)), committed
-    return {"epoch": statistics.median(epochs[WARMUP:]), "write": statistics.median(write_s[WARMUP:]),
-            "plain": statistics.median(plain[WARMUP:])}
+    return {"epoch": statistics.median(epochs), "write": statistics.median(write_s[WARMUP:]),
+            "plain": statistics.median(plain)}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench spark")
     parser.add_argument("--repeat", type=int, default=7, help="epochs (and plain appends) measured per size")
-    parser.add_argument("--rows", type=int, nargs="+", default=list(GOALS))
+    parser.add_argument("--rows", type=int, nargs="+", default=list(EPOCH_RATIO_GOALS))
+    parser.add_argument("--stack", choices=STACKS, default="embedded",
+                        help="where the tables live: embedded (SQLite, local files) or lakehouse (S3 and a REST "
+                             "catalog, SeaweedFS)")
     opts = parser.parse_args(argv or [])
-    with tempfile.TemporaryDirectory(prefix="tidemark-bench-spark-") as home, zookeeper() as server:
-        settings = CatalogSettings.embedded(Path(home))
+    with tempfile.TemporaryDirectory(prefix="tidemark-bench-spark-") as home, zookeeper() as server, \
+            bench_lake(Path(home), opts.stack) as settings:
         spark = build_spark_session(settings, app_name="tidemark-bench", extra_conf={"spark.ui.enabled": "false"})
-        spark.sql("CREATE NAMESPACE lake.b")
-        header("epoch wall time: Tidemark epoch (choose barrier, stage, precommit, publish, commit) "
+        spark.sql(f"CREATE NAMESPACE {settings.name}.b")
+        header(f"epoch wall time ({opts.stack}): Tidemark epoch (choose barrier, stage, precommit, publish, commit) "
                "vs plain Iceberg append of the same cached DataFrame")
         print(f"median of {opts.repeat} each, interleaved, after {WARMUP} warm-up writes; "
               "'staged write' is the Spark append inside the epoch")
-        print(f"{'rows':>9} {'Tidemark epoch':>15} {'staged write':>13} {'baseline: plain append':>23} "
-              f"{'ratio':>6}  goal")
+        print(EPOCH_RATIO_HEADER)
         for rows in opts.rows:
             r = epoch_overhead(spark, server.connect_string, settings, rows, opts.repeat)
-            ratio = r["epoch"] / r["plain"]
-            goal = GOALS.get(rows)
-            verdict = "" if goal is None else f"<= {goal:g}x: {'MET' if ratio <= goal else 'MISSED'}"
-            print(f"{rows:>9} {r['epoch'] * 1000:>12.0f} ms {r['write'] * 1000:>10.0f} ms "
-                  f"{r['plain'] * 1000:>20.0f} ms {ratio:>6.2f}  {verdict}", flush=True)
+            print(epoch_ratio_line(rows, r["epoch"], r["write"], r["plain"], EPOCH_RATIO_GOALS.get(rows)), flush=True)
         spark.stop()
     return 0
-
 
 if __name__ == "__main__":
     main()
