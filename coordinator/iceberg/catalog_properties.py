@@ -1,6 +1,7 @@
 """A catalog's properties, configured once: read from pyiceberg's own configuration, and turned into Spark's.
 
     pyiceberg_properties("lake")      # .pyiceberg.yaml or PYICEBERG_CATALOG__LAKE__*, as pyiceberg reads them
+    pyiceberg_variables("lake", {"s3.endpoint": ...})   # {"PYICEBERG_CATALOG__LAKE__S3__ENDPOINT": ...}
     java_properties({"type": "rest", "uri": "http://rest:8181", "s3.endpoint": "http://s3:9000", ...})
         # {"type": "rest", "uri": ..., "s3.endpoint": ..., "s3.path-style-access": "true",
         #  "io-impl": "org.apache.iceberg.aws.s3.S3FileIO", ...}: spark.sql.catalog.<name>.* without the prefix
@@ -56,6 +57,13 @@ def pyiceberg_properties(name: str) -> dict[str, str]:
                                  f"{str(exc).splitlines()[0] if str(exc) else ''}; fix .pyiceberg.yaml or the "
                                  "PYICEBERG_* variables") from None
     return _flatten(found or {})
+
+
+def pyiceberg_variables(name: str, python: Mapping[str, str]) -> dict[str, str]:
+    """Catalog ``name``'s properties ``python`` as the ``PYICEBERG_CATALOG__<NAME>__<KEY>`` variables a user exports
+    (``s3.access-key-id``: ``S3__ACCESS_KEY_ID``), which ``pyiceberg_properties`` reads back."""
+    prefix = f"PYICEBERG_CATALOG__{name.upper()}__"
+    return {prefix + key.upper().replace(".", "__").replace("-", "_"): value for key, value in python.items()}
 
 
 def catalog_type(python: Mapping[str, str]) -> Optional[str]:
@@ -119,4 +127,4 @@ def _flatten(found: Mapping[str, object], prefix: str = "") -> dict[str, str]:
 
 
 __all__ = ["S3_FILE_IO", "catalog_type", "java_properties", "path_style_addressing", "pyiceberg_properties",
-           "s3_file_io"]
+           "pyiceberg_variables", "s3_file_io"]

@@ -40,6 +40,7 @@ from typing import Optional
 
 from coordinator.errors import ConfigurationError
 from coordinator.iceberg.catalog import CatalogSettings
+from coordinator.iceberg.catalog_properties import pyiceberg_variables
 from coordinator.operations.zookeeper_server import free_port
 
 STATE_FILE = "lakehouse.json"
@@ -115,9 +116,7 @@ class EmbeddedLakehouse:
 
     def pyiceberg_environment(self) -> dict[str, str]:
         """The same catalog as pyiceberg's variables (``PYICEBERG_CATALOG__<NAME>__<KEY>``), as a user exports them."""
-        prefix = f"PYICEBERG_CATALOG__{self.catalog_name.upper()}__"
-        return {prefix + key.upper().replace(".", "__").replace("-", "_"): value
-                for key, value in self.python_properties().items()}
+        return pyiceberg_variables(self.catalog_name, self.python_properties())
 
     def recorded_state(self) -> Optional[LakehouseState]:
         try:

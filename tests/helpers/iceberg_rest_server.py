@@ -58,7 +58,7 @@ from urllib.parse import unquote, urlsplit
 
 from coordinator.errors import ConfigurationError
 from coordinator.iceberg.catalog import CatalogSettings
-from coordinator.iceberg.catalog_properties import S3_FILE_IO
+from coordinator.iceberg.catalog_properties import S3_FILE_IO, pyiceberg_variables
 from coordinator.operations.lakehouse_server import ACCESS_KEY, REGION, SECRET_KEY
 from coordinator.operations.zookeeper_server import free_port
 from coordinator.settings import Settings
@@ -134,9 +134,7 @@ class IcebergRestServer:
 
     def pyiceberg_environment(self) -> dict[str, str]:
         """``python_properties`` as a user exports them: ``PYICEBERG_CATALOG__<NAME>__<KEY>`` variables."""
-        prefix = f"PYICEBERG_CATALOG__{self.catalog_name.upper()}__"
-        return {prefix + key.upper().replace(".", "__").replace("-", "_"): value
-                for key, value in self.python_properties().items()}
+        return pyiceberg_variables(self.catalog_name, self.python_properties())
 
     def server_properties(self) -> dict[str, str]:
         """The catalog properties the server is started with (Java's names)."""
