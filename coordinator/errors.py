@@ -114,6 +114,11 @@ class VersionNotFound(TidemarkError):
     """No consistent version exists for the requested epoch (expired, or never committed)."""
 
 
+class InputsExpired(TidemarkError):
+    """Snapshots of a source between a job's last epoch and its next were expired outside Tidemark (a catalog's or
+    another engine's maintenance): the rows appended in between cannot be told, so the epoch is not computed."""
+
+
 class PermissionDenied(TidemarkError):
     """ZooKeeper refused an operation because the znode's ACL does not allow this session's identity."""
 

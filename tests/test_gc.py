@@ -186,6 +186,9 @@ def test_a_pinned_version_and_a_lagging_jobs_next_inputs_survive_gc(tm, connect,
 
     report = collector.run()
     assert report.expired_snapshots >= 4 and report.deleted_files > 0
+    tagged = {t: s for t, s in pinned.snapshots.items() if s is not None}
+    assert tagged and all(pipeline.catalog.load_table(t).refs()[tag_name(epochs[1])].snapshot_id == s
+                          for t, s in tagged.items()), "tagged while pinned: another engine's expiry keeps it too"
     events.refresh()
     assert events.snapshot_by_id(aborted) is None
     kept_epochs = {snapshot_epoch(s) for s in events.snapshots()}
@@ -213,6 +216,7 @@ def test_a_pinned_version_and_a_lagging_jobs_next_inputs_survive_gc(tm, connect,
     reader_tm.close()
     collector.run()  # unpinned: the pinned version falls out of the policy now
     assert RetainedVersions(tm).epochs() == [epochs[-1]]
+    assert all(tag_name(epochs[1]) not in pipeline.catalog.load_table(t).refs() for t in tagged)
 
 
 def test_the_cli_lists_versions_dry_runs_gc_and_resolves_a_tag(tm, zk_connect, pipeline, catalog_settings,
@@ -457,54 +461,50 @@ def test_the_default_policy_tags_a_bounded_number_of_versions_at_2s_barriers(tm,
         pipeline.close()
 
 
-def test_versions_stay_true_when_tidemark_gc_is_killed_between_two_tables(tm, connect, zk_connect, catalog_settings,
+def test_versions_stay_true_when_tidemark_gc_is_killed_between_two_tables(tm, zk_connect, catalog_settings,
                                                                           catalog_env, namespace, capsys):
     """``tidemark gc`` SIGKILLed after one table's commit, twice, then run to the end: at every point each listed
     version has its tag on every table it covers or is listed untagged. A version that loses its tag (the old
-    newest, pinned by a reader) is recorded untagged before any table loses the tag."""
+    oldest of its 10 minutes, a tier no longer tagged) is recorded untagged before any table loses the tag."""
     minute = 60_000
     base = int(datetime.now(timezone.utc).timestamp() * 1000) // (10 * minute) * (10 * minute) - 30 * minute
     epochs = [base + (k + 2) * minute for k in range(20)]  # 1 min apart, 10 to 28 min ago; epochs[9] is not the
     pipeline = Pipeline(tm, catalog_settings, namespace, interval_ms=minute)  # oldest of its 10 minutes
-    reader_tm = connect()
     try:
         for epoch in epochs[:10]:
             pipeline.epoch(epoch, rows=1)
         GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1d,10m:1d,tags:10m")).run()
         assert [r.epoch for r in RetainedVersions(tm).all() if r.tagged] == [epochs[0], epochs[8], epochs[9]]
         assert_listing_true(zk_connect, pipeline.catalog, capsys)
-        session = ReaderSession(Resolver(pipeline.catalog, catalog_settings, reader_tm), reader_tm)
-        session.pin(session.resolve(pipeline.tables, as_of=epochs[9]))
         for epoch in epochs[10:]:
             pipeline.epoch(epoch, rows=1)
 
-        # Only whole 10 minutes and the newest are kept now, tagged; epochs[9] stays for its reader, untagged.
+        # Only whole 10 minutes and the newest are kept now, and only the newest is tagged: epochs[8] loses its tag.
         gc = [sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "gc", "--yes", "--policy",
-              "all:1m,10m:1d,tags:10m"]
+              "all:1m,10m:1d,tags:hourly"]
         for killed_after in (pipeline.events, pipeline.totals):  # the second run finds the events table done
             killed = subprocess.run(gc, env={**crash_env("gc-expired", nth=1), **catalog_env}, capture_output=True,
                                     text=True, timeout=120, stdin=subprocess.DEVNULL)
             assert killed.returncode == -signal.SIGKILL, killed.stderr
             listed = {v["epoch"]: v for v in assert_listing_true(zk_connect, pipeline.catalog, capsys)}
-            assert listed[epochs[9]]["tag"] is None, "recorded untagged before the first table lost the tag"
+            assert listed[epochs[8]]["tag"] is None, "recorded untagged before the first table lost the tag"
             if killed_after == pipeline.events:
-                assert epochs[9] in tidemark_tags(pipeline.catalog.load_table(pipeline.totals)), \
+                assert epochs[8] in tidemark_tags(pipeline.catalog.load_table(pipeline.totals)), \
                     "killed before the totals table's commit: its tag is still there (harmless)"
-                assert {epochs[18], epochs[19]} <= set(tidemark_tags(pipeline.catalog.load_table(pipeline.events)))
+                assert epochs[19] in tidemark_tags(pipeline.catalog.load_table(pipeline.events))
             assert epochs[19] not in listed, "a new version is recorded only after every table has its tag"
 
         assert cli(["--zk", zk_connect, "gc", "--yes"]) == 0
         capsys.readouterr()
         listed = {v["epoch"]: v for v in assert_listing_true(zk_connect, pipeline.catalog, capsys)}
-        assert sorted(listed) == [epochs[0], epochs[8], epochs[9], epochs[18], epochs[19]]
-        assert [e for e, v in listed.items() if v["tag"]] == [epochs[0], epochs[8], epochs[18], epochs[19]]
+        assert sorted(listed) == [epochs[0], epochs[8], epochs[18], epochs[19]]
+        assert [e for e, v in listed.items() if v["tag"]] == [epochs[19]]
         for name in pipeline.tables:
             assert sorted(tidemark_tags(pipeline.catalog.load_table(name))) == [e for e, v in listed.items()
                                                                                if v["tag"]]
         resolver = Resolver(pipeline.catalog, catalog_settings, tm)
         for epoch in listed:
             pipeline.check(resolver, resolver.resolve(pipeline.tables, as_of=epoch))
-        session.close()
     finally:
         pipeline.close()
 

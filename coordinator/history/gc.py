@@ -12,13 +12,17 @@ What one run does (``tidemark gc`` runs it; ``GcSchedule`` runs it in one electe
    table of the deployment holds (the intersection of the tidemarks' lists of recent epochs,
    ``TableTidemark.recent``; for a table some job reads that has Tidemark metadata but no
    tidemark, the epochs its Iceberg metadata records) after the newest retained version, up to
-   the newest such epoch ``C``, the newest consistent epoch. Tables whose writer committed
-   nothing yet are left out. A job takes only epochs its sources hold and may coalesce several
-   barriers into one epoch, so these are the only epochs at which every table has an exact
-   state. The policy (``coordinator.retention``) keeps some; ``C`` is always kept (the newest
-   consistent version), and so is a retained version a live reader pinned. A kept version gets
+   the newest such epoch ``C``, the newest consistent epoch. When a job stopped and the others'
+   lists no longer reach its last epoch, its writers' epoch records name their snapshots there
+   (``resolve.add_laggards_epoch``), so ``C`` is the laggard's epoch, as readers resolve it.
+   Tables whose writer committed nothing yet are left out. A job takes only epochs its sources
+   hold and may coalesce several barriers into one epoch, so these are the only epochs at which
+   every table has an exact state. The policy (``coordinator.retention``) keeps some; ``C`` is always kept (the newest
+   consistent version), and so is a version a live reader pinned. A kept version gets
    ``/versions/<T>``, and the tag ``tidemark-<T>`` on every table it covers when a tier the policy
-   tags keeps it (``tags:hourly`` by default) or it is ``C``; a dropped one loses both
+   tags keeps it (``tags:hourly`` by default), it is ``C`` or a live reader pinned it (a pinned
+   version with no record, older than the candidates, gets the tag alone, at its pinned snapshots);
+   a dropped one loses both
    (``coordinator.versions`` defines what a version covers). A version that stops being tagged
    (``C`` moved on) keeps its record, set untagged, and loses its tags. A version's snapshots are
    the ones the tidemarks list for ``T`` (no lineage walk); a version at which every table was
@@ -74,7 +78,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from kazoo.exceptions import KazooException, LockTimeout, NoAuthError
 from kazoo.protocol.states import KazooState
@@ -104,7 +108,7 @@ from coordinator.errors import (
     TidemarkError,
     ZooKeeperUnavailable,
 )
-from coordinator.history.resolve import pinned_versions
+from coordinator.history.resolve import add_laggards_epoch, pinned_versions
 from coordinator.history.retention import RetentionPolicy, read_policy
 from coordinator.history.versions import RetainedVersions, VersionRecord, tag_epoch, tag_name
 from coordinator.iceberg.catalog import CatalogSettings, load_table
@@ -329,6 +333,10 @@ class GarbageCollector:
             lineage = state.lineages.get(name)
             if lineage is not None and (recorded := lineage.recorded_epochs()):
                 state.held[name] = dict(recorded)
+        newest_epochs: dict[str, Union[int, str, None]] = {
+            n: managed[n].epoch if n in managed else state.lineages[n].committed_epoch for n in state.held}
+        add_laggards_epoch(self.tm, state.held, {n: managed.get(n) for n in state.held}, newest_epochs,
+                           lambda name: dict(state.lineages[name].recorded_epochs()))  # C: what readers resolve
         if state.held:
             state.common = sorted(set.intersection(*(set(h) for h in state.held.values())))
         if state.held and not state.common:
@@ -364,9 +372,10 @@ class GarbageCollector:
         elif consistent is not None:
             state.notes.append(f"the newest consistent epoch {consistent} is below the newest retained version "
                                f"{newest}: no version is created this run")
-        for epoch in state.pinned:
-            if epoch in retained:
+        for epoch in state.pinned:  # tagged, so that any engine's snapshot expiry keeps it too
+            if epoch in retained or epoch in fresh:
                 reasons.setdefault(epoch, "pinned by a live reader")
+                tagged.add(epoch)
         decisions, kept = [], {}
         for epoch in sorted(set(retained) | set(fresh)):
             if epoch in retained:
@@ -427,6 +436,9 @@ class GarbageCollector:
         table, lineage = state.tables[name], state.lineages[name]
         managed = name in state.managed
         wanted = {tag_name(e): s for e, r in kept.items() if r.tagged and (s := r.snapshots.get(name)) is not None}
+        for at, pinned in sorted(state.pinned.items()):  # a pinned version that is no retained one: tagged too
+            if (pinned_id := pinned.get(name)) is not None and pinned_id in lineage.by_id:
+                wanted.setdefault(tag_name(at), pinned_id)
         present = {ref: r.snapshot_id for ref, r in table.metadata.refs.items()
                    if r.snapshot_ref_type == SnapshotRefType.TAG and tag_epoch(ref) is not None}
         create_tags = {t: s for t, s in wanted.items() if present.get(t) != s}

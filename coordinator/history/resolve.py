@@ -41,7 +41,7 @@ from the tidemarks' ``first_epoch``, else from ``tidemark.first-epoch`` (or the 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Optional, Union
 
 from pyiceberg.catalog import Catalog
@@ -204,40 +204,8 @@ class Resolver:
     def _add_laggards_epoch(self, held: dict[str, dict[int, Optional[int]]],
                             marks: Mapping[str, Optional[TableTidemark]],
                             epochs: Mapping[str, Union[int, str, None]]) -> None:
-        """No consistent version can be newer than the lowest newest epoch among the tables (the laggard's).
-        When a table's list of recent epochs no longer reaches it (its job went on while the laggard's
-        stopped), its writer's epoch records still may: ``/jobs/<writer>/epochs/<T>`` keeps the newest
-        ``history`` epochs with the snapshot each sink had at them (one pipelined read, only then); what
-        they do not name, the table's Iceberg records may (its metadata loaded, only for those tables). So
-        the consistent epoch stays at the laggard's instead of stepping back to an older common one."""
-        newest = [e for n in held if isinstance(e := epochs[n], int)]
-        if self.tm is None or not newest:
-            return
-        epoch = min(newest)
-        missing = [n for n, h in held.items() if epoch not in h]
-        if not missing or any(marks[n] is None for n in missing):
-            return
-        found = self._from_epoch_records(missing, epoch)
-        for name in missing:
-            if name not in found:
-                recorded = dict(self._summary(name).recorded)
-                if epoch not in recorded:
-                    return  # this table does not hold the laggard's epoch: no version there
-                found[name] = recorded[epoch]
-        for name in missing:
-            held[name][epoch] = found[name]
-
-    def _from_epoch_records(self, tables: list[str], epoch: int) -> dict[str, Optional[int]]:
-        """The snapshot each of ``tables`` had at ``epoch`` where its writer's COMMITTED epoch record names it."""
-        assert self.tm is not None
-        writers = read_topology(self.tm).writers
-        jobs = sorted({writers[n] for n in tables if n in writers})
-        found = self.tm.get_many([self.tm.paths.epoch(job, epoch) for job in jobs])
-        records = {job: EpochRecord.from_json(r[0], self.tm.paths.epoch(job, epoch)) for job, r in zip(jobs, found)
-                   if r is not None}
-        committed = {job: r.published for job, r in records.items() if r.state == EpochState.COMMITTED}
-        return {n: committed[writers[n]][n] for n in tables
-                if n in writers and writers[n] in committed and n in committed[writers[n]]}
+        if self.tm is not None:
+            add_laggards_epoch(self.tm, held, marks, epochs, lambda name: dict(self._summary(name).recorded))
 
     def _held_at(self, name: str, mark: Optional[TableTidemark], held: Mapping[int, Optional[int]], epoch: int,
                  names: list[str]) -> Optional[int]:
@@ -369,10 +337,15 @@ class Resolver:
         return {n: _id(self._load(n).current_snapshot()) for n in names}
 
     def _root_snapshot(self, name: str, wall_ms: int) -> Optional[int]:
-        """A root table cut by commit time at ``wall_ms`` (barrier ``wall_ms`` reads its commits up to then)."""
+        """A root table cut by commit time at ``wall_ms`` (barrier ``wall_ms`` reads its commits up to then). When
+        that history was expired (another engine's maintenance may expire all but a compaction on top), the tag of
+        the version at ``wall_ms``, which GC puts on every table it covers, still names that snapshot."""
         lineage = self._lineage(name)
         found = lineage.at_time(wall_ms)
         if found is None and lineage.truncated:
+            tag = lineage.table.metadata.refs.get(tag_name(wall_ms))
+            if tag is not None:
+                return tag.snapshot_id
             raise self._expired(f"root table {name}'s history at {wall_ms} was expired", [name], wall_ms)
         return _id(found)
 
@@ -398,6 +371,46 @@ def _level(level: Union[str, ConsistencyLevel]) -> ConsistencyLevel:
 
 def _id(snapshot: Optional[Snapshot]) -> Optional[int]:
     return None if snapshot is None else snapshot.snapshot_id
+
+
+def add_laggards_epoch(tm: ZooKeeperSession, held: dict[str, dict[int, Optional[int]]],
+                       marks: Mapping[str, Optional[TableTidemark]], epochs: Mapping[str, Union[int, str, None]],
+                       recorded: Callable[[str], Mapping[int, Optional[int]]]) -> None:
+    """No consistent version can be newer than the lowest newest epoch among the tables (the laggard's).
+    When a table's list of recent epochs no longer reaches it (its job went on while the laggard's
+    stopped), its writer's epoch records still may: ``/jobs/<writer>/epochs/<T>`` keeps the newest
+    ``history`` epochs with the snapshot each sink had at them (one pipelined read, only then); what
+    they do not name, the table's Iceberg records may (``recorded``: its epochs and their snapshots, loaded only
+    for those tables). So the consistent epoch stays at the laggard's instead of stepping back to an older
+    common one: for readers (``Resolver.resolve``) and for GC, which tags it, alike."""
+    newest = [e for n in held if isinstance(e := epochs[n], int)]
+    if not newest:
+        return
+    epoch = min(newest)
+    missing = [n for n, h in held.items() if epoch not in h]
+    if not missing or any(marks[n] is None for n in missing):
+        return
+    found = _from_epoch_records(tm, missing, epoch)
+    for name in missing:
+        if name not in found:
+            known = recorded(name)
+            if epoch not in known:
+                return  # this table does not hold the laggard's epoch: no version there
+            found[name] = known[epoch]
+    for name in missing:
+        held[name][epoch] = found[name]
+
+
+def _from_epoch_records(tm: ZooKeeperSession, tables: list[str], epoch: int) -> dict[str, Optional[int]]:
+    """The snapshot each of ``tables`` had at ``epoch`` where its writer's COMMITTED epoch record names it."""
+    writers = read_topology(tm).writers
+    jobs = sorted({writers[n] for n in tables if n in writers})
+    found = tm.get_many([tm.paths.epoch(job, epoch) for job in jobs])
+    records = {job: EpochRecord.from_json(r[0], tm.paths.epoch(job, epoch)) for job, r in zip(jobs, found)
+               if r is not None}
+    committed = {job: r.published for job, r in records.items() if r.state == EpochState.COMMITTED}
+    return {n: committed[writers[n]][n] for n in tables
+            if n in writers and writers[n] in committed and n in committed[writers[n]]}
 
 
 class ReaderSession:

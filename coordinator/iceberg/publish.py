@@ -8,7 +8,10 @@
 The ref move is alone in its commit and is conditional twice: we check that ``main`` is
 the staged write's base (``staged_base``), and the commit asserts ``main`` has not moved
 since we loaded the table. Losing a race is therefore never silent: either the winner
-published this epoch (``ALREADY_PUBLISHED``) or ``PublishConflict`` is raised.
+published this epoch (``ALREADY_PUBLISHED``) or ``PublishConflict`` is raised. One move of
+``main`` is no conflict: compactions alone (``replace`` commits, another engine's maintenance)
+on top of the base change no row, so the staged write is published over them
+(``rewrites_only``) instead of leaving a precommitted epoch that could never publish.
 
 **Fencing in Iceberg.** Every commit Tidemark makes to a sink (claim, publish, marker)
 carries the requirement ``tidemark.term <= term`` (``AssertTermAtMost``), and a new leader
@@ -41,7 +44,7 @@ from pyiceberg.exceptions import BadRequestError, CommitFailedException, CommitS
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
-from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.snapshots import Operation, Snapshot
 from pyiceberg.table.update import (
     AssertRefSnapshotId,
     AssertTableUUID,
@@ -234,7 +237,7 @@ def publish_staged(table: Table, snapshot_id: int, epoch: int, term: int) -> Pub
         current = table.current_snapshot()
         current_id = current.snapshot_id if current else None
         base = staged_base(table, staged, epoch)
-        if base != current_id:
+        if base != current_id and not rewrites_only(table, current, base):
             raise PublishConflict(
                 f"table {name}: main moved to {current_id} since snapshot {snapshot_id} (epoch {epoch}) was staged "
                 f"on {base}; publishing it would drop that snapshot. Recompute the epoch "
@@ -246,6 +249,20 @@ def publish_staged(table: Table, snapshot_id: int, epoch: int, term: int) -> Pub
         return PublishResult(name, epoch, snapshot_id, PublishOutcome.PUBLISHED)
 
     return _retry_lost_races(attempt, f"publishing epoch {epoch} of table {name}")
+
+
+def rewrites_only(table: Table, head: Optional[Snapshot], base: Optional[int]) -> bool:
+    """Whether ``main`` moved from ``base`` to ``head`` by ``replace`` commits alone: compactions (a catalog's
+    maintenance, Trino's ``optimize``, Spark's ``rewrite_data_files``) that put the same rows in other files. A
+    write staged on ``base`` then holds exactly the rows it would hold on ``head``, so publishing it drops only that
+    rewrite (Tidemark's GC expires it), no row; the engine compacts again at its next run."""
+    snapshot = head
+    while snapshot is not None and snapshot.snapshot_id != base:
+        if snapshot.summary is None or snapshot.summary.operation != Operation.REPLACE:
+            return False
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.snapshot_by_id(parent) if parent is not None else None
+    return snapshot is not None
 
 
 def staged_base(table: Table, staged: Snapshot, epoch: int) -> Optional[int]:

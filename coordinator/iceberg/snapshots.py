@@ -40,10 +40,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Optional
 
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Snapshot, Summary
+from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 
-from coordinator.errors import CorruptState
+from coordinator.errors import CorruptState, InputsExpired
 from coordinator.records import EpochInputs, EpochProgress
 
 FORMAT = "1"
@@ -191,6 +192,44 @@ def ancestors(by_id: Mapping[int, Snapshot], snapshot_id: Optional[int]) -> Iter
         yield snapshot
         parent = snapshot.parent_snapshot_id
         snapshot = by_id.get(parent) if parent is not None else None
+
+
+def appended_files(table: Table, start: int, end: int) -> list[DataFile]:
+    """The data files the snapshots after ``start`` up to ``end`` (``end`` and its ancestors above ``start``) added,
+    oldest first: the rows appended to an append-only table in between, as Iceberg's incremental scans take them.
+
+    A ``replace`` snapshot adds no rows: it is a compaction (a catalog's maintenance, Trino's ``optimize``,
+    Spark's ``rewrite_data_files``) rewriting rows already there into new files, so telling the rows apart by the
+    files two snapshots list would count them again. Each snapshot's own ADDED entries are read instead, from the
+    manifests it wrote. ``InputsExpired`` when a snapshot in between is gone from the table (expired outside
+    Tidemark: its GC keeps them while a job still has to read them), since what it appended cannot be known.
+    """
+    by_id = snapshot_index(table)
+    added: list[Snapshot] = []
+    snapshot = by_id.get(end)
+    while snapshot is not None:
+        added.append(snapshot)
+        parent = snapshot.parent_snapshot_id
+        if parent == start:
+            break
+        snapshot = by_id.get(parent) if parent is not None else None
+    else:
+        gone = end if not added else added[-1].parent_snapshot_id
+        raise InputsExpired(f"table {'.'.join(table.name())}: its history from snapshot {start} to {end} was expired "
+                            f"outside Tidemark (snapshot {gone} is gone), so the rows appended in between cannot be "
+                            "told. When a catalog or another engine expires snapshots, keep those younger than the "
+                            "longest lag of the jobs reading the table (README: \"Maintenance run by your catalog or "
+                            "other engines\")")
+    files: list[DataFile] = []
+    for snapshot in reversed(added):
+        if snapshot.summary is not None and snapshot.summary.operation == Operation.REPLACE:
+            continue
+        for manifest in snapshot.manifests(table.io):
+            if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
+                continue
+            files.extend(entry.data_file for entry in manifest.fetch_manifest_entry(table.io)
+                         if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id)
+    return files
 
 
 def main_lineage(table: Table) -> Iterator[Snapshot]:

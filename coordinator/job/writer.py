@@ -94,7 +94,13 @@ from coordinator.errors import (
 )
 from coordinator.iceberg.catalog import CatalogSettings, is_catalog_outage, load_table
 from coordinator.iceberg.progress import resume_point
-from coordinator.iceberg.snapshots import WRITER_PROPERTY, recorded_term, snapshot_at_epoch, snapshot_at_time
+from coordinator.iceberg.snapshots import (
+    WRITER_PROPERTY,
+    appended_files,
+    recorded_term,
+    snapshot_at_epoch,
+    snapshot_at_time,
+)
 from coordinator.iceberg.staging import stage_append, stage_overwrite
 from coordinator.job.commit import DEFAULT_MARKER_EVERY, EpochCommitter
 from coordinator.job.driver_metrics import DriverMetrics
@@ -165,19 +171,22 @@ class EpochContext:
         return self.inputs.sources.get(source) or SourceRange()
 
     def changes(self, source: str) -> pa.Table:
-        """Rows appended to ``source`` in ``(previous epoch, T]``, as a ``pyarrow.Table`` (append-only sources)."""
+        """Rows appended to ``source`` in ``(previous epoch, T]``, as a ``pyarrow.Table`` (append-only sources): the
+        files its snapshots in between added (``snapshots.appended_files``: a compaction adds none), or all of it
+        at ``T`` for the job's first epoch. ``InputsExpired`` when snapshots in between were expired outside
+        Tidemark."""
         from pyiceberg.io.pyarrow import ArrowScan
+        from pyiceberg.table import FileScanTask
         bounds = self.range_of(source)
         table = self.writer.table(source)
         if bounds.end is None or bounds.is_empty:
             return table.schema().as_arrow().empty_table()
         if table.snapshot_by_id(bounds.end) is None:
             table.refresh()
-        before = set() if bounds.start is None else {
-            task.file.file_path for task in table.scan(snapshot_id=bounds.start).plan_files()}
         scan = table.scan(snapshot_id=bounds.end)
-        added = [task for task in scan.plan_files() if task.file.file_path not in before]
-        return ArrowScan(table.metadata, table.io, table.schema(), scan.row_filter).to_table(added)
+        tasks = list(scan.plan_files()) if bounds.start is None else [
+            FileScanTask(data_file) for data_file in appended_files(table, bounds.start, bounds.end)]
+        return ArrowScan(table.metadata, table.io, table.schema(), scan.row_filter).to_table(tasks)
 
     def table(self, source: str) -> pa.Table:
         """All of ``source`` as of barrier ``T``, as a ``pyarrow.Table``."""
