@@ -52,7 +52,7 @@ from coordinator.errors import ConfigurationError, InvalidArgument
 from coordinator.history.resolve import Resolver, scan_at, table_at
 from coordinator.history.versions import tag_name
 from coordinator.iceberg.catalog import CatalogSettings
-from coordinator.iceberg.catalog_properties import path_style_addressing
+from coordinator.iceberg.catalog_properties import path_style_addressing, s3_setting
 from coordinator.records import ConsistencyLevel, ConsistentVersion
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -236,14 +236,12 @@ def _s3_secret(catalog: str, properties: Mapping[str, str]) -> Optional[str]:
     """DuckDB's ``CREATE SECRET`` for the S3 settings of a catalog's pyiceberg properties (``s3.*``, else
     pyiceberg's ``client.*`` twins; buckets by path unless ``s3.force-virtual-addressing``; http when the
     endpoint is), or None when they name none."""
-    def first(*keys: str) -> Optional[str]:
-        return next((str(properties[key]) for key in keys if properties.get(key)), None)
-    given = {"KEY_ID": first("s3.access-key-id", "client.access-key-id"),
-             "SECRET": first("s3.secret-access-key", "client.secret-access-key"),
-             "SESSION_TOKEN": first("s3.session-token", "client.session-token"),
-             "REGION": first("s3.region", "client.region")}
+    given = {"KEY_ID": s3_setting(properties, "access-key-id"),
+             "SECRET": s3_setting(properties, "secret-access-key"),
+             "SESSION_TOKEN": s3_setting(properties, "session-token"),
+             "REGION": s3_setting(properties, "region")}
     options = [f"{key} {_sql_string(value)}" for key, value in given.items() if value is not None]
-    endpoint = first("s3.endpoint")
+    endpoint = str(properties["s3.endpoint"]) if properties.get("s3.endpoint") else None
     if endpoint is not None:
         scheme, _, address = endpoint.rpartition("://")
         options += [f"ENDPOINT {_sql_string(address.rstrip('/'))}",

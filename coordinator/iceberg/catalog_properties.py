@@ -109,6 +109,12 @@ def s3_file_io(python: Mapping[str, str]) -> dict[str, str]:
     return java
 
 
+def s3_setting(python: Mapping[str, str], name: str) -> Optional[str]:
+    """S3 setting ``name`` (``access-key-id``, ``region``, ...) as pyiceberg takes it: ``s3.<name>``, else its
+    ``client.<name>`` twin (the rule ``_RENAMED`` applies for Java); None when neither is given."""
+    return next((str(python[key]) for key in (f"s3.{name}", f"client.{name}") if python.get(key)), None)
+
+
 def path_style_addressing(python: Mapping[str, str]) -> bool:
     """Whether pyiceberg addresses buckets by path (``http://endpoint/bucket/key``): unless
     ``s3.force-virtual-addressing`` is true. Java's S3FileIO and DuckDB are given the same choice."""
@@ -127,4 +133,4 @@ def _flatten(found: Mapping[str, object], prefix: str = "") -> dict[str, str]:
 
 
 __all__ = ["S3_FILE_IO", "catalog_type", "java_properties", "path_style_addressing", "pyiceberg_properties",
-           "pyiceberg_variables", "s3_file_io"]
+           "pyiceberg_variables", "s3_file_io", "s3_setting"]
