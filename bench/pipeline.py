@@ -23,6 +23,7 @@ epoch (``catchup``; with ``--engine spark`` this is the Spark catch-up).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -205,8 +206,8 @@ class Cascade:
         self.home = Path(tempfile.mkdtemp(prefix=f"tidemark-bench-pipeline-{name}-"))
         self.stack = stack or opts.stack[0]
         self.zk = f"{zk_connect}/{name}-{self.stack}"
-        self._lake = bench_lake(self.home, self.stack)
-        self.settings = self._lake.__enter__()
+        self._servers = contextlib.ExitStack()  # the lakehouse's server, when the stack has one
+        self.settings = self._servers.enter_context(bench_lake(self.home, self.stack))
         self.catalog = self.settings.load()
         self.catalog.create_namespace("p")
         for table, schema in schemas().items():
@@ -357,7 +358,7 @@ class Cascade:
                 self.producer.wait()
         self.cache.close()
         self.tm.close()
-        self._lake.__exit__(None, None, None)
+        self._servers.close()
         remove_run_dir(self.home)
 
     def __enter__(self) -> Cascade:
