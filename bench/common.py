@@ -73,16 +73,29 @@ def bench_catalog(home: Path) -> CatalogSettings:
 
 def log_each_epoch(writer: Any, ran: set[int], events: TextIO) -> None:
     """Make ``writer`` log every epoch it commits to ``events``, one JSON line each: the epoch, whether the
-    function ran (``ran`` holds the epochs it ran for), and when the epoch started and ended. The loop calls
+    function ran (``ran`` holds the epochs it ran for), when the epoch started and ended, and the time it spent
+    in each phase of the loop (``phases_ms``, from the driver's phase histogram). The loop calls
     ``writer.process`` for every path (computed, idle, recomputed), so replacing it logs them all."""
+    from coordinator.job.driver_metrics import PHASES
     from coordinator.records import now_ms
     process = writer.process
+    registry = writer.metrics.registry
+
+    def phase_totals() -> dict[str, float]:
+        return {phase: registry.get_sample_value("tidemark_driver_epoch_phase_duration_seconds_sum",
+                                                 {"tidemark_job": writer.name, "phase": phase}) or 0.0
+                for phase in PHASES}
+    before = phase_totals()
 
     def logged(epoch: int, fn: Callable[..., None], *rest: Any, **kwargs: Any) -> Any:
+        nonlocal before
         started = now_ms()
         record = process(epoch, fn, *rest, **kwargs)
+        after = phase_totals()
         events.write(json.dumps({"epoch": record.epoch, "ran": record.epoch in ran, "start_ms": started,
-                                 "end_ms": now_ms()}) + "\n")
+                                 "end_ms": now_ms(),
+                                 "phases_ms": {p: round((after[p] - before[p]) * 1000, 1) for p in PHASES}}) + "\n")
+        before = after
         return record
     writer.process = logged
 

@@ -9,7 +9,7 @@ Each job is its own driver process (``python -m bench.pipeline --driver NAME``),
 ``EpochWriter`` and pyarrow (``--engine python``) or ``EpochJob`` and a SparkSession
 (``--engine spark``). They share a private ZooKeeper and a private SQLite catalog. The
 bench samples ``now - T*`` every 200 ms, ``T*`` being the consistent epoch of the three
-sinks and the root table (``pacing.newest_common_epoch`` of the sinks' tidemarks: the newest
+sinks and the root table (``held_epochs.newest_common_epoch`` of the sinks' tidemarks: the newest
 epoch all three hold; a root table does not hold it back), and checks the final consistent
 version (every event counted exactly once).
 
@@ -265,7 +265,7 @@ class Cascade:
 
     def consistent(self, tables=SINKS) -> Optional[int]:
         """The newest epoch every one of ``tables`` holds (None while they share none)."""
-        from coordinator.protocol.pacing import newest_common_epoch
+        from coordinator.protocol.held_epochs import newest_common_epoch
         return newest_common_epoch(self.cache.get(tables).values())
 
     def lag_ms(self, tables=SINKS) -> Optional[int]:
@@ -377,6 +377,19 @@ def epoch_counts(cascade: Cascade, start_s: float, end_s: float) -> str:
     return ", ".join(parts)
 
 
+def phase_means(cascade: Cascade, start_s: float, end_s: float) -> str:
+    """Where each job's computed epochs spent their time, between ``start_s`` and ``end_s``: the mean ms per
+    phase of the loop (``wait`` is the wait before the epoch, for its barrier and its inputs)."""
+    from coordinator.job.driver_metrics import PHASES
+    lines = ["mean ms per computed epoch, by phase: " + " ".join(f"{p:>9}" for p in PHASES)]
+    for job in ORDER:
+        ran = [e["phases_ms"] for e in cascade.epochs(job)
+               if e["ran"] and start_s * 1000 <= e["end_ms"] <= end_s * 1000]
+        if ran:
+            lines.append(f"  {job:<36}" + " ".join(f"{sum(e[p] for e in ran) / len(ran):9.1f}" for p in PHASES))
+    return "\n".join(lines)
+
+
 def mean_gap_s(epochs: list[int]) -> float:
     """The mean time between consecutive epochs (one grid interval when a job takes every barrier)."""
     return (epochs[-1] - epochs[0]) / (len(epochs) - 1) / 1000 if len(epochs) > 1 else float("nan")
@@ -427,6 +440,7 @@ def freshness_on(opts, zk: str, stack: str) -> tuple[float, float]:
         print(cascade.producer_rate(samples[0][0], end))
         print(f"epochs committed (whole run): {epoch_counts(cascade, started, time.time())}; "
               f"summary's mean gap between epochs {mean_gap_s(summary_epochs):.2f} s")
+        print(phase_means(cascade, samples[0][0], end))
         print(cascade.check())
     return p50, p95
 

@@ -8,7 +8,7 @@ Every pipeline is a chain of real ``EpochWriter`` driver processes (``python -m 
 with its own embedded SQLite catalog. A *root* job (no source) appends ``--rows`` generated
 events per epoch; a *derived* job appends one summary row per epoch (rows, total, and how many
 root epochs the changes it read cover). A pipeline's consistent epoch is
-``pacing.newest_common_epoch`` of its tables' tidemarks, and its lag is the wall clock minus it,
+``held_epochs.newest_common_epoch`` of its tables' tidemarks, and its lag is the wall clock minus it,
 sampled every 0.5 s from a watch on the tidemarks.
 
 Sub-benchmarks (``--only``, repeatable; all by default):
@@ -416,7 +416,7 @@ class Deployment:
 
     def consistent(self, chain: Chain, tables: Optional[Sequence[str]] = None) -> Optional[int]:
         """The newest epoch every one of the chain's tables (or ``tables``) holds, from the watched tidemarks."""
-        from coordinator.protocol.pacing import newest_common_epoch
+        from coordinator.protocol.held_epochs import newest_common_epoch
         return newest_common_epoch(self.cache.get(tables or chain.tables).values())
 
     def lag_s(self, chain: Chain, tables: Optional[Sequence[str]] = None) -> Optional[float]:
@@ -465,7 +465,7 @@ class Deployment:
         rows (and the rollup's). Returns the epoch and the problem (None: consistent)."""
         from coordinator import CatalogSettings, ConsistencyLevel, ConsistentVersion, Resolver
         from coordinator.history.checker import ConsistencyChecker
-        from coordinator.protocol.pacing import newest_common_epoch
+        from coordinator.protocol.held_epochs import newest_common_epoch
         names = list(tables or chain.tables)
         marks = self.cache.get(names)
         epoch = newest_common_epoch(marks.values())

@@ -5,7 +5,8 @@ import pytest
 
 from coordinator import ConfigurationError
 from coordinator.protocol.barriers import BarrierGrid
-from coordinator.protocol.pacing import Pacing, effective_cadences, fmt_every, newest_common_epoch, parse_every
+from coordinator.protocol.held_epochs import newest_common_epoch
+from coordinator.protocol.pacing import Pacing, effective_cadences, fmt_every, parse_every
 from coordinator.protocol.topology import Topology
 from coordinator.records import JobRecord, TableTidemark
 

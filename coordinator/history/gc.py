@@ -13,8 +13,9 @@ What one run does (``tidemark gc`` runs it; ``GcSchedule`` runs it in one electe
    ``TableTidemark.recent``; for a table some job reads that has Tidemark metadata but no
    tidemark, the epochs its Iceberg metadata records) after the newest retained version, up to
    the newest such epoch ``C``, the newest consistent epoch. When a job stopped and the others'
-   lists no longer reach its last epoch, its writers' epoch records name their snapshots there
-   (``resolve.add_laggards_epoch``), so ``C`` is the laggard's epoch, as readers resolve it.
+   lists no longer reach its last epoch, the epoch records and what the jobs reading them record
+   name their snapshots there (``coordinator.protocol.held_epochs``, the rule readers resolve by),
+   so ``C`` is the laggard's epoch, as readers resolve it.
    Tables whose writer committed nothing yet are left out. A job takes only epochs its sources
    hold and may coalesce several barriers into one epoch, so these are the only epochs at which
    every table has an exact state. The policy (``coordinator.retention``) keeps some; ``C`` is always kept (the newest
@@ -78,7 +79,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional, Union
+from typing import Callable, Optional
 
 from kazoo.exceptions import KazooException, LockTimeout, NoAuthError
 from kazoo.protocol.states import KazooState
@@ -108,7 +109,7 @@ from coordinator.errors import (
     TidemarkError,
     ZooKeeperUnavailable,
 )
-from coordinator.history.resolve import add_laggards_epoch, pinned_versions
+from coordinator.history.resolve import pinned_versions
 from coordinator.history.retention import RetentionPolicy, read_policy
 from coordinator.history.versions import RetainedVersions, VersionRecord, tag_epoch, tag_name
 from coordinator.iceberg.catalog import CatalogSettings, load_table
@@ -117,9 +118,10 @@ from coordinator.iceberg.metadata_files import DELETE_AFTER_COMMIT, PREVIOUS_VER
 from coordinator.iceberg.orphans import OrphanFiles, delete_orphan_files, find_orphan_files, shared_locations
 from coordinator.iceberg.reachability import FileIndex
 from coordinator.iceberg.snapshots import snapshot_epoch
+from coordinator.protocol.held_epochs import Evidence, HeldEpochs
 from coordinator.protocol.tidemarks import read_tidemarks
 from coordinator.protocol.topology import read_topology
-from coordinator.records import JsonOutput, TableTidemark, now_ms
+from coordinator.records import EpochInputs, JsonOutput, TableTidemark, now_ms
 from coordinator.zookeeper.ops import Create, Delete, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -331,14 +333,26 @@ class GarbageCollector:
                 state.held[name] = dict(mark.recent)
         for name in state.roots:  # a table with Tidemark metadata and no tidemark: its writer is not registered
             lineage = state.lineages.get(name)
-            if lineage is not None and (recorded := lineage.recorded_epochs()):
-                state.held[name] = dict(recorded)
-        newest_epochs: dict[str, Union[int, str, None]] = {
+            if lineage is not None and (listed := lineage.recorded_epochs()):
+                state.held[name] = dict(listed)
+        newest_epochs: dict[str, Optional[int]] = {
             n: managed[n].epoch if n in managed else state.lineages[n].committed_epoch for n in state.held}
-        add_laggards_epoch(self.tm, state.held, {n: managed.get(n) for n in state.held}, newest_epochs,
-                           lambda name: dict(state.lineages[name].recorded_epochs()))  # C: what readers resolve
+        firsts = {n: managed[n].first_epoch if n in managed and managed[n].first_epoch is not None
+                  else state.lineages[n].first_epoch for n in state.held}
+
+        def recorded(name: str) -> dict[int, Optional[int]]:  # a table with a tidemark: Iceberg may reach further
+            return dict(state.lineages[name].recorded_epochs()) if name in managed else {}
+        def newest_inputs(name: str) -> Optional[EpochInputs]:  # a table with no tidemark: its lineage says
+            lineage = state.lineages[name]
+            epoch = lineage.committed_epoch
+            return None if name in managed or epoch is None else lineage.inputs_at(epoch)
+        holdings = HeldEpochs(state.held, newest_epochs, Evidence(
+            self.tm, writers, recorded, lambda name, epoch: state.lineages[name].inputs_at(epoch), newest_inputs,
+            firsts))
+        holdings.consistent_epoch()  # C: what readers resolve, the laggard's epoch reached as they reach it
+        state.held = holdings.held
         if state.held:
-            state.common = sorted(set.intersection(*(set(h) for h in state.held.values())))
+            state.common = sorted(holdings.common())
         if state.held and not state.common:
             newest = ", ".join(f"{t} at {max(h)}" for t, h in sorted(state.held.items()))
             state.notes.append(f"the tables share no epoch ({newest}): no version is created and every managed "

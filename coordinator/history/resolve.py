@@ -41,7 +41,7 @@ from the tidemarks' ``first_epoch``, else from ``tidemark.first-epoch`` (or the 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Optional, Union
 
 from pyiceberg.catalog import Catalog
@@ -53,14 +53,13 @@ from coordinator.history.versions import RetainedVersions, nearest, tag_epoch, t
 from coordinator.iceberg.catalog import CatalogSettings, load_table
 from coordinator.iceberg.lineage import EpochLineage, LineageSummary
 from coordinator.names import validate_epoch, validate_name
+from coordinator.protocol.held_epochs import Evidence, HeldEpochs
 from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
-from coordinator.protocol.topology import read_topology
 from coordinator.records import (
     RECENT_PER_LEVEL,
     ConsistencyLevel,
     ConsistentVersion,
-    EpochRecord,
-    EpochState,
+    EpochInputs,
     ReaderPins,
     TableTidemark,
 )
@@ -182,13 +181,14 @@ class Resolver:
             return ConsistentVersion(as_of, snapshots, level)
         held = {n: self._held(n, marks[n]) for n in managed}
         if as_of is None:
-            self._add_laggards_epoch(held, marks, epochs)
-            common = set.intersection(*(set(h) for h in held.values()))
-            if not common:
+            holdings = HeldEpochs(held, {n: epochs[n] for n in managed},  # type: ignore[misc]  # not ROOT
+                                  self._evidence(marks, self._first_epochs(names, marks, epochs)))
+            target_or_none = holdings.consistent_epoch()
+            if target_or_none is None:
                 raise self._no_common_epoch(names, marks, epochs, managed)
-            target = max(common)
+            target = target_or_none
             self._refuse_below_first_epochs(names, marks, epochs, target, None)
-            snapshots = {n: held[n][target] for n in managed}  # ZooKeeper names them: no metadata load
+            snapshots = {n: holdings.held[n][target] for n in managed}  # ZooKeeper names them: no metadata load
         else:
             target = as_of
             self._refuse_below_first_epochs(names, marks, epochs, target, as_of)
@@ -201,11 +201,23 @@ class Resolver:
             snapshots[name] = self._root_snapshot(name, target)
         return ConsistentVersion(target, snapshots, level)
 
-    def _add_laggards_epoch(self, held: dict[str, dict[int, Optional[int]]],
-                            marks: Mapping[str, Optional[TableTidemark]],
-                            epochs: Mapping[str, Union[int, str, None]]) -> None:
-        if self.tm is not None:
-            add_laggards_epoch(self.tm, held, marks, epochs, lambda name: dict(self._summary(name).recorded))
+    def _evidence(self, marks: Mapping[str, Optional[TableTidemark]],
+                  first_epochs: Mapping[str, Optional[int]]) -> Evidence:
+        """Where the laggard's epoch is looked for (``held_epochs``): the epoch records (with ZooKeeper), then each
+        table's Iceberg records and what the tables reading it record (their newest epoch's inputs are in their
+        summaries; an older epoch's take a metadata load)."""
+        def recorded_inputs(name: str, epoch: int) -> Optional[EpochInputs]:
+            summary = self._summary(name, refresh=False)
+            if epoch == summary.committed_epoch:
+                return summary.committed_inputs
+            return self._lineage(name).inputs_at(epoch)
+
+        def recorded(name: str) -> Mapping[int, Optional[int]]:  # a table with a tidemark: Iceberg may reach further
+            return dict(self._summary(name).recorded) if marks[name] is not None else {}
+        def newest_inputs(name: str) -> Optional[EpochInputs]:  # a table read from Iceberg: in its summary
+            return self._summary(name, refresh=False).committed_inputs if marks[name] is None else None
+        return Evidence(self.tm, recorded=recorded, recorded_inputs=recorded_inputs, newest_inputs=newest_inputs,
+                        first_epochs=first_epochs)
 
     def _held_at(self, name: str, mark: Optional[TableTidemark], held: Mapping[int, Optional[int]], epoch: int,
                  names: list[str]) -> Optional[int]:
@@ -371,46 +383,6 @@ def _level(level: Union[str, ConsistencyLevel]) -> ConsistencyLevel:
 
 def _id(snapshot: Optional[Snapshot]) -> Optional[int]:
     return None if snapshot is None else snapshot.snapshot_id
-
-
-def add_laggards_epoch(tm: ZooKeeperSession, held: dict[str, dict[int, Optional[int]]],
-                       marks: Mapping[str, Optional[TableTidemark]], epochs: Mapping[str, Union[int, str, None]],
-                       recorded: Callable[[str], Mapping[int, Optional[int]]]) -> None:
-    """No consistent version can be newer than the lowest newest epoch among the tables (the laggard's).
-    When a table's list of recent epochs no longer reaches it (its job went on while the laggard's
-    stopped), its writer's epoch records still may: ``/jobs/<writer>/epochs/<T>`` keeps the newest
-    ``history`` epochs with the snapshot each sink had at them (one pipelined read, only then); what
-    they do not name, the table's Iceberg records may (``recorded``: its epochs and their snapshots, loaded only
-    for those tables). So the consistent epoch stays at the laggard's instead of stepping back to an older
-    common one: for readers (``Resolver.resolve``) and for GC, which tags it, alike."""
-    newest = [e for n in held if isinstance(e := epochs[n], int)]
-    if not newest:
-        return
-    epoch = min(newest)
-    missing = [n for n, h in held.items() if epoch not in h]
-    if not missing or any(marks[n] is None for n in missing):
-        return
-    found = _from_epoch_records(tm, missing, epoch)
-    for name in missing:
-        if name not in found:
-            known = recorded(name)
-            if epoch not in known:
-                return  # this table does not hold the laggard's epoch: no version there
-            found[name] = known[epoch]
-    for name in missing:
-        held[name][epoch] = found[name]
-
-
-def _from_epoch_records(tm: ZooKeeperSession, tables: list[str], epoch: int) -> dict[str, Optional[int]]:
-    """The snapshot each of ``tables`` had at ``epoch`` where its writer's COMMITTED epoch record names it."""
-    writers = read_topology(tm).writers
-    jobs = sorted({writers[n] for n in tables if n in writers})
-    found = tm.get_many([tm.paths.epoch(job, epoch) for job in jobs])
-    records = {job: EpochRecord.from_json(r[0], tm.paths.epoch(job, epoch)) for job, r in zip(jobs, found)
-               if r is not None}
-    committed = {job: r.published for job, r in records.items() if r.state == EpochState.COMMITTED}
-    return {n: committed[writers[n]][n] for n in tables
-            if n in writers and writers[n] in committed and n in committed[writers[n]]}
 
 
 class ReaderSession:

@@ -10,6 +10,7 @@ table's epochs through it.
     lineage.truncated                        # main's older history was expired
     lineage.ancestors(snapshot_id)           # any ref's snapshots, newest first
     lineage.committed_epoch, lineage.first_epoch, lineage.is_tidemark_table   # snapshots.py's rules, one walk
+    lineage.inputs_at(T)                     # the inputs epoch T records here (its snapshot's, or the marker's)
     lineage.summary()                        # what resolution keeps of it: no snapshot, no metadata
 
 **The epochs a table records** (what a reader with no ZooKeeper goes by): the ``tidemark.epoch``
@@ -52,8 +53,10 @@ from coordinator.iceberg.snapshots import (
     newest_at_time,
     snapshot_epoch,
     snapshot_index,
+    snapshot_progress,
 )
 from coordinator.names import MAX_EPOCH_MS
+from coordinator.records import EpochInputs
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class LineageSummary:
     first_epoch: Optional[int]
     truncated: bool
     recorded: tuple[tuple[int, Optional[int]], ...]  # ``recorded_epochs()``: (epoch, snapshot id), oldest first
+    committed_inputs: Optional[EpochInputs]  # ``inputs_at(committed_epoch)``: where its job read its sources then
 
 
 class EpochLineage:
@@ -132,8 +136,10 @@ class EpochLineage:
 
     def summary(self) -> LineageSummary:
         """This lineage's answers that a resolution reads for every table, without the metadata they came from."""
-        return LineageSummary(self.table.metadata_location, self.committed_epoch, self.is_tidemark_table,
-                              self.first_epoch, self.truncated, self.recorded_epochs())
+        committed = self.committed_epoch
+        return LineageSummary(self.table.metadata_location, committed, self.is_tidemark_table,
+                              self.first_epoch, self.truncated, self.recorded_epochs(),
+                              None if committed is None else self.inputs_at(committed))
 
     # -- one snapshot -------------------------------------------------------------------------
 
@@ -152,6 +158,20 @@ class EpochLineage:
         snapshot that old: nothing below is known not to be needed)."""
         found = self.at_epoch(epoch)
         return self.main if found is None else self.main[:self._position[found.snapshot_id] + 1]
+
+    def inputs_at(self, epoch: int) -> Optional[EpochInputs]:
+        """What epoch ``epoch`` of the table's writer records of its inputs here: the snapshot carrying the epoch,
+        else the committed-epoch marker when it is that epoch's (None: neither, or written before inputs were)."""
+        for snapshot, found in zip(self.main, self._main_epochs()):
+            if found == epoch:
+                progress = snapshot_progress(snapshot)
+                return None if progress is None else progress.inputs
+            if found is not None and found < epoch:
+                break
+        if self.marker_epoch == epoch:
+            marker = marker_progress(self.table)
+            return None if marker is None else marker.inputs
+        return None
 
     # -- the epochs it records ------------------------------------------------------------------
 

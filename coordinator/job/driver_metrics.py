@@ -56,8 +56,8 @@ from prometheus_client.registry import Collector
 
 from coordinator.errors import NotLeader
 from coordinator.job.metrics_server import MetricsServer
+from coordinator.protocol.held_epochs import newest_common_epoch
 from coordinator.protocol.leadership import LeaderState
-from coordinator.protocol.pacing import newest_common_epoch
 from coordinator.settings import Settings
 
 if TYPE_CHECKING:

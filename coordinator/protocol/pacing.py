@@ -55,12 +55,13 @@ time plus the interval. A slow job therefore slows nobody, upstream or in anothe
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional, Union
 
 from coordinator.errors import ConfigurationError, InvalidArgument
 from coordinator.protocol.barriers import BarrierGrid
+from coordinator.protocol.held_epochs import common_epochs
 from coordinator.protocol.topology import Topology
 from coordinator.records import JsonRecord, TableTidemark, _int, _opt_int
 
@@ -191,14 +192,10 @@ class Pacing(JsonRecord):
             wake_at = self.next_by_clock(grid, after) + self.grace_ms
             return Choice(None, f"the clock has not passed the next barrier on the cadence plus {self.grace_ms} ms "
                                 "grace", max(0.0, (wake_at - now) / 1000))
-        held: Optional[set[int]] = None
-        behind = []
-        for table, mark in sorted(sources.items()):
-            epochs = set(mark.epochs) if mark is not None else set()
-            if not any(after is None or e > after for e in epochs):
-                behind.append(table)
-            held = epochs if held is None else held & epochs
-        eligible = [t for t in held or () if (after is None or t > after) and self.on_cadence(grid, t)
+        lists = {table: mark.epochs if mark is not None else () for table, mark in sorted(sources.items())}
+        behind = [table for table, epochs in lists.items() if not any(after is None or e > after for e in epochs)]
+        eligible = [t for t in common_epochs(lists.values())
+                    if (after is None or t > after) and self.on_cadence(grid, t)
                     and (until is None or t <= until) and (clock is None or t <= clock)]
         if eligible:
             return Choice(max(eligible))
@@ -252,15 +249,5 @@ def effective_cadences(topo: Topology, pacings: Mapping[str, Optional[Pacing]],
     return result
 
 
-def newest_common_epoch(marks: Iterable[Optional[TableTidemark]]) -> Optional[int]:
-    """The newest epoch every one of ``marks`` holds (None when they share none, or one has none)."""
-    common: Optional[set[int]] = None
-    for mark in marks:
-        if mark is None:
-            return None
-        common = set(mark.epochs) if common is None else common & set(mark.epochs)
-    return max(common) if common else None
-
-
 __all__ = ["CATCH_UP_NEW_LEADER_S", "CATCH_UP_TAKEOVERS", "CATCH_UP_WAIT_S", "DEFAULT_GRACE_MS", "Choice", "Pacing",
-           "effective_cadences", "fmt_every", "newest_common_epoch", "parse_every"]
+           "effective_cadences", "fmt_every", "parse_every"]

@@ -12,7 +12,9 @@
 Read with at most two pipelined batches whatever the number of jobs: the topology (cached
 while ``/topology`` is unchanged), one ``get_many`` of every job's term, leader and pacing
 (``/jobs/<job>/pacing``), every table's tidemark and ``/barriers`` (the grid); then the
-finished, paused and retired markers of the jobs with no live leader, if there are any.
+finished, paused and retired markers of the jobs with no live leader, if there are any. Beside
+a laggard whose epoch the other tables' lists no longer reach, the epoch records there are read
+too: one more batch for the deployment's consistent epoch, and one for the live one.
 
 What each job may do next is the writers' own rule, asked of ``pacing.py``: ``Pacing.choose``
 (with the job's recorded pacing, its sources' tidemarks and the wall clock of the read) says
@@ -46,8 +48,10 @@ downstream of it. A stale job whose live leader has committed nothing since it t
 leader znode's creation) says so: the znode is live, the leader is stuck.
 
 The **consistent epoch** of the deployment is the newest epoch every managed table holds
-(``pacing.newest_common_epoch`` over the tidemarks; None when they share none, or a table
-has committed nothing): what a reader of every table gets. The **live consistent epoch** is
+(``coordinator.protocol.held_epochs``, the rule readers resolve by, from ZooKeeper: the
+tidemarks' lists, and the epoch records when a laggard's epoch is older than the others' lists
+reach; None when they share none, or a table has committed nothing): what a reader of every
+table gets, the epoch ``tidemark resolve`` names for them. The **live consistent epoch** is
 the same over the tables live jobs read and write (their sinks and managed sources), None when
 no job is live; its lag is the deployment's freshness, what the exporter's
 ``tidemark_consistent_lag_seconds`` and the alerts are about (Materialize scopes its global lag
@@ -55,8 +59,8 @@ to what is maintained now the same way). A job at rest keeps its tables readable
 epoch, and their own lag (``tidemark_table_lag_seconds``) keeps growing, which is the truth; it
 holds the live consistent epoch back only through a live job that reads its tables (that job
 waits for it, and is shown waiting). A job's own consistent epoch is the newest epoch its sinks
-and managed sources all hold, the consistent version of the tables it reads and writes (what its
-driver exports).
+and managed sources all list in their tidemarks (``held_epochs.newest_common_epoch``), the
+consistent version of the tables it reads and writes as its driver exports it.
 """
 from __future__ import annotations
 
@@ -67,7 +71,8 @@ from typing import Any, Optional
 
 from coordinator.errors import JobNotFound
 from coordinator.protocol.barriers import BarrierGrid
-from coordinator.protocol.pacing import Pacing, effective_cadences, fmt_every, newest_common_epoch
+from coordinator.protocol.held_epochs import Evidence, HeldEpochs, newest_common_epoch
+from coordinator.protocol.pacing import Pacing, effective_cadences, fmt_every
 from coordinator.protocol.topology import Topology, read_topology
 from coordinator.records import FinishedRecord, LeaderRecord, RestRecord, TableTidemark, TermRecord, now_ms
 from coordinator.zookeeper.session import ZooKeeperSession
@@ -365,8 +370,8 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS,
                                 lag_ms=lag, stale_after_ms=stale_after, waiting_for=tuple(blockers),
                                 waiting=waiting, stale=stale, stale_reason=why)
 
-    consistent = newest_common_epoch(marks.values()) if marks else None
-    live_consistent = newest_common_epoch(marks.get(t) for t in live_tables) if live_tables else None
+    consistent = _consistent_epoch(tm, writers, marks, tables)
+    live_consistent = _consistent_epoch(tm, writers, marks, live_tables)
     # How far each stale job holds the consistent epoch back: the consistent epoch of the tables of the
     # healthy jobs (live, neither stale nor waiting on something), or the wall clock when there are none,
     # minus its epoch. A job at rest is no reference: its tables stay where it stopped.
@@ -382,6 +387,17 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS,
             job = replace(job, holds_back_ms=max(0, reference - c))
         jobs.append(job)
     return Status(topo, tuple(jobs), grid, interval, consistent, read_ms, live_consistent)
+
+
+def _consistent_epoch(tm: ZooKeeperSession, writers: Mapping[str, str], marks: Mapping[str, Optional[TableTidemark]],
+                      tables: Iterable[str]) -> Optional[int]:
+    """The newest epoch every one of ``tables`` holds, as a reader resolves it from ZooKeeper (``held_epochs``):
+    the tidemarks' lists, and the epoch records when the laggard's epoch is beyond them (one more read)."""
+    own = {t: marks.get(t) for t in tables}
+    if not own:
+        return None
+    firsts = {t: m.first_epoch for t, m in own.items() if m is not None}
+    return HeldEpochs.of_tidemarks(own, Evidence(tm, writers, first_epochs=firsts)).consistent_epoch()
 
 
 def _silent_leader(job: JobStatus, marks: Mapping[str, Optional[TableTidemark]], read_ms: int) -> str:

@@ -51,7 +51,8 @@ from coordinator.history.resolve import Resolver
 from coordinator.job.commit import DEFAULT_MARKER_EVERY
 from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from coordinator.operations.zookeeper_server import free_port
-from coordinator.protocol.pacing import newest_common_epoch, parse_every
+from coordinator.protocol.held_epochs import newest_common_epoch
+from coordinator.protocol.pacing import parse_every
 from coordinator.records import LeaderRecord, now_ms
 from tests.faults.cascade import JOBS, SRC_SCHEMA, Tables, counts_of, invariant
 from tests.helpers.postgres import PostgresServer

@@ -1,0 +1,225 @@
+"""Which epochs each table holds, at which snapshot, and the newest epoch a set of tables all hold: the
+consistency rule, in one place. The resolver, garbage collection, ``tidemark status``, the exporter, the
+drivers' metrics and pacing all ask it.
+
+    newest_common_epoch(marks)                   # from the tidemarks alone: no request (metrics, pacing)
+    held = HeldEpochs(held, newest, evidence)    # {table: {epoch: snapshot id}} and each table's newest epoch
+    held.consistent_epoch()                      # the newest epoch they all hold, reaching for the laggard's
+    held.held[table][epoch]                      # the table's snapshot there (None: it was empty)
+
+**The rule.** A set of managed tables has a consistent version at every epoch each of them holds
+(committed), and the consistent version is the newest such epoch (``coordinator.protocol.pacing``
+says why reads there are consistent). A table holds exactly the epochs its writer committed, not
+every barrier: a job coalesces.
+
+**Where a table's epochs are known**, each a subset of what it holds:
+
+1. its tidemark's list of recent epochs with their snapshots (``TableTidemark.recent``);
+2. its Iceberg records (``EpochLineage.recorded_epochs``): the epochs of ``main``'s snapshots, and
+   the committed-epoch marker, which an idle epoch gets once per marker period only;
+3. for the one epoch that matters most, found on demand (``Evidence``):
+   - its writer's epoch record (``/jobs/<writer>/epochs/<T>`` keeps the newest ``history``);
+   - what a job reading it records of that epoch: an epoch ``T`` of a job reads each managed source at
+     that source's snapshot at ``T`` and takes only epochs all its managed sources hold, so the
+     ``inputs.sources[table].end`` its epoch record, its snapshot or its marker of ``T`` records *is*
+     the table's snapshot at ``T``, at or after the table's first epoch (before it, the table had no
+     writer and was read by commit time, which holds no epoch).
+
+**The laggard's epoch.** No consistent version can be newer than the lowest newest epoch among the
+tables, the laggard's ``L``. The lists above stop reaching ``L`` once the other jobs went on (a fast
+job's list and records hold its recent epochs; an idle epoch of it is in Iceberg only on a marker
+round), so ``consistent_epoch`` asks the evidence for ``L``, then for the next older epochs some
+table holds, newest first, at most ``PLACE_TRIES`` of them above the newest epoch already common:
+one pipelined ZooKeeper read for all of them, and at most one table metadata load per epoch tried
+and table that records it. A slow job downstream of a fast one records the fast table's snapshot at
+every epoch it takes, so across cadences ZooKeeper and Iceberg alone both find ``L``.
+
+Failure behaviour: nothing here raises for a missing record (an epoch record GC'd meanwhile, a
+table's history expired): that evidence is absent and an older common epoch, or none, is the
+answer. ZooKeeper and catalog errors propagate from the callbacks and reads as the callers raise them.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Optional
+
+from coordinator.protocol.topology import read_topology
+from coordinator.records import EpochInputs, EpochRecord, EpochState, TableTidemark
+from coordinator.zookeeper.session import ZooKeeperSession
+
+PLACE_TRIES = 4  # epochs tried at most, newest first, below the laggard's: each may cost a table metadata load
+
+Held = dict[str, dict[int, Optional[int]]]
+
+
+def common_epochs(epochs: Iterable[Iterable[int]]) -> set[int]:
+    """The epochs every one of ``epochs`` (one collection per table) holds; empty for no table."""
+    common: Optional[set[int]] = None
+    for held in epochs:
+        common = set(held) if common is None else common.intersection(held)
+        if not common:
+            return set()
+    return common or set()
+
+
+def newest_common_epoch(marks: Iterable[Optional[TableTidemark]]) -> Optional[int]:
+    """The newest epoch every one of ``marks`` lists (None when they share none, or one has none): the rule on the
+    tidemarks alone, which a driver's metrics and a bench sample read from memory."""
+    lists = []
+    for mark in marks:
+        if mark is None:
+            return None
+        lists.append(mark.epochs)
+    common = common_epochs(lists)
+    return max(common) if common else None
+
+
+@dataclass
+class Evidence:
+    """Where to look for an epoch a table's lists do not reach (see the module docstring, 3.).
+
+    ``tm`` and ``writers`` (table -> writer job, read from the topology when not given): the epoch records;
+    ``recorded``: a table's epochs in its Iceberg records; ``recorded_inputs``: the inputs a table's epoch records
+    in Iceberg (its snapshot or marker of that epoch; None when it records none there); ``newest_inputs``: the
+    inputs a table's newest epoch records, for the tables where they are at hand at no cost (a resolver's summaries
+    of the tables it read from Iceberg); ``first_epochs``: each table's first epoch where known.
+    """
+
+    tm: Optional[ZooKeeperSession] = None
+    writers: Optional[Mapping[str, str]] = None
+    recorded: Optional[Callable[[str], Mapping[int, Optional[int]]]] = None
+    recorded_inputs: Optional[Callable[[str, int], Optional[EpochInputs]]] = None
+    newest_inputs: Optional[Callable[[str], Optional[EpochInputs]]] = None
+    first_epochs: Mapping[str, Optional[int]] = field(default_factory=dict)
+
+    def epoch_records(self, tables: Iterable[str], epochs: Iterable[int]) -> dict[tuple[str, int], EpochRecord]:
+        """The COMMITTED epoch records at ``epochs`` of the writers of ``tables``, by (job, epoch): one pipelined
+        read."""
+        if self.tm is None:
+            return {}
+        writers = self.writers_of()
+        keys = sorted({(job, epoch) for job in {writers[t] for t in tables if t in writers} for epoch in epochs})
+        if not keys:
+            return {}
+        paths = [self.tm.paths.epoch(job, epoch) for job, epoch in keys]
+        found = {}
+        for key, path, raw in zip(keys, paths, self.tm.get_many(paths)):
+            if raw is not None and (record := EpochRecord.from_json(raw[0], path)).state == EpochState.COMMITTED:
+                found[key] = record
+        return found
+
+    def writers_of(self) -> Mapping[str, str]:
+        """Each table's writer job (read once, only when an epoch record is looked for)."""
+        if self.writers is None:
+            self.writers = read_topology(self.tm).writers if self.tm is not None else {}
+        return self.writers
+
+    def read_at(self, table: str, epoch: int) -> bool:
+        """Whether a reader's inputs of ``epoch`` name ``table`` at its snapshot there: only at or after its first
+        epoch (before it, ``table`` was read by commit time)."""
+        first = self.first_epochs.get(table)
+        return first is not None and epoch >= first
+
+
+class HeldEpochs:
+    """The epochs each table of a set of managed tables holds, with its snapshot at each (``held``), and each
+    table's newest epoch (``newest``; None: it has committed nothing), completed from ``evidence`` on demand."""
+
+    def __init__(self, held: Mapping[str, Mapping[int, Optional[int]]], newest: Mapping[str, Optional[int]],
+                 evidence: Optional[Evidence] = None) -> None:
+        self.held: Held = {name: dict(epochs) for name, epochs in held.items()}
+        self.newest = dict(newest)
+        self.evidence = evidence if evidence is not None else Evidence()
+
+    @classmethod
+    def of_tidemarks(cls, marks: Mapping[str, Optional[TableTidemark]],
+                     evidence: Optional[Evidence] = None) -> HeldEpochs:
+        """From the tidemarks' lists (a table with no tidemark holds nothing)."""
+        return cls({n: dict(m.recent) if m is not None else {} for n, m in marks.items()},
+                   {n: m.epoch if m is not None else None for n, m in marks.items()}, evidence)
+
+    def common(self) -> set[int]:
+        """The epochs every table holds as far as known now."""
+        return common_epochs(h.keys() for h in self.held.values())
+
+    def consistent_epoch(self) -> Optional[int]:
+        """The newest epoch every table holds, after asking the evidence for the laggard's epoch and the next
+        older ones (module docstring); the epochs it finds are added to ``held``. None: they share none, or a
+        table has committed nothing."""
+        if not self.held or any(e is None for e in self.newest.values()):
+            return None
+        self._place_newest_reads()
+        common = self.common()
+        newest_common = max(common) if common else None
+        laggard = min(e for e in self.newest.values() if e is not None)
+        if newest_common == laggard:
+            return laggard
+        candidates = sorted({e for h in self.held.values() for e in h
+                             if e <= laggard and (newest_common is None or e > newest_common)} | {laggard},
+                            reverse=True)[:PLACE_TRIES]
+        records = self.evidence.epoch_records(self.held, candidates)
+        for epoch in candidates:
+            found = self._place(epoch, records)
+            if found is not None:
+                for name, snapshot_id in found.items():
+                    self.held[name][epoch] = snapshot_id
+                return epoch
+        return newest_common
+
+    def _place_newest_reads(self) -> None:
+        """Place each table's newest epoch in the tables of the set it read then, from the inputs at hand
+        (``Evidence.newest_inputs``), and raise their newest epochs to it: a table's newest epoch in Iceberg
+        understates the truth when its idle epochs since fell between marker rounds, and a job that read it later
+        says so (its reads are the table's epochs)."""
+        newest_inputs = self.evidence.newest_inputs
+        if newest_inputs is None:
+            return
+        for reader, epoch in sorted(self.newest.items()):
+            inputs = newest_inputs(reader) if epoch is not None else None
+            if epoch is None or inputs is None:
+                continue
+            for source, bounds in inputs.sources.items():
+                if source != reader and source in self.held and self.evidence.read_at(source, epoch):
+                    self.held[source].setdefault(epoch, bounds.end)
+                    self.newest[source] = max(self.newest[source] or epoch, epoch)
+
+    def _place(self, epoch: int, records: Mapping[tuple[str, int], EpochRecord]) -> Optional[dict[str, Optional[int]]]:
+        """The snapshot at ``epoch`` of every table not known to hold it, or None when one cannot be shown to."""
+        evidence = self.evidence
+        missing = [n for n, h in self.held.items() if epoch not in h]
+        found: dict[str, Optional[int]] = {}
+        readers = [records[key] for key in sorted(records) if key[1] == epoch]
+        for name in missing:
+            writer = records.get((evidence.writers_of().get(name, ""), epoch)) if records else None
+            if writer is not None and name in writer.published:
+                found[name] = writer.published[name]
+                continue
+            if evidence.recorded is not None and epoch in (recorded := evidence.recorded(name)):
+                found[name] = recorded[epoch]
+                continue
+            read = self._read_by_reader(name, epoch, readers)
+            if read is None:
+                return None
+            found[name] = read[0]
+        return found
+
+    def _read_by_reader(self, name: str, epoch: int, readers: list[EpochRecord]) -> Optional[tuple[Optional[int]]]:
+        """``(snapshot id,)`` of ``name`` at ``epoch`` as a job reading it recorded it, in ZooKeeper or Iceberg."""
+        if not self.evidence.read_at(name, epoch):
+            return None
+        for record in readers:
+            if name in record.inputs.sources:
+                return (record.inputs.sources[name].end,)
+        if self.evidence.recorded_inputs is None:
+            return None
+        for other, epochs in sorted(self.held.items()):
+            if other == name or epoch not in epochs:
+                continue
+            inputs = self.evidence.recorded_inputs(other, epoch)
+            if inputs is not None and name in inputs.sources:
+                return (inputs.sources[name].end,)
+        return None
+
+
+__all__ = ["PLACE_TRIES", "Evidence", "HeldEpochs", "common_epochs", "newest_common_epoch"]
