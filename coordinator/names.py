@@ -61,7 +61,7 @@ def validate_epoch(epoch: object, kind: str = "epoch") -> int:
 
 
 def parse_epoch(segment: str) -> int | None:
-    """The epoch a child znode such as ``/barriers/<T>`` names, or None for a name that is not one."""
+    """The epoch a child znode such as ``/jobs/<job>/epochs/<T>`` names, or None for a name that is not one."""
     if not _EPOCH_SEGMENT.match(segment):
         return None
     epoch = int(segment)

@@ -103,12 +103,6 @@ def _str_tuple(value: Any, name: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _int_map(value: Any, name: str) -> dict[str, int]:
-    if not isinstance(value, Mapping):
-        raise InvalidArgument(f"{name} must be an object, got {value!r}")
-    return {str(k): _int(v, f"{name}[{k!r}]") for k, v in value.items()}
-
-
 def _json_int(value: Optional[int]) -> str:
     return "null" if value is None else str(value)
 
@@ -480,20 +474,9 @@ class RestRecord(JsonRecord):
 
 
 class BarrierMode(str, enum.Enum):
+    """How the grid places barriers: on the drivers' wall clock (processing time), the one mode there is."""
+
     PROCESSING_TIME = "processing-time"
-    EVENT_TIME = "event-time"
-
-
-@dataclass(frozen=True)
-class BarrierRecord(JsonRecord):
-    """``/barriers/<T>``: barrier T agreed, by the first root job that reached it."""
-
-    proposed_by: str
-    wall_ms: int = field(default_factory=now_ms)
-
-    def __post_init__(self) -> None:
-        _str(self.proposed_by, "proposed_by")
-        _epoch(self.wall_ms, "wall_ms")
 
 
 @dataclass(frozen=True)

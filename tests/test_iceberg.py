@@ -205,8 +205,8 @@ def test_levels_and_as_of(tm, writers, catalog, catalog_settings, namespace):
     assert Resolver(catalog, catalog_settings, None).resolve([up, down]) == resolver.resolve([up, down])
 
 
-def test_reader_session_is_monotonic_and_pins_vanish_with_the_session(tm, connect, writers, catalog,
-                                                                      catalog_settings, namespace):
+def test_reader_session_is_monotonic_unpins_and_its_pins_vanish_with_the_session(tm, connect, writers, catalog,
+                                                                                 catalog_settings, namespace):
     name = f"{namespace}.t"
     create_table(catalog, name)
     writer = writers("j", [name])
@@ -225,6 +225,9 @@ def test_reader_session_is_monotonic_and_pins_vanish_with_the_session(tm, connec
     assert Resolver(catalog, catalog_settings, None).resolve([name]).epoch == 1000
     assert session.resolve([name]) == version
     assert ConsistencyLevel(version.level) == ConsistencyLevel.CONSISTENT
+    session.unpin(version)
+    assert pinned_versions(tm) == {} and session.pinned == {}, "an unpinned version is GC's to drop"
+    session.pin(version)
     reader_tm.close()
     assert pinned_versions(tm) == {}
 

@@ -116,15 +116,6 @@ class Resolver:
             result[name] = summary.committed_epoch if summary.is_tidemark_table else ROOT
         return result
 
-    def held_epochs(self, tables: Iterable[str], marks: Optional[Mapping[str, Optional[TableTidemark]]] = None,
-                    ) -> dict[str, dict[int, Optional[int]]]:
-        """Each managed table's epochs with the snapshot holding each: its tidemark's recent epochs, or (no
-        tidemark) the epochs its Iceberg metadata records. Root tables are left out."""
-        names = sorted(set(tables))
-        marks = self._tidemarks(names) if marks is None else marks
-        epochs = self.committed_epochs(names, marks)
-        return {n: self._held(n, marks[n]) for n in names if epochs[n] != ROOT}
-
     def _held(self, name: str, mark: Optional[TableTidemark]) -> dict[int, Optional[int]]:
         if mark is not None:
             return dict(mark.recent)

@@ -303,9 +303,6 @@ class EmbeddedZooKeeper:
     def _write_state(self, state: ServerState) -> None:
         self.state_path.write_text(json.dumps(state.__dict__))
 
-    def is_serving(self) -> bool:
-        return b"Mode:" in (four_letter_word("127.0.0.1", self.port, b"srvr") or b"")
-
     def stop(self, timeout: float = 10.0) -> bool:
         """End the recorded server (SIGTERM, then SIGKILL); False when none was running."""
         return self._signal(signal.SIGTERM, timeout)
