@@ -3,23 +3,26 @@
     frames = read_consistent(spark, tm, ["lake.db.words", "lake.db.word_counts"])
     frames["lake.db.word_counts"].join(frames["lake.db.words"], "word")
 
-    version = read_consistent(spark, tm, tables, register_views=True).version
-    spark.sql(f"SELECT * FROM lake.db.words VERSION AS OF {version.snapshots['lake.db.words']}")
+    frames = read_consistent(spark, tm, tables, register_views=True)   # views words, word_counts
+    spark.sql(frames.sql["lake.db.words"])    # SELECT * FROM lake.db.words FOR VERSION AS OF <tag or snapshot id>
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Optional, Union
 
+from coordinator.history.readers import version_sql
 from coordinator.history.resolve import Resolver
 from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.records import ConsistencyLevel, ConsistentVersion
 
 
 class ConsistentFrames(dict):
-    """``{table: DataFrame}`` plus the ``version`` they were read at."""
+    """``{table: DataFrame}`` plus the ``version`` they were read at, and ``sql``: a statement per table reading
+    it there (``coordinator.history.readers.version_sql``)."""
 
     version: ConsistentVersion
+    sql: Mapping[str, str]
 
 
 def snapshot_frame(spark, table: str, snapshot_id: Optional[int]):
@@ -44,16 +47,12 @@ def read_consistent(spark, tm, tables: Iterable[str], level: Union[str, Consiste
     identifier part (``lake.db.word_counts`` -> ``word_counts``) for SQL at that version.
     """
     settings = catalog or CatalogSettings.from_env()
-    version = Resolver(settings.load(), settings, tm).resolve(list(tables), level, as_of)
+    resolver = Resolver(settings.load(), settings, tm)
+    version = resolver.resolve(list(tables), level, as_of)
     result = ConsistentFrames(frames_at(spark, version))
-    result.version = version
+    result.version, result.sql = version, version_sql(resolver, version)
     if register_views:
         for table, frame in result.items():
             frame.createOrReplaceTempView(table.rsplit(".", 1)[-1])
     return result
 
-
-def snapshot_sql(version: ConsistentVersion) -> Mapping[str, str]:
-    """``{table: "table VERSION AS OF <id>"}`` for SQL users (None snapshots read as an empty table)."""
-    return {t: (f"{t} VERSION AS OF {sid}" if sid is not None else f"(SELECT * FROM {t} LIMIT 0)")
-            for t, sid in version.snapshots.items()}

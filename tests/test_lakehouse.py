@@ -23,7 +23,7 @@ from coordinator.iceberg.orphans import delete_orphan_files, find_orphan_files
 from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from coordinator.records import now_ms
 from coordinator.settings import Settings
-from spark_hooks import EpochJob, snapshot_sql
+from spark_hooks import EpochJob
 from tests.helpers.present import present
 from tests.helpers.rest_proxy import CommitOutcomeProxy
 from tests.helpers.spark_cascade import WORD, Producer
@@ -294,8 +294,9 @@ def test_a_spark_epoch_job_on_the_rest_catalog_and_s3_merges_exactly_once_and_sp
     assert dict(zip(through_python.column("word").to_pylist(), through_python.column("n").to_pylist())) == expected
     by_tag = version_sql(resolver, version)
     assert f"'{tag_name(present(version.epoch))}'" in by_tag[dst], by_tag
-    by_id = snapshot_sql(version)
-    for query in (by_tag[dst], f"SELECT * FROM {by_id[dst]}"):
+    by_id = version_sql(resolver, version, by_tag=False)
+    assert f"FOR VERSION AS OF {version.snapshots[dst]}" in by_id[dst], by_id
+    for query in (by_tag[dst], by_id[dst]):
         assert {r.word: r.n for r in spark.sql(query).collect()} == expected, query
     assert all(str(p).startswith(lakehouse.warehouse) for p in
                spark.sql(f"SELECT file_path FROM {dst}.files").toPandas()["file_path"])

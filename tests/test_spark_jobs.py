@@ -17,7 +17,7 @@ from coordinator import CatalogSettings, EmbeddedZooKeeper, EpochOrderError, Tid
 from coordinator.history.resolve import Resolver, read_arrow
 from coordinator.iceberg.snapshots import committed_epoch, main_lineage, snapshot_progress
 from coordinator.operations.zookeeper_server import free_port
-from spark_hooks import EpochJob, read_consistent, snapshot_sql
+from spark_hooks import EpochJob, read_consistent
 from tests.helpers.crash import crash_env
 from tests.helpers.present import present
 from tests.helpers.wait import wait_for
@@ -256,8 +256,7 @@ def test_read_consistent_frames_and_sql_version_as_of(spark, tm, catalog_setting
     assert sorted(r.word for r in frames[copy].collect()) == ["x", "y"]
     assert sorted(r.word for r in frames[src].collect()) == ["x", "y"]
     assert spark.sql("SELECT count(*) AS n FROM copy").first().n == 2
-    sql = snapshot_sql(frames.version)
-    assert spark.sql(f"SELECT count(*) AS n FROM {sql[src]}").first().n == 2
+    assert spark.sql(f"SELECT count(*) AS n FROM ({frames.sql[src]})").first().n == 2
     latest = read_consistent(spark, tm, [src, copy], level="latest", catalog=catalog_settings)
     assert latest[src].count() == 3
 

@@ -14,6 +14,7 @@ import pytest
 
 from coordinator import VersionReader
 from coordinator.history.gc import GarbageCollector
+from coordinator.history.readers import version_sql
 from coordinator.history.versions import tag_name
 from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from tests.helpers.present import present
@@ -74,8 +75,8 @@ def test_trino_joins_two_tables_at_a_consistent_version_by_tag_and_by_snapshot_i
     by_tag = {table: next(line.rstrip(";") for line in resolved.stdout.splitlines() if f"lake.{table} " in line)
               for table in reader.tables}
     assert f"'{tag_name(present(reader.version.epoch))}'" in by_tag[pipeline.sink], resolved.stdout
-    by_id = {table: f"SELECT * FROM lake.{table} FOR VERSION AS OF {snapshot_id}"
-             for table, snapshot_id in reader.version.snapshots.items()}
+    by_id = version_sql(reader.resolver, reader.version, by_tag=False)
+    assert all(f"FOR VERSION AS OF {reader.version.snapshots[t]}" in by_id[t] for t in reader.tables), by_id
 
     joined = Counter(word for word in expected[pipeline.source] for other in expected[pipeline.sink] if word == other)
     for statements in (by_tag, by_id):

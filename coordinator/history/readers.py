@@ -155,12 +155,12 @@ class VersionReader:
         return found[0]
 
 
-def version_sql(resolver: Resolver, version: ConsistentVersion) -> dict[str, str]:
-    """``{table: "SELECT * FROM <table> FOR VERSION AS OF <ref>"}`` for Spark SQL (3.3+) and Trino: the ref is the
-    tag ``'tidemark-<T>'`` when the table carries it at its snapshot of the version, else the snapshot id; a table
-    empty at the version selects nothing. Table names start with the catalog's name as Spark knows it
-    (``CatalogSettings.name``, ``lake``)."""
-    tag = None if version.epoch is None else tag_name(version.epoch)
+def version_sql(resolver: Resolver, version: ConsistentVersion, by_tag: bool = True) -> dict[str, str]:
+    """``{table: "SELECT * FROM <table> FOR VERSION AS OF <ref>"}`` for Spark SQL (3.3+) and Trino, the one place
+    a version becomes SQL: the ref is the tag ``'tidemark-<T>'`` when the table carries it at its snapshot of the
+    version (and ``by_tag``), else the snapshot id; a table empty at the version selects nothing. Table names start
+    with the catalog's name as Spark knows it (``CatalogSettings.name``, ``lake``)."""
+    tag = None if version.epoch is None or not by_tag else tag_name(version.epoch)
     statements = {}
     for table, snapshot_id in sorted(version.snapshots.items()):
         quoted = _quoted(f"{resolver.settings.name}.{resolver.settings.identifier(table)}")
