@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
+from coordinator.errors import ConfigurationError
 from coordinator.job.writer import EpochWriter
 from coordinator.operations.zookeeper_server import free_port
 from coordinator.records import now_ms
@@ -164,6 +165,8 @@ def test_barriers_prints_the_grid_and_each_jobs_cadence_and_changes_the_interval
         refused = cli(zk_connect, "barriers", "--set-interval", "3000", "--from", str(future))
         assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
         assert refused.stderr.startswith("tidemark: error: nothing changed") and "job slow" in refused.stderr
+        with pytest.raises(ConfigurationError, match="nothing changed: with that interval, job slow could not run"):
+            tm.barriers.change_interval(3000, effective_from=future)  # the library refuses it as the command does
         assert tm.barriers.grid().changes == ()
         past = cli(zk_connect, "barriers", "--set-interval", "2000", "--from", str(last))
         assert past.returncode == 1 and past.stderr.count("\n") == 1 and "future point" in past.stderr

@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # imported by the commands that use them: `tidemark --help` s
 
     from coordinator.history.gc import GcPlan
     from coordinator.iceberg.catalog import CatalogSettings
-    from coordinator.protocol.status import JobStatus, Status
+    from coordinator.protocol.status import JobStatus
     from coordinator.tidemark import Tidemark
     from coordinator.zookeeper.security import TlsSettings
 
@@ -392,8 +392,9 @@ def cmd_barriers(args: argparse.Namespace) -> int:
             if args.effective_from is None:
                 raise TidemarkError(f"--set-interval needs --from T, when the change takes effect: the earliest "
                                     f"allowed is {_fmt_epoch(current.earliest_change(args.set_interval, now))}")
-            _check_cadences(status, args.set_interval, args.effective_from)
-            current.with_change(args.set_interval, args.effective_from, now)  # refused before anyone is asked
+            # Both refuse before anyone is asked, as change_interval would.
+            changed = current.with_change(args.set_interval, args.effective_from, now)
+            tm.barriers.check_cadences(changed, args.effective_from)
             plan = (f"change the barrier interval of every job from {current.interval_at(args.effective_from - 1)} ms "
                     f"to {args.set_interval} ms at {_fmt_epoch(args.effective_from)}, in "
                     f"{_fmt_duration(args.effective_from - now)} (`tidemark barriers --revert` cancels it until then)")
@@ -439,30 +440,6 @@ def cmd_barriers(args: argparse.Namespace) -> int:
 def _fmt_duration(ms: int) -> str:
     from coordinator.history.versions import fmt_age
     return f"{ms // 1000} s" if ms < 60_000 else fmt_age(ms)
-
-
-def _check_cadences(status: Status, interval_ms: int, effective_from: int) -> None:
-    """Refuse an interval that a job's cadence (``every``) is not a multiple of: its drivers would refuse to start
-    once the change takes effect (``Pacing.check``)."""
-    from dataclasses import replace
-
-    from coordinator.errors import ConfigurationError
-    grid = status.grid
-    if grid is None or interval_ms <= 0:
-        return  # change_interval refuses it, with its own message
-    try:
-        changed = replace(grid, changes=(*grid.changes, {"from_epoch": effective_from, "interval_ms": interval_ms}))
-    except ValueError:
-        return
-    for job in status.jobs:
-        if job.pacing is None:
-            continue
-        try:
-            job.pacing.check(changed, effective_from)
-        except ConfigurationError as exc:
-            raise TidemarkError(f"nothing changed: with that interval, job {job.name} could not run: {exc}. Give "
-                                f"it a cadence (every=) that is a multiple of both {grid.interval_at(status.read_ms)} "
-                                f"and {interval_ms} ms first") from None
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:

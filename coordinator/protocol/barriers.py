@@ -42,6 +42,7 @@ from coordinator.errors import (
     ZooKeeperUnavailable,
 )
 from coordinator.names import validate_epoch
+from coordinator.protocol.pacing import Pacing
 from coordinator.records import BarrierMode, JsonRecord, _epoch, _int, now_ms
 from coordinator.zookeeper.ops import Op, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
@@ -247,12 +248,31 @@ class Barriers:
             return current
         return self._conditionally("defining the barrier grid", attempt)
 
+    def check_cadences(self, changed: BarrierGrid, effective_from: int) -> None:
+        """``ConfigurationError`` when a registered job's cadence (its ``/jobs/<job>/pacing``) would not be a
+        multiple of the interval ``changed`` has in force at ``effective_from``: its drivers would refuse to run
+        from then on (``Pacing.check``)."""
+        jobs = self.tm.children(self.tm.paths.jobs)
+        paths = [self.tm.paths.pacing(job) for job in jobs]
+        for job, path, raw in zip(jobs, paths, self.tm.get_many(paths)):
+            if raw is None or not raw[0]:
+                continue  # its leader has not run this release yet: it takes every grid point
+            try:
+                Pacing.from_json(raw[0], path).check(changed, effective_from)
+            except ConfigurationError as exc:
+                before, after = self.grid().interval_at(now_ms()), changed.interval_at(effective_from)
+                raise ConfigurationError(
+                    f"nothing changed: with that interval, job {job} could not run: {exc}. Give it a cadence "
+                    f"(every=) that is a multiple of both {before} and {after} ms first") from None
+
     def change_interval(self, interval_ms: int, effective_from: int) -> BarrierGrid:
         """Switch to ``interval_ms`` at ``effective_from``, a future barrier of the grid (``BarrierGrid.with_change``
-        says which times are allowed)."""
+        says which times are allowed), unless a job's cadence would stop being a multiple of it
+        (``check_cadences``)."""
         def attempt() -> BarrierGrid:
             current, stat = self._read()
             changed = current.with_change(interval_ms, effective_from, now_ms())
+            self.check_cadences(changed, effective_from)
             self._write([SetData(self.tm.paths.barriers, changed.to_json(), stat.version)], stat.version)
             return changed
         return self._conditionally("changing the interval", attempt)

@@ -57,13 +57,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from coordinator.errors import ConfigurationError, InvalidArgument
-from coordinator.protocol.barriers import BarrierGrid
 from coordinator.protocol.held_epochs import common_epochs
 from coordinator.protocol.topology import Topology
 from coordinator.records import JsonRecord, TableTidemark, _int, _opt_int
+
+if TYPE_CHECKING:  # barriers.py checks every job's cadence against a grid change with ``Pacing.check``
+    from coordinator.protocol.barriers import BarrierGrid
 
 DEFAULT_GRACE_MS = 1000
 CATCH_UP_BEHIND = 3     # cadences behind the clock from which a job looks for an upstream catching up
