@@ -1,11 +1,11 @@
-"""``EpochLineage`` answers a table's questions from one walk with the same rules as ``snapshots.py``
-(which walks ``main`` again for each question), on real Iceberg tables in a real SQLite catalog: no
+"""``EpochLineage`` answers a table's questions from one walk, its committed epoch by the rule ``snapshots.py``
+applies to whole progress records (``table_progress``), on real Iceberg tables in a real SQLite catalog: no
 ZooKeeper, the way a reader without it sees tables."""
 from __future__ import annotations
 
 from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.publish import advance_committed_epoch, claim_table, publish_staged
-from coordinator.iceberg.snapshots import COMMITTED_EPOCH_PROPERTY, committed_epoch, first_epoch, is_tidemark_table
+from coordinator.iceberg.snapshots import COMMITTED_EPOCH_PROPERTY, table_progress
 from coordinator.records import EpochProgress
 from tests.helpers.lake import create_table, rows_of, stage_rows
 
@@ -16,12 +16,11 @@ def publish(table, epoch: int, rows: int = 1) -> int:
 
 
 def same_answers(table) -> EpochLineage:
-    """The lineage's answers equal ``snapshots.py``'s for ``table`` as loaded now."""
+    """The lineage's committed epoch is the one of ``snapshots.table_progress`` for ``table`` as loaded now."""
     table.refresh()
     lineage = EpochLineage(table)
-    assert lineage.committed_epoch == committed_epoch(table)
-    assert lineage.is_tidemark_table == is_tidemark_table(table)
-    assert lineage.first_epoch == first_epoch(table)
+    progress = table_progress(table)
+    assert lineage.committed_epoch == (progress.epoch if progress is not None else None)
     return lineage
 
 

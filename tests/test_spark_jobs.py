@@ -15,7 +15,8 @@ import pytest
 
 from coordinator import CatalogSettings, EmbeddedZooKeeper, EpochOrderError, Tidemark
 from coordinator.history.resolve import Resolver, read_arrow
-from coordinator.iceberg.snapshots import committed_epoch, main_lineage, snapshot_progress
+from coordinator.iceberg.lineage import EpochLineage
+from coordinator.iceberg.snapshots import main_lineage, snapshot_progress
 from coordinator.operations.zookeeper_server import free_port
 from spark_hooks import EpochJob, read_consistent
 from tests.helpers.crash import crash_env
@@ -92,7 +93,7 @@ def test_epoch_job_appends_overwrites_merges_and_commits_empty_epochs(spark, tm,
     assert sorted(data[t["snapshot"]].column("word").to_pylist()) == ["a", "b", "c"]
     assert dict(zip(*[data[t["counts"]].column(c).to_pylist() for c in ("word", "cnt")])) == {"a": 2, "b": 2, "c": 1}
     for sink in ("log", "snapshot", "counts"):
-        assert committed_epoch(catalog.load_table(f"{namespace}.{sink}")) == idle[-1]
+        assert EpochLineage(catalog.load_table(f"{namespace}.{sink}")).committed_epoch == idle[-1]
         # every published snapshot, the MERGE ones included, carries the epoch's whole progress record
         records = [snapshot_progress(s) for s in main_lineage(catalog.load_table(f"{namespace}.{sink}"))]
         published = [r for r in records if r is not None]

@@ -23,7 +23,8 @@ import pytest
 
 from coordinator import EpochRecord, EpochState, EpochWriter, Tidemark
 from coordinator.history.resolve import Resolver, read_arrow
-from coordinator.iceberg.snapshots import TERM_KEY, committed_epoch, main_lineage, snapshot_epoch
+from coordinator.iceberg.lineage import EpochLineage
+from coordinator.iceberg.snapshots import TERM_KEY, main_lineage, snapshot_epoch
 from coordinator.records import LeaderRecord, TermRecord
 from tests.helpers.crash import crash_env
 from tests.helpers.present import present
@@ -251,7 +252,7 @@ def test_pure_python_writer_killed_at_each_step_recovers_every_epoch_exactly_onc
     for sink in ("log", "counts"):
         table = catalog.load_table(f"{namespace}.{sink}")
         assert_each_epoch_published_once(table)
-        assert committed_epoch(table) == committed[-1], f"{sink}: Iceberg's committed epoch lags ZooKeeper's"
+        assert EpochLineage(table).committed_epoch == committed[-1], f"{sink}: Iceberg lags ZooKeeper"
 
 
 def assert_crashed_at(crash_at: str, zk_connect: str, catalog, namespace: str, counts_sink: str,
@@ -271,7 +272,7 @@ def assert_crashed_at(crash_at: str, zk_connect: str, catalog, namespace: str, c
         assert all(record.staged[s] is not None for s in (counts_sink, log_sink))
     if crash_at == "committed":  # the count table published nothing: its Iceberg mark was still to come
         assert record.staged[counts_sink] is None
-        assert (committed_epoch(catalog.load_table(f"{namespace}.counts")) or 0) < epoch
+        assert (EpochLineage(catalog.load_table(f"{namespace}.counts")).committed_epoch or 0) < epoch
     return epoch
 
 

@@ -9,7 +9,7 @@ table's epochs through it.
     lineage.main_since(T)                    # main from the snapshot at T up to the head
     lineage.truncated                        # main's older history was expired
     lineage.ancestors(snapshot_id)           # any ref's snapshots, newest first
-    lineage.committed_epoch, lineage.first_epoch, lineage.is_tidemark_table   # snapshots.py's rules, one walk
+    lineage.committed_epoch, lineage.first_epoch, lineage.is_tidemark_table   # one walk: the only home of these rules
     lineage.inputs_at(T)                     # the inputs epoch T records here (its snapshot's, or the marker's)
     lineage.summary()                        # what resolution keeps of it: no snapshot, no metadata
 
@@ -44,10 +44,10 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from coordinator.iceberg.snapshots import (
-    COMMITTED_EPOCH_PROPERTY,
     WRITER_PROPERTY,
     ancestors,
-    first_epoch,
+    first_epoch_property,
+    marker_epoch,
     marker_progress,
     newest_at_epoch,
     newest_at_time,
@@ -55,7 +55,6 @@ from coordinator.iceberg.snapshots import (
     snapshot_index,
     snapshot_progress,
 )
-from coordinator.names import MAX_EPOCH_MS
 from coordinator.records import EpochInputs
 
 
@@ -102,37 +101,35 @@ class EpochLineage:
 
     @property
     def committed_epoch(self) -> Optional[int]:
-        """The table's committed epoch by the one rule (``snapshots.committed_epoch``): the newer of ``main``'s
-        newest snapshot carrying an epoch and the committed-epoch marker (None: neither)."""
+        """The table's committed epoch by the one rule, on epochs alone (``snapshots.table_progress`` applies it to
+        the records): the newer of ``main``'s newest snapshot carrying an epoch and the committed-epoch marker (None:
+        neither)."""
         newest = next((e for e in map(snapshot_epoch, self.main) if e is not None), None)
         candidates = [e for e in (newest, self.marker_epoch) if e is not None]
         return max(candidates) if candidates else None
 
     @property
     def marker_epoch(self) -> Optional[int]:
-        """The committed-epoch marker's epoch (``snapshots.marker_progress``). The marker is written as two
-        properties in one commit, the whole record and its epoch alone (``snapshots.committed_properties``):
-        the epoch is read from the second, so the record's inputs (a range per source) are not decoded."""
+        """The committed-epoch marker's epoch (``snapshots.marker_epoch``), read once."""
         if self._marker is None:
-            alone = self.table.properties.get(COMMITTED_EPOCH_PROPERTY) or ""
-            if alone.isascii() and alone.isdigit() and int(alone) <= MAX_EPOCH_MS:
-                epoch: Optional[int] = int(alone)
-            else:  # no marker, or not a plain epoch: the rule's own decoding says which (CorruptState)
-                marker = marker_progress(self.table)
-                epoch = None if marker is None else marker.epoch
-            self._marker = (epoch,)
+            self._marker = (marker_epoch(self.table),)
         return self._marker[0]
 
     @property
     def is_tidemark_table(self) -> bool:
-        """True for a table some Tidemark job writes (``snapshots.is_tidemark_table``): it names a writer, or
-        records an epoch."""
+        """True for a table some Tidemark job writes (as opposed to a root table written by something else): it
+        names a writer, or records an epoch."""
         return self.table.properties.get(WRITER_PROPERTY) is not None or self.committed_epoch is not None
 
     @property
     def first_epoch(self) -> Optional[int]:
-        """The writer's first epoch as Iceberg records it (``snapshots.first_epoch``)."""
-        return first_epoch(self.table)
+        """The writer's first epoch as Iceberg records it: ``tidemark.first-epoch``, else the oldest epoch in
+        ``main``'s lineage."""
+        recorded = first_epoch_property(self.table)
+        if recorded is not None:
+            return recorded
+        epochs = [e for e in self._main_epochs() if e is not None]
+        return min(epochs) if epochs else None
 
     def summary(self) -> LineageSummary:
         """This lineage's answers that a resolution reads for every table, without the metadata they came from."""

@@ -32,7 +32,7 @@ from pyiceberg.table import Table
 
 from coordinator.errors import CorruptState
 from coordinator.iceberg.lineage import EpochLineage
-from coordinator.iceberg.snapshots import first_epoch, recorded_term, snapshot_at_epoch, table_progress
+from coordinator.iceberg.snapshots import recorded_term, snapshot_at_epoch, table_progress
 from coordinator.records import EpochProgress, SourceRange
 
 
@@ -113,7 +113,7 @@ def resume_point(job: str, tables: Mapping[str, Table], committed: Optional[Epoc
             at_epoch = snapshot_at_epoch(table, committed.epoch)
             snapshots[name] = at_epoch.snapshot_id if at_epoch else None
             lineages[name] = (*_lineage_epochs(table, committed.epoch), (committed.epoch, snapshots[name]))
-    firsts = [e for e in (first_epoch(t) for t in tables.values()) if e is not None]
+    firsts = [e for e in (EpochLineage(t).first_epoch for t in tables.values()) if e is not None]
     term = max([0, *(recorded_term(t) for t in tables.values())])
     return ResumePoint(job, committed, in_flight, sinks, snapshots, lineages, term, min(firsts) if firsts else None)
 

@@ -56,6 +56,7 @@ from pyiceberg.table.update import (
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_random_exponential
 
 from coordinator.errors import Fenced, PublishConflict
+from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.metadata_files import delete_unlogged_metadata
 from coordinator.iceberg.snapshots import (
     FIRST_EPOCH_PROPERTY,
@@ -63,7 +64,6 @@ from coordinator.iceberg.snapshots import (
     WRITER_PROPERTY,
     claimed_term,
     committed_properties,
-    first_epoch,
     snapshot_epoch,
     snapshot_of_epoch,
     table_progress,
@@ -295,7 +295,7 @@ def advance_committed_epoch(table: Table, progress: EpochProgress, term: int) ->
             current.epoch == progress.epoch and current.inputs is None and progress.inputs is not None)
         updates = committed_properties(progress) if newer else {}
         if table.properties.get(FIRST_EPOCH_PROPERTY) is None:
-            updates[FIRST_EPOCH_PROPERTY] = str(first_epoch(table) or progress.epoch)
+            updates[FIRST_EPOCH_PROPERTY] = str(EpochLineage(table).first_epoch or progress.epoch)
         if not updates:
             return False
         _commit(table, term, (SetPropertiesUpdate(updates=updates),))

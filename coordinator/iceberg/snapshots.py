@@ -45,6 +45,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 
 from coordinator.errors import CorruptState, InputsExpired
+from coordinator.names import MAX_EPOCH_MS
 from coordinator.records import EpochInputs, EpochProgress
 
 FORMAT = "1"
@@ -280,35 +281,27 @@ def snapshot_at_time(table: Table, wall_ms: int) -> Optional[Snapshot]:
     return newest_at_time(main_lineage(table), wall_ms)
 
 
-def highest_epoch(table: Table) -> Optional[int]:
-    """The highest epoch present in ``main``'s lineage (published, not necessarily committed)."""
-    found = newest_snapshot_progress(table)
-    return found[0].epoch if found else None
+def marker_epoch(table: Table) -> Optional[int]:
+    """The committed-epoch marker's epoch (``marker_progress``'s). The marker is written as two properties in one
+    commit, the whole record and its epoch alone (``committed_properties``), so the epoch is read from the second
+    and the record's inputs (a range per source) are not decoded; a 0.1 table has the second only."""
+    alone = table.properties.get(COMMITTED_EPOCH_PROPERTY) or ""
+    if alone.isascii() and alone.isdigit() and int(alone) <= MAX_EPOCH_MS:
+        return int(alone)
+    marker = marker_progress(table)  # no marker, or not a plain epoch: the record's decoding says which
+    return None if marker is None else marker.epoch
 
 
-def committed_epoch(table: Table) -> Optional[int]:
-    """The table's committed epoch as Iceberg records it (``table_progress``)."""
-    progress = table_progress(table)
-    return progress.epoch if progress else None
-
-
-def first_epoch(table: Table) -> Optional[int]:
-    """The writer's first epoch as Iceberg records it (property, else the oldest epoch in ``main``'s lineage)."""
+def first_epoch_property(table: Table) -> Optional[int]:
+    """``tidemark.first-epoch``: the writer's first epoch as it recorded it (None: not recorded)."""
     value = table.properties.get(FIRST_EPOCH_PROPERTY)
-    if value is not None:
-        try:
-            return int(value)
-        except ValueError:
-            raise CorruptState(f"table {'.'.join(table.name())}: {FIRST_EPOCH_PROPERTY}={value[:30]!r} is not "
-                               "an epoch") from None
-    epochs = [e for e in (snapshot_epoch(s) for s in main_lineage(table)) if e is not None]
-    return min(epochs) if epochs else None
-
-
-def is_tidemark_table(table: Table) -> bool:
-    """True for a table some Tidemark job writes (as opposed to a root table written by something else)."""
-    return (table.properties.get(WRITER_PROPERTY) is not None or committed_epoch(table) is not None
-            or highest_epoch(table) is not None)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise CorruptState(f"table {'.'.join(table.name())}: {FIRST_EPOCH_PROPERTY}={value[:30]!r} is not "
+                           "an epoch") from None
 
 
 def staged_snapshots(table: Table) -> list[Snapshot]:

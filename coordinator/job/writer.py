@@ -628,10 +628,9 @@ class EpochWriter:
                 inputs: Optional[EpochInputs] = None) -> EpochRecord:
         """Run one epoch: record its inputs, compute (unless idle), stage, precommit, publish, commit."""
         epochs, committer = self.epochs, self._open_committer
-        current = epochs.current
-        redo = current is not None and current.epoch == epoch and current.state in (EpochState.STARTED,
-                                                                                     EpochState.ABORTED)
-        recorded = current.inputs if current is not None and redo else inputs
+        recomputed = epochs.to_recompute(epoch)
+        redo = recomputed is not None
+        recorded = recomputed if redo else inputs
         idle = not self.always_run and not args and recorded is not None and recorded.unchanged
         if idle:
             committed = committer.commit_idle(epoch, inputs)

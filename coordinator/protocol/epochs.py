@@ -177,12 +177,18 @@ class EpochCoordinator:
         self._committed(epoch, marks)
         return record
 
-    def _prepare(self, epoch: int, inputs: Optional[EpochInputs]) -> tuple[bool, EpochInputs]:
+    def to_recompute(self, epoch: int) -> Optional[EpochInputs]:
+        """The inputs recorded for ``epoch`` when it is the job's current epoch, STARTED or ABORTED: it must be
+        recomputed from exactly those (None: ``epoch`` is not one to recompute)."""
         current = self.current
-        redo = current is not None and current.epoch == epoch and current.state in (EpochState.STARTED,
-                                                                                     EpochState.ABORTED)
-        if current is not None and redo:
-            recorded = current.inputs
+        if current is not None and current.epoch == epoch and current.state in (EpochState.STARTED,
+                                                                                 EpochState.ABORTED):
+            return current.inputs
+        return None
+
+    def _prepare(self, epoch: int, inputs: Optional[EpochInputs]) -> tuple[bool, EpochInputs]:
+        recorded = self.to_recompute(epoch)
+        if recorded is not None:
             if inputs is not None and inputs != recorded:
                 raise EpochOrderError(f"job {self.job!r} epoch {epoch} is being recomputed: it must read the "
                                       f"recorded inputs {recorded.to_dict()}, not {inputs.to_dict()}")
