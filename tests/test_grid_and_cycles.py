@@ -95,3 +95,16 @@ def test_find_cycle_walks_a_chain_of_thousands_without_recursion():
     chain["j5000"] = JobRecord(("t5000",), ("t0",))
     found = Topology(0, 0, chain).find_cycle()
     assert found is not None and len(found) == 5002
+
+
+def test_upstream_first_orders_every_job_after_its_upstream_jobs_even_in_a_long_chain_or_a_cycle():
+    chain = {f"j{i}": JobRecord((f"t{i}",), (f"t{i + 1}",)) for i in range(5000)}
+    order = Topology(0, 0, chain).upstream_first()
+    assert order == sorted(chain, key=lambda j: int(j[1:]))
+    diamond = {"top": JobRecord((), ("a",)), "left": JobRecord(("a",), ("b",)), "right": JobRecord(("a",), ("c",)),
+               "join": JobRecord(("b", "c"), ("d",))}
+    order = Topology(0, 0, diamond).upstream_first()
+    assert sorted(order) == sorted(diamond) and order[0] == "top" and order[-1] == "join"
+    cycle = {"x": JobRecord(("ty",), ("tx",)), "y": JobRecord(("tx",), ("ty",)), "z": JobRecord(("tx",), ("tz",))}
+    order = Topology(0, 0, cycle).upstream_first()
+    assert sorted(order) == ["x", "y", "z"] and order.index("z") > order.index("x"), "each job once, cycle or not"

@@ -221,33 +221,18 @@ def effective_cadences(topo: Topology, pacings: Mapping[str, Optional[Pacing]],
     """
     writers = topo.writers
     result: dict[str, tuple[Optional[int], Optional[str]]] = {}
-    for root in sorted(topo.jobs):
-        # Depth first without recursion (a long chain must not reach Python's recursion limit): a job is
-        # decided once every upstream job is; a job met again while on the path is a cycle and is skipped.
-        stack, on_path = [root], {root}
-        while stack:
-            job = stack[-1]
-            pending = [u for u in (writers.get(s) for s in topo.jobs[job].sources)
-                       if u is not None and u not in result and u not in on_path]
-            if pending:
-                stack.append(pending[0])
-                on_path.add(pending[0])
+    for job in topo.upstream_first():
+        pacing = pacings.get(job)
+        best: tuple[Optional[int], Optional[str]] = (
+            pacing.every_ms if pacing is not None and pacing.every_ms is not None else interval_ms, None)
+        for source in topo.jobs[job].sources:
+            upstream = writers.get(source)
+            if upstream is None or upstream not in result:
                 continue
-            stack.pop()
-            on_path.discard(job)
-            if job in result:
-                continue
-            pacing = pacings.get(job)
-            best: tuple[Optional[int], Optional[str]] = (
-                pacing.every_ms if pacing is not None and pacing.every_ms is not None else interval_ms, None)
-            for source in topo.jobs[job].sources:
-                upstream = writers.get(source)
-                if upstream is None or upstream not in result:
-                    continue
-                every, by = result[upstream]
-                if every is not None and (best[0] is None or every > best[0]):
-                    best = (every, by or upstream)
-            result[job] = best
+            every, by = result[upstream]
+            if every is not None and (best[0] is None or every > best[0]):
+                best = (every, by or upstream)
+        result[job] = best
     return result
 
 

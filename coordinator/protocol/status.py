@@ -414,25 +414,12 @@ def _silent_leader(job: JobStatus, marks: Mapping[str, Optional[TableTidemark]],
 
 def _upstream_graces(topo: Topology, writers: Mapping[str, str],
                      pacings: Mapping[str, Optional[Pacing]]) -> dict[str, int]:
-    """Per job, the largest grace of it and every job upstream of it: what delays its epochs behind the clock.
-    One pass over the graph (no recursion: a chain of thousands of jobs is fine)."""
-    own = {name: (pacings.get(name) or Pacing()).grace_ms for name in topo.jobs}
-    parents = {name: {writers[s] for s in job.sources if s in writers and writers[s] != name}
-               for name, job in topo.jobs.items()}
+    """Per job, the largest grace of it and every job upstream of it: what delays its epochs behind the clock."""
     result: dict[str, int] = {}
-    for start in sorted(topo.jobs):
-        stack, on_path = [(start, False)], set()
-        while stack:
-            job, expanded = stack.pop()
-            if job in result:
-                continue
-            if expanded:
-                on_path.discard(job)
-                result[job] = max([own[job], *(result.get(p, own[p]) for p in parents[job])])
-                continue
-            on_path.add(job)
-            stack.append((job, True))
-            stack.extend((p, False) for p in parents[job] if p not in result and p not in on_path)
+    for job in topo.upstream_first():
+        parents = {writers[s] for s in topo.jobs[job].sources if s in writers and writers[s] != job}
+        own = (pacings.get(job) or Pacing()).grace_ms
+        result[job] = max([own, *(result.get(p, (pacings.get(p) or Pacing()).grace_ms) for p in parents)])
     return result
 
 

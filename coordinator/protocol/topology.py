@@ -62,6 +62,29 @@ class Topology:
         seen.discard(job)
         return seen
 
+    def upstream_first(self) -> list[str]:
+        """Every job, each after every job upstream of it (a job in a cycle after the ones it meets first): the
+        one walk up the graph that rules folding over upstream jobs use (``pacing.effective_cadences``, status's
+        graces). Without recursion: a chain of thousands of jobs is fine."""
+        parents = self._neighbours(downstream=False)
+        order: list[str] = []
+        done: set[str] = set()
+        for root in sorted(self.jobs):
+            stack, on_path = [(root, False)], set()
+            while stack:
+                job, expanded = stack.pop()
+                if job in done:
+                    continue
+                if expanded:
+                    on_path.discard(job)
+                    done.add(job)
+                    order.append(job)
+                    continue
+                on_path.add(job)
+                stack.append((job, True))
+                stack.extend((p, False) for p in sorted(parents[job]) if p not in done and p not in on_path)
+        return order
+
     def upstream(self, job: str) -> set[str]:
         """Every job whose output ``job`` reads, directly or transitively."""
         return self._reachable(job, downstream=False)
