@@ -5,7 +5,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 
 import pytest
 
@@ -23,24 +22,10 @@ from coordinator import (
 from coordinator.errors import MultiFailed
 from coordinator.history.resolve import Resolver
 from coordinator.names import validate_name
-from coordinator.operations.cli import main
 from coordinator.operations.zookeeper_server import free_port
 from coordinator.records import now_ms
+from tests.helpers.cli import TIDEMARK, assert_one_line_error, run_cli
 from tests.helpers.lake import commit_rows, create_table, lead_job
-
-
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code: int, err: str, *needles: str) -> None:
-    assert code == 1, err
-    assert err.startswith("tidemark: error: ") and err.count("\n") == 1, err
-    assert "unexpected" not in err, err
-    for needle in needles:
-        assert needle in err, err
 
 
 def test_multi_failed_is_a_tidemark_error():
@@ -52,14 +37,14 @@ def test_multi_failed_is_a_tidemark_error():
     (["--zk", "host:notaport", "status"], "connect string"),
 ])
 def test_malformed_settings_are_one_line(capsys, argv, needle):
-    assert_one_line_error(*cli(capsys, *argv)[::2], needle)
+    assert_one_line_error(*run_cli(capsys, *argv)[::2], needle)
 
 
 @pytest.mark.parametrize("argv", [["--timeout", t, "status"] for t in ("nan", "inf", "0", "-1", "x", "1e9")] + [
                                  ["resolve", "--as-of", "1e30", "db.t"],
                                  ["exporter", "--port", "99999"], ["nosuchcommand"]])
 def test_usage_errors_exit_2_in_one_line(capsys, argv):
-    code, _, err = cli(capsys, *argv)
+    code, _, err = run_cli(capsys, *argv)
     assert code == 2 and err.startswith("tidemark: error: ") and err.count("\n") == 1, err
 
 
@@ -69,14 +54,14 @@ def test_corrupt_znodes_are_one_line_naming_the_znode(tm, zk_connect, capsys):
     for odd in ("²", "12a", "9" * 40):  # child znodes that are not epochs are ignored
         tm.client.create(tm.paths.barriers + "/" + odd)
         tm.client.create(tm.paths.epochs("counts") + "/" + odd)
-    code, out, err = cli(capsys, "--zk", zk_connect, "status")
+    code, out, err = run_cli(capsys, "--zk", zk_connect, "status")
     assert code == 0 and "counts" in out, err
 
     mark = tm.paths.tidemark("db.counts")
     for raw in (json.dumps({"table": "db.counts", "epoch": 10 ** 30}).encode(), b"[" * 100_000 + b"]" * 100_000,
                 json.dumps({"table": "db.counts", "epoch": 2 ** 62}).encode()):
         tm.client.set(mark, raw)
-        assert_one_line_error(*cli(capsys, "--zk", zk_connect, "status")[::2], mark)
+        assert_one_line_error(*run_cli(capsys, "--zk", zk_connect, "status")[::2], mark)
         with pytest.raises(CorruptState):
             tm.tidemarks(["db.counts"])
 
@@ -106,20 +91,20 @@ def test_tidemark_cache_with_zookeeper_down_raises_unavailable(tmp_path):
 def test_catalog_mistakes_are_one_line_and_create_nothing(capsys, monkeypatch, tmp_path):
     missing = tmp_path / "nope" / "dir" / "catalog.db"
     monkeypatch.setenv("TIDEMARK_CATALOG_URI", f"sqlite:///{missing}")
-    assert_one_line_error(*cli(capsys, "resolve", "--no-zk", "db.words")[::2], str(missing), "does not exist")
+    assert_one_line_error(*run_cli(capsys, "resolve", "--no-zk", "db.words")[::2], str(missing), "does not exist")
     assert not (tmp_path / "nope").exists()
     with pytest.raises(ConfigurationError):
         CatalogSettings.from_env().spark_conf()
 
     monkeypatch.delenv("TIDEMARK_CATALOG_URI")
     monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "home"))  # the embedded default is not created either
-    assert_one_line_error(*cli(capsys, "resolve", "--no-zk", "db.words")[::2],
+    assert_one_line_error(*run_cli(capsys, "resolve", "--no-zk", "db.words")[::2],
                           f"catalog 'lake' at sqlite:///{tmp_path / 'home' / 'catalog.db'} does not exist")
     assert not (tmp_path / "home").exists()
 
     CatalogSettings.embedded(tmp_path / "home").load()  # a program that asks for it
-    assert_one_line_error(*cli(capsys, "resolve", "--no-zk", "words")[::2], "no namespace")
-    assert_one_line_error(*cli(capsys, "resolve", "--no-zk", "db.words")[::2], "'db.words' does not exist")
+    assert_one_line_error(*run_cli(capsys, "resolve", "--no-zk", "words")[::2], "no namespace")
+    assert_one_line_error(*run_cli(capsys, "resolve", "--no-zk", "db.words")[::2], "'db.words' does not exist")
 
 
 def test_resolve_as_of_before_any_history_is_version_not_found(tm, zk_connect, capsys, monkeypatch, tmp_path,
@@ -135,7 +120,7 @@ def test_resolve_as_of_before_any_history_is_version_not_found(tm, zk_connect, c
     finally:
         writer.close()
     for flags in ([], ["--no-zk"]):
-        code, _, err = cli(capsys, "--zk", zk_connect, "resolve", *flags, "--as-of", str(first - 1000), sink)
+        code, _, err = run_cli(capsys, "--zk", zk_connect, "resolve", *flags, "--as-of", str(first - 1000), sink)
         assert_one_line_error(code, err, "before the first epoch")
     resolver = Resolver(settings.load(), settings, tm)
     with pytest.raises(VersionNotFound):
@@ -146,7 +131,7 @@ def test_exporter_port_in_use_is_one_line(zk_connect, capsys):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        code, _, err = cli(capsys, "--zk", zk_connect, "exporter", "--address", "127.0.0.1",
+        code, _, err = run_cli(capsys, "--zk", zk_connect, "exporter", "--address", "127.0.0.1",
                            "--port", str(busy.getsockname()[1]))
     assert_one_line_error(code, err, "pick another port")
 
@@ -154,7 +139,7 @@ def test_exporter_port_in_use_is_one_line(zk_connect, capsys):
 def test_a_closed_pipe_ends_the_command_quietly(zk_connect):
     read_end, write_end = os.pipe()
     os.close(read_end)  # nobody will ever read: the first write fails with EPIPE
-    result = subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "topology"],
+    result = subprocess.run([*TIDEMARK, "--zk", zk_connect, "topology"],
                             stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
     os.close(write_end)
     assert result.returncode == 141 and result.stderr == ""
@@ -165,7 +150,7 @@ def test_unreadable_tidemark_table_properties_are_one_line(capsys, monkeypatch, 
     table = create_table(CatalogSettings.embedded(tmp_path).load(), f"{namespace}.t")
     with table.transaction() as tx:
         tx.set_properties({"tidemark.writer": "j", "tidemark.committed-epoch": "1000", "tidemark.first-epoch": "x"})
-    assert_one_line_error(*cli(capsys, "resolve", "--no-zk", f"{namespace}.t")[::2], "tidemark.first-epoch")
+    assert_one_line_error(*run_cli(capsys, "resolve", "--no-zk", f"{namespace}.t")[::2], "tidemark.first-epoch")
     with table.transaction() as tx:
         tx.set_properties({"tidemark.committed-epoch": "soon"})
-    assert_one_line_error(*cli(capsys, "resolve", "--no-zk", f"{namespace}.t")[::2], "tidemark.committed-epoch")
+    assert_one_line_error(*run_cli(capsys, "resolve", "--no-zk", f"{namespace}.t")[::2], "tidemark.committed-epoch")

@@ -12,36 +12,31 @@ import pytest
 
 from coordinator import CatalogSettings, ConfigurationError, EmbeddedZooKeeper
 from coordinator.operations.zookeeper_server import four_letter_word, free_port
+from tests.helpers.cli import tidemark
 from tests.helpers.present import present
-
-TIDEMARK = [sys.executable, "-m", "coordinator.operations.cli"]
-
-
-def run_cli(*args: str, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([*TIDEMARK, *args], capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_zk_start_status_stop_end_a_real_server(tmp_path):
     port = free_port()
-    started = run_cli("zk", "start", "--port", str(port), "--data-dir", str(tmp_path))
+    started = tidemark("zk", "start", "--port", str(port), "--data-dir", str(tmp_path))
     assert started.returncode == 0, started.stderr
     assert started.stdout.strip() == f"127.0.0.1:{port}"
     pid = present(EmbeddedZooKeeper(port, tmp_path).recorded_state()).pid
     assert four_letter_word("127.0.0.1", port) == b"imok"
-    status = run_cli("zk", "status", "--port", str(port), "--data-dir", str(tmp_path))
+    status = tidemark("zk", "status", "--port", str(port), "--data-dir", str(tmp_path))
     assert status.returncode == 0 and "standalone" in status.stdout
-    stopped = run_cli("zk", "stop", "--data-dir", str(tmp_path))
+    stopped = tidemark("zk", "stop", "--data-dir", str(tmp_path))
     assert stopped.returncode == 0 and "stopped" in stopped.stdout
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     assert four_letter_word("127.0.0.1", port) is None
-    assert run_cli("zk", "status", "--data-dir", str(tmp_path)).returncode == 3
+    assert tidemark("zk", "status", "--data-dir", str(tmp_path)).returncode == 3
 
 
 def test_zk_start_on_a_port_in_use_is_a_one_line_error(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        result = run_cli("zk", "start", "--port", str(busy.getsockname()[1]), "--data-dir", str(tmp_path))
+        result = tidemark("zk", "start", "--port", str(busy.getsockname()[1]), "--data-dir", str(tmp_path))
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and "already in use" in result.stderr and "--port" in result.stderr
 
@@ -49,7 +44,7 @@ def test_zk_start_on_a_port_in_use_is_a_one_line_error(tmp_path):
 def test_missing_java_is_a_one_line_error(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
     env["PATH"] = str(Path(sys.executable).parent)  # python, but no java
-    result = run_cli("zk", "start", "--port", str(free_port()), "--data-dir", str(tmp_path), env=env)
+    result = tidemark("zk", "start", "--port", str(free_port()), "--data-dir", str(tmp_path), env=env)
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and "Java not found" in result.stderr and "openjdk-17" in result.stderr
 

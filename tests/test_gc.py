@@ -37,6 +37,7 @@ from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.reachability import FileIndex
 from coordinator.iceberg.snapshots import snapshot_epoch
 from coordinator.operations.cli import main as cli
+from tests.helpers.cli import TIDEMARK
 from tests.helpers.crash import crash_env
 from tests.helpers.lake import create_table, stage_rows
 from tests.helpers.present import present
@@ -377,8 +378,7 @@ def test_a_gc_killed_after_its_expiry_commit_leaves_orphans_that_gc_orphans_dele
         pipeline.epoch(START + k * INTERVAL_MS, rows=2)
     events = pipeline.catalog.load_table(pipeline.events)
     referenced_before = FileIndex().referenced(events, events.snapshots())
-    gc = [sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "gc", "--yes", "--policy",
-          "all:1h"]
+    gc = [*TIDEMARK, "--zk", zk_connect, "gc", "--yes", "--policy", "all:1h"]
     killed = subprocess.run(gc, env={**crash_env("gc-expired", nth=1), **catalog_env}, capture_output=True,
                             text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
@@ -480,8 +480,7 @@ def test_versions_stay_true_when_tidemark_gc_is_killed_between_two_tables(tm, zk
             pipeline.epoch(epoch, rows=1)
 
         # Only whole 10 minutes and the newest are kept now, and only the newest is tagged: epochs[8] loses its tag.
-        gc = [sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "gc", "--yes", "--policy",
-              "all:1m,10m:1d,tags:hourly"]
+        gc = [*TIDEMARK, "--zk", zk_connect, "gc", "--yes", "--policy", "all:1m,10m:1d,tags:hourly"]
         for killed_after in (pipeline.events, pipeline.totals):  # the second run finds the events table done
             killed = subprocess.run(gc, env={**crash_env("gc-expired", nth=1), **catalog_env}, capture_output=True,
                                     text=True, timeout=120, stdin=subprocess.DEVNULL)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 
 import pytest
@@ -24,6 +23,7 @@ from coordinator.iceberg.snapshots import (
     snapshot_at_epoch,
     staged_snapshots,
 )
+from tests.helpers.cli import TIDEMARK
 from tests.helpers.lake import commit_rows, create_table, lead_job, rows_of, stage_rows
 from tests.helpers.present import present
 
@@ -237,7 +237,7 @@ def test_cli_resolve_prints_epoch_and_snapshots(tm, writers, zk_connect, catalog
     create_table(catalog, name)
     sid = commit_rows(writers("j", [name]), 1000)
     env = {"TIDEMARK_HOME": str(lake_home), "PATH": "/usr/bin:/bin"}
-    cli = [sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "resolve"]
+    cli = [*TIDEMARK, "--zk", zk_connect, "resolve"]
     out = subprocess.run([*cli, name, "--json"], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"epoch": 1000, "level": "consistent", "snapshots": {name: sid}}

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from coordinator.records import now_ms
 from coordinator.settings import Settings
 from spark_hooks import EpochJob
+from tests.helpers.cli import tidemark
 from tests.helpers.present import present
 from tests.helpers.rest_proxy import CommitOutcomeProxy
 from tests.helpers.spark_cascade import WORD, Producer
@@ -162,17 +162,16 @@ def test_the_tidemark_command_operates_the_rest_catalog_from_pyicebergs_variable
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYICEBERG_", "TIDEMARK_CATALOG"))}
     env.update(lakehouse.pyiceberg_environment())
 
-    def tidemark(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, *argv],
-                              capture_output=True, text=True, timeout=120, env=env)
-    dry = tidemark("gc", "--dry-run")
+    def tidemark_zk(*argv: str) -> subprocess.CompletedProcess:
+        return tidemark("--zk", zk_connect, *argv, env=env)
+    dry = tidemark_zk("gc", "--dry-run")
     assert dry.returncode == 0 and agg in dry.stdout, dry.stdout + dry.stderr
-    done = tidemark("gc", "--yes")
+    done = tidemark_zk("gc", "--yes")
     assert done.returncode == 0, done.stdout + done.stderr
-    versions = tidemark("versions", "--json")
+    versions = tidemark_zk("versions", "--json")
     assert versions.returncode == 0, versions.stderr
     assert json.loads(versions.stdout), "gc tagged no version to retain: " + versions.stdout
-    resolved = tidemark("resolve", f"{namespace}.raw", agg, "--json")
+    resolved = tidemark_zk("resolve", f"{namespace}.raw", agg, "--json")
     assert resolved.returncode == 0, resolved.stderr
     library = VersionReader.resolve([f"{namespace}.raw", agg], connect(), settings=rest_settings).version
     assert json.loads(resolved.stdout)["snapshots"] == library.snapshots, resolved.stdout
@@ -352,25 +351,24 @@ def test_tidemark_lakehouse_start_prints_the_settings_that_reach_it_and_stop_end
     home = tmp_path / "home"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYICEBERG_")}, "TIDEMARK_HOME": str(home)}
 
-    def tidemark(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "lakehouse", *argv],
-                              capture_output=True, text=True, timeout=120, env=env)
-    idle = tidemark("status")
+    def lakehouse(*argv: str) -> subprocess.CompletedProcess:
+        return tidemark("lakehouse", *argv, env=env)
+    idle = lakehouse("status")
     assert idle.returncode == 3 and "not running" in idle.stdout and not home.exists(), idle.stdout + idle.stderr
-    started = tidemark("start")
+    started = lakehouse("start")
     try:
         assert started.returncode == 0, started.stderr
         exports = dict(line.removeprefix("export ").split("=", 1) for line in started.stdout.splitlines())
         assert exports["PYICEBERG_CATALOG__LAKE__TYPE"] == "rest" and "PYICEBERG_CATALOG__LAKE__S3__ENDPOINT" in exports
-        status = tidemark("status")
+        status = lakehouse("status")
         assert status.returncode == 0 and "serving" in status.stdout, status.stdout
-        again = tidemark("start")
+        again = lakehouse("start")
         assert again.returncode == 1 and "already runs" in again.stderr and again.stderr.count("\n") == 1
         for variable, value in exports.items():  # what `eval "$(tidemark lakehouse start)"` does
             monkeypatch.setenv(variable, value)
         CatalogSettings.from_env(Settings.from_env({})).load().list_namespaces()
     finally:
-        stopped = tidemark("stop")
+        stopped = lakehouse("stop")
     assert stopped.returncode == 0 and stopped.stdout.strip() == "stopped", stopped.stdout + stopped.stderr
-    gone = tidemark("status")
+    gone = lakehouse("status")
     assert gone.returncode == 3 and "not running" in gone.stdout

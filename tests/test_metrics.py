@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -33,6 +32,7 @@ from coordinator.operations.exporter import Exporter
 from coordinator.operations.zookeeper_server import free_port
 from coordinator.records import EpochInputs, now_ms
 from tests.helpers.background import InBackground
+from tests.helpers.cli import TIDEMARK
 from tests.helpers.lake import SCHEMA, create_table
 from tests.helpers.metrics_lint import lint_exposition, series_names
 from tests.helpers.present import present
@@ -394,7 +394,7 @@ def test_the_exporter_answers_tidemark_up_0_within_2_s_with_zookeeper_stopped(tm
     zk = EmbeddedZooKeeper(port=free_port(), data_dir=tmp_path / "zk")
     port = free_port()
     exporter = subprocess.Popen(
-        [sys.executable, "-m", "coordinator.operations.cli", "--zk", f"{zk.connect_string}/tm", "--timeout", "2",
+        [*TIDEMARK, "--zk", f"{zk.connect_string}/tm", "--timeout", "2",
          "exporter", "--port", str(port), "--address", "127.0.0.1", "--refresh", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -10,9 +10,9 @@ from kazoo.security import OPEN_ACL_UNSAFE, make_acl, make_digest_acl
 
 from coordinator import EmbeddedZooKeeper, PermissionDenied, Tidemark
 from coordinator.history.resolve import ReaderSession, Resolver
-from coordinator.operations.cli import main
 from coordinator.operations.zookeeper_server import free_port
 from coordinator.zookeeper.security import is_open
+from tests.helpers.cli import run_cli
 
 WRITER = ("etl", "s3cret")
 READER = ("dashboards", "r3ad")
@@ -24,11 +24,6 @@ def no_credentials_in_env(monkeypatch):
     for name in CRED_VARS:
         monkeypatch.delenv(name, raising=False)
 
-
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture
@@ -45,7 +40,7 @@ def raw(zk_connect):
 
 
 def test_a_tree_first_touched_unauthenticated_is_secured_by_the_writer(zk_connect, connect, capsys, raw):
-    code, out, err = cli(capsys, "--zk", zk_connect, "status")  # reading creates nothing, so leaves nothing open
+    code, out, err = run_cli(capsys, "--zk", zk_connect, "status")  # reading creates nothing, so leaves nothing open
     assert code == 0 and "no jobs registered" in out, err
     assert raw.exists("/tidemark") is None
     connect().close()  # an unauthenticated job (or an older release's status) creates the layout open to anyone
@@ -77,7 +72,7 @@ def test_a_tree_first_touched_unauthenticated_is_secured_by_the_writer(zk_connec
     with pytest.raises(PermissionDenied, match="TIDEMARK_ZK_USER"):
         stranger.register_job("evil", sources=[], sinks=["lake.db.squatted"])
     started = time.monotonic()
-    code, _, err = cli(capsys, "--zk", zk_connect, "fence", "counts", "--yes")
+    code, _, err = run_cli(capsys, "--zk", zk_connect, "fence", "counts", "--yes")
     assert code == 1 and err.startswith("tidemark: error: ") and err.count("\n") == 1, err
     assert "NoAuth" in err and time.monotonic() - started < 5
     assert raw.get(term)[0] == term_before and writer.topology().writer_of("lake.db.squatted") is None
@@ -102,11 +97,11 @@ def test_a_reader_identity_reads_and_pins_but_nobody_else_reads(zk_connect, conn
     assert writer.children(writer.paths.readers) == [session.reader_id]
     session.close()
 
-    code, _, err = cli(capsys, "--zk", zk_connect, "status")
+    code, _, err = run_cli(capsys, "--zk", zk_connect, "status")
     assert code == 1 and "NoAuth" in err and err.count("\n") == 1, err
     monkeypatch.setenv("TIDEMARK_ZK_READER_USER", READER[0])
     monkeypatch.setenv("TIDEMARK_ZK_READER_PASSWORD", READER[1])
-    code, out, err = cli(capsys, "--zk", zk_connect, "status")
+    code, out, err = run_cli(capsys, "--zk", zk_connect, "status")
     assert code == 0 and "counts" in out, err
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Optional
@@ -17,6 +16,7 @@ from coordinator.errors import ConfigurationError
 from coordinator.job.writer import EpochWriter
 from coordinator.operations.zookeeper_server import free_port
 from coordinator.records import now_ms
+from tests.helpers.cli import TIDEMARK, tidemark
 from tests.helpers.lake import SCHEMA, create_table, lead_job
 
 
@@ -31,8 +31,7 @@ def cli(zk_connect: str, *args: str, catalog=None, home: Optional[Path] = None) 
         env = {k: v for k, v in env.items() if k not in ("TIDEMARK_CATALOG_URI", "TIDEMARK_WAREHOUSE",
                                                          "TIDEMARK_CATALOG_NAME")}
         env["TIDEMARK_HOME"] = str(home)
-    return subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, *args],
-                          capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+    return tidemark("--zk", zk_connect, *args, env=env, timeout=60)
 
 
 @pytest.fixture
@@ -91,8 +90,7 @@ def test_status_topology_fence_unregister_from_the_cli(tm, zk_connect, two_epoch
 
 
 def test_unreachable_zookeeper_is_a_one_line_error():
-    result = subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", f"127.0.0.1:{free_port()}",
-                             "--timeout", "1", "status"], capture_output=True, text=True, timeout=60)
+    result = tidemark("--zk", f"127.0.0.1:{free_port()}", "--timeout", "1", "status", timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0 and "no ZooKeeper server answered" in result.stderr
 
@@ -100,7 +98,7 @@ def test_unreachable_zookeeper_is_a_one_line_error():
 def test_exporter_serves_the_status(tm, zk_connect, two_epochs):
     _, last = two_epochs
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "exporter",
+    server = subprocess.Popen([*TIDEMARK, "--zk", zk_connect, "exporter",
                                "--port", str(port), "--address", "127.0.0.1"], stdout=subprocess.PIPE, text=True)
     try:
         fetch = Retrying(stop=stop_after_delay(30), wait=wait_fixed(0.2), reraise=True,

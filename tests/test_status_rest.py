@@ -11,21 +11,14 @@ from typing import Any
 import pytest
 
 from coordinator.errors import InvalidArgument, JobNotFound, JobRetired, RegistrationError
-from coordinator.operations.cli import main as cli_main
 from coordinator.operations.exporter import view_families
 from coordinator.records import now_ms
 from tests.helpers.background import InBackground
+from tests.helpers.cli import run_cli
 from tests.helpers.present import present
 from tests.helpers.wait import wait_for
 from tests.test_status_waiting import INTERVAL, append_epoch, writer
 from tests.test_status_waiting import lake as lake  # the fixture: tables in this test's namespace
-
-
-def cli(zk_connect: str, capsys, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = cli_main(["--zk", zk_connect, *args])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def exported(status) -> dict[tuple, float]:
@@ -47,12 +40,13 @@ def test_a_paused_stream_is_not_stale_and_leaves_the_live_consistent_epoch_until
         status = tm.status()
         assert status.job("stream").stale and status.job("stream").state == "no leader"
 
-        code, out, _ = cli(zk_connect, capsys, "pause", "stream", "--reason", "maintenance", "--dry-run")
+        code, out, _ = run_cli(capsys, "--zk", zk_connect, "pause", "stream", "--reason", "maintenance", "--dry-run")
         assert code == 0 and out.startswith("pause job stream until resumed: ") and "dry run: nothing changed" in out
-        code, _, err = cli(zk_connect, capsys, "pause", "stream")  # no terminal, no --yes: refused
+        code, _, err = run_cli(capsys, "--zk", zk_connect, "pause", "stream")  # no terminal, no --yes: refused
         assert code == 1 and err.count("\n") == 1 and "pass --yes to pause job stream" in err
         assert tm.status().job("stream").stale
-        code, out, _ = cli(zk_connect, capsys, "pause", "stream", "--reason", "maintenance", "--by", "ops", "--yes")
+        code, out, _ = run_cli(capsys, "--zk", zk_connect, "pause", "stream", "--reason", "maintenance", "--by", "ops",
+                               "--yes")
         assert code == 0 and out.startswith("job stream paused until `tidemark resume`")
 
         # The live consistent epoch is live's alone: it moves on while the paused and finished jobs' tables stay.
@@ -76,12 +70,12 @@ def test_a_paused_stream_is_not_stale_and_leaves_the_live_consistent_epoch_until
         assert samples[("tidemark_consistent_lag_seconds", None)] < 30
         assert samples[("tidemark_job_bounds_consistent_epoch", "stream")] == 0  # at rest: bounds nothing live
 
-        report = json.loads(cli(zk_connect, capsys, "status", "--json")[1])
+        report = json.loads(run_cli(capsys, "--zk", zk_connect, "status", "--json")[1])
         jobs = {j["name"]: j for j in report["jobs"]}
         assert jobs["stream"]["state"] == "paused" and jobs["stream"]["at_rest"] is True
         assert jobs["stream"]["paused"]["reason"] == "maintenance" and report["stale_jobs"] == []
         assert report["live_jobs"] == ["live"] and report["live_consistent_epoch"] is not None
-        text = cli(zk_connect, capsys, "status")[1]
+        text = run_cli(capsys, "--zk", zk_connect, "status")[1]
         header = text.splitlines()[0]
         assert header.startswith(f"grid: {INTERVAL} ms   consistent epoch: ")
         assert "   live jobs' tables: 1" in header and ", lag " in header.split("live jobs' tables: ")[1]  # it moves on
@@ -98,7 +92,7 @@ def test_a_paused_stream_is_not_stale_and_leaves_the_live_consistent_epoch_until
         assert running_again.job("stream").state == "leading" and "stream" in running_again.to_dict()["live_jobs"]
         again.stop()
         assert tm.status().job("stream").state == "paused" and not tm.status().job("stream").stale
-        code, out, _ = cli(zk_connect, capsys, "resume", "stream", "--yes")
+        code, out, _ = run_cli(capsys, "--zk", zk_connect, "resume", "stream", "--yes")
         assert code == 0 and "resumed (it was paused)" in out and tm.status().job("stream").stale
     finally:
         live.stop()
@@ -116,11 +110,11 @@ def test_a_pause_ends_by_itself_and_bad_durations_are_one_line_errors(tm, zk_con
     with pytest.raises(JobNotFound):
         tm.pause_job("nojob")
     for bad in ("0s", "soon", "1x"):
-        code, _, err = cli(zk_connect, capsys, "pause", "idle", "--for", bad, "--yes")
+        code, _, err = run_cli(capsys, "--zk", zk_connect, "pause", "idle", "--for", bad, "--yes")
         assert code == 1 and err.count("\n") == 1 and err.startswith("tidemark: error: "), (bad, err)
-    code, _, err = cli(zk_connect, capsys, "pause", "idle", "--reason", "x" * 1001, "--yes")
+    code, _, err = run_cli(capsys, "--zk", zk_connect, "pause", "idle", "--reason", "x" * 1001, "--yes")
     assert code == 1 and "at most 1000 characters" in err and err.count("\n") == 1
-    code, _, err = cli(zk_connect, capsys, "retire", "nojob", "--yes")
+    code, _, err = run_cli(capsys, "--zk", zk_connect, "retire", "nojob", "--yes")
     assert code == 1 and "not registered" in err and err.count("\n") == 1
     assert tm.get(tm.paths.paused("idle")) is None  # nothing changed by any of them
 
@@ -132,9 +126,9 @@ def test_a_pause_ends_by_itself_and_bad_durations_are_one_line_errors(tm, zk_con
     job = status.job("idle")
     assert job.state == "no leader" and job.paused is None and job.pause_ended.until_ms == until
     assert "its pause ended at" in job.stale_reason
-    code, out, _ = cli(zk_connect, capsys, "resume", "idle", "--yes")
+    code, out, _ = run_cli(capsys, "--zk", zk_connect, "resume", "idle", "--yes")
     assert code == 0 and "resumed (it was paused)" in out
-    code, out, _ = cli(zk_connect, capsys, "resume", "idle", "--yes")
+    code, out, _ = run_cli(capsys, "--zk", zk_connect, "resume", "idle", "--yes")
     assert code == 0 and "was not paused or retired; nothing changed" in out
 
 
@@ -144,7 +138,7 @@ def test_a_retired_job_is_refused_while_it_runs_and_its_drivers_refuse_to_lead_i
     running = writer(connect(), catalog_settings, "old", [], [table])
     running.open(leader_timeout=30)
     try:
-        code, _, err = cli(zk_connect, capsys, "retire", "old", "--yes")
+        code, _, err = run_cli(capsys, "--zk", zk_connect, "retire", "old", "--yes")
         assert code == 1 and err.count("\n") == 1 and "has a live leader" in err and "stop its drivers" in err
         with pytest.raises(RegistrationError):
             tm.retire_job("old")
@@ -152,7 +146,7 @@ def test_a_retired_job_is_refused_while_it_runs_and_its_drivers_refuse_to_lead_i
         running.close()
     assert tm.status().job("old").stale
     tm.pause_job("old", reason="first paused")
-    code, out, _ = cli(zk_connect, capsys, "retire", "old", "--reason", "replaced", "--yes")
+    code, out, _ = run_cli(capsys, "--zk", zk_connect, "retire", "old", "--reason", "replaced", "--yes")
     assert code == 0 and "retired" in out
     job = tm.status().job("old")
     assert job.state == "retired" and not job.stale and job.retired.reason == "replaced"
@@ -163,7 +157,7 @@ def test_a_retired_job_is_refused_while_it_runs_and_its_drivers_refuse_to_lead_i
         refused.run(append_epoch(table), max_epochs=1, stop_on_sigterm=False)
     assert refused.committed == [] and tm.status().job("old").state == "retired"
 
-    code, out, _ = cli(zk_connect, capsys, "resume", "old", "--yes")
+    code, out, _ = run_cli(capsys, "--zk", zk_connect, "resume", "old", "--yes")
     assert code == 0 and "resumed (it was retired)" in out and tm.status().job("old").stale
     assert len(writer(connect(), catalog_settings, "old", [], [table]).run(
         append_epoch(table), max_epochs=1, stop_on_sigterm=False)) == 1

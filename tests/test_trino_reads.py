@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from coordinator.history.gc import GarbageCollector
 from coordinator.history.readers import version_sql
 from coordinator.history.versions import tag_name
 from coordinator.operations.lakehouse_server import EmbeddedLakehouse
+from tests.helpers.cli import TIDEMARK
 from tests.helpers.present import present
 from tests.helpers.trino import TrinoServer
 from tests.test_lakehouse import CopyPipeline
@@ -67,7 +67,7 @@ def test_trino_joins_two_tables_at_a_consistent_version_by_tag_and_by_snapshot_i
     assert expected[pipeline.source] == expected[pipeline.sink] == sorted(["a", "a", "b", "c"])
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYICEBERG_", "TIDEMARK_CATALOG"))}
-    resolved = subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", zk_connect, "resolve",
+    resolved = subprocess.run([*TIDEMARK, "--zk", zk_connect, "resolve",
                                pipeline.source, pipeline.sink, "--format", "sql"],
                               capture_output=True, text=True, timeout=120,
                               env={**env, **lakehouse.pyiceberg_environment()})

@@ -11,8 +11,6 @@ import itertools
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from tests.faults.harness import (
     newest_epoch_state,
 )
 from tests.faults.spark import SparkRun
+from tests.helpers.cli import tidemark
 from tests.helpers.rest_proxy import CommitOutcomeProxy
 from tests.helpers.spark_cluster import SparkCluster
 from tests.helpers.wait import wait_for
@@ -390,8 +389,7 @@ def _fence_and_unregister(cascade: Cascade) -> int:
            "TIDEMARK_WAREHOUSE": settings.warehouse or ""}
 
     def cli(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "coordinator.operations.cli", "--zk", cascade.connect, *args],
-                              cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+        done = tidemark("--zk", cascade.connect, *args, cwd=str(REPO), env=env)
         if done.returncode != 0:
             raise RuntimeError(f"tidemark {' '.join(args)} failed: {done.stderr.strip()}")
         return done.stdout

@@ -1,7 +1,11 @@
-"""Running the ``tidemark`` command in tests: in this process (``run_cli``) or as a program (``TIDEMARK``)."""
+"""Running the ``tidemark`` command in tests: in this process (``run_cli``) or as a program (``tidemark``, or
+``TIDEMARK`` for a command line of your own)."""
 from __future__ import annotations
 
+import subprocess
 import sys
+from collections.abc import Mapping
+from typing import Optional
 
 from coordinator.operations.cli import EXIT_ERROR, main
 
@@ -9,10 +13,19 @@ TIDEMARK = [sys.executable, "-m", "coordinator.operations.cli"]
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    """``tidemark ARGV...`` in this process: its exit status, stdout and stderr."""
+    """``tidemark ARGV...`` in this process: its exit status, stdout and stderr (what was printed before is
+    dropped)."""
+    capsys.readouterr()
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def tidemark(*argv: str, env: Optional[Mapping[str, str]] = None, timeout: float = 120,
+             cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+    """``tidemark ARGV...`` as a program, with no standard input, its output captured as text."""
+    return subprocess.run([*TIDEMARK, *argv], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
+                          stdin=subprocess.DEVNULL)
 
 
 def assert_one_line_error(code: int, err: str, *needles: str, status: int = EXIT_ERROR) -> None:
