@@ -18,14 +18,13 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from coordinator.iceberg.catalog import PG_IDLE_IN_TRANSACTION_MS, PG_LOCK_TIMEOUT_MS, is_catalog_outage
+from tests.helpers.lake import create_table
 
 SCHEMA = pa.schema([pa.field("a", pa.int64())])
 
 
 def _table(settings, name):
-    catalog = settings.load()
-    catalog.create_namespace_if_not_exists("locks")
-    return catalog.create_table(f"locks.{name}", schema=SCHEMA)
+    return create_table(settings.load(), f"locks.{name}", SCHEMA, first_snapshot=False)
 
 
 def _hold_row(uri: str, table: str):

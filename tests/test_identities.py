@@ -27,9 +27,10 @@ from coordinator.operations.zookeeper_server import free_port
 from coordinator.records import TableTidemark
 from coordinator.zookeeper.ops import Create, Delete, SetData
 from tests.helpers.cli import assert_one_line_error, run_cli
+from tests.helpers.lake import create_table
 from tests.helpers.present import present
 from tests.helpers.wait import wait_for
-from tests.test_writer_flow import Runner, as_set, new_table, rows
+from tests.test_writer_flow import Runner, as_set, rows
 
 WRITER = ("etl", "s3cret")
 OPERATOR = ("ops", "0ps-only")
@@ -149,9 +150,9 @@ def test_two_epoch_writers_each_with_its_own_identity_commit_a_chain(connect, ca
     connect(auth=WRITER, operator=OPERATOR)  # `tidemark init`
     catalog = catalog_settings.load()
     events, a_out, b_out = f"{namespace}.events", f"{namespace}.a_out", f"{namespace}.b_out"
-    new_table(catalog, events).append(rows(0, range(3)))
-    new_table(catalog, a_out)
-    new_table(catalog, b_out)
+    create_table(catalog, events, first_snapshot=False).append(rows(0, range(3)))
+    create_table(catalog, a_out, first_snapshot=False)
+    create_table(catalog, b_out, first_snapshot=False)
 
     def copy(source: str, sink: str):
         def step(ctx) -> None:

@@ -25,8 +25,10 @@ from coordinator import EpochRecord, EpochState, EpochWriter, Tidemark
 from coordinator.history.resolve import Resolver, read_arrow
 from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.snapshots import TERM_KEY, main_lineage, snapshot_epoch
-from coordinator.records import LeaderRecord, TermRecord
+from coordinator.protocol.leadership import current_leader
+from coordinator.records import TermRecord
 from tests.helpers.crash import crash_env
+from tests.helpers.lake import create_table
 from tests.helpers.present import present
 from tests.helpers.python_driver import COUNT_SCHEMA, EPOCH_SCHEMA, NOISE, SOURCE_SCHEMA
 from tests.helpers.wait import wait_for
@@ -40,11 +42,6 @@ DEADLINE = 120.0
 
 
 wait_for = functools.partial(wait_for, timeout=DEADLINE)  # subprocesses on a loaded machine: generous
-
-
-def create_table(catalog, identifier: str, schema: pa.Schema):
-    catalog.create_namespace_if_not_exists(identifier.rsplit(".", 1)[0])
-    return catalog.create_table(identifier, schema=schema)
 
 
 def catalog_config(settings) -> dict:
@@ -144,11 +141,6 @@ def assert_each_epoch_published_once(table) -> list[int]:
     return epochs
 
 
-def leader_of(tm: Tidemark, job: str) -> Optional[LeaderRecord]:
-    found = tm.get(tm.paths.leader(job))
-    return None if found is None else LeaderRecord.from_json(found[0], tm.paths.leader(job))
-
-
 def term_of(tm: Tidemark, job: str) -> int:
     return present(tm.read(tm.paths.term(job), TermRecord))[0].term
 
@@ -184,9 +176,9 @@ def test_pure_python_writer_killed_at_each_step_recovers_every_epoch_exactly_onc
     settings = pg_catalog_settings
     catalog = settings.load()
     source, log_sink, counts_sink = (f"pg.{namespace}.{n}" for n in ("src", "log", "counts"))
-    src = create_table(catalog, f"{namespace}.src", SOURCE_SCHEMA)
-    create_table(catalog, f"{namespace}.log", SOURCE_SCHEMA)
-    create_table(catalog, f"{namespace}.counts", COUNT_SCHEMA)
+    src = create_table(catalog, f"{namespace}.src", SOURCE_SCHEMA, first_snapshot=False)
+    create_table(catalog, f"{namespace}.log", SOURCE_SCHEMA, first_snapshot=False)
+    create_table(catalog, f"{namespace}.counts", COUNT_SCHEMA, first_snapshot=False)
     config = {"mode": "count", "connect": zk_connect, "session_timeout": DRIVER_SESSION,
               "catalog": catalog_config(settings), "source": source, "log": log_sink, "counts": counts_sink}
 
@@ -282,7 +274,7 @@ def assert_crashed_at(crash_at: str, zk_connect: str, catalog, namespace: str, c
 def test_fenced_leader_steps_down_contends_again_and_keeps_committing(connect, tm, pg_catalog_settings, namespace):
     catalog = pg_catalog_settings.load()
     sink = f"pg.{namespace}.epochs"
-    table = create_table(catalog, f"{namespace}.epochs", EPOCH_SCHEMA)
+    table = create_table(catalog, f"{namespace}.epochs", EPOCH_SCHEMA, first_snapshot=False)
     session = connect(session_timeout=DRIVER_SESSION)
     writer = EpochWriter(session, "fenced", sources=[], sinks=[sink], catalog=pg_catalog_settings,
                          interval_ms=1000, grace_ms=200)
@@ -300,7 +292,7 @@ def test_fenced_leader_steps_down_contends_again_and_keeps_committing(connect, t
     thread = threading.Thread(target=run)
     thread.start()
     try:
-        first = wait_for(lambda: (leader := leader_of(tm, "fenced")) and leader.term,
+        first = wait_for(lambda: (leader := current_leader(tm, "fenced")) and leader.term,
                          "the writer to lead")
         wait_for(lambda: len(commits_under(tm, "fenced", first)) >= 2 or errors, "two epochs under the first term")
         fenced_at = tm.fence_job("fenced", by="test")
@@ -308,7 +300,7 @@ def test_fenced_leader_steps_down_contends_again_and_keeps_committing(connect, t
 
         def leading_again() -> Optional[int]:
             assert not errors, f"run() raised {errors[0]!r}"
-            leader = leader_of(tm, "fenced")
+            leader = current_leader(tm, "fenced")
             return leader.term if leader is not None and leader.term > fenced_at else None
         second = wait_for(leading_again, "the fenced writer to lead again with a higher term")
         assert second > fenced_at and term_of(tm, "fenced") == second
@@ -332,7 +324,7 @@ def test_leader_fenced_while_recovering_contends_again(connect, tm, pg_catalog_s
     ``finished`` mark), a new leader steps down and contends again instead of raising out of ``run``."""
     catalog = pg_catalog_settings.load()
     sink = f"pg.{namespace}.epochs"
-    table = create_table(catalog, f"{namespace}.epochs", EPOCH_SCHEMA)
+    table = create_table(catalog, f"{namespace}.epochs", EPOCH_SCHEMA, first_snapshot=False)
     fenced: list[int] = []
 
     class FencedWhileRecovering(EpochWriter):
@@ -366,13 +358,13 @@ def test_leader_whose_session_expired_becomes_a_standby_and_no_epoch_commits_twi
         zk_connect, tm, pg_catalog_settings, namespace, drivers):
     catalog = pg_catalog_settings.load()
     sink = f"pg.{namespace}.epochs"
-    table = create_table(catalog, f"{namespace}.epochs", EPOCH_SCHEMA)
+    table = create_table(catalog, f"{namespace}.epochs", EPOCH_SCHEMA, first_snapshot=False)
     config = {"mode": "serve", "connect": zk_connect, "session_timeout": DRIVER_SESSION, "job": "served",
               "catalog": catalog_config(pg_catalog_settings), "log": sink}
 
     old = drivers(config)
     old_member = old.line("READY").split()[1]
-    first = wait_for(lambda: (leader := leader_of(tm, "served")) is not None and leader.member == old_member
+    first = wait_for(lambda: (leader := current_leader(tm, "served")) is not None and leader.member == old_member
                      and leader.term, "the first driver to lead")
     standby = drivers(config)
     standby_member = standby.line("READY").split()[1]
@@ -384,7 +376,7 @@ def test_leader_whose_session_expired_becomes_a_standby_and_no_epoch_commits_twi
     committed = tm.tidemarks([sink])[sink].epoch
     wait_for(lambda: tm.tidemarks([sink])[sink].epoch != committed, "the first driver's next commit", every=0.01)
     os.kill(old.proc.pid, signal.SIGSTOP)  # paused longer than its session: the standby must take over
-    second = wait_for(lambda: (leader := leader_of(tm, "served")) is not None and leader.member == standby_member
+    second = wait_for(lambda: (leader := current_leader(tm, "served")) is not None and leader.member == standby_member
                       and leader.term, "the standby to take over")
     assert second > first
     wait_for(lambda: len(commits_under(tm, "served", second)) >= 2, "the new leader to commit")
@@ -398,12 +390,12 @@ def test_leader_whose_session_expired_becomes_a_standby_and_no_epoch_commits_twi
     after = len(commits_under(tm, "served", second))
     wait_for(lambda: len(commits_under(tm, "served", second)) >= after + 2, "the new leader to keep committing")
     assert old.proc.poll() is None and standby.proc.poll() is None, old.log() + standby.log()
-    leader = leader_of(tm, "served")
+    leader = current_leader(tm, "served")
     assert leader is not None and leader.member == standby_member and leader.term == second
 
     # it really is a standby: it takes over when the new leader dies
     standby.proc.kill()
-    third = wait_for(lambda: (leader := leader_of(tm, "served")) is not None and leader.member == old_member
+    third = wait_for(lambda: (leader := current_leader(tm, "served")) is not None and leader.member == old_member
                      and leader.term > second and leader.term, "the old leader to take over again")
     wait_for(lambda: commits_under(tm, "served", third), "the old leader to commit again")
     os.kill(old.proc.pid, signal.SIGTERM)  # stop(): finish the epoch in flight and return from run()

@@ -19,7 +19,7 @@ from coordinator import EpochRecord, EpochState, EpochWriter
 from coordinator.iceberg.snapshots import COMMITTED_EPOCH_PROPERTY
 from coordinator.protocol.pacing import CATCH_UP_TAKEOVERS
 from coordinator.records import FinishedRecord, now_ms
-from tests.helpers.lake import SCHEMA
+from tests.helpers.lake import SCHEMA, create_table
 from tests.helpers.present import present
 from tests.helpers.wait import wait_for
 
@@ -29,19 +29,14 @@ DEADLINE = 90.0
 
 # -- helpers ----------------------------------------------------------------------------------
 
-def new_table(catalog, name: str):
-    catalog.create_namespace_if_not_exists(name.rsplit(".", 1)[0])
-    return catalog.create_table(name, schema=SCHEMA)
-
-
 def root_and_derived_tables(catalog, namespace: str) -> tuple[Any, str, str]:
     """A root table ``events`` with three rows, and the empty sinks ``r_out`` (of a root job reading it) and
     ``a_out`` (of a job reading ``r_out``)."""
-    events = new_table(catalog, f"{namespace}.events")
+    events = create_table(catalog, f"{namespace}.events", first_snapshot=False)
     events.append(rows(0, range(3)))
     r_out, a_out = f"{namespace}.r_out", f"{namespace}.a_out"
-    new_table(catalog, r_out)
-    new_table(catalog, a_out)
+    create_table(catalog, r_out, first_snapshot=False)
+    create_table(catalog, a_out, first_snapshot=False)
     return events, r_out, a_out
 
 
@@ -182,11 +177,11 @@ def clock_barrier(grid, grace_ms: int) -> int:
 # -- 1. idle barriers --------------------------------------------------------------------------
 
 def test_idle_barriers_commit_without_calling_the_function(tm, fleet, catalog, namespace):
-    events = new_table(catalog, f"{namespace}.events")
+    events = create_table(catalog, f"{namespace}.events", first_snapshot=False)
     events.append(rows(0, range(5)))
     counts, everything = f"{namespace}.counts", f"{namespace}.every"
-    new_table(catalog, counts)
-    new_table(catalog, everything)
+    create_table(catalog, counts, first_snapshot=False)
+    create_table(catalog, everything, first_snapshot=False)
 
     calls: dict[str, list[tuple[int, list]]] = {"counter": [], "always": []}
 
@@ -275,12 +270,13 @@ def test_a_job_slower_than_the_interval_coalesces_and_slows_nobody(tm, slow_flee
     """A derived job at 1.5x the interval: its lag stays flat and bounded (its epochs coalesce the barriers
     that came while it worked), its upstream keeps every grid point, and an unrelated pipeline too."""
     fleet, interval = slow_fleet, slow_fleet.interval_ms
-    events, other_events = new_table(catalog, f"{namespace}.events"), new_table(catalog, f"{namespace}.other")
+    events = create_table(catalog, f"{namespace}.events", first_snapshot=False)
+    other_events = create_table(catalog, f"{namespace}.other", first_snapshot=False)
     events.append(rows(0, range(3)))
     other_events.append(rows(0, range(3)))
     r_out, a_out, b_out, o_root, o_out = (f"{namespace}.{n}" for n in ("r_out", "a_out", "b_out", "o_root", "o_out"))
     for name in (r_out, a_out, b_out, o_root, o_out):
-        new_table(catalog, name)
+        create_table(catalog, name, first_snapshot=False)
     slow_seconds = 1.5 * interval / 1000
 
     def slow(ctx) -> None:
@@ -468,10 +464,10 @@ def test_after_a_restart_a_job_waits_for_its_upstreams_catch_up_epoch_rather_tha
 def test_a_new_job_starts_no_earlier_than_its_sources_histories(tm, slow_fleet, catalog, namespace):
     fleet = slow_fleet
     events_name = f"{namespace}.events"
-    events = new_table(catalog, events_name)
+    events = create_table(catalog, events_name, first_snapshot=False)
     per_user, per_bucket, joined = (f"{namespace}.{n}" for n in ("per_user", "per_bucket", "joined"))
     for name in (per_user, per_bucket, joined):
-        new_table(catalog, name)
+        create_table(catalog, name, first_snapshot=False)
 
     appending = threading.Event()
     appended: list[int] = []
@@ -544,11 +540,11 @@ def test_a_new_job_starts_no_earlier_than_its_sources_histories(tm, slow_fleet, 
 
 def test_a_wait_on_a_source_without_a_live_leader_is_visible(tm, fleet, catalog, namespace, caplog):
     caplog.set_level(logging.INFO, logger="coordinator.job.writer")
-    events = new_table(catalog, f"{namespace}.events")
+    events = create_table(catalog, f"{namespace}.events", first_snapshot=False)
     events.append(rows(0, [1]))
     up_out, down_out = f"{namespace}.up_out", f"{namespace}.down_out"
-    new_table(catalog, up_out)
-    new_table(catalog, down_out)
+    create_table(catalog, up_out, first_snapshot=False)
+    create_table(catalog, down_out, first_snapshot=False)
 
     def nothing(ctx) -> None:
         pass
@@ -571,11 +567,11 @@ def test_a_wait_on_a_source_without_a_live_leader_is_visible(tm, fleet, catalog,
 
 def test_bounded_runs_end_at_their_bound_and_say_so(tm, fleet, catalog, namespace):
     interval = fleet.interval_ms
-    events = new_table(catalog, f"{namespace}.events")
+    events = create_table(catalog, f"{namespace}.events", first_snapshot=False)
     events.append(rows(0, [1, 2]))
     s_out, d_out = f"{namespace}.s_out", f"{namespace}.d_out"
-    new_table(catalog, s_out)
-    new_table(catalog, d_out)
+    create_table(catalog, s_out, first_snapshot=False)
+    create_table(catalog, d_out, first_snapshot=False)
 
     def root(ctx) -> None:
         new = ctx.changes(f"{namespace}.events")
@@ -631,10 +627,10 @@ def test_bounded_runs_end_at_their_bound_and_say_so(tm, fleet, catalog, namespac
 def test_a_job_at_a_coarser_cadence_takes_only_its_barriers_and_a_job_below_follows_it(tm, fleet, catalog, namespace):
     interval = fleet.interval_ms
     every = 4 * interval
-    events = new_table(catalog, f"{namespace}.events")
+    events = create_table(catalog, f"{namespace}.events", first_snapshot=False)
     fine, coarse, below = f"{namespace}.fine", f"{namespace}.coarse", f"{namespace}.below"
     for name in (fine, coarse, below):
-        new_table(catalog, name)
+        create_table(catalog, name, first_snapshot=False)
     stop_appending = threading.Event()
 
     def append_forever() -> None:

@@ -107,7 +107,7 @@ from coordinator.job.driver_metrics import DriverMetrics
 from coordinator.names import parse_epoch, validate_name, validate_names
 from coordinator.protocol.barriers import BarrierGrid, Barriers, grid_from
 from coordinator.protocol.epochs import EpochCoordinator, RecoveryAction
-from coordinator.protocol.leadership import Leadership
+from coordinator.protocol.leadership import Leadership, current_leader
 from coordinator.protocol.pacing import (
     CATCH_UP_NEW_LEADER_S,
     CATCH_UP_WAIT_S,
@@ -125,7 +125,6 @@ from coordinator.records import (
     EpochRecord,
     EpochState,
     FinishedRecord,
-    LeaderRecord,
     SourceRange,
     TableTidemark,
     now_ms,
@@ -405,10 +404,8 @@ class EpochWriter:
 
     def _leader_note(self) -> str:
         """Who leads the job, for a standby's log line."""
-        path = self.tm.paths.leader(self.name)
         try:
-            found = self.tm.get(path)
-            leader = None if found is None else LeaderRecord.from_json(found[0], path)
+            leader = current_leader(self.tm, self.name)
         except TidemarkError as exc:
             return f"its leader could not be read: {type(exc).__name__}"
         return "no leader right now" if leader is None else f"{leader.member} leads as term {leader.term}"

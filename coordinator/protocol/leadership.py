@@ -81,6 +81,13 @@ class _Raced(Exception):
     pass
 
 
+def current_leader(tm: ZooKeeperSession, job: str) -> Optional[LeaderRecord]:
+    """Who leads ``job`` now, as its ``/jobs/<job>/leader`` znode says (None: nobody)."""
+    path = tm.paths.leader(job)
+    found = tm.get(path)
+    return None if found is None else LeaderRecord.from_json(found[0], path)
+
+
 class Leadership:
     def __init__(self, tm: ZooKeeperSession, job: str) -> None:
         self.tm = tm

@@ -12,13 +12,15 @@ from tests.helpers.present import present
 SCHEMA = pa.schema([pa.field("epoch", pa.int64(), nullable=False), pa.field("row", pa.int64(), nullable=False)])
 
 
-def create_table(catalog, identifier: str):
-    """A table with one empty, epoch-less snapshot (pyiceberg can only branch from an existing snapshot)."""
+def create_table(catalog, identifier: str, schema: pa.Schema = SCHEMA, *, first_snapshot: bool = True):
+    """A table in its namespace (created if need be), with one empty, epoch-less snapshot unless ``first_snapshot``
+    is False (pyiceberg's branching in ``stage_rows`` starts from an existing snapshot; a writer's does not)."""
     namespace = identifier.rsplit(".", 1)[0]
     catalog.create_namespace_if_not_exists(namespace)
-    table = catalog.create_table(identifier, schema=SCHEMA)
-    table.append(SCHEMA.empty_table())
-    assert table.current_snapshot() is not None
+    table = catalog.create_table(identifier, schema=schema)
+    if first_snapshot:
+        table.append(schema.empty_table())
+        assert table.current_snapshot() is not None
     return table
 
 

@@ -28,7 +28,8 @@ from coordinator import CatalogSettings, Tidemark
 from coordinator.history.checker import ExactlyOnce, exactly_once
 from coordinator.history.resolve import Resolver, read_arrow
 from coordinator.iceberg.snapshots import main_lineage, snapshot_progress, wap_id
-from coordinator.records import ConsistentVersion, LeaderRecord
+from coordinator.protocol.leadership import current_leader
+from coordinator.records import ConsistentVersion
 from tests.helpers.crash import crash_env
 from tests.helpers.present import present
 from tests.helpers.spark_cluster import SparkCluster, spark_home
@@ -131,8 +132,9 @@ class Producer:
 
 
 def leader_of(tm: Tidemark) -> Optional[str]:
-    found = tm.get(tm.paths.leader(JOB))
-    return LeaderRecord.from_json(found[0]).member if found else None
+    """The member leading the counter job now (None: nobody)."""
+    leader = current_leader(tm, JOB)
+    return leader.member if leader is not None else None
 
 
 def committed_since(tm: Tidemark, since_ms: int, epoch: int = 0) -> Optional[int]:
