@@ -21,7 +21,6 @@ from coordinator.iceberg.snapshots import (
     COMMITTED_EPOCH_PROPERTY,
     newest_snapshot_progress,
     snapshot_at_epoch,
-    staged_snapshots,
 )
 from tests.helpers.cli import TIDEMARK
 from tests.helpers.lake import commit_rows, create_table, lead_job, rows_of, stage_rows
@@ -43,8 +42,7 @@ def writers(tm, catalog_settings):
 
 def test_racing_publishers_of_one_epoch_make_exactly_one_snapshot_current(catalog, catalog_settings, namespace):
     table = create_table(catalog, f"{namespace}.t")
-    stage_rows(table, 1000, "j", 1, 3)
-    publish_staged(table, next(iter(staged_snapshots(table))).snapshot_id, 1000, 1)
+    publish_staged(table, stage_rows(table, 1000, "j", 1, 3), 1000, 1)
     for trial in range(5):
         epoch = 2000 + 1000 * trial
         candidates = [stage_rows(table, epoch, "j", 1, 2) for _ in range(2)]  # two attempts, same parent

@@ -659,3 +659,38 @@ def test_a_job_at_a_coarser_cadence_takes_only_its_barriers_and_a_job_below_foll
     at = {t: as_set(catalog.load_table(t).scan(snapshot_id=present(mark(tm, t)).snapshot_at(common)).to_arrow())
           for t in (fine, coarse)}
     assert at[fine] == at[coarse] and at[fine]
+
+
+def test_an_epoch_whose_function_fails_is_aborted_with_its_reason_and_recomputed_from_its_inputs(
+        connect, catalog_settings, catalog, namespace, caplog):
+    """The function raises in epoch T: T is ABORTED in ZooKeeper with the error's first line, nothing is published,
+    and the next run recomputes T from the inputs recorded for it (its log names the failure), exactly once."""
+    sink = f"{namespace}.out"
+    create_table(catalog, sink, first_snapshot=False)
+    writer = EpochWriter(connect(), "flaky", sources=[], sinks=[sink], catalog=catalog_settings, interval_ms=1000,
+                         grace_ms=0)
+    writer.open(leader_timeout=30)
+    epoch = writer.grid().floor(now_ms()) // 1000 * 1000
+
+    def broken(ctx) -> None:
+        ctx.append(sink, pa.table({"epoch": [ctx.epoch], "row": [0]}, schema=SCHEMA))
+        raise ValueError("the upstream API said no\nsecond line")
+    with pytest.raises(ValueError, match="the upstream API said no"):
+        writer.process(epoch, broken, inputs=writer.inputs_for(epoch))
+    aborted = present(writer.epochs.current)
+    assert (aborted.epoch, aborted.state, aborted.abort_reason) == (
+        epoch, EpochState.ABORTED, "ValueError: the upstream API said no")
+    assert catalog.load_table(sink).scan().to_arrow().num_rows == 0, "an aborted epoch publishes nothing"
+    writer.close()
+
+    again = EpochWriter(connect(), "flaky", sources=[], sinks=[sink], catalog=catalog_settings, interval_ms=1000,
+                        grace_ms=0)
+    with caplog.at_level(logging.INFO, logger="coordinator.job.writer"):
+        committed = again.run(lambda ctx: ctx.append(sink, pa.table({"epoch": [ctx.epoch], "row": [1]},
+                                                                    schema=SCHEMA)),
+                              max_epochs=1, stop_on_sigterm=False)
+    assert committed == [epoch]
+    assert f"recomputing epoch {epoch} from its recorded inputs (it failed: ValueError: the upstream API said no)" \
+        in caplog.text
+    assert catalog.load_table(sink).scan().to_arrow().column("row").to_pylist() == [1]
+    again.close()

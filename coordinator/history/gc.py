@@ -175,9 +175,6 @@ class GcPlan(JsonOutput):
     tables: tuple[TablePlan, ...]
     notes: tuple[str, ...] = ()
 
-    def kept_epochs(self) -> list[int]:
-        return [v.epoch for v in self.versions if v.action != "drop"]
-
 
 @dataclass(frozen=True)
 class GcReport(JsonOutput):

@@ -290,17 +290,6 @@ class Resolver:
         return VersionNotFound(f"{what}: {hint} (`tidemark versions` lists them; `--as-of` takes a tag or an "
                                "epoch)")
 
-    def first_epochs(self, tables: Iterable[str],
-                     marks: Optional[Mapping[str, Optional[TableTidemark]]] = None) -> dict[str, Optional[int]]:
-        """Each managed table's first epoch (None when not known yet); root tables are left out.
-
-        With ZooKeeper it is the tidemark's ``first_epoch`` (no metadata load); without it, or for a
-        tidemark written before first epochs were recorded, Iceberg's ``tidemark.first-epoch``.
-        """
-        names = sorted(set(tables))
-        marks = self._tidemarks(names) if marks is None else marks
-        return self._first_epochs(names, marks, self.committed_epochs(names, marks))
-
     def _first_epochs(self, names: list[str], marks: Mapping[str, Optional[TableTidemark]],
                       epochs: Mapping[str, Union[int, str, None]]) -> dict[str, Optional[int]]:
         result: dict[str, Optional[int]] = {}

@@ -303,8 +303,3 @@ def first_epoch_property(table: Table) -> Optional[int]:
         raise CorruptState(f"table {'.'.join(table.name())}: {FIRST_EPOCH_PROPERTY}={value[:30]!r} is not "
                            "an epoch") from None
 
-
-def staged_snapshots(table: Table) -> list[Snapshot]:
-    """Snapshots that carry an epoch but are not in ``main``'s lineage (staged, never published)."""
-    lineage = {s.snapshot_id for s in main_lineage(table)}
-    return [s for s in table.snapshots() if s.snapshot_id not in lineage and snapshot_epoch(s) is not None]

@@ -192,7 +192,7 @@ class _DriverState(Collector):
         metrics, writer = self.metrics, self.metrics.writer
         job, labels = metrics.job, [JOB_LABEL]
         leadership = writer.leadership
-        leading = leadership.state == LeaderState.LEADING
+        leading = leadership.is_leading
         yield _gauge("tidemark_driver_leader", "1 while this replica leads the job", job, 1 if leading else 0)
         state = writer.tm.connection_state
         connection = GaugeMetricFamily("tidemark_driver_zookeeper_connection_state",

@@ -604,7 +604,8 @@ class EpochWriter:
                 return True
             current = self.epochs.current
             if current is not None and current.state in (EpochState.STARTED, EpochState.ABORTED):
-                log.info("job %s: recomputing epoch %s from its recorded inputs", self.name, current.epoch)
+                log.info("job %s: recomputing epoch %s from its recorded inputs%s", self.name, current.epoch,
+                         f" (it failed: {current.abort_reason})" if current.abort_reason else "")
                 self.process(current.epoch, function)
             else:
                 if once and done:
@@ -636,12 +637,29 @@ class EpochWriter:
                 record = epochs.begin(epoch, inputs)
                 crash_point("begin")
                 ctx = self.context(self, record)
-                function(ctx, *args)
+                try:
+                    function(ctx, *args)
+                except Exception as exc:
+                    self._abort(epoch, exc)
+                    raise
             committed = committer.finish(epoch, {sink: ctx.staged.get(sink) for sink in self.sinks})
         self.committed.append(committed.epoch)
         self.metrics.epoch_committed(idle=idle, recomputed=redo)
         self.waiting = None
         return committed
+
+    def _abort(self, epoch: int, failure: Exception) -> None:
+        """The epoch's function failed: record it ABORTED with the reason, for the log of whoever recomputes it from
+        its recorded inputs (its staged snapshots are never published). A leader that lost its term writes
+        nothing, and a write that fails leaves the epoch STARTED, which is recomputed the same way."""
+        if isinstance(failure, NotLeader):
+            return
+        reason = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"[:300]
+        try:
+            self.epochs.abort(epoch, reason)
+        except TidemarkError as exc:
+            log.warning("job %s: epoch %s failed (%s) and could not be marked aborted (%s)", self.name, epoch,
+                        reason, type(exc).__name__)
 
     def commit_idle(self, epoch: int) -> EpochRecord:
         """Commit barrier ``epoch`` without computing, recording its inputs; refused unless no source changed.
