@@ -428,7 +428,7 @@ class TableTidemark(JsonRecord):
 class FinishedRecord(JsonRecord):
     """``/jobs/<job>/finished``: the job's last leader ended a bounded run here; removed when a leader starts again.
 
-    A finished job is not stale and does not hold back barrier agreement.
+    A finished job is at rest: not stale, and out of the live consistent epoch (``coordinator.protocol.status``).
     """
 
     epoch: Optional[int]

@@ -12,7 +12,7 @@
     job.run(once=True)         # a batch run: one epoch at the newest barrier its sources all have
     EpochJob(..., every="1h")  # a job at its own cadence (a multiple of the grid interval)
 
-The loop is ``coordinator.writer.EpochWriter`` (register, lead, recover, pick the next
+The loop is ``coordinator.job.writer.EpochWriter`` (register, lead, recover, pick the next
 epoch, record inputs, compute, stage, precommit, publish, commit; see there for the
 barrier and failure rules). This module adds Spark: ``ctx.changes``/``ctx.table`` return
 DataFrames at the recorded snapshot range, and ``append``/``overwrite``/``merge`` write

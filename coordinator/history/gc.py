@@ -18,13 +18,13 @@ What one run does (``tidemark gc`` runs it; ``GcSchedule`` runs it in one electe
    so ``C`` is the laggard's epoch, as readers resolve it.
    Tables whose writer committed nothing yet are left out. A job takes only epochs its sources
    hold and may coalesce several barriers into one epoch, so these are the only epochs at which
-   every table has an exact state. The policy (``coordinator.retention``) keeps some; ``C`` is always kept (the newest
-   consistent version), and so is a version a live reader pinned. A kept version gets
+   every table has an exact state. The policy (``coordinator.history.retention``) keeps some;
+   ``C`` is always kept (the newest consistent version), and so is a version a live reader pinned. A kept version gets
    ``/versions/<T>``, and the tag ``tidemark-<T>`` on every table it covers when a tier the policy
    tags keeps it (``tags:hourly`` by default), it is ``C`` or a live reader pinned it (a pinned
    version with no record, older than the candidates, gets the tag alone, at its pinned snapshots);
    a dropped one loses both
-   (``coordinator.versions`` defines what a version covers). A version that stops being tagged
+   (``coordinator.history.versions`` defines what a version covers). A version that stops being tagged
    (``C`` moved on) keeps its record, set untagged, and loses its tags. A version's snapshots are
    the ones the tidemarks list for ``T`` (no lineage walk); a version at which every table was
    empty is not created, since no tag could name it. A retained version whose snapshot in some

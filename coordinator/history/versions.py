@@ -21,7 +21,7 @@ untagged version (the ``all`` tier by default: a tag per epoch would bloat every
 metadata) is read by its snapshot ids, from its record (``tidemark resolve --as-of T``,
 ``Resolver.resolve(as_of=T)``); GC protects its snapshots all the same.
 
-Only ``coordinator.gc`` creates and drops versions (``tidemark gc``). A record that says
+Only ``coordinator.history.gc`` creates and drops versions (``tidemark gc``). A record that says
 ``tagged`` is written after every tag exists, and it is deleted or set untagged before any tag
 is removed, so a record always names snapshots that exist and a tagged record's tags exist on
 every table it covers, whenever a GC run is killed.
@@ -99,7 +99,7 @@ class VersionRecord(JsonRecord):
 
 
 class RetainedVersions:
-    """Read access to ``/versions`` (``coordinator.gc`` writes it)."""
+    """Read access to ``/versions`` (``coordinator.history.gc`` writes it)."""
 
     def __init__(self, tm: ZooKeeperSession) -> None:
         self.tm = tm

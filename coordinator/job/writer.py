@@ -42,7 +42,7 @@ a writer never creates one (its sinks must exist before its first epoch anyway),
 not exist is a ``ConfigurationError`` naming it. The quickstart creates the embedded catalog, and
 its tables, with ``CatalogSettings.embedded().load()`` first.
 
-Metrics: ``writer.metrics`` (``coordinator.driver_metrics``) times every phase and counts
+Metrics: ``writer.metrics`` (``coordinator.job.driver_metrics``) times every phase and counts
 epochs, takeovers, fencings and retries; ``metrics_port`` (or ``TIDEMARK_METRICS_PORT``)
 serves them with ``/healthz`` while ``run`` runs.
 

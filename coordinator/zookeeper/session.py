@@ -165,7 +165,7 @@ class ZooKeeperSession:
         ``auth`` is the writer identity, a digest ``(user, password)`` (default
         ``TIDEMARK_ZK_USER`` / ``TIDEMARK_ZK_PASSWORD``), and ``reader`` the reader identity
         (default ``TIDEMARK_ZK_READER_USER`` / ``TIDEMARK_ZK_READER_PASSWORD``); see
-        ``coordinator.security`` for the ACLs they give. With the writer identity, top-level
+        ``coordinator.zookeeper.security`` for the ACLs they give. With the writer identity, top-level
         znodes that anyone may change are repaired, or ``PermissionDenied`` says what to do.
         ``job`` is this job's own identity (default ``TIDEMARK_ZK_JOB_USER``/``_PASSWORD``) and
         ``operator`` the operator identity's name, or ``(user, password)`` for an operator's
