@@ -65,39 +65,39 @@ class JsonRecord(JsonOutput):
         return cls.from_dict(data, where)
 
 
-def _int(value: Any, name: str) -> int:
+def int_field(value: Any, name: str) -> int:
     # 64-bit, as ZooKeeper's and Iceberg's Java sides store them.
     if isinstance(value, bool) or not isinstance(value, int) or not -2**63 <= value < 2**63:
         raise InvalidArgument(f"{name} must be a 64-bit integer, got {str(value)[:40]}")
     return value
 
 
-def _opt_int(value: Any, name: str) -> Optional[int]:
-    return None if value is None else _int(value, name)
+def opt_int_field(value: Any, name: str) -> Optional[int]:
+    return None if value is None else int_field(value, name)
 
 
-def _epoch(value: Any, name: str) -> int:
+def epoch_field(value: Any, name: str) -> int:
     try:
         return validate_epoch(value, name)
     except InvalidName as exc:
         raise InvalidArgument(str(exc)) from None
 
 
-def _opt_epoch(value: Any, name: str) -> Optional[int]:
-    return None if value is None else _epoch(value, name)
+def opt_epoch_field(value: Any, name: str) -> Optional[int]:
+    return None if value is None else epoch_field(value, name)
 
 
-def _str(value: Any, name: str) -> str:
+def str_field(value: Any, name: str) -> str:
     if not isinstance(value, str):
         raise InvalidArgument(f"{name} must be a string, got {str(value)[:40]}")
     return value
 
 
-def _opt_str(value: Any, name: str) -> Optional[str]:
-    return None if value is None else _str(value, name)
+def opt_str_field(value: Any, name: str) -> Optional[str]:
+    return None if value is None else str_field(value, name)
 
 
-def _str_tuple(value: Any, name: str) -> tuple[str, ...]:
+def str_tuple_field(value: Any, name: str) -> tuple[str, ...]:
     if isinstance(value, (str, Mapping)) or not all(isinstance(v, str) for v in value):
         raise InvalidArgument(f"{name} must be a list of strings, got {value!r}")
     return tuple(value)
@@ -107,10 +107,10 @@ def _json_int(value: Optional[int]) -> str:
     return "null" if value is None else str(value)
 
 
-def _opt_int_map(value: Any, name: str) -> dict[str, Optional[int]]:
+def opt_int_map_field(value: Any, name: str) -> dict[str, Optional[int]]:
     if not isinstance(value, Mapping):
         raise InvalidArgument(f"{name} must be an object, got {value!r}")
-    return {str(k): _opt_int(v, f"{name}[{k!r}]") for k, v in value.items()}
+    return {str(k): opt_int_field(v, f"{name}[{k!r}]") for k, v in value.items()}
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class TopologyVersion(JsonRecord):
     version: int = 0
 
     def __post_init__(self) -> None:
-        _int(self.version, "version")
+        int_field(self.version, "version")
 
 
 @dataclass(frozen=True)
@@ -131,9 +131,9 @@ class JobRecord(JsonRecord):
     incarnation: Optional[str] = None   # this registration's id: ``/jobs/<job>/incarnation-<id>`` exists while it does
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sources", _str_tuple(self.sources, "sources"))
-        object.__setattr__(self, "sinks", _str_tuple(self.sinks, "sinks"))
-        _epoch(self.created_ms, "created_ms")
+        object.__setattr__(self, "sources", str_tuple_field(self.sources, "sources"))
+        object.__setattr__(self, "sinks", str_tuple_field(self.sinks, "sinks"))
+        epoch_field(self.created_ms, "created_ms")
         if self.incarnation is not None and not isinstance(self.incarnation, str):
             raise InvalidArgument(f"incarnation must be a string, got {self.incarnation!r}")
 
@@ -147,9 +147,9 @@ class TermRecord(JsonRecord):
     changed_ms: int = field(default_factory=now_ms)
 
     def __post_init__(self) -> None:
-        _int(self.term, "term")
-        _opt_str(self.fenced_by, "fenced_by")
-        _epoch(self.changed_ms, "changed_ms")
+        int_field(self.term, "term")
+        opt_str_field(self.fenced_by, "fenced_by")
+        epoch_field(self.changed_ms, "changed_ms")
 
 
 @dataclass(frozen=True)
@@ -162,10 +162,10 @@ class LeaderRecord(JsonRecord):
     since_ms: int = field(default_factory=now_ms)
 
     def __post_init__(self) -> None:
-        _str(self.member, "member")
-        _str(self.host, "host")
-        _int(self.term, "term")
-        _epoch(self.since_ms, "since_ms")
+        str_field(self.member, "member")
+        str_field(self.host, "host")
+        int_field(self.term, "term")
+        epoch_field(self.since_ms, "since_ms")
 
 
 class EpochState(str, enum.Enum):
@@ -189,8 +189,8 @@ class SourceRange(JsonRecord):
     end: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _opt_int(self.start, "start")
-        _opt_int(self.end, "end")
+        opt_int_field(self.start, "start")
+        opt_int_field(self.end, "end")
 
     @property
     def is_empty(self) -> bool:
@@ -214,7 +214,7 @@ class EpochInputs(JsonRecord):
         object.__setattr__(self, "sources", {
             str(table): r if isinstance(r, SourceRange) else SourceRange.from_dict(r, f"sources[{table!r}]")
             for table, r in self.sources.items()})
-        _opt_int(self.batch_id, "batch_id")
+        opt_int_field(self.batch_id, "batch_id")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "value") -> EpochInputs:
@@ -245,18 +245,18 @@ class EpochRecord(JsonRecord):
     abort_reason: Optional[str] = None
 
     def __post_init__(self) -> None:
-        _epoch(self.epoch, "epoch")
-        _int(self.term, "term")
-        _epoch(self.updated_ms, "updated_ms")
-        _opt_str(self.abort_reason, "abort_reason")
+        epoch_field(self.epoch, "epoch")
+        int_field(self.term, "term")
+        epoch_field(self.updated_ms, "updated_ms")
+        opt_str_field(self.abort_reason, "abort_reason")
         object.__setattr__(self, "state", EpochState(self.state))
         if not isinstance(self.inputs, EpochInputs):
             try:
                 object.__setattr__(self, "inputs", EpochInputs.from_dict(self.inputs, "inputs"))
             except CorruptState as exc:
                 raise InvalidArgument(str(exc)) from None
-        object.__setattr__(self, "staged", _opt_int_map(self.staged, "staged"))
-        object.__setattr__(self, "published", _opt_int_map(self.published, "published"))
+        object.__setattr__(self, "staged", opt_int_map_field(self.staged, "staged"))
+        object.__setattr__(self, "published", opt_int_map_field(self.published, "published"))
 
     def to_dict(self) -> dict[str, Any]:
         # Not ``asdict``, which deep-copies the staged and published maps (an entry per sink) at every epoch step.
@@ -279,8 +279,8 @@ class EpochProgress(JsonRecord):
     inputs: Optional[EpochInputs] = None
 
     def __post_init__(self) -> None:
-        _int(self.epoch, "epoch")
-        _int(self.term, "term")
+        int_field(self.epoch, "epoch")
+        int_field(self.term, "term")
         if not isinstance(self.job, str):
             raise InvalidArgument(f"job must be a string, got {self.job!r}")
         if self.inputs is not None and not isinstance(self.inputs, EpochInputs):
@@ -297,7 +297,7 @@ class TableRecord(JsonRecord):
     writer: str
 
     def __post_init__(self) -> None:
-        _str(self.writer, "writer")
+        str_field(self.writer, "writer")
 
 
 # Which committed epochs a tidemark keeps beside its newest (``TableTidemark.recent``): the newest
@@ -352,11 +352,11 @@ class TableTidemark(JsonRecord):
     recent: tuple[tuple[int, Optional[int]], ...] = ()
 
     def __post_init__(self) -> None:
-        _str(self.table, "table")
-        _opt_epoch(self.epoch, "epoch")
-        _opt_epoch(self.first_epoch, "first_epoch")
-        _opt_int(self.snapshot_id, "snapshot_id")
-        _opt_epoch(self.committed_ms, "committed_ms")
+        str_field(self.table, "table")
+        opt_epoch_field(self.epoch, "epoch")
+        opt_epoch_field(self.first_epoch, "first_epoch")
+        opt_int_field(self.snapshot_id, "snapshot_id")
+        opt_epoch_field(self.committed_ms, "committed_ms")
         if isinstance(self.recent, (str, Mapping)):
             raise InvalidArgument(f"recent must be a list of [epoch, snapshot_id] pairs, got {str(self.recent)[:40]}")
         pairs = []
@@ -367,9 +367,9 @@ class TableTidemark(JsonRecord):
                 raise InvalidArgument(f"recent entries are [epoch, snapshot_id] pairs, got {str(entry)[:40]}")
             epoch, snapshot_id = entry
             if type(epoch) is not int or not 0 <= epoch <= MAX_EPOCH_MS:
-                epoch = _epoch(epoch, "recent epoch")
+                epoch = epoch_field(epoch, "recent epoch")
             if snapshot_id is not None and (type(snapshot_id) is not int or not -2**63 <= snapshot_id < 2**63):
-                snapshot_id = _int(snapshot_id, "recent snapshot_id")
+                snapshot_id = int_field(snapshot_id, "recent snapshot_id")
             pairs.append((epoch, snapshot_id))
         if self.epoch is not None:
             pairs.append((self.epoch, self.snapshot_id))  # a tidemark written before ``recent`` existed
@@ -436,9 +436,9 @@ class FinishedRecord(JsonRecord):
     finished_ms: int = field(default_factory=now_ms)
 
     def __post_init__(self) -> None:
-        _opt_epoch(self.epoch, "epoch")
-        _str(self.member, "member")
-        _epoch(self.finished_ms, "finished_ms")
+        opt_epoch_field(self.epoch, "epoch")
+        str_field(self.member, "member")
+        epoch_field(self.finished_ms, "finished_ms")
 
 
 MAX_NOTE_CHARS = 1000  # who paused or retired a job, and why: a line for `tidemark status`, not a document
@@ -461,10 +461,10 @@ class RestRecord(JsonRecord):
 
     def __post_init__(self) -> None:
         for name, text in (("by", self.by), ("reason", self.reason)):
-            if len(_str(text, name)) > MAX_NOTE_CHARS:
+            if len(str_field(text, name)) > MAX_NOTE_CHARS:
                 raise InvalidArgument(f"{name} must be at most {MAX_NOTE_CHARS} characters, got {len(text)}")
-        _epoch(self.since_ms, "since_ms")
-        _opt_epoch(self.until_ms, "until_ms")
+        epoch_field(self.since_ms, "since_ms")
+        opt_epoch_field(self.until_ms, "until_ms")
         if self.until_ms is not None and self.until_ms <= self.since_ms:
             raise InvalidArgument(f"a pause must end after it starts (until_ms {self.until_ms} <= since_ms "
                                   f"{self.since_ms})")
@@ -491,7 +491,7 @@ class ReaderPins(JsonRecord):
         pins = {}
         for epoch, snapshots in self.versions.items():
             parsed = parse_epoch(epoch) if isinstance(epoch, str) else epoch
-            pins[_epoch(parsed, "pinned epoch")] = _opt_int_map(snapshots, f"versions[{epoch!r}]")
+            pins[epoch_field(parsed, "pinned epoch")] = opt_int_map_field(snapshots, f"versions[{epoch!r}]")
         object.__setattr__(self, "versions", pins)
 
     def to_dict(self) -> dict[str, Any]:
@@ -518,6 +518,6 @@ class ConsistentVersion(JsonRecord):
     level: ConsistencyLevel = ConsistencyLevel.CONSISTENT
 
     def __post_init__(self) -> None:
-        _opt_epoch(self.epoch, "epoch")
-        object.__setattr__(self, "snapshots", _opt_int_map(self.snapshots, "snapshots"))
+        opt_epoch_field(self.epoch, "epoch")
+        object.__setattr__(self, "snapshots", opt_int_map_field(self.snapshots, "snapshots"))
         object.__setattr__(self, "level", ConsistencyLevel(self.level))

@@ -122,6 +122,51 @@ def test_each_sub_package_imports_only_the_layers_below_it():
     assert wrong == []
 
 
+def private_names(tree: ast.AST) -> set[str]:
+    """The ``_names`` a module defines: its functions, classes and methods, and attributes it sets on ``self``."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.Assign):
+            found.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            found.update(t.attr for t in node.targets if isinstance(t, ast.Attribute))
+        elif isinstance(node, ast.AnnAssign):
+            target = node.target
+            found.add(target.id if isinstance(target, ast.Name) else getattr(target, "attr", ""))
+    return {n for n in found if n.startswith("_") and not n.startswith("__")}
+
+
+def reaches_into(sources: dict[str, str]) -> list[str]:
+    """``module:line what`` for each use of another module's private name: ``from m import _x``, or ``obj._x``
+    (on anything but ``self``/``cls``) where ``_x`` is defined by another module of the package, not this one."""
+    trees = {m: ast.parse(text) for m, text in sources.items()}
+    defined = {m: private_names(tree) for m, tree in trees.items()}
+    wrong = []
+    for module, tree in trees.items():
+        others = set().union(*(names for m, names in defined.items() if m != module))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in sources and node.module != module:
+                wrong += [f"{module}:{node.lineno} imports {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+            elif (isinstance(node, ast.Attribute) and node.attr in others and node.attr not in defined[module]
+                  and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                wrong.append(f"{module}:{node.lineno} uses {ast.unparse(node)}")
+    return wrong
+
+
+def test_no_module_uses_another_modules_private_names():
+    sources = {module_name(p): p.read_text() for root in (PACKAGE, ROOT / "spark_hooks") for p in root.rglob("*.py")}
+    assert reaches_into(sources) == []
+
+
+def test_the_private_name_check_finds_an_import_and_an_attribute():
+    sources = {"a": "def _helper(): pass\nclass A:\n    def _step(self): pass\n",
+               "b": "from a import _helper\ndef f(obj):\n    return obj._step()\n",
+               "c": "class C:\n    def _step(self): pass\n    def g(self, other):\n        return other._step()\n"}
+    assert reaches_into(sources) == ["b:1 imports a._helper", "b:3 uses obj._step"]
+
+
 def test_every_sub_package_says_what_it_holds_and_may_import():
     for init in PACKAGE.glob("*/__init__.py"):
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""

@@ -36,7 +36,7 @@ from typing import Optional
 
 from coordinator.errors import ConfigurationError, InvalidArgument
 from coordinator.history.retention import read_policy
-from coordinator.records import JsonOutput, JsonRecord, _int, _opt_int_map, now_ms
+from coordinator.records import JsonOutput, JsonRecord, int_field, now_ms, opt_int_map_field
 from coordinator.zookeeper.session import ZooKeeperSession
 
 TAG_PREFIX = "tidemark-"
@@ -76,9 +76,9 @@ class VersionRecord(JsonRecord):
     tagged: bool = True
 
     def __post_init__(self) -> None:
-        _int(self.epoch, "epoch")
-        _int(self.created_ms, "created_ms")
-        object.__setattr__(self, "snapshots", _opt_int_map(self.snapshots, "snapshots"))
+        int_field(self.epoch, "epoch")
+        int_field(self.created_ms, "created_ms")
+        object.__setattr__(self, "snapshots", opt_int_map_field(self.snapshots, "snapshots"))
         if not isinstance(self.tagged, bool):
             raise InvalidArgument(f"tagged must be true or false, got {str(self.tagged)[:40]}")
 

@@ -43,7 +43,7 @@ from coordinator.errors import (
 )
 from coordinator.names import validate_epoch
 from coordinator.protocol.pacing import Pacing
-from coordinator.records import BarrierMode, JsonRecord, _epoch, _int, now_ms
+from coordinator.records import BarrierMode, JsonRecord, epoch_field, int_field, now_ms
 from coordinator.zookeeper.ops import Op, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -66,13 +66,13 @@ class BarrierGrid(JsonRecord):
     changes: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
-        if _int(self.interval_ms, "interval_ms") <= 0:
+        if int_field(self.interval_ms, "interval_ms") <= 0:
             raise InvalidArgument(f"interval_ms must be positive, got {self.interval_ms}")
         object.__setattr__(self, "mode", BarrierMode(self.mode))
         changes = tuple(dict(c) for c in self.changes)
         for change in changes:
-            _epoch(change.get("from_epoch"), "from_epoch")
-            if _int(change.get("interval_ms"), "interval_ms") <= 0:
+            epoch_field(change.get("from_epoch"), "from_epoch")
+            if int_field(change.get("interval_ms"), "interval_ms") <= 0:
                 raise InvalidArgument(f"invalid interval change {change!r}")
         object.__setattr__(self, "changes", tuple(sorted(changes, key=lambda c: c["from_epoch"])))
 

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Optional, Union
 from coordinator.errors import ConfigurationError, InvalidArgument
 from coordinator.protocol.held_epochs import common_epochs
 from coordinator.protocol.topology import Topology
-from coordinator.records import JsonRecord, TableTidemark, _int, _opt_int
+from coordinator.records import JsonRecord, TableTidemark, int_field, opt_int_field
 
 if TYPE_CHECKING:  # barriers.py checks every job's cadence against a grid change with ``Pacing.check``
     from coordinator.protocol.barriers import BarrierGrid
@@ -125,10 +125,10 @@ class Pacing(JsonRecord):
     grace_ms: int = DEFAULT_GRACE_MS
 
     def __post_init__(self) -> None:
-        every = _opt_int(self.every_ms, "every_ms")
+        every = opt_int_field(self.every_ms, "every_ms")
         if every is not None and every <= 0:
             raise InvalidArgument(f"every_ms must be positive, got {self.every_ms}")
-        if _int(self.grace_ms, "grace_ms") < 0:
+        if int_field(self.grace_ms, "grace_ms") < 0:
             raise InvalidArgument(f"grace_ms must not be negative, got {self.grace_ms}")
 
     def check(self, grid: BarrierGrid, now: int) -> None:

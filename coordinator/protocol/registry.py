@@ -37,7 +37,7 @@ from coordinator.errors import (
     ZooKeeperUnavailable,
 )
 from coordinator.names import parse_epoch, validate_name, validate_names
-from coordinator.protocol.topology import Topology, read_topology
+from coordinator.protocol.topology import Topology, read_topology, remember_topology
 from coordinator.records import (
     EpochProgress,
     EpochRecord,
@@ -104,7 +104,7 @@ def _apply(tm: ZooKeeperSession, topo: Topology, ops: list[Op], after: Topology)
         if isinstance(failed.error, (BadVersionError, NodeExistsError, NoNodeError)):
             raise _TopologyMoved() from None
         raise
-    tm._topology = Topology(topo.version + 1, topo.znode_version + 1, after.jobs)
+    remember_topology(tm, Topology(topo.version + 1, topo.znode_version + 1, after.jobs))
 
 
 def _orphan_removal(tm: ZooKeeperSession, name: str) -> list[Op]:

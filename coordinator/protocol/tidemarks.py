@@ -63,7 +63,7 @@ class TidemarkCache:
                     if t in self._errors:
                         raise self._errors[t]
                 return {t: self._values[t] for t in names}
-        return self.tm._with_deadline(f"reading the tidemarks of {len(names)} tables", attempt)
+        return self.tm.with_deadline(f"reading the tidemarks of {len(names)} tables", attempt)
 
     def cached(self, tables: Iterable[str]) -> dict[str, Optional[TableTidemark]]:
         """The tables already loaded, from memory only: never waits on ZooKeeper."""

@@ -10,6 +10,7 @@ compares that version in its multi so decisions made on it are never stale.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -177,13 +178,23 @@ class _Changed(Exception):
     """The topology changed while it was read: read it again."""
 
 
+# The last topology each session read or wrote, reused while ``/topology``'s version is unchanged. Kept here, the
+# recipe's own state, not on the session, and only as long as the session lives.
+_LAST_READ: weakref.WeakKeyDictionary[ZooKeeperSession, Topology] = weakref.WeakKeyDictionary()
+
+
+def remember_topology(tm: ZooKeeperSession, topo: Topology) -> None:
+    """Keep ``topo`` as what ``tm`` knows of ``/topology`` (the registry, after it changed it)."""
+    _LAST_READ[tm] = topo
+
+
 def read_topology(tm: ZooKeeperSession) -> Topology:
     """Read ``/topology`` and every job (pipelined), consistent with the version returned.
 
-    The last topology read is kept on ``tm`` and reused while ``/topology``'s version is
+    The last topology read is kept for ``tm`` and reused while ``/topology``'s version is
     unchanged, so a check costs one round trip instead of one read per job.
     """
-    cached: Optional[Topology] = getattr(tm, "_topology", None)
+    cached = _LAST_READ.get(tm)
 
     def attempt() -> Topology:
         found = tm.read(tm.paths.topology, TopologyVersion)
@@ -197,7 +208,8 @@ def read_topology(tm: ZooKeeperSession) -> Topology:
         again = tm.get(tm.paths.topology)
         # Registration bumps /topology in the same multi, so an unchanged version means a consistent read.
         if stat is None or (again is not None and again[1].version == stat.version):
-            topo = tm._topology = Topology(topo_record.version, stat.version if stat else -1, jobs)
+            topo = Topology(topo_record.version, stat.version if stat else -1, jobs)
+            remember_topology(tm, topo)
             return topo
         raise _Changed()
 

@@ -79,7 +79,7 @@ def read_many(tm: ZooKeeperSession, paths: Sequence[str]) -> list[Optional[tuple
                     found.append(one)
         return found
     try:
-        return tm._with_deadline(f"{len(paths)} reads", attempt)
+        return tm.with_deadline(f"{len(paths)} reads", attempt)
     except UnimplementedError:
         _UNSUPPORTED.add(tm)
         return tm.get_many(paths)

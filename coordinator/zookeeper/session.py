@@ -132,7 +132,6 @@ class ZooKeeperSession:
         self._state = KazooState.CONNECTED if client.connected else KazooState.LOST
         self._state_listeners: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
-        self._topology: Optional[object] = None  # the last topology read (protocol.topology keeps it fresh)
         self._retries: Counter[str] = Counter()
         self._state_changes: Counter[str] = Counter()
         # Election nodes a Leadership of this session gave up on and has not seen deleted yet: it deletes them
@@ -388,7 +387,7 @@ class ZooKeeperSession:
 
     # -- deadline-bounded operations -------------------------------------------------------
 
-    def _with_deadline(self, what: str, attempt: Callable[[], Any]) -> Any:
+    def with_deadline(self, what: str, attempt: Callable[[], Any]) -> Any:
         """Run ``attempt``, retrying transient failures until ``operation_timeout``, then ``ZooKeeperUnavailable``.
 
         A refusal by the znode's ACL is ``PermissionDenied``; ZooKeeper's other answers
@@ -447,7 +446,7 @@ class ZooKeeperSession:
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a kazoo async call and wait for it, retrying transient failures until the deadline."""
-        return self._with_deadline(what, lambda: fn(*args).get(timeout=self.operation_timeout))
+        return self.with_deadline(what, lambda: fn(*args).get(timeout=self.operation_timeout))
 
     def get(self, path: str) -> Optional[tuple[bytes, Any]]:
         """Data and stat of ``path``, or None when it does not exist."""
@@ -467,7 +466,7 @@ class ZooKeeperSession:
                 except NoNodeError:
                     results.append(None)
             return results
-        return self._with_deadline(f"{len(paths)} reads", attempt)
+        return self.with_deadline(f"{len(paths)} reads", attempt)
 
     def read(self, path: str, record: type[R]) -> Optional[tuple[R, Any]]:
         """Decode ``path`` as ``record`` (``CorruptState`` naming the znode if it cannot be)."""
@@ -492,7 +491,7 @@ class ZooKeeperSession:
                 else:
                     op.add_to(tx)
             return tx.commit_async().get(timeout=self.operation_timeout)
-        results = self._with_deadline(f"a {len(ops)}-operation multi", attempt)
+        results = self.with_deadline(f"a {len(ops)}-operation multi", attempt)
         for op, result in zip(ops, results):
             if isinstance(result, NoAuthError):
                 raise self.denied(f"{op.kind} {op.path}")
@@ -559,7 +558,7 @@ class ZooKeeperSession:
         def read_acls() -> list:
             pending = [self.client.get_acls_async(path) for path in nodes]
             return [result.get(timeout=self.operation_timeout)[0] for result in pending]
-        for path, acl in zip(nodes, self._with_deadline("reading the top-level ACLs", read_acls)):
+        for path, acl in zip(nodes, self.with_deadline("reading the top-level ACLs", read_acls)):
             if not is_open(acl):
                 if self.credentials.lacks_operator(acl):  # made before the operator identity came: add it
                     self.call(f"set the ACL of {path}", self.client.set_acls_async, path, self._acl_of(path))
