@@ -25,6 +25,7 @@ from coordinator import EpochRecord, EpochState, EpochWriter, Tidemark
 from coordinator.history.resolve import Resolver, read_arrow
 from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.snapshots import TERM_KEY, main_lineage, snapshot_epoch
+from coordinator.protocol.job_run import JobRun
 from coordinator.protocol.leadership import current_leader
 from coordinator.records import TermRecord
 from tests.helpers.crash import crash_env
@@ -319,32 +320,32 @@ def test_fenced_leader_steps_down_contends_again_and_keeps_committing(connect, t
     assert {r.term for r in done.values()} >= {first, second}
 
 
-def test_leader_fenced_while_recovering_contends_again(connect, tm, pg_catalog_settings, namespace):
-    """Fenced between winning the election and its first write (here: clearing the last bounded run's
-    ``finished`` mark), a new leader steps down and contends again instead of raising out of ``run``."""
+def test_leader_fenced_while_recovering_contends_again(connect, tm, pg_catalog_settings, namespace, monkeypatch):
+    """Fenced between winning the election and its first write (here: recording its pacing and clearing the last
+    bounded run's ``finished`` mark), a new leader steps down and contends again instead of raising out of
+    ``run``."""
     catalog = pg_catalog_settings.load()
     sink = f"pg.{namespace}.epochs"
     table = create_table(catalog, f"{namespace}.epochs", EPOCH_SCHEMA, first_snapshot=False)
     fenced: list[int] = []
+    fence_next = threading.Event()
+    started = JobRun.started
 
-    class FencedWhileRecovering(EpochWriter):
-        fence_next = False
-
-        def _clear_finished(self) -> None:
-            if self.fence_next:  # an operator (another session) fences the job right then
-                self.fence_next = False
-                fenced.append(tm.fence_job(self.name, by="test"))
-            super()._clear_finished()
-
-    writer = FencedWhileRecovering(connect(session_timeout=DRIVER_SESSION), "recovering", sources=[], sinks=[sink],
-                                   catalog=pg_catalog_settings, interval_ms=1000, grace_ms=200)
+    def fenced_while_recovering(run: JobRun, pacing) -> None:
+        if fence_next.is_set():  # an operator (another session) fences the job right then
+            fence_next.clear()
+            fenced.append(tm.fence_job(run.job, by="test"))
+        started(run, pacing)
+    monkeypatch.setattr(JobRun, "started", fenced_while_recovering)
+    writer = EpochWriter(connect(session_timeout=DRIVER_SESSION), "recovering", sources=[], sinks=[sink],
+                         catalog=pg_catalog_settings, interval_ms=1000, grace_ms=200)
 
     def step(ctx) -> None:
         ctx.append(sink, pa.table({"epoch": [ctx.epoch], "term": [ctx.writer.term], "member": ["thread"]},
                                   schema=EPOCH_SCHEMA))
     first = writer.run(step, max_epochs=1, leader_timeout=DEADLINE)
     assert len(first) == 1 and tm.get(tm.paths.finished("recovering")) is not None
-    writer.fence_next = True
+    fence_next.set()
     later = writer.run(step, max_epochs=2, leader_timeout=DEADLINE)
     assert len(fenced) == 1, "the hook did not fence the job while it recovered"
     assert len(later) == 2 and later[0] > first[0]

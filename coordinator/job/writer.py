@@ -107,6 +107,7 @@ from coordinator.job.driver_metrics import DriverMetrics
 from coordinator.names import parse_epoch, validate_name, validate_names
 from coordinator.protocol.barriers import BarrierGrid, Barriers, grid_from
 from coordinator.protocol.epochs import EpochCoordinator, RecoveryAction
+from coordinator.protocol.job_run import JobRun, read_pacing
 from coordinator.protocol.leadership import Leadership, current_leader
 from coordinator.protocol.pacing import (
     CATCH_UP_NEW_LEADER_S,
@@ -124,12 +125,10 @@ from coordinator.records import (
     EpochInputs,
     EpochRecord,
     EpochState,
-    FinishedRecord,
     SourceRange,
     TableTidemark,
     now_ms,
 )
-from coordinator.zookeeper.ops import Create, Delete, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 from coordinator.zookeeper.watched import WatchedNode
 
@@ -361,8 +360,7 @@ class EpochWriter:
                 log.info("%s", plan.resumed_from.describe())
             self._opened_ms = now_ms() if plan.action == RecoveryAction.START else None
             self._epochs = epochs
-            self._record_pacing()
-            self._clear_finished()
+            JobRun(self.leadership).started(self.pacing)
             last = plan.epoch  # None only for START
             if plan.action == RecoveryAction.ROLL_FORWARD and last is not None:
                 log.info("job %s: rolling precommitted epoch %s forward", self.name, last.epoch)
@@ -455,29 +453,6 @@ class EpochWriter:
         self._doing = None
         self.leadership = Leadership(self.tm, self.name)
 
-    def _record_pacing(self) -> None:
-        """Store the cadence and grace this leader runs with, where ``tidemark status`` reads them."""
-        path = self.tm.paths.pacing(self.name)
-        found = self.tm.get(path)
-        try:
-            same = found is not None and Pacing.from_json(found[0], path) == self.pacing
-        except CorruptState:
-            same = False  # this leader's record replaces it
-        if not same:
-            data = self.pacing.to_json()
-            self.leadership.transact([SetData(path, data) if found is not None else Create(path, data)])
-
-    def _clear_finished(self) -> None:
-        path = self.tm.paths.finished(self.name)
-        if self.tm.get(path) is not None:
-            self.leadership.transact([Delete(path)])
-
-    def _mark_finished(self) -> None:
-        """A bounded run ended: say so, so that status does not call the job stale nor hold barriers for it."""
-        path = self.tm.paths.finished(self.name)
-        data = FinishedRecord(self.epochs.last_committed, self.tm.member).to_json()
-        self.leadership.transact([SetData(path, data) if self.tm.get(path) is not None else Create(path, data)])
-
     # -- the loop ----------------------------------------------------------------------------
 
     def run(self, function: Callable[..., None], *, max_epochs: Optional[int] = None, until: Optional[int] = None,
@@ -554,7 +529,7 @@ class EpochWriter:
             try:
                 remaining = None if max_epochs is None else max_epochs - (len(self.committed) - start)
                 if self._loop(function, remaining, until, once):
-                    self._mark_finished()
+                    JobRun(self.leadership).finished(self.epochs.last_committed)
                 break
             except ZooKeeperRebuilt:
                 raise
@@ -836,11 +811,10 @@ class EpochWriter:
         if mark is None or mark.epoch is None:
             return True
         try:
-            found = self.tm.read(self.tm.paths.pacing(job), Pacing)
+            pacing = read_pacing(self.tm, job)
         except CorruptState:
-            found = None  # its leader rewrites it; judge by the grid's interval meanwhile
-        return (found[0] if found is not None else Pacing()).catching_up(grid, mark.epoch, now_ms(),
-                                                                        self._session_timeout_ms)
+            pacing = None  # its leader rewrites it; judge by the grid's interval meanwhile
+        return (pacing or Pacing()).catching_up(grid, mark.epoch, now_ms(), self._session_timeout_ms)
 
     @property
     def _session_timeout_ms(self) -> int:
