@@ -82,7 +82,6 @@ from pyiceberg.table import Table
 from coordinator.crashpoints import crash_point
 from coordinator.errors import (
     ConfigurationError,
-    CorruptState,
     EpochOrderError,
     Fenced,
     JobNotFound,
@@ -104,14 +103,13 @@ from coordinator.iceberg.snapshots import (
 from coordinator.iceberg.staging import stage_append, stage_overwrite
 from coordinator.job.commit import DEFAULT_MARKER_EVERY, EpochCommitter
 from coordinator.job.driver_metrics import DriverMetrics
-from coordinator.names import parse_epoch, validate_name, validate_names
+from coordinator.names import validate_name, validate_names
 from coordinator.protocol.barriers import BarrierGrid, Barriers, grid_from
+from coordinator.protocol.catch_up import CatchUp
 from coordinator.protocol.epochs import EpochCoordinator, RecoveryAction
-from coordinator.protocol.job_run import JobRun, read_pacing
+from coordinator.protocol.job_run import JobRun
 from coordinator.protocol.leadership import Leadership, current_leader
 from coordinator.protocol.pacing import (
-    CATCH_UP_NEW_LEADER_S,
-    CATCH_UP_WAIT_S,
     DEFAULT_GRACE_MS,
     Choice,
     Pacing,
@@ -267,9 +265,7 @@ class EpochWriter:
         self._grid: Optional[tuple[int, BarrierGrid]] = None      # parsed, with the znode's mzxid
         self._topology_seen = -2                                   # the /topology version last read
         self._writers: dict[str, str] = {}                         # ... and its writer job of each table
-        self._leading_since = 0.0                                  # time.monotonic() when this replica took over
-        self._catch_up: Optional[tuple[int, float]] = None         # waiting for an upstream since: (after, since)
-        self._leader_created_ms: Optional[int] = None              # this replica's /leader znode's ctime
+        self._catch_up = CatchUp(self.tm, self.name, self.pacing)  # made anew each time this replica takes over
         self._logged_at = 0.0
         # What this replica is busy with while it leads (and since when, monotonic): _watch_steps logs a step
         # that lasts, so a leader that commits nothing always says what it waits for (issue 22).
@@ -341,8 +337,7 @@ class EpochWriter:
             table.refresh()
         self._acquire(leader_timeout, while_standby, max(recorded_term(t) for t in sinks.values()))
         self.metrics.became_leader()
-        self._leading_since = time.monotonic()
-        self._leader_created_ms = None
+        self._catch_up = CatchUp(self.tm, self.name, self.pacing)
         log.info("job %s: leading as term %s; taking over", self.name, self.leadership.term)
         self._doing = (f"taking over as term {self.leadership.term}: claiming its sinks in the catalog",
                        time.monotonic())
@@ -750,7 +745,9 @@ class EpochWriter:
             choice = self.pacing.choose(grid, after=after, sources=marks, has_root_source=self.has_root_source,
                                         now=now_ms(), until=until)
             if choice.epoch is not None:
-                upstream = self._upstream_catching_up(grid, after, choice.epoch, marks, until) if wait else None
+                upstream = self._catch_up.reason_to_wait(
+                    grid, after=after, available=choice.epoch, until=until,
+                    sources={s: (self._writers.get(s), marks[s]) for s in self._managed}) if wait else None
                 if upstream is None:
                     self.waiting = None
                     return choice.epoch
@@ -762,63 +759,6 @@ class EpochWriter:
             self._note_wait(after, choice.reason, choice.behind)
             self._open_cache.wait_changed(generation, min(choice.wake_in_s, WAIT_SLICE_S))
         return None
-
-    def _upstream_catching_up(self, grid: BarrierGrid, after: Optional[int], available: int,
-                              marks: dict[str, Optional[TableTidemark]], until: Optional[int]) -> Optional[str]:
-        """Why to wait for a managed source's writer rather than take ``available`` (``Pacing.worth_waiting``),
-        or None: the upstream is catching up after downtime, and taking ``available`` first would cost this
-        job a second epoch. Looked up only while this job is far behind the clock, so a job keeping up makes
-        no request for it; the waits for one epoch last at most ``CATCH_UP_WAIT_S`` in all."""
-        if after is None or not self.pacing.catching_up(grid, available, now_ms(), self._session_timeout_ms):
-            return None
-        if self._catch_up is None or self._catch_up[0] != after:
-            self._catch_up = (after, time.monotonic())
-        elif time.monotonic() - self._catch_up[1] > CATCH_UP_WAIT_S:
-            return None  # waited long enough: the upstream may be down
-        for source in self._managed:
-            job, mark = self._writers.get(source), marks[source]
-            if job is None:
-                continue
-            recorded = (parse_epoch(name) for name in self.tm.children(self.tm.paths.epochs(job)))
-            newest = max((e for e in recorded if e is not None), default=None)
-            in_flight = newest if newest is not None and (mark is None or mark.epoch is None or newest > mark.epoch) \
-                else None
-            if until is not None and in_flight is not None and in_flight > until:
-                continue
-            if not self._behind_its_cadence(job, mark, grid):
-                continue  # an upstream on time (an hourly one, say) has no catch-up epoch to come
-            if self.pacing.worth_waiting(grid, after=after, available=available, in_flight=in_flight,
-                                         upstream_restarted=self._took_over_with_this_job(job),
-                                         leading_for_s=time.monotonic() - self._leading_since):
-                return f"source {source}'s writer {job} is catching up: " + (
-                    f"its epoch {in_flight} is in flight" if in_flight is not None and in_flight > available else
-                    "it took over about when this job did and has not begun its catch-up epoch yet")
-        return None
-
-    def _took_over_with_this_job(self, job: str) -> bool:
-        """Whether ``job``'s leader took over within ``CATCH_UP_NEW_LEADER_S`` of this replica (by the leader znodes'
-        creation times, both on ZooKeeper's clock), or it has no leader yet: it restarted with this job."""
-        theirs = self.tm.get(self.tm.paths.leader(job))
-        if theirs is None:
-            return True
-        if self._leader_created_ms is None:
-            mine = self.tm.get(self.tm.paths.leader(self.name))
-            self._leader_created_ms = mine[1].ctime if mine is not None else None
-        return (self._leader_created_ms is not None
-                and abs(theirs[1].ctime - self._leader_created_ms) <= CATCH_UP_NEW_LEADER_S * 1000)
-
-    def _behind_its_cadence(self, job: str, mark: Optional[TableTidemark], grid: BarrierGrid) -> bool:
-        if mark is None or mark.epoch is None:
-            return True
-        try:
-            pacing = read_pacing(self.tm, job)
-        except CorruptState:
-            pacing = None  # its leader rewrites it; judge by the grid's interval meanwhile
-        return (pacing or Pacing()).catching_up(grid, mark.epoch, now_ms(), self._session_timeout_ms)
-
-    @property
-    def _session_timeout_ms(self) -> int:
-        return int(self.tm.session_timeout * 1000)
 
     def _note_wait(self, after: Optional[int], reason: str, lagging: tuple[str, ...] = ()) -> None:
         """Record why the writer waits; log it once the wait has lasted ``log_every`` seconds, and every

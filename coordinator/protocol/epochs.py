@@ -52,6 +52,14 @@ from coordinator.protocol.barriers import BarrierGrid, Barriers
 from coordinator.protocol.leadership import Leadership
 from coordinator.records import EpochInputs, EpochRecord, EpochState, TableTidemark, now_ms
 from coordinator.zookeeper.ops import Create, Delete, Op, SetData
+from coordinator.zookeeper.session import ZooKeeperSession
+
+
+def newest_epoch(tm: ZooKeeperSession, job: str) -> Optional[int]:
+    """The newest epoch ``job`` has a record of (``/jobs/<job>/epochs/<T>``), whatever its state: its epoch in
+    flight when it is newer than the job's tidemarks (None: no record)."""
+    recorded = (parse_epoch(name) for name in tm.children(tm.paths.epochs(job)))
+    return max((e for e in recorded if e is not None), default=None)
 
 
 class RecoveryAction(str, enum.Enum):

@@ -88,6 +88,13 @@ def current_leader(tm: ZooKeeperSession, job: str) -> Optional[LeaderRecord]:
     return None if found is None else LeaderRecord.from_json(found[0], path)
 
 
+def leader_since_ms(tm: ZooKeeperSession, job: str) -> Optional[int]:
+    """When ``job``'s current leader took over, by ZooKeeper's clock: its leader znode's creation time (None: no
+    leader)."""
+    found = tm.get(tm.paths.leader(job))
+    return None if found is None else found[1].ctime
+
+
 class Leadership:
     def __init__(self, tm: ZooKeeperSession, job: str) -> None:
         self.tm = tm
