@@ -33,8 +33,8 @@ A contender that gives up (its ``acquire`` timed out or failed) or steps down mu
 node behind: kazoo's recipe deletes it on a best-effort basis and swallows the error when the
 connection is SUSPENDED (kazoo #732), and a node left so by a session that survives blocks
 every later contender forever, this replica included. So every node a ``Leadership`` of this
-session gave up on is remembered on the session (``abandoned_contenders``) until it is seen
-deleted, and every ``acquire`` first deletes those that are still there. Stepping down deletes
+session gave up on is remembered for the session (``_ABANDONED``, this recipe's own state) until it
+is seen deleted, and every ``acquire`` first deletes those that are still there. Stepping down deletes
 the node itself, within the session's operation deadline (kazoo's ``release`` waits with none
 while the connection is down), and leaves it to the next ``acquire`` if that fails. kazoo's
 ``acquire`` itself still waits while the connection is down, for as long as it is (the session
@@ -45,6 +45,7 @@ from __future__ import annotations
 import enum
 import socket
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -79,6 +80,12 @@ class LeaderState(str, enum.Enum):
 
 class _Raced(Exception):
     pass
+
+
+# Per session, the election nodes a Leadership of it gave up on and has not seen deleted yet: it deletes them before
+# contending again (see the module docstring). Leaderships run on any thread, hence the lock.
+_ABANDONED: weakref.WeakKeyDictionary[ZooKeeperSession, set[str]] = weakref.WeakKeyDictionary()
+_ABANDONED_LOCK = threading.Lock()
 
 
 def current_leader(tm: ZooKeeperSession, job: str) -> Optional[LeaderRecord]:
@@ -320,23 +327,23 @@ class Leadership:
     def _abandon(self, lock: Lock) -> None:
         """Remember ``lock``'s contender node (by its unique prefix) until it is seen deleted: if the session
         survives, a node left behind would be the head of the election queue forever."""
-        with self.tm.contenders_lock:
-            self.tm.abandoned_contenders.add(f"{lock.path}/{lock.prefix}")
+        with _ABANDONED_LOCK:
+            _ABANDONED.setdefault(self.tm, set()).add(f"{lock.path}/{lock.prefix}")
 
     def _sweep_abandoned(self) -> None:
         """Delete this session's abandoned contender nodes of this job that are still there (deadline-bounded:
         ``ZooKeeperUnavailable``); forget those that are gone."""
         election = self.tm.paths.election(self.job)
-        with self.tm.contenders_lock:
-            mine = [p for p in self.tm.abandoned_contenders if p.rsplit("/", 1)[0] == election]
+        with _ABANDONED_LOCK:
+            mine = [p for p in _ABANDONED.get(self.tm, ()) if p.rsplit("/", 1)[0] == election]
         if not mine:
             return
         children = self.tm.children(election)
         for prefix in mine:
             for child in (c for c in children if f"{election}/{c}".startswith(prefix)):
                 self._delete_contender(f"{election}/{child}")
-            with self.tm.contenders_lock:
-                self.tm.abandoned_contenders.discard(prefix)
+            with _ABANDONED_LOCK:
+                _ABANDONED.get(self.tm, set()).discard(prefix)
 
     def __enter__(self) -> Leadership:
         self.acquire()

@@ -134,10 +134,6 @@ class ZooKeeperSession:
         self._lock = threading.Lock()
         self._retries: Counter[str] = Counter()
         self._state_changes: Counter[str] = Counter()
-        # Election nodes a Leadership of this session gave up on and has not seen deleted yet: it deletes them
-        # before contending again (protocol/leadership.py), under this lock (leaderships run on any thread).
-        self.abandoned_contenders: set[str] = set()
-        self.contenders_lock = threading.Lock()
         self._closing = False
         self._quiet = False  # connection changes go unlogged (``connect``, until the server answered a request)
         # Set once this session can never come back (a rebuilt server, or the process stopping with ZooKeeper
