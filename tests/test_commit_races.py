@@ -19,10 +19,13 @@ from tests.helpers.lake import create_table, rows_of
 
 
 def _commit_after_loads(monkeypatch, table, catalog_settings, loads: int) -> list[int]:
-    """After each of ``table``'s next ``loads`` loads (``refresh``), another handle appends a row to ``main``
-    (a concurrent writer's commit lands before ours); returns the sequence numbers those loads saw."""
+    """After ``table``'s load so far, then after each of its next loads (``refresh``), ``loads`` times in all,
+    another handle appends a row to ``main`` (a concurrent writer's commit lands before ours: staging's first
+    attempt commits on the metadata as loaded); returns the sequence numbers the loads saw, the first one's first."""
     other = catalog_settings.load().load_table(table.name())
-    refresh, seen = table.refresh, []
+    refresh, seen = table.refresh, [table.metadata.last_sequence_number]
+    if loads:
+        other.append(rows_of(0, 1))
 
     def load_then_race():
         loaded = refresh()

@@ -10,6 +10,11 @@ progress record (``snapshots.summary_properties``), until ``publish_staged`` mov
 ``main`` to it. pyiceberg cannot branch from a table with no snapshot, so an empty table
 first gets one empty snapshot on ``main`` (it carries no epoch and no rows).
 
+The first attempt branches from ``main`` as the table's loaded metadata has it (the writer's table
+object follows its own commits, and only this writer moves ``main``), saving a metadata load per
+sink and epoch; if the table moved since, the commit loses a race and the next attempt reloads.
+A compaction that moved ``main`` meanwhile is published over as ``publish_staged`` says.
+
 Failure behaviour: a commit that loses a race with another commit on the table (GC, a
 tag, another writer's snapshot) is retried from a fresh load of the table, up to
 ``STAGE_ATTEMPTS`` times within ``STAGE_DEADLINE_S`` seconds; then ``PublishConflict`` is
@@ -74,8 +79,13 @@ class _StagingTransaction(Transaction):
 
 def _stage(table: Table, epoch: int, job: str, term: int, inputs: Optional[EpochInputs],
            write: Callable[[Transaction, str, dict[str, str]], None]) -> int:
+    attempts = 0
+
     def attempt() -> int:
-        table.refresh()
+        nonlocal attempts
+        if attempts:
+            table.refresh()
+        attempts += 1
         if table.current_snapshot() is None:
             table.append(table.schema().as_arrow().empty_table())
         branch = f"tidemark-stage-{job}-{epoch}-{term}"
