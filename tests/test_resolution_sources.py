@@ -13,59 +13,14 @@ picks the wrong snapshot of a table, ahead or not, fails even when the other pat
 """
 from __future__ import annotations
 
-from coordinator import EpochWriter
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.resolve import Resolver
 from coordinator.history.retention import RetentionPolicy
-from coordinator.records import ConsistentVersion
-from tests.helpers.lake import commit_rows, create_table, lead_job
+from tests.helpers.mixed_lake import MixedLake
 from tests.helpers.zookeeper_tree import wipe_zookeeper
 
 
-class Lake:
-    """Three jobs and the snapshot each published at each of its epochs (the truth versions are checked against)."""
-
-    def __init__(self, catalog, settings, namespace: str) -> None:
-        self.settings = settings
-        self.up, self.down, self.other = (f"{namespace}.{t}" for t in ("up", "down", "other"))
-        for name in (self.up, self.down, self.other):
-            create_table(catalog, name)
-        self.published: dict[str, dict[int, int]] = {self.up: {}, self.down: {}, self.other: {}}
-        self.writers: dict[str, EpochWriter] = {}
-
-    def open(self, tm) -> None:
-        """Open the three writers (registered, leading, recovered: after a wipe, from their sinks' Iceberg
-        progress)."""
-        self.writers = {self.up: lead_job(tm, self.settings, "up", [self.up]),
-                        self.down: lead_job(tm, self.settings, "down", [self.down], sources=(self.up,)),
-                        self.other: lead_job(tm, self.settings, "other", [self.other])}
-
-    def close(self) -> None:
-        for writer in self.writers.values():
-            writer.close()
-
-    def root_epoch(self, table: str, epoch: int) -> None:
-        self.published[table][epoch] = commit_rows(self.writers[table], epoch)
-
-    def copy_epoch(self, epoch: int) -> None:
-        """``down`` takes ``epoch``, copying every change of ``up`` since its previous epoch."""
-        writer = self.writers[self.down]
-        record = writer.process(epoch, lambda ctx: ctx.append(self.down, ctx.changes(self.up)),
-                                inputs=writer.inputs_for(epoch))
-        published = record.published[self.down]
-        assert published is not None
-        self.published[self.down][epoch] = published
-
-    def truth(self, tables: tuple[str, ...]) -> ConsistentVersion:
-        """The newest epoch every table of ``tables`` published, each table at the snapshot it published there."""
-        epoch = max(set.intersection(*(set(self.published[t]) for t in tables)))
-        return ConsistentVersion(epoch, {t: self.published[t][epoch] for t in tables})
-
-    def sets(self) -> list[tuple[str, ...]]:
-        return [(self.up, self.down), (self.up, self.other), (self.down, self.other), (self.up, self.down, self.other)]
-
-
-def assert_same_everywhere(catalog, settings, lake: Lake, warm: Resolver, loaded: list[str],
+def assert_same_everywhere(catalog, settings, lake: MixedLake, warm: Resolver, loaded: list[str],
                            zookeeper_names: bool) -> None:
     """Cold, watch-cache and Iceberg-only resolution of every set give the truth; with ``zookeeper_names``,
     the two ZooKeeper paths take every snapshot from ZooKeeper's records (no table metadata loaded), and the
@@ -92,7 +47,7 @@ def assert_same_everywhere(catalog, settings, lake: Lake, warm: Resolver, loaded
 
 def test_zookeeper_and_iceberg_resolve_the_same_versions_at_mixed_epochs_after_gc_and_after_a_wipe(
         tm, connect, zk_server, zk_connect, catalog, catalog_settings, namespace, loaded):
-    lake = Lake(catalog, catalog_settings, namespace)
+    lake = MixedLake(catalog, catalog_settings, namespace)
     up, down, other = lake.up, lake.down, lake.other
     lake.open(tm)
     cache = tm.tidemark_cache()
