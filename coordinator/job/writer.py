@@ -25,12 +25,16 @@ What ``run`` does, in order (every step is safe to crash in):
    managed source holds, on the job's cadence (``every``: a multiple of the grid interval,
    default every grid point); a job with no managed source (a root job) takes the newest barrier
    on its cadence that the clock has passed by ``grace_ms``. One epoch covers every change since
-   the previous one, so a job back from downtime catches up in one epoch. It waits on watches of
-   its own sources' tidemarks only, and says why (``waiting``, and a log line every
-   ``log_every`` seconds);
+   the previous one, so a job back from downtime catches up in one epoch, and one far behind the
+   clock may first wait for a source's writer catching up too (``catch_up.py``). It waits on
+   watches of its own sources' tidemarks only, and says why (``waiting``, and a log line every
+   ``log_every`` seconds). A leader records the pacing it runs with, and that a bounded run
+   finished, through ``job_run.py``;
 5. **record the inputs**: per source, the snapshot range ``(previous epoch, T]``;
 6. **compute**: call the function (skipped when no source changed and ``always_run`` is
-   False: the epoch then commits in one ZooKeeper multi, and no catalog commit);
+   False: the epoch then commits in one ZooKeeper multi, and no catalog commit). A function that
+   raises aborts the epoch with the error's first line (ABORTED), and it is recomputed from the
+   same recorded inputs by whoever runs the job next;
 7. **stage, precommit, publish, commit** (``EpochCommitter``).
 
 A job's epochs are barriers every one of its managed sources committed: that is what makes an
