@@ -25,6 +25,11 @@ every barrier: a job coalesces.
      the table's snapshot at ``T``, at or after the table's first epoch (before it, the table had no
      writer and was read by commit time, which holds no epoch).
 
+**Newest epochs read by others.** From Iceberg, a table's newest epoch understates the truth when its
+idle epochs since fell between marker rounds. A table of the set whose newest epoch records reading
+it (``Evidence.newest_inputs``, at hand in a resolver's summaries) shows it holds that epoch too, at
+the snapshot read: it is placed there, and its newest epoch raised to it, before anything else.
+
 **The laggard's epoch.** No consistent version can be newer than the lowest newest epoch among the
 tables, the laggard's ``L``. The lists above stop reaching ``L`` once the other jobs went on (a fast
 job's list and records hold its recent epochs; an idle epoch of it is in Iceberg only on a marker
