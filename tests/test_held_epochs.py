@@ -49,11 +49,11 @@ def test_the_laggards_epoch_is_placed_in_a_table_by_the_job_that_read_it_and_now
     def recorded_at(name: str, epoch: int) -> Optional[EpochInputs]:
         asked.append((name, epoch))
         return recorded_inputs.get((name, epoch))
-    holdings = HeldEpochs(held, newest, Evidence(recorded_inputs=recorded_at, first_epochs={"db.fast": 1000}))
+    holdings = HeldEpochs(held, newest, Evidence(recorded_inputs=recorded_at, first_epoch={"db.fast": 1000}.get))
     assert holdings.consistent_epoch() == 6000
     assert holdings.held["db.fast"][6000] == 55 and asked == [("db.slow", 6000)]
 
-    before_first = HeldEpochs(held, newest, Evidence(recorded_inputs=recorded_at, first_epochs={"db.fast": 7000}))
+    before_first = HeldEpochs(held, newest, Evidence(recorded_inputs=recorded_at, first_epoch={"db.fast": 7000}.get))
     assert before_first.consistent_epoch() is None, "no epoch in common, and 6000 is before fast's first epoch"
 
 
@@ -62,7 +62,7 @@ def test_a_later_read_of_a_table_raises_its_newest_epoch_which_iceberg_understat
     read it at 3000, so it holds 3000 (at the snapshot slow's newest epoch records), and that is the version."""
     held = {"db.fast": {1000: 1, 2000: 2}, "db.slow": {1000: 3, 3000: 4}}
     evidence = Evidence(newest_inputs=lambda name: inputs(fast=2) if name == "db.slow" else None,
-                        first_epochs={"db.fast": 1000})
+                        first_epoch={"db.fast": 1000}.get)
     holdings = HeldEpochs(held, {"db.fast": 2000, "db.slow": 3000}, evidence)
     assert holdings.consistent_epoch() == 3000 and holdings.held["db.fast"][3000] == 2
     assert HeldEpochs(held, {"db.fast": 2000, "db.slow": 3000}).consistent_epoch() == 1000, "without the read"
@@ -78,12 +78,12 @@ def test_older_epochs_are_tried_newest_first_and_at_most_place_tries_of_them():
     def nothing_recorded(name: str, epoch: int) -> Optional[EpochInputs]:
         tried.append(epoch)
         return None
-    evidence = Evidence(recorded_inputs=nothing_recorded, first_epochs={"db.a": 1000, "db.b": 1000})
+    evidence = Evidence(recorded_inputs=nothing_recorded, first_epoch={"db.a": 1000, "db.b": 1000}.get)
     assert HeldEpochs(held, newest, evidence).consistent_epoch() == 1000
     assert tried == [20_000, 19_000, 18_000, 17_000][:PLACE_TRIES]
 
     placed = {("db.b", 18_000): EpochInputs({"db.a": SourceRange(1, 7)})}
-    evidence = Evidence(recorded_inputs=lambda n, e: placed.get((n, e)), first_epochs={"db.a": 1000})
+    evidence = Evidence(recorded_inputs=lambda n, e: placed.get((n, e)), first_epoch={"db.a": 1000}.get)
     holdings = HeldEpochs(held, newest, evidence)
     assert holdings.consistent_epoch() == 18_000 and holdings.held["db.a"][18_000] == 7
 
@@ -91,7 +91,7 @@ def test_older_epochs_are_tried_newest_first_and_at_most_place_tries_of_them():
 def test_iceberg_records_come_before_a_readers_inputs_and_a_table_with_no_epoch_has_no_version():
     held = {"db.a": {1000: 1}, "db.b": {1000: 2, 3000: 3}}
     evidence = Evidence(recorded=lambda name: {3000: 30} if name == "db.a" else {},
-                        recorded_inputs=lambda name, epoch: inputs(a=99), first_epochs={"db.a": 1000})
+                        recorded_inputs=lambda name, epoch: inputs(a=99), first_epoch={"db.a": 1000}.get)
     holdings = HeldEpochs(held, {"db.a": 5000, "db.b": 3000}, evidence)
     assert holdings.consistent_epoch() == 3000 and holdings.held["db.a"][3000] == 30
     assert HeldEpochs({"db.a": {}, "db.b": {1000: 1}}, {"db.a": None, "db.b": 1000}).consistent_epoch() is None

@@ -345,7 +345,7 @@ class GarbageCollector:
             return None if name in managed or epoch is None else lineage.inputs_at(epoch)
         holdings = HeldEpochs(state.held, newest_epochs, Evidence(
             self.tm, writers, recorded, lambda name, epoch: state.lineages[name].inputs_at(epoch), newest_inputs,
-            firsts))
+            firsts.get))
         holdings.consistent_epoch()  # C: what readers resolve, the laggard's epoch reached as they reach it
         state.held = holdings.held
         if state.held:

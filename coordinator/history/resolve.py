@@ -173,7 +173,7 @@ class Resolver:
         held = {n: self._held(n, marks[n]) for n in managed}
         if as_of is None:
             holdings = HeldEpochs(held, {n: epochs[n] for n in managed},  # type: ignore[misc]  # not ROOT
-                                  self._evidence(marks, self._first_epochs(names, marks, epochs)))
+                                  self._evidence(marks, epochs))
             target_or_none = holdings.consistent_epoch()
             if target_or_none is None:
                 raise self._no_common_epoch(names, marks, epochs, managed)
@@ -193,7 +193,7 @@ class Resolver:
         return ConsistentVersion(target, snapshots, level)
 
     def _evidence(self, marks: Mapping[str, Optional[TableTidemark]],
-                  first_epochs: Mapping[str, Optional[int]]) -> Evidence:
+                  epochs: Mapping[str, Union[int, str, None]]) -> Evidence:
         """Where the laggard's epoch is looked for (``held_epochs``): the epoch records (with ZooKeeper), then each
         table's Iceberg records and what the tables reading it record (their newest epoch's inputs are in their
         summaries; an older epoch's take a metadata load)."""
@@ -205,10 +205,11 @@ class Resolver:
 
         def recorded(name: str) -> Mapping[int, Optional[int]]:  # a table with a tidemark: Iceberg may reach further
             return dict(self._summary(name).recorded) if marks[name] is not None else {}
+
         def newest_inputs(name: str) -> Optional[EpochInputs]:  # a table read from Iceberg: in its summary
             return self._summary(name, refresh=False).committed_inputs if marks[name] is None else None
         return Evidence(self.tm, recorded=recorded, recorded_inputs=recorded_inputs, newest_inputs=newest_inputs,
-                        first_epochs=first_epochs)
+                        first_epoch=lambda name: self._first_epochs([name], marks, epochs).get(name))
 
     def _held_at(self, name: str, mark: Optional[TableTidemark], held: Mapping[int, Optional[int]], epoch: int,
                  names: list[str]) -> Optional[int]:

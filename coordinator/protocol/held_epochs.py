@@ -46,7 +46,7 @@ answer. ZooKeeper and catalog errors propagate from the callbacks and reads as t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from coordinator.protocol.topology import read_topology
@@ -88,7 +88,8 @@ class Evidence:
     ``recorded``: a table's epochs in its Iceberg records; ``recorded_inputs``: the inputs a table's epoch records
     in Iceberg (its snapshot or marker of that epoch; None when it records none there); ``newest_inputs``: the
     inputs a table's newest epoch records, for the tables where they are at hand at no cost (a resolver's summaries
-    of the tables it read from Iceberg); ``first_epochs``: each table's first epoch where known.
+    of the tables it read from Iceberg); ``first_epoch``: a table's first epoch where known (asked only when a
+    reader's inputs are weighed).
     """
 
     tm: Optional[ZooKeeperSession] = None
@@ -96,7 +97,7 @@ class Evidence:
     recorded: Optional[Callable[[str], Mapping[int, Optional[int]]]] = None
     recorded_inputs: Optional[Callable[[str, int], Optional[EpochInputs]]] = None
     newest_inputs: Optional[Callable[[str], Optional[EpochInputs]]] = None
-    first_epochs: Mapping[str, Optional[int]] = field(default_factory=dict)
+    first_epoch: Callable[[str], Optional[int]] = lambda table: None
 
     def epoch_records(self, tables: Iterable[str], epochs: Iterable[int]) -> dict[tuple[str, int], EpochRecord]:
         """The COMMITTED epoch records at ``epochs`` of the writers of ``tables``, by (job, epoch): one pipelined
@@ -123,7 +124,7 @@ class Evidence:
     def read_at(self, table: str, epoch: int) -> bool:
         """Whether a reader's inputs of ``epoch`` name ``table`` at its snapshot there: only at or after its first
         epoch (before it, ``table`` was read by commit time)."""
-        first = self.first_epochs.get(table)
+        first = self.first_epoch(table)
         return first is not None and epoch >= first
 
 
@@ -136,6 +137,7 @@ class HeldEpochs:
         self.held: Held = {name: dict(epochs) for name, epochs in held.items()}
         self.newest = dict(newest)
         self.evidence = evidence if evidence is not None else Evidence()
+        self._recorded: dict[str, Mapping[int, Optional[int]]] = {}  # ``Evidence.recorded``, asked once per table
 
     @classmethod
     def of_tidemarks(cls, marks: Mapping[str, Optional[TableTidemark]],
@@ -200,9 +202,12 @@ class HeldEpochs:
             if writer is not None and name in writer.published:
                 found[name] = writer.published[name]
                 continue
-            if evidence.recorded is not None and epoch in (recorded := evidence.recorded(name)):
-                found[name] = recorded[epoch]
-                continue
+            if evidence.recorded is not None:
+                if name not in self._recorded:
+                    self._recorded[name] = evidence.recorded(name)
+                if epoch in self._recorded[name]:
+                    found[name] = self._recorded[name][epoch]
+                    continue
             read = self._read_by_reader(name, epoch, readers)
             if read is None:
                 return None

@@ -397,7 +397,7 @@ def _consistent_epoch(tm: ZooKeeperSession, writers: Mapping[str, str], marks: M
     if not own:
         return None
     firsts = {t: m.first_epoch for t, m in own.items() if m is not None}
-    return HeldEpochs.of_tidemarks(own, Evidence(tm, writers, first_epochs=firsts)).consistent_epoch()
+    return HeldEpochs.of_tidemarks(own, Evidence(tm, writers, first_epoch=firsts.get)).consistent_epoch()
 
 
 def _silent_leader(job: JobStatus, marks: Mapping[str, Optional[TableTidemark]], read_ms: int) -> str:
