@@ -334,18 +334,21 @@ class GarbageCollector:
                 state.held[name] = dict(listed)
         newest_epochs: dict[str, Optional[int]] = {
             n: managed[n].epoch if n in managed else state.lineages[n].committed_epoch for n in state.held}
-        firsts = {n: managed[n].first_epoch if n in managed and managed[n].first_epoch is not None
-                  else state.lineages[n].first_epoch for n in state.held}
+        def first_epoch(name: str) -> Optional[int]:  # asked only when a reader's inputs are weighed
+            mark = managed.get(name)
+            return mark.first_epoch if mark is not None and mark.first_epoch is not None \
+                else state.lineages[name].first_epoch
 
         def recorded(name: str) -> dict[int, Optional[int]]:  # a table with a tidemark: Iceberg may reach further
             return dict(state.lineages[name].recorded_epochs()) if name in managed else {}
+
         def newest_inputs(name: str) -> Optional[EpochInputs]:  # a table with no tidemark: its lineage says
             lineage = state.lineages[name]
             epoch = lineage.committed_epoch
             return None if name in managed or epoch is None else lineage.inputs_at(epoch)
         holdings = HeldEpochs(state.held, newest_epochs, Evidence(
             self.tm, writers, recorded, lambda name, epoch: state.lineages[name].inputs_at(epoch), newest_inputs,
-            firsts.get))
+            first_epoch))
         holdings.consistent_epoch()  # C: what readers resolve, the laggard's epoch reached as they reach it
         state.held = holdings.held
         if state.held:
