@@ -17,9 +17,11 @@ import pyarrow as pa
 from coordinator import VersionNotFound
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.resolve import Resolver, read_arrow
+from coordinator.history.retention import RetentionPolicy
+from coordinator.history.versions import tag_name
 from coordinator.iceberg.lineage import EpochLineage
 from coordinator.protocol.held_epochs import PLACE_TRIES, Evidence, HeldEpochs, common_epochs
-from coordinator.records import EpochInputs, SourceRange
+from coordinator.records import EpochInputs, SourceRange, now_ms
 from tests.helpers.lake import commit_rows, create_table, lead_job, rows_of
 from tests.helpers.present import present
 from tests.helpers.wait import wait_for
@@ -230,3 +232,58 @@ def test_across_cadences_iceberg_alone_resolves_what_zookeeper_does_or_trails_wi
     assert agreed, "Iceberg alone should name ZooKeeper's version most of the time"
     fast_writer.close()
     slow_writer.close()
+
+
+def test_a_root_commit_visible_only_after_a_job_read_its_barrier_is_read_as_that_epoch_read_it_then_once_next(
+        connect, catalog, catalog_settings, namespace):
+    """A producer's commit stamped before barrier ``T`` that becomes visible only after the job's epoch ``T`` read
+    the root table (a commit slower than the job's grace): a consistent version at ``T`` has the root as that epoch
+    read it, with ZooKeeper, from Iceberg alone, and in the version GC tags; so the copy and the root agree. The
+    late rows land in the job's next epoch, once. (Cut by commit time, the root at ``T`` has them and the copy
+    does not.)"""
+    root, copy = f"{namespace}.root", f"{namespace}.copy"
+    create_table(catalog, root)
+    create_table(catalog, copy)
+    writer = lead_job(connect(), catalog_settings, "copy", [copy], sources=(root,))  # a grace of 0
+    table = catalog.load_table(root)
+    table.append(rows_of(1, 2))
+
+    def copy_changes(ctx) -> None:
+        ctx.append(copy, ctx.changes(root))
+    late = table.transaction()
+    late.append(rows_of(2, 3))  # the snapshot is stamped now, and becomes visible only at the commit below
+    stamped = max(s.timestamp_ms for s in late.table_metadata.snapshots)
+    barrier = (stamped // 1000 + 1) * 1000
+    wait_for(lambda: now_ms() > barrier, "the clock to pass the barrier after the stamp", timeout=5)
+    writer.process(barrier, copy_changes, inputs=writer.inputs_for(barrier))
+    late.commit_transaction()
+    late_id = present(catalog.load_table(root).current_snapshot()).snapshot_id
+    assert EpochLineage(catalog.load_table(root)).at_time(barrier).snapshot_id == late_id  # type: ignore[union-attr]
+
+    tm = connect()
+
+    def rows(resolver: Resolver, version) -> tuple[list, list]:
+        frames = read_arrow(resolver, version)
+        return (sorted(zip(*(frames[root].column(c).to_pylist() for c in ("epoch", "row")))),
+                sorted(zip(*(frames[copy].column(c).to_pylist() for c in ("epoch", "row")))))
+    resolvers = {"zookeeper": Resolver(catalog, catalog_settings, tm),
+                 "iceberg alone": Resolver(catalog, catalog_settings, None)}
+    for how, resolver in resolvers.items():
+        version = resolver.resolve([root, copy])
+        assert version.epoch == barrier, how
+        assert version.snapshots[root] != late_id, f"{how}: the root should be read as epoch {barrier} read it"
+        in_root, in_copy = rows(resolver, version)
+        assert in_root == in_copy == [(1, 0), (1, 1)], how
+    plan = GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1h,tags:all")).plan()
+    tagged = next(t for t in plan.tables if t.table == root).tags_to_create
+    assert tagged[tag_name(barrier)] == resolvers["zookeeper"].resolve([root, copy]).snapshots[root]
+
+    following = barrier + 1000
+    wait_for(lambda: now_ms() > following, "the clock to pass the next barrier", timeout=5)
+    writer.process(following, copy_changes, inputs=writer.inputs_for(following))
+    for how, resolver in resolvers.items():
+        version = resolver.resolve([root, copy])
+        assert version.epoch == following and version.snapshots[root] == late_id, how
+        in_root, in_copy = rows(resolver, version)
+        assert in_root == in_copy == [(1, 0), (1, 1), (2, 0), (2, 1), (2, 2)], how
+    writer.close()

@@ -200,6 +200,7 @@ class _State:
     notes: list[str]
     held: dict[str, dict[int, Optional[int]]] = field(default_factory=dict)  # table -> its epochs -> snapshot
     common: list[int] = field(default_factory=list)  # epochs every table of ``held`` holds, oldest first
+    evidence: Evidence = field(default_factory=Evidence)  # where the readers' records are (root tables' reads)
 
     @property
     def consistent(self) -> Optional[int]:
@@ -346,9 +347,9 @@ class GarbageCollector:
             lineage = state.lineages[name]
             epoch = lineage.committed_epoch
             return None if name in managed or epoch is None else lineage.inputs_at(epoch)
-        holdings = HeldEpochs(state.held, newest_epochs, Evidence(
-            self.tm, writers, recorded, lambda name, epoch: state.lineages[name].inputs_at(epoch), newest_inputs,
-            first_epoch))
+        state.evidence = Evidence(self.tm, writers, recorded, lambda name, epoch: state.lineages[name].inputs_at(epoch),
+                                  newest_inputs, first_epoch)
+        holdings = HeldEpochs(state.held, newest_epochs, state.evidence)
         holdings.consistent_epoch()  # C: what readers resolve, the laggard's epoch reached as they reach it
         state.held = holdings.held
         if state.held:
@@ -431,15 +432,16 @@ class GarbageCollector:
                 state.notes.append(f"epoch {epoch} cannot become a version: table {name}'s snapshot there expired")
                 return None
             snapshots[name] = snapshot_id
+        read = state.evidence.root_reads(state.held, state.roots, epoch)
         for name in state.roots:
             lineage = state.lineages.get(name)
             if lineage is not None and name not in state.held:
-                found = lineage.at_time(epoch)
-                if found is None and lineage.truncated:
+                cut = lineage.root_at(epoch, read.get(name))
+                if cut is None:
                     state.notes.append(f"epoch {epoch} cannot become a version: root table {name}'s history "
                                        "there expired")
                     return None
-                snapshots[name] = None if found is None else found.snapshot_id
+                snapshots[name] = cut.snapshot_id
         if all(s is None for s in snapshots.values()):
             state.notes.append(f"epoch {epoch} is not made a version: every table was empty then, so no tag could "
                                "name it")

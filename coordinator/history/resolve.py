@@ -51,7 +51,7 @@ from pyiceberg.table import ALWAYS_TRUE, DataScan, Snapshot, Table
 from coordinator.errors import ConfigurationError, EpochOrderError, InvalidName, VersionNotFound
 from coordinator.history.versions import RetainedVersions, nearest, tag_epoch, tag_name
 from coordinator.iceberg.catalog import CatalogSettings, load_table
-from coordinator.iceberg.lineage import EpochLineage, LineageSummary
+from coordinator.iceberg.lineage import EpochLineage, LineageSummary, RootRead
 from coordinator.names import validate_epoch, validate_name
 from coordinator.protocol.held_epochs import Evidence, HeldEpochs
 from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
@@ -165,15 +165,16 @@ class Resolver:
         if not managed:  # only root tables: nothing to align them on but the time asked for
             if as_of is None:
                 return ConsistentVersion(None, self._current(names), level)
-            snapshots = {n: self._root_snapshot(n, as_of) for n in roots}
+            snapshots = {n: self._root_snapshot(n, as_of, {}) for n in roots}
             if all(s is None for s in snapshots.values()):
                 raise VersionNotFound(f"epoch {as_of} is before the history of every table in {names}: none had a "
                                       "snapshot then. Ask for a later epoch")
             return ConsistentVersion(as_of, snapshots, level)
         held = {n: self._held(n, marks[n]) for n in managed}
+        evidence = self._evidence(marks, epochs)
         if as_of is None:
             holdings = HeldEpochs(held, {n: epochs[n] for n in managed},  # type: ignore[misc]  # not ROOT
-                                  self._evidence(marks, epochs))
+                                  evidence)
             target_or_none = holdings.consistent_epoch()
             if target_or_none is None:
                 raise self._no_common_epoch(names, marks, epochs, managed)
@@ -188,8 +189,9 @@ class Resolver:
                 at = ", ".join(f"{n} is at {e}" for n, e in sorted(behind.items()))
                 raise VersionNotFound(f"epoch {as_of} is not committed in every table of {names} ({at})")
             snapshots = {n: self._held_at(n, marks[n], held[n], as_of, names) for n in managed}
+        read = evidence.root_reads(managed, roots, target)
         for name in roots:
-            snapshots[name] = self._root_snapshot(name, target)
+            snapshots[name] = self._root_snapshot(name, target, read)
         return ConsistentVersion(target, snapshots, level)
 
     def _evidence(self, marks: Mapping[str, Optional[TableTidemark]],
@@ -329,18 +331,19 @@ class Resolver:
     def _current(self, names: list[str]) -> dict[str, Optional[int]]:
         return {n: _id(self._load(n).current_snapshot()) for n in names}
 
-    def _root_snapshot(self, name: str, wall_ms: int) -> Optional[int]:
-        """A root table cut by commit time at ``wall_ms`` (barrier ``wall_ms`` reads its commits up to then). When
-        that history was expired (another engine's maintenance may expire all but a compaction on top), the tag of
-        the version at ``wall_ms``, which GC puts on every table it covers, still names that snapshot."""
+    def _root_snapshot(self, name: str, wall_ms: int, read: Mapping[str, RootRead]) -> Optional[int]:
+        """A root table at barrier ``wall_ms`` (``EpochLineage.root_at``: as the jobs of the set that read it then
+        recorded, ``read``, else by commit time). When that history was expired (another engine's maintenance may
+        expire all but a compaction on top), the tag of the version at ``wall_ms``, which GC puts on every table it
+        covers, still names that snapshot."""
         lineage = self._lineage(name)
-        found = lineage.at_time(wall_ms)
-        if found is None and lineage.truncated:
+        cut = lineage.root_at(wall_ms, read.get(name))
+        if cut is None:
             tag = lineage.table.metadata.refs.get(tag_name(wall_ms))
             if tag is not None:
                 return tag.snapshot_id
             raise self._expired(f"root table {name}'s history at {wall_ms} was expired", [name], wall_ms)
-        return _id(found)
+        return cut.snapshot_id
 
     def _snapshot_at(self, name: str, epoch: Union[int, str, None]) -> Optional[int]:
         """For ``committed``: the table at its own committed epoch (a root table at its current snapshot)."""

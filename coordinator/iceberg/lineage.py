@@ -6,6 +6,7 @@ table's epochs through it.
     lineage.recorded_epochs()                # ((epoch, snapshot id), ...), oldest first: what Iceberg records
     lineage.at_epoch(T)                      # newest main snapshot with tidemark.epoch <= T (None: empty then)
     lineage.at_time(wall_ms)                 # a root table: newest main snapshot committed at or before wall_ms
+    lineage.root_at(wall_ms, read)           # a root table at a barrier: as its readers read it, else by time
     lineage.main_since(T)                    # main from the snapshot at T up to the head
     lineage.truncated                        # main's older history was expired
     lineage.ancestors(snapshot_id)           # any ref's snapshots, newest first
@@ -56,6 +57,13 @@ from coordinator.iceberg.snapshots import (
     snapshot_progress,
 )
 from coordinator.records import EpochInputs
+
+
+@dataclass(frozen=True)
+class RootRead:
+    """A root table's snapshot as the jobs reading it read it at a barrier (None: it was empty then)."""
+
+    snapshot_id: Optional[int]
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,18 @@ class EpochLineage:
         ``wall_ms``, which is what barrier ``wall_ms`` reads of it."""
         return newest_at_time(self.main, wall_ms)
 
+    def root_at(self, wall_ms: int, read: Optional[RootRead] = None) -> Optional[RootRead]:
+        """A root table at barrier ``wall_ms`` in a consistent version: as the jobs reading it read it then
+        (``read``, from ``held_epochs.Evidence.root_reads``: a commit that became visible late, after they read,
+        is not in it) while that snapshot is retained, else cut by commit time. None: neither is known any more
+        (its history at ``wall_ms`` was expired)."""
+        if read is not None and (read.snapshot_id is None or read.snapshot_id in self.by_id):
+            return read
+        found = self.at_time(wall_ms)
+        if found is None and self.truncated:
+            return None
+        return RootRead(found.snapshot_id if found is not None else None)
+
     def main_since(self, epoch: int) -> list[Snapshot]:
         """``main`` from the snapshot at ``epoch`` up to the head, newest first (all of ``main`` when it has no
         snapshot that old: nothing below is known not to be needed)."""
@@ -199,4 +219,4 @@ class EpochLineage:
         return self._recorded
 
 
-__all__ = ["EpochLineage", "LineageSummary"]
+__all__ = ["EpochLineage", "LineageSummary", "RootRead"]

@@ -39,6 +39,15 @@ one pipelined ZooKeeper read for all of them, and at most one table metadata loa
 and table that records it. A slow job downstream of a fast one records the fast table's snapshot at
 every epoch it takes, so across cadences ZooKeeper and Iceberg alone both find ``L``.
 
+**Root tables** (read by a job, written by none) hold no epochs: a job's epoch ``T`` reads one at the
+newest snapshot stamped at or before ``T``, once the clock has passed ``T`` by the job's grace. A commit
+that becomes visible later than that after its stamp (a slow producer's) is missed by the epoch that read
+``T`` (the job's next epoch reads it: each epoch reads from where the last ended), while a later read by
+commit time at ``T`` sees it. So in a consistent version at ``T`` a root table is at the snapshot the
+jobs of the set that read it recorded for ``T`` (``Evidence.root_reads``, then
+``EpochLineage.root_at``); by commit time only when none recorded it, or when they disagree (such a
+commit landed between their reads), or when the snapshot they read was expired since.
+
 Failure behaviour: nothing here raises for a missing record (an epoch record GC'd meanwhile, a
 table's history expired): that evidence is absent and an older common epoch, or none, is the
 answer. ZooKeeper and catalog errors propagate from the callbacks and reads as the callers raise them.
@@ -49,6 +58,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Optional
 
+from coordinator.iceberg.lineage import RootRead
 from coordinator.protocol.topology import read_topology
 from coordinator.records import EpochInputs, EpochRecord, EpochState, TableTidemark
 from coordinator.zookeeper.session import ZooKeeperSession
@@ -120,6 +130,24 @@ class Evidence:
         if self.writers is None:
             self.writers = read_topology(self.tm).writers if self.tm is not None else {}
         return self.writers
+
+    def root_reads(self, readers: Iterable[str], roots: Iterable[str], epoch: int) -> dict[str, RootRead]:
+        """The snapshot of each of ``roots`` that the jobs writing ``readers`` read at ``epoch``, where they recorded
+        one and all that did agree (module docstring: root tables); a root not in the answer is cut by commit time.
+        Their epoch records first (one pipelined read), then each reader's Iceberg records."""
+        readers, roots = sorted(readers), set(roots)
+        if not readers or not roots:
+            return {}
+        records = self.epoch_records(readers, [epoch])
+        writers = self.writers_of() if records else {}
+        ends: dict[str, set[Optional[int]]] = {}
+        for reader in readers:
+            record = records.get((writers.get(reader, ""), epoch))
+            inputs = record.inputs if record is not None else (
+                self.recorded_inputs(reader, epoch) if self.recorded_inputs is not None else None)
+            for root in roots.intersection(inputs.sources if inputs is not None else ()):
+                ends.setdefault(root, set()).add(inputs.sources[root].end)  # type: ignore[union-attr]
+        return {root: RootRead(next(iter(read))) for root, read in ends.items() if len(read) == 1}
 
     def read_at(self, table: str, epoch: int) -> bool:
         """Whether a reader's inputs of ``epoch`` name ``table`` at its snapshot there: only at or after its first
