@@ -20,8 +20,8 @@ Sub-benchmarks (``--only``, repeatable; all by default):
   ``zk_packets_received``; the bench's own session is closed during the window, and its ``mntr``
   reads are subtracted), at ``--jobs`` real jobs (root -> derived chains, ``--writers-per-process``
   writers in each driver process, each writer with its own session) and ``--simulated`` jobs at the
-  protocol layer (``--sim-driver`` processes, a session per job by default: the writer's loop as it runs
-  while leading, with its watches on the grid, the topology and the tidemarks, ``Pacing.choose`` and
+  protocol layer (``--sim-driver`` processes, a session per job by default: the writer's own wait for
+  the next epoch, ``NextEpoch``, with its watches on the grid, the topology and the tidemarks, and
   ``EpochCoordinator`` begin / precommit / commit, with no Iceberg). Pings of the jobs' sessions count:
   they are requests too. Goal: at most 10, flat within 1.5x from the smallest to the largest.
 - ``catchup``: a derived job stopped for ``--pause`` seconds while its root job runs. Goal: one call
@@ -194,55 +194,33 @@ def run_driver(config: Mapping[str, Any]) -> int:
 def _simulate_job(tm, spec: Mapping[str, Any], config: Mapping[str, Any], stop: threading.Event,
                   commits: dict[str, list[int]], failures: list) -> None:
     """One job at the protocol layer, as ``EpochWriter`` runs it while leading, with made-up snapshot ids instead
-    of Iceberg: the grid and the topology's version watched (``WatchedNode``; the topology read again only when
-    its version moved), the sources' tidemarks in a ``TidemarkCache`` (and the sources' and sink's in a second
-    one, as ``DriverMetrics`` keeps them), a pass of ``Pacing.choose`` per tidemark change or ``WAIT_SLICE_S``
-    (``EpochWriter.next_barrier``), and the epoch's transitions: begin, precommit, commit."""
-    from coordinator.job.writer import WAIT_SLICE_S
-    from coordinator.protocol.barriers import grid_from
+    of Iceberg: the writer's own wait for the next epoch (``NextEpoch``: the grid and the topology watched, the
+    sources' tidemarks cached, pacing and catch-up), the sources' and sink's tidemarks loaded a second time as
+    ``DriverMetrics`` keeps them, and the epoch's transitions: begin, precommit, commit."""
     from coordinator.protocol.epochs import EpochCoordinator
     from coordinator.protocol.leadership import Leadership
+    from coordinator.protocol.next_epoch import NextEpoch
     from coordinator.protocol.pacing import Pacing
     from coordinator.protocol.tidemarks import TidemarkCache
-    from coordinator.protocol.topology import read_topology
     from coordinator.records import EpochInputs, SourceRange, now_ms
-    from coordinator.zookeeper.watched import WatchedNode
     job, sink, sources = spec["job"], spec["sink"], list(spec["sources"])
     done = commits.setdefault(job, [])
     try:
         leadership = Leadership(tm, job)
         leadership.acquire(timeout=300)
-        grid_node, topology_node = WatchedNode(tm, tm.paths.barriers), WatchedNode(tm, tm.paths.topology)
-
-        def grid():
-            return grid_from(grid_node.current(), tm.paths.barriers)
-        epochs = EpochCoordinator(leadership, [sink], history=100, grid=grid)
+        next_epoch = NextEpoch(tm, job, sources, Pacing(None, config["grace_ms"]))
+        epochs = EpochCoordinator(leadership, [sink], history=100, grid=next_epoch.grid)
         epochs.recover()
-        cache = TidemarkCache(tm)
         metrics = TidemarkCache(tm)  # DriverMetrics keeps the sources' and sinks' tidemarks loaded the same way
-        pacing = Pacing(None, config["grace_ms"])
         opened = now_ms()
         previous: dict[str, Optional[int]] = {}
-        seen, managed = -2, []
         while not stop.is_set():
             after = epochs.last_committed if epochs.last_committed is not None else opened
-            target, marks = None, {}
-            while not stop.is_set():
-                generation = cache.generation
-                found = topology_node.current()
-                if found is None or found[1].version != seen:
-                    topo = read_topology(tm)
-                    seen, managed = topo.znode_version, [s for s in sources if s in topo.writers]
-                    metrics.get(sorted({*managed, sink}))
-                marks = cache.get(managed)
-                choice = pacing.choose(grid(), after=after, sources=marks,
-                                       has_root_source=len(managed) < len(sources), now=now_ms())
-                if choice.epoch is not None:
-                    target = choice.epoch
-                    break
-                cache.wait_changed(generation, min(choice.wake_in_s, WAIT_SLICE_S))
+            target = next_epoch.wait(after, stopped=stop.is_set)
             if target is None:
                 break
+            marks = next_epoch.cache.get(next_epoch.managed)
+            metrics.get(sorted({*next_epoch.managed, sink}))
             ends = {s: (m.snapshot_at(target) if (m := marks.get(s)) is not None else None) for s in sources}
             inputs = EpochInputs({s: SourceRange(previous.get(s), ends[s]) for s in sources})
             if config["computed"]:
@@ -253,8 +231,8 @@ def _simulate_job(tm, spec: Mapping[str, Any], config: Mapping[str, Any], stop: 
                 epochs.commit_idle(target, inputs)
             previous = ends
             done.append(now_ms())
-        for watched in (cache, metrics, grid_node, topology_node):
-            watched.close()
+        next_epoch.close()
+        metrics.close()
         leadership.release()
     except Exception as exc:  # reported by the process's exit code
         logging.getLogger("bench.scale").exception("simulated job %s failed", job)

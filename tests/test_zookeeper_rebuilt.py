@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 
 from coordinator import EmbeddedZooKeeper, GcSchedule, Tidemark, ZooKeeperRebuilt, ZooKeeperUnavailable
-from coordinator.job.writer import EXIT_ZOOKEEPER_REBUILT
+from coordinator.job.supervisor import EXIT_ZOOKEEPER_REBUILT
 from coordinator.operations.exporter import Exporter
 from coordinator.operations.zookeeper_server import free_port
 from coordinator.zookeeper import session as session_module

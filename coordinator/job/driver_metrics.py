@@ -25,12 +25,14 @@ scrape target). Base units: seconds, and epochs as Unix timestamps in seconds.
 - ``tidemark_driver_retries_total{operation}`` and
   ``tidemark_driver_zookeeper_connection_changes_total{state}``: the session's own counts;
 - gauges read at scrape time, from memory: ``tidemark_driver_leader``, ``tidemark_driver_term``,
-  ``tidemark_driver_zookeeper_connection_state{state}``, and while leading
+  ``tidemark_driver_zookeeper_connection_state{state}``,
+  ``tidemark_driver_clock_skew_seconds`` (this host's wall clock minus ZooKeeper's, once a write of
+  the session was stamped: ``coordinator.zookeeper.clock``), and while leading
   ``tidemark_driver_committed_epoch_timestamp_seconds``, ``tidemark_driver_lag_seconds``
-  (local lag: wall clock minus the job's committed epoch),
+  (local lag: ZooKeeper's clock, which the lags are measured on, minus the job's committed epoch),
   ``tidemark_driver_consistent_epoch_timestamp_seconds`` and
-  ``tidemark_driver_consistent_lag_seconds`` (the pipeline's lag as this job sees it: wall clock
-  minus the newest epoch its managed sources and its sinks all hold, the consistent version of
+  ``tidemark_driver_consistent_lag_seconds`` (the pipeline's lag as this job sees it: ZooKeeper's
+  clock minus the newest epoch its managed sources and its sinks all hold, the consistent version of
   the tables it reads and writes: the sources' tidemarks as the loop's own watches keep them, the
   sinks' as this leader committed them, so the metric costs no ZooKeeper request at all and a
   driver costs the same whatever the size of the deployment).
@@ -213,9 +215,14 @@ class _DriverState(Collector):
         for operation, count in sorted(counts.items()):
             retries.add_metric([job, operation], count)
         yield retries
+        skew = writer.tm.server_clock.skew_ms()
+        if skew is not None:
+            yield _gauge("tidemark_driver_clock_skew_seconds",
+                         "This host's wall clock minus ZooKeeper's (positive: ahead), from its writes' stamps", job,
+                         skew / 1000)
         if not leading:
             return
-        now = time.time()
+        now = writer.tm.server_clock.now_ms() / 1000  # ZooKeeper's clock: a lag is true whatever this host's says
         if leadership.term is not None:
             yield _gauge("tidemark_driver_term", "Fencing term this replica leads the job with", job, leadership.term)
         try:
@@ -225,15 +232,16 @@ class _DriverState(Collector):
         if committed is not None:
             yield _gauge("tidemark_driver_committed_epoch_timestamp_seconds",
                          "The job's committed epoch, as a Unix timestamp", job, committed / 1000)
-            yield _gauge("tidemark_driver_lag_seconds",
-                         "Local lag: wall clock minus the job's committed epoch", job, max(0.0, now - committed / 1000))
+            yield _gauge("tidemark_driver_lag_seconds", "Local lag: ZooKeeper's clock minus the job's committed epoch",
+                         job, max(0.0, now - committed / 1000))
         consistent = metrics.consistent_epoch()
         if consistent is not None:
             yield _gauge("tidemark_driver_consistent_epoch_timestamp_seconds",
                          "Consistent epoch (minimum committed epoch over every table), as a Unix timestamp",
                          job, consistent / 1000)
             yield _gauge("tidemark_driver_consistent_lag_seconds",
-                         "Global lag: wall clock minus the consistent epoch", job, max(0.0, now - consistent / 1000))
+                         "Global lag: ZooKeeper's clock minus the consistent epoch", job,
+                         max(0.0, now - consistent / 1000))
 
 
 def _gauge(name: str, documentation: str, job: str, value: float) -> GaugeMetricFamily:

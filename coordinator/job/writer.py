@@ -50,11 +50,17 @@ Metrics: ``writer.metrics`` (``coordinator.job.driver_metrics``) times every pha
 epochs, takeovers, fencings and retries; ``metrics_port`` (or ``TIDEMARK_METRICS_PORT``)
 serves them with ``/healthz`` while ``run`` runs.
 
-Failure behaviour: a leader that is fenced or whose session expires steps down and
-contends again (``run`` does not raise for it); so does a leader that loses the catalog's
-database (restarted, failing over: ``is_catalog_outage``), contending again after a pause, until
-it has been unreachable for ``CATALOG_OUTAGE_TIMEOUT_S``. Any other error while this replica
-still leads is raised, and the epoch is recomputed by the next leader. A leader never goes quiet:
+The parts, in the order a run meets them: ``run`` hands the terms to the ``Supervisor``
+(``supervisor.py``: contend, lead, step down, again); a term is ``open`` (register, contend, take
+over, recover) and ``close`` here, and its epochs are ``_loop`` and ``process`` here, each waiting
+for its epoch with ``NextEpoch`` (``coordinator.protocol.next_epoch``: pacing and catch-up over
+watched state) and committing with ``EpochCommitter`` (``commit.py``).
+
+Failure behaviour (``supervisor.py`` has it by cause): a leader that is fenced or whose session
+expires steps down and contends again (``run`` does not raise for it); so does a leader that loses
+the catalog's database (restarted, failing over: ``is_catalog_outage``), contending again after a
+pause, until it has been unreachable for ``CATALOG_OUTAGE_TIMEOUT_S``. Any other error while this
+replica still leads is raised, and the epoch is recomputed by the next leader. A leader never goes quiet:
 a step that lasts ``log_every`` seconds (taking over, computing, staging, publishing, committing) is
 logged with what it is, and again every ``log_every`` seconds until it ends; its waits for the next
 epoch say why themselves.
@@ -87,15 +93,12 @@ from coordinator.crashpoints import crash_point
 from coordinator.errors import (
     ConfigurationError,
     EpochOrderError,
-    Fenced,
-    JobNotFound,
     NotLeader,
     TableNotFound,
     TidemarkError,
-    ZooKeeperRebuilt,
     ZooKeeperUnavailable,
 )
-from coordinator.iceberg.catalog import CatalogSettings, is_catalog_outage, load_table
+from coordinator.iceberg.catalog import CatalogSettings, load_table
 from coordinator.iceberg.progress import resume_point
 from coordinator.iceberg.snapshots import (
     WRITER_PROPERTY,
@@ -107,21 +110,20 @@ from coordinator.iceberg.snapshots import (
 from coordinator.iceberg.staging import stage_append, stage_overwrite
 from coordinator.job.commit import DEFAULT_MARKER_EVERY, EpochCommitter
 from coordinator.job.driver_metrics import DriverMetrics
+from coordinator.job.supervisor import Supervisor
 from coordinator.names import validate_name, validate_names
-from coordinator.protocol.barriers import BarrierGrid, Barriers, grid_from
-from coordinator.protocol.catch_up import CatchUp
+from coordinator.protocol.barriers import BarrierGrid, Barriers
 from coordinator.protocol.epochs import EpochCoordinator, RecoveryAction
 from coordinator.protocol.job_run import JobRun
 from coordinator.protocol.leadership import Leadership, current_leader
+from coordinator.protocol.next_epoch import WAIT_SLICE_S, NextEpoch
 from coordinator.protocol.pacing import (
     DEFAULT_GRACE_MS,
-    Choice,
     Pacing,
     parse_every,
 )
 from coordinator.protocol.registry import register_job
 from coordinator.protocol.rest import refuse_retired
-from coordinator.protocol.tidemarks import TidemarkCache
 from coordinator.protocol.topology import read_topology
 from coordinator.records import (
     EpochInputs,
@@ -132,7 +134,6 @@ from coordinator.records import (
     now_ms,
 )
 from coordinator.zookeeper.session import ZooKeeperSession
-from coordinator.zookeeper.watched import WatchedNode
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -140,11 +141,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 STANDBY_WARM_EVERY_S = 60.0
 STANDBY_LOG_EVERY_S = 60.0  # a standby says who leads when it starts waiting, then this often
-WAIT_SLICE_S = 0.5  # how often a waiting writer looks at stop() and the clock
-CATALOG_RETRY_S = 1.0  # a leader that lost the catalog steps down, and contends again after this pause
-CATALOG_OUTAGE_TIMEOUT_S = 300.0  # ... until the catalog has been unreachable this long: then run() raises
-# The exit status of a driver whose ZooKeeper server was rebuilt (sysexits' EX_TEMPFAIL: restart me).
-EXIT_ZOOKEEPER_REBUILT = 75
 
 
 @dataclass(frozen=True)
@@ -260,16 +256,8 @@ class EpochWriter:
         self._tables: dict[str, Table] = {}
         self._epochs: Optional[EpochCoordinator] = None
         self._committer: Optional[EpochCommitter] = None
-        self._cache: Optional[TidemarkCache] = None
-        self._managed: tuple[str, ...] = ()
+        self._next: Optional[NextEpoch] = None  # while leading: the next epoch, from watched state
         self._opened_ms: Optional[int] = None
-        # While leading: the grid and the topology's version, kept by watches (no read per pass of the loop).
-        self._grid_node: Optional[WatchedNode] = None
-        self._topology_node: Optional[WatchedNode] = None
-        self._grid: Optional[tuple[int, BarrierGrid]] = None      # parsed, with the znode's mzxid
-        self._topology_seen = -2                                   # the /topology version last read
-        self._writers: dict[str, str] = {}                         # ... and its writer job of each table
-        self._catch_up = CatchUp(self.tm, self.name, self.pacing)  # made anew each time this replica takes over
         self._logged_at = 0.0
         # What this replica is busy with while it leads (and since when, monotonic): _watch_steps logs a step
         # that lasts, so a leader that commits nothing always says what it waits for (issue 22).
@@ -297,15 +285,10 @@ class EpochWriter:
         return self._committer
 
     @property
-    def _open_cache(self) -> TidemarkCache:
-        if self._cache is None:
+    def _open_next(self) -> NextEpoch:
+        if self._next is None:
             raise NotLeader(f"job {self.name!r}: open() the writer (or run it) first")
-        return self._cache
-
-    @property
-    def has_root_source(self) -> bool:
-        """A source no Tidemark job writes: read by commit time, so the job's epochs also follow the clock."""
-        return len(self._managed) < len(self.sources)
+        return self._next
 
     def table(self, name: str) -> Table:
         """The pyiceberg table, loaded once per writer (callers refresh it when they need its newest metadata)."""
@@ -336,28 +319,24 @@ class EpochWriter:
         sinks = {sink: self.table(sink) for sink in self.sinks}
         register_job(self.tm, self.name, sources=self.sources, sinks=self.sinks)
         self.pacing.check(self.barriers.ensure_grid(self.interval_ms), now_ms())
-        self._read_managed_sources()
         for table in sinks.values():
             table.refresh()
         self._acquire(leader_timeout, while_standby, max(recorded_term(t) for t in sinks.values()))
         self.metrics.became_leader()
-        self._catch_up = CatchUp(self.tm, self.name, self.pacing)
         log.info("job %s: leading as term %s; taking over", self.name, self.leadership.term)
         self._doing = (f"taking over as term {self.leadership.term}: claiming its sinks in the catalog",
                        time.monotonic())
         try:
-            self._grid_node = WatchedNode(self.tm, self.tm.paths.barriers)
-            self._topology_node = WatchedNode(self.tm, self.tm.paths.topology)
+            self._next = NextEpoch(self.tm, self.name, self.sources, self.pacing, claimed=self._claimed_in_iceberg)
             epochs = EpochCoordinator(self.leadership, self.sinks, self.history, grid=self.grid)
             committer = self._committer = EpochCommitter(epochs, self.table, timed=self._timed,
                                                          marker_every_ms=self.marker_every_ms)
             refuse_retired(self.tm, self.name)  # once leading: a standby may outlast the retirement of its job
-            self._cache = TidemarkCache(self.tm)
             self._doing = (f"taking over as term {self.leadership.term}: recovering its last epoch", time.monotonic())
             plan = epochs.recover(lambda: resume_point(self.name, sinks))
             if plan.resumed_from is not None:
                 log.info("%s", plan.resumed_from.describe())
-            self._opened_ms = now_ms() if plan.action == RecoveryAction.START else None
+            self._opened_ms = self.tm.server_clock.now_ms() if plan.action == RecoveryAction.START else None
             self._epochs = epochs
             JobRun(self.leadership).started(self.pacing)
             last = plan.epoch  # None only for START
@@ -441,14 +420,12 @@ class EpochWriter:
 
     def close(self) -> None:
         """Step down (a standby takes over). Nothing is left half-committed: every epoch finished or recovers."""
-        for watched in (self._cache, self._grid_node, self._topology_node):
-            if watched is not None:
-                watched.close()
-        self._grid_node = self._topology_node = None
+        if self._next is not None:
+            self._next.close()
         if self.leadership.term is not None:
             self.metrics.stepping_down(self.leadership.state)
         self.leadership.release()
-        self._epochs = self._committer = self._cache = None
+        self._epochs, self._committer, self._next = None, None, None
         self._doing = None
         self.leadership = Leadership(self.tm, self.name)
 
@@ -479,95 +456,22 @@ class EpochWriter:
             signal.signal(signal.SIGTERM, self._on_sigterm)
         start = len(self.committed)
         self._stop.clear()
+
+        def lead() -> None:  # one term
+            remaining = None if max_epochs is None else max_epochs - (len(self.committed) - start)
+            if self._loop(function, remaining, until, once):
+                JobRun(self.leadership).finished(self.epochs.last_committed)
+        supervisor = Supervisor(self.name, self._stop, take_over=lambda: self.open(leader_timeout, while_standby),
+                                step_down=self.close, still_leading=lambda: self.leadership.confirm())
         watched = threading.Event()
         threading.Thread(target=self._watch_steps, args=(watched,), name=f"tidemark-steps-{self.name}",
                          daemon=True).start()
         try:
-            self._run(function, max_epochs, until, once, leader_timeout, while_standby, start)
-        except ZooKeeperRebuilt as exc:
-            log.error("job %s: stopping: %s", self.name, exc)
-            if exit_on_rebuilt and main:
-                raise SystemExit(EXIT_ZOOKEEPER_REBUILT) from None
-            raise
+            supervisor.run(lead, exit_on_rebuilt=exit_on_rebuilt and main)
         finally:
             watched.set()
         self.metrics.loop_ended()
         return self.committed[start:]
-
-    def _run(self, function: Callable[..., None], max_epochs: Optional[int], until: Optional[int], once: bool,
-             leader_timeout: Optional[float], while_standby: Optional[Callable[[], None]], start: int) -> None:
-        outage_since: Optional[float] = None
-        while not self._stop.is_set():
-            try:
-                self.open(leader_timeout, while_standby)
-            except NotLeader as exc:
-                if self._stop.is_set():
-                    break
-                if not isinstance(exc, Fenced):
-                    raise  # not elected within leader_timeout
-                # Elected, then fenced (or the session expired) while recovering: contend again.
-                log.warning("job %s: leadership lost while taking over (%s); contending again", self.name,
-                            str(exc).splitlines()[0] if str(exc) else "Fenced")
-                continue
-            except JobNotFound as exc:
-                # An operator unregistered the job while this replica waited (fence, unregister, register
-                # again): open() registers it again, and the new registration's terms start above the fence.
-                self.close()
-                if self._stop.is_set():
-                    break
-                log.warning("job %s: %s; registering it again", self.name, str(exc).splitlines()[0])
-                continue
-            except ZooKeeperRebuilt:
-                raise
-            except Exception as exc:  # noqa: BLE001 - re-raised unless the catalog is unreachable
-                if self._stopped_without_zookeeper(exc):
-                    break
-                outage_since = self._ride_out_catalog_outage(exc, outage_since)
-                continue
-            outage_since, outage = None, None
-            try:
-                remaining = None if max_epochs is None else max_epochs - (len(self.committed) - start)
-                if self._loop(function, remaining, until, once):
-                    JobRun(self.leadership).finished(self.epochs.last_committed)
-                break
-            except ZooKeeperRebuilt:
-                raise
-            except Exception as exc:
-                if self._stopped_without_zookeeper(exc):
-                    break
-                if is_catalog_outage(exc):
-                    outage = exc
-                elif self.leadership.confirm():
-                    raise
-                else:
-                    log.warning("job %s: leadership lost (%s: %s); stepping down to contend again", self.name,
-                                type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-            finally:
-                self.close()
-            if outage is not None:
-                outage_since = self._ride_out_catalog_outage(outage, outage_since)
-
-    def _stopped_without_zookeeper(self, exc: Exception) -> bool:
-        """Stopping (SIGTERM) while ZooKeeper is unreachable: say so and end the run (no traceback); the next
-        leader recovers the epoch in flight."""
-        if not (self._stop.is_set() and isinstance(exc, (ZooKeeperUnavailable, NotLeader))):
-            return False
-        log.warning("job %s: stopped while ZooKeeper was unreachable (%s); the next leader recovers any epoch in "
-                    "flight", self.name, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        return True
-
-    def _ride_out_catalog_outage(self, exc: Exception, since: Optional[float]) -> float:
-        """After stepping down for a catalog outage, pause before contending again (the epoch in flight is
-        recovered by whoever leads next); re-raise ``exc`` if it is not an outage, or the catalog has been
-        unreachable for ``CATALOG_OUTAGE_TIMEOUT_S``. Returns when the outage began."""
-        now = time.monotonic()
-        since = now if since is None else since
-        if not is_catalog_outage(exc) or now - since > CATALOG_OUTAGE_TIMEOUT_S:
-            raise exc
-        log.warning("job %s: the catalog is unreachable (%s: %s); contending again in %.0f s", self.name,
-                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", CATALOG_RETRY_S)
-        self._stop.wait(CATALOG_RETRY_S)
-        return since
 
     def _loop(self, function: Callable[..., None], max_epochs: Optional[int], until: Optional[int],
               once: bool = False) -> bool:
@@ -655,7 +559,8 @@ class EpochWriter:
         turned out to have a Tidemark writer by now (the caller must wait for its tidemark instead)."""
         current = self.epochs.current
         previous = current.inputs.sources if current is not None and current.state == EpochState.COMMITTED else {}
-        managed = self._managed
+        next_epoch = self._open_next
+        managed = next_epoch.managed
         ranges = {}
         for source in self.sources:
             end = self._managed_snapshot(source, epoch) if source in managed else self._root_snapshot(source, epoch)
@@ -663,13 +568,13 @@ class EpochWriter:
         if len(managed) < len(self.sources):
             # A writer registers before its first commit, so a source still without a writer now had none
             # when its metadata was loaded above: it was read as the root table it then was.
-            self._read_managed_sources()
-            if self._managed != managed:
+            next_epoch.read_sources()
+            if next_epoch.managed != managed:
                 return None
         return EpochInputs(ranges)
 
     def _managed_snapshot(self, source: str, epoch: int) -> Optional[int]:
-        mark = self._open_cache.get([source])[source]
+        mark = self._open_next.cache.get([source])[source]
         if mark is not None and mark.holds(epoch):
             return mark.snapshot_at(epoch)  # recorded by the source's writer at commit: no metadata load
         table = self.table(source)
@@ -687,43 +592,17 @@ class EpochWriter:
 
     def grid(self) -> BarrierGrid:
         """The barrier grid: from the watched copy while leading (no request), else read."""
-        node = self._grid_node
-        if node is None:
-            return self.barriers.grid()
-        found = node.current()
-        stamp = found[1].mzxid if found is not None else -1
-        if self._grid is None or self._grid[0] != stamp:
-            self._grid = (stamp, grid_from(found, self.tm.paths.barriers))
-        return self._grid[1]
-
-    def _read_managed_sources(self, fresh: bool = True) -> None:
-        """Which sources a Tidemark job writes. ``fresh``: read now (one versioned read of a cached topology),
-        as after reading a root source, so a source whose writer registers after this job stops being a root
-        table; otherwise only when the watched ``/topology`` version moved.
-
-        A source whose Iceberg metadata names a Tidemark writer counts too, registered or not: after a
-        ZooKeeper wipe (or an unregister) this job may restart before its upstream does, and reading the
-        upstream's table by commit time then would break the epochs' consistency. It waits for the
-        upstream's tidemark instead (the table object is the one already loaded: no extra metadata load).
-        """
-        if not fresh and self._topology_node is not None:
-            found = self._topology_node.current()
-            if found is not None and found[1].version == self._topology_seen:
-                return
-        topo = read_topology(self.tm)
-        self._topology_seen = topo.znode_version
-        self._writers = topo.writers
-        self._managed = tuple(s for s in self.sources if s in self._writers or self._claimed_in_iceberg(s))
+        return self._next.grid() if self._next is not None else self.barriers.grid()
 
     def tidemarks_in_memory(self) -> Optional[dict[str, Optional[TableTidemark]]]:
         """The managed sources' tidemarks as the loop's watches keep them and the sinks' as this leader committed
         them, from memory only (for metrics scrapes: never a request); None when not leading or a source's is
         not loaded."""
-        cache, epochs = self._cache, self._epochs
-        if cache is None or epochs is None:
+        next_epoch, epochs = self._next, self._epochs
+        if next_epoch is None or epochs is None:
             return None
-        sources = cache.cached(self._managed)
-        if len(sources) < len(self._managed):
+        sources = next_epoch.cache.cached(next_epoch.managed)
+        if len(sources) < len(next_epoch.managed):
             return None
         return {**sources, **{sink: epochs.mark(sink) for sink in self.sinks}}
 
@@ -735,34 +614,14 @@ class EpochWriter:
 
     def next_barrier(self, until: Optional[int] = None, wait: bool = True) -> Optional[int]:
         """Block until the job's pacing gives its next epoch, and return it; None when stopped, when the run
-        bounded by ``until`` is complete, or (``wait`` False) when no epoch is available now."""
+        bounded by ``until`` is complete, or (``wait`` False) when no epoch is available now (``NextEpoch``)."""
         last = self.epochs.last_committed
         after = last if last is not None else self._opened_ms  # a new job starts after it opened
-        while not self._stop.is_set():
-            generation = self._open_cache.generation
-            grid = self.grid()  # watched: an interval change may take effect meanwhile
-            self._read_managed_sources(fresh=False)
-            marks = self._open_cache.get(self._managed)
-            final = None if until is None else self.pacing.at_or_before(grid, until)
-            if final is not None and after is not None and after >= final:
-                return None
-            choice = self.pacing.choose(grid, after=after, sources=marks, has_root_source=self.has_root_source,
-                                        now=now_ms(), until=until)
-            if choice.epoch is not None:
-                upstream = self._catch_up.reason_to_wait(
-                    grid, after=after, available=choice.epoch, until=until,
-                    sources={s: (self._writers.get(s), marks[s]) for s in self._managed}) if wait else None
-                if upstream is None:
-                    self.waiting = None
-                    return choice.epoch
-                choice = Choice(None, f"{upstream}: waiting for it rather than taking {choice.epoch} first",
-                                WAIT_SLICE_S)
-            elif not wait or (final is not None and marks and all(
-                    m is not None and m.epoch is not None and m.epoch >= final for m in marks.values())):
-                return None  # nothing newer now; or the sources moved past ``until`` without holding a barrier
-            self._note_wait(after, choice.reason, choice.behind)
-            self._open_cache.wait_changed(generation, min(choice.wake_in_s, WAIT_SLICE_S))
-        return None
+        epoch = self._open_next.wait(after, until, wait, stopped=self._stop.is_set,
+                                     on_wait=lambda choice: self._note_wait(after, choice.reason, choice.behind))
+        if epoch is not None:
+            self.waiting = None
+        return epoch
 
     def _note_wait(self, after: Optional[int], reason: str, lagging: tuple[str, ...] = ()) -> None:
         """Record why the writer waits; log it once the wait has lasted ``log_every`` seconds, and every

@@ -30,7 +30,7 @@ from coordinator.protocol.epochs import newest_epoch
 from coordinator.protocol.job_run import read_pacing
 from coordinator.protocol.leadership import leader_since_ms
 from coordinator.protocol.pacing import CATCH_UP_NEW_LEADER_S, CATCH_UP_WAIT_S, Pacing
-from coordinator.records import TableTidemark, now_ms
+from coordinator.records import TableTidemark
 from coordinator.zookeeper.session import ZooKeeperSession
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class CatchUp:
                        until: Optional[int] = None) -> Optional[str]:
         """Why to wait for a managed source's writer rather than take ``available`` (``sources``: per managed
         source, its writer job and its tidemark), or None."""
-        if after is None or not self.pacing.catching_up(grid, available, now_ms(),
+        if after is None or not self.pacing.catching_up(grid, available, self.tm.server_clock.now_ms(),
                                                         self._session_timeout_ms):
             return None
         if self._waiting is None or self._waiting[0] != after:
@@ -97,7 +97,8 @@ class CatchUp:
             pacing = read_pacing(self.tm, writer)
         except CorruptState:
             pacing = None  # its leader rewrites it; judge by the grid's interval meanwhile
-        return (pacing or Pacing()).catching_up(grid, mark.epoch, now_ms(), self._session_timeout_ms)
+        return (pacing or Pacing()).catching_up(grid, mark.epoch, self.tm.server_clock.now_ms(),
+                                                self._session_timeout_ms)
 
 
 __all__ = ["CatchUp"]

@@ -66,6 +66,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 from tenacity import (
     RetryCallState,
@@ -87,6 +88,7 @@ from coordinator.errors import (
 from coordinator.names import validate_chroot
 from coordinator.records import JsonRecord, TopologyVersion
 from coordinator.settings import Settings, check_connect_string
+from coordinator.zookeeper.clock import ServerClock
 from coordinator.zookeeper.ops import Create, Op
 from coordinator.zookeeper.paths import Paths
 from coordinator.zookeeper.security import Credentials, TlsSettings, diagnose_tls, is_open
@@ -129,6 +131,7 @@ class ZooKeeperSession:
         self.paths = Paths(root)
         self.operation_timeout = operation_timeout
         self.member = member or f"{socket.gethostname()}-{os.getpid()}"
+        self.server_clock = ServerClock()  # ZooKeeper's time, from the stamps of this session's writes
         self._state = KazooState.CONNECTED if client.connected else KazooState.LOST
         self._state_listeners: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
@@ -486,7 +489,12 @@ class ZooKeeperSession:
                     op.add_to(tx, self.acl_for(op.path))
                 else:
                     op.add_to(tx)
-            return tx.commit_async().get(timeout=self.operation_timeout)
+            sent = time.monotonic()
+            answer = tx.commit_async().get(timeout=self.operation_timeout)
+            stamps = [r.mtime for r in answer if isinstance(r, ZnodeStat)]
+            if stamps:  # every change of the multi has the one stamp the server took for it
+                self.server_clock.observe(sent, time.monotonic(), stamps[0])
+            return answer
         results = self.with_deadline(f"a {len(ops)}-operation multi", attempt)
         for op, result in zip(ops, results):
             if isinstance(result, NoAuthError):

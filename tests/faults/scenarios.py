@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 from coordinator import CatalogSettings, EpochRecord, EpochState, TidemarkError
 from coordinator.crashpoints import EPOCH_STEPS
-from coordinator.job.writer import EXIT_ZOOKEEPER_REBUILT
+from coordinator.job.supervisor import EXIT_ZOOKEEPER_REBUILT
 from coordinator.operations.zookeeper_server import ZooKeeperEnsemble
 from coordinator.records import LeaderRecord, TermRecord
 from tests.faults.cascade import COUNTER, JOBS, TOTALS
