@@ -212,7 +212,7 @@ def _simulate_job(tm, spec: Mapping[str, Any], config: Mapping[str, Any], stop: 
         epochs = EpochCoordinator(leadership, [sink], history=100, grid=next_epoch.grid)
         epochs.recover()
         metrics = TidemarkCache(tm)  # DriverMetrics keeps the sources' and sinks' tidemarks loaded the same way
-        opened = now_ms()
+        opened = tm.server_clock.now_ms()
         previous: dict[str, Optional[int]] = {}
         while not stop.is_set():
             after = epochs.last_committed if epochs.last_committed is not None else opened

@@ -474,7 +474,8 @@ class RestRecord(JsonRecord):
 
 
 class BarrierMode(str, enum.Enum):
-    """How the grid places barriers: on the drivers' wall clock (processing time), the one mode there is."""
+    """How the grid places barriers: on ZooKeeper's wall clock (processing time, ``coordinator.zookeeper.clock``),
+    the one mode there is."""
 
     PROCESSING_TIME = "processing-time"
 

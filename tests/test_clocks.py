@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -116,14 +117,16 @@ def test_a_driver_whose_clock_is_off_by_30_s_takes_barriers_on_zookeepers_clock_
     assert 0 <= lag < (INTERVAL_MS + GRACE_MS + SLACK_MS) / 1000, f"lag {lag} s at epoch {newest}"
 
 
-def test_a_driver_whose_clock_steps_back_10_s_mid_run_neither_stalls_nor_repeats_an_epoch(tm, served):
-    driver = served(0)
+def test_a_driver_whose_clock_steps_back_10_s_mid_run_neither_stalls_nor_repeats_an_epoch(
+        tm, served, catalog_settings, namespace):
+    driver, sink = served(0), f"{namespace}.log"
     before = wait_for(lambda: at_least(commits(tm), 3), "three epochs before the step", timeout=120)
     driver.clock.set(-10_000)
     stepped = max(before.values())
     after = wait_for(lambda: at_least(commits(tm), 6, after_ms=stepped), "six epochs after the step", timeout=60)
     epochs = sorted(after)
-    assert epochs == sorted(set(epochs))
+    written = Counter(catalog_settings.load().load_table(sink).scan().to_arrow().column("epoch").to_pylist())
+    assert set(written) >= set(epochs) and max(written.values()) == 1, f"an epoch written twice: {written}"
     times = [after[t] for t in epochs]
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert max(gaps) <= INTERVAL_MS + SLACK_MS, f"a stall after the step: commit gaps {gaps} ms"

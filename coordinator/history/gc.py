@@ -436,6 +436,10 @@ class GarbageCollector:
         for name in state.roots:
             lineage = state.lineages.get(name)
             if lineage is not None and name not in state.held:
+                if name in read and read[name] is None:
+                    state.notes.append(f"epoch {epoch} cannot become a version: the jobs reading root table {name} "
+                                       "read it at different snapshots then (a commit landed between their reads)")
+                    return None
                 cut = lineage.root_at(epoch, read.get(name))
                 if cut is None:
                     state.notes.append(f"epoch {epoch} cannot become a version: root table {name}'s history "

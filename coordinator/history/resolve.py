@@ -25,9 +25,9 @@ without ZooKeeper, holds the epochs its Iceberg metadata records
 committed-epoch marker). Idle epochs get a marker once per marker period only, so an
 Iceberg-only version may be up to about a minute older than ZooKeeper's; it is as consistent.
 
-A table no Tidemark job writes (a root table fed from outside) has no epochs: it is read at its
-newest snapshot committed at or before ``T`` (barrier ``T`` covers its commits up to time
-``T``) and does not take part in choosing ``T``.
+A table no Tidemark job writes (a root table fed from outside) has no epochs and does not take
+part in choosing ``T``: it is read at the snapshot the jobs of the set that read it recorded for
+``T``, else at its newest snapshot committed at or before ``T`` (``held_epochs``, "Root tables").
 
 ``VersionNotFound`` (one line) when: a managed table has committed nothing yet; the tables share
 no epoch (it names each one's newest: a table at a coarser cadence, or one whose job caught up
@@ -331,7 +331,7 @@ class Resolver:
     def _current(self, names: list[str]) -> dict[str, Optional[int]]:
         return {n: _id(self._load(n).current_snapshot()) for n in names}
 
-    def _root_snapshot(self, name: str, wall_ms: int, read: Mapping[str, RootRead]) -> Optional[int]:
+    def _root_snapshot(self, name: str, wall_ms: int, read: Mapping[str, Optional[RootRead]]) -> Optional[int]:
         """A root table at barrier ``wall_ms`` (``EpochLineage.root_at``: as the jobs of the set that read it then
         recorded, ``read``, else by commit time). When that history was expired (another engine's maintenance may
         expire all but a compaction on top), the tag of the version at ``wall_ms``, which GC puts on every table it

@@ -131,7 +131,6 @@ from coordinator.records import (
     EpochState,
     SourceRange,
     TableTidemark,
-    now_ms,
 )
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -285,6 +284,12 @@ class EpochWriter:
         return self._committer
 
     @property
+    def has_root_source(self) -> bool:
+        """While leading: a source no Tidemark job writes (read by commit time, so the epochs follow the clock)."""
+        next_epoch = self._next
+        return next_epoch is not None and next_epoch.has_root_source
+
+    @property
     def _open_next(self) -> NextEpoch:
         if self._next is None:
             raise NotLeader(f"job {self.name!r}: open() the writer (or run it) first")
@@ -318,7 +323,7 @@ class EpochWriter:
         # not exist would hold consistent reads back (stale) until an operator unregistered it.
         sinks = {sink: self.table(sink) for sink in self.sinks}
         register_job(self.tm, self.name, sources=self.sources, sinks=self.sinks)
-        self.pacing.check(self.barriers.ensure_grid(self.interval_ms), now_ms())
+        self.pacing.check(self.barriers.ensure_grid(self.interval_ms), self.tm.server_clock.now_ms())
         for table in sinks.values():
             table.refresh()
         self._acquire(leader_timeout, while_standby, max(recorded_term(t) for t in sinks.values()))
@@ -627,12 +632,13 @@ class EpochWriter:
         """Record why the writer waits; log it once the wait has lasted ``log_every`` seconds, and every
         ``log_every`` seconds after (short waits for the clock are the normal rhythm, not news)."""
         if self.waiting is None or self.waiting.after != after:
-            self.waiting = Waiting(after, reason, now_ms())
+            self.waiting = Waiting(after, reason, self.tm.server_clock.now_ms())
             self._logged_at = time.monotonic()
         elif self.waiting.reason != reason:  # the same wait, said anew (a reason names the sources' epochs)
             self.waiting = Waiting(after, reason, self.waiting.since_ms)
         if time.monotonic() - self._logged_at >= self.log_every:
-            log.info("job %s waiting %.0f s%s: %s%s", self.name, (now_ms() - self.waiting.since_ms) / 1000,
+            log.info("job %s waiting %.0f s%s: %s%s", self.name,
+                     (self.tm.server_clock.now_ms() - self.waiting.since_ms) / 1000,
                      f" for an epoch after {after}" if after is not None else "", reason,
                      self._leaderless_writers(lagging))
             self._logged_at = time.monotonic()

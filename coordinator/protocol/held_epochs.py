@@ -45,8 +45,9 @@ that becomes visible later than that after its stamp (a slow producer's) is miss
 ``T`` (the job's next epoch reads it: each epoch reads from where the last ended), while a later read by
 commit time at ``T`` sees it. So in a consistent version at ``T`` a root table is at the snapshot the
 jobs of the set that read it recorded for ``T`` (``Evidence.root_reads``, then
-``EpochLineage.root_at``); by commit time only when none recorded it, or when they disagree (such a
-commit landed between their reads), or when the snapshot they read was expired since.
+``EpochLineage.root_at``); by commit time only when none recorded it, or when the snapshot they read
+was expired since. When they disagree (such a commit landed between two jobs' reads), no root
+snapshot is consistent with both: a resolver cuts it by commit time, and GC keeps no version there.
 
 Failure behaviour: nothing here raises for a missing record (an epoch record GC'd meanwhile, a
 table's history expired): that evidence is absent and an older common epoch, or none, is the
@@ -131,13 +132,19 @@ class Evidence:
             self.writers = read_topology(self.tm).writers if self.tm is not None else {}
         return self.writers
 
-    def root_reads(self, readers: Iterable[str], roots: Iterable[str], epoch: int) -> dict[str, RootRead]:
-        """The snapshot of each of ``roots`` that the jobs writing ``readers`` read at ``epoch``, where they recorded
-        one and all that did agree (module docstring: root tables); a root not in the answer is cut by commit time.
-        Their epoch records first (one pipelined read), then each reader's Iceberg records."""
+    def root_reads(self, readers: Iterable[str], roots: Iterable[str], epoch: int) -> dict[str, Optional[RootRead]]:
+        """What the jobs writing ``readers`` read of each of ``roots`` at ``epoch`` (module docstring: root tables):
+        the snapshot, where those that recorded it agree; None where they disagree; a root none of them recorded is
+        not in the answer (cut it by commit time). Their epoch records first (one pipelined read), then each
+        reader's Iceberg records; with ZooKeeper, only the readers whose jobs read one of ``roots`` are asked."""
         readers, roots = sorted(readers), set(roots)
         if not readers or not roots:
             return {}
+        if self.tm is not None:
+            topo = read_topology(self.tm)
+            self.writers = self.writers if self.writers is not None else topo.writers
+            readers = [r for r in readers if (job := topo.writers.get(r)) is not None and job in topo.jobs
+                       and roots.intersection(topo.jobs[job].sources)]
         records = self.epoch_records(readers, [epoch])
         writers = self.writers_of() if records else {}
         ends: dict[str, set[Optional[int]]] = {}
@@ -147,7 +154,7 @@ class Evidence:
                 self.recorded_inputs(reader, epoch) if self.recorded_inputs is not None else None)
             for root in roots.intersection(inputs.sources if inputs is not None else ()):
                 ends.setdefault(root, set()).add(inputs.sources[root].end)  # type: ignore[union-attr]
-        return {root: RootRead(next(iter(read))) for root, read in ends.items() if len(read) == 1}
+        return {root: RootRead(next(iter(read))) if len(read) == 1 else None for root, read in ends.items()}
 
     def read_at(self, table: str, epoch: int) -> bool:
         """Whether a reader's inputs of ``epoch`` name ``table`` at its snapshot there: only at or after its first

@@ -1,5 +1,6 @@
 """The next epoch a leader takes, and its wait for it: the pacing rule (``pacing.Pacing``) and the catch-up
-heuristic (``catch_up.CatchUp``) over state kept by watches, so a pass of a leader's loop makes no request.
+heuristic (``catch_up.CatchUp``) over state kept by watches, so a pass of a leader's loop that keeps up makes
+no request (one far behind reads its sources' writers' records: ``catch_up``).
 
     next_epoch = NextEpoch(tm, "counts", sources, pacing)   # made when a replica takes over; close() on step-down
     epoch = next_epoch.wait(after=last, stopped=stop.is_set, on_wait=note)   # blocks; None: stopped or done

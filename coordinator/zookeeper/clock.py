@@ -1,16 +1,19 @@
 """ZooKeeper's clock, as the stamps on this process's own writes show it: the one clock every driver shares.
 
     clock = session.server_clock
-    clock.now_ms()      # ZooKeeper's time now (this host's wall clock until a write was stamped)
+    clock.now_ms()      # a time ZooKeeper's clock has reached (this host's wall clock until a write was stamped)
     clock.skew_ms()     # this host's wall clock minus ZooKeeper's (None: no write stamped yet)
 
 The server stamps every znode it changes with its own wall clock (``mtime``: the ensemble leader's
 clock, when it took the write). Each multi of the session that changes a znode's data returns that
 stamp (``ZooKeeperSession.multi`` calls ``observe``), with the local monotonic times the request was
 sent and answered: the stamp was taken in between, so ZooKeeper's time at the midpoint is the stamp,
-give or take half the round trip. ``now_ms`` carries the best recent sample (the shortest round trip
-of the last ``SAMPLE_TTL_S``) forward with the monotonic clock, so a host's wall clock that is off,
-or steps (an NTP correction), changes nothing here, and a leader's write of every epoch keeps it fresh.
+give or take half the round trip. ``now_ms`` carries the best sample forward with the monotonic
+clock: the one whose half round trip, plus ``DRIFT`` of its age (how far two hosts' monotonic clocks
+may part), is smallest, so a fresh sample replaces an old one unless it took much longer. It answers
+the time less that uncertainty: ZooKeeper's clock has certainly reached it (a barrier is taken only
+once it has), and it never steps back. A host's wall clock that is off, or steps (an NTP correction),
+changes nothing here, and a leader's write of every epoch keeps it fresh.
 
 Why: a root job takes the newest barrier the clock has passed by its grace. On a driver's own clock,
 one 30 s ahead would take barriers ZooKeeper's clock (and every other driver's) reaches 30 s later,
@@ -26,13 +29,18 @@ import threading
 import time
 from typing import Optional
 
-SAMPLE_TTL_S = 60.0  # a sample is replaced by a newer one with a longer round trip once it is this old
+DRIFT = 1e-4  # how fast this host's monotonic clock may drift from ZooKeeper's: 100 ppm, a poor crystal's
 
 
 class ServerClock:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._best: Optional[tuple[float, float, int]] = None  # (half round trip s, monotonic midpoint, stamp ms)
+        self._reached_ms = 0  # the latest time answered: never answered less again
+
+    @staticmethod
+    def _uncertainty_s(sample: tuple[float, float, int], at_monotonic: float) -> float:
+        return sample[0] + DRIFT * max(0.0, at_monotonic - sample[1])
 
     def observe(self, sent_monotonic: float, answered_monotonic: float, stamp_ms: int) -> None:
         """A write sent and answered at these monotonic times was stamped ``stamp_ms`` by the server."""
@@ -40,26 +48,32 @@ class ServerClock:
         sample = (half, sent_monotonic + half, stamp_ms)
         with self._lock:
             best = self._best
-            if best is None or half <= best[0] or answered_monotonic - best[1] > SAMPLE_TTL_S:
+            if best is None or half <= self._uncertainty_s(best, answered_monotonic):
                 self._best = sample
 
+    def _estimate_ms(self) -> Optional[int]:
+        """ZooKeeper's clock now, give or take ``_uncertainty_s``; None before a stamp."""
+        best = self._best
+        if best is None:
+            return None
+        return best[2] + int((time.monotonic() - best[1]) * 1000)
+
     def now_ms(self) -> int:
-        """ZooKeeper's wall clock now, in ms (this host's until a write of this session was stamped)."""
+        """A time ZooKeeper's wall clock has reached, in ms: its clock now less the estimate's uncertainty, never
+        less than an earlier answer (this host's wall clock until a write of this session was stamped)."""
         best = self._best
         if best is None:
             return int(time.time() * 1000)
-        return best[2] + int((time.monotonic() - best[1]) * 1000)
+        now = time.monotonic()
+        reached = best[2] + int((now - best[1] - self._uncertainty_s(best, now)) * 1000)
+        with self._lock:
+            self._reached_ms = max(self._reached_ms, reached)
+            return self._reached_ms
 
     def skew_ms(self) -> Optional[int]:
         """This host's wall clock minus ZooKeeper's, in ms (positive: this host is ahead); None before a stamp."""
-        if self._best is None:
-            return None
-        return int(time.time() * 1000) - self.now_ms()
-
-    def uncertainty_ms(self) -> Optional[int]:
-        """How far ``now_ms`` may be off (half the sample's round trip); None before a stamp."""
-        best = self._best
-        return None if best is None else int(best[0] * 1000) + 1
+        estimate = self._estimate_ms()
+        return None if estimate is None else int(time.time() * 1000) - estimate
 
 
-__all__ = ["SAMPLE_TTL_S", "ServerClock"]
+__all__ = ["DRIFT", "ServerClock"]

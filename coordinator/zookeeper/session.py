@@ -492,7 +492,7 @@ class ZooKeeperSession:
             sent = time.monotonic()
             answer = tx.commit_async().get(timeout=self.operation_timeout)
             stamps = [r.mtime for r in answer if isinstance(r, ZnodeStat)]
-            if stamps:  # every change of the multi has the one stamp the server took for it
+            if stamps:  # the server stamped the multi's changes as it took it (the first is as good as any)
                 self.server_clock.observe(sent, time.monotonic(), stamps[0])
             return answer
         results = self.with_deadline(f"a {len(ops)}-operation multi", attempt)
