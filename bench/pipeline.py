@@ -17,8 +17,14 @@ A job's next epoch is the newest barrier its sources all hold, so a slow job coa
 (``overload``: no backpressure, nothing queues) and a job back from a pause catches up in one
 epoch (``catchup``; with ``--engine spark`` this is the Spark catch-up).
 
-    python -m bench pipeline [--engine python|spark] [--scenario freshness|overload|catchup]
-                             [--minutes 3] [--interval-ms 5000] [--pause 300]
+    python -m bench pipeline [--engine python|spark] [--scenario freshness|overload|catchup|readers]
+                             [--minutes 3] [--interval-ms 5000] [--pause 300] [--readers 200 --read-every 5]
+
+``readers`` (only when named): the cascade alone, then beside ``--readers`` readers (threads in 4
+processes) that each resolve the three sinks' consistent version and read ``totals`` at it every
+``--read-every`` seconds, with the watch cache and then without. Prints the writers' lag, the
+readers' resolution latency and ZooKeeper's requests per second of each run. Goals: the writers'
+lag p95 within 1.2x of the run without readers; resolution p95 under 50 ms with the watch cache.
 """
 from __future__ import annotations
 
@@ -59,6 +65,9 @@ KEYS = 100
 SAMPLE_EVERY_S = 0.2
 FRESHNESS_RATIO_GOAL = 1.2  # the lakehouse's freshness p50 against the embedded stack's, in the same run
 SETTLE_S = 30.0  # freshness also reported without the first seconds (drivers still draining their start-up)
+READER_PROCESSES = 4  # the readers scenario's processes, each with readers / 4 threads
+READERS_LAG_GOAL = 1.2  # the writers' lag p95 with readers against without, in the same run
+READERS_RESOLVE_GOAL_MS = 50.0  # resolution p95 with the watch cache
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -395,9 +404,9 @@ def mean_gap_s(epochs: list[int]) -> float:
     return (epochs[-1] - epochs[0]) / (len(epochs) - 1) / 1000 if len(epochs) > 1 else float("nan")
 
 
-def freshness(opts, zk: str) -> None:
+def freshness(opts, server) -> None:
     """Freshness on each ``--stack`` in turn; with more than one, each one's p50 and p95 against the first's."""
-    lags = {stack: freshness_on(opts, zk, stack) for stack in opts.stack}
+    lags = {stack: freshness_on(opts, server.connect_string, stack) for stack in opts.stack}
     if len(lags) > 1:
         first, baseline = next(iter(lags.items()))
         header(f"freshness by stack, baseline {first} (same run)")
@@ -464,7 +473,8 @@ def overload_run(opts, zk: str, name: str, slow: Optional[str]) -> dict:
                 "epochs": epoch_counts(cascade, samples[0][0], end), "check": cascade.check()}
 
 
-def overload(opts, zk: str) -> None:
+def overload(opts, server) -> None:
+    zk = server.connect_string
     interval_s = opts.interval_ms / 1000
     slow_s = 1.5 * interval_s
     header(f"overload ({opts.engine} engine): job aggregate sleeps {slow_s:g} s per epoch, "
@@ -488,7 +498,8 @@ def overload(opts, zk: str) -> None:
         print(f"{label}: epochs {r['epochs']}\n  {r['check']}")
 
 
-def catchup(opts, zk: str) -> None:
+def catchup(opts, server) -> None:
+    zk = server.connect_string
     """Stop ``--stop`` (every driver, or one derived job while its upstream runs) for ``--pause`` seconds, restart
     it, and count the epochs each job runs until the consistent epoch covers the downtime (it passes the
     restart) and until it is within one interval of the clock."""
@@ -548,7 +559,108 @@ def catchup(opts, zk: str) -> None:
         print(cascade.check())
 
 
-SCENARIOS = {"freshness": freshness, "overload": overload, "catchup": catchup}
+def run_readers(args) -> int:
+    """``--threads`` readers in this process until SIGTERM, each resolving the three sinks' consistent version and
+    reading ``totals`` at it every ``--read-every`` seconds (staggered), with the watch cache or without; writes
+    each resolution's latency (s) to ``--out``."""
+    from coordinator import Tidemark
+    from coordinator.history.resolve import Resolver
+
+    settings = bench_catalog(Path(args.home))
+    tm = Tidemark.connect(args.zk)
+    cache = tm.tidemark_cache() if args.cache else None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    latencies: list[float] = []
+    failures: list[str] = []
+
+    def reader(index: int) -> None:
+        resolver = Resolver(settings.load(), settings, tm, cache)
+        stop.wait(args.read_every * index / args.threads)
+        while not stop.is_set():
+            due = time.monotonic() + args.read_every
+            try:
+                started = time.perf_counter()
+                version = resolver.resolve(list(SINKS))
+                latencies.append(time.perf_counter() - started)
+                snapshot = version.snapshots[TOTALS]
+                if snapshot is not None:
+                    resolver.table(TOTALS).scan(snapshot_id=snapshot).to_arrow()
+            except Exception as exc:  # noqa: BLE001 - counted and reported; a reader keeps reading
+                failures.append(f"{type(exc).__name__}: {exc}")
+            stop.wait(max(0.0, due - time.monotonic()))
+    threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(args.threads)]
+    for thread in threads:
+        thread.start()
+    while not stop.wait(0.5):
+        pass
+    for thread in threads:
+        thread.join(30)
+    Path(args.out).write_text(json.dumps({"latencies": latencies, "failures": failures[:20],
+                                          "failed": len(failures)}))
+    if cache is not None:
+        cache.close()
+    tm.close()
+    return 0
+
+
+def readers(opts, server) -> None:
+    """The freshness cascade three times, in turn: alone (the baseline), then with ``--readers`` readers (in
+    ``READER_PROCESSES`` processes of threads) resolving and reading, with the watch cache and without it.
+    Prints the writers' lag, the readers' resolution latency and ZooKeeper's requests per second of each."""
+    from .common import RoundTrips
+    header(f"readers under load: {opts.readers} readers, each resolving the 3 sinks and reading totals every "
+           f"{opts.read_every:g} s, beside the cascade ({opts.interval_ms} ms barriers, {opts.minutes:g} min each)")
+    rows = []
+    for mode in ("none", "watch cache", "no cache"):
+        with Cascade(opts, server.connect_string, f"readers-{mode.replace(' ', '-')}") as cascade:
+            cascade.start_producer()
+            cascade.start_drivers()
+            cascade.wait_consistent()
+            procs, outs = [], []
+            if mode != "none":
+                for i in range(READER_PROCESSES):
+                    outs.append(cascade.home / f"readers-{i}.json")
+                    procs.append(cascade._spawn(
+                        ["--readers-proc", "--zk", cascade.zk, "--home", str(cascade.home), "--threads",
+                         str(opts.readers // READER_PROCESSES), "--read-every", str(opts.read_every),
+                         "--out", str(outs[-1]), *(["--cache"] if mode == "watch cache" else [])],
+                        f"readers-{i}.log"))
+                time.sleep(opts.read_every)  # every reader has started its rhythm
+            trips = RoundTrips(server)
+            started = time.monotonic()
+            samples = cascade.sample(opts.minutes * 60)
+            per_s = trips.take() / (time.monotonic() - started)
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            latencies: list[float] = []
+            failed = 0
+            for proc, out in zip(procs, outs):
+                proc.wait(120)
+                found = json.loads(out.read_text())
+                latencies += found["latencies"]
+                failed += found["failed"]
+            cascade.stop_drivers()
+            lags = [s[1] for s in samples]
+            rows.append((mode, percentile(lags, 0.5), percentile(lags, 0.95), per_s, latencies, failed,
+                         cascade.check()))
+    base_p95 = rows[0][2]
+    for mode, p50, p95, per_s, latencies, failed, check in rows:
+        resolved = (f"resolution p50 {percentile(latencies, 0.5) * 1000:6.1f} ms  p95 "
+                    f"{percentile(latencies, 0.95) * 1000:6.1f} ms ({len(latencies)} resolutions, {failed} failed)"
+                    if latencies else "no readers")
+        print(f"  {mode:<12} writers' lag p50 {p50:5.2f} s  p95 {p95:5.2f} s ({p95 / base_p95:.2f}x the run without "
+              f"readers)  ZooKeeper {per_s:6.0f} requests/s  {resolved}")
+        print(f"               {check}")
+    cached = rows[1]
+    print(f"goal: writers' lag p95 within {READERS_LAG_GOAL:g}x of the run without readers: "
+          f"{verdict(all(r[2] <= READERS_LAG_GOAL * base_p95 for r in rows[1:]))}; resolution p95 with the watch "
+          f"cache under {READERS_RESOLVE_GOAL_MS:g} ms: "
+          f"{verdict(bool(cached[4]) and percentile(cached[4], 0.95) * 1000 < READERS_RESOLVE_GOAL_MS)}")
+
+
+SCENARIOS = {"freshness": freshness, "overload": overload, "catchup": catchup, "readers": readers}
+DEFAULT_SCENARIOS = ["freshness", "overload", "catchup"]  # readers only when asked: it runs the cascade three times
 
 
 def parser() -> argparse.ArgumentParser:
@@ -558,7 +670,7 @@ def parser() -> argparse.ArgumentParser:
                    help="where the tables live: embedded (SQLite, local files), lakehouse (S3 and a REST catalog, "
                         "SeaweedFS); freshness runs once on each, in turn")
     p.add_argument("--scenario", action="append", choices=list(SCENARIOS),
-                   help="run only this scenario (repeatable; default: all three)")
+                   help="run only this scenario (repeatable; default: freshness, overload and catchup)")
     p.add_argument("--minutes", type=float, default=3.0, help="sampled duration of the freshness and each overload run")
     p.add_argument("--interval-ms", type=int, default=5000, help="the barrier interval")
     p.add_argument("--grace-ms", type=int, default=1000)
@@ -569,6 +681,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--catchup-timeout", type=float, default=600.0)
     p.add_argument("--rows", type=int, default=20, help="events per producer append")
     p.add_argument("--every", type=float, default=0.25, help="seconds between producer appends")
+    p.add_argument("--readers", type=int, default=200, help="readers: how many resolve and read beside the cascade")
+    p.add_argument("--read-every", type=float, default=5.0, help="readers: seconds between one reader's reads")
     # the processes the bench starts
     p.add_argument("--driver", choices=ORDER, help=argparse.SUPPRESS)
     p.add_argument("--producer", action="store_true", help=argparse.SUPPRESS)
@@ -576,6 +690,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--home", help=argparse.SUPPRESS)
     p.add_argument("--sleep-s", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--events", help=argparse.SUPPRESS)
+    p.add_argument("--readers-proc", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--cache", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
     return p
 
 
@@ -588,10 +706,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         return run_driver(opts)
     if opts.producer:
         return run_producer(opts)
+    if opts.readers_proc:
+        return run_readers(opts)
     with zookeeper() as server:
-        for name in opts.scenario or list(SCENARIOS):
+        for name in opts.scenario or DEFAULT_SCENARIOS:
             start = time.monotonic()
-            SCENARIOS[name](opts, server.connect_string)
+            SCENARIOS[name](opts, server)
             print(f"({name} took {(time.monotonic() - start) / 60:.1f} min)", flush=True)
     return 0
 
