@@ -8,6 +8,7 @@ import signal
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -154,6 +155,17 @@ class RoundTrips:
         now = packets_received(self.server)
         count, self.last = now - self.last - 1, now
         return count
+
+
+def run_until_stopped(threads: list[threading.Thread], stop: threading.Event, join_s: float) -> None:
+    """Start ``threads``, wait until ``stop`` is set (a bench process's SIGTERM handler sets it), then join them
+    (each for at most ``join_s``)."""
+    for thread in threads:
+        thread.start()
+    while not stop.wait(0.5):
+        pass
+    for thread in threads:
+        thread.join(join_s)
 
 
 def timed(function: Callable[[], object], repeat: int) -> list[float]:

@@ -52,6 +52,7 @@ from .common import (
     log_each_epoch,
     percentile,
     remove_run_dir,
+    run_until_stopped,
     stop_drivers,
     verdict,
     zookeeper,
@@ -590,12 +591,7 @@ def run_readers(args) -> int:
                 failures.append(f"{type(exc).__name__}: {exc}")
             stop.wait(max(0.0, due - time.monotonic()))
     threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(args.threads)]
-    for thread in threads:
-        thread.start()
-    while not stop.wait(0.5):
-        pass
-    for thread in threads:
-        thread.join(30)
+    run_until_stopped(threads, stop, 30)
     Path(args.out).write_text(json.dumps({"latencies": latencies, "failures": failures[:20],
                                           "failed": len(failures)}))
     if cache is not None:

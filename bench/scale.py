@@ -67,6 +67,7 @@ from .common import (
     packets_received,
     percentile,
     remove_run_dir,
+    run_until_stopped,
     stop_drivers,
     verdict,
     zookeeper,
@@ -252,12 +253,7 @@ def run_sim_driver(config: Mapping[str, Any]) -> int:
     failures: list[str] = []
     threads = [threading.Thread(target=_simulate_job, args=(sessions[i // per], spec, config, stop, commits, failures),
                                 daemon=True) for i, spec in enumerate(specs)]
-    for thread in threads:
-        thread.start()
-    while not stop.wait(0.5):
-        pass
-    for thread in threads:
-        thread.join(60)
+    run_until_stopped(threads, stop, 60)
     with open(config["out"], "w") as out:
         json.dump(commits, out)
     for tm in sessions:
