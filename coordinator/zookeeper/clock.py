@@ -51,29 +51,26 @@ class ServerClock:
             if best is None or half <= self._uncertainty_s(best, answered_monotonic):
                 self._best = sample
 
-    def _estimate_ms(self) -> Optional[int]:
-        """ZooKeeper's clock now, give or take ``_uncertainty_s``; None before a stamp."""
-        best = self._best
-        if best is None:
-            return None
-        return best[2] + int((time.monotonic() - best[1]) * 1000)
+    @staticmethod
+    def _estimate_ms(sample: tuple[float, float, int], at_monotonic: float, slack_s: float = 0.0) -> int:
+        """ZooKeeper's clock at ``at_monotonic`` by ``sample``, less ``slack_s``."""
+        return sample[2] + int((at_monotonic - sample[1] - slack_s) * 1000)
 
     def now_ms(self) -> int:
         """A time ZooKeeper's wall clock has reached, in ms: its clock now less the estimate's uncertainty, never
         less than an earlier answer (this host's wall clock until a write of this session was stamped)."""
-        best = self._best
+        best, now = self._best, time.monotonic()
         if best is None:
             return int(time.time() * 1000)
-        now = time.monotonic()
-        reached = best[2] + int((now - best[1] - self._uncertainty_s(best, now)) * 1000)
+        reached = self._estimate_ms(best, now, self._uncertainty_s(best, now))
         with self._lock:
             self._reached_ms = max(self._reached_ms, reached)
             return self._reached_ms
 
     def skew_ms(self) -> Optional[int]:
         """This host's wall clock minus ZooKeeper's, in ms (positive: this host is ahead); None before a stamp."""
-        estimate = self._estimate_ms()
-        return None if estimate is None else int(time.time() * 1000) - estimate
+        best = self._best
+        return None if best is None else int(time.time() * 1000) - self._estimate_ms(best, time.monotonic())
 
 
 __all__ = ["DRIFT", "ServerClock"]
