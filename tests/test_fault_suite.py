@@ -5,20 +5,23 @@ show no duplicate, no loss, no inconsistent read and every fault recovered.
 """
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
+from pyiceberg.catalog.sql import SqlCatalog
 
 from coordinator import ConfigurationError
 from coordinator.crashpoints import STEPS, parse
 from coordinator.history.checker import exactly_once
+from coordinator.iceberg.snapshots import EPOCH_KEY, TERM_KEY
 from coordinator.records import TableTidemark
-from tests.faults.harness import Environment
+from tests.faults.harness import Environment, published_out_of_term_order
 from tests.faults.scenarios import run_scenario
 from tests.helpers.wait import wait_for
 
 SUBSET = [("kill-9", 5), ("zombie", 2), ("zombie-mid-commit", 1), ("takeover-pause", 2), ("session-expiry", 2),
           ("zk-restart", 2), ("zk-ensemble", 2), ("catalog-restart", 2), ("zk-wipe", 1), ("fence-unregister", 1),
           ("coalesced-kill", 2), ("mixed-cadence", 3), ("object-store-kill", 2), ("rest-commit-kill", 1),
-          ("slow-object-store", 1)]
+          ("slow-object-store", 1), ("zk-partition", 2), ("zk-split", 2), ("catalog-partition", 1)]
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +49,18 @@ def test_crash_points_are_parsed_strictly():
     for bad in ("stagged", "staged:0", "staged:x", "staged:-1", ""):
         with pytest.raises(ConfigurationError):
             parse(bad)
+
+
+def test_a_sink_published_under_an_older_term_after_a_newer_one_is_reported(tmp_path):
+    catalog = SqlCatalog("c", uri=f"sqlite:///{tmp_path / 'c.db'}", warehouse=f"file://{tmp_path}")
+    catalog.create_namespace("ns")
+    table = catalog.create_table("ns.t", schema=pa.schema([("x", pa.int64())]))
+    for term in (1, 2, 2):
+        table.append(pa.table({"x": [term]}), snapshot_properties={TERM_KEY: str(term), EPOCH_KEY: str(term)})
+    assert published_out_of_term_order(catalog, ["c.ns.t"]) == []
+    table.append(pa.table({"x": [9]}), snapshot_properties={TERM_KEY: "1", EPOCH_KEY: "9"})
+    (problem,) = published_out_of_term_order(catalog, ["c.ns.t"])
+    assert "(epoch 9) published under term 1 after term 2 had published" in problem
 
 
 def test_exactly_once_counts_duplicates_and_losses():

@@ -132,16 +132,17 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class QuorumPeer:
-    """One member of an ensemble: its id (``myid``) and its three loopback ports."""
+    """One member of an ensemble: its id (``myid``), its three ports and the address it listens on."""
 
     server_id: int
     client_port: int
     quorum_port: int
     election_port: int
+    host: str = "127.0.0.1"
 
     @property
     def config_line(self) -> str:
-        return f"server.{self.server_id}=127.0.0.1:{self.quorum_port}:{self.election_port}"
+        return f"server.{self.server_id}={self.host}:{self.quorum_port}:{self.election_port}"
 
 
 @dataclass
@@ -153,7 +154,7 @@ class ServerState:
 
 
 class EmbeddedZooKeeper:
-    """One standalone ZooKeeper server process bound to 127.0.0.1.
+    """One standalone ZooKeeper server process bound to ``host`` (127.0.0.1 unless told).
 
     ``start()`` refuses a port already in use and waits (up to ``start_timeout``) until the
     server answers ``ruok``; ``stop()`` ends it with SIGTERM, then SIGKILL after a deadline;
@@ -162,16 +163,19 @@ class EmbeddedZooKeeper:
 
     With ``quorum`` (every member of an ensemble, this one being ``server_id``) it runs as one
     peer of that ensemble (``ZooKeeperEnsemble`` builds them); ``start(wait=False)`` then lets
-    the caller start the other peers before the quorum can serve.
+    the caller start the other peers before the quorum can serve. ``launcher`` is a command the
+    JVM runs under, which must exec it (``ip netns exec <namespace>``: a server in a network
+    namespace of its own, listening on ``host`` there).
     """
 
     def __init__(self, port: int = DEFAULT_PORT, data_dir: Optional[os.PathLike] = None,
                  start_timeout: float = 30.0, tls: Optional[ServerTls] = None,
                  secure_port: Optional[int] = None, quorum: Sequence[QuorumPeer] = (),
-                 server_id: Optional[int] = None, require_auth: bool = False) -> None:
+                 server_id: Optional[int] = None, require_auth: bool = False, host: str = "127.0.0.1",
+                 launcher: Sequence[str] = ()) -> None:
         if (tls is None) != (secure_port is None):
             raise ConfigurationError("a TLS ZooKeeper needs both tls=ServerTls(...) and secure_port")
-        self.port = port
+        self.port, self.host, self.launcher = port, host, tuple(launcher)
         self.data_dir = Path(data_dir or Settings.from_env().home / "zookeeper").absolute()
         self.start_timeout = start_timeout
         self.tls, self.secure_port = tls, secure_port
@@ -182,7 +186,7 @@ class EmbeddedZooKeeper:
 
     @property
     def connect_string(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def secure_connect_string(self) -> str:
@@ -211,7 +215,7 @@ class EmbeddedZooKeeper:
         config = self.data_dir / "zoo.cfg"
         lines = [
             f"tickTime={TICK_MS}", f"dataDir={self.data_dir / 'data'}", f"clientPort={self.port}",
-            "clientPortAddress=127.0.0.1", "maxClientCnxns=0", f"minSessionTimeout={2 * TICK_MS}",
+            f"clientPortAddress={self.host}", "maxClientCnxns=0", f"minSessionTimeout={2 * TICK_MS}",
             "maxSessionTimeout=60000", "admin.enableServer=false", "4lw.commands.whitelist=ruok,srvr,mntr,stat",
             "autopurge.snapRetainCount=3", "autopurge.purgeInterval=1", *self._quorum_config(),
             *(AUTH_REQUIRED_LINES if self.require_auth else ()),
@@ -231,7 +235,8 @@ class EmbeddedZooKeeper:
         main_class = QUORUM_MAIN_CLASS if self.quorum else MAIN_CLASS
         try:
             self._process = subprocess.Popen(
-                [java, "-Xmx256m", "-Dzookeeper.jmx.log4j.disable=true", "-cp", classpath, main_class, str(config)],
+                [*self.launcher, java, "-Xmx256m", "-Dzookeeper.jmx.log4j.disable=true", "-cp", classpath, main_class,
+                 str(config)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             log.close()
@@ -248,7 +253,7 @@ class EmbeddedZooKeeper:
 
     def mode(self) -> Optional[str]:
         """``standalone``, ``leader`` or ``follower`` while serving; None otherwise."""
-        reply = (four_letter_word("127.0.0.1", self.port, b"srvr") or b"").decode(errors="replace")
+        reply = (four_letter_word(self.host, self.port, b"srvr") or b"").decode(errors="replace")
         return next((line.split(":", 1)[1].strip() for line in reply.splitlines() if line.startswith("Mode:")), None)
 
     def wait_until_serving(self) -> None:
@@ -263,7 +268,7 @@ class EmbeddedZooKeeper:
                 failed.append(f"Java exited with status {exit_code}" if exit_code is not None else "Java failed")
                 failed.extend([fatal] if fatal else [])
                 return None
-            return four_letter_word("127.0.0.1", self.port, b"srvr")
+            return four_letter_word(self.host, self.port, b"srvr")
 
         retrying = Retrying(stop=stop_after_delay(self.start_timeout), wait=wait_fixed(0.1),
                             retry=retry_if_result(lambda r: not failed and b"Mode:" not in (r or b"")),
@@ -351,7 +356,8 @@ def _is_our_server(state: ServerState) -> bool:
 
 
 class ZooKeeperEnsemble:
-    """``size`` ZooKeeper servers on loopback forming one quorum, each in ``<base_dir>/server-<id>``.
+    """``size`` ZooKeeper servers forming one quorum, each in ``<base_dir>/server-<id>``: on loopback, or each where
+    ``placement`` says (its address, and the command its JVM runs under: see ``EmbeddedZooKeeper``).
 
     ``start()`` launches every peer, then waits until each serves (a peer serves only once a
     quorum has elected a leader); ``leader()`` and ``followers()`` ask each peer its mode, so a
@@ -359,12 +365,17 @@ class ZooKeeperEnsemble:
     own ``start()``; it rejoins the quorum from its data directory.
     """
 
-    def __init__(self, base_dir: os.PathLike, size: int = 3, start_timeout: float = 60.0) -> None:
+    def __init__(self, base_dir: os.PathLike, size: int = 3, start_timeout: float = 60.0,
+                 placement: Sequence[tuple[str, Sequence[str]]] = ()) -> None:
         if size < 3 or size % 2 == 0:
             raise ConfigurationError(f"an ensemble needs an odd number of servers, at least 3; got {size}")
-        peers = [QuorumPeer(i, free_port(), free_port(), free_port()) for i in range(1, size + 1)]
+        if placement and len(placement) != size:
+            raise ConfigurationError(f"placement gives {len(placement)} places for {size} servers")
+        places = list(placement) or [("127.0.0.1", ())] * size
+        peers = [QuorumPeer(i, free_port(), free_port(), free_port(), host) for i, (host, _) in enumerate(places, 1)]
         self.members = [EmbeddedZooKeeper(p.client_port, Path(base_dir) / f"server-{p.server_id}", start_timeout,
-                                          quorum=peers, server_id=p.server_id) for p in peers]
+                                          quorum=peers, server_id=p.server_id, host=p.host, launcher=launcher)
+                        for p, (_, launcher) in zip(peers, places)]
 
     @property
     def connect_string(self) -> str:

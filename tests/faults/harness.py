@@ -23,8 +23,9 @@ logs every row it wrote, and four threads watching it:
 - the **producer** (seeded) appends batches in bursts, so that some epochs are idle.
 
 ``finish`` stops the producer, waits until every job committed a barrier past the last row, checks
-that version and counts duplicates and losses against the producer's own log, then stops the
-drivers. Every wait polls a condition with a deadline.
+that version and counts duplicates and losses against the producer's own log, checks that no sink
+published under a term older than one it had published under already (a leader publishing after its
+term was taken), then stops the drivers. Every wait polls a condition with a deadline.
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from coordinator import CatalogSettings, EmbeddedZooKeeper, EpochRecord, EpochState, Tidemark, TidemarkError
 from coordinator.history.checker import ConsistencyChecker, Inconsistency, exactly_once
 from coordinator.history.resolve import Resolver
+from coordinator.iceberg.snapshots import EPOCH_KEY, TERM_KEY
 from coordinator.job.commit import DEFAULT_MARKER_EVERY
 from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from coordinator.operations.zookeeper_server import free_port
@@ -55,6 +57,7 @@ from coordinator.protocol.held_epochs import newest_common_epoch
 from coordinator.protocol.pacing import parse_every
 from coordinator.records import LeaderRecord, now_ms
 from tests.faults.cascade import JOBS, SRC_SCHEMA, Tables, counts_of, invariant
+from tests.helpers.network import TestNetwork
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.wait import wait_for
 from tests.helpers.zookeeper_tree import delete_tree, rebuild_server
@@ -150,10 +153,12 @@ class Replica:
         self.log_path = cascade.dir / f"{self.member}.log"
         self.session_file = cascade.dir / f"{self.member}.session"
         self.expected_exit = False   # set when the harness itself stops or kills it
-        config = {"job": job, "connect": cascade.connect, "session_timeout": SESSION_TIMEOUT, "member": self.member,
-                  "catalog": {"name": cascade.settings.name, "uri": cascade.settings.uri,
-                              "warehouse": cascade.settings.warehouse,
-                              "python_properties": dict(cascade.settings.python_properties)},
+        self.host = cascade.network.host(f"{job}-{slot}") if cascade.network is not None else None
+        settings = cascade.driver_settings
+        config = {"job": job, "connect": cascade.driver_connect, "session_timeout": SESSION_TIMEOUT,
+                  "member": self.member,
+                  "catalog": {"name": settings.name, "uri": settings.uri, "warehouse": settings.warehouse,
+                              "python_properties": dict(settings.python_properties)},
                   "namespace": cascade.tables.namespace, "interval_ms": INTERVAL_MS, "grace_ms": GRACE_MS,
                   "every": cascade.every.get(job), "session_file": str(self.session_file)}
         env = {k: v for k, v in os.environ.items() if k != "TIDEMARK_CRASH_AT"}
@@ -161,8 +166,9 @@ class Replica:
             env["TIDEMARK_CRASH_AT"] = crash_at
         env["PYTHONPATH"] = str(REPO)
         with open(self.log_path, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "tests.faults.driver", json.dumps(config)], cwd=REPO,
-                                         env=env, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen([*(self.host.command if self.host else []), sys.executable, "-m",
+                                          "tests.faults.driver", json.dumps(config)], cwd=REPO, env=env,
+                                         stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
 
     def signal(self, sig: int) -> None:
         try:
@@ -176,6 +182,21 @@ class Replica:
         except OSError:
             return None
         return next((line for line in reversed(text.splitlines()) if line.startswith("tidemark: crash point")), None)
+
+    def log_lines_since(self, offset: int) -> list[str]:
+        """The lines of its log after byte ``offset`` (``log_size()`` at some moment)."""
+        try:
+            with open(self.log_path, "rb") as log_file:
+                log_file.seek(offset)
+                return log_file.read().decode(errors="replace").splitlines()
+        except OSError:
+            return []
+
+    def log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
 
     def last_line(self) -> str:
         try:
@@ -194,12 +215,15 @@ class Replica:
 
 class Cascade:
     """One run of the cascade (see the module docstring). ``crash_plan(job)`` gives the crash point of each
-    replica started (``None``: none)."""
+    replica started (``None``: none). With ``network``, each replica slot runs in a host of its own on that test
+    network and reaches ZooKeeper at its ``ZOOKEEPER`` address and the catalog (and object store) at its
+    ``LAKEHOUSE`` address, so that a scenario can cut one replica from either; the harness's own clients (the
+    producer, the checker, the tracker) stay on loopback, never cut."""
 
     def __init__(self, env: Environment, scenario: str, run: int, seed: int, *, hosts: Optional[str] = None,
                  crash_plan: Callable[[str], Optional[str]] = lambda job: None, replicas: int = 2,
                  every: Optional[dict[str, int]] = None, expected_exits: frozenset[int] = frozenset(),
-                 settings: Optional[CatalogSettings] = None) -> None:
+                 settings: Optional[CatalogSettings] = None, network: Optional[TestNetwork] = None) -> None:
         self.env, self.scenario, self.seed = env, scenario, seed
         self.rng = random.Random(seed)
         self.dir = env.base / f"{scenario}-{run}"
@@ -208,6 +232,16 @@ class Cascade:
         self.chroot = f"/faults-{scenario}-{run}-{seed}"
         self.connect = self.hosts + self.chroot
         self.settings = settings or env.catalog()
+        self.network = network
+        self.driver_connect, self.driver_settings = self.connect, self.settings
+        if network is not None:
+            self.driver_connect = network.reach(self.connect, network.ZOOKEEPER)
+            self.driver_settings = CatalogSettings(
+                name=self.settings.name,
+                uri=self.settings.uri and network.reach(self.settings.uri, network.LAKEHOUSE),
+                warehouse=self.settings.warehouse,
+                python_properties={k: network.reach(v, network.LAKEHOUSE)
+                                   for k, v in self.settings.python_properties.items()})
         self.tables = Tables(self.settings.name, f"f_{scenario.replace('-', '_')}_{run}_{seed}")
         self.crash_plan, self.replicas = crash_plan, replicas
         self.every = every or {}     # a job's cadence in ms (absent: every grid point)
@@ -582,6 +616,8 @@ class Cascade:
                                                                  "k": [r[1] for r in self.produced]}))),
                                    _per_key(frames[self.tables.counts]))
             duplicates, losses = max(rows.duplicates, counted.duplicates), max(rows.losses, counted.losses)
+            problems += published_out_of_term_order(self.settings.load(),
+                                                    [t for job in JOBS for t in self.tables.job(job)[1]])
         except Exception as exc:  # noqa: BLE001 - reported as the run's problem
             problems.append(f"final check failed: {type(exc).__name__}: {exc}")
         self.stop_drivers()
@@ -614,6 +650,28 @@ class Cascade:
     def _epochs_committed(self) -> int:
         """Epochs committed by every job of the run: those seen by the tracker and those still in ZooKeeper."""
         return len(set(self.commits) | {(job, epoch) for job in JOBS for epoch in self.epochs_of(job)})
+
+
+def published_out_of_term_order(catalog, sinks: list[str]) -> list[str]:
+    """Each sink's history (its current snapshot and its ancestors, oldest first) must be in non-decreasing terms:
+    a snapshot of an older term after a newer one is a leader that published after its term was taken."""
+    found = []
+    for sink in sinks:
+        table = catalog.load_table(sink.split(".", 1)[1])  # without the catalog's name
+        by_id = {s.snapshot_id: s for s in table.snapshots()}
+        chain, at = [], table.current_snapshot()
+        while at is not None:
+            chain.append(at)
+            at = by_id.get(at.parent_snapshot_id) if at.parent_snapshot_id is not None else None
+        newest = 0
+        for snapshot in reversed(chain):
+            summary = snapshot.summary
+            term = int(summary.get(TERM_KEY) or 0) if summary is not None else 0
+            if term and term < newest:
+                found.append(f"{sink}: snapshot {snapshot.snapshot_id} (epoch {summary.get(EPOCH_KEY)}) published "
+                             f"under term {term} after term {newest} had published")
+            newest = max(newest, term)
+    return found
 
 
 MID_EPOCH = (EpochState.STARTED, EpochState.PRECOMMITTED)

@@ -14,12 +14,12 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from coordinator import CatalogSettings, EpochRecord, EpochState, TidemarkError
 from coordinator.crashpoints import EPOCH_STEPS
 from coordinator.job.supervisor import EXIT_ZOOKEEPER_REBUILT
-from coordinator.operations.zookeeper_server import ZooKeeperEnsemble
+from coordinator.operations.zookeeper_server import ZooKeeperEnsemble, four_letter_word
 from coordinator.records import LeaderRecord, TermRecord
 from tests.faults.cascade import COUNTER, JOBS, TOTALS
 from tests.faults.harness import (
@@ -36,7 +36,8 @@ from tests.faults.harness import (
 )
 from tests.faults.spark import SparkRun
 from tests.helpers.cli import tidemark
-from tests.helpers.rest_proxy import CommitOutcomeProxy
+from tests.helpers.network import Host, TestNetwork
+from tests.helpers.rest_proxy import REAL_ANSWER, CommitOutcomeProxy
 from tests.helpers.spark_cluster import SparkCluster
 from tests.helpers.wait import wait_for
 
@@ -156,16 +157,89 @@ def session_expiry(env: Environment, run: int, seed: int, faults: int) -> RunRes
 
 
 def _hit_each_leader(env: Environment, scenario: str, run: int, seed: int, faults: int,
-                     hit: Callable[[Cascade, Replica], None]) -> RunResult:
-    """``hit`` the leader of each job in turn, ``faults`` times, a seeded moment after finding it."""
+                     hit: Callable[[Cascade, Replica], None], **options: Any) -> RunResult:
+    """``hit`` the leader of each job in turn, ``faults`` times, a seeded moment after finding it (``options``: the
+    cascade's)."""
     rng = random.Random(seed)
-    with Cascade(env, scenario, run, seed) as cascade:
+    with Cascade(env, scenario, run, seed, **options) as cascade:
         cascade.start()
         for i in range(faults):
             leader = cascade.leader_replica(JOBS[i % len(JOBS)])
             pause(rng)
             hit(cascade, leader)
         return cascade.finish()
+
+
+def zookeeper_partition(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """On the lakehouse, with every replica in a network namespace of its own: cut a job's leader off from ZooKeeper,
+    and from ZooKeeper only (it still reaches S3 and the REST catalog, and keeps running), while it stages an epoch
+    and while it publishes one (STARTED, PRECOMMITTED), in turn; heal once its session has expired and a standby
+    has taken over and committed. Unlike a paused zombie it goes on meanwhile: it finishes staging, or publishes
+    its precommitted epoch to Iceberg while the standby rolls the same epoch forward, and whatever it publishes
+    after its term was taken must be refused (the term fences its sinks in Iceberg). Once healed it must say in
+    one line that it lost its leadership, and contend again."""
+    steps = {job: itertools.cycle([(EpochState.STARTED, "staging"), (EpochState.PRECOMMITTED, "publishing")])
+             for job in JOBS}
+    with TestNetwork(f"zk-partition-{run}") as network:
+        def cut_off(cascade: Cascade, leader: Replica) -> None:
+            state, step = next(steps[leader.job])
+            wait_for(lambda: newest_epoch_state(cascade.tm, leader.job) == state,  # type: ignore[arg-type]
+                     f"{leader.job} to be {step}", RECOVERY_DEADLINE, every=0.005)
+            host, said_from, cut_at = leader.host, leader.log_size(), time.monotonic()
+            assert host is not None
+            fault = cascade.inject(f"leader cut off from ZooKeeper (not the lakehouse) while {step}", leader.job,
+                                   lambda: network.cut(host, network.ZOOKEEPER))
+            try:
+                cascade.wait_recovered(fault)
+                wait_for(lambda: time.monotonic() - cut_at > SESSION_TIMEOUT + 2, "the cut to outlast the session",
+                         30)
+            finally:
+                network.heal(host, network.ZOOKEEPER)
+            wait_for(lambda: _said_leadership_lost(leader, said_from), f"{leader.member}, healed, to say it lost "
+                     "its leadership", RECOVERY_DEADLINE)
+        return _hit_each_leader(env, "zk-partition", run, seed, faults, cut_off,
+                                settings=env.lakehouse().catalog_settings(), network=network)
+
+
+def catalog_partition(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """On the lakehouse, with every replica in a network namespace of its own: the moment a sink's commit has
+    reached the REST catalog and landed, cut that job's replicas off from the lakehouse (the catalog and S3), with
+    ZooKeeper still reachable, so the catalog's answer is in flight over the cut; heal after a seeded 5 to 15 s.
+    The leader keeps its session throughout: it must get its answer (or learn the outcome) once healed, and go on
+    without losing, repeating or half-publishing an epoch."""
+    rng = random.Random(seed)
+    lakehouse = env.lakehouse()
+    with TestNetwork(f"catalog-partition-{run}") as network, CommitOutcomeProxy(lakehouse.catalog_uri) as proxy:
+        settings = CatalogSettings(name=lakehouse.catalog_name,
+                                   python_properties={**lakehouse.python_properties(), "uri": proxy.uri})
+        with Cascade(env, "catalog-partition", run, seed, settings=settings, network=network) as cascade:
+            cascade.start()
+            for _ in range(faults):
+                pause(rng)
+                job = rng.choice(JOBS)
+                sink = rng.choice(cascade.tables.job(job)[1]).rsplit(".", 1)[1]
+                hosts = [r.host for r in cascade.slots.values() if r.job == job and r.host is not None]
+
+                def cut_all(hosts: list[Host]) -> None:
+                    for host in hosts:
+                        network.cut(host, network.LAKEHOUSE)
+
+                def cut_mid_commit() -> None:
+                    proxy.fail_commits(every=1, status=REAL_ANSWER, times=1, matching=f"/tables/{sink}",
+                                       then=lambda: cut_all(hosts))
+                    wait_for(lambda: proxy.failed, f"a commit of {sink}", RECOVERY_DEADLINE, every=0.01)
+                    pause(rng, 5.0, 15.0)
+                    for host in hosts:
+                        network.heal(host, network.LAKEHOUSE)
+                cascade.wait_recovered(cascade.inject(f"{job}'s drivers cut off from the lakehouse mid-commit of "
+                                                      f"{sink}", job, cut_mid_commit))
+            return cascade.finish()
+
+
+def _said_leadership_lost(replica: Replica, offset: int) -> bool:
+    """Whether ``replica`` said since ``offset`` in its log that it lost its leadership (or it has exited)."""
+    return replica.proc.poll() is not None or any(f"job {replica.job}: leadership lost" in line
+                                                   for line in replica.log_lines_since(offset))
 
 
 def zookeeper_restart(env: Environment, run: int, seed: int, faults: int) -> RunResult:
@@ -200,6 +274,53 @@ def zookeeper_ensemble(env: Environment, run: int, seed: int, faults: int) -> Ru
             cascade.wait_recovered(cascade.inject(kind, None, member.kill))
             member.start()
         return cascade.finish()
+
+
+def zookeeper_split(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """A three-server ensemble, each server in a network namespace of its own and every replica in one of its own:
+    split it 1 | 2, the one being the server a job's leader has its session on (the drivers still reach every
+    server). The majority goes on; the lone server, until it notices it lost its quorum (the sync limit, 2 s),
+    serves reads that may be stale, then drops its clients, whose sessions move to the majority if they get there
+    within their timeout, else expire (a standby takes over). Healed after a seeded 8 to 12 s, the server
+    rejoins."""
+    rng = random.Random(seed)
+    with TestNetwork(f"zk-split-{run}") as network:
+        servers = [network.host(f"zookeeper-{i}") for i in range(1, 4)]
+        with ZooKeeperEnsemble(env.base / f"split-{run}", placement=[(h.address, h.command) for h in servers]) \
+                as ensemble, Cascade(env, "zk-split", run, seed, hosts=ensemble.connect_string,
+                                     network=network) as cascade:
+            cascade.start()
+            for i in range(faults):
+                leader = cascade.leader_replica(JOBS[i % len(JOBS)])
+                pause(rng)
+                alone = wait_for(lambda: _server_of(ensemble, servers, leader), f"{leader.member}'s server", 30)
+                others = [h for h in servers if h is not alone]
+                links = [(alone, o) for o in others] + [(o, alone) for o in others]
+                split_at, lasting = time.monotonic(), rng.uniform(8, 12)
+
+                def split() -> None:
+                    for host, peer in links:
+                        network.cut(host, peer.address)
+                fault = cascade.inject(f"ensemble split 1 | 2, {leader.job}'s leader on the one", None, split)
+                try:
+                    wait_for(lambda: time.monotonic() - split_at > lasting, "the split to last", 30)
+                finally:
+                    for host, peer in links:
+                        network.heal(host, peer.address)
+                cascade.wait_recovered(fault)
+                member = ensemble.members[servers.index(alone)]
+                wait_for(lambda: member.mode() in ("leader", "follower"), "the lone server to rejoin", 60)
+            return cascade.finish()
+
+
+def _server_of(ensemble: ZooKeeperEnsemble, servers: list[Host], replica: Replica) -> Optional[Host]:
+    """The host of the ensemble's server ``replica`` has its session on now (its address in the server's ``stat``)."""
+    address = f"/{replica.host.address}:" if replica.host is not None else None
+    for member, host in zip(ensemble.members, servers):
+        stat = (four_letter_word(member.host, member.port, b"stat") or b"").decode(errors="replace")
+        if address and address in stat:
+            return host
+    return None
 
 
 def _leader_of(ensemble: ZooKeeperEnsemble):
@@ -509,6 +630,12 @@ SCENARIOS = {s.name: s for s in [
                                                          "landed, before the writer heard"),
     Scenario("slow-object-store", 2, 2, slow_object_store, "the lakehouse stopped (SIGSTOP) 15-25 s mid-epoch, "
                                                            "past the clients' timeouts"),
+    Scenario("zk-partition", 2, 4, zookeeper_partition, "a leader cut off from ZooKeeper, not the lakehouse, past "
+                                                        "its session (network namespaces), then healed"),
+    Scenario("zk-split", 2, 4, zookeeper_split, "a 3-server ensemble split 1 | 2 (network namespaces), a job's "
+                                                "leader on the one, healed 8-12 s later"),
+    Scenario("catalog-partition", 2, 3, catalog_partition, "a job's drivers cut off from the lakehouse mid-commit, "
+                                                           "ZooKeeper reachable, healed 5-15 s later"),
     Scenario("spark-cluster", 1, 4, spark_cluster, "kill -9 of an executor, and of the leading driver, mid-epoch on "
                                                    "a Spark standalone cluster"),
 ]}

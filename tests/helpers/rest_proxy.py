@@ -7,6 +7,9 @@ load balancer does: the commit reaches the catalog and lands, and the client is 
         proxy.fail_commits(every=1, status=None, times=1, matching="counts", then=lakehouse.kill)
                                                                 # the next commit of a table named *counts*
                                                                 # lands, then the catalog is killed, unanswered
+        proxy.fail_commits(every=1, status=REAL_ANSWER, times=1, then=cut)
+                                                                # the next commit lands, ``cut`` runs, then the
+                                                                # catalog's own answer goes back (over the cut)
         proxy.failed                                            # the commits answered so (table paths)
 
 A table commit is ``POST /v1/{prefix}/namespaces/{ns}/tables/{table}`` (and ``POST /v1/{prefix}/transactions/
@@ -21,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 from urllib.parse import urlsplit
 
+REAL_ANSWER = -1   # a commit's ``status``: the catalog's own answer, after ``then``
 COMMIT = re.compile(r"^/v1/(.+/)?(namespaces/[^/]+/tables/[^/?]+|transactions/commit)(\?.*)?$")
 
 
@@ -57,9 +61,10 @@ class CommitOutcomeProxy:
                     return
                 finally:
                     upstream_conn.close()
-                if self.command == "POST" and COMMIT.match(self.path) and proxy._should_fail(self.path):
-                    if proxy.then is not None:
-                        proxy.then()
+                failing = self.command == "POST" and COMMIT.match(self.path) and proxy._should_fail(self.path)
+                if failing and proxy.then is not None:
+                    proxy.then()
+                if failing and proxy.status != REAL_ANSWER:
                     if proxy.status is None:
                         self.close_connection = True
                         self.connection.close()  # landed; the client never hears so
@@ -93,8 +98,9 @@ class CommitOutcomeProxy:
     def fail_commits(self, every: int, status: Optional[int], times: int, *, matching: str = "",
                      then: Optional[Callable[[], object]] = None) -> None:
         """From now on, every ``every``-th table commit (of a path containing ``matching``) lands and is answered
-        ``status`` (None: no answer), ``times`` times (a bound: a writer's recovery makes commits too, which must
-        get through in the end); ``then`` runs after the commit landed, before the client is answered."""
+        ``status`` (None: no answer; ``REAL_ANSWER``: the catalog's own), ``times`` times (a bound: a writer's
+        recovery makes commits too, which must get through in the end); ``then`` runs after the commit landed,
+        before the client is answered."""
         with self._lock:
             self.every, self.status, self.times, self.commits, self.failed = every, status, times, 0, []
             self.matching, self.then = matching, then
