@@ -6,6 +6,7 @@ clock (``coordinator/zookeeper/clock.py``, ``docs/design.md`` "Clocks"):
   barriers 30 s early, which a root table's producers reach 30 s later);
 - 30 s behind, it keeps up (on its own clock it would lag 30 s);
 - stepped back 10 s mid-run (an NTP correction), it neither stalls nor repeats an epoch;
+- a derived job's driver 30 s ahead takes only the barriers its source committed, none before it did;
 
 and in each case it reports its skew and a true lag. The epoch's commit time is the ``mtime`` ZooKeeper stamped
 on its epoch record, on the server's (this host's true) clock."""
@@ -36,16 +37,19 @@ SLACK_MS = 3000  # a loaded machine's delay between a barrier the clock passed a
 
 
 class SkewedDriver:
-    """The serve driver (job ``served``: one row per epoch, no source) under a wrong clock, with its metrics."""
+    """A driver of ``tests/helpers/python_driver.py`` under a wrong clock, with its metrics: by default the serve
+    driver (job ``served``: one row per epoch, no source)."""
 
-    def __init__(self, tmp_path: Path, zk_connect: str, catalog_settings, sink: str, offset_ms: int) -> None:
-        self.clock = SkewedClock(tmp_path, offset_ms)
+    def __init__(self, tmp_path: Path, zk_connect: str, catalog_settings, sink: str, offset_ms: int,
+                 mode: str = "serve", job: str = "served", **options: str) -> None:
+        (tmp_path / job).mkdir(exist_ok=True)
+        self.clock = SkewedClock(tmp_path / job, offset_ms)
         self.port = free_port()
-        config = {"mode": "serve", "connect": zk_connect, "session_timeout": 10.0, "job": "served",
+        config = {"mode": mode, "connect": zk_connect, "session_timeout": 10.0, "job": job,
                   "catalog": {"name": catalog_settings.name, "uri": catalog_settings.uri,
                               "warehouse": catalog_settings.warehouse},
-                  "log": sink}
-        self.log = open(tmp_path / "driver.log", "w")  # noqa: SIM115 - closed in stop()
+                  "log": sink, **options}
+        self.log = open(tmp_path / f"{job}.log", "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.helpers.python_driver", json.dumps(config)], cwd=REPO,
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
@@ -70,10 +74,10 @@ class SkewedDriver:
         return (Path(self.log.name)).read_text()[-3000:]
 
 
-def commits(tm) -> dict[int, int]:
-    """Each committed epoch of ``served`` -> when ZooKeeper committed it (its record's mtime, the server's clock)."""
+def commits(tm, job: str = "served") -> dict[int, int]:
+    """Each committed epoch of ``job`` -> when ZooKeeper committed it (its record's mtime, the server's clock)."""
     done = {}
-    path = tm.paths.epochs("served")
+    path = tm.paths.epochs(job)
     for name in tm.children(path):
         found = tm.client.get(f"{path}/{name}")
         record = EpochRecord.from_json(found[0], f"{path}/{name}")
@@ -134,3 +138,31 @@ def test_a_driver_whose_clock_steps_back_10_s_mid_run_neither_stalls_nor_repeats
     skew = wait_for(lambda: (s := driver.metric("tidemark_driver_clock_skew_seconds")) is not None and s < -9 and s,
                     "the skew metric to show the step", timeout=30)
     assert abs(skew + 10) < 1.0, skew
+
+
+def test_a_derived_job_whose_clock_is_30_s_ahead_takes_only_barriers_its_source_committed(
+        tm, served, tmp_path, zk_connect, catalog_settings, namespace):
+    """A derived job's barriers are its sources' committed epochs, whatever its clock says; its lag is measured on
+    ZooKeeper's clock, so it reads true too."""
+    served(0)
+    wait_for(lambda: at_least(commits(tm), 1), "the source job's first epoch", timeout=120)
+    copies = f"{namespace}.copies"
+    create_table(catalog_settings.load(), copies, EPOCH_SCHEMA, first_snapshot=False)
+    derived = SkewedDriver(tmp_path, zk_connect, catalog_settings, copies, 30_000, mode="copy", job="copier",
+                           source=f"{namespace}.log")
+    try:
+        done = wait_for(lambda: at_least(commits(tm, "copier"), 6), "six epochs of the skewed derived job",
+                        timeout=120)
+        upstream = commits(tm)
+        assert set(done) <= set(upstream), f"barriers its source never committed: {sorted(set(done) - set(upstream))}"
+        early = {t: (upstream[t], m) for t, m in done.items() if m < upstream[t]}
+        assert not early, f"epochs committed before their source committed them (epoch: source, own): {early}"
+        newest = max(done)
+        copied = Counter(catalog_settings.load().load_table(copies).scan().to_arrow().column("epoch").to_pylist())
+        assert max(copied.values()) == 1 and set(copied) == {t for t in upstream if t <= newest}, copied
+        skew = wait_for(lambda: derived.metric("tidemark_driver_clock_skew_seconds"), "the skew metric", timeout=30)
+        assert abs(skew - 30) < 1.0, skew
+        lag = wait_for(lambda: derived.metric("tidemark_driver_lag_seconds"), "the lag metric", timeout=30)
+        assert 0 <= lag < (2 * INTERVAL_MS + GRACE_MS + SLACK_MS) / 1000, f"lag {lag} s at epoch {newest}"
+    finally:
+        derived.stop()

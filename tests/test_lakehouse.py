@@ -7,13 +7,20 @@ import json
 import logging
 import os
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from coordinator import CatalogSettings, VersionReader, duckdb_iceberg_connection, duckdb_iceberg_sql
+from coordinator import (
+    CatalogSettings,
+    ConfigurationError,
+    VersionReader,
+    duckdb_iceberg_connection,
+    duckdb_iceberg_sql,
+)
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.readers import version_sql
 from coordinator.history.resolve import Resolver, read_arrow
@@ -24,13 +31,15 @@ from coordinator.records import now_ms
 from coordinator.settings import Settings
 from spark_hooks import EpochJob
 from tests.helpers.cli import tidemark
+from tests.helpers.network import TestNetwork
 from tests.helpers.present import present
 from tests.helpers.rest_proxy import CommitOutcomeProxy
 from tests.helpers.spark_cascade import WORD, Producer
 from tests.test_writer_flow import Fleet, Runner
 
 COUNTS = pa.schema([pa.field("word", pa.string()), pa.field("n", pa.int64())])
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -372,3 +381,55 @@ def test_tidemark_lakehouse_start_prints_the_settings_that_reach_it_and_stop_end
     assert stopped.returncode == 0 and stopped.stdout.strip() == "stopped", stopped.stdout + stopped.stderr
     gone = lakehouse("status")
     assert gone.returncode == 3 and "not running" in gone.stdout
+
+
+# Inside a network namespace: load the catalog over the test network, say so, wait for "go" (the test cuts the
+# network meanwhile), then list the namespaces through the cut and say how that ended and after how long.
+THROUGH_A_CUT = """
+import json, sys, time
+from coordinator import CatalogSettings
+from coordinator.iceberg.catalog import is_catalog_outage
+catalog = CatalogSettings(name="lake", python_properties=json.loads(sys.argv[1])).load()
+catalog.list_namespaces()
+print("loaded", flush=True)
+sys.stdin.readline()
+started = time.monotonic()
+try:
+    catalog.list_namespaces()
+    print("answered", flush=True)
+except Exception as exc:
+    print(type(exc).__name__, is_catalog_outage(exc), round(time.monotonic() - started, 1), flush=True)
+"""
+
+
+def test_a_rest_request_sent_into_a_partition_fails_as_an_outage_at_its_deadline(lakehouse):
+    """pyiceberg 0.12 sets no timeout: a request whose packets vanish waited for TCP to give up (about 15 min),
+    a leader holding its leadership meanwhile. Every request now has a deadline, ``connection.timeout`` (60 s
+    unless set), and meeting it is an outage (ridden out; a commit's outcome is read back by the next leader)."""
+    with TestNetwork("rest-deadline") as network:
+        host = network.host("client")
+        properties = {k: network.reach(v, network.LAKEHOUSE) for k, v in lakehouse.python_properties().items()}
+        properties["connection.timeout"] = "2"
+        client = subprocess.Popen([*host.command, sys.executable, "-c", THROUGH_A_CUT, json.dumps(properties)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+        try:
+            assert client.stdout is not None and client.stdin is not None
+            assert client.stdout.readline().strip() == "loaded"
+            network.cut(host, network.LAKEHOUSE)
+            client.stdin.write("go\n")
+            client.stdin.flush()
+            kind, outage, seconds = client.stdout.readline().split()
+        finally:
+            client.kill()
+            client.wait()
+        assert (kind, outage) == ("ReadTimeout", "True")
+        assert 2 <= float(seconds) < 7
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "soon"])
+def test_a_rest_catalogs_deadline_must_be_a_positive_number_of_seconds(rest_settings, timeout):
+    settings = CatalogSettings(name=rest_settings.name,
+                               python_properties={**rest_settings.python_properties, "connection.timeout": timeout})
+    with pytest.raises(ConfigurationError, match=f"connection.timeout is '{timeout}': give a number of seconds"):
+        settings.load()

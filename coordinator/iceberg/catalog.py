@@ -56,6 +56,14 @@ log = logging.getLogger(__name__)
 # waits for a lock at most PG_LOCK_TIMEOUT_MS, then fails as an outage that the writer reports and rides out.
 PG_IDLE_IN_TRANSACTION_MS = 10_000
 PG_LOCK_TIMEOUT_MS = 20_000
+# pyiceberg 0.12's REST client sets no timeout on its HTTP requests: a request sent into a connection that a
+# partition, a load balancer or a NAT dropped silently waits for TCP to give up (about 15 minutes on Linux),
+# and a leader waiting so keeps its leadership, its job stalled (the catalog-partition fault scenario). Every
+# request of a REST catalog gets this deadline, in seconds, unless the catalog's properties set one under the
+# key pyiceberg's next release reads for it (apache/iceberg-python#3418). A commit that times out may have
+# landed: it is an outage with an unknown outcome, which the next leader reads back (``is_catalog_outage``).
+REST_TIMEOUT_PROPERTY = "connection.timeout"
+DEFAULT_REST_TIMEOUT_S = 60.0
 # The AWS SDK's errors (as pyarrow's S3 file system words them) that pass: the store restarting, overloaded or
 # out of reach.
 AWS_TRANSIENT_ERRORS = ("NETWORK_CONNECTION", "SLOW_DOWN", "SERVICE_UNAVAILABLE", "INTERNAL_FAILURE",
@@ -99,6 +107,31 @@ def is_catalog_outage(exc: BaseException) -> bool:
     message = str(exc)
     return isinstance(exc, OSError) and "AWS Error" in message and (
         any(error in message for error in AWS_TRANSIENT_ERRORS) or re.search(r"HTTP status 5\d\d", message) is not None)
+
+
+def _give_rest_requests_a_deadline(catalog: Catalog) -> None:
+    """Every HTTP request of a REST ``catalog`` from now on waits at most its ``connection.timeout`` (see
+    ``REST_TIMEOUT_PROPERTY``). pyiceberg 0.12 has no hook for it: each of its session's transport adapters (its
+    own, and SigV4's when signing is on) is given the deadline as its default. The requests that loading made
+    (the server's configuration, the first token) had none."""
+    from pyiceberg.catalog.rest import RestCatalog
+    if not isinstance(catalog, RestCatalog):
+        return
+    raw = catalog.properties.get(REST_TIMEOUT_PROPERTY, DEFAULT_REST_TIMEOUT_S)
+    try:
+        seconds = float(raw)
+    except (TypeError, ValueError):
+        seconds = 0.0
+    if not seconds > 0:
+        raise ConfigurationError(f"the catalog's {REST_TIMEOUT_PROPERTY} is {raw!r}: give a number of seconds above "
+                                 "0 (how long one request to the REST catalog may take)")
+    session = catalog._session  # pyiceberg 0.12 gives no other way to reach its HTTP session
+    for adapter in set(session.adapters.values()):
+        send = adapter.send
+
+        def send_by_deadline(request, *args, timeout=None, _send=send, **kwargs):  # type: ignore[no-untyped-def]
+            return _send(request, *args, timeout=seconds if timeout is None else timeout, **kwargs)
+        adapter.send = send_by_deadline  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True)
@@ -251,6 +284,7 @@ class CatalogSettings:
                 f"cannot open Iceberg {self.describe()}: {type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''}; check the URI, that the catalog's server "
                 "(database or REST) is running and that the credentials are right") from None
+        _give_rest_requests_a_deadline(catalog)
         if new is not None and Path(new).is_file():
             log.warning("created a new, empty Iceberg catalog %r at %s: set TIDEMARK_HOME if your tables live "
                         "elsewhere", self.name, "/" + new.lstrip("/"))

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 from coordinator import CatalogSettings, EpochRecord, EpochState, TidemarkError
 from coordinator.crashpoints import EPOCH_STEPS
+from coordinator.iceberg.catalog import REST_TIMEOUT_PROPERTY
 from coordinator.job.supervisor import EXIT_ZOOKEEPER_REBUILT
 from coordinator.operations.zookeeper_server import ZooKeeperEnsemble, four_letter_word
 from coordinator.records import LeaderRecord, TermRecord
@@ -30,6 +31,7 @@ from tests.faults.harness import (
     SESSION_TIMEOUT,
     Cascade,
     Environment,
+    Fault,
     Replica,
     RunResult,
     newest_epoch_state,
@@ -172,46 +174,66 @@ def _hit_each_leader(env: Environment, scenario: str, run: int, seed: int, fault
 
 def zookeeper_partition(env: Environment, run: int, seed: int, faults: int) -> RunResult:
     """On the lakehouse, with every replica in a network namespace of its own: cut a job's leader off from ZooKeeper,
-    and from ZooKeeper only (it still reaches S3 and the REST catalog, and keeps running), while it stages an epoch
-    and while it publishes one (STARTED, PRECOMMITTED), in turn; heal once its session has expired and a standby
-    has taken over and committed. Unlike a paused zombie it goes on meanwhile: it finishes staging, or publishes
-    its precommitted epoch to Iceberg while the standby rolls the same epoch forward, and whatever it publishes
-    after its term was taken must be refused (the term fences its sinks in Iceberg). Once healed it must say in
-    one line that it lost its leadership, and contend again."""
-    steps = {job: itertools.cycle([(EpochState.STARTED, "staging"), (EpochState.PRECOMMITTED, "publishing")])
-             for job in JOBS}
-    with TestNetwork(f"zk-partition-{run}") as network:
+    and from ZooKeeper only (it still reaches S3 and the REST catalog, and keeps running), in turn while it stages
+    an epoch (STARTED) and the moment its epoch's first sink commit has landed in the catalog (a proxy in front of
+    the catalog cuts it then, answering as the catalog did); heal once its session has expired and a standby has
+    taken over and committed. Unlike a paused zombie it goes on meanwhile: it finishes staging, or publishes the
+    epoch's other sinks while the standby rolls the same epoch forward; whatever it publishes after its term was
+    taken must be refused (the term fences its sinks in Iceberg), and every sink's history must stay in term
+    order. Once healed it must say in one line that it lost its leadership, and contend again."""
+    lakehouse = env.lakehouse()
+    hits = itertools.count()  # staging and publishing in turn, and each for each job in turn: (counter, staging),
+    # (totals, publishing), (counter, publishing), (totals, staging), ...
+    with TestNetwork(f"zk-partition-{run}") as network, CommitOutcomeProxy(lakehouse.catalog_uri) as proxy:
         def cut_off(cascade: Cascade, leader: Replica) -> None:
-            state, step = next(steps[leader.job])
-            wait_for(lambda: newest_epoch_state(cascade.tm, leader.job) == state,  # type: ignore[arg-type]
-                     f"{leader.job} to be {step}", RECOVERY_DEADLINE, every=0.005)
-            host, said_from, cut_at = leader.host, leader.log_size(), time.monotonic()
+            hit = next(hits)
+            host, said_from = leader.host, leader.log_size()
+            step = ("staging", "publishing")[(hit + hit // len(JOBS)) % 2]
             assert host is not None
-            fault = cascade.inject(f"leader cut off from ZooKeeper (not the lakehouse) while {step}", leader.job,
-                                   lambda: network.cut(host, network.ZOOKEEPER))
+            kind = f"leader cut off from ZooKeeper (not the lakehouse) while {step}"
+            injected: list[Fault] = []
+
+            def cut() -> None:
+                injected.append(cascade.inject(kind, leader.job, lambda: network.cut(host, network.ZOOKEEPER)))
+            if step == "staging":
+                wait_for(lambda: newest_epoch_state(cascade.tm, leader.job) == EpochState.STARTED,  # type: ignore[arg-type]
+                         f"{leader.job} to be staging", RECOVERY_DEADLINE, every=0.005)
+                cut()
+            else:
+                first_sink = cascade.tables.job(leader.job)[1][0].rsplit(".", 1)[1]
+                proxy.fail_commits(every=1, status=REAL_ANSWER, times=1, matching=f"/tables/{first_sink}", then=cut)
+                wait_for(lambda: injected, f"a commit of {first_sink}", RECOVERY_DEADLINE, every=0.01)
+            cut_at = time.monotonic()
             try:
-                cascade.wait_recovered(fault)
+                cascade.wait_recovered(injected[0])
                 wait_for(lambda: time.monotonic() - cut_at > SESSION_TIMEOUT + 2, "the cut to outlast the session",
                          30)
             finally:
                 network.heal(host, network.ZOOKEEPER)
             wait_for(lambda: _said_leadership_lost(leader, said_from), f"{leader.member}, healed, to say it lost "
                      "its leadership", RECOVERY_DEADLINE)
-        return _hit_each_leader(env, "zk-partition", run, seed, faults, cut_off,
-                                settings=env.lakehouse().catalog_settings(), network=network)
+        settings = CatalogSettings(name=lakehouse.catalog_name,
+                                   python_properties={**lakehouse.python_properties(), "uri": proxy.uri})
+        return _hit_each_leader(env, "zk-partition", run, seed, faults, cut_off, settings=settings, network=network)
+
+
+CATALOG_DEADLINE_S = 6   # catalog-partition's REST request deadline: its cuts last from half of it to twice it
 
 
 def catalog_partition(env: Environment, run: int, seed: int, faults: int) -> RunResult:
     """On the lakehouse, with every replica in a network namespace of its own: the moment a sink's commit has
     reached the REST catalog and landed, cut that job's replicas off from the lakehouse (the catalog and S3), with
-    ZooKeeper still reachable, so the catalog's answer is in flight over the cut; heal after a seeded 5 to 15 s.
-    The leader keeps its session throughout: it must get its answer (or learn the outcome) once healed, and go on
-    without losing, repeating or half-publishing an epoch."""
+    ZooKeeper still reachable, so the catalog's answer is in flight over the cut; heal after a seeded 3 to 12 s.
+    The leader keeps its session throughout. A cut shorter than the catalog's request deadline (6 s here) ends
+    with the answer arriving once healed (TCP retransmits it); a longer one with the request timing out, an
+    unknown outcome: the leader steps down, and whoever leads next reads the sink back before publishing. Either
+    way no epoch may be lost, repeated or half-published."""
     rng = random.Random(seed)
     lakehouse = env.lakehouse()
     with TestNetwork(f"catalog-partition-{run}") as network, CommitOutcomeProxy(lakehouse.catalog_uri) as proxy:
         settings = CatalogSettings(name=lakehouse.catalog_name,
-                                   python_properties={**lakehouse.python_properties(), "uri": proxy.uri})
+                                   python_properties={**lakehouse.python_properties(), "uri": proxy.uri,
+                                                      REST_TIMEOUT_PROPERTY: str(CATALOG_DEADLINE_S)})
         with Cascade(env, "catalog-partition", run, seed, settings=settings, network=network) as cascade:
             cascade.start()
             for _ in range(faults):
@@ -219,20 +241,20 @@ def catalog_partition(env: Environment, run: int, seed: int, faults: int) -> Run
                 job = rng.choice(JOBS)
                 sink = rng.choice(cascade.tables.job(job)[1]).rsplit(".", 1)[1]
                 hosts = [r.host for r in cascade.slots.values() if r.job == job and r.host is not None]
+                injected: list[Fault] = []
 
-                def cut_all(hosts: list[Host]) -> None:
+                def cut_all() -> None:
                     for host in hosts:
                         network.cut(host, network.LAKEHOUSE)
-
-                def cut_mid_commit() -> None:
-                    proxy.fail_commits(every=1, status=REAL_ANSWER, times=1, matching=f"/tables/{sink}",
-                                       then=lambda: cut_all(hosts))
-                    wait_for(lambda: proxy.failed, f"a commit of {sink}", RECOVERY_DEADLINE, every=0.01)
-                    pause(rng, 5.0, 15.0)
-                    for host in hosts:
-                        network.heal(host, network.LAKEHOUSE)
-                cascade.wait_recovered(cascade.inject(f"{job}'s drivers cut off from the lakehouse mid-commit of "
-                                                      f"{sink}", job, cut_mid_commit))
+                proxy.fail_commits(every=1, status=REAL_ANSWER, times=1, matching=f"/tables/{sink}",
+                                   then=lambda: injected.append(cascade.inject(
+                                       f"{job}'s drivers cut off from the lakehouse mid-commit of {sink}", job,
+                                       cut_all)))
+                wait_for(lambda: injected, f"a commit of {sink}", RECOVERY_DEADLINE, every=0.01)
+                pause(rng, CATALOG_DEADLINE_S / 2, CATALOG_DEADLINE_S * 2)
+                for host in hosts:
+                    network.heal(host, network.LAKEHOUSE)
+                cascade.wait_recovered(injected[0])
             return cascade.finish()
 
 
@@ -635,7 +657,7 @@ SCENARIOS = {s.name: s for s in [
     Scenario("zk-split", 2, 4, zookeeper_split, "a 3-server ensemble split 1 | 2 (network namespaces), a job's "
                                                 "leader on the one, healed 8-12 s later"),
     Scenario("catalog-partition", 2, 3, catalog_partition, "a job's drivers cut off from the lakehouse mid-commit, "
-                                                           "ZooKeeper reachable, healed 5-15 s later"),
+                                                           "ZooKeeper reachable, healed 3-12 s later"),
     Scenario("spark-cluster", 1, 4, spark_cluster, "kill -9 of an executor, and of the leading driver, mid-epoch on "
                                                    "a Spark standalone cluster"),
 ]}

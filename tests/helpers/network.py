@@ -19,8 +19,9 @@ into the void and a new connection's SYN goes unanswered, as across a failed swi
 sends is never acknowledged. ``heal`` removes the entry, and TCP's retransmissions get through again. (This
 kernel has no ``tc`` actions and the machine no iptables: a neighbour entry drops as silently.)
 
-Needs root, iproute2 and socat (``make setup`` installs both). Everything it made is removed on exit, and
-anything a killed earlier run of the same network left behind is removed on entry.
+Needs root, iproute2 and socat (``make setup`` installs both). Each network takes a subnet no live process's
+network holds (from one its tag picks), so runs side by side never meet. Everything it made is removed on
+exit, and what a killed earlier run left in the subnet it takes is removed first.
 """
 from __future__ import annotations
 
@@ -33,10 +34,12 @@ import socket
 import subprocess
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from tests.helpers.wait import wait_for
 
+SUBNETS = 150                   # 10.100.0.0/24 to 10.249.0.0/24
 NOWHERE = "02:00:00:00:00:01"   # a locally administered link-layer address no interface has
 
 
@@ -69,25 +72,42 @@ class TestNetwork:
     __test__ = False  # not a pytest test class
 
     def __init__(self, tag: str) -> None:
-        # A subnet and interface names of the tag's own (interface names are at most 15 bytes).
         self.tag = tag
-        number = 100 + zlib.crc32(tag.encode()) % 150
-        self.prefix = f"tm{number}"
-        self.subnet = ipaddress.ip_network(f"10.{number}.0.0/24")
-        self.ZOOKEEPER = f"10.{number}.0.1"
-        self.LAKEHOUSE = f"10.{number}.0.2"
-        self.bridge = f"{self.prefix}br"
+        self._use(100 + zlib.crc32(tag.encode()) % SUBNETS)
         self.hosts: dict[str, Host] = {}
         self._forwarders: list[subprocess.Popen] = []
         self._exposed: dict[tuple[int, str], str] = {}
         self._cut: set[tuple[str, str]] = set()
 
+    def _use(self, number: int) -> None:
+        """Subnet ``10.<number>.0.0/24``, and interface names of its own (at most 15 bytes)."""
+        self.prefix = f"tm{number}"
+        self.subnet = ipaddress.ip_network(f"10.{number}.0.0/24")
+        self.ZOOKEEPER = f"10.{number}.0.1"
+        self.LAKEHOUSE = f"10.{number}.0.2"
+        self.bridge = f"{self.prefix}br"
+
+    def _claim_subnet(self) -> None:
+        """The first subnet, from the tag's own on, that no live process's test network holds (its bridge's alias
+        is its owner's pid), removing what a dead one left behind; the bridge is made, naming this process."""
+        first = zlib.crc32(self.tag.encode()) % SUBNETS
+        for step in range(SUBNETS):
+            self._use(100 + (first + step) % SUBNETS)
+            shown = _ip("-o", "link", "show", self.bridge, check=False)
+            owner = re.search(r"alias (\d+)", shown.stdout)
+            if owner is not None and Path(f"/proc/{owner.group(1)}").exists():
+                continue
+            self._remove_leftovers()
+            if _ip("link", "add", self.bridge, "type", "bridge", check=False).returncode == 0:
+                _ip("link", "set", "dev", self.bridge, "alias", str(os.getpid()))
+                return
+        raise NetworkUnavailable(f"all {SUBNETS} test subnets are held by live processes")
+
     def __enter__(self) -> TestNetwork:
         if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("socat"):
             raise NetworkUnavailable("a test network needs root, iproute2 and socat (make setup installs them)")
-        self._remove_leftovers()
+        self._claim_subnet()
         try:
-            _ip("link", "add", self.bridge, "type", "bridge")
             for address in (self.ZOOKEEPER, self.LAKEHOUSE):
                 _ip("addr", "add", f"{address}/{self.subnet.prefixlen}", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")

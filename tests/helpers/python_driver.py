@@ -14,6 +14,8 @@ CONFIG_JSON holds ``mode``, ``connect``, ``session_timeout``, ``catalog`` ({name
   (one of the two sinks published), ``committed`` (ZooKeeper commit done, Iceberg not marked yet) or ``none``.
 - ``serve``: job ``job`` with no source appends one row (epoch, term, member) per epoch to ``log``, unbounded
   (until SIGTERM). Prints ``READY <member>`` once connected and ``EXIT ok`` when ``run`` returns.
+- ``copy``: job ``job`` reads ``source`` (a ``serve`` job's sink) and appends each epoch's new rows to ``log``,
+  unbounded (until SIGTERM).
 Crashes are injected from the environment (``TIDEMARK_CRASH_AT``, see coordinator/crashpoints.py), set by the
 test that starts this process; nothing here is patched.
 """
@@ -72,6 +74,13 @@ def run_count(config: dict, tm: Tidemark, settings: Optional[CatalogSettings]) -
     print(json.dumps({"committed": committed, "computed": computed}), flush=True)
 
 
+def run_copy(config: dict, tm: Tidemark, settings: Optional[CatalogSettings]) -> None:
+    source, sink = config["source"], config["log"]
+    writer = EpochWriter(tm, config["job"], sources=[source], sinks=[sink], catalog=settings, interval_ms=1000,
+                         grace_ms=200)
+    writer.run(lambda ctx: ctx.append(sink, ctx.changes(source).select(EPOCH_SCHEMA.names).cast(EPOCH_SCHEMA)))
+
+
 def run_serve(config: dict, tm: Tidemark, settings: Optional[CatalogSettings]) -> None:
     log_sink = config["log"]
     writer = EpochWriter(tm, config["job"], sources=[], sinks=[log_sink], catalog=settings, interval_ms=1000,
@@ -97,6 +106,8 @@ def main() -> None:
     try:
         if config["mode"] == "count":
             run_count(config, tm, settings)
+        elif config["mode"] == "copy":
+            run_copy(config, tm, settings)
         else:
             run_serve(config, tm, settings)
     finally:
