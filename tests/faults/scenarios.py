@@ -39,7 +39,7 @@ from tests.faults.harness import (
 from tests.faults.spark import SparkRun
 from tests.helpers.cli import tidemark
 from tests.helpers.network import Host, TestNetwork
-from tests.helpers.rest_proxy import REAL_ANSWER, CommitOutcomeProxy
+from tests.helpers.rest_proxy import PUBLISH, REAL_ANSWER, CommitOutcomeProxy
 from tests.helpers.spark_cluster import SparkCluster
 from tests.helpers.wait import wait_for
 
@@ -175,12 +175,12 @@ def _hit_each_leader(env: Environment, scenario: str, run: int, seed: int, fault
 def zookeeper_partition(env: Environment, run: int, seed: int, faults: int) -> RunResult:
     """On the lakehouse, with every replica in a network namespace of its own: cut a job's leader off from ZooKeeper,
     and from ZooKeeper only (it still reaches S3 and the REST catalog, and keeps running), in turn while it stages
-    an epoch (STARTED) and the moment its epoch's first sink commit has landed in the catalog (a proxy in front of
-    the catalog cuts it then, answering as the catalog did); heal once its session has expired and a standby has
-    taken over and committed. Unlike a paused zombie it goes on meanwhile: it finishes staging, or publishes the
-    epoch's other sinks while the standby rolls the same epoch forward; whatever it publishes after its term was
-    taken must be refused (the term fences its sinks in Iceberg), and every sink's history must stay in term
-    order. Once healed it must say in one line that it lost its leadership, and contend again."""
+    an epoch (STARTED) and the moment its epoch's first sink publish (a move of ``main``) has landed in the catalog
+    (a proxy in front of the catalog cuts it then, answering as the catalog did); heal once its session has expired
+    and a standby has taken over and committed. Unlike a paused zombie it goes on meanwhile: it finishes staging,
+    or publishes the epoch's other sinks while the standby rolls the same epoch forward; whatever it publishes after
+    its term was taken must be refused (the term fences its sinks in Iceberg), and every sink's history must stay
+    in term order. Once healed it must say in one line that it lost its leadership, and contend again."""
     lakehouse = env.lakehouse()
     hits = itertools.count()  # staging and publishing in turn, and each for each job in turn: (counter, staging),
     # (totals, publishing), (counter, publishing), (totals, staging), ...
@@ -201,8 +201,9 @@ def zookeeper_partition(env: Environment, run: int, seed: int, faults: int) -> R
                 cut()
             else:
                 first_sink = cascade.tables.job(leader.job)[1][0].rsplit(".", 1)[1]
-                proxy.fail_commits(every=1, status=REAL_ANSWER, times=1, matching=f"/tables/{first_sink}", then=cut)
-                wait_for(lambda: injected, f"a commit of {first_sink}", RECOVERY_DEADLINE, every=0.01)
+                proxy.fail_commits(every=1, status=REAL_ANSWER, times=1, matching=f"/tables/{first_sink}",
+                                   containing=PUBLISH, then=cut)
+                wait_for(lambda: injected, f"a publish of {first_sink}", RECOVERY_DEADLINE, every=0.01)
             cut_at = time.monotonic()
             try:
                 cascade.wait_recovered(injected[0])

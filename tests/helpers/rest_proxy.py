@@ -25,6 +25,7 @@ from typing import Callable, Optional
 from urllib.parse import urlsplit
 
 REAL_ANSWER = -1   # a commit's ``status``: the catalog's own answer, after ``then``
+PUBLISH = b'"ref-name":"main"'   # in a commit that moves ``main`` (pyiceberg's compact JSON): not a staging one
 COMMIT = re.compile(r"^/v1/(.+/)?(namespaces/[^/]+/tables/[^/?]+|transactions/commit)(\?.*)?$")
 
 
@@ -36,6 +37,7 @@ class CommitOutcomeProxy:
         self.times = 0
         self.status: Optional[int] = None
         self.matching = ""
+        self.containing = b""
         self.then: Optional[Callable[[], object]] = None
         self.commits = 0
         self.failed: list[str] = []
@@ -61,7 +63,7 @@ class CommitOutcomeProxy:
                     return
                 finally:
                     upstream_conn.close()
-                failing = self.command == "POST" and COMMIT.match(self.path) and proxy._should_fail(self.path)
+                failing = self.command == "POST" and COMMIT.match(self.path) and proxy._should_fail(self.path, body)
                 if failing and proxy.then is not None:
                     proxy.then()
                 if failing and proxy.status != REAL_ANSWER:
@@ -96,18 +98,20 @@ class CommitOutcomeProxy:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def fail_commits(self, every: int, status: Optional[int], times: int, *, matching: str = "",
-                     then: Optional[Callable[[], object]] = None) -> None:
-        """From now on, every ``every``-th table commit (of a path containing ``matching``) lands and is answered
+                     containing: bytes = b"", then: Optional[Callable[[], object]] = None) -> None:
+        """From now on, every ``every``-th table commit (of a path containing ``matching``, whose request body
+        contains ``containing``: ``PUBLISH`` for a move of ``main``) lands and is answered
         ``status`` (None: no answer; ``REAL_ANSWER``: the catalog's own), ``times`` times (a bound: a writer's
         recovery makes commits too, which must get through in the end); ``then`` runs after the commit landed,
         before the client is answered."""
         with self._lock:
             self.every, self.status, self.times, self.commits, self.failed = every, status, times, 0, []
-            self.matching, self.then = matching, then
+            self.matching, self.containing, self.then = matching, containing, then
 
-    def _should_fail(self, path: str) -> bool:
+    def _should_fail(self, path: str, body: bytes) -> bool:
         with self._lock:
-            if not self.every or len(self.failed) >= self.times or self.matching not in path:
+            if (not self.every or len(self.failed) >= self.times or self.matching not in path
+                    or self.containing not in body):
                 return False
             self.commits += 1
             if self.commits % self.every:
