@@ -35,7 +35,7 @@ test-spark4: setup-spark4
 	$(SPARK4_PY) -m examples.demo
 	$(SPARK4_PY) -m tests.faults --scenario spark-cluster
 
-# The whole fault suite (about 28 minutes, CPU-heavy): prints the summary table kept in README.md.
+# The whole fault suite (about 36 minutes, CPU-heavy): prints the summary table kept in README.md.
 test-faults: setup
 	$(PY) -m tests.faults
 
