@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import pty
+import socket
 import subprocess
 import sys
 import time
@@ -300,5 +301,35 @@ def test_each_connection_change_is_one_log_line_and_kazoo_attempts_are_not_logge
         assert any("Connection" in r.getMessage() for r in records if r.name == KAZOO_LOG.name), \
             [(r.name, r.getMessage()) for r in records]
     finally:
+        tm.close()
+        server.stop()
+
+
+def test_a_reconnection_stuck_in_a_handshake_the_restarted_server_never_answers_is_tried_again_keeping_the_session(
+        tmp_path):
+    """kazoo waits for the answer to its handshake for the whole session timeout, and a restarting server can take
+    the connection and never answer it (CI saw sessions lost so after ZooKeeper restarts). The session's helper,
+    finding the server serving while the session is still not back, drops the stuck attempt; kazoo tries again."""
+    port = free_port()
+    server = EmbeddedZooKeeper(port=port, data_dir=tmp_path).start()
+    tm = Tidemark.connect(server.connect_string, session_timeout=20, operation_timeout=5)
+    taken: list[socket.socket] = []
+    try:
+        tm.register_job("kept", sources=[], sinks=["db.kept"])
+        session = tm.client.client_id
+        server.stop()
+        wait_for(lambda: tm.connection_state == "SUSPENDED", "the connection to be suspended", timeout=30)
+        # What the restarting server did: take kazoo's next attempt and never answer its handshake.
+        with socket.create_server(("127.0.0.1", port)) as silent:
+            silent.settimeout(15)
+            taken.append(silent.accept()[0])
+        server.start()
+        # Without the helper: back only once kazoo's handshake wait (20 s) ran out, after about 20 s.
+        wait_for(lambda: tm.connection_state == "CONNECTED", "the session to be back", timeout=15)
+        assert tm.client.client_id == session
+        assert tm.get(tm.paths.job("kept")) is not None
+    finally:
+        for connection in taken:
+            connection.close()
         tm.close()
         server.stop()

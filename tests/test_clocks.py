@@ -8,7 +8,7 @@ clock (``coordinator/zookeeper/clock.py``, ``docs/design.md`` "Clocks"):
 - stepped back 10 s mid-run (an NTP correction), it neither stalls nor repeats an epoch;
 - a derived job's driver 30 s ahead takes only the barriers its source committed, none before it did;
 
-and in each case it reports its skew and a true lag. The epoch's commit time is the ``mtime`` ZooKeeper stamped
+and in each case it reports its skew and a true lag, and stamps its tables' commit times on ZooKeeper's clock. The epoch's commit time is the ``mtime`` ZooKeeper stamped
 on its epoch record, on the server's (this host's true) clock."""
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def served(tmp_path, zk_connect, catalog_settings, namespace):
 
 @pytest.mark.parametrize("offset_s", [30, -30])
 def test_a_driver_whose_clock_is_off_by_30_s_takes_barriers_on_zookeepers_clock_and_says_by_how_much(
-        tm, served, offset_s):
+        tm, served, namespace, offset_s):
     driver = served(offset_s * 1000)
     done = wait_for(lambda: at_least(commits(tm), 6), "six epochs of the skewed driver", timeout=120)
     early = {t: m for t, m in done.items() if m < t + GRACE_MS - 50}  # 50 ms: ZooKeeper's stamp is ms-rounded
@@ -119,6 +119,10 @@ def test_a_driver_whose_clock_is_off_by_30_s_takes_barriers_on_zookeepers_clock_
     assert abs(skew - offset_s) < 1.0, skew
     lag = wait_for(lambda: driver.metric("tidemark_driver_lag_seconds"), "the lag metric", timeout=30)
     assert 0 <= lag < (INTERVAL_MS + GRACE_MS + SLACK_MS) / 1000, f"lag {lag} s at epoch {newest}"
+    # The table's commit time, which every freshness figure reads, is ZooKeeper's too (it was this host's).
+    mark = tm.tidemarks([f"{namespace}.log"])[f"{namespace}.log"]
+    stamped = commits(tm)[mark.epoch]
+    assert abs(mark.committed_ms - stamped) < 1000, (mark.committed_ms, stamped)
 
 
 def test_a_driver_whose_clock_steps_back_10_s_mid_run_neither_stalls_nor_repeats_an_epoch(

@@ -50,7 +50,7 @@ from coordinator.iceberg.progress import ResumePoint
 from coordinator.names import parse_epoch
 from coordinator.protocol.barriers import BarrierGrid, Barriers
 from coordinator.protocol.leadership import Leadership
-from coordinator.records import EpochInputs, EpochRecord, EpochState, TableTidemark, now_ms
+from coordinator.records import EpochInputs, EpochRecord, EpochState, TableTidemark
 from coordinator.zookeeper.ops import Create, Delete, Op, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -136,7 +136,7 @@ class EpochCoordinator:
         """Write the Iceberg progress back as the job's epoch history (one leader multi)."""
         p = self.tm.paths
         ops: list[Op] = []
-        stamp = now_ms()
+        stamp = self._now()
         committed, in_flight = resume.committed, resume.in_flight
         if committed is not None:
             published = {t: resume.snapshots.get(t) for t in self.sinks}
@@ -152,6 +152,11 @@ class EpochCoordinator:
                                  inputs=in_flight.inputs or EpochInputs(), updated_ms=stamp)
             ops.append(Create(p.epoch(self.job, in_flight.epoch), record.to_json()))
         self.leadership.transact(ops)
+
+    def _now(self) -> int:
+        """Records and tidemarks are stamped on ZooKeeper's clock ("Clocks" in docs/design.md): a table's commit
+        time, and every freshness figure read from it, stay true whatever this host's clock says."""
+        return self.tm.server_clock.now_ms()
 
     def mark(self, table: str) -> TableTidemark:
         """The sink's tidemark as this leader last read or wrote it."""
@@ -169,7 +174,7 @@ class EpochCoordinator:
         """Record epoch ``epoch``'s inputs (or reuse the recorded ones when recomputing)."""
         redo, inputs = self._prepare(epoch, inputs)
         record = EpochRecord(epoch=epoch, state=EpochState.STARTED, term=self.leadership.leading_term,
-                             inputs=inputs)
+                             inputs=inputs, updated_ms=self._now())
         self._write(self._record_ops(record, redo), record, created=not redo)
         return record
 
@@ -179,7 +184,7 @@ class EpochCoordinator:
         redo, inputs = self._prepare(epoch, inputs)
         published = {t: self._marks[t].snapshot_id if t in self._marks else None for t in self.sinks}
         record = EpochRecord(epoch=epoch, state=EpochState.COMMITTED, term=self.leadership.leading_term,
-                             inputs=inputs, published=published)
+                             inputs=inputs, published=published, updated_ms=self._now())
         marks = self._advanced(epoch, published, record.updated_ms)
         self._write(self._tidemark_ops(marks) + self._record_ops(record, redo), record, created=not redo)
         self._committed(epoch, marks)
@@ -231,7 +236,7 @@ class EpochCoordinator:
         current = self._require(epoch, EpochState.STARTED, "precommit")
         self._require_sinks(staged, epoch, "precommit")
         record = replace(current, state=EpochState.PRECOMMITTED, term=self.leadership.leading_term, staged=dict(staged),
-                         updated_ms=now_ms())
+                         updated_ms=self._now())
         self._write([SetData(self.tm.paths.epoch(self.job, epoch), record.to_json(), self._version)], record)
         return record
 
@@ -243,7 +248,7 @@ class EpochCoordinator:
         """
         current = self._require(epoch, EpochState.PRECOMMITTED, "commit")
         self._require_sinks(published, epoch, "commit")
-        stamp = now_ms()
+        stamp = self._now()
         record = replace(current, state=EpochState.COMMITTED, term=self.leadership.leading_term,
                          published=dict(published), updated_ms=stamp)
         marks = self._advanced(epoch, published, stamp)
@@ -267,7 +272,7 @@ class EpochCoordinator:
     def abort(self, epoch: int, reason: str = "") -> EpochRecord:
         """Give up an epoch that was not precommitted: its staged snapshots will never be published."""
         current = self._require(epoch, EpochState.STARTED, "abort")
-        record = replace(current, state=EpochState.ABORTED, abort_reason=reason or None, updated_ms=now_ms())
+        record = replace(current, state=EpochState.ABORTED, abort_reason=reason or None, updated_ms=self._now())
         self._write([SetData(self.tm.paths.epoch(self.job, epoch), record.to_json(), self._version)], record)
         return record
 

@@ -169,7 +169,8 @@ class Leadership:
             raise JobNotFound(f"job {self.job!r} was unregistered while this replica contended")
         current, stat = found
         new = TermRecord(max(current.term, term_floor) + 1)
-        leader = LeaderRecord(member=self.tm.member, term=new.term, host=socket.gethostname())
+        leader = LeaderRecord(member=self.tm.member, term=new.term, host=socket.gethostname(),
+                              since_ms=self.tm.server_clock.now_ms())
         ops = [*self._incarnation_check(), *self._contender_check(),
                SetData(p.term(self.job), new.to_json(), stat.version)]
         if self.tm.get(p.leader(self.job)) is not None:

@@ -27,7 +27,10 @@ answering from the past decides) ends it: kazoo is stopped (no more reconnection
 operation raises ``ZooKeeperRebuilt`` at once, saying to restart the process. So does a new session
 (after an expiry) on a server that went backwards (after a sync) or lost this session's tree. A
 server that does not answer is an outage: operations keep raising ``ZooKeeperUnavailable`` after
-their deadline. A process that is stopping calls ``stop_waiting()`` (the writer does on SIGTERM):
+their deadline. A server that answers the probe while this session is still reconnecting means kazoo's
+attempt is stuck (it waits for a handshake's answer for the whole session timeout, and a restarted server
+can take the connection and never answer): the helper shuts that attempt's socket down, and kazoo tries
+again at once, keeping the session. A process that is stopping calls ``stop_waiting()`` (the writer does on SIGTERM):
 while the connection is down, operations then fail at once instead of waiting out their deadline,
 and a probe under way gives up within ``PROBE_CANCEL_CHECK_S`` while it connects (a server that
 takes the connection and then does not answer holds it up to ``PROBE_TIMEOUT_S``).
@@ -98,6 +101,8 @@ log = logging.getLogger(__name__)
 # what matters in one line per change, so kazoo's logger passes errors only. A level on our own logger, not on
 # kazoo's or the root logger: an application that wants the attempts lowers it.
 KAZOO_LOG = logging.getLogger("coordinator.zookeeper.kazoo")
+# Not the state-change logger: that one says one line per connection change, and a retried attempt is none.
+RECONNECT_LOG = logging.getLogger("coordinator.zookeeper.session.reconnect")
 KAZOO_LOG.setLevel(logging.ERROR)
 R = TypeVar("R", bound=JsonRecord)
 S = TypeVar("S", bound="ZooKeeperSession")
@@ -323,6 +328,9 @@ class ZooKeeperSession:
             server = _probe_zxid(self.client, PROBE_TIMEOUT_S, first=behind,
                                  cancelled=lambda: self._stopping or self._closing)
             next_probe = time.monotonic() + PROBE_EVERY_S
+            if server is not None and server >= self._seen_zxid and self._state != KazooState.CONNECTED \
+                    and not self._closing:
+                self._drop_stuck_attempt()
             if server is None or server >= self._seen_zxid or self._state == KazooState.CONNECTED or self._closing:
                 behind = 0
                 continue
@@ -333,6 +341,23 @@ class ZooKeeperSession:
             if behind >= len(self.client.hosts):
                 self._end_rebuilt(f"it refuses this session, which has seen transaction {self._seen_zxid:#x}, "
                                   f"while its own newest is {server:#x} (a fresh client connects at once)")
+
+    def _drop_stuck_attempt(self) -> None:
+        """The server serves (a fresh client just connected and read), yet this session is still not back: kazoo's
+        connection attempt is stuck. kazoo waits for the answer to its handshake for the whole session timeout (over
+        the number of servers), and a restarted server can take the connection and never answer it: the session
+        would then expire waiting (seen after ZooKeeper restarts, in CI and in the fault suite's observer). Shut
+        the attempt's socket down: kazoo sees the connection dropped and tries again at once, keeping its session.
+        kazoo offers no call for it; its connection's socket is reached directly."""
+        attempt = getattr(getattr(self.client, "_connection", None), "_socket", None)
+        if attempt is None or self._state == KazooState.CONNECTED:
+            return
+        RECONNECT_LOG.info("ZooKeeper at %s serves, but this session's reconnection has not finished: trying again",
+                           _servers(self.client))
+        try:
+            attempt.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # closed meanwhile: kazoo is trying again already
 
     def _look_at_new_session(self) -> None:
         """After an expiry, kazoo's new session may be on a server that went backwards or lost the tree."""

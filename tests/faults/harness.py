@@ -59,6 +59,7 @@ from coordinator.records import LeaderRecord, now_ms
 from tests.faults.cascade import JOBS, SRC_SCHEMA, Tables, counts_of, invariant
 from tests.helpers.network import TestNetwork
 from tests.helpers.postgres import PostgresServer
+from tests.helpers.skewclock import SkewedClock
 from tests.helpers.wait import wait_for
 from tests.helpers.zookeeper_tree import delete_tree, rebuild_server
 
@@ -165,6 +166,8 @@ class Replica:
         if crash_at:
             env["TIDEMARK_CRASH_AT"] = crash_at
         env["PYTHONPATH"] = str(REPO)
+        if cascade.skewed_clocks:
+            env.update(cascade.clock(job, slot).env())
         with open(self.log_path, "w") as err:
             self.proc = subprocess.Popen([*(self.host.command if self.host else []), sys.executable, "-m",
                                           "tests.faults.driver", json.dumps(config)], cwd=REPO, env=env,
@@ -218,12 +221,15 @@ class Cascade:
     replica started (``None``: none). With ``network``, each replica slot runs in a host of its own on that test
     network and reaches ZooKeeper at its ``ZOOKEEPER`` address and the catalog (and object store) at its
     ``LAKEHOUSE`` address, so that a scenario can cut one replica from either; the harness's own clients (the
-    producer, the checker, the tracker) stay on loopback, never cut."""
+    producer, the checker, the tracker) stay on loopback, never cut. With ``skewed_clocks``, each replica slot's
+    processes run under a wall clock of its own (``clock(job, slot)``, ``tests/helpers/skewclock.py``), right until
+    a scenario moves it."""
 
     def __init__(self, env: Environment, scenario: str, run: int, seed: int, *, hosts: Optional[str] = None,
                  crash_plan: Callable[[str], Optional[str]] = lambda job: None, replicas: int = 2,
                  every: Optional[dict[str, int]] = None, expected_exits: frozenset[int] = frozenset(),
-                 settings: Optional[CatalogSettings] = None, network: Optional[TestNetwork] = None) -> None:
+                 settings: Optional[CatalogSettings] = None, network: Optional[TestNetwork] = None,
+                 skewed_clocks: bool = False) -> None:
         self.env, self.scenario, self.seed = env, scenario, seed
         self.rng = random.Random(seed)
         self.dir = env.base / f"{scenario}-{run}"
@@ -245,6 +251,8 @@ class Cascade:
         self.tables = Tables(self.settings.name, f"f_{scenario.replace('-', '_')}_{run}_{seed}")
         self.crash_plan, self.replicas = crash_plan, replicas
         self.every = every or {}     # a job's cadence in ms (absent: every grid point)
+        self.skewed_clocks = skewed_clocks
+        self._clocks: dict[tuple[str, int], SkewedClock] = {}
         self.started = 0
         self.slots: dict[tuple[str, int], Replica] = {}
         self.held = False            # while True the supervisor does not restart exited replicas
@@ -357,6 +365,14 @@ class Cascade:
                 log.info("catalog row holder: %s", type(exc).__name__)
             engine.dispose()
         return release
+
+    def clock(self, job: str, slot: int) -> SkewedClock:
+        """The wall clock of replica slot ``slot`` of ``job`` (with ``skewed_clocks``): kept across restarts."""
+        if (job, slot) not in self._clocks:
+            directory = self.dir / f"clock-{job}-{slot}"
+            directory.mkdir(exist_ok=True)
+            self._clocks[(job, slot)] = SkewedClock(directory)
+        return self._clocks[(job, slot)]
 
     def leader_replica(self, job: str) -> Replica:
         """The replica that leads ``job`` now (waits until one does)."""

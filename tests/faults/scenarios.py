@@ -24,6 +24,7 @@ from coordinator.operations.zookeeper_server import ZooKeeperEnsemble, four_lett
 from coordinator.records import LeaderRecord, TermRecord
 from tests.faults.cascade import COUNTER, JOBS, TOTALS
 from tests.faults.harness import (
+    GRACE_MS,
     INTERVAL_MS,
     MID_EPOCH,
     RECOVERY_DEADLINE,
@@ -263,6 +264,52 @@ def _said_leadership_lost(replica: Replica, offset: int) -> bool:
     """Whether ``replica`` said since ``offset`` in its log that it lost its leadership (or it has exited)."""
     return replica.proc.poll() is not None or any(f"job {replica.job}: leadership lost" in line
                                                    for line in replica.log_lines_since(offset))
+
+
+def clock_skew(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """Every replica under a wall clock of its own (``tests/helpers/skewclock.c`` preloaded; its monotonic clock
+    stays right): a job's leader's clock moved, in turn, 30 s ahead, 30 s behind, and 10 s back from where it
+    was (an NTP step), each left so until the next fault of that replica. Drivers pace on ZooKeeper's clock: the
+    root job must take no barrier before ZooKeeper's clock passed it by the grace (each epoch's commit time is the
+    stamp the server put on its record), the derived job only barriers its source committed, and neither may
+    stall; nothing lost, repeated or misread."""
+    rng = random.Random(seed)
+    moves = itertools.cycle([("30 s ahead", lambda now: 30_000), ("30 s behind", lambda now: -30_000),
+                             ("stepped back 10 s", lambda now: now - 10_000)])
+    offsets: dict[tuple[str, int], int] = {}
+    with Cascade(env, "clock-skew", run, seed, skewed_clocks=True) as cascade:
+        cascade.start()
+        for i in range(faults):
+            leader = cascade.leader_replica(JOBS[i % len(JOBS)])
+            pause(rng)
+            kind, move = next(moves)
+            slot = (leader.job, leader.slot)
+            offsets[slot] = move(offsets.get(slot, 0))
+            cascade.wait_recovered(cascade.inject(f"a leader's wall clock {kind}", leader.job,
+                                                  lambda: cascade.clock(*slot).set(offsets[slot])))
+        result = cascade.finish()
+        result.problems += _taken_before_zookeepers_clock(cascade, COUNTER)
+        upstream = set(cascade.epochs_of(COUNTER))
+        result.problems += [f"totals committed epoch {epoch}, which counter never committed"
+                            for epoch in cascade.epochs_of(TOTALS) if epoch not in upstream]
+        return result
+
+
+def _taken_before_zookeepers_clock(cascade: Cascade, job: str) -> list[str]:
+    """The epochs of root job ``job`` committed before ZooKeeper's clock passed them by the grace: their record's
+    ``mtime``, the server's stamp, earlier than the epoch plus the grace (less 50 ms: the stamp is in ms)."""
+    tm = cascade.tm
+    path = tm.paths.epochs(job)  # type: ignore[union-attr]
+    early = []
+    for child in (c for c in tm.children(path) if c.isdigit()):  # type: ignore[union-attr]
+        found = tm.get(f"{path}/{child}")  # type: ignore[union-attr]
+        if found is None:
+            continue
+        record = EpochRecord.from_json(found[0])
+        if record.state == EpochState.COMMITTED and found[1].mtime < record.epoch + GRACE_MS - 50:
+            early.append(f"{job}'s epoch {record.epoch} committed at {found[1].mtime} on ZooKeeper's clock, "
+                         f"before its barrier plus the grace")
+    return early
 
 
 def zookeeper_restart(env: Environment, run: int, seed: int, faults: int) -> RunResult:
@@ -653,6 +700,8 @@ SCENARIOS = {s.name: s for s in [
                                                          "landed, before the writer heard"),
     Scenario("slow-object-store", 2, 2, slow_object_store, "the lakehouse stopped (SIGSTOP) 15-25 s mid-epoch, "
                                                            "past the clients' timeouts"),
+    Scenario("clock-skew", 2, 6, clock_skew, "a leader's wall clock 30 s ahead, 30 s behind, stepped back 10 s "
+                                             "(a preloaded library): pacing on ZooKeeper's clock"),
     Scenario("zk-partition", 2, 4, zookeeper_partition, "a leader cut off from ZooKeeper, not the lakehouse, past "
                                                         "its session (network namespaces), then healed"),
     Scenario("zk-split", 2, 4, zookeeper_split, "a 3-server ensemble split 1 | 2 (network namespaces), a job's "
