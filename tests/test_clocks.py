@@ -8,8 +8,9 @@ clock (``coordinator/zookeeper/clock.py``, ``docs/design.md`` "Clocks"):
 - stepped back 10 s mid-run (an NTP correction), it neither stalls nor repeats an epoch;
 - a derived job's driver 30 s ahead takes only the barriers its source committed, none before it did;
 
-and in each case it reports its skew and a true lag, and stamps its tables' commit times on ZooKeeper's clock. The epoch's commit time is the ``mtime`` ZooKeeper stamped
-on its epoch record, on the server's (this host's true) clock."""
+and in each case it reports its skew and a true lag, and stamps its tables' commit times on ZooKeeper's clock.
+The epoch's commit time is the ``mtime`` ZooKeeper stamped on its epoch record, on the server's (this host's
+true) clock."""
 from __future__ import annotations
 
 import json
