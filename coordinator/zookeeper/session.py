@@ -350,7 +350,7 @@ class ZooKeeperSession:
         the attempt's socket down: kazoo sees the connection dropped and tries again at once, keeping its session.
         kazoo offers no call for it; its connection's socket is reached directly."""
         attempt = getattr(getattr(self.client, "_connection", None), "_socket", None)
-        if attempt is None or self._state == KazooState.CONNECTED:
+        if attempt is None:
             return
         RECONNECT_LOG.info("ZooKeeper at %s serves, but this session's reconnection has not finished: trying again",
                            _servers(self.client))

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -242,10 +242,8 @@ class Cascade:
         self.driver_connect, self.driver_settings = self.connect, self.settings
         if network is not None:
             self.driver_connect = network.reach(self.connect, network.ZOOKEEPER)
-            self.driver_settings = CatalogSettings(
-                name=self.settings.name,
-                uri=self.settings.uri and network.reach(self.settings.uri, network.LAKEHOUSE),
-                warehouse=self.settings.warehouse,
+            self.driver_settings = replace(
+                self.settings, uri=self.settings.uri and network.reach(self.settings.uri, network.LAKEHOUSE),
                 python_properties={k: network.reach(v, network.LAKEHOUSE)
                                    for k, v in self.settings.python_properties.items()})
         self.tables = Tables(self.settings.name, f"f_{scenario.replace('-', '_')}_{run}_{seed}")

@@ -192,22 +192,19 @@ def zookeeper_partition(env: Environment, run: int, seed: int, faults: int) -> R
             step = ("staging", "publishing")[(hit + hit // len(JOBS)) % 2]
             assert host is not None
             kind = f"leader cut off from ZooKeeper (not the lakehouse) while {step}"
-            injected: list[Fault] = []
 
             def cut() -> None:
-                injected.append(cascade.inject(kind, leader.job, lambda: network.cut(host, network.ZOOKEEPER)))
+                network.cut(host, network.ZOOKEEPER)
             if step == "staging":
                 wait_for(lambda: newest_epoch_state(cascade.tm, leader.job) == EpochState.STARTED,  # type: ignore[arg-type]
                          f"{leader.job} to be staging", RECOVERY_DEADLINE, every=0.005)
-                cut()
+                fault = cascade.inject(kind, leader.job, cut)
             else:
                 first_sink = cascade.tables.job(leader.job)[1][0].rsplit(".", 1)[1]
-                proxy.fail_commits(every=1, status=REAL_ANSWER, times=1, matching=f"/tables/{first_sink}",
-                                   containing=PUBLISH, then=cut)
-                wait_for(lambda: injected, f"a publish of {first_sink}", RECOVERY_DEADLINE, every=0.01)
+                fault = _inject_when_committed(cascade, proxy, kind, leader.job, cut, first_sink, PUBLISH)
             cut_at = time.monotonic()
             try:
-                cascade.wait_recovered(injected[0])
+                cascade.wait_recovered(fault)
                 wait_for(lambda: time.monotonic() - cut_at > SESSION_TIMEOUT + 2, "the cut to outlast the session",
                          30)
             finally:
@@ -243,21 +240,27 @@ def catalog_partition(env: Environment, run: int, seed: int, faults: int) -> Run
                 job = rng.choice(JOBS)
                 sink = rng.choice(cascade.tables.job(job)[1]).rsplit(".", 1)[1]
                 hosts = [r.host for r in cascade.slots.values() if r.job == job and r.host is not None]
-                injected: list[Fault] = []
 
                 def cut_all() -> None:
                     for host in hosts:
                         network.cut(host, network.LAKEHOUSE)
-                proxy.fail_commits(every=1, status=REAL_ANSWER, times=1, matching=f"/tables/{sink}",
-                                   then=lambda: injected.append(cascade.inject(
-                                       f"{job}'s drivers cut off from the lakehouse mid-commit of {sink}", job,
-                                       cut_all)))
-                wait_for(lambda: injected, f"a commit of {sink}", RECOVERY_DEADLINE, every=0.01)
+                fault = _inject_when_committed(cascade, proxy, f"{job}'s drivers cut off from the lakehouse "
+                                               f"mid-commit of {sink}", job, cut_all, sink)
                 pause(rng, CATALOG_DEADLINE_S / 2, CATALOG_DEADLINE_S * 2)
                 for host in hosts:
                     network.heal(host, network.LAKEHOUSE)
-                cascade.wait_recovered(injected[0])
+                cascade.wait_recovered(fault)
             return cascade.finish()
+
+
+def _inject_when_committed(cascade: Cascade, proxy: CommitOutcomeProxy, kind: str, job: str, act: Callable[[], None],
+                           table: str, containing: bytes = b"") -> Fault:
+    """Inject fault ``kind`` with ``act`` the moment the next commit of ``table`` (whose request contains
+    ``containing``) has landed in the catalog behind ``proxy``, before its answer goes back; returns the fault."""
+    injected: list[Fault] = []
+    proxy.fail_commits(every=1, status=REAL_ANSWER, times=1, matching=f"/tables/{table}", containing=containing,
+                       then=lambda: injected.append(cascade.inject(kind, job, act)))
+    return wait_for(lambda: injected, f"a commit of {table}", RECOVERY_DEADLINE, every=0.01)[0]
 
 
 def _said_leadership_lost(replica: Replica, offset: int) -> bool:
