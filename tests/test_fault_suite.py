@@ -5,6 +5,9 @@ show no duplicate, no loss, no inconsistent read and every fault recovered.
 """
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
@@ -32,15 +35,24 @@ def fault_env(tmp_path_factory):
 
 @pytest.mark.fault
 @pytest.mark.parametrize("scenario,faults", SUBSET, ids=[s for s, _ in SUBSET])
-def test_scenario_loses_duplicates_and_misreads_nothing(fault_env, scenario, faults):
+def test_scenario_loses_duplicates_and_misreads_nothing(fault_env, scenario, faults, caplog):
+    caplog.set_level(logging.INFO, logger="coordinator.zookeeper")  # the harness's own session: each reconnection
     result = run_scenario(fault_env, scenario, 0, 7, faults)
     details = "\n".join([*result.problems, *(f"inconsistent at {i.epoch}: {i.problem}" for i in result.inconsistencies),
-                         *(f"driver exit: {e}" for e in result.unexpected_exits)])
+                         *(f"driver exit: {e}" for e in result.unexpected_exits), *map(str, result.faults),
+                         *result.unreadable[-5:], _ends_of_logs(fault_env.run_dir(scenario, 0))])
     assert not result.problems, details
     assert len(result.faults) >= faults
     assert (result.duplicates, result.losses, len(result.inconsistencies)) == (0, 0, 0), details
     assert result.checked >= 2 and result.produced > 0
     assert all(f.recovered_ms is not None for f in result.faults), details
+
+
+def _ends_of_logs(run_dir: Path, lines: int = 25) -> str:
+    """The last lines of each process's log of a run: all that CI keeps of a failed one."""
+    return "\n".join(f"--- {path.name}, last {lines} lines:\n" +
+                     "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+                     for path in sorted(run_dir.glob("*.log")))
 
 
 def test_crash_points_are_parsed_strictly():

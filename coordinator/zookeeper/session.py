@@ -325,12 +325,13 @@ class ZooKeeperSession:
             if down_since is None or time.monotonic() - down_since < PROBE_AFTER * self.session_timeout \
                     or time.monotonic() < next_probe:
                 continue
+            attempt = _attempt_socket(self.client)
             server = _probe_zxid(self.client, PROBE_TIMEOUT_S, first=behind,
                                  cancelled=lambda: self._stopping or self._closing)
             next_probe = time.monotonic() + PROBE_EVERY_S
             if server is not None and server >= self._seen_zxid and self._state != KazooState.CONNECTED \
                     and not self._closing:
-                self._drop_stuck_attempt()
+                self._drop_stuck_attempt(attempt)
             if server is None or server >= self._seen_zxid or self._state == KazooState.CONNECTED or self._closing:
                 behind = 0
                 continue
@@ -342,15 +343,15 @@ class ZooKeeperSession:
                 self._end_rebuilt(f"it refuses this session, which has seen transaction {self._seen_zxid:#x}, "
                                   f"while its own newest is {server:#x} (a fresh client connects at once)")
 
-    def _drop_stuck_attempt(self) -> None:
+    def _drop_stuck_attempt(self, attempt: Optional[socket.socket]) -> None:
         """The server serves (a fresh client just connected and read), yet this session is still not back: kazoo's
         connection attempt is stuck. kazoo waits for the answer to its handshake for the whole session timeout (over
         the number of servers), and a restarted server can take the connection and never answer it: the session
         would then expire waiting (seen after ZooKeeper restarts, in CI and in the fault suite's observer). Shut
         the attempt's socket down: kazoo sees the connection dropped and tries again at once, keeping its session.
-        kazoo offers no call for it; its connection's socket is reached directly."""
-        attempt = getattr(getattr(self.client, "_connection", None), "_socket", None)
-        if attempt is None:
+        Only ``attempt``, the one under way before the probe began: a newer attempt is not stuck (it may be
+        completing its handshake right now)."""
+        if attempt is None or attempt is not _attempt_socket(self.client):
             return
         RECONNECT_LOG.info("ZooKeeper at %s serves, but this session's reconnection has not finished: trying again",
                            _servers(self.client))
@@ -620,6 +621,11 @@ class _GaveUp(stop_base):
 def _servers(client: KazooClient, hosts: Optional[Sequence[tuple[str, int]]] = None) -> str:
     return ",".join(f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
                     for host, port in (client.hosts if hosts is None else hosts))
+
+
+def _attempt_socket(client: KazooClient) -> Optional[socket.socket]:
+    """The socket of kazoo's current connection or connection attempt (kazoo offers no call for it)."""
+    return getattr(getattr(client, "_connection", None), "_socket", None)
 
 
 def _probe_zxid(client: KazooClient, timeout: float, first: int, cancelled: Callable[[], bool]) -> Optional[int]:

@@ -132,6 +132,10 @@ class Environment:
         if self._lakehouse is not None:
             self._lakehouse.stop()
 
+    def run_dir(self, scenario: str, run: int) -> Path:
+        """Where run ``run`` of ``scenario`` keeps its processes' logs."""
+        return self.base / f"{scenario}-{run}"
+
     def catalog(self) -> CatalogSettings:
         return CatalogSettings(name="pg", uri=self.postgres.uri, warehouse=f"file://{self.base / 'warehouse'}")
 
@@ -232,7 +236,7 @@ class Cascade:
                  skewed_clocks: bool = False) -> None:
         self.env, self.scenario, self.seed = env, scenario, seed
         self.rng = random.Random(seed)
-        self.dir = env.base / f"{scenario}-{run}"
+        self.dir = env.run_dir(scenario, run)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.hosts = hosts or env.zookeeper.connect_string
         self.chroot = f"/faults-{scenario}-{run}-{seed}"

@@ -64,7 +64,7 @@ FILE_TIME_LAG_NS = 20_000_000  # a file's mtime may lag the clock by a timer tic
 class SparkRun:
     def __init__(self, env: Environment, cluster: SparkCluster, run: int, seed: int) -> None:
         self.cluster, self.seed = cluster, seed
-        home = env.base / f"{SCENARIO}-{run}"
+        home = env.run_dir(SCENARIO, run)
         home.mkdir(parents=True, exist_ok=True)
         self.lake = Lake.create(home)
         self.connect = f"{env.zookeeper.connect_string}/faults-{SCENARIO}-{run}-{seed}"
