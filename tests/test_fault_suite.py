@@ -40,7 +40,7 @@ def test_scenario_loses_duplicates_and_misreads_nothing(fault_env, scenario, fau
     result = run_scenario(fault_env, scenario, 0, 7, faults)
     details = "\n".join([*result.problems, *(f"inconsistent at {i.epoch}: {i.problem}" for i in result.inconsistencies),
                          *(f"driver exit: {e}" for e in result.unexpected_exits), *map(str, result.faults),
-                         *result.unreadable[-5:], _ends_of_logs(fault_env.run_dir(scenario, 0))])
+                         *result.unreadable[-5:], _ends_of_logs(fault_env, fault_env.run_dir(scenario, 0))])
     assert not result.problems, details
     assert len(result.faults) >= faults
     assert (result.duplicates, result.losses, len(result.inconsistencies)) == (0, 0, 0), details
@@ -48,11 +48,12 @@ def test_scenario_loses_duplicates_and_misreads_nothing(fault_env, scenario, fau
     assert all(f.recovered_ms is not None for f in result.faults), details
 
 
-def _ends_of_logs(run_dir: Path, lines: int = 25) -> str:
-    """The last lines of each process's log of a run: all that CI keeps of a failed one."""
-    return "\n".join(f"--- {path.name}, last {lines} lines:\n" +
+def _ends_of_logs(env: Environment, run_dir: Path, lines: int = 25) -> str:
+    """The last lines of each process's log of a run (drivers, producer, a scenario's own servers) and of the shared
+    ZooKeeper server's: all that CI keeps of a failed run."""
+    return "\n".join(f"--- {path.relative_to(env.base)}, last {lines} lines:\n" +
                      "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-                     for path in sorted(run_dir.glob("*.log")))
+                     for path in [*sorted(run_dir.rglob("*.log")), env.zookeeper.log_path] if path.is_file())
 
 
 def test_crash_points_are_parsed_strictly():

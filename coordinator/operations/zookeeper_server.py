@@ -50,6 +50,14 @@ STATE_FILE = "server.json"
 TICK_MS = 200
 # Netty, which serves TLS, needs these next to the jars zookeeper.jar's manifest lists.
 NETTY_EXTRA_JARS = ("/usr/share/java/netty-codec.jar", "/usr/share/java/netty-resolver.jar")
+# ZooKeeper logs through SLF4J, and Debian's ZooKeeper puts no binding on its class path: without this one (from
+# libslf4j-java, which the zookeeper package depends on) the server logs nothing at all.
+SLF4J_BINDING = Path("/usr/share/java/slf4j-simple.jar")
+# What the server's log holds: its warnings, and how a quorum forms and breaks (elections, who follows whom).
+LOG_SETTINGS = ("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+                "-Dorg.slf4j.simpleLogger.log.org.apache.zookeeper.server.quorum=info",
+                "-Dorg.slf4j.simpleLogger.showDateTime=true",
+                "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd HH:mm:ss,SSS")
 # Lines of the server's log that mean it will never serve, though the JVM may linger (a non-daemon thread
 # outliving a main thread that died): waiting for the start timeout then helps nobody.
 FATAL_LOG_LINES = ("Error: Could not find or load main class", "Exception in thread \"main\"",
@@ -89,7 +97,7 @@ def zookeeper_classpath() -> str:
     if not jar.is_file():
         raise ConfigurationError(f"ZooKeeper's jars are not installed ({jar} is missing): "
                                  "apt-get install zookeeper (make setup does), or set TIDEMARK_ZK_CLASSPATH")
-    return str(jar)
+    return f"{jar}:{SLF4J_BINDING}" if SLF4J_BINDING.is_file() else str(jar)
 
 
 def java_executable() -> str:
@@ -235,8 +243,8 @@ class EmbeddedZooKeeper:
         main_class = QUORUM_MAIN_CLASS if self.quorum else MAIN_CLASS
         try:
             self._process = subprocess.Popen(
-                [*self.launcher, java, "-Xmx256m", "-Dzookeeper.jmx.log4j.disable=true", "-cp", classpath, main_class,
-                 str(config)],
+                [*self.launcher, java, "-Xmx256m", "-Dzookeeper.jmx.log4j.disable=true", *LOG_SETTINGS,
+                 "-cp", classpath, main_class, str(config)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             log.close()

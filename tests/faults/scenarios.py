@@ -334,7 +334,7 @@ def zookeeper_ensemble(env: Environment, run: int, seed: int, faults: int) -> Ru
     """A three-server ensemble on loopback loses a follower (kill -9), which then rejoins; then it loses its
     leader, which then rejoins; repeated. Sessions move to the surviving servers."""
     rng = random.Random(seed)
-    with ZooKeeperEnsemble(env.base / f"ensemble-{run}") as ensemble, \
+    with ZooKeeperEnsemble(env.run_dir("zk-ensemble", run) / "ensemble") as ensemble, \
             Cascade(env, "zk-ensemble", run, seed, hosts=ensemble.connect_string) as cascade:
         cascade.start()
         for i in range(faults):
@@ -359,7 +359,8 @@ def zookeeper_split(env: Environment, run: int, seed: int, faults: int) -> RunRe
     rng = random.Random(seed)
     with TestNetwork(f"zk-split-{run}") as network:
         servers = [network.host(f"zookeeper-{i}") for i in range(1, 4)]
-        with ZooKeeperEnsemble(env.base / f"split-{run}", placement=[(h.address, h.command) for h in servers]) \
+        placement = [(h.address, h.command) for h in servers]
+        with ZooKeeperEnsemble(env.run_dir("zk-split", run) / "ensemble", placement=placement) \
                 as ensemble, Cascade(env, "zk-split", run, seed, hosts=ensemble.connect_string,
                                      network=network) as cascade:
             cascade.start()
