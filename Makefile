@@ -3,9 +3,11 @@ PY := .venv/bin/python
 SPARK4_VENV := .venv-spark4
 SPARK4_PY := $(SPARK4_VENV)/bin/python
 SPARK4 := 4.1.*
-# pytest exits 5 when it collected no tests: that is a failure here, never a green run.
+# pytest exits 5 when it collected no tests: that is a failure here, never a green run. A failed run ends with
+# the free space where tests keep their servers' data: SeaweedFS writes nothing on a disk under 1% free.
 # $(2): another venv's python (default: .venv's).
-PYTEST = $(or $(2),$(PY)) -m pytest -q $(1); rc=$$?; [ $$rc -ne 5 ] || { echo "pytest: no tests ran" >&2; exit 1; }; exit $$rc
+PYTEST = $(or $(2),$(PY)) -m pytest -q $(1); rc=$$?; [ $$rc -eq 0 ] || df -h . "$${TMPDIR:-/tmp}" /dev/shm >&2; \
+	[ $$rc -ne 5 ] || { echo "pytest: no tests ran" >&2; exit 1; }; exit $$rc
 
 .PHONY: setup setup-spark4 demo lint test test-fast test-spark4 test-faults bench clean
 setup:

@@ -53,10 +53,10 @@ def test_scenario_loses_duplicates_and_misreads_nothing(fault_env, scenario, fau
 
 def _ends_of_logs(env: Environment, run_dir: Path, lines: int = 25) -> str:
     """The last lines of each process's log of a run (drivers, producer, a scenario's own servers) and of the shared
-    ZooKeeper server's: all that CI keeps of a failed run."""
-    return "\n".join(f"--- {path.relative_to(env.base)}, last {lines} lines:\n" +
-                     "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-                     for path in [*sorted(run_dir.rglob("*.log")), env.zookeeper.log_path] if path.is_file())
+    servers' (ZooKeeper, the lakehouse): all that CI keeps of a failed run."""
+    return "\n".join(f"--- {path.relative_to(env.base) if path.is_relative_to(env.base) else path}, "
+                     f"last {lines} lines:\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+                     for path in [*sorted(run_dir.rglob("*.log")), *env.server_logs] if path.is_file())
 
 
 def test_crash_points_are_parsed_strictly():

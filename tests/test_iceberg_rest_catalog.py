@@ -23,12 +23,13 @@ from tests import test_iceberg as sql_catalog
 from tests import test_lakehouse as seaweedfs
 from tests.helpers.iceberg_rest_server import IcebergRestServer
 from tests.helpers.lake import create_table, stage_rows
+from tests.helpers.lakehouse_data import lakehouse_data_dir
 
 
 @pytest.fixture(scope="module")
 def object_store(tmp_path_factory):
     """SeaweedFS, for its S3 gateway (its own catalog is not used here)."""
-    with EmbeddedLakehouse(tmp_path_factory.mktemp("seaweedfs")) as running:
+    with lakehouse_data_dir(tmp_path_factory.mktemp("seaweedfs")) as data, EmbeddedLakehouse(data) as running:
         yield running
 
 

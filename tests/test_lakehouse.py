@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -31,6 +32,7 @@ from coordinator.records import now_ms
 from coordinator.settings import Settings
 from spark_hooks import EpochJob
 from tests.helpers.cli import tidemark
+from tests.helpers.lakehouse_data import lakehouse_data_dir
 from tests.helpers.network import TestNetwork
 from tests.helpers.present import present
 from tests.helpers.rest_proxy import CommitOutcomeProxy
@@ -44,7 +46,7 @@ README = (REPO / "README.md").read_text()
 
 @pytest.fixture(scope="module")
 def lakehouse(tmp_path_factory):
-    with EmbeddedLakehouse(tmp_path_factory.mktemp("lakehouse")) as running:
+    with lakehouse_data_dir(tmp_path_factory.mktemp("lakehouse")) as data, EmbeddedLakehouse(data) as running:
         yield running
 
 
@@ -356,8 +358,16 @@ def test_commits_whose_outcome_is_unknown_are_read_back_and_never_made_twice(lak
     assert pipeline.consistent_copies(tm, lakehouse.catalog_settings()) == sorted(pipeline.appended)
 
 
-def test_tidemark_lakehouse_start_prints_the_settings_that_reach_it_and_stop_ends_it(tmp_path, monkeypatch):
-    home = tmp_path / "home"
+@pytest.fixture
+def home_of_a_lakehouse(tmp_path):
+    """A ``TIDEMARK_HOME`` not yet made, where a test's ``tidemark lakehouse start`` keeps its server's data."""
+    with lakehouse_data_dir(tmp_path) as data:
+        yield data / "home"
+
+
+def test_tidemark_lakehouse_start_prints_the_settings_that_reach_it_and_stop_ends_it(home_of_a_lakehouse,
+                                                                                     monkeypatch):
+    home = home_of_a_lakehouse
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYICEBERG_")}, "TIDEMARK_HOME": str(home)}
 
     def lakehouse(*argv: str) -> subprocess.CompletedProcess:
@@ -381,6 +391,43 @@ def test_tidemark_lakehouse_start_prints_the_settings_that_reach_it_and_stop_end
     assert stopped.returncode == 0 and stopped.stdout.strip() == "stopped", stopped.stdout + stopped.stderr
     gone = lakehouse("status")
     assert gone.returncode == 3 and "not running" in gone.stdout
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real file system of 256 MiB (a tmpfs mounted here: the suite runs as root)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(mount)], capture_output=True,
+                             text=True)
+    assert mounted.returncode == 0, f"cannot mount a tmpfs (the suite runs as root): {mounted.stderr}"
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], check=True)
+
+
+def test_a_lakehouse_whose_disk_is_too_full_to_write_says_so_and_is_not_started(small_disk):
+    def lakehouse(*argv: str, home: Path = small_disk / "home") -> subprocess.CompletedProcess:
+        return tidemark("lakehouse", *argv, env={**os.environ, "TIDEMARK_HOME": str(home)})
+    started = lakehouse("start")
+    try:
+        assert started.returncode == 0, started.stderr
+        assert lakehouse("status").returncode == 0
+        # fill the disk to 100 MiB free: under the 128 MiB volume SeaweedFS would need to write
+        subprocess.run(["fallocate", "-l", str(shutil.disk_usage(small_disk).free - 100 * 2**20),
+                        str(small_disk / "filler")], check=True)
+        full = lakehouse("status")
+        assert full.returncode == 3, full.stdout
+        assert "serving, but NOT writing" in full.stdout and "has 100 MiB free" in full.stdout, full.stdout
+    finally:
+        assert lakehouse("stop").stdout.strip() == "stopped"
+    for home in (small_disk / "home", small_disk / "new-home"):  # a restart, and a first start
+        refused = lakehouse("start", home=home)
+        assert refused.returncode == 1 and refused.stdout == "", refused.stdout
+        assert refused.stderr.startswith("tidemark: error: cannot start the lakehouse: the disk of ")
+        assert refused.stderr.count("\n") == 1 and "free some space" in refused.stderr, refused.stderr
+    assert lakehouse("status").returncode == 3 and not (small_disk / "new-home").exists()
 
 
 # Inside a network namespace: load the catalog over the test network, say so, wait for "go" (the test cuts the

@@ -17,6 +17,7 @@ from coordinator.history.readers import version_sql
 from coordinator.history.versions import tag_name
 from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from tests.helpers.cli import TIDEMARK
+from tests.helpers.lakehouse_data import lakehouse_data_dir
 from tests.helpers.present import present
 from tests.helpers.trino import TrinoServer
 from tests.test_lakehouse import CopyPipeline
@@ -34,7 +35,7 @@ def readme_trino_catalog() -> str:
 
 @pytest.fixture(scope="module")
 def lakehouse(tmp_path_factory):
-    with EmbeddedLakehouse(tmp_path_factory.mktemp("lakehouse")) as running:
+    with lakehouse_data_dir(tmp_path_factory.mktemp("lakehouse")) as data, EmbeddedLakehouse(data) as running:
         yield running
 
 

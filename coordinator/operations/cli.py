@@ -203,7 +203,7 @@ def cmd_zk(args: argparse.Namespace) -> int:
 
 
 def cmd_lakehouse(args: argparse.Namespace) -> int:
-    from coordinator.operations.lakehouse_server import EmbeddedLakehouse
+    from coordinator.operations.lakehouse_server import EmbeddedLakehouse, disk_room
     from coordinator.settings import Settings
     settings = Settings.from_env()
     server = EmbeddedLakehouse(args.data_dir or settings.home / "lakehouse", catalog_name=settings.catalog_name)
@@ -219,10 +219,11 @@ def cmd_lakehouse(args: argparse.Namespace) -> int:
     if pid is None:
         print(f"not running (no live server recorded in {server.data_dir})")
         return 3
-    serving = server.serving()
+    serving, room = server.serving(), disk_room(server.data_dir)
     print(f"pid {pid}, S3 {server.s3_endpoint}, catalog {server.catalog_uri}, data {server.data_dir}: "
-          f"{'serving' if serving else 'NOT answering'}")
-    return 0 if serving else 3
+          f"{'serving' if serving else 'NOT answering'}"
+          f"{'' if room.enough else f', but NOT writing: {room.describe()}'}")
+    return 0 if serving and room.enough else 3
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -685,7 +686,8 @@ def build_parser() -> argparse.ArgumentParser:
     lakehouse.add_argument("action", choices=["start", "stop", "status"],
                            help="start one in the background and print the PYICEBERG_CATALOG__* settings that "
                                 "reach it (eval \"$(tidemark lakehouse start)\"), stop the one recorded in --data-dir, "
-                                "or say whether it serves (status exits 3 when it does not)")
+                                "or say whether it serves (status exits 3 when it does not, or when its disk is too "
+                                "full for it to write)")
     lakehouse.add_argument("--data-dir", type=Path, help="its data directory, where its pid and ports are recorded "
                                                          "(default: $TIDEMARK_HOME/lakehouse)")
     lakehouse.set_defaults(func=cmd_lakehouse)

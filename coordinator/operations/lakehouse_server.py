@@ -15,12 +15,17 @@ the same ports and brings back every table. Every port is a free loopback port, 
 and every one of its servers (master, volume, filer, S3, the catalog, admin) listens on 127.0.0.1 only.
 
 Its own maintenance (compaction, snapshot expiry) is off, as SeaweedFS ships it: Tidemark's GC expires
-snapshots. Its catalog and its S3 gateway take one access key: the catalog as OAuth2 client credentials
-(``credential``), the gateway as S3's keys.
+snapshots. Its volumes are ``VOLUME_SIZE_MB`` each on every machine (left to itself, ``weed mini`` sizes them
+at 1% of the disk, up to 1 GiB). Its catalog and its S3 gateway take one access key: the catalog as OAuth2
+client credentials (``credential``), the gateway as S3's keys.
 
 Failure behaviour: ``start()`` fails with a ``ConfigurationError`` naming what to do when ``weed`` is not
-installed, when the data directory cannot be used, or when the server exits or does not serve both its S3
-endpoint and its catalog within ``start_timeout`` (with the last lines of its log).
+installed, when the data directory cannot be used or its disk has too little room (``disk_room``), or when the
+server exits or does not serve both its S3 endpoint and its catalog within ``start_timeout`` (with the last
+lines of its log). SeaweedFS writes nothing while its disk holds less than 1% of its size free, or less than a
+volume: it then answers reads and holds every upload until the client times out (pyarrow: "Operation too slow.
+Less than 1 bytes/sec transferred the last 3 seconds"); ``disk_room()`` says whether it can write, and
+``tidemark lakehouse status`` exits 3 while it cannot.
 """
 from __future__ import annotations
 
@@ -47,6 +52,10 @@ STATE_FILE = "lakehouse.json"
 ACCESS_KEY = "tidemark"
 SECRET_KEY = "tidemark-secret"  # a loopback test server's, not a secret
 REGION = "us-east-1"
+VOLUME_SIZE_MB = 128
+# SeaweedFS's volume server keeps this share of its disk free (weed mini's fixed minFreeSpace): below it, it
+# creates no volume and writes nothing.
+KEPT_FREE = 0.01
 # weed mini's servers, each with an HTTP and a gRPC port; left to itself it derives gRPC ports as port + 10000,
 # which can exceed 65535 or collide: every one is given.
 PORTS = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc", "catalog",
@@ -61,6 +70,31 @@ _FLAGS = {"master": "master.port", "master_grpc": "master.port.grpc", "volume": 
 class LakehouseState:
     pid: int
     ports: dict[str, int]
+
+
+@dataclass(frozen=True)
+class DiskRoom:
+    """The free space on the disk of a lakehouse's data directory, and what SeaweedFS needs there to write."""
+    path: Path
+    free: int
+    needed: int
+
+    @property
+    def enough(self) -> bool:
+        return self.free >= self.needed
+
+    def describe(self) -> str:
+        return (f"the disk of {self.path} has {_size(self.free)} free, and SeaweedFS writes nothing with less than "
+                f"{_size(self.needed)} free there (1% of the disk, plus one {VOLUME_SIZE_MB} MiB volume)")
+
+
+def disk_room(path: os.PathLike) -> DiskRoom:
+    """``path``'s disk (its nearest existing directory's, so that asking creates nothing): free space and need."""
+    existing = Path(path).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    usage = shutil.disk_usage(existing)
+    return DiskRoom(Path(path), usage.free, int(usage.total * KEPT_FREE) + VOLUME_SIZE_MB * 2**20)
 
 
 def weed_executable() -> str:
@@ -143,6 +177,10 @@ class EmbeddedLakehouse:
             raise ConfigurationError(f"a lakehouse server (pid {running}) already runs with data dir {self.data_dir}: "
                                      "`tidemark lakehouse stop` first")
         weed = weed_executable()
+        room = disk_room(self.data_dir)
+        if not room.enough:
+            raise ConfigurationError(f"cannot start the lakehouse: {room.describe()}; free some space, or give it "
+                                     "a data directory on another disk")
         try:
             (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
             log = open(self.log_path, "ab")  # noqa: SIM115 - the server process inherits it
@@ -154,7 +192,8 @@ class EmbeddedLakehouse:
         try:
             self._process = subprocess.Popen(
                 [weed, "mini", f"-dir={self.data_dir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                 "-webdav=false", "-admin.ui=false", "-s3.port.lance=0", f"-tableBucket={self.bucket}", *flags],
+                 "-webdav=false", "-admin.ui=false", "-s3.port.lance=0", f"-master.volumeSizeLimitMB={VOLUME_SIZE_MB}",
+                 f"-tableBucket={self.bucket}", *flags],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         finally:
             log.close()
@@ -234,6 +273,10 @@ class EmbeddedLakehouse:
         self.stop()
 
 
+def _size(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size // 2**20} MiB"
+
+
 def _distinct_free_ports(count: int) -> dict[str, int]:
     """``count`` free loopback ports, no two alike (the kernel may hand one out twice once it is released)."""
     ports: list[int] = []
@@ -254,4 +297,4 @@ def _answers(url: str) -> bool:
         return False
 
 
-__all__ = ["EmbeddedLakehouse", "weed_executable"]
+__all__ = ["DiskRoom", "EmbeddedLakehouse", "disk_room", "weed_executable"]

@@ -29,6 +29,7 @@ term was taken), then stops the drivers. Every wait polls a condition with a dea
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -57,6 +58,7 @@ from coordinator.protocol.held_epochs import newest_common_epoch
 from coordinator.protocol.pacing import parse_every
 from coordinator.records import LeaderRecord, now_ms
 from tests.faults.cascade import JOBS, SRC_SCHEMA, Tables, counts_of, invariant
+from tests.helpers.lakehouse_data import lakehouse_data_dir
 from tests.helpers.network import TestNetwork
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.skewclock import SkewedClock
@@ -119,6 +121,7 @@ class Environment:
         self.zookeeper = EmbeddedZooKeeper(port=free_port(), data_dir=base / "zookeeper")
         self.postgres = PostgresServer()
         self._lakehouse: Optional[EmbeddedLakehouse] = None
+        self._lakehouse_data = contextlib.ExitStack()
         self.cascade: Optional[Cascade] = None   # the latest run, for reporting one that broke off
 
     def __enter__(self) -> Environment:
@@ -131,10 +134,16 @@ class Environment:
         self.postgres.close()
         if self._lakehouse is not None:
             self._lakehouse.stop()
+        self._lakehouse_data.close()
 
     def run_dir(self, scenario: str, run: int) -> Path:
         """Where run ``run`` of ``scenario`` keeps its processes' logs."""
         return self.base / f"{scenario}-{run}"
+
+    @property
+    def server_logs(self) -> list[Path]:
+        """The logs of the servers every run shares: ZooKeeper's, and the lakehouse's once it started."""
+        return [self.zookeeper.log_path, *([self._lakehouse.log_path] if self._lakehouse is not None else [])]
 
     def catalog(self) -> CatalogSettings:
         return CatalogSettings(name="pg", uri=self.postgres.uri, warehouse=f"file://{self.base / 'warehouse'}")
@@ -142,7 +151,8 @@ class Environment:
     def lakehouse(self) -> EmbeddedLakehouse:
         """The lakehouse, running (started again if a fault left it down)."""
         if self._lakehouse is None:
-            self._lakehouse = EmbeddedLakehouse(self.base / "lakehouse")
+            data = self._lakehouse_data.enter_context(lakehouse_data_dir(self.base / "lakehouse"))
+            self._lakehouse = EmbeddedLakehouse(data)
         if self._lakehouse.running_pid() is None:
             self._lakehouse.start()
         return self._lakehouse
