@@ -15,12 +15,11 @@ from coordinator import VersionReader
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.readers import version_sql
 from coordinator.history.versions import tag_name
-from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from tests.helpers.cli import TIDEMARK
-from tests.helpers.lakehouse_data import lakehouse_data_dir
 from tests.helpers.present import present
 from tests.helpers.trino import TrinoServer
 from tests.test_lakehouse import CopyPipeline
+from tests.test_lakehouse import lakehouse as lakehouse  # the fixture: this module's own
 from tests.test_writer_flow import Fleet
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
@@ -31,12 +30,6 @@ def readme_trino_catalog() -> str:
     found = re.search(r"^ *```properties\n(.*?)^ *```", README, re.M | re.S)
     assert found, "the README shows no Trino catalog file"
     return "\n".join(line.strip() for line in found.group(1).splitlines()) + "\n"
-
-
-@pytest.fixture(scope="module")
-def lakehouse(tmp_path_factory):
-    with lakehouse_data_dir(tmp_path_factory.mktemp("lakehouse")) as data, EmbeddedLakehouse(data) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")
