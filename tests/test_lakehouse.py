@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -391,6 +392,19 @@ def test_tidemark_lakehouse_start_prints_the_settings_that_reach_it_and_stop_end
     assert stopped.returncode == 0 and stopped.stdout.strip() == "stopped", stopped.stdout + stopped.stderr
     gone = lakehouse("status")
     assert gone.returncode == 3 and "not running" in gone.stdout
+
+
+def test_a_first_start_whose_port_was_taken_meanwhile_takes_other_ports(tmp_path):
+    with lakehouse_data_dir(tmp_path) as data:
+        server = EmbeddedLakehouse(data)
+        chosen = server.ports["master"]
+        with socket.socket() as taken:  # another process takes it between the choice and weed's bind
+            taken.bind(("127.0.0.1", chosen))
+            taken.listen()
+            with server:
+                assert server.ports["master"] != chosen and server.serving()
+                recorded = server.recorded_state()
+                assert recorded is not None and recorded.ports == server.ports
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ server exits or does not serve both its S3 endpoint and its catalog within ``sta
 lines of its log). SeaweedFS writes nothing while its disk holds less than 1% of its size free, or less than a
 volume: it then answers reads and holds every upload until the client times out (pyarrow: "Operation too slow.
 Less than 1 bytes/sec transferred the last 3 seconds"); ``disk_room()`` says whether it can write, and
-``tidemark lakehouse status`` exits 3 while it cannot.
+``tidemark lakehouse status`` exits 3 while it cannot. A first start whose chosen port another process took
+before ``weed`` bound it starts again on other ports (``PORT_TRIES`` in all); a restart keeps its recorded ones.
 """
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ ACCESS_KEY = "tidemark"
 SECRET_KEY = "tidemark-secret"  # a loopback test server's, not a secret
 REGION = "us-east-1"
 VOLUME_SIZE_MB = 128
+PORT_TAKEN = "Port allocation failed"  # what weed says, exiting, when one of the ports it was given is taken
+PORT_TRIES = 3
 # SeaweedFS's volume server keeps this share of its disk free (weed mini's fixed minFreeSpace): below it, it
 # creates no volume and writes nothing.
 KEPT_FREE = 0.01
@@ -183,10 +186,25 @@ class EmbeddedLakehouse:
                                      "a data directory on another disk")
         try:
             (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
-            log = open(self.log_path, "ab")  # noqa: SIM115 - the server process inherits it
+            self.log_path.touch()
         except OSError as exc:
             raise ConfigurationError(f"cannot use {self.data_dir} as the lakehouse's data directory "
                                      f"({exc.strerror or exc}): pick another") from None
+        first_start, tries = self.recorded_state() is None, 1
+        while True:
+            self._launch(weed)
+            try:
+                self.wait_until_serving()
+                return self
+            except ConfigurationError as exc:
+                # a port chosen free was taken by another process before weed bound it: a first start, which
+                # promised no port yet, takes others; a restart keeps its recorded ports
+                if not (first_start and tries < PORT_TRIES and PORT_TAKEN in str(exc)):
+                    raise
+                self.ports, tries = _distinct_free_ports(len(PORTS)), tries + 1
+
+    def _launch(self, weed: str) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the server process inherits it
         flags = [f"-{_FLAGS[name]}={port}" for name, port in self.ports.items()]
         env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
         try:
@@ -199,8 +217,6 @@ class EmbeddedLakehouse:
             log.close()
         state = LakehouseState(self._process.pid, dict(self.ports))
         (self.data_dir / STATE_FILE).write_text(json.dumps(asdict(state)))
-        self.wait_until_serving()
-        return self
 
     def serving(self) -> bool:
         """True when the S3 gateway answers and the catalog lists the warehouse's namespaces (its table bucket is
