@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "coordinator"
 
 # Each layer may import the layers before it (and itself); "coordinator" is the package's public re-exports.
-LAYERS = ["foundation", "zookeeper", "iceberg", "protocol", "history", "job", "tidemark", "operations"]
+LAYERS = ["foundation", "zookeeper", "iceberg", "protocol", "history", "serving", "job", "tidemark", "operations"]
 FOUNDATION = {"coordinator.crashpoints", "coordinator.errors", "coordinator.names", "coordinator.records",
               "coordinator.settings"}
 MAY_IMPORT = {
@@ -26,6 +26,7 @@ MAY_IMPORT = {
     "iceberg": {"foundation", "iceberg"},
     "protocol": {"foundation", "zookeeper", "iceberg", "protocol"},
     "history": {"foundation", "zookeeper", "iceberg", "protocol", "history"},
+    "serving": {"foundation", "zookeeper", "iceberg", "protocol", "history", "serving"},
     "job": {"foundation", "zookeeper", "iceberg", "protocol", "history", "job"},
     "tidemark": {"foundation", "zookeeper", "protocol", "tidemark"},
     "operations": set(LAYERS),

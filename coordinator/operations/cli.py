@@ -15,6 +15,7 @@
                 [--orphans [--older-than 3d]]       ... and files no metadata references (listed; daily is enough)
     tidemark versions [--json]                      the retained versions, with their tier and age
     tidemark exporter [--port 9464] [--refresh S]   the topology-wide view for Prometheus, /metrics and /healthz
+    tidemark serve [--host H] [--port 8181]         a read-only Iceberg REST catalog of consistent versions
 
 Errors print one line, ``tidemark: error: ...``, and exit with status 1; a malformed command
 line (a number out of range included) exits with status 2. Output into a closed pipe
@@ -570,6 +571,40 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from coordinator.iceberg.catalog import CatalogSettings
+    from coordinator.serving.served_versions import ServedVersions
+    from coordinator.serving.server import CatalogServer, ServerAuth, tls_context
+    from coordinator.tidemark import Tidemark
+    if bool(args.tls_cert_file) != bool(args.tls_key_file):
+        raise TidemarkError("--tls-cert-file and --tls-key-file go together: give both to serve HTTPS, or neither")
+    auth = ServerAuth.from_env()
+    tls = tls_context(args.tls_cert_file, args.tls_key_file) if args.tls_cert_file else None
+    served = ServedVersions(CatalogSettings.from_env(),
+                            lambda: Tidemark.connect(args.zk, root=args.root, connect_timeout=args.timeout,
+                                                     operation_timeout=args.timeout, tls=_tls(args), read_only=True),
+                            switch_gap_s=args.switch_gap_ms / 1000, max_hold_s=args.max_hold)
+    try:
+        server = CatalogServer(served, host=args.host, port=args.port, auth=auth, tls=tls,
+                               storage_config=args.storage_config)
+    except OSError as exc:
+        served.close()
+        raise TidemarkError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; choose another "
+                            "--port or --host") from None
+    print(f"serving consistent versions of {served.settings.describe()} as an Iceberg REST catalog on {server.url} "
+          f"({'bearer tokens required' if auth.required else 'no authentication'}; metrics: {server.url}/metrics)",
+          flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.httpd.shutdown, daemon=True).start())
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.httpd.server_close()
+        served.close()
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a malformed command line in one line (usage stays in ``--help``)."""
 
@@ -765,6 +800,23 @@ def build_parser() -> argparse.ArgumentParser:
     exporter.add_argument("--refresh", type=_seconds, default=5.0, metavar="S",
                           help="seconds between reads of ZooKeeper (scrapes never wait on it)")
     exporter.set_defaults(func=cmd_exporter)
+
+    serve = sub.add_parser("serve", help="an Iceberg REST catalog (read-only) that serves every table at a consistent "
+                                         "version: point Trino, Spark, DuckDB or pyiceberg at it")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for "
+                                                           "every interface)")
+    serve.add_argument("--port", type=_port, default=8181, help="port (default 8181)")
+    serve.add_argument("--switch-gap-ms", type=int, default=100, metavar="MS",
+                       help="a client's version changes only at a request this long after its previous one, so the "
+                            "tables of one query get one version (default 100; 0: always the newest)")
+    serve.add_argument("--max-hold", type=_seconds, default=30.0, metavar="S",
+                       help="the longest a client that never pauses keeps one version (default 30)")
+    serve.add_argument("--storage-config", action=argparse.BooleanOptionalAction, default=True,
+                       help="hand engines the backing catalog's object-store settings (s3.*) with each table "
+                            "(default: yes; --no-storage-config: engines use their own)")
+    serve.add_argument("--tls-cert-file", metavar="PEM", help="serve HTTPS with this certificate (and --tls-key-file)")
+    serve.add_argument("--tls-key-file", metavar="PEM", help="the certificate's private key")
+    serve.set_defaults(func=cmd_serve)
 
     resolve = sub.add_parser("resolve", help="the snapshot of each table at one consistency level")
     resolve.add_argument("tables", nargs="+", metavar="TABLE", help="tables to read together, namespace.table "

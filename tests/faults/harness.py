@@ -61,6 +61,7 @@ from tests.faults.cascade import JOBS, SRC_SCHEMA, Tables, counts_of, invariant
 from tests.helpers.lakehouse_data import lakehouse_data_dir
 from tests.helpers.network import TestNetwork
 from tests.helpers.postgres import PostgresServer
+from tests.helpers.served import ServedReader, ServeProcess
 from tests.helpers.skewclock import SkewedClock
 from tests.helpers.wait import wait_for
 from tests.helpers.zookeeper_tree import delete_tree, rebuild_server
@@ -104,6 +105,7 @@ class RunResult:
     unexpected_exits: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)   # a run that could not finish says why
     unreadable: list[str] = field(default_factory=list)  # checks the checker could not make (an outage)
+    served_reads: int = 0   # reads through `tidemark serve` by pyiceberg's RestCatalog (URI only), each checked
 
     @property
     def passed(self) -> bool:
@@ -283,6 +285,9 @@ class Cascade:
         self._threads: list[threading.Thread] = []
         self.tm: Optional[Tidemark] = None
         self.checker: Optional[ConsistencyChecker] = None
+        # A reader that knows nothing of Tidemark: pyiceberg's RestCatalog through `tidemark serve`, beside the checker.
+        self.endpoint = ServeProcess(self.settings, self.connect, self.dir / "serve")
+        self.served: Optional[ServedReader] = None
         env.cascade = self
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -296,6 +301,7 @@ class Cascade:
         for thread in self._threads:
             thread.join(30)
         self.stop_drivers()
+        self.endpoint.stop()
         if self.tm is not None:
             self.tm.close()
 
@@ -306,7 +312,9 @@ class Cascade:
         self.start_drivers()
         self.checker = ConsistencyChecker(Resolver(self.settings.load(), self.settings, self.tm), self.tables.all,
                                           invariant(self.tables))
-        for target in (self._produce, self._supervise, self._track, self._check):
+        self.endpoint.start()
+        self.served = ServedReader(self.endpoint.url, self.tables.all, invariant(self.tables))
+        for target in (self._produce, self._supervise, self._track, self._check, self._read_served):
             thread = threading.Thread(target=target, name=target.__name__, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -606,6 +614,21 @@ class Cascade:
             except Exception as exc:  # noqa: BLE001 - an injected outage; a real bug shows as an inconsistency
                 self.errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
 
+    def _read_served(self) -> None:
+        """Read every table through the endpoint (at most one read every 0.5 s), as an engine configured with its
+        URI alone would, and check each read by the tables' rule."""
+        while not self._stop.wait(0.5):
+            self.served.observe()  # type: ignore[union-attr]
+
+    def served_problems(self) -> list[Inconsistency]:
+        """What the reads through the endpoint found wrong: a broken rule, tables at two epochs, a step back."""
+        served = self.served
+        if served is None:
+            return []
+        return [Inconsistency(None, f"through tidemark serve: {p}")
+                for p in (*served.failures, *served.mixed,
+                          *(f"the served epoch stepped back {s}" for s in served.stepped_back))]
+
     # -- the end of a run --------------------------------------------------------------------------
 
     def finish(self) -> RunResult:
@@ -649,9 +672,14 @@ class Cascade:
         except Exception as exc:  # noqa: BLE001 - reported as the run's problem
             problems.append(f"final check failed: {type(exc).__name__}: {exc}")
         self.stop_drivers()
+        served = self.served
+        if served is not None and served.reads == 0:
+            problems.append(f"no read through tidemark serve succeeded: {served.errors[-3:]}")
         return RunResult(self.scenario, self.seed, list(self.faults), self._epochs_committed(), len(self.produced),
-                         duplicates, losses, self.checker.checked, list(self.checker.failures),  # type: ignore[union-attr]
-                         list(self.unexpected), problems, list(self.errors))
+                         duplicates, losses, self.checker.checked,  # type: ignore[union-attr]
+                         [*self.checker.failures, *self.served_problems()],  # type: ignore[union-attr]
+                         list(self.unexpected), problems, [*self.errors, *(served.errors if served else [])],
+                         served.reads if served else 0)
 
     def broken_off(self, problem: str) -> RunResult:
         """The result of a run that could not finish: what it saw until then, and why it stopped."""

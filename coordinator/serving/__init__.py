@@ -1,0 +1,9 @@
+"""``tidemark serve``: a read-only Iceberg REST catalog that serves every table at a consistent version.
+
+- ``scope.py``: what a client's version is consistent across (its ``warehouse``), and the URL prefix that carries it;
+- ``served_metadata.py``: a table's metadata cut down to the snapshot served (``main`` there, nothing newer);
+- ``served_versions.py``: which version each table is served at (groups, pins, monotonicity, ZooKeeper lost);
+- ``server.py``: the HTTP server: the spec's read routes, its error model, authentication, TLS and metrics.
+
+docs/design.md, "Serving consistent versions", is the design of record.
+"""

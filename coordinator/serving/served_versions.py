@@ -1,0 +1,365 @@
+"""Which version of a table ``tidemark serve`` hands out: the rule of docs/design.md, "Serving consistent versions".
+
+    served = ServedVersions(settings, connect=lambda: Tidemark.connect(...))
+    choice = served.choose(scope, "demo.word_counts", client="10.0.0.7 Trino/476")
+    choice.snapshot_id, choice.version.epoch          # None for a table Tidemark neither writes nor reads: as it is
+    served.pin_now(scope)                             # a ``@pinned`` warehouse's pin, at /v1/config
+
+A table that a Tidemark job writes or reads belongs to a *group* of the scope (``scope.py``); every table of a group
+is served at one consistent version of the group (``Resolver``, level ``consistent`` or ``as_of``). The rules on top:
+
+- **Never back**: an unpinned group's version never goes below the newest one this server handed out (a resolution
+  from Iceberg after ZooKeeper's state was lost may be older: the newer one is served).
+- **One query, one version** (the switch race): a client (address, user agent, credentials) that asks again within
+  ``switch_gap_s`` of its previous request keeps the version it got for the group, for at most ``max_hold_s``; a
+  version changes for it only at a request after a pause. A pinned scope never changes at all.
+- **ZooKeeper unreachable**: the group's last version is served, marked stale; with none yet, a version from Iceberg
+  alone (consistent too, possibly older). Never a newer unchecked one.
+- **ZooKeeper's state lost**: a job this server saw in the job graph keeps its tables in their groups for
+  ``FORGET_JOBS_S`` while the jobs register again (``CatalogServer`` also refuses to pass through a table whose
+  metadata names a Tidemark writer).
+
+Failure behaviour: ``choose`` raises ``VersionNotFound`` when a group has no consistent version and never had one here
+(a job that committed nothing yet), ``ZooKeeperUnavailable`` when ZooKeeper is unreachable and no topology was ever
+read (whether a table is Tidemark's is not known), and the backing catalog's errors as ``load_table`` raises them.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from kazoo.client import KazooState
+
+from coordinator.errors import VersionNotFound, ZooKeeperRebuilt, ZooKeeperUnavailable
+from coordinator.history.resolve import Resolver
+from coordinator.history.versions import RetainedVersions
+from coordinator.iceberg.catalog import CatalogSettings
+from coordinator.protocol.held_epochs import common_epochs
+from coordinator.protocol.tidemarks import TidemarkCache
+from coordinator.protocol.topology import Topology, read_topology
+from coordinator.records import ConsistentVersion, JobRecord
+from coordinator.serving.scope import Group, Pin, PinKind, Scope
+from coordinator.zookeeper.session import ZooKeeperSession
+
+DEFAULT_SWITCH_GAP_S = 0.1  # a query's table loads come closer together than this; separate queries rarely do
+DEFAULT_MAX_HOLD_S = 30.0  # a client that never pauses still gets a newer version this often
+TOPOLOGY_TTL_S = 1.0  # the job graph is read again at most this often (it changes on registrations only)
+CAP_TRIES = 4  # epochs tried, newest first, for the newest version at or before a pin
+FORGET_JOBS_S = 300.0  # a job gone from the graph keeps its tables' groups this long (ZooKeeper's state lost)
+STICKY_CLIENTS = 10_000  # (client, scope, group) entries kept for the switch rule, least recently used dropped
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The answer for one table: its ``group`` (None: not Tidemark's, served as it is), the ``version`` served
+    (None with a group: no snapshot is served), and whether ZooKeeper was unreachable (``stale``)."""
+
+    table: str
+    group: Optional[frozenset[str]]
+    version: Optional[ConsistentVersion]
+    stale: bool = False
+    key: Optional[tuple] = None  # the client's entry of the switch rule (``ServedVersions.answered``)
+
+    @property
+    def snapshot_id(self) -> Optional[int]:
+        if self.version is None or self.group is None:
+            return None
+        return self.version.snapshots.get(self.table)
+
+    @property
+    def passthrough(self) -> bool:
+        return self.group is None
+
+
+@dataclass
+class _Held:
+    version: ConsistentVersion
+    since: float
+    last: float
+
+
+class ServedVersions:
+    """The versions a serving process hands out (module docstring), shared by its request threads.
+
+    :param settings: the backing catalog.
+    :param connect: opens a ZooKeeper session; called again when the server finds its session ended (a rebuilt
+        ZooKeeper). None serves from Iceberg alone.
+    :param switch_gap_s: a client's pause before its version may change (0: every request gets the newest).
+    :param max_hold_s: the longest a client keeps one version while it never pauses.
+    """
+
+    settings: CatalogSettings
+    switch_gap_s: float
+    max_hold_s: float
+
+    def __init__(self, settings: CatalogSettings, connect: Optional[Callable[[], ZooKeeperSession]] = None, *,
+                 switch_gap_s: float = DEFAULT_SWITCH_GAP_S, max_hold_s: float = DEFAULT_MAX_HOLD_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings, self.switch_gap_s, self.max_hold_s = settings, switch_gap_s, max_hold_s
+        self._connect, self._clock = connect, clock
+        self._catalog = settings.load()
+        self._lock = threading.RLock()  # resolution: the resolvers keep per-table caches that are not thread-safe
+        self._iceberg = Resolver(self._catalog, settings, None)
+        self._tm: Optional[ZooKeeperSession] = None
+        self._resolver: Optional[Resolver] = None
+        self._cache: Optional[TidemarkCache] = None
+        self._topology: Optional[Topology] = None
+        self._topology_read = float("-inf")
+        self._resolved: dict[tuple, ConsistentVersion] = {}  # (group, pin, tidemark generation) -> version
+        self._newest: dict[frozenset[str], ConsistentVersion] = {}  # never back: the newest served per group
+        self._held: OrderedDict[tuple, _Held] = OrderedDict()
+        self._seen_jobs: dict[str, tuple[JobRecord, float]] = {}  # job -> (record, when last in the graph)
+        self._open_session()
+
+    # -- ZooKeeper ------------------------------------------------------------------------
+
+    def _open_session(self) -> None:
+        if self._connect is None:
+            return
+        try:
+            tm = self._connect()
+        except ZooKeeperUnavailable:
+            return  # served from Iceberg until it answers (``_session`` tries again)
+        self._tm, self._cache = tm, TidemarkCache(tm)
+        self._resolver = Resolver(self._catalog, self.settings, tm, self._cache)
+
+    def _session(self) -> Optional[ZooKeeperSession]:
+        """The live session, or None while ZooKeeper cannot be asked (down, or being reconnected)."""
+        tm = self._tm
+        if tm is not None and tm.ended_error() is not None:  # rebuilt under us: this session never comes back
+            self._cache.close()  # type: ignore[union-attr]
+            tm.close()
+            self._tm = self._resolver = self._cache = None
+            self._resolved.clear()
+            tm = None
+        if tm is None and self._connect is not None:
+            self._open_session()
+            tm = self._tm
+        return tm if tm is not None and tm.connection_state == KazooState.CONNECTED else None
+
+    @property
+    def zookeeper_connected(self) -> bool:
+        with self._lock:
+            return self._session() is not None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._cache is not None:
+                self._cache.close()
+            if self._tm is not None:
+                self._tm.close()
+
+    # -- groups ---------------------------------------------------------------------------
+
+    def topology(self) -> Topology:
+        """The job graph, read again at most every ``TOPOLOGY_TTL_S``; the last one read while ZooKeeper is
+        unreachable."""
+        with self._lock:
+            now = self._clock()
+            tm = self._session()
+            if tm is not None and now - self._topology_read >= TOPOLOGY_TTL_S:
+                try:
+                    self._topology, self._topology_read = read_topology(tm), now
+                except (ZooKeeperUnavailable, ZooKeeperRebuilt):
+                    pass
+            if self._topology is None:
+                raise ZooKeeperUnavailable("ZooKeeper is unreachable and this server has not read the job graph yet, "
+                                           "so it cannot tell which tables are Tidemark's: check TIDEMARK_ZK and "
+                                           "that ZooKeeper is up")
+            return self._topology
+
+    def group_of(self, scope: Scope, table: str) -> tuple[Optional[str], Optional[frozenset[str]]]:
+        """``table`` (an identifier ``ns.t``) as the job graph names it, and its group in ``scope``; (None, None) for a
+        table no Tidemark job writes or reads."""
+        graph = self._graph()
+        names = {self.settings.identifier(t): t for t in _tables(graph)}
+        name = names.get(table)
+        if name is None:
+            return None, None
+        if scope.group == Group.ALL:
+            return name, frozenset(names.values())
+        if scope.group == Group.NAMESPACE:
+            return name, frozenset(t for i, t in names.items() if i.rpartition(".")[0] == scope.namespace)
+        return name, _component(graph, name)
+
+    def _graph(self) -> Topology:
+        """The job graph with every job seen in it during the last ``FORGET_JOBS_S``: while ZooKeeper's state is lost
+        and the jobs register again one by one, their tables keep their groups (never served as they are)."""
+        topology = self.topology()
+        with self._lock:
+            now = self._clock()
+            for name, job in topology.jobs.items():
+                self._seen_jobs[name] = (job, now)
+            for name in [n for n, (_, seen) in self._seen_jobs.items() if now - seen > FORGET_JOBS_S]:
+                del self._seen_jobs[name]
+            if len(self._seen_jobs) == len(topology.jobs):
+                return topology
+            return Topology(topology.version, topology.znode_version,
+                            {name: job for name, (job, _) in self._seen_jobs.items()})
+
+    # -- versions -------------------------------------------------------------------------
+
+    def choose(self, scope: Scope, table: str, client: str = "") -> Choice:
+        """The version ``table`` is served at for ``client`` in ``scope`` (module docstring).
+
+        :param scope: the request's scope (its prefix).
+        :param table: the table's identifier, ``namespace.name``.
+        :param client: who asks (address, user agent, credentials): the switch rule keeps one version per client.
+        :raises VersionNotFound: the table's group has no consistent version, and this server served none before.
+        :raises ZooKeeperUnavailable: ZooKeeper is unreachable and the job graph was never read.
+        """
+        name, group = self.group_of(scope, table)
+        if name is None or group is None:
+            return Choice(table, None, None)
+        if scope.pin is not None:
+            version, stale = self._pinned(group, scope.pin)
+            return Choice(name, group, version, stale)
+        with self._lock:
+            now = self._clock()
+            key = (client, scope.prefix, group)
+            held = self._held.get(key)
+            if held is not None and now - held.last < self.switch_gap_s and now - held.since < self.max_hold_s:
+                held.last = float("inf")  # until ``answered``: a slow answer is no pause
+                self._held.move_to_end(key)
+                return Choice(name, group, held.version, key=key)
+            version, stale = self._newest_of(group)
+            self._held[key] = _Held(version, now, float("inf"))
+            self._held.move_to_end(key)
+            while len(self._held) > STICKY_CLIENTS:
+                self._held.popitem(last=False)
+            return Choice(name, group, version, stale, key)
+
+    def answered(self, choice: Choice) -> None:
+        """The client has its answer for ``choice``: its pause (``switch_gap_s``) is measured from now."""
+        with self._lock:
+            held = self._held.get(choice.key) if choice.key is not None else None
+            if held is not None:
+                held.last = self._clock()
+
+    def newest_versions(self) -> Mapping[frozenset[str], ConsistentVersion]:
+        """The newest version served per group (for metrics: their ages)."""
+        with self._lock:
+            return dict(self._newest)
+
+    def pin_now(self, scope: Scope) -> Pin:
+        """A ``@pinned`` scope's pin: the newest epoch served now (its group's, for one group; the newest of the
+        groups', for the pipeline group, so that no pipeline goes back)."""
+        topology = self.topology()
+        tables = _tables(topology)
+        if scope.group == Group.PIPELINE:
+            groups = {_component(topology, t) for t in tables}
+        elif scope.group == Group.ALL:
+            groups = {frozenset(tables)}
+        else:
+            groups = {frozenset(t for t in tables if self.settings.identifier(t).rpartition(".")[0] == scope.namespace)}
+        epochs = []
+        for group in groups:
+            if not group:
+                continue
+            try:
+                version, _ = self._newest_of(group)
+            except VersionNotFound:
+                continue
+            if version.epoch is not None:
+                epochs.append(version.epoch)
+        return Pin(PinKind.AT_OR_BEFORE, max(epochs, default=int(time.time() * 1000)))
+
+    def _newest_of(self, group: frozenset[str]) -> tuple[ConsistentVersion, bool]:
+        """The group's newest consistent version, never older than one served before; stale when from memory."""
+        with self._lock:
+            previous = self._newest.get(group)
+            try:
+                version, stale = self._resolve(group, None), False
+            except (ZooKeeperUnavailable, ZooKeeperRebuilt):
+                if previous is not None:
+                    return previous, True
+                version, stale = self._iceberg.resolve(sorted(group)), True
+            except VersionNotFound:
+                if previous is None:
+                    raise
+                return previous, False
+            if previous is not None and previous.epoch is not None and (
+                    version.epoch is None or version.epoch < previous.epoch):
+                return previous, stale
+            self._newest[group] = version
+            return version, stale
+
+    def _pinned(self, group: frozenset[str], pin: Pin) -> tuple[ConsistentVersion, bool]:
+        with self._lock:
+            try:
+                return self._resolve(group, pin), False
+            except (ZooKeeperUnavailable, ZooKeeperRebuilt):
+                tables = sorted(group)
+                if pin.kind == PinKind.EXACT:
+                    return self._iceberg.resolve(tables, as_of=pin.epoch), True
+                return _at_or_before(self._iceberg, tables, pin.epoch, {}), True
+
+    def _resolve(self, group: frozenset[str], pin: Optional[Pin]) -> ConsistentVersion:
+        """One resolution through ZooKeeper, remembered until a tidemark moves."""
+        if self._session() is None or self._resolver is None or self._cache is None:
+            raise ZooKeeperUnavailable("ZooKeeper is unreachable")
+        key = (group, pin, self._cache.generation)
+        found = self._resolved.get(key)
+        if found is not None:
+            return found
+        tables = sorted(group)
+        if pin is None:
+            version = self._resolver.resolve(tables)
+        elif pin.kind == PinKind.EXACT:
+            version = self._resolver.resolve(tables, as_of=pin.epoch)
+        else:
+            version = _at_or_before(self._resolver, tables, pin.epoch, self._cache.get(tables))
+        if len(self._resolved) > 4 * max(1, len(self._newest)) + 64:
+            self._resolved.clear()
+        self._resolved[key] = version
+        return version
+
+
+def _tables(topology: Topology) -> set[str]:
+    return {t for job in topology.jobs.values() for t in (*job.sources, *job.sinks)}
+
+
+def _component(topology: Topology, table: str) -> frozenset[str]:
+    """The tables connected to ``table`` through the jobs that read or write them (root tables included)."""
+    by_table: dict[str, list[str]] = {}
+    for name, job in topology.jobs.items():
+        for t in (*job.sources, *job.sinks):
+            by_table.setdefault(t, []).append(name)
+    seen, stack = {table}, [table]
+    while stack:
+        for job_name in by_table.get(stack.pop(), ()):
+            record = topology.jobs[job_name]
+            for t in (*record.sources, *record.sinks):
+                if t not in seen:
+                    seen.add(t)
+                    stack.append(t)
+    return frozenset(seen)
+
+
+def _at_or_before(resolver: Resolver, tables: list[str], cap: int, marks: Mapping) -> ConsistentVersion:
+    """The newest consistent version of ``tables`` whose epoch is at or before ``cap``: the newest, if it is; else an
+    epoch every table's recent list (or a retained version) holds, newest first."""
+    newest = resolver.resolve(tables)
+    if newest.epoch is None or newest.epoch <= cap:
+        return newest
+    lists = [m.epochs for m in marks.values() if m is not None] if marks else []
+    candidates = sorted((e for e in common_epochs(lists) if e <= cap), reverse=True) if len(lists) == len(tables) \
+        else []
+    if resolver.tm is not None:
+        candidates += sorted((e for e in RetainedVersions(resolver.tm).epochs() if e <= cap), reverse=True)
+    else:
+        candidates += sorted((e for e in resolver.retained_epochs(tables) if e <= cap), reverse=True)
+    for epoch in list(dict.fromkeys(candidates))[:CAP_TRIES]:
+        try:
+            return resolver.resolve(tables, as_of=epoch)
+        except VersionNotFound:
+            continue
+    raise VersionNotFound(f"no version of {tables} at or before {cap} is still known: ZooKeeper's recent epochs and "
+                          "the retained versions (`tidemark versions`) start later")
+
+
+__all__ = ["DEFAULT_MAX_HOLD_S", "DEFAULT_SWITCH_GAP_S", "Choice", "ServedVersions"]

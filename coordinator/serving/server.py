@@ -1,0 +1,538 @@
+"""The HTTP side of ``tidemark serve``: the Iceberg REST catalog's read routes over ``ServedVersions``.
+
+    server = CatalogServer(ServedVersions(settings, connect), host="0.0.0.0", port=8181, auth=ServerAuth.from_env())
+    server.start()                 # a background thread; server.url is where engines point
+    server.stop()
+
+Routes (the REST spec's, under ``/v1`` or ``/w/<warehouse>/v1``): ``GET /v1/config``, ``GET|HEAD`` namespaces, a
+namespace, its tables and a table (``snapshots=all|refs``), ``GET`` views (none), ``POST /v1/oauth/tokens``
+(client credentials). Every other method is refused with the spec's error model: the catalog is read-only, and the
+message says where to write. ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz`` are outside ``/v1``, and open.
+
+Headers of a served table: ``Tidemark-Epoch`` (the version's epoch), ``Tidemark-Version-Age-Ms`` (how far it is
+behind the wall clock) and, while ZooKeeper is unreachable, ``Tidemark-Stale: zookeeper-unreachable``.
+
+Failure behaviour: a table that does not exist is a 404 (``NoSuchTableException``), a namespace a 404
+(``NoSuchNamespaceException``), a bad warehouse or prefix a 400; the backing catalog or its object store out of
+reach, ZooKeeper before the job graph was ever read, or a group with no consistent version yet (a job that committed
+nothing; empty tables are not consistent either), a 503 (``ServiceUnavailableException``). A request handler never
+raises: an unexpected error is a 500 with its one-line message, logged.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import os
+import ssl
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from queue import Empty, LifoQueue
+from typing import TYPE_CHECKING, Any, Optional
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from coordinator.errors import (
+    ConfigurationError,
+    InvalidArgument,
+    InvalidName,
+    TableNotFound,
+    VersionNotFound,
+    ZooKeeperUnavailable,
+)
+from coordinator.iceberg.catalog import is_catalog_outage, load_table
+from coordinator.iceberg.snapshots import WRITER_PROPERTY
+from coordinator.serving.scope import Scope
+from coordinator.serving.served_metadata import served_metadata
+from coordinator.serving.served_versions import Choice, ServedVersions
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+log = logging.getLogger(__name__)
+DEFAULT_PORT = 8181  # the port Iceberg's REST catalogs usually take
+TOKEN_LIFETIME_S = 3600
+STORAGE_PREFIXES = ("s3.", "client.", "gcs.", "adls.", "hadoop.", "py-io-impl", "io-impl")
+CATALOG_POOL = 8  # backing-catalog clients kept for the request threads (each made on first need)
+NAMESPACE_SEPARATOR = "\x1f"
+READ_ENDPOINTS = [
+    "GET /v1/{prefix}/namespaces", "HEAD /v1/{prefix}/namespaces/{namespace}",
+    "GET /v1/{prefix}/namespaces/{namespace}", "GET /v1/{prefix}/namespaces/{namespace}/tables",
+    "GET /v1/{prefix}/namespaces/{namespace}/tables/{table}", "HEAD /v1/{prefix}/namespaces/{namespace}/tables/{table}",
+    "GET /v1/{prefix}/namespaces/{namespace}/views",
+]
+
+
+class RestError(Exception):
+    """An answer in the spec's error model: ``status``, the exception ``kind`` engines map, and the message."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+    def body(self) -> bytes:
+        return json.dumps({"error": {"message": str(self), "type": self.kind, "code": self.status}}).encode()
+
+
+@dataclass(frozen=True)
+class ServerAuth:
+    """Who may read: static bearer ``tokens``, and OAuth2 client credentials (``client_id``, ``client_secret``) that
+    ``/v1/oauth/tokens`` exchanges for a signed token any replica with the same secret accepts. Neither: anyone.
+
+    ``from_env`` reads ``TIDEMARK_SERVE_TOKENS`` (comma-separated), ``TIDEMARK_SERVE_CLIENT_ID`` and
+    ``TIDEMARK_SERVE_CLIENT_SECRET``: secrets stay off the command line.
+    """
+
+    tokens: tuple[str, ...] = ()
+    client_id: Optional[str] = None
+    client_secret: Optional[str] = None
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> ServerAuth:
+        env = os.environ if env is None else env
+        tokens = tuple(t.strip() for t in env.get("TIDEMARK_SERVE_TOKENS", "").split(",") if t.strip())
+        client_id, secret = env.get("TIDEMARK_SERVE_CLIENT_ID") or None, env.get("TIDEMARK_SERVE_CLIENT_SECRET") or None
+        if (client_id is None) != (secret is None):
+            raise ConfigurationError("set both TIDEMARK_SERVE_CLIENT_ID and TIDEMARK_SERVE_CLIENT_SECRET (OAuth2 "
+                                     "client credentials), or neither")
+        return cls(tokens, client_id, secret)
+
+    @property
+    def required(self) -> bool:
+        return bool(self.tokens or self.client_id)
+
+    def issue(self, client_id: str, client_secret: str, now: Optional[float] = None) -> str:
+        """A token for valid client credentials; ``RestError`` 401 otherwise."""
+        if self.client_id is None or self.client_secret is None or not (
+                hmac.compare_digest(client_id, self.client_id) and hmac.compare_digest(client_secret,
+                                                                                       self.client_secret)):
+            raise RestError(401, "NotAuthorizedException", "invalid client credentials")
+        expires = int((now if now is not None else time.time()) + TOKEN_LIFETIME_S)
+        return f"tm.{expires}.{self._signature(client_id, expires)}.{client_id}"
+
+    def accepts(self, token: str, now: Optional[float] = None) -> bool:
+        if any(hmac.compare_digest(token, t) for t in self.tokens):
+            return True
+        parts = token.split(".", 3)
+        if self.client_id is None or len(parts) != 4 or parts[0] != "tm" or not parts[1].isdigit():
+            return False
+        expires, signature, client_id = int(parts[1]), parts[2], parts[3]
+        return (expires > (now if now is not None else time.time())
+                and hmac.compare_digest(signature, self._signature(client_id, expires)))
+
+    def _signature(self, client_id: str, expires: int) -> str:
+        key = (self.client_secret or "").encode()
+        return hmac.new(key, f"{client_id}:{expires}".encode(), hashlib.sha256).hexdigest()
+
+
+class CatalogServer:
+    """A read-only Iceberg REST catalog serving consistent versions (module docstring).
+
+    :param served: the versions to serve (it owns the backing catalog's and ZooKeeper's sessions).
+    :param host: the address to listen on.
+    :param port: the port (0: a free one; ``url`` says which).
+    :param auth: who may read.
+    :param tls: a server-side SSL context (``tls_context``), None for plain HTTP.
+    :param storage_config: hand engines the backing catalog's object-store settings with each table.
+    """
+
+    served: ServedVersions
+    auth: ServerAuth
+    registry: CollectorRegistry
+
+    def __init__(self, served: ServedVersions, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+                 auth: ServerAuth = ServerAuth(), tls: Optional[ssl.SSLContext] = None,
+                 storage_config: bool = True) -> None:
+        self.served, self.auth, self.storage_config = served, auth, storage_config
+        self.registry = CollectorRegistry()
+        self.requests = Counter("tidemark_serve_requests", "Requests answered, by route and HTTP status",
+                                ["route", "status"], registry=self.registry)
+        self.latency = Histogram("tidemark_serve_request_duration_seconds", "Time to answer a request, by route",
+                                 ["route"], registry=self.registry,
+                                 buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
+        self.stale = Counter("tidemark_serve_stale_tables", "Tables served while ZooKeeper was unreachable (the "
+                             "last version known)", registry=self.registry)
+        self.registry.register(_ServedCollector(served))
+        self._catalogs: LifoQueue[Catalog] = LifoQueue()
+        self._catalogs_made = 0
+        self._catalogs_lock = threading.Lock()
+        handler = type("Handler", (_Handler,), {"server_side": self})
+        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.httpd.daemon_threads = True
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+        self.scheme = "https" if tls is not None else "http"
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"{self.scheme}://{host!s}:{port}"
+
+    def start(self) -> CatalogServer:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="tidemark-serve", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self.httpd.serve_forever()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.served.close()
+
+    # -- the backing catalog, shared by the request threads --------------------------------
+
+    def catalog(self) -> _Lease:
+        return _Lease(self)
+
+    def _take(self) -> Catalog:
+        try:
+            return self._catalogs.get_nowait()
+        except Empty:
+            pass
+        with self._catalogs_lock:
+            make = self._catalogs_made < CATALOG_POOL
+            if make:
+                self._catalogs_made += 1
+        if make:
+            return self.served.settings.load()
+        return self._catalogs.get(timeout=60)
+
+    # -- routes ---------------------------------------------------------------------------
+
+    def config(self, query: Mapping[str, str], warehouse: Optional[str]) -> dict[str, Any]:
+        scope = _scope_from_warehouse(query.get("warehouse", warehouse))
+        if scope.pinned_at_config:
+            scope = scope.with_pin(self._unavailable_as_503(lambda: self.served.pin_now(scope)))
+        return {"defaults": {}, "overrides": {"prefix": scope.prefix}, "endpoints": READ_ENDPOINTS}
+
+    def namespaces(self, parent: Optional[str]) -> dict[str, Any]:
+        with self.catalog() as catalog:
+            found = self._backing(lambda: catalog.list_namespaces(_namespace(parent) if parent else ()))
+        return {"namespaces": [list(ns) for ns in found]}
+
+    def namespace(self, namespace: str) -> dict[str, Any]:
+        from pyiceberg.exceptions import NoSuchNamespaceError
+        with self.catalog() as catalog:
+            try:
+                properties = self._backing(lambda: catalog.load_namespace_properties(_namespace(namespace)))
+            except NoSuchNamespaceError:
+                raise _no_namespace(namespace) from None
+        return {"namespace": list(_namespace(namespace)), "properties": dict(properties)}
+
+    def tables(self, namespace: str) -> dict[str, Any]:
+        from pyiceberg.exceptions import NoSuchNamespaceError
+        with self.catalog() as catalog:
+            try:
+                found = self._backing(lambda: catalog.list_tables(_namespace(namespace)))
+            except NoSuchNamespaceError:
+                raise _no_namespace(namespace) from None
+        return {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in found]}
+
+    def table(self, prefix: str, namespace: str, name: str, client: str,
+              snapshots: str = "all") -> tuple[dict[str, Any], dict[str, str], Choice]:
+        """The table's LoadTableResult at its served version, its ``Tidemark-*`` headers, and the choice made (to be
+        passed to ``ServedVersions.answered`` once the client has it)."""
+        scope = _scope_from_prefix(prefix)
+        identifier = f"{_dotted(namespace)}.{name}"
+        choice = self._unavailable_as_503(lambda: self._choose(scope, identifier, client))
+        with self.catalog() as catalog:
+            try:
+                table = self._backing(lambda: load_table(catalog, self.served.settings, identifier))
+            except (TableNotFound, InvalidName):
+                raise RestError(404, "NoSuchTableException", f"table {identifier} does not exist in the backing "
+                                f"catalog ({self.served.settings.describe()})") from None
+        headers: dict[str, str] = {}
+        metadata = table.metadata
+        if choice.passthrough and WRITER_PROPERTY in metadata.properties:
+            raise RestError(503, "ServiceUnavailableException", f"table {identifier} is written by Tidemark job "
+                            f"{metadata.properties[WRITER_PROPERTY]!r}, which is not registered in ZooKeeper now (its "
+                            "state lost, or the job unregistered): no consistent version of it can be chosen; retry")
+        if not choice.passthrough:
+            try:
+                metadata = served_metadata(metadata, choice.snapshot_id)
+            except KeyError:
+                raise RestError(503, "ServiceUnavailableException",
+                                f"table {identifier}'s snapshot {choice.snapshot_id} of the version served is no "
+                                "longer in its metadata (expired): retry; the next version is served") from None
+            version = choice.version
+            if version is not None and version.epoch is not None:
+                headers["Tidemark-Epoch"] = str(version.epoch)
+                headers["Tidemark-Version-Age-Ms"] = str(max(0, int(time.time() * 1000) - version.epoch))
+            if choice.stale:
+                headers["Tidemark-Stale"] = "zookeeper-unreachable"
+                self.stale.inc()
+        if snapshots == "refs":
+            referenced = {ref.snapshot_id for ref in metadata.refs.values()}
+            metadata = metadata.model_copy(update={"snapshots": [s for s in metadata.snapshots
+                                                                 if s.snapshot_id in referenced]})
+        config = ({k: v for k, v in table.io.properties.items() if k.startswith(STORAGE_PREFIXES)}
+                  if self.storage_config else {})
+        body = {"metadata-location": table.metadata_location, "metadata": json.loads(metadata.model_dump_json()),
+                "config": config}
+        return body, headers, choice
+
+    def token(self, form: Mapping[str, str], authorization: Optional[str]) -> dict[str, Any]:
+        if form.get("grant_type") != "client_credentials":
+            raise RestError(400, "unsupported_grant_type", "only the client_credentials grant is supported")
+        client_id, secret = form.get("client_id", ""), form.get("client_secret", "")
+        if authorization and authorization.lower().startswith("basic "):
+            client_id, _, secret = base64.b64decode(authorization[6:]).decode().partition(":")
+        return {"access_token": self.auth.issue(unquote(client_id), unquote(secret)), "token_type": "bearer",
+                "expires_in": TOKEN_LIFETIME_S, "issued_token_type": "urn:ietf:params:oauth:token-type:access_token"}
+
+    def _choose(self, scope: Scope, identifier: str, client: str) -> Choice:
+        try:
+            return self.served.choose(scope, identifier, client)
+        except VersionNotFound as exc:
+            # Empty tables are no consistent version either (a derived table may hold a row for an empty source).
+            raise RestError(503, "ServiceUnavailableException", f"no consistent version of table {identifier} "
+                            f"({scope.describe()}) can be served: {_first_line(exc)}") from None
+
+    def _backing(self, call: Any) -> Any:
+        try:
+            return call()
+        except RestError:
+            raise
+        except Exception as exc:
+            if is_catalog_outage(exc) or isinstance(exc, ConfigurationError):
+                raise RestError(503, "ServiceUnavailableException",
+                                f"the backing catalog ({self.served.settings.describe()}) cannot be reached: "
+                                f"{type(exc).__name__}: {_first_line(exc)}; retry") from None
+            raise
+
+    @staticmethod
+    def _unavailable_as_503(call: Any) -> Any:
+        try:
+            return call()
+        except ZooKeeperUnavailable as exc:
+            raise RestError(503, "ServiceUnavailableException", _first_line(exc)) from None
+
+
+class _Lease:
+    def __init__(self, server: CatalogServer) -> None:
+        self.server = server
+
+    def __enter__(self) -> Catalog:
+        self.catalog = self.server._take()
+        return self.catalog
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server._catalogs.put(self.catalog)
+
+
+class _ServedCollector:
+    """The served versions' ages and ZooKeeper's reachability, computed at each scrape from memory."""
+
+    def __init__(self, served: ServedVersions) -> None:
+        self.served = served
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        now_ms = time.time() * 1000
+        age = GaugeMetricFamily("tidemark_serve_version_age_seconds", "How far the newest version served of each "
+                                "group is behind the wall clock (group: its first table)", labels=["group"])
+        epoch = GaugeMetricFamily("tidemark_serve_version_epoch_timestamp_seconds", "The epoch of the newest "
+                                  "version served of each group", labels=["group"])
+        for group, version in sorted(self.served.newest_versions().items(), key=lambda kv: min(kv[0])):
+            if version.epoch is not None:
+                age.add_metric([min(group)], max(0.0, (now_ms - version.epoch) / 1000))
+                epoch.add_metric([min(group)], version.epoch / 1000)
+        up = GaugeMetricFamily("tidemark_serve_zookeeper_connected", "1 while ZooKeeper answers the server")
+        up.add_metric([], 1.0 if self.served.zookeeper_connected else 0.0)
+        return [age, epoch, up]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_side: CatalogServer
+    protocol_version = "HTTP/1.1"  # keep-alive: a client's loads come on one connection
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def do_GET(self) -> None:
+        self._answer("GET")
+
+    def do_HEAD(self) -> None:
+        self._answer("HEAD")
+
+    def do_POST(self) -> None:
+        self._answer("POST")
+
+    def do_PUT(self) -> None:
+        self._answer("PUT")
+
+    def do_DELETE(self) -> None:
+        self._answer("DELETE")
+
+    def _answer(self, method: str) -> None:
+        started = time.perf_counter()
+        self._choice: Optional[Choice] = None
+        route, status = "other", 500
+        headers: dict[str, str] = {}
+        body: bytes = b""
+        content_type = "application/json"
+        try:
+            url = urlsplit(self.path)
+            parts = [unquote(p) for p in url.path.split("/") if p]
+            warehouse: Optional[str] = None
+            if len(parts) >= 2 and parts[0] == "w":  # /w/<warehouse>/v1/...: a warehouse in the URI's path
+                warehouse, parts = parts[1], parts[2:]
+            query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+            route, status, payload, headers = self._route(method, parts, query, warehouse)
+            if isinstance(payload, bytes):
+                body, content_type = payload, "text/plain; version=0.0.4; charset=utf-8"
+            elif payload is not None:
+                body = json.dumps(payload).encode()
+        except RestError as exc:
+            status, body = exc.status, exc.body()
+        except Exception as exc:  # noqa: BLE001 - one line to the client and the log, never a traceback
+            log.warning("tidemark serve: %s %s failed: %s: %s", method, self.path, type(exc).__name__,
+                        _first_line(exc))
+            status, body = 500, RestError(500, "ServerErrorException",
+                                          f"{type(exc).__name__}: {_first_line(exc)}").body()
+        self._drain()
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        if status == 204:
+            self.send_header("Content-Length", "0")
+            body = b""
+        else:
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if method != "HEAD" and body:
+            self.wfile.write(body)
+        side = self.server_side
+        if self._choice is not None:
+            side.served.answered(self._choice)
+            self._choice = None
+        side.requests.labels(route, str(status)).inc()
+        side.latency.labels(route).observe(time.perf_counter() - started)
+
+    def _drain(self) -> None:
+        """Read a request body nobody read (a refused write's), so the connection stays usable."""
+        length = int(self.headers.get("Content-Length") or 0)
+        if length and not getattr(self, "_body_read", False):
+            self.rfile.read(length)
+            self._body_read = True
+
+    def _form(self) -> dict[str, str]:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length).decode() if length else ""
+        self._body_read = True
+        return {k: v[-1] for k, v in parse_qs(raw).items()}
+
+    def _route(self, method: str, parts: list[str], query: Mapping[str, str], warehouse: Optional[str],
+               ) -> tuple[str, int, Any, dict[str, str]]:
+        side = self.server_side
+        if parts == ["metrics"] and method in ("GET", "HEAD"):
+            return "metrics", 200, generate_latest(side.registry), {}
+        if parts in (["healthz"], ["readyz"]) and method in ("GET", "HEAD"):
+            ready = parts == ["healthz"] or side.served.zookeeper_connected
+            return parts[0], 200 if ready else 503, {"ok": ready}, {}
+        if not parts or parts[0] != "v1":
+            raise RestError(404, "NotFoundException", f"no route {'/'.join(parts)}: this is an Iceberg REST catalog "
+                            "(/v1/config)")
+        rest = parts[1:]
+        if rest == ["oauth", "tokens"] and method == "POST":
+            return "token", 200, side.token(self._form(), self.headers.get("Authorization")), {}
+        self._authenticate()
+        if rest == ["config"] and method == "GET":
+            return "config", 200, side.config(query, warehouse), {}
+        if method not in ("GET", "HEAD"):
+            raise RestError(403, "ForbiddenException", "tidemark serve is a read-only catalog of consistent "
+                            f"versions: write through the backing catalog ({side.served.settings.describe()}), "
+                            "where Tidemark's jobs write")
+        if len(rest) >= 2 and rest[1] == "namespaces":
+            prefix, tail = rest[0], rest[2:]
+        elif rest and rest[0] == "namespaces":  # a client that never asked /v1/config: the default scope
+            prefix, tail = (Scope.from_warehouse(warehouse).prefix if warehouse else Scope().prefix), rest[1:]
+        else:
+            raise RestError(404, "NotFoundException", f"no route /v1/{'/'.join(rest)}")
+        if not tail:
+            return "namespaces", 200, side.namespaces(query.get("parent")), {}
+        namespace = tail[0]
+        if len(tail) == 1:
+            payload = side.namespace(namespace)
+            return "namespace", 204 if method == "HEAD" else 200, payload, {}
+        if tail[1] == "tables" and len(tail) == 2:
+            return "tables", 200, side.tables(namespace), {}
+        if tail[1] == "tables" and len(tail) == 3:
+            client = " ".join((self.client_address[0], self.headers.get("User-Agent", ""),
+                               _digest(self.headers.get("Authorization", ""))))
+            payload, headers, self._choice = side.table(prefix, namespace, tail[2], client,
+                                                        query.get("snapshots", "all"))
+            return "table", 204 if method == "HEAD" else 200, payload, headers
+        if tail[1] == "views" and len(tail) == 2:
+            return "views", 200, {"identifiers": []}, {}
+        if tail[1] == "views" and len(tail) == 3:
+            raise RestError(404, "NoSuchViewException", f"view {_dotted(namespace)}.{tail[2]} does not exist")
+        raise RestError(404, "NotFoundException", f"no route /v1/{'/'.join(rest)}")
+
+    def _authenticate(self) -> None:
+        auth = self.server_side.auth
+        if not auth.required:
+            return
+        header = self.headers.get("Authorization", "")
+        token = header[7:] if header.lower().startswith("bearer ") else ""
+        if not token or not auth.accepts(token):
+            raise RestError(401, "NotAuthorizedException", "a valid bearer token is required (OAuth2 client "
+                            "credentials at /v1/oauth/tokens, or a token the server was given)")
+
+
+def tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
+    """A server-side TLS context, or ``ConfigurationError`` naming the file that cannot be used."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(f"cannot use the TLS certificate {certfile} and key {keyfile}: {exc}") from None
+    return context
+
+
+def _scope_from_warehouse(warehouse: Optional[str]) -> Scope:
+    try:
+        return Scope.from_warehouse(warehouse)
+    except InvalidArgument as exc:
+        raise RestError(400, "BadRequestException", str(exc)) from None
+
+
+def _scope_from_prefix(prefix: str) -> Scope:
+    try:
+        return Scope.from_prefix(prefix)
+    except InvalidArgument as exc:
+        raise RestError(400, "BadRequestException", str(exc)) from None
+
+
+def _no_namespace(namespace: str) -> RestError:
+    return RestError(404, "NoSuchNamespaceException", f"namespace {_dotted(namespace)} does not exist")
+
+
+def _namespace(text: str) -> tuple[str, ...]:
+    return tuple(text.split(NAMESPACE_SEPARATOR))
+
+
+def _dotted(namespace: str) -> str:
+    return ".".join(_namespace(namespace))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16] if text else ""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+__all__ = ["DEFAULT_PORT", "CatalogServer", "RestError", "ServerAuth", "tls_context"]

@@ -1,0 +1,152 @@
+"""``tidemark serve`` as a real process for the tests, and a reader that knows nothing of Tidemark reading through it.
+
+    with ServeProcess(settings, zk_connect, work_dir) as served:        # `tidemark serve --port P`, until stopped
+        reader = ServedReader(served.url, tables, invariant)              # pyiceberg's RestCatalog, URI only
+        reader.observe()                                                 # load every table, read, check the rule
+        reader.reads, reader.failures, reader.mixed, reader.stepped_back
+        served.kill(); served.start()                                    # the endpoint killed mid-query, restarted
+
+``ServedReader`` reads each table's ``Tidemark-Epoch`` header too: the tables of one read must have one epoch (the
+switch race) and a read's epoch must never be below an earlier one's (served versions never step back).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Callable, Optional
+
+from coordinator.iceberg.catalog import CatalogSettings
+from coordinator.iceberg.catalog_properties import pyiceberg_variables
+from coordinator.operations.zookeeper_server import free_port
+from tests.helpers.cli import TIDEMARK
+
+START_TIMEOUT_S = 60.0
+
+
+def serve_environment(settings: CatalogSettings) -> dict[str, str]:
+    """The variables that make ``CatalogSettings.from_env()`` open ``settings``' catalog in another process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYICEBERG_CATALOG__", "TIDEMARK_CATALOG"))}
+    env["TIDEMARK_CATALOG_NAME"] = settings.name
+    env.update(pyiceberg_variables(settings.name, settings.python_catalog_properties()))
+    return env
+
+
+class ServeProcess:
+    """``tidemark serve`` on a free loopback port, its output in ``work_dir/serve.log``."""
+
+    def __init__(self, settings: CatalogSettings, zk_connect: str, work_dir: Path, *args: str) -> None:
+        self.settings, self.zk_connect, self.work_dir, self.args = settings, zk_connect, Path(work_dir), args
+        self.port = free_port()
+        self.process: Optional[subprocess.Popen] = None
+        self.log_path = self.work_dir / "serve.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ServeProcess:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [*TIDEMARK, "--zk", self.zk_connect, "--timeout", "5", "serve", "--port", str(self.port), *self.args],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=serve_environment(self.settings))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tidemark serve exited with {self.process.returncode}: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=2):
+                    return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"tidemark serve did not answer within {START_TIMEOUT_S:.0f}s: {self.log_tail()}")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(30)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> ServeProcess:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class ServedReader:
+    """Reads ``tables`` (``catalog.namespace.table`` names) through the endpoint with pyiceberg's ``RestCatalog``
+    configured with the URI alone, and checks every read with ``invariant`` (frames by those names)."""
+
+    def __init__(self, url: str, tables: list[str], invariant: Callable[[Mapping], Optional[str]],
+                 warehouse: Optional[str] = None) -> None:
+        self.url, self.tables, self.invariant, self.warehouse = url, list(tables), invariant, warehouse
+        self.reads = 0
+        self.failures: list[str] = []       # reads that broke the tables' rule
+        self.mixed: list[str] = []          # reads whose tables came at different epochs (the switch race)
+        self.stepped_back: list[str] = []   # reads whose epoch was below an earlier read's
+        self.errors: list[str] = []         # reads that could not be made (an outage)
+        self.epochs: list[int] = []
+        self._catalog = None
+        self._local = threading.local()
+
+    def catalog(self):
+        if self._catalog is None:
+            from pyiceberg.catalog.rest import RestCatalog
+            properties = {"uri": self.url, **({"warehouse": self.warehouse} if self.warehouse else {})}
+            catalog = RestCatalog("served", **properties)
+            catalog._session.hooks["response"].append(self._record)  # the epoch each table came at
+            self._catalog = catalog
+        return self._catalog
+
+    def _record(self, response, *args, **kwargs):
+        epoch = response.headers.get("Tidemark-Epoch")
+        if epoch is not None and getattr(self._local, "epochs", None) is not None:
+            self._local.epochs.append(int(epoch))
+        return response
+
+    def observe(self) -> Optional[int]:
+        """One read of every table, checked; its epoch (None when the endpoint served no version)."""
+        self._local.epochs = []
+        try:
+            catalog = self.catalog()
+            loaded = {t: catalog.load_table(t.split(".", 1)[1]) for t in self.tables}
+            epochs = list(self._local.epochs)
+            frames = {t: table.scan().to_arrow() for t, table in loaded.items()}
+        except Exception as exc:  # noqa: BLE001 - an outage the caller injected; counted, never a pass
+            self._catalog = None
+            self.errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+            return None
+        finally:
+            self._local.epochs = None
+        self.reads += 1
+        problem = self.invariant(frames)
+        epoch = epochs[0] if epochs else None
+        if problem is not None:
+            self.failures.append(f"epoch {epoch}: {problem}")
+        if len(set(epochs)) > 1:
+            self.mixed.append(f"one read got the epochs {sorted(set(epochs))}")
+        if epoch is not None and self.epochs and epoch < max(self.epochs):
+            self.stepped_back.append(f"from {max(self.epochs)} to {epoch}")
+        if epoch is not None:
+            self.epochs.append(epoch)
+        return epoch
