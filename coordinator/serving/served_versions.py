@@ -203,12 +203,14 @@ class ServedVersions:
 
     # -- versions -------------------------------------------------------------------------
 
-    def choose(self, scope: Scope, table: str, client: str = "") -> Choice:
+    def choose(self, scope: Scope, table: str, client: str = "", arrived: Optional[float] = None) -> Choice:
         """The version ``table`` is served at for ``client`` in ``scope`` (module docstring).
 
         :param scope: the request's scope (its prefix).
         :param table: the table's identifier, ``namespace.name``.
         :param client: who asks (address, user agent, credentials): the switch rule keeps one version per client.
+        :param arrived: when the request arrived (``clock``'s time; default now): its pause is measured to then, not
+            to when the server got to it.
         :raises VersionNotFound: the table's group has no consistent version, and this server served none before.
         :raises ZooKeeperUnavailable: ZooKeeper is unreachable and the job graph was never read.
         """
@@ -218,11 +220,12 @@ class ServedVersions:
         if scope.pin is not None:
             version, stale = self._pinned(group, scope.pin)
             return Choice(name, group, version, stale)
+        arrived = self._clock() if arrived is None else arrived
         with self._lock:
             now = self._clock()
             key = (client, scope.prefix, group)
             held = self._held.get(key)
-            if held is not None and now - held.last < self.switch_gap_s and now - held.since < self.max_hold_s:
+            if held is not None and arrived - held.last < self.switch_gap_s and now - held.since < self.max_hold_s:
                 held.last = float("inf")  # until ``answered``: a slow answer is no pause
                 self._held.move_to_end(key)
                 return Choice(name, group, held.version, key=key)

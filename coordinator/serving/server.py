@@ -238,13 +238,13 @@ class CatalogServer:
                 raise _no_namespace(namespace) from None
         return {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in found]}
 
-    def table(self, prefix: str, namespace: str, name: str, client: str,
-              snapshots: str = "all") -> tuple[dict[str, Any], dict[str, str], Choice]:
+    def table(self, prefix: str, namespace: str, name: str, client: str, snapshots: str = "all",
+              arrived: Optional[float] = None) -> tuple[dict[str, Any], dict[str, str], Choice]:
         """The table's LoadTableResult at its served version, its ``Tidemark-*`` headers, and the choice made (to be
         passed to ``ServedVersions.answered`` once the client has it)."""
         scope = _scope_from_prefix(prefix)
         identifier = f"{_dotted(namespace)}.{name}"
-        choice = self._unavailable_as_503(lambda: self._choose(scope, identifier, client))
+        choice = self._unavailable_as_503(lambda: self._choose(scope, identifier, client, arrived))
         with self.catalog() as catalog:
             try:
                 table = self._backing(lambda: load_table(catalog, self.served.settings, identifier))
@@ -290,9 +290,9 @@ class CatalogServer:
         return {"access_token": self.auth.issue(unquote(client_id), unquote(secret)), "token_type": "bearer",
                 "expires_in": TOKEN_LIFETIME_S, "issued_token_type": "urn:ietf:params:oauth:token-type:access_token"}
 
-    def _choose(self, scope: Scope, identifier: str, client: str) -> Choice:
+    def _choose(self, scope: Scope, identifier: str, client: str, arrived: Optional[float]) -> Choice:
         try:
-            return self.served.choose(scope, identifier, client)
+            return self.served.choose(scope, identifier, client, arrived)
         except VersionNotFound as exc:
             # Empty tables are no consistent version either (a derived table may hold a row for an empty source).
             raise RestError(503, "ServiceUnavailableException", f"no consistent version of table {identifier} "
@@ -375,6 +375,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, method: str) -> None:
         started = time.perf_counter()
+        self._arrived = time.monotonic()  # ServedVersions' clock: a client's pause is measured to its arrival
         self._choice: Optional[Choice] = None
         route, status = "other", 500
         headers: dict[str, str] = {}
@@ -471,7 +472,7 @@ class _Handler(BaseHTTPRequestHandler):
             client = " ".join((self.client_address[0], self.headers.get("User-Agent", ""),
                                _digest(self.headers.get("Authorization", ""))))
             payload, headers, self._choice = side.table(prefix, namespace, tail[2], client,
-                                                        query.get("snapshots", "all"))
+                                                        query.get("snapshots", "all"), self._arrived)
             return "table", 204 if method == "HEAD" else 200, payload, headers
         if tail[1] == "views" and len(tail) == 2:
             return "views", 200, {"identifiers": []}, {}

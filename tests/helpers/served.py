@@ -122,11 +122,12 @@ class ServedReader:
         epoch = response.headers.get("Tidemark-Epoch")
         if epoch is not None and getattr(self._local, "epochs", None) is not None:
             self._local.epochs.append(int(epoch))
+            self._local.seen.append(f"{response.url.rsplit('/', 1)[-1]}@{epoch} {time.monotonic():.3f}")
         return response
 
     def observe(self) -> Optional[int]:
         """One read of every table, checked; its epoch (None when the endpoint served no version)."""
-        self._local.epochs = []
+        self._local.epochs, self._local.seen = [], []
         try:
             catalog = self.catalog()
             loaded = {t: catalog.load_table(t.split(".", 1)[1]) for t in self.tables}
@@ -139,12 +140,13 @@ class ServedReader:
         finally:
             self._local.epochs = None
         self.reads += 1
+        self._local.epochs = None
         problem = self.invariant(frames)
         epoch = epochs[0] if epochs else None
         if problem is not None:
             self.failures.append(f"epoch {epoch}: {problem}")
         if len(set(epochs)) > 1:
-            self.mixed.append(f"one read got the epochs {sorted(set(epochs))}")
+            self.mixed.append(f"one read got the epochs {sorted(set(epochs))}: {self._local.seen}")
         if epoch is not None and self.epochs and epoch < max(self.epochs):
             self.stepped_back.append(f"from {max(self.epochs)} to {epoch}")
         if epoch is not None:
