@@ -48,6 +48,7 @@ def test_scenario_loses_duplicates_and_misreads_nothing(fault_env, scenario, fau
     assert len(result.faults) >= faults
     assert (result.duplicates, result.losses, len(result.inconsistencies)) == (0, 0, 0), details()
     assert result.checked >= 2 and result.produced > 0
+    assert result.served_reads >= 2, details()  # pyiceberg's RestCatalog read through `tidemark serve`, each checked
     assert all(f.recovered_ms is not None for f in result.faults), details()
 
 

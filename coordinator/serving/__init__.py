@@ -5,5 +5,6 @@
 - ``served_versions.py``: which version each table is served at (groups, pins, monotonicity, ZooKeeper lost);
 - ``server.py``: the HTTP server: the spec's read routes, its error model, authentication, TLS and metrics.
 
-docs/design.md, "Serving consistent versions", is the design of record.
+docs/design.md, "Serving consistent versions", is the design of record. May import the foundation,
+``coordinator.zookeeper``, ``coordinator.iceberg``, ``coordinator.protocol`` and ``coordinator.history``.
 """

@@ -123,11 +123,11 @@ class ServedVersions:
         try:
             tm = self._connect()
         except ZooKeeperUnavailable:
-            return  # served from Iceberg until it answers (``_session`` tries again)
+            return  # served from Iceberg until it answers (``_live_session`` tries again)
         self._tm, self._cache = tm, TidemarkCache(tm)
         self._resolver = Resolver(self._catalog, self.settings, tm, self._cache)
 
-    def _session(self) -> Optional[ZooKeeperSession]:
+    def _live_session(self) -> Optional[ZooKeeperSession]:
         """The live session, or None while ZooKeeper cannot be asked (down, or being reconnected)."""
         tm = self._tm
         if tm is not None and tm.ended_error() is not None:  # rebuilt under us: this session never comes back
@@ -144,7 +144,7 @@ class ServedVersions:
     @property
     def zookeeper_connected(self) -> bool:
         with self._lock:
-            return self._session() is not None
+            return self._live_session() is not None
 
     def close(self) -> None:
         with self._lock:
@@ -160,7 +160,7 @@ class ServedVersions:
         unreachable."""
         with self._lock:
             now = self._clock()
-            tm = self._session()
+            tm = self._live_session()
             if tm is not None and now - self._topology_read >= TOPOLOGY_TTL_S:
                 try:
                     self._topology, self._topology_read = read_topology(tm), now
@@ -303,7 +303,7 @@ class ServedVersions:
 
     def _resolve(self, group: frozenset[str], pin: Optional[Pin]) -> ConsistentVersion:
         """One resolution through ZooKeeper, remembered until a tidemark moves."""
-        if self._session() is None or self._resolver is None or self._cache is None:
+        if self._live_session() is None or self._resolver is None or self._cache is None:
             raise ZooKeeperUnavailable("ZooKeeper is unreachable")
         key = (group, pin, self._cache.generation)
         found = self._resolved.get(key)

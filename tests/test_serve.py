@@ -1,0 +1,177 @@
+"""``tidemark serve``, read by pyiceberg's ``RestCatalog`` configured with the URI alone, on real ZooKeeper and a real
+SQLite catalog: each pipeline at its own consistent version, one version across a group or a pin when asked, staged
+snapshots never visible, writes refused in the spec's error form, credentials required when configured.
+
+The lake (``MixedLake``): ``up`` runs ahead of ``down``, which reads it; ``other`` is an unrelated pipeline. The fault
+suite reads through the endpoint during every scenario (tests/faults/harness.py, ``ServedReader``).
+"""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Optional
+
+import pytest
+from pyiceberg.catalog.rest import RestCatalog
+from pyiceberg.exceptions import NoSuchTableError, OAuthError, UnauthorizedError
+
+from coordinator.errors import InvalidArgument
+from coordinator.serving.scope import Group, Pin, PinKind, Scope
+from coordinator.serving.served_versions import ServedVersions
+from coordinator.serving.server import CatalogServer, ServerAuth
+from coordinator.tidemark import Tidemark
+from tests.helpers.lake import create_table, rows_of, stage_rows
+from tests.helpers.mixed_lake import MixedLake, epoch_counts
+
+
+def test_a_warehouse_names_a_group_and_a_pin_and_travels_as_the_prefix():
+    assert Scope.from_warehouse(None) == Scope.from_warehouse("pipeline") == Scope()
+    assert Scope.from_warehouse("all@1795834273000") == Scope(Group.ALL, pin=Pin(PinKind.EXACT, 1795834273000))
+    assert Scope.from_warehouse("namespace:sales@tidemark-5000").pin == Pin(PinKind.EXACT, 5000)
+    assert Scope.from_warehouse("pipeline@1970-01-01T00:00:06Z").pin == Pin(PinKind.AT_OR_BEFORE, 6000)
+    assert Scope.from_warehouse("namespace:sales@pinned").pinned_at_config
+    for scope in (Scope(), Scope(Group.NAMESPACE, "sales", Pin(PinKind.AT_OR_BEFORE, 7)), Scope(Group.ALL)):
+        assert Scope.from_prefix(scope.prefix) == scope
+    for bad in ("everything", "namespace:", "pipeline@yesterday", "namespace:a/b"):
+        with pytest.raises(InvalidArgument, match=r"warehouse|pin"):
+            Scope.from_warehouse(bad)
+    with pytest.raises(InvalidArgument, match="unknown catalog prefix"):
+        Scope.from_prefix("ns.sales~at-x")
+
+
+def test_client_credentials_become_a_token_every_replica_accepts_until_it_expires():
+    auth = ServerAuth(("static",), "reader", "s3cret")
+    token = auth.issue("reader", "s3cret", now=1000.0)
+    assert auth.accepts(token, now=1001.0) and auth.accepts("static")
+    assert ServerAuth((), "reader", "s3cret").accepts(token, now=1001.0)  # another replica, the same secret
+    assert not auth.accepts(token, now=1000.0 + 7200) and not auth.accepts(token.replace("reader", "admin"))
+    assert not ServerAuth((), "reader", "other").accepts(token, now=1001.0)
+
+
+@pytest.fixture
+def lake(tm, catalog, catalog_settings, namespace):
+    lake = MixedLake(catalog, catalog_settings, namespace)
+    lake.open(tm)
+    for epoch in range(1000, 7000, 1000):
+        lake.root_epoch(lake.up, epoch)            # up holds every barrier up to 6000: it runs ahead
+    lake.copy_epoch(2000)
+    lake.copy_epoch(5000)                          # down is at 5000
+    for epoch in (2000, 4000, 6000):
+        lake.root_epoch(lake.other, epoch)         # other, an unrelated pipeline, is at 6000
+    yield lake
+    lake.close()
+
+
+@pytest.fixture
+def serve(zk_connect, catalog_settings):
+    """Start servers in this process; each is stopped at the end."""
+    servers = []
+
+    def start(auth: Optional[ServerAuth] = None, **kwargs) -> CatalogServer:
+        served = ServedVersions(catalog_settings, lambda: Tidemark.connect(zk_connect, read_only=True), **kwargs)
+        server = CatalogServer(served, port=0, auth=auth or ServerAuth()).start()
+        servers.append(server)
+        return server
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def served_epoch(server: CatalogServer, table: str, warehouse: str = "", agent: str = "test") -> int:
+    prefix = json.loads(_get(f"{server.url}/v1/config?warehouse={warehouse}"))["overrides"]["prefix"]
+    namespace, name = table.split(".")
+    request = urllib.request.Request(f"{server.url}/v1/{prefix}/namespaces/{namespace}/tables/{name}",
+                                     headers={"User-Agent": agent})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return int(response.headers["Tidemark-Epoch"])
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return response.read()
+
+
+def test_each_pipeline_is_served_at_its_own_consistent_version_and_reads_exactly_it(lake, serve):
+    server = serve()
+    catalog = RestCatalog("served", uri=server.url)  # the URI alone
+    truth = lake.truth((lake.up, lake.down))
+    assert truth.epoch == 5000
+    for name in (lake.up, lake.down):
+        table = catalog.load_table(name)
+        assert table.metadata.current_snapshot_id == truth.snapshots[name], name
+        expected = {e: n for e, n in lake.written[name].items() if e <= 5000}
+        assert epoch_counts(table.scan().to_arrow()) == expected, name
+    other = catalog.load_table(lake.other)   # not held back by the up/down pipeline
+    assert other.metadata.current_snapshot_id == lake.published[lake.other][6000]
+    assert served_epoch(server, lake.other) == 6000
+
+
+def test_a_group_or_a_pin_gives_one_version_across_pipelines(lake, serve, namespace):
+    server = serve()
+    assert lake.truth((lake.up, lake.down, lake.other)).epoch == 2000
+    for warehouse in ("all", f"namespace:{namespace}"):
+        assert {served_epoch(server, t, warehouse) for t in lake.tables} == {2000}, warehouse
+    assert {served_epoch(server, t, "pipeline@2000") for t in (lake.up, lake.down)} == {2000}
+    assert served_epoch(server, lake.down, "pipeline@1970-01-01T00:00:04.5Z") == 2000  # down holds 2000 and 5000
+    pinned = RestCatalog("pinned", uri=server.url, warehouse="pipeline@pinned")
+    before = pinned.load_table(lake.up).metadata.current_snapshot_id
+    lake.root_epoch(lake.up, 7000)
+    lake.copy_epoch(7000)
+    assert pinned.load_table(lake.up).metadata.current_snapshot_id == before  # the session keeps its version
+    assert served_epoch(server, lake.up, agent="another client") == 7000
+
+
+def test_staged_snapshots_and_newer_ones_are_never_in_the_served_metadata(lake, serve, catalog):
+    server = serve()
+    up = catalog.load_table(lake.up)
+    staged = stage_rows(up, 8000, "up", 1, 3)   # staged, never published: in no ref
+    served = RestCatalog("served", uri=server.url).load_table(lake.up)
+    ids = {s.snapshot_id for s in served.metadata.snapshots}
+    assert staged not in ids and lake.published[lake.up][6000] not in ids  # up is served at down's 5000
+    assert lake.published[lake.up][5000] in ids and set(served.metadata.refs) == {"main"}
+    assert [e.snapshot_id for e in served.metadata.snapshot_log][-1] == lake.published[lake.up][5000]
+
+
+def test_one_client_keeps_its_version_between_loads_close_together(lake, serve):
+    server = serve(switch_gap_s=60.0)
+    assert served_epoch(server, lake.up, agent="dashboard") == 5000
+    lake.copy_epoch(6000)                                            # the pipeline moves to 6000
+    assert served_epoch(server, lake.down, agent="dashboard") == 5000    # the same query's next table
+    assert served_epoch(server, lake.down, agent="a new client") == 6000
+
+
+def test_tables_outside_tidemark_pass_through_and_writes_are_refused_saying_where_to_write(lake, serve, catalog,
+                                                                                       namespace):
+    outside = create_table(catalog, f"{namespace}.outside")
+    outside.append(rows_of(1, 2))
+    server = serve()
+    rest = RestCatalog("served", uri=server.url)
+    assert rest.load_table(f"{namespace}.outside").metadata.current_snapshot_id == \
+        catalog.load_table(f"{namespace}.outside").metadata.current_snapshot_id
+    assert rest.table_exists(lake.down) and not rest.table_exists(f"{namespace}.missing")
+    with pytest.raises(NoSuchTableError):
+        rest.load_table(f"{namespace}.missing")
+    with pytest.raises(NotImplementedError):  # /v1/config lists the read endpoints only: the client refuses itself
+        rest.create_table(f"{namespace}.new", schema=catalog.load_table(lake.up).schema())
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(f"{server.url}/v1/pipeline/namespaces/{namespace}/tables/down",
+                                                      data=b"{}", method="POST"), timeout=30)
+    error = json.loads(refused.value.read())["error"]
+    assert refused.value.code == error["code"] == 403 and error["type"] == "ForbiddenException"
+    assert "read-only" in error["message"] and "write through the backing catalog" in error["message"]
+    assert sorted(rest.list_tables(namespace)) == sorted(tuple(t.split(".")) for t in
+                                                         [*lake.tables, f"{namespace}.outside"])
+    assert b"tidemark_serve_requests_total" in _get(f"{server.url}/metrics")
+    assert b"tidemark_serve_version_age_seconds" in _get(f"{server.url}/metrics")
+
+
+def test_readers_authenticate_with_a_token_or_client_credentials(lake, serve):
+    server = serve(ServerAuth(("t0ken",), "reader", "s3cret"))
+    with pytest.raises((UnauthorizedError, OAuthError)):
+        RestCatalog("anonymous", uri=server.url).load_table(lake.up)
+    assert RestCatalog("token", uri=server.url, token="t0ken").load_table(lake.up) is not None
+    oauth = RestCatalog("oauth", uri=server.url, credential="reader:s3cret")
+    assert oauth.load_table(lake.down).metadata.current_snapshot_id == lake.published[lake.down][5000]
+    with pytest.raises(OAuthError):
+        RestCatalog("wrong", uri=server.url, credential="reader:wrong")
