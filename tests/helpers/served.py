@@ -19,7 +19,7 @@ import time
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.iceberg.catalog_properties import pyiceberg_variables
@@ -106,7 +106,7 @@ class ServedReader:
         self.stepped_back: list[str] = []   # reads whose epoch was below an earlier read's
         self.errors: list[str] = []         # reads that could not be made (an outage)
         self.epochs: list[int] = []
-        self._catalog = None
+        self._catalog: Optional[Any] = None  # pyiceberg's RestCatalog, made on first use and again after an error
         self._local = threading.local()
 
     def catalog(self):
