@@ -133,12 +133,14 @@ def test_staged_snapshots_and_newer_ones_are_never_in_the_served_metadata(lake, 
     assert [e.snapshot_id for e in served.metadata.snapshot_log][-1] == lake.published[lake.up][5000]
 
 
-def test_one_client_keeps_its_version_between_loads_close_together(lake, serve):
-    server = serve(switch_gap_s=60.0)
+def test_a_client_keeps_its_version_until_it_loads_a_table_again(lake, serve):
+    server = serve(repeat_after_s=0.0001)
     assert served_epoch(server, lake.up, agent="dashboard") == 5000
-    lake.copy_epoch(6000)                                            # the pipeline moves to 6000
+    lake.copy_epoch(6000)                                                 # the pipeline moves to 6000
     assert served_epoch(server, lake.down, agent="dashboard") == 5000    # the same query's next table
     assert served_epoch(server, lake.down, agent="a new client") == 6000
+    assert served_epoch(server, lake.up, agent="dashboard") == 6000      # up again: the dashboard's next query
+    assert served_epoch(server, lake.down, agent="dashboard") == 6000
 
 
 def test_tables_outside_tidemark_pass_through_and_writes_are_refused_saying_where_to_write(lake, serve, catalog,

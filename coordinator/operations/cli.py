@@ -583,7 +583,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     served = ServedVersions(CatalogSettings.from_env(),
                             lambda: Tidemark.connect(args.zk, root=args.root, connect_timeout=args.timeout,
                                                      operation_timeout=args.timeout, tls=_tls(args), read_only=True),
-                            switch_gap_s=args.switch_gap_ms / 1000, max_hold_s=args.max_hold)
+                            repeat_after_s=args.repeat_after_ms / 1000, max_hold_s=args.max_hold)
     try:
         server = CatalogServer(served, host=args.host, port=args.port, auth=auth, tls=tls,
                                storage_config=args.storage_config)
@@ -806,11 +806,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for "
                                                            "every interface)")
     serve.add_argument("--port", type=_port, default=8181, help="port (default 8181)")
-    serve.add_argument("--switch-gap-ms", type=int, default=100, metavar="MS",
-                       help="a client's version changes only at a request this long after its previous one, so the "
-                            "tables of one query get one version (default 100; 0: always the newest)")
+    serve.add_argument("--repeat-after-ms", type=int, default=200, metavar="MS",
+                       help="a client keeps one version while it loads tables it has not loaded in it yet (one "
+                            "query); a table loaded again this long after its previous load starts a new query at the "
+                            "newest version (default 200; 0: every load gets the newest)")
     serve.add_argument("--max-hold", type=_seconds, default=30.0, metavar="S",
-                       help="the longest a client that never pauses keeps one version (default 30)")
+                       help="the longest a client that never loads a table twice keeps one version (default 30)")
     serve.add_argument("--storage-config", action=argparse.BooleanOptionalAction, default=True,
                        help="hand engines the backing catalog's object-store settings (s3.*) with each table "
                             "(default: yes; --no-storage-config: engines use their own)")

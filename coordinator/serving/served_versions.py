@@ -10,9 +10,11 @@ is served at one consistent version of the group (``Resolver``, level ``consiste
 
 - **Never back**: an unpinned group's version never goes below the newest one this server handed out (a resolution
   from Iceberg after ZooKeeper's state was lost may be older: the newer one is served).
-- **One query, one version** (the switch race): a client (address, user agent, credentials) that asks again within
-  ``switch_gap_s`` of its previous request keeps the version it got for the group, for at most ``max_hold_s``; a
-  version changes for it only at a request after a pause. A pinned scope never changes at all.
+- **One query, one version** (the switch race): a client (address, user agent, credentials) keeps the version it got
+  for a group while it loads tables it has not loaded in that version yet: an engine loads each table of a query
+  once, so only a table loaded again, ``repeat_after_s`` or more after its previous load, starts a new query and
+  gets the newest version. A client that never loads a table twice gets a newer version after ``max_hold_s``. A
+  pinned scope never changes at all.
 - **ZooKeeper unreachable**: the group's last version is served, marked stale; with none yet, a version from Iceberg
   alone (consistent too, possibly older). Never a newer unchecked one.
 - **ZooKeeper's state lost**: a job this server saw in the job graph keeps its tables in their groups for
@@ -45,8 +47,9 @@ from coordinator.records import ConsistentVersion, JobRecord
 from coordinator.serving.scope import Group, Pin, PinKind, Scope
 from coordinator.zookeeper.session import ZooKeeperSession
 
-DEFAULT_SWITCH_GAP_S = 0.1  # a query's table loads come closer together than this; separate queries rarely do
-DEFAULT_MAX_HOLD_S = 30.0  # a client that never pauses still gets a newer version this often
+DEFAULT_REPEAT_AFTER_S = 0.2  # a table loaded again this long after its previous load starts a new query (an engine
+# that loads a table twice while planning one query does so within milliseconds)
+DEFAULT_MAX_HOLD_S = 30.0  # a client that never loads a table twice still gets a newer version this often
 TOPOLOGY_TTL_S = 1.0  # the job graph is read again at most this often (it changes on registrations only)
 CAP_TRIES = 4  # epochs tried, newest first, for the newest version at or before a pin
 FORGET_JOBS_S = 300.0  # a job gone from the graph keeps its tables' groups this long (ZooKeeper's state lost)
@@ -62,7 +65,6 @@ class Choice:
     group: Optional[frozenset[str]]
     version: Optional[ConsistentVersion]
     stale: bool = False
-    key: Optional[tuple] = None  # the client's entry of the switch rule (``ServedVersions.answered``)
 
     @property
     def snapshot_id(self) -> Optional[int]:
@@ -79,7 +81,7 @@ class Choice:
 class _Held:
     version: ConsistentVersion
     since: float
-    last: float
+    loaded: dict[str, float]  # table -> when the client last loaded it in this version
 
 
 class ServedVersions:
@@ -93,13 +95,13 @@ class ServedVersions:
     """
 
     settings: CatalogSettings
-    switch_gap_s: float
+    repeat_after_s: float
     max_hold_s: float
 
     def __init__(self, settings: CatalogSettings, connect: Optional[Callable[[], ZooKeeperSession]] = None, *,
-                 switch_gap_s: float = DEFAULT_SWITCH_GAP_S, max_hold_s: float = DEFAULT_MAX_HOLD_S,
+                 repeat_after_s: float = DEFAULT_REPEAT_AFTER_S, max_hold_s: float = DEFAULT_MAX_HOLD_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.settings, self.switch_gap_s, self.max_hold_s = settings, switch_gap_s, max_hold_s
+        self.settings, self.repeat_after_s, self.max_hold_s = settings, repeat_after_s, max_hold_s
         self._connect, self._clock = connect, clock
         self._catalog = settings.load()
         self._lock = threading.RLock()  # resolution: the resolvers keep per-table caches that are not thread-safe
@@ -209,8 +211,7 @@ class ServedVersions:
         :param scope: the request's scope (its prefix).
         :param table: the table's identifier, ``namespace.name``.
         :param client: who asks (address, user agent, credentials): the switch rule keeps one version per client.
-        :param arrived: when the request arrived (``clock``'s time; default now): its pause is measured to then, not
-            to when the server got to it.
+        :param arrived: when the request arrived (``clock``'s time; default now), not when the server got to it.
         :raises VersionNotFound: the table's group has no consistent version, and this server served none before.
         :raises ZooKeeperUnavailable: ZooKeeper is unreachable and the job graph was never read.
         """
@@ -225,23 +226,18 @@ class ServedVersions:
             now = self._clock()
             key = (client, scope.prefix, group)
             held = self._held.get(key)
-            if held is not None and arrived - held.last < self.switch_gap_s and now - held.since < self.max_hold_s:
-                held.last = float("inf")  # until ``answered``: a slow answer is no pause
-                self._held.move_to_end(key)
-                return Choice(name, group, held.version, key=key)
+            if held is not None and now - held.since < self.max_hold_s and self.repeat_after_s > 0:
+                previous = held.loaded.get(name)
+                if previous is None or arrived - previous < self.repeat_after_s:
+                    held.loaded[name] = arrived
+                    self._held.move_to_end(key)
+                    return Choice(name, group, held.version)
             version, stale = self._newest_of(group)
-            self._held[key] = _Held(version, now, float("inf"))
+            self._held[key] = _Held(version, now, {name: arrived})
             self._held.move_to_end(key)
             while len(self._held) > STICKY_CLIENTS:
                 self._held.popitem(last=False)
-            return Choice(name, group, version, stale, key)
-
-    def answered(self, choice: Choice) -> None:
-        """The client has its answer for ``choice``: its pause (``switch_gap_s``) is measured from now."""
-        with self._lock:
-            held = self._held.get(choice.key) if choice.key is not None else None
-            if held is not None:
-                held.last = self._clock()
+            return Choice(name, group, version, stale)
 
     def newest_versions(self) -> Mapping[frozenset[str], ConsistentVersion]:
         """The newest version served per group (for metrics: their ages)."""
@@ -365,4 +361,4 @@ def _at_or_before(resolver: Resolver, tables: list[str], cap: int, marks: Mappin
                           "the retained versions (`tidemark versions`) start later")
 
 
-__all__ = ["DEFAULT_MAX_HOLD_S", "DEFAULT_SWITCH_GAP_S", "Choice", "ServedVersions"]
+__all__ = ["DEFAULT_MAX_HOLD_S", "DEFAULT_REPEAT_AFTER_S", "Choice", "ServedVersions"]

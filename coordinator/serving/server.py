@@ -48,6 +48,7 @@ from coordinator.errors import (
     ZooKeeperUnavailable,
 )
 from coordinator.iceberg.catalog import is_catalog_outage, load_table
+from coordinator.iceberg.catalog_properties import path_style_addressing
 from coordinator.iceberg.snapshots import WRITER_PROPERTY
 from coordinator.serving.scope import Scope
 from coordinator.serving.served_metadata import served_metadata
@@ -240,8 +241,7 @@ class CatalogServer:
 
     def table(self, prefix: str, namespace: str, name: str, client: str, snapshots: str = "all",
               arrived: Optional[float] = None) -> tuple[dict[str, Any], dict[str, str], Choice]:
-        """The table's LoadTableResult at its served version, its ``Tidemark-*`` headers, and the choice made (to be
-        passed to ``ServedVersions.answered`` once the client has it)."""
+        """The table's LoadTableResult at its served version, its ``Tidemark-*`` headers, and the choice made."""
         scope = _scope_from_prefix(prefix)
         identifier = f"{_dotted(namespace)}.{name}"
         choice = self._unavailable_as_503(lambda: self._choose(scope, identifier, client, arrived))
@@ -275,8 +275,7 @@ class CatalogServer:
             referenced = {ref.snapshot_id for ref in metadata.refs.values()}
             metadata = metadata.model_copy(update={"snapshots": [s for s in metadata.snapshots
                                                                  if s.snapshot_id in referenced]})
-        config = ({k: v for k, v in table.io.properties.items() if k.startswith(STORAGE_PREFIXES)}
-                  if self.storage_config else {})
+        config = storage_config(table.io.properties) if self.storage_config else {}
         body = {"metadata-location": table.metadata_location, "metadata": json.loads(metadata.model_dump_json()),
                 "config": config}
         return body, headers, choice
@@ -375,8 +374,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, method: str) -> None:
         started = time.perf_counter()
-        self._arrived = time.monotonic()  # ServedVersions' clock: a client's pause is measured to its arrival
-        self._choice: Optional[Choice] = None
+        self._arrived = time.monotonic()  # ServedVersions' clock: a client's loads are timed by their arrival
         route, status = "other", 500
         headers: dict[str, str] = {}
         body: bytes = b""
@@ -414,9 +412,6 @@ class _Handler(BaseHTTPRequestHandler):
         if method != "HEAD" and body:
             self.wfile.write(body)
         side = self.server_side
-        if self._choice is not None:
-            side.served.answered(self._choice)
-            self._choice = None
         side.requests.labels(route, str(status)).inc()
         side.latency.labels(route).observe(time.perf_counter() - started)
 
@@ -471,8 +466,8 @@ class _Handler(BaseHTTPRequestHandler):
         if tail[1] == "tables" and len(tail) == 3:
             client = " ".join((self.client_address[0], self.headers.get("User-Agent", ""),
                                _digest(self.headers.get("Authorization", ""))))
-            payload, headers, self._choice = side.table(prefix, namespace, tail[2], client,
-                                                        query.get("snapshots", "all"), self._arrived)
+            payload, headers, _ = side.table(prefix, namespace, tail[2], client, query.get("snapshots", "all"),
+                                             self._arrived)
             return "table", 204 if method == "HEAD" else 200, payload, headers
         if tail[1] == "views" and len(tail) == 2:
             return "views", 200, {"identifiers": []}, {}
@@ -489,6 +484,16 @@ class _Handler(BaseHTTPRequestHandler):
         if not token or not auth.accepts(token):
             raise RestError(401, "NotAuthorizedException", "a valid bearer token is required (OAuth2 client "
                             "credentials at /v1/oauth/tokens, or a token the server was given)")
+
+
+def storage_config(properties: Mapping[str, str]) -> dict[str, str]:
+    """The object-store settings of the backing catalog's FileIO for engines (the ``config`` of a loaded table), with
+    the addressing pyiceberg uses said aloud: Java's S3FileIO and DuckDB default to virtual hosts, pyiceberg to paths
+    on a custom endpoint."""
+    config = {k: str(v) for k, v in properties.items() if k.startswith(STORAGE_PREFIXES)}
+    if "s3.endpoint" in config and "s3.path-style-access" not in config:
+        config["s3.path-style-access"] = "true" if path_style_addressing(properties) else "false"
+    return config
 
 
 def tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:

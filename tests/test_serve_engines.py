@@ -1,0 +1,144 @@
+"""Unmodified engines read through ``tidemark serve`` while a pipeline commits, on the lakehouse (SeaweedFS's S3
+endpoint and REST catalog), each configured with the endpoint alone, and every result is checked by the tables' own
+rule: ``down`` is a copy of ``up``, so one consistent version of both holds the same rows (count and epoch sum).
+
+Trino (the Iceberg connector's REST catalog, a real Trino 476), DuckDB's iceberg extension (``ATTACH ... (TYPE
+iceberg)``) and pyiceberg's ``RestCatalog``; Spark SQL in tests/test_serve_spark.py. Each engine must also see the
+pipeline move (its reads are not frozen), and an unpinned engine must get the same version for the tables of one
+query (the switch rule).
+"""
+from __future__ import annotations
+
+import threading
+import uuid
+
+import duckdb
+import pytest
+from pyiceberg.catalog.rest import RestCatalog
+
+from coordinator.history.readers import DUCKDB_EXTENSIONS, _extension_file
+from coordinator.tidemark import Tidemark
+from tests.helpers.mixed_lake import MixedLake
+from tests.helpers.served import ServeProcess
+from tests.helpers.trino import TrinoServer
+from tests.test_lakehouse import lakehouse as lakehouse  # the fixture: this module's own
+
+READS = 12  # reads per engine while the pipeline commits
+
+
+class MovingPipeline:
+    """``MixedLake``'s ``up`` and ``down`` on the lakehouse, both taking one more epoch, again and again, in a
+    thread: the served version moves all the time."""
+
+    def __init__(self, tm: Tidemark, settings, namespace: str) -> None:
+        self.lake = MixedLake(settings.load(), settings, namespace)
+        self.lake.open(tm)
+        self.epoch = 1000
+        self._stop = threading.Event()
+        self.step()
+        self._thread = threading.Thread(target=self._run, name="moving-pipeline", daemon=True)
+
+    def step(self) -> None:
+        self.lake.root_epoch(self.lake.up, self.epoch)
+        self.lake.copy_epoch(self.epoch)
+        self.epoch += 1000
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.step()
+
+    def start(self) -> MovingPipeline:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(120)
+        self.lake.close()
+
+
+@pytest.fixture(scope="module")
+def zk_chroot(zk_server) -> str:
+    return f"{zk_server.connect_string}/serve-engines-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="module")
+def pipeline(lakehouse, zk_chroot):
+    tm = Tidemark.connect(zk_chroot, session_timeout=10, operation_timeout=20)
+    moving = MovingPipeline(tm, lakehouse.catalog_settings(), "served_" + uuid.uuid4().hex[:6]).start()
+    yield moving
+    moving.stop()
+    tm.close()
+
+
+@pytest.fixture(scope="module")
+def endpoint(lakehouse, zk_chroot, tmp_path_factory):
+    with ServeProcess(lakehouse.catalog_settings(), zk_chroot, tmp_path_factory.mktemp("serve")) as served:
+        yield served
+
+
+def trino_catalog(url: str) -> str:
+    """The README's Trino catalog file for the endpoint (the object store from pyiceberg's variables)."""
+    return "\n".join([
+        "connector.name=iceberg", "iceberg.catalog.type=rest", f"iceberg.rest-catalog.uri={url}",
+        "fs.native-s3.enabled=true", "s3.endpoint=${ENV:PYICEBERG_CATALOG__LAKE__S3__ENDPOINT}",
+        "s3.region=${ENV:PYICEBERG_CATALOG__LAKE__S3__REGION}", "s3.path-style-access=true",
+        "s3.aws-access-key=${ENV:PYICEBERG_CATALOG__LAKE__S3__ACCESS_KEY_ID}",
+        "s3.aws-secret-key=${ENV:PYICEBERG_CATALOG__LAKE__S3__SECRET_ACCESS_KEY}", ""])
+
+
+def check_reads(read, what: str) -> None:
+    """``READS`` reads by ``read() -> ((up count, up epoch sum), (down count, down epoch sum))``: each holds the same
+    rows in both tables, and the reads move with the pipeline."""
+    seen = []
+    for _ in range(READS):
+        up, down = read()
+        assert up == down, f"{what} read up as {up} and down as {down}: two versions in one query"
+        seen.append(up)
+    assert len(set(seen)) >= 2, f"{what}'s reads never moved: {seen}"
+
+
+def test_trino_joins_tables_through_the_endpoint_at_one_version_while_the_pipeline_commits(
+        lakehouse, pipeline, endpoint, tmp_path_factory):
+    up, down = pipeline.lake.up, pipeline.lake.down
+    with TrinoServer(tmp_path_factory.mktemp("trino"), catalogs={"served": trino_catalog(endpoint.url)},
+                     env=lakehouse.pyiceberg_environment()) as trino:
+        def read():
+            row = trino.query(f"SELECT u.n, u.s, d.n, d.s FROM (SELECT count(*) n, sum(epoch) s FROM served.{up}) u "
+                              f"CROSS JOIN (SELECT count(*) n, sum(epoch) s FROM served.{down}) d")[0]
+            return (row[0], row[1]), (row[2], row[3])
+        check_reads(read, "Trino")
+
+
+def test_duckdb_attaches_the_endpoint_and_reads_one_version(pipeline, endpoint):
+    up, down = pipeline.lake.up, pipeline.lake.down
+    query = (f"SELECT u.n, u.s, d.n, d.s FROM (SELECT count(*) n, sum(epoch) s FROM served.{up}) u "
+             f"CROSS JOIN (SELECT count(*) n, sum(epoch) s FROM served.{down}) d")
+    con = duckdb.connect(config={"autoinstall_known_extensions": False})
+    for name in DUCKDB_EXTENSIONS:
+        con.execute(f"LOAD '{_extension_file(name, duckdb.__version__)}'")
+
+    def attach(warehouse: str) -> None:
+        con.execute("DETACH DATABASE IF EXISTS served")
+        con.execute(f"ATTACH '{warehouse}' AS served (TYPE iceberg, ENDPOINT '{endpoint.url}', "
+                    "AUTHORIZATION_TYPE 'none')")
+
+    def read():
+        row = con.sql(query).fetchone()
+        return (row[0], row[1]), (row[2], row[3])
+    attach("")
+    check_reads(read, "DuckDB, attached once")
+
+    def pinned_read():  # a pinned session keeps one version for its life: a new one per read
+        attach("pipeline@pinned")
+        return read()
+    check_reads(pinned_read, "DuckDB, pinned")
+
+
+def test_pyiceberg_reads_one_version_with_the_uri_alone(pipeline, endpoint):
+    catalog = RestCatalog("served", uri=endpoint.url)
+
+    def read():  # each table loaded, then read, before the next is loaded: the reads take their time
+        frames = [catalog.load_table(t).scan().to_arrow() for t in (pipeline.lake.up, pipeline.lake.down)]
+        return [(f.num_rows, sum(f.column("epoch").to_pylist())) for f in frames]
+    check_reads(read, "pyiceberg")
