@@ -16,7 +16,7 @@ import duckdb
 import pytest
 from pyiceberg.catalog.rest import RestCatalog
 
-from coordinator.history.readers import DUCKDB_EXTENSIONS, _extension_file
+from coordinator.history.readers import DUCKDB_EXTENSIONS, _extension_file, _s3_secret
 from coordinator.tidemark import Tidemark
 from tests.helpers.mixed_lake import MixedLake
 from tests.helpers.served import ServeProcess
@@ -110,29 +110,24 @@ def test_trino_joins_tables_through_the_endpoint_at_one_version_while_the_pipeli
         check_reads(read, "Trino")
 
 
-def test_duckdb_attaches_the_endpoint_and_reads_one_version(pipeline, endpoint):
+def test_duckdb_attaches_the_endpoint_and_reads_one_version(lakehouse, pipeline, endpoint):
+    """DuckDB keeps the tables an attachment loaded for the attachment's life: a session attaches, queries, and is
+    closed (a notebook's cell, a job); each read here is one such session, unpinned and pinned."""
     up, down = pipeline.lake.up, pipeline.lake.down
     query = (f"SELECT u.n, u.s, d.n, d.s FROM (SELECT count(*) n, sum(epoch) s FROM served.{up}) u "
              f"CROSS JOIN (SELECT count(*) n, sum(epoch) s FROM served.{down}) d")
-    con = duckdb.connect(config={"autoinstall_known_extensions": False})
-    for name in DUCKDB_EXTENSIONS:
-        con.execute(f"LOAD '{_extension_file(name, duckdb.__version__)}'")
-
-    def attach(warehouse: str) -> None:
-        con.execute("DETACH DATABASE IF EXISTS served")
-        con.execute(f"ATTACH '{warehouse}' AS served (TYPE iceberg, ENDPOINT '{endpoint.url}', "
-                    "AUTHORIZATION_TYPE 'none')")
-
-    def read():
-        row = con.sql(query).fetchone()
-        return (row[0], row[1]), (row[2], row[3])
-    attach("")
-    check_reads(read, "DuckDB, attached once")
-
-    def pinned_read():  # a pinned session keeps one version for its life: a new one per read
-        attach("pipeline@pinned")
-        return read()
-    check_reads(pinned_read, "DuckDB, pinned")
+    for warehouse in ("", "pipeline@pinned"):
+        def read(warehouse=warehouse):
+            with duckdb.connect(config={"autoinstall_known_extensions": False}) as con:
+                for name in DUCKDB_EXTENSIONS:
+                    con.execute(f"LOAD '{_extension_file(name, duckdb.__version__)}'")
+                con.execute(_s3_secret("lake", lakehouse.python_properties()))
+                con.execute(f"ATTACH '{warehouse}' AS served (TYPE iceberg, ENDPOINT '{endpoint.url}', "
+                            "AUTHORIZATION_TYPE 'none')")
+                row = con.sql(query).fetchone()
+            assert row is not None
+            return (row[0], row[1]), (row[2], row[3])
+        check_reads(read, f"DuckDB (warehouse {warehouse!r})")
 
 
 def test_pyiceberg_reads_one_version_with_the_uri_alone(pipeline, endpoint):
@@ -142,3 +137,21 @@ def test_pyiceberg_reads_one_version_with_the_uri_alone(pipeline, endpoint):
         frames = [catalog.load_table(t).scan().to_arrow() for t in (pipeline.lake.up, pipeline.lake.down)]
         return [(f.num_rows, sum(f.column("epoch").to_pylist())) for f in frames]
     check_reads(read, "pyiceberg")
+
+
+@pytest.mark.spark
+def test_spark_sql_reads_one_version_through_the_endpoint(spark, pipeline, endpoint):
+    up, down = pipeline.lake.up, pipeline.lake.down
+    for catalog, warehouse in (("served", "pipeline"), ("served_pinned", "pipeline@pinned")):
+        for key, value in {"": "org.apache.iceberg.spark.SparkCatalog", ".type": "rest", ".uri": endpoint.url,
+                           ".warehouse": warehouse, ".cache-enabled": "false"}.items():
+            spark.conf.set(f"spark.sql.catalog.{catalog}{key}", value)
+
+        def read(catalog=catalog):
+            row = spark.sql(f"SELECT u.n, u.s, d.n, d.s FROM (SELECT count(*) n, sum(epoch) s FROM {catalog}.{up}) u "
+                            f"CROSS JOIN (SELECT count(*) n, sum(epoch) s FROM {catalog}.{down}) d").collect()[0]
+            return (row[0], row[1]), (row[2], row[3])
+        if warehouse == "pipeline":
+            check_reads(read, "Spark SQL")
+        else:  # the session's catalog keeps one version for its life
+            assert len({read() for _ in range(3)}) == 1

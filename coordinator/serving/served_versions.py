@@ -13,8 +13,9 @@ is served at one consistent version of the group (``Resolver``, level ``consiste
 - **One query, one version** (the switch race): a client (address, user agent, credentials) keeps the version it got
   for a group while it loads tables it has not loaded in that version yet: an engine loads each table of a query
   once, so only a table loaded again, ``repeat_after_s`` or more after its previous load, starts a new query and
-  gets the newest version. A client that never loads a table twice gets a newer version after ``max_hold_s``. A
-  pinned scope never changes at all.
+  gets the newest version. A *refresh* (Iceberg Java's reload of a table it holds: Spark reloads each table of a
+  query while planning its scan) never starts a query. A client that never loads a table twice gets a newer version
+  after ``max_hold_s``. A pinned scope never changes at all.
 - **ZooKeeper unreachable**: the group's last version is served, marked stale; with none yet, a version from Iceberg
   alone (consistent too, possibly older). Never a newer unchecked one.
 - **ZooKeeper's state lost**: a job this server saw in the job graph keeps its tables in their groups for
@@ -205,13 +206,15 @@ class ServedVersions:
 
     # -- versions -------------------------------------------------------------------------
 
-    def choose(self, scope: Scope, table: str, client: str = "", arrived: Optional[float] = None) -> Choice:
+    def choose(self, scope: Scope, table: str, client: str = "", arrived: Optional[float] = None,
+               refresh: bool = False) -> Choice:
         """The version ``table`` is served at for ``client`` in ``scope`` (module docstring).
 
         :param scope: the request's scope (its prefix).
         :param table: the table's identifier, ``namespace.name``.
         :param client: who asks (address, user agent, credentials): the switch rule keeps one version per client.
         :param arrived: when the request arrived (``clock``'s time; default now), not when the server got to it.
+        :param refresh: the client reloads a table it holds (never the start of a new query).
         :raises VersionNotFound: the table's group has no consistent version, and this server served none before.
         :raises ZooKeeperUnavailable: ZooKeeper is unreachable and the job graph was never read.
         """
@@ -228,7 +231,7 @@ class ServedVersions:
             held = self._held.get(key)
             if held is not None and now - held.since < self.max_hold_s and self.repeat_after_s > 0:
                 previous = held.loaded.get(name)
-                if previous is None or arrived - previous < self.repeat_after_s:
+                if refresh or previous is None or arrived - previous < self.repeat_after_s:
                     held.loaded[name] = arrived
                     self._held.move_to_end(key)
                     return Choice(name, group, held.version)

@@ -48,7 +48,7 @@ from coordinator.errors import (
     ZooKeeperUnavailable,
 )
 from coordinator.iceberg.catalog import is_catalog_outage, load_table
-from coordinator.iceberg.catalog_properties import path_style_addressing
+from coordinator.iceberg.catalog_properties import java_properties
 from coordinator.iceberg.snapshots import WRITER_PROPERTY
 from coordinator.serving.scope import Scope
 from coordinator.serving.served_metadata import served_metadata
@@ -239,12 +239,12 @@ class CatalogServer:
                 raise _no_namespace(namespace) from None
         return {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in found]}
 
-    def table(self, prefix: str, namespace: str, name: str, client: str, snapshots: str = "all",
-              arrived: Optional[float] = None) -> tuple[dict[str, Any], dict[str, str], Choice]:
+    def table(self, prefix: str, namespace: str, name: str, client: str, snapshots: Optional[str] = None,
+              arrived: Optional[float] = None, refresh: bool = False) -> tuple[dict[str, Any], dict[str, str], Choice]:
         """The table's LoadTableResult at its served version, its ``Tidemark-*`` headers, and the choice made."""
         scope = _scope_from_prefix(prefix)
         identifier = f"{_dotted(namespace)}.{name}"
-        choice = self._unavailable_as_503(lambda: self._choose(scope, identifier, client, arrived))
+        choice = self._unavailable_as_503(lambda: self._choose(scope, identifier, client, arrived, refresh))
         with self.catalog() as catalog:
             try:
                 table = self._backing(lambda: load_table(catalog, self.served.settings, identifier))
@@ -289,9 +289,9 @@ class CatalogServer:
         return {"access_token": self.auth.issue(unquote(client_id), unquote(secret)), "token_type": "bearer",
                 "expires_in": TOKEN_LIFETIME_S, "issued_token_type": "urn:ietf:params:oauth:token-type:access_token"}
 
-    def _choose(self, scope: Scope, identifier: str, client: str, arrived: Optional[float]) -> Choice:
+    def _choose(self, scope: Scope, identifier: str, client: str, arrived: Optional[float], refresh: bool) -> Choice:
         try:
-            return self.served.choose(scope, identifier, client, arrived)
+            return self.served.choose(scope, identifier, client, arrived, refresh)
         except VersionNotFound as exc:
             # Empty tables are no consistent version either (a derived table may hold a row for an empty source).
             raise RestError(503, "ServiceUnavailableException", f"no consistent version of table {identifier} "
@@ -466,8 +466,10 @@ class _Handler(BaseHTTPRequestHandler):
         if tail[1] == "tables" and len(tail) == 3:
             client = " ".join((self.client_address[0], self.headers.get("User-Agent", ""),
                                _digest(self.headers.get("Authorization", ""))))
-            payload, headers, _ = side.table(prefix, namespace, tail[2], client, query.get("snapshots", "all"),
-                                             self._arrived)
+            # Iceberg Java loads a table with ``snapshots`` and reloads one it holds (TableOperations.refresh) without
+            refresh = "snapshots" not in query and self.headers.get("X-Client-Version", "").startswith("Apache Iceberg")
+            payload, headers, _ = side.table(prefix, namespace, tail[2], client, query.get("snapshots"),
+                                             self._arrived, refresh)
             return "table", 204 if method == "HEAD" else 200, payload, headers
         if tail[1] == "views" and len(tail) == 2:
             return "views", 200, {"identifiers": []}, {}
@@ -487,13 +489,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def storage_config(properties: Mapping[str, str]) -> dict[str, str]:
-    """The object-store settings of the backing catalog's FileIO for engines (the ``config`` of a loaded table), with
-    the addressing pyiceberg uses said aloud: Java's S3FileIO and DuckDB default to virtual hosts, pyiceberg to paths
-    on a custom endpoint."""
-    config = {k: str(v) for k, v in properties.items() if k.startswith(STORAGE_PREFIXES)}
-    if "s3.endpoint" in config and "s3.path-style-access" not in config:
-        config["s3.path-style-access"] = "true" if path_style_addressing(properties) else "false"
-    return config
+    """The object-store settings of the backing catalog's FileIO for engines (the ``config`` of a loaded table), under
+    pyiceberg's names and Iceberg Java's (``client.region``, ``io-impl``, the path style said aloud: Java's S3FileIO
+    and DuckDB default to virtual hosts, pyiceberg to paths on a custom endpoint)."""
+    python = {k: str(v) for k, v in properties.items() if k.startswith(STORAGE_PREFIXES)}
+    java = {k: v for k, v in java_properties(python).items() if k.startswith(STORAGE_PREFIXES)}
+    return {**python, **java}
 
 
 def tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
