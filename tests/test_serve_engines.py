@@ -114,6 +114,8 @@ def test_duckdb_attaches_the_endpoint_and_reads_one_version(lakehouse, pipeline,
     """DuckDB keeps the tables an attachment loaded for the attachment's life: a session attaches, queries, and is
     closed (a notebook's cell, a job); each read here is one such session, unpinned and pinned."""
     up, down = pipeline.lake.up, pipeline.lake.down
+    secret = _s3_secret("lake", lakehouse.python_properties())  # DuckDB's own S3 settings (the README's)
+    assert secret is not None
     query = (f"SELECT u.n, u.s, d.n, d.s FROM (SELECT count(*) n, sum(epoch) s FROM served.{up}) u "
              f"CROSS JOIN (SELECT count(*) n, sum(epoch) s FROM served.{down}) d")
     for warehouse in ("", "pipeline@pinned"):
@@ -121,7 +123,7 @@ def test_duckdb_attaches_the_endpoint_and_reads_one_version(lakehouse, pipeline,
             with duckdb.connect(config={"autoinstall_known_extensions": False}) as con:
                 for name in DUCKDB_EXTENSIONS:
                     con.execute(f"LOAD '{_extension_file(name, duckdb.__version__)}'")
-                con.execute(_s3_secret("lake", lakehouse.python_properties()))
+                con.execute(secret)
                 con.execute(f"ATTACH '{warehouse}' AS served (TYPE iceberg, ENDPOINT '{endpoint.url}', "
                             "AUTHORIZATION_TYPE 'none')")
                 row = con.sql(query).fetchone()
