@@ -9,7 +9,9 @@ The two jobs run as separate Spark driver processes on a shared barrier grid, bo
 drivers lead their jobs (Spark's start-up is not part of the run). While they
 run, a reader resolves consistent versions and checks at every one that word_counts is
 ``GROUP BY word`` over words and count_histogram is ``GROUP BY cnt`` over word_counts,
-shows what naive reads of each table's latest snapshot would have got, and samples the
+shows what naive reads of each table's latest snapshot would have got, reads through ``tidemark serve`` (an
+Iceberg REST catalog of consistent versions, in this process) with pyiceberg's ``RestCatalog`` configured with its
+URI alone, checking each read by the same rule, and samples the
 freshness of the consistent version against the wall clock. The demo ends when both jobs
 have committed ``F``; the version at ``F`` is always checked, and must hold every produced
 word exactly once. An overall deadline (``--timeout``) or any Tidemark error ends it with
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     import pyarrow as pa
+    from pyiceberg.catalog import Catalog
 
     from coordinator.history.checker import ConsistencyChecker
 
@@ -160,6 +163,8 @@ class DemoReport:
     failures: list
     naive_total: int
     naive_bad: int
+    served_total: int          # reads through `tidemark serve` by a reader that knows nothing of Tidemark
+    served_bad: int
     freshness_ms: list         # now - consistent epoch, sampled while the producer ran
     final_epoch: Optional[int]
     final_problem: Optional[str]
@@ -168,6 +173,7 @@ class DemoReport:
     @property
     def passed(self) -> bool:
         return (not self.failures and self.final_problem is None and self.exactly_once
+                and self.served_total > 0 and self.served_bad == 0
                 and self.final_epoch == self.final_barrier and self.checked > 0
                 and all(epochs and epochs[-1] == self.final_barrier for epochs in self.committed.values()))
 
@@ -222,6 +228,9 @@ class _Reader:
     checker: Optional[ConsistencyChecker] = None   # made once the catalog is opened
     naive_total: int = 0
     naive_bad: int = 0
+    endpoint: Optional[Catalog] = None             # pyiceberg's RestCatalog on `tidemark serve`, the URI alone
+    served_total: int = 0
+    served_bad: int = 0
     freshness_ms: list = field(default_factory=list)
 
     @property
@@ -237,8 +246,12 @@ def run_demo(seconds: float, interval_ms: int, home: Optional[Path] = None, verb
              timeout: float = DEFAULT_TIMEOUT_S) -> DemoReport:
     """Run the cascade with ``seconds`` of produced words on a fresh data directory, until both jobs committed the
     final barrier, and check it; returns the figures. ``DemoError`` after ``timeout`` seconds or a failed driver."""
+    from pyiceberg.catalog.rest import RestCatalog
+
     from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark
     from coordinator.operations.zookeeper_server import free_port
+    from coordinator.serving.served_versions import ServedVersions
+    from coordinator.serving.server import CatalogServer
 
     home = home or Path(tempfile.mkdtemp(prefix="tidemark-demo-"))
     if home.exists():
@@ -253,18 +266,23 @@ def run_demo(seconds: float, interval_ms: int, home: Optional[Path] = None, verb
         say(f"demo: ZooKeeper serving on {zk.connect_string}")
         tm = Tidemark.connect(zk.connect_string)
         cache = tm.tidemark_cache()
+        endpoint = CatalogServer(ServedVersions(settings, lambda: Tidemark.connect(zk.connect_string, read_only=True)),
+                                 port=0).start()
+        say(f"demo: tidemark serve (an Iceberg REST catalog of consistent versions) on {endpoint.url}")
         try:
             grid = tm.barriers.ensure_grid(interval_ms)
-            reader = _Reader()
+            reader = _Reader(endpoint=RestCatalog("served", uri=endpoint.url))
             produced: Counter = Counter()
             until, committed = _run_cascade(home, zk.connect_string, settings, tm, cache, grid, seconds, deadline,
                                             reader, produced, say)
             final, final_problem, counted = _check_final(settings, tm, cache, until, reader, deadline, say)
         finally:
+            endpoint.stop()
             cache.close()
             tm.close()
     return DemoReport(home, until, interval_ms, committed, produced, reader.checked, reader.failures,
-                      reader.naive_total, reader.naive_bad, reader.freshness_ms, final, final_problem,
+                      reader.naive_total, reader.naive_bad, reader.served_total, reader.served_bad,
+                      reader.freshness_ms, final, final_problem,
                       counted == dict(produced))
 
 
@@ -396,6 +414,21 @@ def _observe(reader: _Reader, say) -> None:
     naive = checker.resolver.resolve(TABLES, level="latest")
     reader.naive_total += 1
     reader.naive_bad += check(read_arrow(checker.resolver, naive)) is not None
+    _read_through_endpoint(reader)
+
+
+def _read_through_endpoint(reader: _Reader) -> None:
+    """One read of the three tables through `tidemark serve`, as an engine that knows nothing of Tidemark reads them
+    (table names, no version), checked by the same rule."""
+    from pyiceberg.exceptions import ServiceUnavailableError
+    if reader.endpoint is None:
+        return
+    try:
+        frames = {t: reader.endpoint.load_table(t.split(".", 1)[1]).scan().to_arrow() for t in TABLES}
+    except ServiceUnavailableError:
+        return  # no consistent version yet
+    reader.served_total += 1
+    reader.served_bad += check(frames) is not None
 
 
 def _say_checked(checker, version, say) -> None:
@@ -463,6 +496,8 @@ def print_report(report: DemoReport) -> None:
     for epoch, problem in report.failures:
         print(f"  epoch {epoch}: {problem}")
     print(f"naive latest-snapshot reads: {report.naive_total}, of which inconsistent: {report.naive_bad}")
+    print(f"reads through tidemark serve (pyiceberg's RestCatalog, the URI alone): {report.served_total}, of which "
+          f"inconsistent: {report.served_bad}")
     fresh = report.freshness_ms
     if fresh:
         print(f"freshness (now - consistent epoch, every {FRESHNESS_EVERY_S * 1000:.0f} ms while producing): "

@@ -271,3 +271,5 @@ def test_demo_runs_and_its_check_passes(spark, tmp_path):
     checked = re.search(r"^consistent versions checked.*: (\d+), inconsistent: (\d+)$", result.stdout, re.M)
     assert checked and int(checked[1]) >= 1 and int(checked[2]) == 0, result.stdout[-3000:]
     assert "every produced word counted exactly once: True" in result.stdout
+    served = re.search(r"^reads through tidemark serve .*: (\d+), of which inconsistent: (\d+)$", result.stdout, re.M)
+    assert served and int(served[1]) >= 1 and int(served[2]) == 0, result.stdout[-3000:]
