@@ -288,6 +288,35 @@ def test_the_exporter_is_scraped_through_its_service(chart):
     assert dashboard["data"]["tidemark.json"].strip() == (CHART / "dashboards" / "tidemark.json").read_text().strip()
 
 
+def test_tidemark_serve_runs_as_a_scraped_deployment_with_the_reader_identity_and_the_catalog(chart):
+    docs = render(chart)
+    service = only(docs, "Service", f"{FULLNAME}-serve")
+    assert service["spec"]["ports"] == [{"name": "http", "port": 8181, "targetPort": "http"}]
+    assert service["metadata"]["labels"]["tidemark.io/metrics"] == "true"
+    deployment = only(docs, "Deployment", f"{FULLNAME}-serve")
+    assert deployment["spec"]["replicas"] == 2
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["serve", "--host", "0.0.0.0", "--port", "8181"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "scheme": "HTTP"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTP"}
+    names = {e["name"] for e in container["env"]}
+    assert {"TIDEMARK_CATALOG_NAME", "TIDEMARK_CATALOG_URI"} <= names and "TIDEMARK_SERVE_TOKENS" not in names
+    assert container["resources"]["limits"]["memory"] == "1Gi"
+
+    secured = render(chart, {"serve": {"auth": {"existingSecret": "serve-auth"},
+                                       "tls": {"existingSecret": "serve-tls"}},
+                             "metrics": {"serviceMonitor": {"enabled": True}}})
+    (container,) = only(secured, "Deployment", f"{FULLNAME}-serve")["spec"]["template"]["spec"]["containers"]
+    assert container["args"][-4:] == ["--tls-cert-file", "/etc/tidemark/serve-tls/tls.crt", "--tls-key-file",
+                                      "/etc/tidemark/serve-tls/tls.key"]
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    tokens = next(e for e in container["env"] if e["name"] == "TIDEMARK_SERVE_TOKENS")
+    assert tokens["valueFrom"]["secretKeyRef"]["name"] == "serve-auth"
+    monitor = only(secured, "ServiceMonitor")
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics", "http"]
+    assert not [d for d in render(chart, {"serve": {"enabled": False}}) if d["metadata"]["name"].endswith("-serve")]
+
+
 def test_bundled_zookeeper_with_auth_and_an_inline_job_script(chart):
     values = values_of("bundled-zk-auth-values.yaml")
     docs = render(chart, values)
@@ -606,13 +635,14 @@ def test_service_monitor_and_prometheus_rule(chart):
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
-    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s",
-                                             "scrapeTimeout": "10s"}]
+    assert monitor["spec"]["endpoints"] == [{"port": port, "path": "/metrics", "interval": "15s",
+                                             "scrapeTimeout": "10s"} for port in ("metrics", "http")]
     scraped = [s for s in of_kind(docs, "Service")
                if selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
-    assert sorted(s["metadata"]["name"] for s in scraped) == [f"{FULLNAME}-exporter", f"{FULLNAME}-word-counts"]
-    for service in scraped:
-        assert "metrics" in {p["name"] for p in service["spec"]["ports"]}
+    assert sorted(s["metadata"]["name"] for s in scraped) == [f"{FULLNAME}-exporter", f"{FULLNAME}-serve",
+                                                               f"{FULLNAME}-word-counts"]
+    for service in scraped:  # tidemark serve's REST catalog and /metrics share its port "http"
+        assert {p["name"] for p in service["spec"]["ports"]} & {"metrics", "http"}
     rule = only(docs, "PrometheusRule")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
