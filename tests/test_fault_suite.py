@@ -22,7 +22,8 @@ from tests.faults.scenarios import run_scenario
 from tests.helpers.wait import wait_for
 
 SUBSET = [("kill-9", 5), ("zombie", 2), ("zombie-mid-commit", 1), ("takeover-pause", 2), ("session-expiry", 2),
-          ("zk-restart", 2), ("zk-ensemble", 2), ("catalog-restart", 2), ("zk-wipe", 1), ("fence-unregister", 1),
+          ("zk-restart", 2), ("zk-ensemble", 2), ("catalog-restart", 2), ("serve-kill", 2), ("zk-wipe", 1),
+          ("fence-unregister", 1),
           ("coalesced-kill", 2), ("mixed-cadence", 3), ("object-store-kill", 2), ("rest-commit-kill", 1),
           ("slow-object-store", 1), ("clock-skew", 3), ("zk-partition", 2), ("zk-split", 1), ("catalog-partition", 1)]
 

@@ -420,6 +420,28 @@ def catalog_restart(env: Environment, run: int, seed: int, faults: int) -> RunRe
         return cascade.finish()
 
 
+def serve_kill(env: Environment, run: int, seed: int, faults: int) -> RunResult:
+    """kill -9 of `tidemark serve` while a reader that knows nothing of Tidemark (pyiceberg's RestCatalog) reads
+    through it, then a restart on the same port after a seeded pause: the reader's next reads are consistent and
+    never older than the ones before."""
+    rng = random.Random(seed)
+    with Cascade(env, "serve-kill", run, seed) as cascade:
+        cascade.start()
+        served = cascade.served
+        assert served is not None
+        for _ in range(faults):
+            pause(rng)
+            served.reading.wait(RECOVERY_DEADLINE)
+            reads = served.reads
+            fault = cascade.inject("tidemark serve killed -9 mid-read", None, cascade.endpoint.kill)
+            pause(rng, 0.2, 1.0)
+            cascade.endpoint.start()
+            wait_for(lambda: served.reads > reads + 1, "two reads through the restarted endpoint", RECOVERY_DEADLINE,
+                     every=0.1)
+            cascade.wait_recovered(fault)
+        return cascade.finish()
+
+
 def object_store_kill(env: Environment, run: int, seed: int, faults: int) -> RunResult:
     """On the lakehouse (S3 and the REST catalog: one server), kill -9 it while the counter job stages an epoch
     (STARTED: data files and the staged snapshot going to S3) and while it publishes one (PRECOMMITTED), in turn;
@@ -690,6 +712,8 @@ SCENARIOS = {s.name: s for s in [
     Scenario("zk-restart", 2, 6, zookeeper_restart, "the ZooKeeper server killed and restarted"),
     Scenario("zk-ensemble", 2, 4, zookeeper_ensemble, "a 3-server ensemble losing a follower, then its leader"),
     Scenario("catalog-restart", 2, 5, catalog_restart, "the PostgreSQL catalog restarted mid-epoch"),
+    Scenario("serve-kill", 2, 4, serve_kill, "tidemark serve killed -9 while a reader reads through it, then "
+                                             "restarted"),
     Scenario("zk-wipe", 2, 3, zookeeper_wipe, "the whole ZooKeeper state wiped, every driver restarted"),
     Scenario("zk-rebuilt", 2, 3, zookeeper_rebuilt, "the ZooKeeper server's data deleted, started again empty on the "
                                                     "same address, drivers left running (and restarted on exit)"),

@@ -31,6 +31,7 @@ class Row:
     losses: int
     inconsistent: int
     checked: int
+    served_reads: int   # reads through `tidemark serve` (pyiceberg's RestCatalog), each checked too
     recoveries: tuple[float, ...]
     unrecovered: int
     problems: int
@@ -55,6 +56,7 @@ class Row:
         return cls(scenario, len(results), len(faults), sum(r.epochs_committed for r in results),
                    sum(r.duplicates for r in results), sum(r.losses for r in results),
                    sum(len(r.inconsistencies) for r in results), sum(r.checked for r in results),
+                   sum(r.served_reads for r in results),
                    tuple(f.recovery_s for f in faults if f.recovery_s is not None),
                    sum(f.recovery_s is None for f in faults), sum(len(r.problems) for r in results))
 
@@ -67,21 +69,24 @@ def table(rows: list[Row]) -> str:
     """A Markdown table of ``rows`` plus their total."""
     total = Row("**total**", sum(r.runs for r in rows), sum(r.faults for r in rows), sum(r.epochs for r in rows),
                 sum(r.duplicates for r in rows), sum(r.losses for r in rows), sum(r.inconsistent for r in rows),
-                sum(r.checked for r in rows), tuple(x for r in rows for x in r.recoveries),
+                sum(r.checked for r in rows), sum(r.served_reads for r in rows),
+                tuple(x for r in rows for x in r.recoveries),
                 sum(r.unrecovered for r in rows), sum(r.problems for r in rows))
     lines = ["| scenario | runs | faults | epochs committed | duplicates | losses | inconsistent reads "
-             "(of checked) | recovery p50 | recovery max | p50 ≤ timeout + 2 s | result |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---:|"]
+             "(of checked) | reads through tidemark serve | recovery p50 | recovery max | p50 ≤ timeout + 2 s | "
+             "result |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---:|"]
     for row in [*rows, total]:
         goal = "-" if row.p50 is None else ("yes" if row.p50 <= RECOVERY_GOAL_S else "NO")
         result = "PASS" if row.passed else "FAIL"
         if row.unrecovered or row.problems:
             result += f" ({row.unrecovered} unrecovered, {row.problems} problems)"
         lines.append(f"| {row.scenario} | {row.runs} | {row.faults} | {row.epochs} | {row.duplicates} | "
-                     f"{row.losses} | {row.inconsistent} ({row.checked}) | {_seconds(row.p50)} | "
+                     f"{row.losses} | {row.inconsistent} ({row.checked}) | {row.served_reads} | {_seconds(row.p50)} | "
                      f"{_seconds(row.max)} | {goal} | {result} |")
     lines.append(f"\nSession timeout {SESSION_TIMEOUT:.0f} s; recovery = from the fault's injection to the next "
-                 "commit of every affected job.")
+                 "commit of every affected job. Inconsistent reads count the checker's and those through `tidemark "
+                 "serve` (a broken rule, two epochs in one read, a step back).")
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@
     with ServeProcess(settings, zk_connect, work_dir) as served:        # `tidemark serve --port P`, until stopped
         reader = ServedReader(served.url, tables, invariant)              # pyiceberg's RestCatalog, URI only
         reader.observe()                                                 # load every table, read, check the rule
+        reader.reading.wait()                                            # a read under way
         reader.reads, reader.failures, reader.mixed, reader.stepped_back
         served.kill(); served.start()                                    # the endpoint killed mid-query, restarted
 
@@ -106,6 +107,7 @@ class ServedReader:
         self.stepped_back: list[str] = []   # reads whose epoch was below an earlier read's
         self.errors: list[str] = []         # reads that could not be made (an outage)
         self.epochs: list[int] = []
+        self.reading = threading.Event()    # set while a read is under way (a fault may wait for it)
         self._catalog: Optional[Any] = None  # pyiceberg's RestCatalog, made on first use and again after an error
         self._local = threading.local()
 
@@ -128,6 +130,7 @@ class ServedReader:
     def observe(self) -> Optional[int]:
         """One read of every table, checked; its epoch (None when the endpoint served no version)."""
         self._local.epochs, self._local.seen = [], []
+        self.reading.set()
         try:
             catalog = self.catalog()
             loaded = {t: catalog.load_table(t.split(".", 1)[1]) for t in self.tables}
@@ -139,6 +142,7 @@ class ServedReader:
             return None
         finally:
             self._local.epochs = None
+            self.reading.clear()
         self.reads += 1
         self._local.epochs = None
         problem = self.invariant(frames)
