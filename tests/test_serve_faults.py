@@ -1,0 +1,110 @@
+"""``tidemark serve`` under faults, on servers of its own: ZooKeeper stopped (the last version is still served, marked
+stale, never a newer unchecked one; fresh again once ZooKeeper is back) and the backing PostgreSQL catalog stopped (a
+503 in the spec's error model that says what is wrong; served again once it is back). The endpoint killed mid-read,
+ZooKeeper wiped and rebuilt under a running endpoint are fault-suite scenarios (tests/faults: serve-kill, zk-wipe,
+zk-rebuilt), where every read goes through it."""
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from coordinator import CatalogSettings, EmbeddedZooKeeper
+from coordinator.operations.zookeeper_server import free_port
+from coordinator.serving.served_versions import ServedVersions
+from coordinator.serving.server import CatalogServer
+from coordinator.tidemark import Tidemark
+from tests.helpers.mixed_lake import MixedLake
+from tests.helpers.postgres import PostgresServer
+from tests.helpers.wait import wait_for
+
+
+def load(server: CatalogServer, table: str, agent: str) -> tuple[int, dict]:
+    namespace, name = table.split(".")
+    request = urllib.request.Request(f"{server.url}/v1/pipeline/namespaces/{namespace}/tables/{name}",
+                                     headers={"User-Agent": agent})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())["error"]
+
+
+def metric(server: CatalogServer, name: str) -> float:
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+@pytest.fixture
+def own_zookeeper(tmp_path):
+    with EmbeddedZooKeeper(port=free_port(), data_dir=tmp_path / "zookeeper") as zk:
+        yield zk
+
+
+def test_zookeeper_unreachable_serves_the_last_version_marked_stale_then_newer_ones_again(
+        own_zookeeper, catalog, catalog_settings, namespace):
+    tm = Tidemark.connect(own_zookeeper.connect_string, session_timeout=30, operation_timeout=30)
+    lake = MixedLake(catalog, catalog_settings, namespace)
+    lake.open(tm)
+    served = ServedVersions(catalog_settings, lambda: Tidemark.connect(own_zookeeper.connect_string, read_only=True,
+                                                                        connect_timeout=2, operation_timeout=2))
+    server = CatalogServer(served, port=0).start()
+    try:
+        for epoch in (1000, 2000):
+            lake.root_epoch(lake.up, epoch)
+            lake.copy_epoch(epoch)
+        lake.root_epoch(lake.up, 3000)                  # up ahead: 3000 is not consistent yet
+        status, headers = load(server, lake.down, "before")
+        assert status == 200 and headers["Tidemark-Epoch"] == "2000" and "Tidemark-Stale" not in headers
+        assert metric(server, "tidemark_serve_zookeeper_connected") == 1.0
+
+        own_zookeeper.stop()
+        wait_for(lambda: not served.zookeeper_connected, "the server to see ZooKeeper gone", 30)
+        started = time.monotonic()
+        for table in (lake.up, lake.down):
+            status, headers = load(server, table, f"during {table}")
+            assert status == 200, headers
+            assert headers["Tidemark-Epoch"] == "2000" and headers["Tidemark-Stale"] == "zookeeper-unreachable"
+        assert time.monotonic() - started < 5, "a stale answer must not wait out ZooKeeper's timeouts"
+        assert metric(server, "tidemark_serve_zookeeper_connected") == 0.0
+        assert metric(server, "tidemark_serve_stale_tables_total") == 2.0
+
+        own_zookeeper.start()
+        lake.copy_epoch(3000)
+        wait_for(lambda: load(server, lake.down, "after")[1].get("Tidemark-Epoch") == "3000",
+                 "the newer version once ZooKeeper is back", 60)
+        assert "Tidemark-Stale" not in load(server, lake.up, "after again")[1]
+    finally:
+        server.stop()
+        lake.close()
+        tm.close()
+
+
+def test_the_backing_catalog_down_is_a_503_saying_so_and_served_again_once_back(zk_connect, tmp_path, namespace):
+    with PostgresServer() as postgres:
+        settings = CatalogSettings(name="pg", uri=postgres.uri, warehouse=f"file://{tmp_path / 'warehouse'}")
+        tm = Tidemark.connect(zk_connect)
+        lake = MixedLake(settings.load(), settings, namespace)
+        lake.open(tm)
+        server = CatalogServer(ServedVersions(settings, lambda: Tidemark.connect(zk_connect, read_only=True)),
+                               port=0).start()
+        try:
+            lake.root_epoch(lake.up, 1000)
+            lake.copy_epoch(1000)
+            assert load(server, lake.down, "before")[0] == 200
+            postgres.stop()
+            status, error = load(server, lake.down, "during")
+            assert (status, error["code"], error["type"]) == (503, 503, "ServiceUnavailableException")
+            assert "the backing catalog" in error["message"] and "cannot be reached" in error["message"], error
+            postgres.start()
+            wait_for(lambda: load(server, lake.down, "after")[0] == 200, "the table served again", 60)
+        finally:
+            server.stop()
+            lake.close()
+            tm.close()
