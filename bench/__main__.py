@@ -16,6 +16,8 @@ SUITES: dict[str, tuple[str, str]] = {
     "takeover": ("takeover", "kill -9 of a leader to the standby's first commit, warm vs cold"),
     "retention": ("retention", "the default policy at 2 s barriers vs every version tagged vs no GC; 10,000 epochs "
                                "with GC on its schedule vs without"),
+    "serve": ("serve", "tidemark serve: loadTable through it vs the catalog directly, 200 clients beside the writers, "
+                       "a Trino join"),
     "scale": ("scale", "many pipelines on one ZooKeeper: isolation, cost per job, catch-up, mixed cadence, "
                        "overload, idle epochs"),
 }

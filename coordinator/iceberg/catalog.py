@@ -38,7 +38,12 @@ from typing import TYPE_CHECKING, Optional
 from urllib.parse import quote, unquote, urlsplit
 
 from coordinator.errors import ConfigurationError, InvalidName, TableNotFound
-from coordinator.iceberg.catalog_properties import catalog_type, java_properties, pyiceberg_properties
+from coordinator.iceberg.catalog_properties import (
+    catalog_type,
+    java_properties,
+    pyiceberg_properties,
+    pyiceberg_variables,
+)
 from coordinator.names import validate_name
 from coordinator.settings import DEFAULT_CATALOG, Settings
 
@@ -194,6 +199,12 @@ class CatalogSettings:
                python_properties: Mapping[str, str]) -> CatalogSettings:
         """Any Iceberg catalog: properties as Spark's SparkCatalog and pyiceberg's ``load_catalog`` expect them."""
         return cls(name=name, spark_properties=dict(spark_properties), python_properties=dict(python_properties))
+
+    def environment(self) -> dict[str, str]:
+        """The variables with which ``from_env`` in another process (``tidemark serve``, a driver) opens this catalog:
+        ``TIDEMARK_CATALOG_NAME`` and pyiceberg's ``PYICEBERG_CATALOG__<NAME>__*``."""
+        return {"TIDEMARK_CATALOG_NAME": self.name,
+                **pyiceberg_variables(self.name, self.python_catalog_properties())}
 
     def spark_conf(self) -> dict[str, str]:
         prefix = f"spark.sql.catalog.{self.name}"

@@ -36,7 +36,7 @@ from queue import Empty, LifoQueue
 from typing import TYPE_CHECKING, Any, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from coordinator.errors import (
@@ -61,6 +61,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 8181  # the port Iceberg's REST catalogs usually take
 TOKEN_LIFETIME_S = 3600
 STORAGE_PREFIXES = ("s3.", "client.", "gcs.", "adls.", "hadoop.", "py-io-impl", "io-impl")
+SERVED_TTL_S = 1.0  # a served version's answer is kept this long (its snapshots never change)
+SERVED_KEPT = 10_000  # answers kept at most (all dropped beyond)
 CATALOG_POOL = 8  # backing-catalog clients kept for the request threads (each made on first need)
 NAMESPACE_SEPARATOR = "\x1f"
 READ_ENDPOINTS = [
@@ -69,6 +71,14 @@ READ_ENDPOINTS = [
     "GET /v1/{prefix}/namespaces/{namespace}/tables/{table}", "HEAD /v1/{prefix}/namespaces/{namespace}/tables/{table}",
     "GET /v1/{prefix}/namespaces/{namespace}/views",
 ]
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """An answer's body, already encoded."""
+
+    body: bytes
+    content_type: str = "application/json"
 
 
 class RestError(Exception):
@@ -161,12 +171,13 @@ class CatalogServer:
         self.stale = Counter("tidemark_serve_stale_tables", "Tables served while ZooKeeper was unreachable (the "
                              "last version known)", registry=self.registry)
         self.registry.register(_ServedCollector(served))
+        self._bodies: dict[tuple[str, Optional[int], bool], tuple[float, Encoded]] = {}
+        self._bodies_lock = threading.Lock()
         self._catalogs: LifoQueue[Catalog] = LifoQueue()
         self._catalogs_made = 0
         self._catalogs_lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"server_side": self})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Listener((host, port), handler)
         if tls is not None:
             self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.scheme = "https" if tls is not None else "http"
@@ -240,18 +251,43 @@ class CatalogServer:
         return {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in found]}
 
     def table(self, prefix: str, namespace: str, name: str, client: str, snapshots: Optional[str] = None,
-              arrived: Optional[float] = None, refresh: bool = False) -> tuple[dict[str, Any], dict[str, str], Choice]:
-        """The table's LoadTableResult at its served version, its ``Tidemark-*`` headers, and the choice made."""
+              arrived: Optional[float] = None, refresh: bool = False) -> tuple[Encoded, dict[str, str], Choice]:
+        """The table's LoadTableResult at its served version, its ``Tidemark-*`` headers, and the choice made.
+
+        A served version's answer is kept ``SERVED_TTL_S``: the snapshots it shows never change, only what the
+        backing catalog may change beside them (properties, schema, tags) is that much late."""
         scope = _scope_from_prefix(prefix)
         identifier = f"{_dotted(namespace)}.{name}"
         choice = self._unavailable_as_503(lambda: self._choose(scope, identifier, client, arrived, refresh))
+        headers: dict[str, str] = {}
+        version = choice.version
+        if not choice.passthrough and version is not None and version.epoch is not None:
+            headers["Tidemark-Epoch"] = str(version.epoch)
+            headers["Tidemark-Version-Age-Ms"] = str(max(0, int(time.time() * 1000) - version.epoch))
+        if choice.stale:
+            headers["Tidemark-Stale"] = "zookeeper-unreachable"
+            self.stale.inc()
+        key = (identifier, choice.snapshot_id, snapshots == "refs")
+        if not choice.passthrough:
+            with self._bodies_lock:
+                kept = self._bodies.get(key)
+            if kept is not None and kept[0] > time.monotonic():
+                return kept[1], headers, choice
+        body = self._load_table(identifier, choice, snapshots == "refs")
+        if not choice.passthrough:
+            with self._bodies_lock:
+                if len(self._bodies) > SERVED_KEPT:
+                    self._bodies.clear()
+                self._bodies[key] = (time.monotonic() + SERVED_TTL_S, body)
+        return body, headers, choice
+
+    def _load_table(self, identifier: str, choice: Choice, refs_only: bool) -> Encoded:
         with self.catalog() as catalog:
             try:
                 table = self._backing(lambda: load_table(catalog, self.served.settings, identifier))
             except (TableNotFound, InvalidName):
                 raise RestError(404, "NoSuchTableException", f"table {identifier} does not exist in the backing "
                                 f"catalog ({self.served.settings.describe()})") from None
-        headers: dict[str, str] = {}
         metadata = table.metadata
         if choice.passthrough and WRITER_PROPERTY in metadata.properties:
             raise RestError(503, "ServiceUnavailableException", f"table {identifier} is written by Tidemark job "
@@ -264,21 +300,14 @@ class CatalogServer:
                 raise RestError(503, "ServiceUnavailableException",
                                 f"table {identifier}'s snapshot {choice.snapshot_id} of the version served is no "
                                 "longer in its metadata (expired): retry; the next version is served") from None
-            version = choice.version
-            if version is not None and version.epoch is not None:
-                headers["Tidemark-Epoch"] = str(version.epoch)
-                headers["Tidemark-Version-Age-Ms"] = str(max(0, int(time.time() * 1000) - version.epoch))
-            if choice.stale:
-                headers["Tidemark-Stale"] = "zookeeper-unreachable"
-                self.stale.inc()
-        if snapshots == "refs":
+        if refs_only:
             referenced = {ref.snapshot_id for ref in metadata.refs.values()}
             metadata = metadata.model_copy(update={"snapshots": [s for s in metadata.snapshots
                                                                  if s.snapshot_id in referenced]})
         config = storage_config(table.io.properties) if self.storage_config else {}
-        body = {"metadata-location": table.metadata_location, "metadata": json.loads(metadata.model_dump_json()),
-                "config": config}
-        return body, headers, choice
+        # The metadata is serialized once, by pyiceberg, straight into the answer.
+        return Encoded(b'{"metadata-location": ' + json.dumps(table.metadata_location).encode() + b', "metadata": '
+                       + metadata.model_dump_json().encode() + b', "config": ' + json.dumps(config).encode() + b"}")
 
     def token(self, form: Mapping[str, str], authorization: Optional[str]) -> dict[str, Any]:
         if form.get("grant_type") != "client_credentials":
@@ -317,6 +346,11 @@ class CatalogServer:
             raise RestError(503, "ServiceUnavailableException", _first_line(exc)) from None
 
 
+class _Listener(ThreadingHTTPServer):
+    request_queue_size = 1024  # the listen backlog: hundreds of clients connect at once (the default is 5)
+    daemon_threads = True
+
+
 class _Lease:
     def __init__(self, server: CatalogServer) -> None:
         self.server = server
@@ -353,6 +387,7 @@ class _ServedCollector:
 class _Handler(BaseHTTPRequestHandler):
     server_side: CatalogServer
     protocol_version = "HTTP/1.1"  # keep-alive: a client's loads come on one connection
+    disable_nagle_algorithm = True  # headers and body are two writes: Nagle and a delayed ACK would add 40 ms
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
@@ -387,8 +422,8 @@ class _Handler(BaseHTTPRequestHandler):
                 warehouse, parts = parts[1], parts[2:]
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             route, status, payload, headers = self._route(method, parts, query, warehouse)
-            if isinstance(payload, bytes):
-                body, content_type = payload, "text/plain; version=0.0.4; charset=utf-8"
+            if isinstance(payload, Encoded):
+                body, content_type = payload.body, payload.content_type
             elif payload is not None:
                 body = json.dumps(payload).encode()
         except RestError as exc:
@@ -432,7 +467,7 @@ class _Handler(BaseHTTPRequestHandler):
                ) -> tuple[str, int, Any, dict[str, str]]:
         side = self.server_side
         if parts == ["metrics"] and method in ("GET", "HEAD"):
-            return "metrics", 200, generate_latest(side.registry), {}
+            return "metrics", 200, Encoded(generate_latest(side.registry), CONTENT_TYPE_LATEST), {}
         if parts in (["healthz"], ["readyz"]) and method in ("GET", "HEAD"):
             ready = parts == ["healthz"] or side.served.zookeeper_connected
             return parts[0], 200 if ready else 503, {"ok": ready}, {}
@@ -459,8 +494,7 @@ class _Handler(BaseHTTPRequestHandler):
             return "namespaces", 200, side.namespaces(query.get("parent")), {}
         namespace = tail[0]
         if len(tail) == 1:
-            payload = side.namespace(namespace)
-            return "namespace", 204 if method == "HEAD" else 200, payload, {}
+            return "namespace", 204 if method == "HEAD" else 200, side.namespace(namespace), {}
         if tail[1] == "tables" and len(tail) == 2:
             return "tables", 200, side.tables(namespace), {}
         if tail[1] == "tables" and len(tail) == 3:
@@ -468,9 +502,9 @@ class _Handler(BaseHTTPRequestHandler):
                                _digest(self.headers.get("Authorization", ""))))
             # Iceberg Java loads a table with ``snapshots`` and reloads one it holds (TableOperations.refresh) without
             refresh = "snapshots" not in query and self.headers.get("X-Client-Version", "").startswith("Apache Iceberg")
-            payload, headers, _ = side.table(prefix, namespace, tail[2], client, query.get("snapshots"),
-                                             self._arrived, refresh)
-            return "table", 204 if method == "HEAD" else 200, payload, headers
+            loaded, headers, _ = side.table(prefix, namespace, tail[2], client, query.get("snapshots"),
+                                            self._arrived, refresh)
+            return "table", 204 if method == "HEAD" else 200, loaded, headers
         if tail[1] == "views" and len(tail) == 2:
             return "views", 200, {"identifiers": []}, {}
         if tail[1] == "views" and len(tail) == 3:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from coordinator.iceberg.catalog import CatalogSettings
-from coordinator.iceberg.catalog_properties import pyiceberg_variables
 from coordinator.operations.zookeeper_server import free_port
 from tests.helpers.cli import TIDEMARK
 
@@ -33,9 +32,7 @@ START_TIMEOUT_S = 60.0
 def serve_environment(settings: CatalogSettings) -> dict[str, str]:
     """The variables that make ``CatalogSettings.from_env()`` open ``settings``' catalog in another process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYICEBERG_CATALOG__", "TIDEMARK_CATALOG"))}
-    env["TIDEMARK_CATALOG_NAME"] = settings.name
-    env.update(pyiceberg_variables(settings.name, settings.python_catalog_properties()))
-    return env
+    return {**env, **settings.environment()}
 
 
 class ServeProcess:

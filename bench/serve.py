@@ -1,0 +1,231 @@
+"""``tidemark serve`` against the catalog behind it: what a reader that knows nothing of Tidemark pays for consistency.
+
+    python -m bench serve [--stack embedded lakehouse] [--loads 200] [--clients 200] [--seconds 20] [--trino]
+
+Per stack (``embedded``: SQLite and local files; ``lakehouse``: SeaweedFS's S3 store and REST catalog on loopback), on a
+pipeline of two jobs (``up`` and ``down``, which copies it) with a history of epochs:
+
+1. ``loadTable`` with pyiceberg, through the endpoint (a ``tidemark serve`` process) and from the backing catalog
+   directly, interleaved: p50 and p99 of each (goal: the endpoint at most 1.2x the direct figure plus 2 ms);
+2. the pipeline taking epochs for ``--seconds`` alone, then beside ``--clients`` concurrent clients (processes of
+   threads, each its own pyiceberg ``RestCatalog``) each loading both tables through the endpoint once a second (a
+   dashboard refreshing every second): the loads' p50/p99 (goal: p99 under 50 ms) and the writers' time per epoch
+   (goal: within 1.1x of the run without them);
+3. with ``--trino`` (lakehouse only): a Trino query joining both tables through the endpoint and through the
+   backing REST catalog, interleaved (goal: within 1.1x).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Optional
+
+from coordinator import CatalogSettings, Tidemark
+from coordinator.operations.zookeeper_server import free_port
+
+from .common import STACKS, bench_lake, header, interleaved, percentile, verdict, zookeeper
+
+LOAD_RATIO_GOAL, LOAD_SLACK_MS = 1.2, 2.0
+CLIENTS_P99_GOAL_MS = 50.0
+WRITERS_LAG_GOAL = 1.1
+TRINO_RATIO_GOAL = 1.1
+HISTORY_EPOCHS = 30
+CLIENT_PROCESSES = 4
+CLIENT_EVERY_S = 1.0  # each client's query (both tables loaded) once a second
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stack", nargs="+", choices=STACKS, default=list(STACKS))
+    parser.add_argument("--loads", type=int, default=200, help="loadTable calls timed per side")
+    parser.add_argument("--clients", type=int, default=200, help="concurrent clients through the endpoint")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each pipeline run (alone, beside)")
+    parser.add_argument("--trino", action="store_true", help="also time a Trino join (lakehouse)")
+    args = parser.parse_args(argv)
+    with zookeeper() as zk:
+        for stack in args.stack:
+            with tempfile.TemporaryDirectory(prefix="tidemark-bench-serve-") as home, \
+                    bench_lake(Path(home), stack) as settings:
+                run_stack(stack, settings, zk.connect_string + f"/bench-serve-{uuid.uuid4().hex[:6]}", Path(home), args)
+    return 0
+
+
+def run_stack(stack: str, settings: CatalogSettings, connect: str, home: Path, args: argparse.Namespace) -> None:
+    from tests.helpers.mixed_lake import MixedLake
+
+    tm = Tidemark.connect(connect)
+    lake = MixedLake(settings.load(), settings, f"bench_{uuid.uuid4().hex[:6]}")
+    lake.open(tm)
+    epoch = 1000
+    for _ in range(HISTORY_EPOCHS):
+        lake.root_epoch(lake.up, epoch)
+        lake.copy_epoch(epoch)
+        epoch += 1000
+    port = free_port()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYICEBERG_CATALOG__", "TIDEMARK_CATALOG"))},
+           **settings.environment()}
+    with open(home / "serve.log", "w") as log:
+        server = subprocess.Popen([sys.executable, "-m", "coordinator.operations.cli", "--zk", connect, "serve",
+                                   "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_serving(url, server)
+        header(f"tidemark serve, {stack} stack: loadTable with pyiceberg, through the endpoint vs the catalog directly")
+        _load_latency(settings, url, lake.down, args.loads)
+        header(f"tidemark serve, {stack} stack: the pipeline alone, then beside {args.clients} clients loading "
+               "tables through the endpoint")
+        _beside_clients(lake, epoch, url, [lake.up, lake.down], args)
+        if args.trino and stack == "lakehouse":
+            header("tidemark serve, lakehouse: a Trino join through the endpoint vs the REST catalog directly")
+            _trino(settings, url, lake, home)
+    finally:
+        server.terminate()
+        server.wait(30)
+        lake.close()
+        tm.close()
+
+
+def _wait_serving(url: str, server: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"tidemark serve exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("tidemark serve did not answer within 60 s")
+
+
+def _load_latency(settings: CatalogSettings, url: str, table: str, loads: int) -> None:
+    from pyiceberg.catalog.rest import RestCatalog
+    direct, served = settings.load(), RestCatalog("served", uri=url)
+    identifier = settings.identifier(table)
+    through, backing = interleaved(lambda: served.load_table(identifier), lambda: direct.load_table(identifier),
+                                   warmup=10, repeat=loads)
+    for q, name in ((0.5, "p50"), (0.99, "p99")):
+        mine, base = percentile(through, q) * 1000, percentile(backing, q) * 1000
+        goal = base * LOAD_RATIO_GOAL + LOAD_SLACK_MS
+        print(f"  {name}: through the endpoint {mine:7.2f} ms, the catalog directly (baseline) {base:7.2f} ms, "
+              f"{mine / base:5.2f}x; goal <= {LOAD_RATIO_GOAL}x + {LOAD_SLACK_MS:g} ms = {goal:.2f} ms: "
+              f"{verdict(mine <= goal)}", flush=True)
+
+
+def _beside_clients(lake, first_epoch: int, url: str, tables: list[str], args: argparse.Namespace) -> None:
+    epoch = [first_epoch]
+
+    def run_pipeline(seconds: float) -> list[float]:
+        took = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            start = time.perf_counter()
+            lake.root_epoch(lake.up, epoch[0])
+            lake.copy_epoch(epoch[0])
+            took.append(time.perf_counter() - start)
+            epoch[0] += 1000
+        return took
+
+    alone = run_pipeline(args.seconds)
+    stop = multiprocessing.Event()
+    results: multiprocessing.Queue = multiprocessing.Queue()
+    per_process = max(1, args.clients // CLIENT_PROCESSES)
+    identifiers = [t.split(".", 1)[1] if t.count(".") > 1 else t for t in tables]
+    processes = [multiprocessing.Process(target=_clients, args=(url, identifiers, per_process, stop, results))
+                 for _ in range(CLIENT_PROCESSES)]
+    for process in processes:
+        process.start()
+    time.sleep(2.0)  # the clients connect and warm up before the writers are timed
+    beside = run_pipeline(args.seconds)
+    stop.set()
+    latencies: list[float] = []
+    errors = 0
+    for _ in processes:
+        found, failed = json.loads(results.get(timeout=120))
+        latencies += found
+        errors += failed
+    for process in processes:
+        process.join(60)
+    p99 = percentile(latencies, 0.99) * 1000
+    print(f"  clients: {len(latencies)} loads by {per_process * CLIENT_PROCESSES} clients, {errors} failed; "
+          f"p50 {percentile(latencies, 0.5) * 1000:.1f} ms, p99 {p99:.1f} ms; goal p99 < {CLIENTS_P99_GOAL_MS:g} ms: "
+          f"{verdict(p99 < CLIENTS_P99_GOAL_MS)}", flush=True)
+    mine, base = percentile(beside, 0.5), percentile(alone, 0.5)
+    print(f"  writers' time per epoch (both jobs): beside the clients p50 {mine * 1000:.0f} ms, alone (baseline) "
+          f"p50 {base * 1000:.0f} ms, {mine / base:.2f}x; goal <= {WRITERS_LAG_GOAL}x: "
+          f"{verdict(mine <= base * WRITERS_LAG_GOAL)}", flush=True)
+
+
+def _clients(url: str, tables: list[str], count: int, stop, results) -> None:
+    """``count`` client threads, each its own RestCatalog, loading ``tables`` once every ``CLIENT_EVERY_S`` (starting
+    at random offsets) until ``stop``."""
+    from pyiceberg.catalog.rest import RestCatalog
+    latencies: list[float] = []
+    failed = [0]
+    lock = threading.Lock()
+
+    def client() -> None:
+        catalog = RestCatalog("served", uri=url)
+        mine = []
+        next_query = time.monotonic() + random.uniform(0, CLIENT_EVERY_S)
+        while not stop.wait(max(0.0, next_query - time.monotonic())):
+            next_query += CLIENT_EVERY_S
+            for table in tables:
+                start = time.perf_counter()
+                try:
+                    catalog.load_table(table)
+                except Exception:  # noqa: BLE001 - counted
+                    with lock:
+                        failed[0] += 1
+                    continue
+                mine.append(time.perf_counter() - start)
+        with lock:
+            latencies.extend(mine)
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    results.put(json.dumps([latencies, failed[0]]))
+
+
+def _trino(settings: CatalogSettings, url: str, lake, home: Path) -> None:
+    from tests.helpers.trino import TrinoServer
+    s3 = "\n".join(["fs.native-s3.enabled=true", "s3.endpoint=${ENV:PYICEBERG_CATALOG__LAKE__S3__ENDPOINT}",
+                    "s3.region=${ENV:PYICEBERG_CATALOG__LAKE__S3__REGION}", "s3.path-style-access=true",
+                    "s3.aws-access-key=${ENV:PYICEBERG_CATALOG__LAKE__S3__ACCESS_KEY_ID}",
+                    "s3.aws-secret-key=${ENV:PYICEBERG_CATALOG__LAKE__S3__SECRET_ACCESS_KEY}"])
+    props = settings.python_catalog_properties()
+    direct = "\n".join(["connector.name=iceberg", "iceberg.catalog.type=rest",
+                        f"iceberg.rest-catalog.uri={props['uri']}",
+                        f"iceberg.rest-catalog.warehouse={props.get('warehouse', '')}",
+                        "iceberg.rest-catalog.security=OAUTH2",
+                        f"iceberg.rest-catalog.oauth2.credential={props['credential']}",
+                        f"iceberg.rest-catalog.oauth2.server-uri={props['oauth2-server-uri']}", s3, ""])
+    served = "\n".join(["connector.name=iceberg", "iceberg.catalog.type=rest", f"iceberg.rest-catalog.uri={url}", s3,
+                        ""])
+    env = settings.environment()
+    with TrinoServer(home / "trino", catalogs={"served": served, "direct": direct}, env=env) as trino:
+        def query(catalog: str):
+            return lambda: trino.query(f"SELECT count(*) FROM {catalog}.{lake.up} u JOIN {catalog}.{lake.down} d "
+                                       "ON u.epoch = d.epoch AND u.row = d.row")
+        through, backing = interleaved(query("served"), query("direct"), warmup=3, repeat=15)
+    mine, base = percentile(through, 0.5), percentile(backing, 0.5)
+    print(f"  Trino join p50: through the endpoint {mine * 1000:.0f} ms, the REST catalog directly (baseline) "
+          f"{base * 1000:.0f} ms, {mine / base:.2f}x; goal <= {TRINO_RATIO_GOAL}x: "
+          f"{verdict(mine <= base * TRINO_RATIO_GOAL)}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
