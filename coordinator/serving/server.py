@@ -63,6 +63,7 @@ TOKEN_LIFETIME_S = 3600
 STORAGE_PREFIXES = ("s3.", "client.", "gcs.", "adls.", "hadoop.", "py-io-impl", "io-impl")
 SERVED_TTL_S = 1.0  # a served version's answer is kept this long (its snapshots never change)
 SERVED_KEPT = 10_000  # answers kept at most (all dropped beyond)
+LOAD_WAIT_S = 5.0  # a request waits this long at most for another's load of the same answer, then tries itself
 CATALOG_POOL = 8  # backing-catalog clients kept for the request threads (each made on first need)
 NAMESPACE_SEPARATOR = "\x1f"
 READ_ENDPOINTS = [
@@ -173,6 +174,7 @@ class CatalogServer:
         self.registry.register(_ServedCollector(served))
         self._bodies: dict[tuple[str, Optional[int], bool], tuple[float, Encoded]] = {}
         self._bodies_lock = threading.Lock()
+        self._loading: dict[tuple[str, Optional[int], bool], threading.Event] = {}
         self._catalogs: LifoQueue[Catalog] = LifoQueue()
         self._catalogs_made = 0
         self._catalogs_lock = threading.Lock()
@@ -267,18 +269,29 @@ class CatalogServer:
         if choice.stale:
             headers["Tidemark-Stale"] = "zookeeper-unreachable"
             self.stale.inc()
+        if choice.passthrough:
+            return self._load_table(identifier, choice, snapshots == "refs"), headers, choice
         key = (identifier, choice.snapshot_id, snapshots == "refs")
-        if not choice.passthrough:
+        while True:  # one load per answer kept: the clients asking meanwhile wait for it (a new version's herd)
             with self._bodies_lock:
                 kept = self._bodies.get(key)
-            if kept is not None and kept[0] > time.monotonic():
-                return kept[1], headers, choice
-        body = self._load_table(identifier, choice, snapshots == "refs")
-        if not choice.passthrough:
+                if kept is not None and kept[0] > time.monotonic():
+                    return kept[1], headers, choice
+                loading = self._loading.get(key)
+                if loading is None:
+                    loading = self._loading[key] = threading.Event()
+                    break
+            loading.wait(LOAD_WAIT_S)
+        try:
+            body = self._load_table(identifier, choice, snapshots == "refs")
             with self._bodies_lock:
                 if len(self._bodies) > SERVED_KEPT:
                     self._bodies.clear()
                 self._bodies[key] = (time.monotonic() + SERVED_TTL_S, body)
+        finally:
+            with self._bodies_lock:
+                self._loading.pop(key, None)
+            loading.set()
         return body, headers, choice
 
     def _load_table(self, identifier: str, choice: Choice, refs_only: bool) -> Encoded:
