@@ -622,6 +622,12 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _milliseconds(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or int(text) > 3_600_000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds from 0 to 3600000")
+    return int(text)
+
+
 def _port(text: str) -> int:
     if not text.isascii() or not text.isdigit() or not 0 < int(text) < 65536:
         raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
@@ -806,7 +812,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for "
                                                            "every interface)")
     serve.add_argument("--port", type=_port, default=8181, help="port (default 8181)")
-    serve.add_argument("--repeat-after-ms", type=int, default=200, metavar="MS",
+    serve.add_argument("--repeat-after-ms", type=_milliseconds, default=200, metavar="MS",
                        help="a client keeps one version while it loads tables it has not loaded in it yet (one "
                             "query); a table loaded again this long after its previous load starts a new query at the "
                             "newest version (default 200; 0: every load gets the newest)")
