@@ -8,6 +8,7 @@ suite reads through the endpoint during every scenario (tests/faults/harness.py,
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from typing import Optional
@@ -17,10 +18,12 @@ from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import NoSuchTableError, OAuthError, UnauthorizedError
 
 from coordinator.errors import InvalidArgument
+from coordinator.operations.zookeeper_server import free_port
 from coordinator.serving.scope import Group, Pin, PinKind, Scope
 from coordinator.serving.served_versions import ServedVersions
 from coordinator.serving.server import CatalogServer, ServerAuth
 from coordinator.tidemark import Tidemark
+from tests.helpers.cli import assert_one_line_error, tidemark
 from tests.helpers.lake import create_table, rows_of, stage_rows
 from tests.helpers.mixed_lake import MixedLake, epoch_counts
 
@@ -177,3 +180,15 @@ def test_readers_authenticate_with_a_token_or_client_credentials(lake, serve):
     assert oauth.load_table(lake.down).metadata.current_snapshot_id == lake.published[lake.down][5000]
     with pytest.raises(OAuthError):
         RestCatalog("wrong", uri=server.url, credential="reader:wrong")
+
+
+def test_the_command_refuses_bad_input_in_one_line_and_creates_nothing(tmp_path):
+    env = {**os.environ, "TIDEMARK_HOME": str(tmp_path / "home")}
+    env = {k: v for k, v in env.items() if not k.startswith(("PYICEBERG_CATALOG__", "TIDEMARK_CATALOG"))}
+    done = tidemark("serve", "--repeat-after-ms", "-5", env=env)
+    assert_one_line_error(done.returncode, done.stderr, "--repeat-after-ms", status=2)
+    done = tidemark("serve", "--tls-cert-file", "cert.pem", env=env)
+    assert_one_line_error(done.returncode, done.stderr, "--tls-key-file")
+    done = tidemark("--timeout", "1", "serve", "--port", str(free_port()), env=env)
+    assert_one_line_error(done.returncode, done.stderr, "does not exist", "TIDEMARK_CATALOG_URI")
+    assert not (tmp_path / "home").exists()
