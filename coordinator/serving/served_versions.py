@@ -92,7 +92,7 @@ class ServedVersions:
     :param connect: opens a ZooKeeper session; called again when the server finds its session ended (a rebuilt
         ZooKeeper). None serves from Iceberg alone.
     :param switch_gap_s: a client's pause before its version may change (0: every request gets the newest).
-    :param max_hold_s: the longest a client keeps one version while it never pauses.
+    :param max_hold_s: the longest a client that never loads a table twice keeps one version.
     """
 
     settings: CatalogSettings
@@ -116,6 +116,8 @@ class ServedVersions:
         self._newest: dict[frozenset[str], ConsistentVersion] = {}  # never back: the newest served per group
         self._held: OrderedDict[tuple, _Held] = OrderedDict()
         self._seen_jobs: dict[str, tuple[JobRecord, float]] = {}  # job -> (record, when last in the graph)
+        self._reconnecting = threading.Event()
+        self._closed = False
         self._open_session()
 
     # -- ZooKeeper ------------------------------------------------------------------------
@@ -126,12 +128,18 @@ class ServedVersions:
         try:
             tm = self._connect()
         except ZooKeeperUnavailable:
-            return  # served from Iceberg until it answers (``_live_session`` tries again)
-        self._tm, self._cache = tm, TidemarkCache(tm)
-        self._resolver = Resolver(self._catalog, self.settings, tm, self._cache)
+            return  # served from Iceberg until it answers (``_live_session`` tries again, in the background)
+        with self._lock:
+            if self._closed:
+                tm.close()
+                return
+            self._tm, self._cache = tm, TidemarkCache(tm)
+            self._resolver = Resolver(self._catalog, self.settings, tm, self._cache)
+            self._resolved.clear()
 
     def _live_session(self) -> Optional[ZooKeeperSession]:
-        """The live session, or None while ZooKeeper cannot be asked (down, or being reconnected)."""
+        """The live session, or None while ZooKeeper cannot be asked (down, or being reconnected in the background:
+        a request never waits for a connection)."""
         tm = self._tm
         if tm is not None and tm.ended_error() is not None:  # rebuilt under us: this session never comes back
             self._cache.close()  # type: ignore[union-attr]
@@ -139,10 +147,16 @@ class ServedVersions:
             self._tm = self._resolver = self._cache = None
             self._resolved.clear()
             tm = None
-        if tm is None and self._connect is not None:
-            self._open_session()
-            tm = self._tm
+        if tm is None and self._connect is not None and not self._reconnecting.is_set():
+            self._reconnecting.set()
+            threading.Thread(target=self._reconnect, name="tidemark-serve-reconnect", daemon=True).start()
         return tm if tm is not None and tm.connection_state == KazooState.CONNECTED else None
+
+    def _reconnect(self) -> None:
+        try:
+            self._open_session()
+        finally:
+            self._reconnecting.clear()
 
     @property
     def zookeeper_connected(self) -> bool:
@@ -151,6 +165,7 @@ class ServedVersions:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._cache is not None:
                 self._cache.close()
             if self._tm is not None:

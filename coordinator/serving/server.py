@@ -235,22 +235,22 @@ class CatalogServer:
         return {"namespaces": [list(ns) for ns in found]}
 
     def namespace(self, namespace: str) -> dict[str, Any]:
-        from pyiceberg.exceptions import NoSuchNamespaceError
-        with self.catalog() as catalog:
-            try:
-                properties = self._backing(lambda: catalog.load_namespace_properties(_namespace(namespace)))
-            except NoSuchNamespaceError:
-                raise _no_namespace(namespace) from None
+        properties = self._in_namespace(namespace, lambda catalog, ns: catalog.load_namespace_properties(ns))
         return {"namespace": list(_namespace(namespace)), "properties": dict(properties)}
 
     def tables(self, namespace: str) -> dict[str, Any]:
+        found = self._in_namespace(namespace, lambda catalog, ns: catalog.list_tables(ns))
+        return {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in found]}
+
+    def _in_namespace(self, namespace: str, call: Any) -> Any:
+        """``call(catalog, namespace)`` on a backing catalog; a namespace it lacks is a 404."""
         from pyiceberg.exceptions import NoSuchNamespaceError
         with self.catalog() as catalog:
             try:
-                found = self._backing(lambda: catalog.list_tables(_namespace(namespace)))
+                return self._backing(lambda: call(catalog, _namespace(namespace)))
             except NoSuchNamespaceError:
-                raise _no_namespace(namespace) from None
-        return {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in found]}
+                raise RestError(404, "NoSuchNamespaceException",
+                                f"namespace {_dotted(namespace)} does not exist") from None
 
     def table(self, prefix: str, namespace: str, name: str, client: str, snapshots: Optional[str] = None,
               arrived: Optional[float] = None, refresh: bool = False) -> tuple[Encoded, dict[str, str], Choice]:
@@ -566,10 +566,6 @@ def _scope_from_prefix(prefix: str) -> Scope:
         return Scope.from_prefix(prefix)
     except InvalidArgument as exc:
         raise RestError(400, "BadRequestException", str(exc)) from None
-
-
-def _no_namespace(namespace: str) -> RestError:
-    return RestError(404, "NoSuchNamespaceException", f"namespace {_dotted(namespace)} does not exist")
 
 
 def _namespace(text: str) -> tuple[str, ...]:
