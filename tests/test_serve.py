@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import urllib.error
 import urllib.request
 from typing import Optional
@@ -21,11 +22,12 @@ from coordinator.errors import InvalidArgument
 from coordinator.operations.zookeeper_server import free_port
 from coordinator.serving.scope import Group, Pin, PinKind, Scope
 from coordinator.serving.served_versions import ServedVersions
-from coordinator.serving.server import CatalogServer, ServerAuth
+from coordinator.serving.server import CatalogServer, ServerAuth, tls_context
 from coordinator.tidemark import Tidemark
 from tests.helpers.cli import assert_one_line_error, tidemark
 from tests.helpers.lake import create_table, rows_of, stage_rows
 from tests.helpers.mixed_lake import MixedLake, epoch_counts
+from tests.helpers.tls import make_certificates
 
 
 def test_a_warehouse_names_a_group_and_a_pin_and_travels_as_the_prefix():
@@ -192,3 +194,23 @@ def test_the_command_refuses_bad_input_in_one_line_and_creates_nothing(tmp_path)
     done = tidemark("--timeout", "1", "serve", "--port", str(free_port()), env=env)
     assert_one_line_error(done.returncode, done.stderr, "does not exist", "TIDEMARK_CATALOG_URI")
     assert not (tmp_path / "home").exists()
+
+
+def test_https_with_the_servers_certificate_and_a_client_that_trusts_it(lake, zk_connect, catalog_settings, tmp_path,
+                                                                         monkeypatch):
+    for variable in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # requests prefers them to a session's own CA bundle
+        monkeypatch.delenv(variable, raising=False)
+    certificates = make_certificates(tmp_path / "tls")
+    served = ServedVersions(catalog_settings, lambda: Tidemark.connect(zk_connect, read_only=True))
+    server = CatalogServer(served, port=0, tls=tls_context(str(tmp_path / "tls" / "server.pem"),
+                                                           str(tmp_path / "tls" / "server.key"))).start()
+    try:
+        assert server.url.startswith("https://")
+        trusted = RestCatalog("tls", uri=server.url, ssl={"cabundle": str(certificates.ca)})  # type: ignore[arg-type]
+        assert trusted.load_table(lake.down).metadata.current_snapshot_id == lake.published[lake.down][5000]
+        context = ssl.create_default_context(cafile=str(certificates.other_ca))
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            urllib.request.urlopen(f"{server.url}/v1/config", timeout=30, context=context)
+        assert trusted.load_table(lake.up) is not None  # a refused handshake does not stop the server
+    finally:
+        server.stop()

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -64,6 +65,7 @@ STORAGE_PREFIXES = ("s3.", "client.", "gcs.", "adls.", "hadoop.", "py-io-impl", 
 SERVED_TTL_S = 1.0  # a served version's answer is kept this long (its snapshots never change)
 SERVED_KEPT = 10_000  # answers kept at most (all dropped beyond)
 LOAD_WAIT_S = 5.0  # a request waits this long at most for another's load of the same answer, then tries itself
+TLS_HANDSHAKE_S = 30.0
 CATALOG_POOL = 8  # backing-catalog clients kept for the request threads (each made on first need)
 NAMESPACE_SEPARATOR = "\x1f"
 READ_ENDPOINTS = [
@@ -181,7 +183,8 @@ class CatalogServer:
         handler = type("Handler", (_Handler,), {"server_side": self})
         self.httpd = _Listener((host, port), handler)
         if tls is not None:
-            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+            # the handshake happens in the request's thread (``_Handler.setup``), never in the one that accepts
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True, do_handshake_on_connect=False)
         self.scheme = "https" if tls is not None else "http"
         self._thread: Optional[threading.Thread] = None
 
@@ -363,6 +366,11 @@ class _Listener(ThreadingHTTPServer):
     request_queue_size = 1024  # the listen backlog: hundreds of clients connect at once (the default is 5)
     daemon_threads = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that failed outside a request (a TLS handshake refused, a client gone): one log line."""
+        error = sys.exc_info()[1]
+        log.info("tidemark serve: connection from %s failed: %s", client_address[0], error)
+
 
 class _Lease:
     def __init__(self, server: CatalogServer) -> None:
@@ -401,6 +409,13 @@ class _Handler(BaseHTTPRequestHandler):
     server_side: CatalogServer
     protocol_version = "HTTP/1.1"  # keep-alive: a client's loads come on one connection
     disable_nagle_algorithm = True  # headers and body are two writes: Nagle and a delayed ACK would add 40 ms
+
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(TLS_HANDSHAKE_S)
+            self.request.do_handshake()
+            self.request.settimeout(None)
+        super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
