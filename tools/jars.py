@@ -69,7 +69,10 @@ def install_test_servers(settings: Optional[Settings] = None) -> list[Path]:
             with tarfile.open(cached_jar(settings, TRINO_SERVER)) as archive:
                 # The "data" filter refuses links and paths out of the directory; a Python without it (Debian 12's
                 # 3.11.2 predates 3.11.4's backport) unpacks Maven Central's archive as it is.
-                archive.extractall(scratch, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+                if hasattr(tarfile, "data_filter"):
+                    archive.extractall(scratch, filter="data")
+                else:
+                    archive.extractall(scratch)  # Maven Central's archive of a pinned release
             server = Path(scratch) / f"trino-server-core-{TRINO_VERSION}"
             with zipfile.ZipFile(cached_jar(settings, TRINO_ICEBERG_PLUGIN)) as archive:
                 archive.extractall(scratch)
