@@ -892,7 +892,9 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, not at the interpreter's exit, so that a closed pipe is caught below
+        return code
     except TidemarkError as exc:
         return _fail(str(exc))
     except BrokenPipeError:

@@ -306,13 +306,13 @@ class Cascade:
             self.tm.close()
 
     def start(self) -> None:
+        self.endpoint.start()  # before the drivers: its start-up must not delay the producer behind their first epochs
         self.tables.create(self.settings.load())
         self.tm = Tidemark.connect(self.connect, session_timeout=10, operation_timeout=10)
         self.deploy(self.tm)
         self.start_drivers()
         self.checker = ConsistencyChecker(Resolver(self.settings.load(), self.settings, self.tm), self.tables.all,
                                           invariant(self.tables))
-        self.endpoint.start()
         self.served = ServedReader(self.endpoint.url, self.tables.all, invariant(self.tables))
         for target in (self._produce, self._supervise, self._track, self._check, self._read_served):
             thread = threading.Thread(target=target, name=target.__name__, daemon=True)
