@@ -91,7 +91,8 @@ class ServedVersions:
     :param settings: the backing catalog.
     :param connect: opens a ZooKeeper session; called again when the server finds its session ended (a rebuilt
         ZooKeeper). None serves from Iceberg alone.
-    :param switch_gap_s: a client's pause before its version may change (0: every request gets the newest).
+    :param repeat_after_s: a table loaded again this long after its previous load starts a new query (0: every load
+        gets the newest version).
     :param max_hold_s: the longest a client that never loads a table twice keeps one version.
     """
 
