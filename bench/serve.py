@@ -201,20 +201,15 @@ def _clients(url: str, tables: list[str], count: int, stop, results) -> None:
 
 
 def _trino(settings: CatalogSettings, url: str, lake, home: Path) -> None:
-    from tests.helpers.trino import TrinoServer
-    s3 = "\n".join(["fs.native-s3.enabled=true", "s3.endpoint=${ENV:PYICEBERG_CATALOG__LAKE__S3__ENDPOINT}",
-                    "s3.region=${ENV:PYICEBERG_CATALOG__LAKE__S3__REGION}", "s3.path-style-access=true",
-                    "s3.aws-access-key=${ENV:PYICEBERG_CATALOG__LAKE__S3__ACCESS_KEY_ID}",
-                    "s3.aws-secret-key=${ENV:PYICEBERG_CATALOG__LAKE__S3__SECRET_ACCESS_KEY}"])
+    from tests.helpers.trino import S3_PROPERTIES, TrinoServer, served_catalog
     props = settings.python_catalog_properties()
     direct = "\n".join(["connector.name=iceberg", "iceberg.catalog.type=rest",
                         f"iceberg.rest-catalog.uri={props['uri']}",
                         f"iceberg.rest-catalog.warehouse={props.get('warehouse', '')}",
                         "iceberg.rest-catalog.security=OAUTH2",
                         f"iceberg.rest-catalog.oauth2.credential={props['credential']}",
-                        f"iceberg.rest-catalog.oauth2.server-uri={props['oauth2-server-uri']}", s3, ""])
-    served = "\n".join(["connector.name=iceberg", "iceberg.catalog.type=rest", f"iceberg.rest-catalog.uri={url}", s3,
-                        ""])
+                        f"iceberg.rest-catalog.oauth2.server-uri={props['oauth2-server-uri']}", *S3_PROPERTIES, ""])
+    served = served_catalog(url)
     env = settings.environment()
     with TrinoServer(home / "trino", catalogs={"served": served, "direct": direct}, env=env) as trino:
         def query(catalog: str):

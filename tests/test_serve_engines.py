@@ -20,7 +20,7 @@ from coordinator.history.readers import DUCKDB_EXTENSIONS, _extension_file, _s3_
 from coordinator.tidemark import Tidemark
 from tests.helpers.mixed_lake import MixedLake
 from tests.helpers.served import ServeProcess
-from tests.helpers.trino import TrinoServer
+from tests.helpers.trino import TrinoServer, served_catalog
 from tests.test_lakehouse import lakehouse as lakehouse  # the fixture: this module's own
 
 READS = 12  # reads per engine while the pipeline commits
@@ -77,16 +77,6 @@ def endpoint(lakehouse, zk_chroot, tmp_path_factory):
         yield served
 
 
-def trino_catalog(url: str) -> str:
-    """The README's Trino catalog file for the endpoint (the object store from pyiceberg's variables)."""
-    return "\n".join([
-        "connector.name=iceberg", "iceberg.catalog.type=rest", f"iceberg.rest-catalog.uri={url}",
-        "fs.native-s3.enabled=true", "s3.endpoint=${ENV:PYICEBERG_CATALOG__LAKE__S3__ENDPOINT}",
-        "s3.region=${ENV:PYICEBERG_CATALOG__LAKE__S3__REGION}", "s3.path-style-access=true",
-        "s3.aws-access-key=${ENV:PYICEBERG_CATALOG__LAKE__S3__ACCESS_KEY_ID}",
-        "s3.aws-secret-key=${ENV:PYICEBERG_CATALOG__LAKE__S3__SECRET_ACCESS_KEY}", ""])
-
-
 def check_reads(read, what: str, reads: int = READS) -> None:
     """``reads`` reads by ``read() -> ((up count, up epoch sum), (down count, down epoch sum))``: each holds the same
     rows in both tables, and the reads move with the pipeline."""
@@ -101,7 +91,7 @@ def check_reads(read, what: str, reads: int = READS) -> None:
 def test_trino_joins_tables_through_the_endpoint_at_one_version_while_the_pipeline_commits(
         lakehouse, pipeline, endpoint, tmp_path_factory):
     up, down = pipeline.lake.up, pipeline.lake.down
-    with TrinoServer(tmp_path_factory.mktemp("trino"), catalogs={"served": trino_catalog(endpoint.url)},
+    with TrinoServer(tmp_path_factory.mktemp("trino"), catalogs={"served": served_catalog(endpoint.url)},
                      env=lakehouse.pyiceberg_environment()) as trino:
         def read():
             row = trino.query(f"SELECT u.n, u.s, d.n, d.s FROM (SELECT count(*) n, sum(epoch) s FROM served.{up}) u "

@@ -54,6 +54,7 @@ DEFAULT_MAX_HOLD_S = 30.0  # a client that never loads a table twice still gets 
 TOPOLOGY_TTL_S = 1.0  # the job graph is read again at most this often (it changes on registrations only)
 CAP_TRIES = 4  # epochs tried, newest first, for the newest version at or before a pin
 FORGET_JOBS_S = 300.0  # a job gone from the graph keeps its tables' groups this long (ZooKeeper's state lost)
+RESOLVED_KEPT = 1_024  # resolutions remembered (by group, pin and tidemark generation), all dropped beyond
 STICKY_CLIENTS = 10_000  # (client, scope, group) entries kept for the switch rule, least recently used dropped
 
 
@@ -195,15 +196,17 @@ class ServedVersions:
         """``table`` (an identifier ``ns.t``) as the job graph names it, and its group in ``scope``; (None, None) for a
         table no Tidemark job writes or reads."""
         graph = self._graph()
-        names = {self.settings.identifier(t): t for t in _tables(graph)}
-        name = names.get(table)
-        if name is None:
-            return None, None
+        name = next((t for t in _tables(graph) if self.settings.identifier(t) == table), None)
+        return (None, None) if name is None else (name, self._group(scope, graph, name))
+
+    def _group(self, scope: Scope, graph: Topology, name: str) -> frozenset[str]:
+        """The tables one version of ``scope`` covers with table ``name`` (as the job graph names it)."""
         if scope.group == Group.ALL:
-            return name, frozenset(names.values())
+            return frozenset(_tables(graph))
         if scope.group == Group.NAMESPACE:
-            return name, frozenset(t for i, t in names.items() if i.rpartition(".")[0] == scope.namespace)
-        return name, _component(graph, name)
+            return frozenset(t for t in _tables(graph)
+                             if self.settings.identifier(t).rpartition(".")[0] == scope.namespace)
+        return _component(graph, name)
 
     def _graph(self) -> Topology:
         """The job graph with every job seen in it during the last ``FORGET_JOBS_S``: while ZooKeeper's state is lost
@@ -266,14 +269,8 @@ class ServedVersions:
     def pin_now(self, scope: Scope) -> Pin:
         """A ``@pinned`` scope's pin: the newest epoch served now (its group's, for one group; the newest of the
         groups', for the pipeline group, so that no pipeline goes back)."""
-        topology = self.topology()
-        tables = _tables(topology)
-        if scope.group == Group.PIPELINE:
-            groups = {_component(topology, t) for t in tables}
-        elif scope.group == Group.ALL:
-            groups = {frozenset(tables)}
-        else:
-            groups = {frozenset(t for t in tables if self.settings.identifier(t).rpartition(".")[0] == scope.namespace)}
+        graph = self._graph()
+        groups = {self._group(scope, graph, t) for t in _tables(graph)}
         epochs = []
         for group in groups:
             if not group:
@@ -331,7 +328,7 @@ class ServedVersions:
             version = self._resolver.resolve(tables, as_of=pin.epoch)
         else:
             version = _at_or_before(self._resolver, tables, pin.epoch, self._cache.get(tables))
-        if len(self._resolved) > 4 * max(1, len(self._newest)) + 64:
+        if len(self._resolved) > RESOLVED_KEPT:
             self._resolved.clear()
         self._resolved[key] = version
         return version

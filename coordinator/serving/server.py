@@ -186,7 +186,6 @@ class CatalogServer:
             # the handshake happens in the request's thread (``_Handler.setup``), never in the one that accepts
             self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True, do_handshake_on_connect=False)
         self.scheme = "https" if tls is not None else "http"
-        self._thread: Optional[threading.Thread] = None
 
     @property
     def url(self) -> str:
@@ -194,8 +193,7 @@ class CatalogServer:
         return f"{self.scheme}://{host!s}:{port}"
 
     def start(self) -> CatalogServer:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="tidemark-serve", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self.httpd.serve_forever, name="tidemark-serve", daemon=True).start()
         return self
 
     def serve_forever(self) -> None:

@@ -34,6 +34,19 @@ START_TIMEOUT_S = 180.0  # about 20 s alone; a loaded 2-core machine takes sever
 QUERY_TIMEOUT_S = 120.0
 
 
+# Trino's S3 settings from pyiceberg's variables of catalog ``lake`` (the server's ``env``), as in the README.
+S3_PROPERTIES = ["fs.native-s3.enabled=true", "s3.endpoint=${ENV:PYICEBERG_CATALOG__LAKE__S3__ENDPOINT}",
+                 "s3.region=${ENV:PYICEBERG_CATALOG__LAKE__S3__REGION}", "s3.path-style-access=true",
+                 "s3.aws-access-key=${ENV:PYICEBERG_CATALOG__LAKE__S3__ACCESS_KEY_ID}",
+                 "s3.aws-secret-key=${ENV:PYICEBERG_CATALOG__LAKE__S3__SECRET_ACCESS_KEY}"]
+
+
+def served_catalog(url: str) -> str:
+    """The README's Trino catalog file for ``tidemark serve`` at ``url``."""
+    return "\n".join(["connector.name=iceberg", "iceberg.catalog.type=rest", f"iceberg.rest-catalog.uri={url}",
+                      *S3_PROPERTIES, ""])
+
+
 class TrinoQueryError(Exception):
     pass
 
