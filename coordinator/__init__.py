@@ -15,6 +15,9 @@ imports only the ones listed before it:
 - ``coordinator.tidemark``: ``Tidemark``, the session with the recipes at hand;
 - ``coordinator.operations``: the ``tidemark`` command, the exporter and the local ZooKeeper server.
 """
+import importlib
+from typing import TYPE_CHECKING
+
 from coordinator.errors import (
     ConfigurationError,
     CorruptState,
@@ -43,31 +46,70 @@ from coordinator.errors import (
     ZooKeeperRebuilt,
     ZooKeeperUnavailable,
 )
-from coordinator.history.gc import GarbageCollector
-from coordinator.history.gc_schedule import GcSchedule
-from coordinator.history.readers import VersionReader, duckdb_iceberg_connection, duckdb_iceberg_sql, version_sql
-from coordinator.history.resolve import ReaderSession, Resolver, read_arrow
-from coordinator.history.retention import RetentionPolicy
-from coordinator.iceberg.catalog import CatalogSettings
-from coordinator.job.writer import EpochContext, EpochWriter, Waiting
-from coordinator.operations.zookeeper_server import EmbeddedZooKeeper
-from coordinator.protocol.barriers import BarrierGrid, Barriers
-from coordinator.protocol.epochs import EpochCoordinator, Recovery, RecoveryAction
-from coordinator.protocol.leadership import Leadership, LeaderState
-from coordinator.protocol.topology import Topology
-from coordinator.records import (
-    BarrierMode,
-    ConsistencyLevel,
-    ConsistentVersion,
-    EpochInputs,
-    EpochRecord,
-    EpochState,
-    JobRecord,
-    SourceRange,
-    TableTidemark,
-)
-from coordinator.tidemark import Tidemark
-from coordinator.zookeeper.security import TlsSettings
+
+if TYPE_CHECKING:  # what mypy and editors see; at run time each name is imported when first used
+    from coordinator.history.gc import GarbageCollector
+    from coordinator.history.gc_schedule import GcSchedule
+    from coordinator.history.readers import VersionReader, duckdb_iceberg_connection, duckdb_iceberg_sql, version_sql
+    from coordinator.history.resolve import ReaderSession, Resolver, read_arrow
+    from coordinator.history.retention import RetentionPolicy
+    from coordinator.iceberg.catalog import CatalogSettings
+    from coordinator.job.writer import EpochContext, EpochWriter, Waiting
+    from coordinator.operations.zookeeper_server import EmbeddedZooKeeper
+    from coordinator.protocol.barriers import BarrierGrid, Barriers
+    from coordinator.protocol.epochs import EpochCoordinator, Recovery, RecoveryAction
+    from coordinator.protocol.leadership import Leadership, LeaderState
+    from coordinator.protocol.topology import Topology
+    from coordinator.records import (
+        BarrierMode,
+        ConsistencyLevel,
+        ConsistentVersion,
+        EpochInputs,
+        EpochRecord,
+        EpochState,
+        JobRecord,
+        SourceRange,
+        TableTidemark,
+    )
+    from coordinator.tidemark import Tidemark
+    from coordinator.zookeeper.security import TlsSettings
+
+# Names imported on first use (PEP 562): `tidemark --version` and `import coordinator.errors` stay quick,
+# `from coordinator import EpochWriter` loads what it needs.
+_LAZY: dict[str, str] = {name: module for module, names in (
+    ("coordinator.history.gc", ("GarbageCollector",)),
+    ("coordinator.history.gc_schedule", ("GcSchedule",)),
+    ("coordinator.history.readers", (
+        "VersionReader", "duckdb_iceberg_connection", "duckdb_iceberg_sql", "version_sql")),
+    ("coordinator.history.resolve", ("ReaderSession", "Resolver", "read_arrow")),
+    ("coordinator.history.retention", ("RetentionPolicy",)),
+    ("coordinator.iceberg.catalog", ("CatalogSettings",)),
+    ("coordinator.job.writer", ("EpochContext", "EpochWriter", "Waiting")),
+    ("coordinator.operations.zookeeper_server", ("EmbeddedZooKeeper",)),
+    ("coordinator.protocol.barriers", ("BarrierGrid", "Barriers")),
+    ("coordinator.protocol.epochs", ("EpochCoordinator", "Recovery", "RecoveryAction")),
+    ("coordinator.protocol.leadership", ("Leadership", "LeaderState")),
+    ("coordinator.protocol.topology", ("Topology",)),
+    ("coordinator.records", (
+        "BarrierMode", "ConsistencyLevel", "ConsistentVersion", "EpochInputs", "EpochRecord", "EpochState",
+        "JobRecord", "SourceRange", "TableTidemark")),
+    ("coordinator.tidemark", ("Tidemark",)),
+    ("coordinator.zookeeper.security", ("TlsSettings",)),
+) for name in names}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'coordinator' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "BarrierGrid", "BarrierMode", "Barriers", "CatalogSettings", "ConfigurationError", "ConsistencyLevel",

@@ -499,6 +499,13 @@ class ReaderPins(JsonRecord):
         return {"versions": {str(epoch): dict(snapshots) for epoch, snapshots in self.versions.items()}}
 
 
+@dataclass(frozen=True)
+class RootRead:
+    """A root table's snapshot as the jobs reading it read it at a barrier (None: it was empty then)."""
+
+    snapshot_id: Optional[int]
+
+
 class ConsistencyLevel(str, enum.Enum):
     LATEST = "latest"
     COMMITTED = "committed"

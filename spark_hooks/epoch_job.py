@@ -9,7 +9,7 @@
         ctx.merge("lake.db.word_counts", delta, on=["word"], matched="t.cnt = t.cnt + s.cnt")
 
     job.run(max_epochs=10)     # or run() until stop() / SIGTERM; standbys wait for leadership, warm
-    job.run(once=True)         # a batch run: one epoch at the newest barrier its sources all have
+    job.run(once=True)         # a batch run: one epoch, covering every root commit made before the call
     EpochJob(..., every="1h")  # a job at its own cadence (a multiple of the grid interval)
 
 The loop is ``coordinator.job.writer.EpochWriter`` (register, lead, recover, pick the next
@@ -193,10 +193,10 @@ class EpochJob:
     def run(self, max_epochs: Optional[int] = None, until: Optional[int] = None, once: bool = False,
             leader_timeout: Optional[float] = None, stop_on_sigterm: bool = True,
             exit_on_rebuilt: bool = True) -> list[int]:
-        """Process epochs until ``max_epochs`` epochs, barrier ``until``, or ``stop()``; ``once``: one epoch at the
-        newest barrier available now (``EpochWriter.run``). A ZooKeeper server found behind the session (rebuilt
-        or restored) ends the driver with one line and status 75 for its supervisor to restart it
-        (``exit_on_rebuilt=False``: ``ZooKeeperRebuilt`` is raised instead).
+        """Process epochs until ``max_epochs`` epochs, barrier ``until``, or ``stop()``; ``once``: one epoch
+        covering every root commit made before the call (``EpochWriter.run``). A ZooKeeper server found behind
+        the session (rebuilt or restored) ends the driver with one line and status 75 for its supervisor to
+        restart it (``exit_on_rebuilt=False``: ``ZooKeeperRebuilt`` is raised instead).
 
         Returns the epochs this call committed. Every one of them is committed before it returns.
         """

@@ -176,6 +176,15 @@ def test_every_sub_package_says_what_it_holds_and_may_import():
 
 @pytest.mark.parametrize("module", ["coordinator", "coordinator.operations.cli"])
 def test_importing_the_coordinator_loads_no_spark(module):
-    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j')))"
+    code = (f"import sys, coordinator, {module}; [getattr(coordinator, name) for name in coordinator.__all__]; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_public_name_is_exported_and_found_when_first_used():
+    import coordinator
+    assert sorted(coordinator.__all__) == sorted(set(coordinator.__all__)) == dir(coordinator)
+    assert [name for name in coordinator.__all__ if getattr(coordinator, name).__name__ != name] == []
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        coordinator.Nope  # noqa: B018 - the attribute access is the test

@@ -43,14 +43,32 @@ def test_numbers_out_of_range_are_refused_in_one_line_saying_what_is_allowed(cap
     assert_one_line_error(*run_cli(capsys, *argv)[::2], needle, status=EXIT_USAGE)
 
 
+@pytest.mark.parametrize("command", ["fence", "unregister", "pause", "retire", "resume"])
+def test_every_command_that_takes_a_job_checks_its_name_the_same_way_before_connecting(capsys, command):
+    code, _, err = run_cli(capsys, "--zk", "127.0.0.1:1", command, "a/b", "--yes")
+    assert_one_line_error(code, err, "job name 'a/b' has characters that cannot be used ('/')", status=EXIT_USAGE)
+
+
+def _commands(parser: argparse.ArgumentParser, name: str = "tidemark") -> list[tuple[str, argparse.ArgumentParser]]:
+    """Every command and sub-command (``lakehouse start``), by its full name."""
+    found = [(name, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, command in action.choices.items():
+                found += _commands(command, f"{name} {sub}")
+    return found
+
+
 def test_every_option_of_every_command_is_explained_in_its_help(capsys):
-    parser = build_parser()
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    commands = _commands(build_parser())
     unexplained = [f"{name} {'/'.join(action.option_strings) or action.dest}"
-                   for name, command in [("tidemark", parser), *commands.items()]
+                   for name, command in commands
                    for action in command._actions
                    if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) and not action.help]
     assert unexplained == []
+    assert {"tidemark lakehouse start", "tidemark lakehouse env", "tidemark zk status"} <= dict(commands).keys()
+    for name, command in commands:  # each one's own help, `lakehouse start --help` included
+        assert run_cli(capsys, *name.split()[1:], "--help")[:2] == (0, command.format_help()), name
     assert run_cli(capsys, "barriers", "--help")[:2] == (0, build_parser()._subparsers._group_actions[0]  # type: ignore
                                                          .choices["barriers"].format_help())
     out = run_cli(capsys, "--help")[1]
@@ -65,6 +83,16 @@ def test_version_names_the_installed_distribution():
     name, version = result.stdout.split()[:2]
     assert name.startswith("tidemark") and version[0].isdigit(), result.stdout
     assert f"coordinator at {Path(__file__).resolve().parent.parent / 'coordinator'}" in result.stdout
+
+
+def test_version_and_help_load_neither_iceberg_nor_arrow():
+    """`tidemark --version` took 1.5 s of CPU: the package imported its whole stack up front."""
+    probe = ("import sys\nfrom coordinator.operations import cli\n"
+             "for argv in (['--version'], ['--help'], ['lakehouse', 'start', '--help']):\n"
+             "    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n"
+             "print(sorted(m for m in ('pyiceberg', 'pyarrow', 'pandas', 'duckdb') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "[]", done.stdout[-300:] + done.stderr
 
 
 @pytest.mark.parametrize("connect", ["127.0.0.1:2181/bad//chroot", "127.0.0.1:2181/a/", "127.0.0.1:2181/a/./b",

@@ -23,6 +23,10 @@ def test_zk_start_status_stop_end_a_real_server(tmp_path):
     assert started.stdout.strip() == f"127.0.0.1:{port}"
     pid = present(EmbeddedZooKeeper(port, tmp_path).recorded_state()).pid
     assert four_letter_word("127.0.0.1", port) == b"imok"
+    again = tidemark("zk", "start", "--data-dir", str(tmp_path))  # already running: where it runs, not an error
+    assert again.returncode == 0 and again.stdout == started.stdout, again.stderr
+    assert f"(pid {pid}) already runs" in again.stderr and again.stderr.count("\n") == 1
+    assert "usage: tidemark zk start" in tidemark("zk", "start", "--help").stdout
     status = tidemark("zk", "status", "--port", str(port), "--data-dir", str(tmp_path))
     assert status.returncode == 0 and "standalone" in status.stdout
     stopped = tidemark("zk", "stop", "--data-dir", str(tmp_path))

@@ -382,16 +382,22 @@ def test_tidemark_lakehouse_start_prints_the_settings_that_reach_it_and_stop_end
         assert exports["PYICEBERG_CATALOG__LAKE__TYPE"] == "rest" and "PYICEBERG_CATALOG__LAKE__S3__ENDPOINT" in exports
         status = lakehouse("status")
         assert status.returncode == 0 and "serving" in status.stdout, status.stdout
-        again = lakehouse("start")
-        assert again.returncode == 1 and "already runs" in again.stderr and again.stderr.count("\n") == 1
+        assert 'eval "$(tidemark lakehouse env)"' in status.stdout
+        # a second terminal or a notebook: a second start, and env, print the same settings again
+        again, printed = lakehouse("start"), lakehouse("env")
+        assert again.returncode == 0 and again.stdout == started.stdout, again.stdout + again.stderr
+        assert "already runs" in again.stderr and again.stderr.count("\n") == 1
+        assert printed.returncode == 0 and printed.stdout == started.stdout and not printed.stderr
         for variable, value in exports.items():  # what `eval "$(tidemark lakehouse start)"` does
             monkeypatch.setenv(variable, value)
         CatalogSettings.from_env(Settings.from_env({})).load().list_namespaces()
     finally:
         stopped = lakehouse("stop")
     assert stopped.returncode == 0 and stopped.stdout.strip() == "stopped", stopped.stdout + stopped.stderr
-    gone = lakehouse("status")
+    gone, nothing = lakehouse("status"), lakehouse("env")
     assert gone.returncode == 3 and "not running" in gone.stdout
+    assert nothing.returncode == 1 and not nothing.stdout and nothing.stderr.count("\n") == 1
+    assert "no lakehouse server runs" in nothing.stderr and "tidemark lakehouse start" in nothing.stderr
 
 
 def test_a_first_start_whose_port_was_taken_meanwhile_takes_other_ports(tmp_path):

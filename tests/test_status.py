@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 from typing import Optional
@@ -93,6 +94,16 @@ def test_unreachable_zookeeper_is_a_one_line_error():
     result = tidemark("--zk", f"127.0.0.1:{free_port()}", "--timeout", "1", "status", timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0 and "no ZooKeeper server answered" in result.stderr
+
+
+def test_a_refused_connection_is_reported_at_once_not_after_the_timeout():
+    began = time.monotonic()
+    port = free_port()
+    result = tidemark("--zk", f"127.0.0.1:{port}", "status", timeout=60)  # the default timeout: 15 s
+    assert time.monotonic() - began < 10, "a refused connection waited out the connect timeout"
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert f"no ZooKeeper server runs at 127.0.0.1:{port} (127.0.0.1:{port} refused the connection)" in result.stderr
+    assert "tidemark zk start" in result.stderr
 
 
 def test_exporter_serves_the_status(tm, zk_connect, two_epochs):

@@ -107,7 +107,8 @@ def test_lag_is_wall_clock_seconds_and_a_finished_bounded_run_is_not_stale(tm, c
     # No consistent epoch spans both tables; the live job's tables (quit's: done is at rest) have one.
     assert status.live_consistent_epoch == quit_epochs[0]
     text = cli_status(zk_connect, capsys)
-    assert text.startswith(f"grid: {INTERVAL} ms   consistent epoch: -   live jobs' tables: {quit_epochs[0]} (")
+    assert text.startswith(f"grid: {INTERVAL} ms   consistent epoch: none (no epoch that every one of their tables "
+                           f"holds)   without the jobs at rest (done): {quit_epochs[0]} (")
     done_line = next(line for line in text.splitlines() if line.startswith("done:"))
     assert f"finished at epoch {epochs[-1]}" in done_line and "STALE" not in done_line
     assert " s" in done_line.split("lag ", 1)[1]

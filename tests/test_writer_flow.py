@@ -624,6 +624,32 @@ def test_bounded_runs_end_at_their_bound_and_say_so(tm, fleet, catalog, namespac
 
 # -- 7. cadence -----------------------------------------------------------------------------------
 
+def test_a_batch_run_covers_the_rows_committed_just_before_it(tm, slow_fleet, catalog, namespace):
+    """A batch run (``once``) waits out the grace for the first barrier at or after its call, rather than take the
+    newest barrier the grace allows now, which left rows appended a moment before for the next run."""
+    events = create_table(catalog, f"{namespace}.events", first_snapshot=False)
+    out = f"{namespace}.out"
+    create_table(catalog, out, first_snapshot=False)
+    copied = copy(f"{namespace}.events", out)
+
+    def batch_run() -> list[int]:
+        runner = slow_fleet.start(slow_fleet.writer("batch", [f"{namespace}.events"], [out], grace_ms=3000),
+                                  copied, once=True)
+        slow_fleet.wait(lambda: runner.done, "the batch run to return")
+        runner.check()
+        return present(runner.result)
+
+    for run, values in enumerate(([1, 2], [3], [4, 5])):
+        events.append(rows(run, values))
+        called_at = now_ms()
+        taken = batch_run()
+        assert len(taken) == 1 and taken[0] >= called_at, (taken, called_at)
+        held = as_set(catalog.load_table(out).scan().to_arrow())
+        assert held == as_set(events.refresh().scan().to_arrow()), f"run {run} left rows for the next one: {held}"
+    assert len(batch_run()) == 1, "a batch run with nothing new commits its barrier as an idle epoch"
+    assert as_set(catalog.load_table(out).scan().to_arrow()) == as_set(events.scan().to_arrow())
+
+
 def test_a_job_at_a_coarser_cadence_takes_only_its_barriers_and_a_job_below_follows_it(tm, fleet, catalog, namespace):
     interval = fleet.interval_ms
     every = 4 * interval

@@ -51,7 +51,7 @@ from pyiceberg.table import ALWAYS_TRUE, DataScan, Snapshot, Table
 from coordinator.errors import ConfigurationError, EpochOrderError, InvalidName, VersionNotFound
 from coordinator.history.versions import RetainedVersions, nearest, tag_epoch, tag_name
 from coordinator.iceberg.catalog import CatalogSettings, load_table
-from coordinator.iceberg.lineage import EpochLineage, LineageSummary, RootRead
+from coordinator.iceberg.lineage import EpochLineage, LineageSummary
 from coordinator.names import validate_epoch, validate_name
 from coordinator.protocol.held_epochs import Evidence, HeldEpochs
 from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
@@ -61,6 +61,7 @@ from coordinator.records import (
     ConsistentVersion,
     EpochInputs,
     ReaderPins,
+    RootRead,
     TableTidemark,
 )
 from coordinator.zookeeper.session import ZooKeeperSession

@@ -324,7 +324,8 @@ def load_table(catalog: Catalog, settings: CatalogSettings, table: str) -> Table
     try:
         return catalog.load_table(identifier)
     except (NoSuchTableError, NoSuchNamespaceError, NoSuchIdentifierError):
-        raise TableNotFound(f"Iceberg table {table!r} does not exist in catalog {settings.name!r}") from None
+        raise TableNotFound(f"Iceberg table {table!r} does not exist in {settings.describe()}: create it there "
+                            "(CatalogSettings.from_env() opens the catalog the jobs use), or check its name") from None
 
 
 def _without(properties: Mapping[str, str], *keys: str) -> dict[str, str]:

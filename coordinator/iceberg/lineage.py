@@ -56,14 +56,7 @@ from coordinator.iceberg.snapshots import (
     snapshot_index,
     snapshot_progress,
 )
-from coordinator.records import EpochInputs
-
-
-@dataclass(frozen=True)
-class RootRead:
-    """A root table's snapshot as the jobs reading it read it at a barrier (None: it was empty then)."""
-
-    snapshot_id: Optional[int]
+from coordinator.records import EpochInputs, RootRead
 
 
 @dataclass(frozen=True)
@@ -219,4 +212,4 @@ class EpochLineage:
         return self._recorded
 
 
-__all__ = ["EpochLineage", "LineageSummary", "RootRead"]
+__all__ = ["EpochLineage", "LineageSummary"]

@@ -8,7 +8,7 @@
         ctx.append("lake.db.counts", summarize(new))         # staged, published at commit
 
     writer.run(step)            # until stop() / SIGTERM; max_epochs=3 or until=T for a bounded run
-    writer.run(step, once=True) # a batch run: one epoch at the newest barrier its sources all have
+    writer.run(step, once=True) # a batch run: one epoch, covering every root commit made before the call
 
     hourly = EpochWriter(tm, "daily_report", sources=["lake.db.counts"], sinks=[...], every="1h")
 
@@ -131,6 +131,7 @@ from coordinator.records import (
     EpochState,
     SourceRange,
     TableTidemark,
+    now_ms,
 )
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -440,8 +441,11 @@ class EpochWriter:
             once: bool = False, leader_timeout: Optional[float] = None,
             while_standby: Optional[Callable[[], None]] = None, stop_on_sigterm: bool = True,
             exit_on_rebuilt: bool = True) -> list[int]:
-        """Process epochs until ``max_epochs`` epochs, barrier ``until``, or ``stop()``; with ``once``, process the
-        newest epoch available now (if it is newer than the last) and return: a batch run.
+        """Process epochs until ``max_epochs`` epochs, barrier ``until``, or ``stop()``; with ``once``, process one
+        epoch and return: a batch run. It covers every row committed before the call: with a root source it
+        waits for the first barrier at or after the call to pass by the grace (on its cadence with ``every``: the
+        newest one at or before that point), a derived job takes what its sources' writers committed; it
+        returns without an epoch when the job has that one already.
 
         Each epoch is the newest barrier the job's pacing allows, so a bounded run that starts
         behind catches up in one epoch. ``until`` ends the run once the job committed the
@@ -461,10 +465,13 @@ class EpochWriter:
             signal.signal(signal.SIGTERM, self._on_sigterm)
         start = len(self.committed)
         self._stop.clear()
+        # A batch run covers what was committed before it, on this host's clock or ZooKeeper's, whichever is ahead
+        # (a root table's commits carry the time of the host that made them).
+        called_at = max(now_ms(), self.tm.server_clock.now_ms()) if once else None
 
         def lead() -> None:  # one term
             remaining = None if max_epochs is None else max_epochs - (len(self.committed) - start)
-            if self._loop(function, remaining, until, once):
+            if self._loop(function, remaining, until, called_at):
                 JobRun(self.leadership).finished(self.epochs.last_committed)
         supervisor = Supervisor(self.name, self._stop, take_over=lambda: self.open(leader_timeout, while_standby),
                                 step_down=self.close, still_leading=lambda: self.leadership.confirm())
@@ -479,8 +486,10 @@ class EpochWriter:
         return self.committed[start:]
 
     def _loop(self, function: Callable[..., None], max_epochs: Optional[int], until: Optional[int],
-              once: bool = False) -> bool:
-        """Process epochs; True when the bounded run is complete (False when stopped)."""
+              called_at: Optional[int] = None) -> bool:
+        """Process epochs; True when the bounded run is complete (False when stopped). ``called_at``: a batch run's
+        (``once``) call time, which its one epoch covers."""
+        once = called_at is not None
         done = 0
         while not self._stop.is_set():
             if max_epochs is not None and done >= max_epochs:
@@ -495,7 +504,8 @@ class EpochWriter:
                     return True
                 with self.metrics.phase("wait"):
                     # A batch run of a new job waits for its first epoch (after it opened): nothing older exists.
-                    target = self.next_barrier(until, wait=not once or self.epochs.last_committed is None)
+                    target = self.next_barrier(until, wait=not once or self.epochs.last_committed is None,
+                                               covering=called_at)
                     inputs = None if target is None else self.inputs_for(target)
                 if target is None:
                     return not self._stop.is_set()
@@ -617,13 +627,16 @@ class EpochWriter:
         except TableNotFound:
             return False  # not created yet: nothing to read either way
 
-    def next_barrier(self, until: Optional[int] = None, wait: bool = True) -> Optional[int]:
+    def next_barrier(self, until: Optional[int] = None, wait: bool = True,
+                     covering: Optional[int] = None) -> Optional[int]:
         """Block until the job's pacing gives its next epoch, and return it; None when stopped, when the run
-        bounded by ``until`` is complete, or (``wait`` False) when no epoch is available now (``NextEpoch``)."""
+        bounded by ``until`` is complete, or (``wait`` False) when no epoch is available now (``NextEpoch``).
+        ``covering``: a batch run's call time, which the epoch must cover (``NextEpoch.wait``)."""
         last = self.epochs.last_committed
         after = last if last is not None else self._opened_ms  # a new job starts after it opened
         epoch = self._open_next.wait(after, until, wait, stopped=self._stop.is_set,
-                                     on_wait=lambda choice: self._note_wait(after, choice.reason, choice.behind))
+                                     on_wait=lambda choice: self._note_wait(after, choice.reason, choice.behind),
+                                     covering=covering)
         if epoch is not None:
             self.waiting = None
         return epoch

@@ -2,7 +2,7 @@
 
     tidemark --version | --help | COMMAND --help     every option of every command is explained there
     tidemark zk start [--port P] [--data-dir D]     a local ZooKeeper server in the background (zk status, zk stop)
-    tidemark lakehouse start [--data-dir D]         a local S3 endpoint and REST catalog (lakehouse status, stop)
+    tidemark lakehouse start [--data-dir D]         a local S3 endpoint and REST catalog (lakehouse env, status, stop)
     tidemark status [--json]                        jobs, leaders, tidemarks, lag (s), cadence, what each job waits for
     tidemark topology [--format text|json|dot|mermaid]
     tidemark fence JOB [--yes] [--dry-run] | tidemark unregister JOB [--yes] [--dry-run] [--unfenced]
@@ -171,6 +171,12 @@ def cmd_zk(args: argparse.Namespace) -> int:
                     else bool(settings.zk_user or settings.zk_reader_user))
     server = EmbeddedZooKeeper(port=args.port or DEFAULT_PORT, data_dir=args.data_dir, require_auth=require_auth)
     if args.action == "start":
+        running = server.running_state()
+        if running is not None and args.port in (None, running.port):  # a second start says where it runs
+            print(f"127.0.0.1:{running.port}")
+            print(f"tidemark: a ZooKeeper server (pid {running.pid}) already runs there with data dir "
+                  f"{server.data_dir}; `tidemark zk stop` stops it", file=sys.stderr)
+            return 0
         server.start()
         print(server.connect_string)
         if require_auth:
@@ -208,22 +214,30 @@ def cmd_lakehouse(args: argparse.Namespace) -> int:
     from coordinator.settings import Settings
     settings = Settings.from_env()
     server = EmbeddedLakehouse(args.data_dir or settings.home / "lakehouse", catalog_name=settings.catalog_name)
-    if args.action == "start":
+    pid = server.running_pid()
+    if args.action == "start" and pid is not None:  # a second terminal or a notebook gets the settings again
+        print(f"tidemark: the lakehouse server (pid {pid}) already runs with data dir {server.data_dir}; its "
+              "settings follow (`tidemark lakehouse stop` stops it)", file=sys.stderr)
+    elif args.action == "start":
         server.start()
+    elif args.action == "stop":
+        print("stopped" if server.stop() else f"no lakehouse server recorded in {server.data_dir}")
+        return 0
+    elif pid is None:
+        if args.action == "env":  # eval would set nothing and a job would use the embedded catalog: say it
+            raise TidemarkError(f"no lakehouse server runs with data dir {server.data_dir}: `tidemark lakehouse "
+                                "start` starts one and prints its settings")
+        print(f"not running (no live server recorded in {server.data_dir})")
+        return 3
+    if args.action in ("start", "env"):
         for variable, value in server.pyiceberg_environment().items():
             print(f"export {variable}={shlex.quote(value)}")
         return 0
-    if args.action == "stop":
-        print("stopped" if server.stop() else f"no lakehouse server recorded in {server.data_dir}")
-        return 0
-    pid = server.running_pid()
-    if pid is None:
-        print(f"not running (no live server recorded in {server.data_dir})")
-        return 3
     serving, room = server.serving(), disk_room(server.data_dir)
     print(f"pid {pid}, S3 {server.s3_endpoint}, catalog {server.catalog_uri}, data {server.data_dir}: "
           f"{'serving' if serving else 'NOT answering'}"
           f"{'' if room.enough else f', but NOT writing: {room.describe()}'}")
+    print('its settings, for another terminal or a notebook: eval "$(tidemark lakehouse env)"')
     return 0 if serving and room.enough else 3
 
 
@@ -240,15 +254,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status.to_dict(), indent=2))
         return 0
-    consistent = _fmt_epoch(status.consistent_epoch)
-    if status.consistent_epoch is not None:
-        consistent += f", lag {fmt_seconds(status.consistent_lag_ms)}"
-    header = f"grid: {status.interval_ms or '-'} ms   consistent epoch: {consistent}"
-    if any(job.at_rest for job in status.jobs):  # then the tables of what is live may be fresher
-        live = _fmt_epoch(status.live_consistent_epoch)
-        if status.live_consistent_epoch is not None:
-            live += f", lag {fmt_seconds(status.live_consistent_lag_ms)}"
-        header += f"   live jobs' tables: {live}"
+    def consistent(epoch: Optional[int], lag_ms: Optional[int]) -> str:
+        return ("none (no epoch that every one of their tables holds)" if epoch is None
+                else f"{_fmt_epoch(epoch)}, lag {fmt_seconds(lag_ms)}")
+    header = (f"grid: {status.interval_ms or '-'} ms   consistent epoch: "
+              f"{consistent(status.consistent_epoch, status.consistent_lag_ms)}")
+    at_rest = [job.name for job in status.jobs if job.at_rest]
+    if at_rest:  # then the tables of the jobs that run may be fresher
+        header += (f"   without the jobs at rest ({', '.join(at_rest)}): "
+                   f"{consistent(status.live_consistent_epoch, status.live_consistent_lag_ms)}")
     print(header)
     if not status.jobs:
         print(f"no jobs registered (looked in {_where(args)})")
@@ -674,6 +688,15 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+def _job_name(text: str) -> str:
+    """A job's name, checked by the rule every command and the library share before it looks anything up."""
+    from coordinator.names import validate_name
+    try:
+        return validate_name(text, "job name")
+    except TidemarkError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _epoch(text: str) -> int:
     from coordinator.names import MAX_EPOCH_MS
     if not text.isascii() or not text.isdigit() or int(text) > MAX_EPOCH_MS:
@@ -709,29 +732,42 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     zk = sub.add_parser("zk", help="a local ZooKeeper server (for trying Tidemark out, the demo and tests)")
-    zk.add_argument("action", choices=["start", "stop", "status"],
-                    help="start one in the background, stop the one recorded in --data-dir, or say whether it serves "
-                         "(status exits 3 when it does not)")
-    zk.add_argument("--port", type=_port, help=f"its client port, 1-65535 (start: default {DEFAULT_PORT}; stop and "
-                                               "status: refuse a server recorded with another port)")
-    zk.add_argument("--data-dir", type=Path, help="its data directory, where its pid and port are recorded "
-                                                  "(default: $TIDEMARK_HOME/zookeeper)")
-    zk.add_argument("--json", action="store_true", help="status: one JSON object on stdout")
-    zk.add_argument("--require-auth", action=argparse.BooleanOptionalAction, default=None,
-                    help="start: refuse clients without a digest identity (default: when TIDEMARK_ZK_USER or "
-                         "TIDEMARK_ZK_READER_USER is set)")
-    zk.set_defaults(func=cmd_zk)
+    zk_actions = zk.add_subparsers(dest="action", required=True)
+    for action, helptext in (
+            ("start", "start one in the background and print its connect string (when one already runs with "
+                      "--data-dir: print its connect string)"),
+            ("stop", "stop the one recorded in --data-dir"),
+            ("status", "say whether it serves (exits 3 when it does not)")):
+        action_parser = zk_actions.add_parser(action, help=helptext, description=helptext)
+        action_parser.add_argument("--port", type=_port,
+                                   help=f"its client port, 1-65535 (start: default {DEFAULT_PORT}; stop and status: "
+                                        "refuse a server recorded with another port)")
+        action_parser.add_argument("--data-dir", type=Path, help="its data directory, where its pid and port are "
+                                                                 "recorded (default: $TIDEMARK_HOME/zookeeper)")
+        if action == "status":
+            action_parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+        if action == "start":
+            action_parser.add_argument("--require-auth", action=argparse.BooleanOptionalAction, default=None,
+                                 help="refuse clients without a digest identity (default: when TIDEMARK_ZK_USER or "
+                                      "TIDEMARK_ZK_READER_USER is set)")
+        action_parser.set_defaults(func=cmd_zk, json=False, require_auth=None)
 
     lakehouse = sub.add_parser("lakehouse", help="a local S3 endpoint and Iceberg REST catalog (SeaweedFS, the "
                                                  "lakehouse extra), for trying Tidemark on the stack it runs on")
-    lakehouse.add_argument("action", choices=["start", "stop", "status"],
-                           help="start one in the background and print the PYICEBERG_CATALOG__* settings that "
-                                "reach it (eval \"$(tidemark lakehouse start)\"), stop the one recorded in --data-dir, "
-                                "or say whether it serves (status exits 3 when it does not, or when its disk is too "
-                                "full for it to write)")
-    lakehouse.add_argument("--data-dir", type=Path, help="its data directory, where its pid and ports are recorded "
-                                                         "(default: $TIDEMARK_HOME/lakehouse)")
-    lakehouse.set_defaults(func=cmd_lakehouse)
+    lakehouse_actions = lakehouse.add_subparsers(dest="action", required=True)
+    for action, helptext in (
+            ("start", "start one in the background and print the PYICEBERG_CATALOG__* settings that reach it "
+                      "(eval \"$(tidemark lakehouse start)\"); when one already runs with --data-dir, print its "
+                      "settings"),
+            ("env", "print the settings of the one running with --data-dir, for another terminal or a notebook "
+                    "(eval \"$(tidemark lakehouse env)\"; an error when none runs)"),
+            ("stop", "stop the one recorded in --data-dir"),
+            ("status", "say whether it serves (exits 3 when it does not, or when its disk is too full for it to "
+                       "write)")):
+        action_parser = lakehouse_actions.add_parser(action, help=helptext, description=helptext)
+        action_parser.add_argument("--data-dir", type=Path, help="its data directory, where its pid and ports are "
+                                                                 "recorded (default: $TIDEMARK_HOME/lakehouse)")
+        action_parser.set_defaults(func=cmd_lakehouse)
 
     init = sub.add_parser("init", help="create the tree's top-level znodes and secure them for the identities "
                                        "configured (run once as the operator before jobs with their own identity)")
@@ -748,14 +784,14 @@ def build_parser() -> argparse.ArgumentParser:
     topology.set_defaults(func=cmd_topology)
 
     fence = sub.add_parser("fence", help="bump a job's term so its current leader can no longer commit")
-    fence.add_argument("job", help="the job's name (`tidemark status` lists them)")
+    fence.add_argument("job", type=_job_name, help="the job's name (`tidemark status` lists them)")
     fence.add_argument("--by", default="operator", help="who fenced it (recorded in the term znode)")
     _confirmation(fence)
     fence.set_defaults(func=cmd_fence)
 
     unregister = sub.add_parser("unregister", help="remove a fenced or leaderless job (says what a re-registration "
                                                    "resumes from; asks for confirmation)")
-    unregister.add_argument("job", help="the job's name (`tidemark status` lists them)")
+    unregister.add_argument("job", type=_job_name, help="the job's name (`tidemark status` lists them)")
     unregister.add_argument("--yes", action="store_true", help="go ahead without asking (needed without a terminal)")
     unregister.add_argument("--dry-run", action="store_true", help="say what would happen and what a "
                             "re-registration resumes from; change nothing")
@@ -772,7 +808,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "epoch: not stale, out of the consistent lag; its drivers refuse to lead it until resumed"),
             ("resume", "remove a pause or a retirement (a job with no live leader is then stale again)")):
         rest = sub.add_parser(command, help=helptext)
-        rest.add_argument("job", help="the job's name (`tidemark status` lists them)")
+        rest.add_argument("job", type=_job_name, help="the job's name (`tidemark status` lists them)")
         _confirmation(rest)
         if command != "resume":
             rest.add_argument("--reason", default="", help="why (shown by `tidemark status`)")

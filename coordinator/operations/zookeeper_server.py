@@ -209,8 +209,8 @@ class EmbeddedZooKeeper:
         return self.data_dir / "zookeeper.log"
 
     def start(self, wait: bool = True) -> EmbeddedZooKeeper:
-        recorded = self.recorded_state()
-        if recorded and _is_our_server(recorded):
+        recorded = self.running_state()
+        if recorded is not None:
             raise ConfigurationError(f"a ZooKeeper server (pid {recorded.pid}) already runs on port "
                                      f"{recorded.port} with data dir {self.data_dir}: `tidemark zk stop` first")
         if _port_in_use(self.port) or (self.secure_port is not None and _port_in_use(self.secure_port)):
@@ -312,6 +312,11 @@ class EmbeddedZooKeeper:
             return ServerState(**json.loads(self.state_path.read_text()))
         except (OSError, ValueError, TypeError):
             return None
+
+    def running_state(self) -> Optional[ServerState]:
+        """The server recorded in ``data_dir`` while it lives (this process's or another's), else None."""
+        recorded = self.recorded_state()
+        return recorded if recorded is not None and _is_our_server(recorded) else None
 
     def _write_state(self, state: ServerState) -> None:
         self.state_path.write_text(json.dumps(state.__dict__))

@@ -59,9 +59,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Optional
 
-from coordinator.iceberg.lineage import RootRead
 from coordinator.protocol.topology import read_topology
-from coordinator.records import EpochInputs, EpochRecord, EpochState, TableTidemark
+from coordinator.records import EpochInputs, EpochRecord, EpochState, RootRead, TableTidemark
 from coordinator.zookeeper.session import ZooKeeperSession
 
 PLACE_TRIES = 4  # epochs tried at most, newest first, below the laggard's: each may cost a table metadata load

@@ -86,10 +86,12 @@ class NextEpoch:
 
     def wait(self, after: Optional[int], until: Optional[int] = None, wait: bool = True,
              stopped: Callable[[], bool] = lambda: False,
-             on_wait: Callable[[Choice], None] = lambda choice: None) -> Optional[int]:
+             on_wait: Callable[[Choice], None] = lambda choice: None, covering: Optional[int] = None) -> Optional[int]:
         """Block until the pacing gives the epoch after ``after`` and return it; None once ``stopped()``, when a
         run bounded by ``until`` is complete, or (``wait`` False) when no epoch is available now. ``on_wait``
-        hears why it waits, at every pass."""
+        hears why it waits, at every pass. ``covering``: the wall clock a batch run was called at; with a root
+        source, it takes no epoch before ``Pacing.covering`` (waiting out the grace for it), and None when the job
+        has one already, so rows committed just before the call are never left for the next run."""
         while not stopped():
             generation = self.cache.generation
             grid = self.grid()
@@ -98,8 +100,16 @@ class NextEpoch:
             final = None if until is None else self.pacing.at_or_before(grid, until)
             if final is not None and after is not None and after >= final:
                 return None
+            floor = None if covering is None or not self.has_root_source else self.pacing.covering(grid, covering)
+            if floor is not None and after is not None and after >= floor:
+                return None
+            now = self.tm.server_clock.now_ms()
             choice = self.pacing.choose(grid, after=after, sources=marks, has_root_source=self.has_root_source,
-                                        now=self.tm.server_clock.now_ms(), until=until)
+                                        now=now, until=until)
+            if choice.epoch is not None and floor is not None and choice.epoch < floor:
+                choice = Choice(None, f"a batch run covers the rows committed before it: waiting for barrier {floor} "
+                                      f"plus {self.pacing.grace_ms} ms grace",
+                                max(0.0, (floor + self.pacing.grace_ms - now) / 1000))
             if choice.epoch is not None:
                 upstream = self.catch_up.reason_to_wait(
                     grid, after=after, available=choice.epoch, until=until,
@@ -108,7 +118,7 @@ class NextEpoch:
                     return choice.epoch
                 choice = Choice(None, f"{upstream}: waiting for it rather than taking {choice.epoch} first",
                                 WAIT_SLICE_S)
-            elif not wait or (final is not None and marks and all(
+            elif (not wait and floor is None) or (final is not None and marks and all(
                     m is not None and m.epoch is not None and m.epoch >= final for m in marks.values())):
                 return None  # nothing newer now; or the sources moved past ``until`` without holding a barrier
             on_wait(choice)

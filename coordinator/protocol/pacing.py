@@ -155,6 +155,13 @@ class Pacing(JsonRecord):
                 t -= self.every_ms
         return t
 
+    def covering(self, grid: BarrierGrid, called_at: int) -> int:
+        """The first epoch a batch run called at ``called_at`` may take: the newest barrier on the cadence at or
+        before the first grid point at or after the call. On every grid point, that covers every root commit made
+        before the call; with a cadence (``every``), the last whole period before it."""
+        point = called_at if grid.is_barrier(called_at) else grid.next_candidate(called_at)
+        return self.at_or_before(grid, point)
+
     def next_by_clock(self, grid: BarrierGrid, after: int) -> int:
         """The first barrier on the cadence after ``after``."""
         t = grid.next_candidate(after)

@@ -109,6 +109,9 @@ S = TypeVar("S", bound="ZooKeeperSession")
 RETRYABLE = (ConnectionLoss, OperationTimeoutError, KazooTimeoutError, SessionExpiredError)
 # A healthy session comes up in milliseconds; after this long, look for a TLS mismatch instead of waiting it out.
 TLS_DIAGNOSIS_AFTER_S = 1.0
+# Every server refusing connections this long after that: none runs (a newcomer without `tidemark zk start`, a
+# wrong port); say so then instead of after the connect timeout. A server restarting listens again sooner.
+REFUSED_FOR_S = 2.0
 # A rebuilt server: how long a fresh client may take to connect and read, and how often to look again meanwhile.
 PROBE_TIMEOUT_S = 5.0
 PROBE_EVERY_S = 1.0
@@ -677,7 +680,8 @@ def _identity(pair: object, what: str) -> tuple[str, str]:
 
 
 def _start(client: KazooClient, hosts: str, tls: Optional[TlsSettings], connect_timeout: float) -> None:
-    """Start the session; a TLS mismatch is reported within about a second, silence after ``connect_timeout``."""
+    """Start the session; a TLS mismatch is reported within about a second, servers that all refuse connections
+    within about ``TLS_DIAGNOSIS_AFTER_S + REFUSED_FOR_S``, silence after ``connect_timeout``."""
     started = client.start_async()
     if not started.wait(min(TLS_DIAGNOSIS_AFTER_S, connect_timeout)):
         mismatch = diagnose_tls(client.hosts, tls)
@@ -685,10 +689,38 @@ def _start(client: KazooClient, hosts: str, tls: Optional[TlsSettings], connect_
             client.stop()
             client.close()
             raise mismatch
-        started.wait(max(0.0, connect_timeout - TLS_DIAGNOSIS_AFTER_S))
+        deadline, refused_since = time.monotonic() + connect_timeout - TLS_DIAGNOSIS_AFTER_S, time.monotonic()
+        while not client.connected and time.monotonic() < deadline:
+            refusals = _refusals(client.hosts)
+            if refusals is None:
+                refused_since = time.monotonic()
+            elif time.monotonic() - refused_since >= REFUSED_FOR_S:
+                client.stop()
+                client.close()
+                raise ZooKeeperUnavailable(
+                    f"no ZooKeeper server runs at {hosts} ({refusals}): start one (`tidemark zk start` for a local "
+                    "one), or point TIDEMARK_ZK (--zk) at yours")
+            started.wait(min(0.25, max(0.0, deadline - time.monotonic())))
     if not client.connected:
         client.stop()
         client.close()
         raise ZooKeeperUnavailable(
             f"no ZooKeeper server answered at {hosts} within {connect_timeout:.0f}s: check TIDEMARK_ZK, "
             "that the servers run (`tidemark zk start` for a local one) and the network")
+
+
+def _refusals(hosts: Sequence[tuple[str, int]]) -> Optional[str]:
+    """Why no server can be reached when each refuses the connection or has a name that does not resolve (what to
+    report at once), else None: one listens, or the network is silent (which only the connect timeout tells)."""
+    reasons = []
+    for host, port in hosts:
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            return None
+        except ConnectionRefusedError:
+            reasons.append(f"{host}:{port} refused the connection")
+        except socket.gaierror:
+            reasons.append(f"{host} is not a known host name")
+        except OSError:
+            return None
+    return "; ".join(reasons)
