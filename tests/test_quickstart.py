@@ -24,6 +24,7 @@ import pytest
 
 from coordinator import EpochWriter
 from coordinator.errors import TableNotFound
+from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from coordinator.operations.zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper
 from tests.helpers.wheel import build_wheel
 
@@ -35,8 +36,8 @@ INSTALL_DEADLINE_S = 600  # a fresh venv: pyiceberg, pyarrow, pandas, polars, Du
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 
 
-def quickstart() -> str:
-    start = README.index("\n## Quickstart\n")
+def quickstart(title: str = "Quickstart") -> str:
+    start = README.index(f"\n## {title}\n")
     return README[start:README.index("\n## ", start + 1)]
 
 
@@ -80,10 +81,14 @@ def _port_free(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
-def test_the_readme_quickstart_runs_as_written(tmp_path):
+@pytest.mark.parametrize("title", ["Quickstart", "Quickstart on the lakehouse"])
+def test_the_readme_quickstart_runs_as_written(tmp_path, title):
+    """Each quickstart in a new home: the lakehouse one runs the first one's script, saved as the reader saved it,
+    with the catalog from the environment its `eval` set."""
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
-    install = install_line(quickstart())
+    section = quickstart(title)
+    install = install_line(section)
     wheel_path = re.search(r"'(dist/[^\[']+)", install)
     assert wheel_path is not None
     wheel, _ = build_wheel(tmp_path / "build")
@@ -97,19 +102,23 @@ def test_the_readme_quickstart_runs_as_written(tmp_path):
                                env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
                                capture_output=True, text=True, timeout=INSTALL_DEADLINE_S)
     assert installed.returncode == 0, f"the install line failed:\n{installed.stdout}{installed.stderr}"
-    script = ["trap 'tidemark zk stop >/dev/null 2>&1 || true' EXIT"]  # the server goes with the script, whatever fails
-    for language, body in blocks(quickstart()):
+    # the servers go with the script, whatever fails
+    script = ["trap 'tidemark lakehouse stop >/dev/null 2>&1 || true; tidemark zk stop >/dev/null 2>&1 || true' EXIT"]
+    for language, body in blocks(quickstart()) + blocks(section):
         if language == "python":
             name = re.match(r"# ([\w.-]+\.py)\b", body)
             assert name, "the quickstart's Python block must start with '# <file>.py' (the file the reader saves)"
             (work / name.group(1)).write_text(body)
-        elif language == "sh":
+    for language, body in blocks(section):
+        if language == "sh":
             script += [line for line in body.splitlines() if line != install]
     (work / "quickstart.sh").write_text("\n".join(script) + "\n")
 
     # The quickstart's defaults, not this machine's settings (the ZooKeeper server's class path stays).
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_") or k == "TIDEMARK_ZK_CLASSPATH"}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TIDEMARK_", "PYICEBERG_")) or k == "TIDEMARK_ZK_CLASSPATH"}
     env.update(TIDEMARK_HOME=str(home), HOME=str(tmp_path), PATH=f"{bin_dir}:{env['PATH']}")
+    homes = [home, tmp_path / "tidemark-lakehouse"]  # the lakehouse section's own TIDEMARK_HOME
     prefix = _namespaced()
     if prefix is None and not _port_free(DEFAULT_PORT):
         pytest.fail(f"port {DEFAULT_PORT} is taken and this machine has no network namespaces (unshare): the "
@@ -125,16 +134,23 @@ def test_the_readme_quickstart_runs_as_written(tmp_path):
         output, _ = process.communicate()
         pytest.fail(f"the quickstart did not finish within {DEADLINE_S} s:\n{output}")
     finally:
-        server = EmbeddedZooKeeper(data_dir=home / "zookeeper").recorded_state()
-        if server is not None and _alive(server.pid):  # the script's trap failed: the test started it, end it
-            os.kill(server.pid, signal.SIGKILL)
+        for each in homes:  # the script's trap failed: the test started them, end them
+            server = EmbeddedZooKeeper(data_dir=each / "zookeeper").recorded_state()
+            if server is not None and _alive(server.pid):
+                os.kill(server.pid, signal.SIGKILL)
+            EmbeddedLakehouse(each / "lakehouse").stop()
     assert process.returncode == 0, f"the quickstart failed (exit {process.returncode}):\n{output}"
     # pandas: the one big order above 2000; DuckDB: both big orders joined with their root rows.
     assert re.search(r"^\s*id\n0\s+3$", output, re.M), output
     assert "[(2, 4000)]" in output, output
-    statements = re.findall(r"^SELECT \* FROM lake\.db\.(\w+) FOR VERSION AS OF (\S+);$", output, re.M)
-    assert sorted(t for t, _ in statements) == ["big_orders", "orders"], output
     assert re.search(r"^stopped$", output, re.M), output
+    if title == "Quickstart":
+        statements = re.findall(r"^SELECT \* FROM lake\.db\.(\w+) FOR VERSION AS OF (\S+);$", output, re.M)
+        assert sorted(t for t, _ in statements) == ["big_orders", "orders"], output
+    else:  # the tables went to the lakehouse, not to an embedded catalog made on the side
+        assert re.search(r"^export PYICEBERG_CATALOG__LAKE__URI=", output, re.M), output
+        assert not (homes[1] / "catalog.db").exists() and not (home / "catalog.db").exists()
+        assert (homes[1] / "lakehouse" / "weed.log").is_file()
 
 
 def _alive(pid: int) -> bool:

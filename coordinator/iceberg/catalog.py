@@ -169,10 +169,15 @@ class CatalogSettings:
                    warehouse=f"file://{home / 'warehouse'}", create_if_missing=True)
 
     @classmethod
-    def from_env(cls, settings: Optional[Settings] = None) -> CatalogSettings:
+    def from_env(cls, settings: Optional[Settings] = None, *, create_embedded: bool = False) -> CatalogSettings:
         """``TIDEMARK_CATALOG_URI`` / ``TIDEMARK_WAREHOUSE`` / ``TIDEMARK_CATALOG_NAME``, else pyiceberg's configuration
-        of that catalog, else the embedded default in ``TIDEMARK_HOME`` (see the module docstring); it creates
-        nothing: loading a catalog that does not exist is a ``ConfigurationError``."""
+        of that catalog, else the embedded default in ``TIDEMARK_HOME`` (see the module docstring): the catalog the
+        jobs, readers and commands use.
+
+        :param create_embedded: the embedded default is created when first loaded (a script that sets up its
+            tables); otherwise nothing is created, and loading a catalog that does not exist is a
+            ``ConfigurationError``.
+        :raises ConfigurationError: a malformed URI or pyiceberg configuration."""
         settings = settings or Settings.from_env()
         name = settings.catalog_name
         configured = pyiceberg_properties(name)
@@ -191,7 +196,7 @@ class CatalogSettings:
             if settings.warehouse:
                 configured["warehouse"] = settings.warehouse
             return cls(name=name, python_properties=configured)
-        return replace(cls.embedded(settings.home, name=name), create_if_missing=False,
+        return replace(cls.embedded(settings.home, name=name), create_if_missing=create_embedded,
                        python_properties=_without(configured, "warehouse"))
 
     @classmethod
