@@ -292,12 +292,15 @@ class EpochProgress(JsonRecord):
 
 @dataclass(frozen=True)
 class TableRecord(JsonRecord):
-    """``/tables/<table>``: the one job allowed to commit to the table."""
+    """``/tables/<table>``: the one job allowed to commit to the table, and the Iceberg table it is (its
+    ``table-uuid`` in the catalog the job writes; None: recorded by a release before 0.1, or not yet)."""
 
     writer: str
+    table_uuid: Optional[str] = None
 
     def __post_init__(self) -> None:
         str_field(self.writer, "writer")
+        opt_str_field(self.table_uuid, "table_uuid")
 
 
 # Which committed epochs a tidemark keeps beside its newest (``TableTidemark.recent``): the newest

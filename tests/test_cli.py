@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark
+from coordinator import CatalogSettings, ConfigurationError, EmbeddedZooKeeper, Tidemark, VersionReader
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.versions import RetainedVersions
 from coordinator.operations.zookeeper_server import four_letter_word, free_port
@@ -184,6 +184,18 @@ def test_a_catalog_lacking_a_registered_table_is_refused_and_gc_changes_nothing(
     code, _, err = run_cli(capsys, *zk, "resolve", sink, f"{namespace}.typo")
     assert_one_line_error(code, err, f"{sink} (written by job counts), {namespace}.typo do not exist in catalog 'lake' "
                           f"at {wrong.uri}, though {sink} is registered in ZooKeeper")
+
+    # Another catalog with a table of that name (a quickstart run on the embedded catalog, then the tree used with
+    # the lakehouse): not the job's table, so every command refuses, rather than answer for tables it never wrote.
+    create_table(wrong.load(), sink)
+    other = f"table {sink} in catalog 'lake' at {wrong.uri} is not the table job counts writes"
+    for command in (["resolve", sink], ["gc", "--yes"], ["versions"]):
+        assert_one_line_error(*run_cli(capsys, *zk, *command)[::2], other, "belongs to another catalog")
+    assert RetainedVersions(tm).epochs() == retained, "gc with another catalog's table dropped retained versions"
+    with pytest.raises(ConfigurationError, match=other):  # resolved from ZooKeeper alone, refused at the first read
+        VersionReader.resolve([sink], tm, settings=wrong).arrow(sink)
+    with pytest.raises(ConfigurationError, match=other):
+        lead_job(tm, wrong, "counts", [sink]).close()
 
     # The right catalog: every read command prints one JSON document with --json, and gc asks first.
     monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "right"))

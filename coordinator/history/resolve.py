@@ -54,6 +54,7 @@ from coordinator.iceberg.catalog import CatalogSettings, load_table
 from coordinator.iceberg.lineage import EpochLineage, LineageSummary
 from coordinator.names import validate_epoch, validate_name
 from coordinator.protocol.held_epochs import Evidence, HeldEpochs
+from coordinator.protocol.registry import check_table_identities
 from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
 from coordinator.records import (
     RECENT_PER_LEVEL,
@@ -78,12 +79,13 @@ class Resolver:
         self.catalog, self.settings, self.tm, self.cache = catalog, settings, tm, cache
         self._tables: dict[str, Table] = {}  # handed out by ``table``: what readers scan
         self._summaries: dict[str, LineageSummary] = {}  # per table, for the metadata location it was indexed from
+        self._identified: dict[str, str] = {}  # each table's Iceberg uuid, once checked against its writer's record
 
     def table(self, name: str, refresh: bool = True) -> Table:
         """The table for reads of it (scans, schema, refs): loaded once and kept, reloaded when ``refresh``."""
         table = self._tables.get(name)
         if table is None:
-            table = self._tables[name] = load_table(self.catalog, self.settings, name)
+            table = self._tables[name] = self._identified_table(name)
         elif refresh:
             table.refresh()
         return table
@@ -94,7 +96,17 @@ class Resolver:
         (``LineageSummary``), so the metadata it loads does not pile up for the garbage collector to walk."""
         if name in self._tables:
             return self.table(name, refresh)
-        return load_table(self.catalog, self.settings, name)
+        return self._identified_table(name)
+
+    def _identified_table(self, name: str) -> Table:
+        """The table, loaded; the first time (and when it is another Iceberg table than before), checked to be the
+        one its writer job writes (``check_table_identities``: a tree used with another catalog is refused)."""
+        table = load_table(self.catalog, self.settings, name)
+        identity = str(table.metadata.table_uuid)
+        if self.tm is not None and self._identified.get(name) != identity:
+            check_table_identities(self.tm, {name: identity}, self.settings.describe())
+            self._identified[name] = identity
+        return table
 
     def _tidemarks(self, tables: list[str]) -> dict[str, Optional[TableTidemark]]:
         if self.tm is None:

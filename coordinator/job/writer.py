@@ -122,7 +122,7 @@ from coordinator.protocol.pacing import (
     Pacing,
     parse_every,
 )
-from coordinator.protocol.registry import register_job
+from coordinator.protocol.registry import check_table_identities, register_job
 from coordinator.protocol.rest import refuse_retired
 from coordinator.protocol.topology import read_topology
 from coordinator.records import (
@@ -324,6 +324,8 @@ class EpochWriter:
         # not exist would hold consistent reads back (stale) until an operator unregistered it.
         sinks = {sink: self.table(sink) for sink in self.sinks}
         register_job(self.tm, self.name, sources=self.sources, sinks=self.sinks)
+        check_table_identities(self.tm, {sink: str(table.metadata.table_uuid) for sink, table in sinks.items()},
+                               self.catalog_settings.describe(), record=True)
         self.pacing.check(self.barriers.ensure_grid(self.interval_ms), self.tm.server_clock.now_ms())
         for table in sinks.values():
             table.refresh()

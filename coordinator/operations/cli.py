@@ -98,23 +98,26 @@ def _where(args: argparse.Namespace) -> str:
 
 def _require_in_catalog(settings: CatalogSettings, tables: list[str], tm: Optional[Tidemark] = None,
                         catalog: Optional[Catalog] = None) -> None:
-    """Refuse to go on when the catalog lacks one of ``tables``: ZooKeeper's records would otherwise answer for
-    tables this catalog does not have (a wrong TIDEMARK_CATALOG_URI), and gc would collect nothing while
-    dropping retained versions. ``catalog``: the one the command already opened (else it is opened here).
+    """Refuse to go on when the catalog lacks one of ``tables``, or has other tables of those names than the jobs
+    write (``check_table_identities``): ZooKeeper's records would otherwise answer for tables this catalog does not
+    have (a wrong TIDEMARK_CATALOG_URI), and gc would collect nothing while dropping retained versions. ``catalog``: the one the command already opened (else it is opened here).
     The error says a table is registered in ZooKeeper only when a job writes or reads it there: a typo in
     ``tidemark resolve`` is not a catalog that lacks the jobs' tables."""
     from coordinator.errors import TableNotFound
     from coordinator.iceberg.catalog import load_table
+    from coordinator.protocol.registry import check_table_identities
     if not tables:
         return  # nothing to check, and no catalog needed (a deployment that registered no table yet)
     catalog = catalog if catalog is not None else settings.load()
-    missing = []
+    missing, identities = [], {}
     for table in sorted(set(tables)):
         try:
-            load_table(catalog, settings, table)
+            identities[table] = str(load_table(catalog, settings, table).metadata.table_uuid)
         except TableNotFound:
             missing.append(table)
     if not missing:
+        if tm is not None:  # the tables are there: are they the ones the jobs write?
+            check_table_identities(tm, identities, settings.describe())
         return
     writers: dict[str, str] = {}
     roots: set[str] = set()

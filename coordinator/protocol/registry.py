@@ -16,7 +16,7 @@ deadline, on the new topology.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
@@ -25,6 +25,7 @@ from kazoo.security import Permissions
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from coordinator.errors import (
+    ConfigurationError,
     CorruptState,
     CycleError,
     JobNotFound,
@@ -176,6 +177,36 @@ def register_job(tm: ZooKeeperSession, name: str, *, sources: Iterable[str], sin
         return record
 
     return _with_topology(tm, decide)
+
+
+def check_table_identities(tm: ZooKeeperSession, tables: Mapping[str, str], catalog: str, *,
+                           record: bool = False) -> None:
+    """Check that each of ``tables`` (name: its Iceberg ``table-uuid`` in ``catalog``) is the table its writer job
+    writes: a tree used with two catalogs would otherwise answer for tables it never wrote. Tables no job writes
+    are not checked.
+
+    :param catalog: the catalog the tables were loaded from, as messages name it (``CatalogSettings.describe``).
+    :param record: a writer's check: a table whose record has no uuid yet gets this one (a reader writes nothing).
+    :raises ConfigurationError: a table is another Iceberg table than the one its writer's registration recorded.
+    """
+    names = sorted(tables)
+    for name, found in zip(names, tm.get_many([tm.paths.table(name) for name in names])):
+        if found is None:
+            continue
+        registered = TableRecord.from_json(found[0], tm.paths.table(name))
+        if registered.table_uuid is None and record:
+            try:
+                tm.multi([SetData(tm.paths.table(name), TableRecord(registered.writer, tables[name]).to_json(),
+                                  found[1].version)])
+            except MultiFailed:  # recorded meanwhile: compare with that
+                check_table_identities(tm, {name: tables[name]}, catalog)
+        elif registered.table_uuid not in (None, tables[name]):
+            raise ConfigurationError(
+                f"table {name} in {catalog} is not the table job {registered.writer} writes (its Iceberg table-uuid "
+                f"is {tables[name]}, the job registered {registered.table_uuid}): this ZooKeeper tree belongs to "
+                "another catalog. Point TIDEMARK_CATALOG_URI (or PYICEBERG_CATALOG__*) at the catalog its jobs "
+                "write, or give this catalog a ZooKeeper root or chroot of its own; if the table was dropped and "
+                f"created again, `tidemark unregister {registered.writer}` first")
 
 
 def fence_job(tm: ZooKeeperSession, name: str, by: str = "operator") -> int:
