@@ -543,3 +543,24 @@ def test_versions_stay_true_when_a_driver_is_killed_in_the_middle_of_its_schedul
     tagged = sorted(v["epoch"] for v in listed if v["tag"])
     for name in (log, latest):
         assert sorted(tidemark_tags(catalog.load_table(name))) == tagged
+
+
+def test_a_first_gc_keeps_the_oldest_version_of_the_hour_beyond_zookeepers_recent_epochs(tm, catalog_settings,
+                                                                                        namespace):
+    """ZooKeeper lists a table's newest 16 epochs (and older aligned ones); a first gc on a running pipeline looks
+    in Iceberg too, so the hourly tier keeps the hour's oldest version, as the policy says, not a minute-old one."""
+    pipeline = Pipeline(tm, catalog_settings, namespace, interval_ms=2000)
+    try:
+        hour = START + 10 * HOUR_MS
+        epochs = [hour + 62_000 + 2000 * k for k in range(25)]  # 25 epochs in one minute, none minute-aligned
+        for epoch in epochs:
+            pipeline.epoch(epoch, rows=1)
+        recent = tm.tidemarks([pipeline.events])[pipeline.events]
+        assert epochs[0] not in dict(present(recent).recent), "ZooKeeper still lists the oldest epoch: no test"
+        GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("hourly:1d,tags:hourly"),
+                         clock=lambda: epochs[-1] + 60_000).run()
+        assert RetainedVersions(tm).epochs() == [epochs[0], epochs[-1]], "the hour's oldest, and the newest"
+        pipeline.check(Resolver(pipeline.catalog, catalog_settings, None),
+                       Resolver(pipeline.catalog, catalog_settings, None).resolve(pipeline.tables, as_of=epochs[0]))
+    finally:
+        pipeline.close()

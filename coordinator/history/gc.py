@@ -326,9 +326,9 @@ class GarbageCollector:
                 state.notes.append(f"table {name} is registered but not in the catalog: skipped")
                 continue
             state.lineages[name] = EpochLineage(state.tables[name])
-        for name, mark in managed.items():
-            if name in state.tables:
-                state.held[name] = dict(mark.recent)
+        for name, mark in managed.items():  # ZooKeeper lists the newest epochs; the table's own records reach back
+            if name in state.tables:             # (a first run keeps an hour's oldest version, as its tier says)
+                state.held[name] = {**dict(state.lineages[name].recorded_epochs(up_to=mark.epoch)), **dict(mark.recent)}
         for name in state.roots:  # a table with Tidemark metadata and no tidemark: its writer is not registered
             lineage = state.lineages.get(name)
             if lineage is not None and (listed := lineage.recorded_epochs()):
