@@ -9,7 +9,7 @@ SPARK4 := 4.1.*
 PYTEST = $(or $(2),$(PY)) -m pytest -q $(1); rc=$$?; [ $$rc -eq 0 ] || df -h . "$${TMPDIR:-/tmp}" /dev/shm >&2; \
 	[ $$rc -ne 5 ] || { echo "pytest: no tests ran" >&2; exit 1; }; exit $$rc
 
-.PHONY: setup setup-spark4 demo lint test test-fast test-spark4 test-faults bench clean
+.PHONY: setup setup-spark4 demo lint test test-fast test-spark4 test-faults bench docs docs-serve clean
 setup:
 	@bash scripts/setup.sh
 
@@ -44,5 +44,14 @@ test-faults: setup
 bench: setup
 	$(PY) -m bench
 
+# The documentation site into site/ (strict: a broken link, a missing page or a stale reference page fails), and
+# the same served on http://127.0.0.1:8000 while you edit.
+docs: setup
+	$(PY) -m tools.docs_reference --check
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
+
 clean:
-	rm -rf .venv $(SPARK4_VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf .venv $(SPARK4_VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache site

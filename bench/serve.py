@@ -1,6 +1,7 @@
 """``tidemark serve`` against the catalog behind it: what a reader that knows nothing of Tidemark pays for consistency.
 
     python -m bench serve [--stack embedded lakehouse] [--loads 200] [--clients 200] [--seconds 20] [--trino]
+    python -m bench serve --race [--reads 40] [--trino]     # the switch race per engine
 
 Per stack (``embedded``: SQLite and local files; ``lakehouse``: SeaweedFS's S3 store and REST catalog on loopback), on a
 pipeline of two jobs (``up`` and ``down``, which copies it) with a history of epochs:
@@ -8,11 +9,16 @@ pipeline of two jobs (``up`` and ``down``, which copies it) with a history of ep
 1. ``loadTable`` with pyiceberg, through the endpoint (a ``tidemark serve`` process) and from the backing catalog
    directly, interleaved: p50 and p99 of each (goal: the endpoint at most 1.2x the direct figure plus 2 ms);
 2. the pipeline taking epochs for ``--seconds`` alone, then beside ``--clients`` concurrent clients (processes of
-   threads, each its own pyiceberg ``RestCatalog``) each loading both tables through the endpoint once a second (a
-   dashboard refreshing every second): the loads' p50/p99 (goal: p99 under 50 ms) and the writers' time per epoch
-   (goal: within 1.1x of the run without them);
+   threads, each its own keep-alive connection) each loading both tables through the endpoint once a second (a
+   dashboard refreshing every second; raw HTTP, so the clients' own parsing does not take the shared cores): the
+   loads' p50/p99 (goal: p99 under 50 ms) and the writers' time per epoch (goal: within 1.1x of the run without them);
 3. with ``--trino`` (lakehouse only): a Trino query joining both tables through the endpoint and through the
    backing REST catalog, interleaved (goal: within 1.1x).
+
+``--race`` measures the switch race instead: while both jobs take epochs back to back, each engine (pyiceberg,
+DuckDB, and Trino with ``--trino``) runs ``--reads`` queries over both tables through three endpoints: the switch
+rule off (``--repeat-after-ms 0``, every load gets the newest version), the default rule, and a pinned session
+(``warehouse=pipeline@pinned``); it prints how many queries saw two versions (their two tables disagree).
 """
 from __future__ import annotations
 
@@ -52,6 +58,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--clients", type=int, default=200, help="concurrent clients through the endpoint")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each pipeline run (alone, beside)")
     parser.add_argument("--trino", action="store_true", help="also time a Trino join (lakehouse)")
+    parser.add_argument("--race", action="store_true", help="measure the switch race per engine instead")
+    parser.add_argument("--reads", type=int, default=40, help="--race: queries per engine and endpoint")
     args = parser.parse_args(argv)
     with zookeeper() as zk:
         for stack in args.stack:
@@ -72,15 +80,12 @@ def run_stack(stack: str, settings: CatalogSettings, connect: str, home: Path, a
         lake.root_epoch(lake.up, epoch)
         lake.copy_epoch(epoch)
         epoch += 1000
-    port = free_port()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYICEBERG_CATALOG__", "TIDEMARK_CATALOG"))},
-           **settings.environment()}
-    with open(home / "serve.log", "w") as log:
-        server = subprocess.Popen([sys.executable, "-m", "coordinator.operations.cli", "--zk", connect, "serve",
-                                   "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
+    server, url = _serve(settings, connect, home / "serve.log")
     try:
-        _wait_serving(url, server)
+        if args.race:
+            header(f"tidemark serve, {stack} stack: the switch race, per engine, while both jobs take epochs")
+            _switch_race(settings, connect, url, lake, epoch, home, args)
+            return
         header(f"tidemark serve, {stack} stack: loadTable with pyiceberg, through the endpoint vs the catalog directly")
         _load_latency(settings, url, lake.down, args.loads)
         header(f"tidemark serve, {stack} stack: the pipeline alone, then beside {args.clients} clients loading "
@@ -94,6 +99,68 @@ def run_stack(stack: str, settings: CatalogSettings, connect: str, home: Path, a
         server.wait(30)
         lake.close()
         tm.close()
+
+
+def _serve(settings: CatalogSettings, connect: str, log_path: Path, *options: str) -> tuple[subprocess.Popen, str]:
+    """A ``tidemark serve`` process on a free port with ``options``, serving: the process and its URL."""
+    port = free_port()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYICEBERG_CATALOG__", "TIDEMARK_CATALOG"))},
+           **settings.environment()}
+    with open(log_path, "w") as log:
+        server = subprocess.Popen([sys.executable, "-m", "coordinator.operations.cli", "--zk", connect, "serve",
+                                   "--port", str(port), *options], stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    _wait_serving(url, server)
+    return server, url
+
+
+def _switch_race(settings: CatalogSettings, connect: str, url: str, lake, epoch: int, home: Path,
+                 args: argparse.Namespace) -> None:
+    from pyiceberg.catalog.rest import RestCatalog
+
+    from coordinator.history.readers import _s3_secret
+    from tests.helpers.mixed_lake import MovingPipeline
+    from tests.helpers.served import as_pairs, duckdb_read, pyiceberg_read, two_table_sql
+    from tests.helpers.trino import TrinoServer, served_catalog
+    rule_off, off_url = _serve(settings, connect, home / "serve-rule-off.log", "--repeat-after-ms", "0")
+    endpoints = {"rule off": (off_url, ""), "default rule": (url, ""), "pinned": (url, "pipeline@pinned")}
+    secret = _s3_secret(settings.name, settings.python_catalog_properties()) or ""
+    tables = [t.split(".", 1)[1] if t.count(".") > 1 else t for t in (lake.up, lake.down)]
+    moving = MovingPipeline(lake, epoch).start()
+    try:
+        def pyiceberg(url: str, warehouse: str):
+            catalog = RestCatalog("served", uri=url, **({"warehouse": warehouse} if warehouse else {}))
+            return lambda: pyiceberg_read(catalog, tables)
+
+        def duckdb(url: str, warehouse: str):
+            return lambda: duckdb_read(url, warehouse, secret, two_table_sql("served", *tables))
+        for engine, make in {"pyiceberg (a catalog per client; each table loaded, then read)": pyiceberg,
+                             "DuckDB (a session per query: ATTACH, one query)": duckdb}.items():
+            _race_line(engine, {label: make(*endpoint) for label, endpoint in endpoints.items()}, args.reads)
+        if args.trino:  # one Trino, a catalog per endpoint
+            names = {"rule off": "rule_off", "default rule": "default_rule", "pinned": "pinned"}
+            files = {names[label]: served_catalog(served) +
+                     (f"iceberg.rest-catalog.warehouse={warehouse}\n" if warehouse else "")
+                     for label, (served, warehouse) in endpoints.items()}
+            with TrinoServer(home / "trino", catalogs=files, env=settings.environment()) as trino:
+                _race_line("Trino (a query: both tables loaded while planning)",
+                           {label: (lambda c=names[label]: as_pairs(trino.query(two_table_sql(c, *tables))[0]))
+                            for label in endpoints}, args.reads)
+    finally:
+        moving.stop()
+        rule_off.terminate()
+        rule_off.wait(30)
+
+
+def _race_line(engine: str, reads: dict, count: int) -> None:
+    """``count`` queries per endpoint, interleaved: how many saw their two tables at different versions."""
+    mixed = dict.fromkeys(reads, 0)
+    for _ in range(count):
+        for label, read in reads.items():
+            up, down = read()
+            mixed[label] += up != down
+    print(f"  {engine}: queries that saw two versions, of {count}: " +
+          ", ".join(f"{label} {n}" for label, n in mixed.items()), flush=True)
 
 
 def _wait_serving(url: str, server: subprocess.Popen) -> None:
@@ -168,26 +235,41 @@ def _beside_clients(lake, first_epoch: int, url: str, tables: list[str], args: a
 
 
 def _clients(url: str, tables: list[str], count: int, stop, results) -> None:
-    """``count`` client threads, each its own RestCatalog, loading ``tables`` once every ``CLIENT_EVERY_S`` (starting
-    at random offsets) until ``stop``."""
-    from pyiceberg.catalog.rest import RestCatalog
+    """``count`` client threads, each with its own keep-alive connection, loading ``tables`` (``GET
+    /v1/{prefix}/namespaces/{ns}/tables/{t}``, as an engine's REST client does after ``/v1/config``) once every
+    ``CLIENT_EVERY_S`` (starting at random offsets) until ``stop``. Raw HTTP: the endpoint's latency, not the
+    time the clients, sharing this machine's cores with it, take to parse the metadata."""
+    import http.client
+    from urllib.parse import urlsplit
+    where = urlsplit(url)
     latencies: list[float] = []
     failed = [0]
     lock = threading.Lock()
 
     def client() -> None:
-        catalog = RestCatalog("served", uri=url)
+        connection = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
+
+        def get(path: str) -> bytes:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            body = response.read()
+            if response.status != 200:
+                raise OSError(f"{path}: HTTP {response.status}")
+            return body
+        prefix = json.loads(get("/v1/config"))["overrides"]["prefix"]
+        paths = [f"/v1/{prefix}/namespaces/{t.rsplit('.', 1)[0]}/tables/{t.rsplit('.', 1)[1]}" for t in tables]
         mine = []
         next_query = time.monotonic() + random.uniform(0, CLIENT_EVERY_S)
         while not stop.wait(max(0.0, next_query - time.monotonic())):
             next_query += CLIENT_EVERY_S
-            for table in tables:
+            for path in paths:
                 start = time.perf_counter()
                 try:
-                    catalog.load_table(table)
-                except Exception:  # noqa: BLE001 - counted
+                    get(path)
+                except (OSError, http.client.HTTPException):
                     with lock:
                         failed[0] += 1
+                    connection.close()
                     continue
                 mine.append(time.perf_counter() - start)
         with lock:

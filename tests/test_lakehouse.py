@@ -33,6 +33,7 @@ from coordinator.records import now_ms
 from coordinator.settings import Settings
 from spark_hooks import EpochJob
 from tests.helpers.cli import tidemark
+from tests.helpers.docs import page
 from tests.helpers.lakehouse_data import lakehouse_data_dir
 from tests.helpers.network import TestNetwork
 from tests.helpers.present import present
@@ -42,7 +43,7 @@ from tests.test_writer_flow import Fleet, Runner
 
 COUNTS = pa.schema([pa.field("word", pa.string()), pa.field("n", pa.int64())])
 REPO = Path(__file__).resolve().parent.parent
-README = (REPO / "README.md").read_text()
+READING = page("reading.md")
 
 
 @pytest.fixture(scope="module")
@@ -224,15 +225,15 @@ def test_a_writer_rides_out_the_lakehouse_killed_and_restarted_and_loses_nothing
 
 def test_duckdbs_own_iceberg_extension_reads_a_consistent_version_from_s3_by_snapshot_id(rest_settings, connect,
                                                                                           namespace):
-    """README's lines for DuckDB's Iceberg extension, loaded from its PyPI package (nothing downloaded), with an S3
-    secret from the catalog's properties: both tables of a consistent version of a pure-Python job's epochs, read
-    by snapshot id, are the rows Tidemark reads; a word appended later is not in them."""
+    """docs/reading.md's lines for DuckDB's Iceberg extension, loaded from its PyPI package (nothing downloaded),
+    with an S3 secret from the catalog's properties: both tables of a consistent version of a pure-Python job's
+    epochs, read by snapshot id, are the rows Tidemark reads; a word appended later is not in them."""
     readme = ["con = duckdb_iceberg_connection(reader.resolver)",
               "by_id = duckdb_iceberg_sql(reader.resolver, reader.version)",
               'con.sql(by_id["lake.db.word_counts"]).df()',
               "con.sql(f\"SELECT count(*) FROM ({by_id['lake.db.words']}) JOIN ({by_id['lake.db.word_counts']}) "
               "USING (word)\")"]
-    assert all(line in README for line in readme), "README's DuckDB extension lines changed: change this test too"
+    assert all(line in READING for line in readme), "the docs' DuckDB extension lines changed: change this test too"
     pipeline = CopyPipeline(rest_settings.load(), namespace)
     fleet = Fleet(connect, rest_settings, interval_ms=1000, grace_ms=200)
     tm = connect()

@@ -1,4 +1,5 @@
-"""README.md's quickstart, run as written, so it cannot rot; and a job whose tables are missing registers nothing.
+"""README.md's quickstart and docs/lakehouse-quickstart.md's, run as written, so they cannot rot; and a job whose
+tables are missing registers nothing.
 
 The quickstart's shell blocks run in order as one bash script (``set -euo pipefail``) and its Python block
 is saved under the name its first line gives, as the README tells the reader to. Real ZooKeeper (``tidemark
@@ -6,7 +7,8 @@ zk start``, the default port 2181) and the real embedded SQLite catalog, in a fr
 The script runs in a private network namespace (``unshare``), so the default port is the test's own and
 never another ZooKeeper's on this machine. The install line runs for real, before the rest and outside that
 namespace (it needs the package index): into a fresh venv, from a wheel of this checkout built by the test at the
-path the line names; the rest of the quickstart then runs with that venv's python and ``tidemark``.
+path the line names; the rest of the quickstart then runs with that venv's python and ``tidemark``. The lakehouse
+quickstart runs the first one's script with the lakehouse's settings (SeaweedFS, from the lakehouse extra).
 """
 from __future__ import annotations
 
@@ -26,10 +28,11 @@ from coordinator import EpochWriter
 from coordinator.errors import TableNotFound
 from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from coordinator.operations.zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper
+from tests.helpers.docs import page, section
 from tests.helpers.wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+README = page("README.md")
 PYPROJECT = (ROOT / "pyproject.toml").read_text()
 DEADLINE_S = 240
 INSTALL_DEADLINE_S = 600  # a fresh venv: pyiceberg, pyarrow, pandas, polars, DuckDB
@@ -37,8 +40,10 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 
 
 def quickstart(title: str = "Quickstart") -> str:
-    start = README.index(f"\n## {title}\n")
-    return README[start:README.index("\n## ", start + 1)]
+    """README's quickstart, or the lakehouse one (a page of its own)."""
+    if title == "Quickstart":
+        return section(README, title)
+    return page("lakehouse-quickstart.md")
 
 
 def blocks(section: str) -> list[tuple[str, str]]:

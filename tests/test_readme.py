@@ -1,26 +1,19 @@
-"""README.md says true things about the project's own commands: every benchmark suite, `python -m bench --help`,
-and one figure for how long `make test` takes."""
+"""The documentation says true things about the project's own commands: every benchmark suite, `python -m bench
+--help`, and one figure for how long `make test` takes."""
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from bench.__main__ import SUITES
+from tests.helpers.docs import ROOT, page
 
-ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
-
-
-def section(title: str) -> str:
-    start = README.index(f"\n## {title}\n")
-    end = README.find("\n## ", start + 1)
-    return README[start:end if end >= 0 else len(README)]
+README = page("README.md")
 
 
 def test_the_readme_lists_every_benchmark_suite_and_bench_help_works():
-    listed = re.findall(r"^\| `(\w+)` \|", section("Benchmarks"), re.M)
+    listed = re.findall(r"^\| `(\w+)` \|", page("contributing/benchmarks.md"), re.M)
     assert listed == list(SUITES), f"README's suites {listed} are not bench's {list(SUITES)}"
     done = subprocess.run([sys.executable, "-m", "bench", "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
@@ -33,6 +26,7 @@ def test_the_readme_lists_every_benchmark_suite_and_bench_help_works():
 
 
 def test_the_readme_gives_one_duration_for_make_test():
-    durations = set(re.findall(r"make test\b[^`\n]*?\(about (\d+) minutes\)", README))
-    durations |= set(re.findall(r"about (\d+)\s+minutes for `make test`", README))
+    docs = README + page("contributing/development.md")
+    durations = set(re.findall(r"make test\b[^`\n]*?\(about (\d+) minutes\)", docs))
+    durations |= set(re.findall(r"about (\d+)\s+minutes for `make test`", docs))
     assert len(durations) == 1, f"README gives make test several durations: {sorted(durations)} minutes"

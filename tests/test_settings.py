@@ -1,4 +1,4 @@
-"""One settings object reads the environment; the README's table lists exactly its variables."""
+"""One settings object reads the environment; the documentation's table lists exactly its variables."""
 from __future__ import annotations
 
 import re
@@ -10,13 +10,14 @@ from coordinator import ConfigurationError, Tidemark
 from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.settings import VARIABLES, Settings
 from coordinator.zookeeper.security import TlsSettings
+from tests.helpers.docs import page
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_readme_table_lists_exactly_the_variables_the_settings_read():
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("| variable | what it does | default |"):]
+def test_the_documented_table_lists_exactly_the_variables_the_settings_read():
+    components = page("components.md")
+    table = components[components.index("| variable | what it does | default |"):]
     table = table[:table.index("\n\n")]
     assert re.findall(r"^\| `(TIDEMARK_[A-Z_]+)` \|", table, re.M) == list(VARIABLES)
 

@@ -1,13 +1,12 @@
 """Trino, a reader that knows nothing of Tidemark, reads a consistent version of two tables on the REST catalog
 and S3 (real servers: SeaweedFS's ``weed mini`` and Trino 476 from Maven Central, ``tests/helpers/trino.py``),
-configured with the README's catalog file, and gets exactly what Tidemark reads."""
+configured with docs/reading.md's catalog file, and gets exactly what Tidemark reads."""
 from __future__ import annotations
 
 import os
 import re
 import subprocess
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -16,19 +15,20 @@ from coordinator.history.gc import GarbageCollector
 from coordinator.history.readers import version_sql
 from coordinator.history.versions import tag_name
 from tests.helpers.cli import TIDEMARK
+from tests.helpers.docs import page
 from tests.helpers.present import present
 from tests.helpers.trino import TrinoServer
 from tests.test_lakehouse import CopyPipeline
 from tests.test_lakehouse import lakehouse as lakehouse  # the fixture: this module's own
 from tests.test_writer_flow import Fleet
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+READING = page("reading.md")
 
 
 def readme_trino_catalog() -> str:
-    """The README's Trino catalog file, as a user saves it."""
-    found = re.search(r"^ *```properties\n(.*?)^ *```", README, re.M | re.S)
-    assert found, "the README shows no Trino catalog file"
+    """docs/reading.md's Trino catalog file, as a user saves it."""
+    found = re.search(r"^ *```properties\n(.*?)^ *```", READING, re.M | re.S)
+    assert found, "docs/reading.md shows no Trino catalog file"
     return "\n".join(line.strip() for line in found.group(1).splitlines()) + "\n"
 
 

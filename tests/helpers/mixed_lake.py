@@ -2,6 +2,7 @@
 epochs, with the rows and the snapshot each job wrote at each epoch, the truth resolutions are checked against."""
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
 import pyarrow as pa
@@ -74,3 +75,31 @@ class MixedLake:
         for name, frame in read_arrow(resolver, version).items():
             expected = {e: n for e, n in self.written[name].items() if e <= version.epoch}
             assert epoch_counts(frame) == expected, f"{name} read at version {version.epoch}"
+
+
+class MovingPipeline:
+    """``lake``'s ``up`` and ``down`` each taking one more epoch, again and again, in a thread: a served version
+    that moves all the time (``stop`` ends the thread; the lake stays open)."""
+
+    def __init__(self, lake: MixedLake, epoch: int = 1000) -> None:
+        self.lake, self.epoch = lake, epoch
+        self._stop = threading.Event()
+        self.step()
+        self._thread = threading.Thread(target=self._run, name="moving-pipeline", daemon=True)
+
+    def step(self) -> None:
+        self.lake.root_epoch(self.lake.up, self.epoch)
+        self.lake.copy_epoch(self.epoch)
+        self.epoch += 1000
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.step()
+
+    def start(self) -> MovingPipeline:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(120)

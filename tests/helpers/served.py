@@ -153,3 +153,38 @@ class ServedReader:
         if epoch is not None:
             self.epochs.append(epoch)
         return epoch
+
+
+# -- the engines' reads of two tables in one query (tests/test_serve_engines.py and `python -m bench serve --race`) --
+
+def two_table_sql(catalog: str, up: str, down: str) -> str:
+    """One query over both tables: each one's row count and epoch sum (equal at one version of a copy)."""
+    return (f"SELECT u.n, u.s, d.n, d.s FROM (SELECT count(*) n, sum(epoch) s FROM {catalog}.{up}) u "
+            f"CROSS JOIN (SELECT count(*) n, sum(epoch) s FROM {catalog}.{down}) d")
+
+
+def as_pairs(row: Any) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``two_table_sql``'s row as ((up count, up epoch sum), (down count, down epoch sum))."""
+    return (row[0], row[1]), (row[2], row[3])
+
+
+def duckdb_read(url: str, warehouse: str, secret: str, sql: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``sql`` (over the attachment ``served``) in a new DuckDB session that attaches the endpoint: DuckDB keeps the
+    tables an attachment loaded for the attachment's life, so a session is one notebook cell or one job."""
+    import duckdb
+
+    from coordinator.history.readers import DUCKDB_EXTENSIONS, _extension_file
+    with duckdb.connect(config={"autoinstall_known_extensions": False}) as con:
+        for name in DUCKDB_EXTENSIONS:
+            con.execute(f"LOAD '{_extension_file(name, duckdb.__version__)}'")
+        con.execute(secret)
+        con.execute(f"ATTACH '{warehouse}' AS served (TYPE iceberg, ENDPOINT '{url}', AUTHORIZATION_TYPE 'none')")
+        row = con.sql(sql).fetchone()
+    assert row is not None
+    return as_pairs(row)
+
+
+def pyiceberg_read(catalog: Any, tables: list[str]) -> list[tuple[int, int]]:
+    """Each table loaded, then read, before the next is loaded (the reads take their time): count and epoch sum."""
+    frames = [catalog.load_table(t).scan().to_arrow() for t in tables]
+    return [(f.num_rows, sum(f.column("epoch").to_pylist())) for f in frames]
