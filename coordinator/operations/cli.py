@@ -101,8 +101,9 @@ def _require_in_catalog(settings: CatalogSettings, tables: list[str], tm: Option
     """Refuse to go on when the catalog lacks one of ``tables``, or has other tables of those names than the jobs
     write (``check_table_identities``): ZooKeeper's records would otherwise answer for tables this catalog does not
     have (a wrong TIDEMARK_CATALOG_URI), and gc would collect nothing while dropping retained versions.
-    ``catalog``: the one the command already opened (else it is opened here). The error says a table is registered in ZooKeeper only when a job writes or reads it there: a typo in
-    ``tidemark resolve`` is not a catalog that lacks the jobs' tables."""
+    ``catalog``: the one the command already opened (else it is opened here). The error says a table is registered
+    in ZooKeeper only when a job writes or reads it there: a typo in ``tidemark resolve`` is not a catalog that
+    lacks the jobs' tables."""
     from coordinator.errors import TableNotFound
     from coordinator.iceberg.catalog import load_table
     from coordinator.protocol.registry import check_table_identities
