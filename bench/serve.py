@@ -247,7 +247,7 @@ def _clients(url: str, tables: list[str], count: int, stop, results) -> None:
     lock = threading.Lock()
 
     def client() -> None:
-        connection = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
+        connection = http.client.HTTPConnection(where.hostname or "127.0.0.1", where.port, timeout=60)
 
         def get(path: str) -> bytes:
             connection.request("GET", path)
