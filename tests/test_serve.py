@@ -27,6 +27,7 @@ from coordinator.tidemark import Tidemark
 from tests.helpers.cli import assert_one_line_error, tidemark
 from tests.helpers.lake import create_table, rows_of, stage_rows
 from tests.helpers.mixed_lake import MixedLake, epoch_counts
+from tests.helpers.present import present
 from tests.helpers.tls import make_certificates
 
 
@@ -125,6 +126,20 @@ def test_a_group_or_a_pin_gives_one_version_across_pipelines(lake, serve, namesp
     lake.copy_epoch(7000)
     assert pinned.load_table(lake.up).metadata.current_snapshot_id == before  # the session keeps its version
     assert served_epoch(server, lake.up, agent="another client") == 7000
+
+
+def test_a_pinned_session_keeps_its_version_after_zookeepers_recent_epochs_moved_past_it(lake, serve, tm):
+    """ZooKeeper lists a table's newest 16 epochs: a session pinned longer than that gets its version from the
+    tables' Iceberg records, never an older one nor an error."""
+    server = serve()
+    pinned = RestCatalog("pinned", uri=server.url, warehouse="pipeline@pinned")
+    before = {t: pinned.load_table(t).metadata.current_snapshot_id for t in (lake.up, lake.down)}
+    for epoch in range(7000, 7000 + 20 * 1000, 1000):
+        lake.root_epoch(lake.up, epoch)
+        lake.copy_epoch(epoch)
+    assert 5000 not in dict(present(tm.tidemarks([lake.down])[lake.down]).recent), "ZooKeeper still lists it"
+    assert {t: pinned.load_table(t).metadata.current_snapshot_id for t in (lake.up, lake.down)} == before
+    assert served_epoch(server, lake.down, agent="an unpinned client") == 26000
 
 
 def test_staged_snapshots_and_newer_ones_are_never_in_the_served_metadata(lake, serve, catalog):

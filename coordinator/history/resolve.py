@@ -288,6 +288,13 @@ class Resolver:
             return None
         return ConsistentVersion(epoch, {n: ref.snapshot_id for n, ref in tags.items()}, ConsistencyLevel.AS_OF)
 
+    def recorded_epochs(self, names: Iterable[str]) -> list[int]:
+        """The epochs every Tidemark table of ``names`` records in its Iceberg snapshots, oldest first (root tables
+        record none and are left out): what ``as_of`` reaches once ZooKeeper's recent lists moved past them."""
+        recorded = [{e for e, _ in summary.recorded} for summary in map(self._summary, names)
+                    if summary.is_tidemark_table]
+        return sorted(set.intersection(*recorded)) if recorded else []
+
     def retained_epochs(self, names: Iterable[str]) -> list[int]:
         """The retained versions (from ZooKeeper, or the ``tidemark-<T>`` tags every table of ``names`` has)."""
         if self.tm is not None:

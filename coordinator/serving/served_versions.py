@@ -356,14 +356,15 @@ def _component(topology: Topology, table: str) -> frozenset[str]:
 
 
 def _at_or_before(resolver: Resolver, tables: list[str], cap: int, marks: Mapping) -> ConsistentVersion:
-    """The newest consistent version of ``tables`` whose epoch is at or before ``cap``: the newest, if it is; else an
-    epoch every table's recent list (or a retained version) holds, newest first."""
+    """The newest consistent version of ``tables`` whose epoch is at or before ``cap``: the newest, if it is; else the
+    newest epoch every table's recent list or every table's Iceberg records hold (those reach back once ZooKeeper's
+    lists moved past: a session pinned longer keeps its version), else a retained version."""
     newest = resolver.resolve(tables)
     if newest.epoch is None or newest.epoch <= cap:
         return newest
     lists = [m.epochs for m in marks.values() if m is not None] if marks else []
-    candidates = sorted((e for e in common_epochs(lists) if e <= cap), reverse=True) if len(lists) == len(tables) \
-        else []
+    listed = set(common_epochs(lists)) if len(lists) == len(tables) else set()
+    candidates = sorted((e for e in {*listed, *resolver.recorded_epochs(tables)} if e <= cap), reverse=True)
     if resolver.tm is not None:
         candidates += sorted((e for e in RetainedVersions(resolver.tm).epochs() if e <= cap), reverse=True)
     else:
@@ -373,8 +374,8 @@ def _at_or_before(resolver: Resolver, tables: list[str], cap: int, marks: Mappin
             return resolver.resolve(tables, as_of=epoch)
         except VersionNotFound:
             continue
-    raise VersionNotFound(f"no version of {tables} at or before {cap} is still known: ZooKeeper's recent epochs and "
-                          "the retained versions (`tidemark versions`) start later")
+    raise VersionNotFound(f"no version of {tables} at or before {cap} is still known: ZooKeeper's recent epochs, the "
+                          "tables' Iceberg records and the retained versions (`tidemark versions`) start later")
 
 
 __all__ = ["DEFAULT_MAX_HOLD_S", "DEFAULT_REPEAT_AFTER_S", "Choice", "ServedVersions"]
