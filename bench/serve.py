@@ -1,7 +1,7 @@
 """``tidemark serve`` against the catalog behind it: what a reader that knows nothing of Tidemark pays for consistency.
 
     python -m bench serve [--stack embedded lakehouse] [--loads 200] [--clients 200] [--seconds 20] [--trino]
-    python -m bench serve --race [--reads 40] [--trino]     # the switch race per engine
+    python -m bench serve --race [--reads 20] [--trino]     # the switch race per engine
 
 Per stack (``embedded``: SQLite and local files; ``lakehouse``: SeaweedFS's S3 store and REST catalog on loopback), on a
 pipeline of two jobs (``up`` and ``down``, which copies it) with a history of epochs:
@@ -49,6 +49,7 @@ TRINO_RATIO_GOAL = 1.1
 HISTORY_EPOCHS = 30
 CLIENT_PROCESSES = 4
 CLIENT_EVERY_S = 1.0  # each client's query (both tables loaded) once a second
+RACE_PAUSE_S = 0.5  # --race: the pipeline's pause between epochs (an epoch every 0.6-0.8 s on the lakehouse)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -59,7 +60,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each pipeline run (alone, beside)")
     parser.add_argument("--trino", action="store_true", help="also time a Trino join (lakehouse)")
     parser.add_argument("--race", action="store_true", help="measure the switch race per engine instead")
-    parser.add_argument("--reads", type=int, default=40, help="--race: queries per engine and endpoint")
+    parser.add_argument("--reads", type=int, default=20, help="--race: queries per engine and endpoint")
     args = parser.parse_args(argv)
     with zookeeper() as zk:
         for stack in args.stack:
@@ -126,7 +127,7 @@ def _switch_race(settings: CatalogSettings, connect: str, url: str, lake, epoch:
     endpoints = {"rule off": (off_url, ""), "default rule": (url, ""), "pinned": (url, "pipeline@pinned")}
     secret = _s3_secret(settings.name, settings.python_catalog_properties()) or ""
     tables = [t.split(".", 1)[1] if t.count(".") > 1 else t for t in (lake.up, lake.down)]
-    moving = MovingPipeline(lake, epoch).start()
+    moving = MovingPipeline(lake, epoch, pause_s=RACE_PAUSE_S).start()
     try:
         def pyiceberg(url: str, warehouse: str):
             catalog = RestCatalog("served", uri=url, **({"warehouse": warehouse} if warehouse else {}))

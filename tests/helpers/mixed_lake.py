@@ -81,8 +81,9 @@ class MovingPipeline:
     """``lake``'s ``up`` and ``down`` each taking one more epoch, again and again, in a thread: a served version
     that moves all the time (``stop`` ends the thread; the lake stays open)."""
 
-    def __init__(self, lake: MixedLake, epoch: int = 1000) -> None:
-        self.lake, self.epoch = lake, epoch
+    def __init__(self, lake: MixedLake, epoch: int = 1000, pause_s: float = 0.0) -> None:
+        """``pause_s``: between epochs (a long run's tables stay small enough to read quickly)."""
+        self.lake, self.epoch, self.pause_s = lake, epoch, pause_s
         self._stop = threading.Event()
         self.step()
         self._thread = threading.Thread(target=self._run, name="moving-pipeline", daemon=True)
@@ -93,7 +94,7 @@ class MovingPipeline:
         self.epoch += 1000
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.wait(self.pause_s):
             self.step()
 
     def start(self) -> MovingPipeline:
