@@ -22,6 +22,7 @@ from coordinator.protocol.barriers import CHANGE_LEAD_MS, MAX_INTERVAL_MS, Barri
 from coordinator.protocol.pacing import Pacing
 from coordinator.settings import Settings, check_connect_string
 from tests.helpers.cli import TIDEMARK, assert_one_line_error, run_cli
+from tools.docs_reference import commands as all_commands
 
 NOW = 1_800_000_000_000  # a grid point of every interval below
 
@@ -49,18 +50,8 @@ def test_every_command_that_takes_a_job_checks_its_name_the_same_way_before_conn
     assert_one_line_error(code, err, "job name 'a/b' has characters that cannot be used ('/')", status=EXIT_USAGE)
 
 
-def _commands(parser: argparse.ArgumentParser, name: str = "tidemark") -> list[tuple[str, argparse.ArgumentParser]]:
-    """Every command and sub-command (``lakehouse start``), by its full name."""
-    found = [(name, parser)]
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub, command in action.choices.items():
-                found += _commands(command, f"{name} {sub}")
-    return found
-
-
 def test_every_option_of_every_command_is_explained_in_its_help(capsys):
-    commands = _commands(build_parser())
+    commands = all_commands(build_parser())
     unexplained = [f"{name} {'/'.join(action.option_strings) or action.dest}"
                    for name, command in commands
                    for action in command._actions

@@ -24,17 +24,18 @@ def cli_page() -> str:
     os.environ["COLUMNS"] = "100"  # argparse wraps help to the terminal: the page is the same on every machine
     lines = ["# The `tidemark` command\n\n", GENERATED,
              "Every command and option, as `tidemark COMMAND --help` prints it.\n"]
-    for name, parser in _commands(build_parser()):
+    for name, parser in commands(build_parser()):
         lines += [f"\n## `{name}`\n\n", "```text\n", parser.format_help().replace("\n\n\n", "\n\n"), "```\n"]
     return "".join(lines)
 
 
-def _commands(parser: argparse.ArgumentParser, name: str = "tidemark") -> list[tuple[str, argparse.ArgumentParser]]:
+def commands(parser: argparse.ArgumentParser, name: str = "tidemark") -> list[tuple[str, argparse.ArgumentParser]]:
+    """Every command and sub-command of ``parser`` (``tidemark lakehouse start``), by its full name."""
     found = [(name, parser)]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub, command in action.choices.items():
-                found += _commands(command, f"{name} {sub}")
+                found += commands(command, f"{name} {sub}")
     return found
 
 
