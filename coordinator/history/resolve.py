@@ -48,7 +48,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import ALWAYS_TRUE, DataScan, Snapshot, Table
 
-from coordinator.errors import ConfigurationError, EpochOrderError, InvalidName, VersionNotFound
+from coordinator.errors import ConfigurationError, EpochOrderError, InvalidName, VersionNotFound, ZooKeeperUnavailable
 from coordinator.history.versions import RetainedVersions, nearest, tag_epoch, tag_name
 from coordinator.iceberg.catalog import CatalogSettings, load_table
 from coordinator.iceberg.lineage import EpochLineage, LineageSummary
@@ -100,11 +100,15 @@ class Resolver:
 
     def _identified_table(self, name: str) -> Table:
         """The table, loaded; the first time (and when it is another Iceberg table than before), checked to be the
-        one its writer job writes (``check_table_identities``: a tree used with another catalog is refused)."""
+        one its writer job writes (``check_table_identities``: a tree used with another catalog is refused). With
+        ZooKeeper gone meanwhile (a version resolved, then read after the session closed) it is read unchecked."""
         table = load_table(self.catalog, self.settings, name)
         identity = str(table.metadata.table_uuid)
         if self.tm is not None and self._identified.get(name) != identity:
-            check_table_identities(self.tm, {name: identity}, self.settings.describe())
+            try:
+                check_table_identities(self.tm, {name: identity}, self.settings.describe())
+            except ZooKeeperUnavailable:  # a version resolved, then read with the session closed or cut: still read
+                return table
             self._identified[name] = identity
         return table
 

@@ -506,8 +506,10 @@ class EpochWriter:
                     return True
                 with self.metrics.phase("wait"):
                     # A batch run of a new job waits for its first epoch (after it opened): nothing older exists.
-                    target = self.next_barrier(until, wait=not once or self.epochs.last_committed is None,
-                                               covering=called_at)
+                    # A new job's first epoch comes after it opened, after the call: it covers the call already.
+                    last = self.epochs.last_committed
+                    target = self.next_barrier(until, wait=not once or last is None,
+                                               covering=called_at if last is not None else None)
                     inputs = None if target is None else self.inputs_for(target)
                 if target is None:
                     return not self._stop.is_set()
