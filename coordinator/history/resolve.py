@@ -48,7 +48,14 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import ALWAYS_TRUE, DataScan, Snapshot, Table
 
-from coordinator.errors import ConfigurationError, EpochOrderError, InvalidName, VersionNotFound, ZooKeeperUnavailable
+from coordinator.errors import (
+    ConfigurationError,
+    EpochOrderError,
+    InvalidName,
+    VersionNotFound,
+    ZooKeeperRebuilt,
+    ZooKeeperUnavailable,
+)
 from coordinator.history.versions import RetainedVersions, nearest, tag_epoch, tag_name
 from coordinator.iceberg.catalog import CatalogSettings, load_table
 from coordinator.iceberg.lineage import EpochLineage, LineageSummary
@@ -107,7 +114,7 @@ class Resolver:
         if self.tm is not None and self._identified.get(name) != identity:
             try:
                 check_table_identities(self.tm, {name: identity}, self.settings.describe())
-            except ZooKeeperUnavailable:  # a version resolved, then read with the session closed or cut: still read
+            except (ZooKeeperUnavailable, ZooKeeperRebuilt):  # a version resolved, then ZooKeeper gone: still read
                 return table
             self._identified[name] = identity
         return table
