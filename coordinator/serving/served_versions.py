@@ -364,7 +364,9 @@ def _at_or_before(resolver: Resolver, tables: list[str], cap: int, marks: Mappin
         return newest
     lists = [m.epochs for m in marks.values() if m is not None] if marks else []
     listed = set(common_epochs(lists)) if len(lists) == len(tables) else set()
-    candidates = sorted((e for e in {*listed, *resolver.recorded_epochs(tables)} if e <= cap), reverse=True)
+    if cap not in listed:  # only then can an epoch the lists no longer reach be the newest: read the tables' records
+        listed |= set(resolver.recorded_epochs(tables))
+    candidates = sorted((e for e in listed if e <= cap), reverse=True)
     if resolver.tm is not None:
         candidates += sorted((e for e in RetainedVersions(resolver.tm).epochs() if e <= cap), reverse=True)
     else:
