@@ -8,10 +8,13 @@ pipeline of two jobs (``up`` and ``down``, which copies it) with a history of ep
 
 1. ``loadTable`` with pyiceberg, through the endpoint (a ``tidemark serve`` process) and from the backing catalog
    directly, interleaved: p50 and p99 of each (goal: the endpoint at most 1.2x the direct figure plus 2 ms);
-2. the pipeline taking epochs for ``--seconds`` alone, then beside ``--clients`` concurrent clients (processes of
-   threads, each its own keep-alive connection) each loading both tables through the endpoint once a second (a
-   dashboard refreshing every second; raw HTTP, so the clients' own parsing does not take the shared cores): the
-   loads' p50/p99 (goal: p99 under 50 ms) and the writers' time per epoch (goal: within 1.1x of the run without them);
+2. the pipeline taking epochs, alone and beside ``--clients`` concurrent clients (processes of threads, each its own
+   keep-alive connection) each loading both tables through the endpoint once a second (a dashboard refreshing every
+   second; raw HTTP, so the clients' own parsing does not take the shared cores), ``--seconds`` each, in 2-second
+   slices taken in turns (alone, beside, beside, alone: an epoch's time grows with the tables' history): the loads'
+   p50/p99 (goal: p99 under 50 ms), the CPU per load, and the writers' time per epoch (goal: within 1.1x of alone,
+   the median of the turns' ratios). Twice: with the cores split (the writers and their servers on one half, the
+   endpoint and its clients on the other, as separate pods are; the goal's figure) and shared (for reference);
 3. with ``--trino`` (lakehouse only): a Trino query joining both tables through the endpoint and through the
    backing REST catalog, interleaved (goal: within 1.1x).
 
@@ -27,6 +30,7 @@ import json
 import multiprocessing
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,6 +53,14 @@ TRINO_RATIO_GOAL = 1.1
 HISTORY_EPOCHS = 30
 CLIENT_PROCESSES = 4
 CLIENT_EVERY_S = 1.0  # each client's query (both tables loaded) once a second
+CLIENTS_WARMUP_S = 2.0  # the clients connect and warm up before the writers are timed (their loads not counted)
+SLICE_S = 2.0  # the writers are timed alone and beside the clients in slices this long, in turns (ABBA)
+LAYOUTS = {  # --clients: where the writers and the endpoint run
+    "split": "cores split (the writers, ZooKeeper and the catalog on half the cores; the endpoint and its clients on "
+             "the other half, as separate pods would be)",
+    "shared": "cores shared (the writers, the endpoint and its clients all on the same cores: the clients' CPU "
+              "competes too)",
+}
 RACE_PAUSE_S = 0.5  # --race: the pipeline's pause between epochs (an epoch every 0.6-0.8 s on the lakehouse)
 
 
@@ -57,7 +69,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--stack", nargs="+", choices=STACKS, default=list(STACKS))
     parser.add_argument("--loads", type=int, default=200, help="loadTable calls timed per side")
     parser.add_argument("--clients", type=int, default=200, help="concurrent clients through the endpoint")
-    parser.add_argument("--seconds", type=float, default=20.0, help="length of each pipeline run (alone, beside)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="the writers' time alone, and beside the clients")
     parser.add_argument("--trino", action="store_true", help="also time a Trino join (lakehouse)")
     parser.add_argument("--race", action="store_true", help="measure the switch race per engine instead")
     parser.add_argument("--reads", type=int, default=20, help="--race: queries per engine and endpoint")
@@ -91,7 +103,7 @@ def run_stack(stack: str, settings: CatalogSettings, connect: str, home: Path, a
         _load_latency(settings, url, lake.down, args.loads)
         header(f"tidemark serve, {stack} stack: the pipeline alone, then beside {args.clients} clients loading "
                "tables through the endpoint")
-        _beside_clients(lake, epoch, url, [lake.up, lake.down], args)
+        _beside_clients(lake, epoch, url, server.pid, [lake.up, lake.down], args)
         if args.trino and stack == "lakehouse":
             header("tidemark serve, lakehouse: a Trino join through the endpoint vs the REST catalog directly")
             _trino(settings, url, lake, home)
@@ -191,7 +203,8 @@ def _load_latency(settings: CatalogSettings, url: str, table: str, loads: int) -
               f"{verdict(mine <= goal)}", flush=True)
 
 
-def _beside_clients(lake, first_epoch: int, url: str, tables: list[str], args: argparse.Namespace) -> None:
+def _beside_clients(lake, first_epoch: int, url: str, server_pid: int, tables: list[str],
+                    args: argparse.Namespace) -> None:
     epoch = [first_epoch]
 
     def run_pipeline(seconds: float) -> list[float]:
@@ -205,43 +218,110 @@ def _beside_clients(lake, first_epoch: int, url: str, tables: list[str], args: a
             epoch[0] += 1000
         return took
 
-    alone = run_pipeline(args.seconds)
-    stop = multiprocessing.Event()
-    results: multiprocessing.Queue = multiprocessing.Queue()
-    per_process = max(1, args.clients // CLIENT_PROCESSES)
-    identifiers = [t.split(".", 1)[1] if t.count(".") > 1 else t for t in tables]
-    processes = [multiprocessing.Process(target=_clients, args=(url, identifiers, per_process, stop, results))
-                 for _ in range(CLIENT_PROCESSES)]
-    for process in processes:
-        process.start()
-    time.sleep(2.0)  # the clients connect and warm up before the writers are timed
-    beside = run_pipeline(args.seconds)
-    stop.set()
-    latencies: list[float] = []
-    errors = 0
-    for _ in processes:
-        found, failed = json.loads(results.get(timeout=120))
-        latencies += found
-        errors += failed
-    for process in processes:
-        process.join(60)
-    p99 = percentile(latencies, 0.99) * 1000
-    print(f"  clients: {len(latencies)} loads by {per_process * CLIENT_PROCESSES} clients, {errors} failed; "
-          f"p50 {percentile(latencies, 0.5) * 1000:.1f} ms, p99 {p99:.1f} ms; goal p99 < {CLIENTS_P99_GOAL_MS:g} ms: "
-          f"{verdict(p99 < CLIENTS_P99_GOAL_MS)}", flush=True)
-    mine, base = percentile(beside, 0.5), percentile(alone, 0.5)
-    print(f"  writers' time per epoch (both jobs): beside the clients p50 {mine * 1000:.0f} ms, alone (baseline) "
-          f"p50 {base * 1000:.0f} ms, {mine / base:.2f}x; goal <= {WRITERS_LAG_GOAL}x: "
-          f"{verdict(mine <= base * WRITERS_LAG_GOAL)}", flush=True)
+    cores = sorted(os.sched_getaffinity(0))
+    writers_cores, serving_cores = set(cores[:len(cores) // 2]), set(cores[len(cores) // 2:])
+    layouts = {"split": (writers_cores, serving_cores), "shared": (set(cores), set(cores))}
+    for layout, (writers, serving) in layouts.items():
+        if layout == "split" and not writers:
+            continue  # one core: nothing to split
+        _pin_tree(os.getpid(), writers)  # the writers, ZooKeeper and the catalog's servers
+        _pin_tree(server_pid, serving)
+        print(f"  {LAYOUTS[layout]}:", flush=True)
+        stop, active = multiprocessing.Event(), multiprocessing.Event()
+        results: multiprocessing.Queue = multiprocessing.Queue()
+        per_process = max(1, args.clients // CLIENT_PROCESSES)
+        identifiers = [t.split(".", 1)[1] if t.count(".") > 1 else t for t in tables]
+        processes = [multiprocessing.Process(target=_clients,
+                                             args=(url, identifiers, per_process, serving, active, stop, results))
+                     for _ in range(CLIENT_PROCESSES)]
+        for process in processes:
+            process.start()
+        active.set()
+        time.sleep(CLIENTS_WARMUP_S)
+        alone: list[float] = []
+        beside: list[float] = []
+        ratios: list[float] = []  # per turn of four slices: the writers' mean time beside the clients over alone
+        server_cpu = 0.0
+        # Alone and beside in short turns, ABBA: the tables' metadata grows with every epoch, and an epoch's time
+        # with it; each turn's ratio compares epochs of about the same history.
+        for _ in range(max(1, round(args.seconds / (2 * SLICE_S)))):
+            times: dict[bool, list[float]] = {False: [], True: []}
+            for with_clients in (False, True, True, False):
+                if with_clients:
+                    active.set()
+                    before = _cpu_seconds(server_pid)
+                    times[True] += run_pipeline(SLICE_S)
+                    server_cpu += _cpu_seconds(server_pid) - before
+                else:
+                    active.clear()
+                    times[False] += run_pipeline(SLICE_S)
+            alone += times[False]
+            beside += times[True]
+            ratios.append(statistics.fmean(times[True]) / statistics.fmean(times[False]))
+        stop.set()
+        active.set()
+        latencies: list[float] = []
+        errors, clients_cpu = 0, 0.0
+        for _ in processes:
+            found, failed, cpu = json.loads(results.get(timeout=120))
+            latencies += found
+            errors += failed
+            clients_cpu += cpu
+        for process in processes:
+            process.join(60)
+        p99 = percentile(latencies, 0.99) * 1000
+        print(f"    clients: {len(latencies)} loads by {per_process * CLIENT_PROCESSES} clients, {errors} failed; "
+              f"p50 {percentile(latencies, 0.5) * 1000:.1f} ms, p99 {p99:.1f} ms; goal p99 < "
+              f"{CLIENTS_P99_GOAL_MS:g} ms: {verdict(p99 < CLIENTS_P99_GOAL_MS)}", flush=True)
+        print(f"    CPU per load: the endpoint {server_cpu / max(1, len(latencies)) * 1000:.2f} ms, the clients "
+              f"{clients_cpu / max(1, len(latencies)) * 1000:.2f} ms", flush=True)
+        ratio = statistics.median(ratios)
+        judged = f"goal <= {WRITERS_LAG_GOAL}x: {verdict(ratio <= WRITERS_LAG_GOAL)}"
+        print(f"    writers' time per epoch (both jobs): beside the clients p50 "
+              f"{percentile(beside, 0.5) * 1000:.0f} ms, alone (baseline) p50 {percentile(alone, 0.5) * 1000:.0f} "
+              f"ms; median of {len(ratios)} turns' ratios {ratio:.2f}x; {judged}", flush=True)
+    _pin_tree(os.getpid(), set(cores))
+    _pin_tree(server_pid, set(cores))
 
 
-def _clients(url: str, tables: list[str], count: int, stop, results) -> None:
+def _pin_tree(pid: int, cores: set[int]) -> None:
+    """Every thread of ``pid`` and of its descendants runs on ``cores`` only (threads made later inherit it)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    todo = [pid]
+    while todo:
+        process = todo.pop()
+        todo += children.get(process, [])
+        for task in Path(f"/proc/{process}/task").glob("[0-9]*"):
+            try:
+                os.sched_setaffinity(int(task.name), cores)
+            except OSError:
+                pass  # exited meanwhile
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The CPU time ``pid`` has used, user and system (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _clients(url: str, tables: list[str], count: int, cores: set[int], active, stop, results) -> None:
     """``count`` client threads, each with its own keep-alive connection, loading ``tables`` (``GET
     /v1/{prefix}/namespaces/{ns}/tables/{t}``, as an engine's REST client does after ``/v1/config``) once every
     ``CLIENT_EVERY_S`` (starting at random offsets) until ``stop``. Raw HTTP: the endpoint's latency, not the
     time the clients, sharing this machine's cores with it, take to parse the metadata."""
     import http.client
     from urllib.parse import urlsplit
+    os.sched_setaffinity(0, cores)
+    warm_until = time.monotonic() + CLIENTS_WARMUP_S
+    warm_cpu: list[float] = []  # the process's CPU time when the warm-up ended
+    warmed = threading.Timer(CLIENTS_WARMUP_S, lambda: warm_cpu.append(_process_cpu()))
+    warmed.start()
     where = urlsplit(url)
     latencies: list[float] = []
     failed = [0]
@@ -263,6 +343,10 @@ def _clients(url: str, tables: list[str], count: int, stop, results) -> None:
         next_query = time.monotonic() + random.uniform(0, CLIENT_EVERY_S)
         while not stop.wait(max(0.0, next_query - time.monotonic())):
             next_query += CLIENT_EVERY_S
+            if not active.is_set():  # the writers are timed alone meanwhile
+                active.wait()
+                next_query = time.monotonic() + random.uniform(0, CLIENT_EVERY_S)
+                continue
             for path in paths:
                 start = time.perf_counter()
                 try:
@@ -272,7 +356,8 @@ def _clients(url: str, tables: list[str], count: int, stop, results) -> None:
                         failed[0] += 1
                     connection.close()
                     continue
-                mine.append(time.perf_counter() - start)
+                if time.monotonic() > warm_until:
+                    mine.append(time.perf_counter() - start)
         with lock:
             latencies.extend(mine)
     threads = [threading.Thread(target=client, daemon=True) for _ in range(count)]
@@ -280,7 +365,14 @@ def _clients(url: str, tables: list[str], count: int, stop, results) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    results.put(json.dumps([latencies, failed[0]]))
+    warmed.join()
+    results.put(json.dumps([latencies, failed[0], _process_cpu() - warm_cpu[0]]))
+
+
+def _process_cpu() -> float:
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _trino(settings: CatalogSettings, url: str, lake, home: Path) -> None:

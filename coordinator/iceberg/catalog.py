@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -275,23 +276,22 @@ class CatalogSettings:
         return f"catalog {self.name!r} at {shown}"
 
     def _require_database(self, path: str) -> None:
-        if not self.create_if_missing:
-            if not Path(path).is_file():
-                raise ConfigurationError(
-                    f"Iceberg {self.describe()} does not exist: point TIDEMARK_CATALOG_URI (and TIDEMARK_CATALOG_NAME) "
-                    "at the catalog your jobs use, or TIDEMARK_HOME at the directory of its embedded one; the "
-                    "embedded catalog is created only by a program that asks for it (CatalogSettings.embedded())")
-            return
-        try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigurationError(f"cannot create the catalog's directory {Path(path).parent}: "
-                                     f"{exc.strerror or exc}; set TIDEMARK_HOME to a writable directory") from None
+        if not self.create_if_missing and not Path(path).is_file():
+            raise ConfigurationError(
+                f"Iceberg {self.describe()} does not exist: point TIDEMARK_CATALOG_URI (and TIDEMARK_CATALOG_NAME) "
+                "at the catalog your jobs use, or TIDEMARK_HOME at the directory of its embedded one; the "
+                "embedded catalog is created only by a program that asks for it (CatalogSettings.embedded())")
 
     def load(self) -> Catalog:
         """The pyiceberg catalog, or a ConfigurationError saying why the database cannot be opened."""
         from pyiceberg.catalog import load_catalog
         new = self._new_database()
+        if new is not None:
+            try:
+                Path(new).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigurationError(f"cannot create the catalog's directory {Path(new).parent}: "
+                                         f"{exc.strerror or exc}; set TIDEMARK_HOME to a writable directory") from None
         properties = self.python_catalog_properties()  # a missing database: its own ConfigurationError, not wrapped
         try:
             catalog = load_catalog(self.name, **properties)
@@ -302,6 +302,7 @@ class CatalogSettings:
                 "(database or REST) is running and that the credentials are right") from None
         _give_rest_requests_a_deadline(catalog)
         if new is not None and Path(new).is_file():
+            _write_ahead_log(new)
             log.warning("created a new, empty Iceberg catalog %r at %s: set TIDEMARK_HOME if your tables live "
                         "elsewhere", self.name, "/" + new.lstrip("/"))
         return catalog
@@ -317,6 +318,14 @@ class CatalogSettings:
         """Strip the catalog name Spark uses (``lake.db.t``) to the identifier pyiceberg uses (``db.t``)."""
         prefix = self.name + "."
         return table[len(prefix):] if table.startswith(prefix) else table
+
+
+def _write_ahead_log(path: str) -> None:
+    """A new SQLite catalog journals to a write-ahead log (kept in the file: Spark's JDBC URL asks for it too), so
+    its readers (``tidemark serve``, resolvers, dashboards) never block a commit, nor a commit them."""
+    import sqlite3
+    with closing(sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)) as database:
+        database.execute("PRAGMA journal_mode=WAL")
 
 
 def load_table(catalog: Catalog, settings: CatalogSettings, table: str) -> Table:

@@ -30,7 +30,7 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from queue import Empty, LifoQueue
@@ -257,8 +257,8 @@ class CatalogServer:
               arrived: Optional[float] = None, refresh: bool = False) -> tuple[Encoded, dict[str, str], Choice]:
         """The table's LoadTableResult at its served version, its ``Tidemark-*`` headers, and the choice made.
 
-        A served version's answer is kept ``SERVED_TTL_S``: the snapshots it shows never change, only what the
-        backing catalog may change beside them (properties, schema, tags) is that much late."""
+        A served version's answer is kept ``SERVED_TTL_S`` (``_kept``): the snapshots it shows never change, only what
+        the backing catalog may change beside them (properties, schema, tags) is up to twice that late."""
         scope = _scope_from_prefix(prefix)
         identifier = f"{_dotted(namespace)}.{name}"
         choice = self._unavailable_as_503(lambda: self._choose(scope, identifier, client, arrived, refresh))
@@ -273,27 +273,49 @@ class CatalogServer:
         if choice.passthrough:
             return self._load_table(identifier, choice, snapshots == "refs"), headers, choice
         key = (identifier, choice.snapshot_id, snapshots == "refs")
-        while True:  # one load per answer kept: the clients asking meanwhile wait for it (a new version's herd)
+        return self._kept(key, lambda: self._load_table(identifier, choice, snapshots == "refs")), headers, choice
+
+    def _kept(self, key: tuple[str, Optional[int], bool], load: Callable[[], Encoded]) -> Encoded:
+        """The answer kept for ``key``, else ``load()``'s, kept ``SERVED_TTL_S``. One load per answer: the clients
+        asking meanwhile wait for it (a new version's herd). An answer expired less than ``SERVED_TTL_S`` ago is
+        still given while one request's thread loads it again behind it, so a table read all the time never makes a
+        client wait for the backing catalog, only a new version does."""
+        while True:
             with self._bodies_lock:
                 kept = self._bodies.get(key)
-                if kept is not None and kept[0] > time.monotonic():
-                    return kept[1], headers, choice
+                now = time.monotonic()
+                if kept is not None and kept[0] > now:
+                    return kept[1]
                 loading = self._loading.get(key)
+                if kept is not None and kept[0] + SERVED_TTL_S > now:
+                    if loading is None:
+                        self._loading[key] = threading.Event()
+                        threading.Thread(target=self._reload, args=(key, load), daemon=True,
+                                         name="tidemark-serve-reload").start()
+                    return kept[1]
                 if loading is None:
-                    loading = self._loading[key] = threading.Event()
+                    self._loading[key] = threading.Event()
                     break
             loading.wait(LOAD_WAIT_S)
+        return self._load_and_keep(key, load)
+
+    def _reload(self, key: tuple[str, Optional[int], bool], load: Callable[[], Encoded]) -> None:
         try:
-            body = self._load_table(identifier, choice, snapshots == "refs")
+            self._load_and_keep(key, load)
+        except Exception as exc:  # noqa: BLE001 - the answer expires; the next request loads it and answers the error
+            log.warning("tidemark serve: reloading %s failed: %s: %s", key[0], type(exc).__name__, _first_line(exc))
+
+    def _load_and_keep(self, key: tuple[str, Optional[int], bool], load: Callable[[], Encoded]) -> Encoded:
+        try:
+            body = load()
             with self._bodies_lock:
                 if len(self._bodies) > SERVED_KEPT:
                     self._bodies.clear()
                 self._bodies[key] = (time.monotonic() + SERVED_TTL_S, body)
+            return body
         finally:
             with self._bodies_lock:
-                self._loading.pop(key, None)
-            loading.set()
-        return body, headers, choice
+                self._loading.pop(key).set()
 
     def _load_table(self, identifier: str, choice: Choice, refs_only: bool) -> Encoded:
         with self.catalog() as catalog:
