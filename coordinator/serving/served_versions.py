@@ -32,7 +32,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from kazoo.client import KazooState
@@ -118,6 +118,7 @@ class ServedVersions:
         self._newest: dict[frozenset[str], ConsistentVersion] = {}  # never back: the newest served per group
         self._held: OrderedDict[tuple, _Held] = OrderedDict()
         self._seen_jobs: dict[str, tuple[JobRecord, float]] = {}  # job -> (record, when last in the graph)
+        self._index = _GraphIndex(None, {})
         self._reconnecting = threading.Event()
         self._closed = False
         self._open_session()
@@ -196,8 +197,16 @@ class ServedVersions:
         """``table`` (an identifier ``ns.t``) as the job graph names it, and its group in ``scope``; (None, None) for a
         table no Tidemark job writes or reads."""
         graph = self._graph()
-        name = next((t for t in _tables(graph) if self.settings.identifier(t) == table), None)
-        return (None, None) if name is None else (name, self._group(scope, graph, name))
+        index = self._index
+        if index.graph is not graph:  # a job graph read again: its names and groups are worked out again
+            index = self._index = _GraphIndex(graph, {self.settings.identifier(t): t for t in _tables(graph)})
+        name = index.names.get(table)
+        if name is None:
+            return None, None
+        key = (scope.group, scope.namespace, name)
+        if key not in index.groups:
+            index.groups[key] = self._group(scope, graph, name)
+        return name, index.groups[key]
 
     def _group(self, scope: Scope, graph: Topology, name: str) -> frozenset[str]:
         """The tables one version of ``scope`` covers with table ``name`` (as the job graph names it)."""
@@ -332,6 +341,15 @@ class ServedVersions:
             self._resolved.clear()
         self._resolved[key] = version
         return version
+
+
+@dataclass
+class _GraphIndex:
+    """One job graph's tables by identifier, and their groups as asked for (by group kind, namespace and table)."""
+
+    graph: Optional[Topology]
+    names: dict[str, str]
+    groups: dict[tuple[Group, Optional[str], str], frozenset[str]] = field(default_factory=dict)
 
 
 def _tables(topology: Topology) -> set[str]:

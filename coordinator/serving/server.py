@@ -21,6 +21,7 @@ raises: an unexpected error is a 500 with its one-line message, logged.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import json
@@ -425,6 +426,9 @@ class _ServedCollector:
         return [age, epoch, up]
 
 
+_DATE: list[Any] = [None, ""]  # the second and its Date header (threads may race to set it: both right)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_side: CatalogServer
     protocol_version = "HTTP/1.1"  # keep-alive: a client's loads come on one connection
@@ -439,6 +443,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
+
+    def date_time_string(self, timestamp: Optional[float] = None) -> str:
+        """The ``Date`` header, formatted once a second (``email.utils`` is a tenth of an answer's time)."""
+        if timestamp is not None:
+            return super().date_time_string(timestamp)
+        second = int(time.time())
+        if _DATE[0] != second:
+            _DATE[:] = [second, super().date_time_string(second)]
+        return _DATE[1]
 
     def do_GET(self) -> None:
         self._answer("GET")
@@ -596,6 +609,7 @@ def _scope_from_warehouse(warehouse: Optional[str]) -> Scope:
         raise RestError(400, "BadRequestException", str(exc)) from None
 
 
+@functools.lru_cache(maxsize=1024)  # a client sends its prefix with every request
 def _scope_from_prefix(prefix: str) -> Scope:
     try:
         return Scope.from_prefix(prefix)
