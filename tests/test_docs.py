@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers.docs import ROOT, page
+from tests.helpers.docs import ROOT, RUNNABLE, blocks, page, pages
 
 README_MAX_LINES = 150
 
@@ -60,3 +60,24 @@ def test_every_page_has_one_title(name):
     titles = [line for line in re.sub(r"^```.*?^```", "", page(name), flags=re.M | re.S).splitlines()
               if line.startswith("# ")]
     assert len(titles) == 1, f"docs/{name} has the titles {titles}"
+
+
+def test_every_block_a_reader_runs_is_run_by_a_docs_run_or_says_why_not():
+    """Every shell and Python block of the pages names the run of tests/test_quickstart.py that runs it, or says why
+    none can; every other block says what it is (its language), so a block a reader runs cannot go unnoticed."""
+    from tests.test_quickstart import RUNS
+    unmarked, unknown, untyped = [], [], []
+    for name in pages():
+        for block in blocks(name):
+            where = f"{name}: {block.body.splitlines()[0] if block.body else ''}"
+            if not block.language:
+                untyped.append(where)
+            elif block.language in RUNNABLE and not (block.directive == "run" or
+                                                     (block.directive == "not run" and block.said.strip())):
+                unmarked.append(where)
+            unknown += [f"{where} names run {r!r}" for r in block.runs if r not in (*RUNS, "install")]
+    assert unmarked == [], "blocks a reader runs that no test runs and that do not say why: <!-- run: ... -->"
+    assert unknown == []
+    assert untyped == [], "blocks without a language (```text for output and listings)"
+    every = {r for name in pages() for block in blocks(name) for r in block.runs}
+    assert every == {*RUNS, "install"}, "a run that runs no block"

@@ -1,17 +1,31 @@
-"""README.md's quickstart and docs/lakehouse-quickstart.md's, run as written, so they cannot rot; and a job whose
-tables are missing registers nothing.
+"""The documentation's runs: every shell and Python block a reader is meant to run, run as written, so it cannot
+rot; and a job whose tables are missing registers nothing.
 
-The quickstart's shell blocks run in order as one bash script (``set -euo pipefail``) and its Python block
-is saved under the name its first line gives, as the README tells the reader to. Real ZooKeeper (``tidemark
-zk start``, the default port 2181) and the real embedded SQLite catalog, in a fresh ``TIDEMARK_HOME``.
-The script runs in a private network namespace (``unshare``), so the default port is the test's own and
-never another ZooKeeper's on this machine. The install line runs for real, before the rest and outside that
-namespace (it needs the package index): into a fresh venv, from a wheel of this checkout built by the test at the
-path the line names; the rest of the quickstart then runs with that venv's python and ``tidemark``. The lakehouse
-quickstart runs the first one's script with the lakehouse's settings (SeaweedFS, from the lakehouse extra).
+A block says which run runs it (``<!-- run: spark -->`` on the line before it, ``tests/helpers/docs.py``). A run
+(``RUNS``) reads its pages in a newcomer's order, in a new home with new empty ``HOME`` and ``TIDEMARK_HOME``:
+
+- ``quickstart``: README's quickstart (real ZooKeeper, ``tidemark zk start`` on the default port 2181, the embedded
+  SQLite catalog), then the pure-Python job page on its tables.
+- ``lakehouse``: the lakehouse quickstart (SeaweedFS's S3 store and REST catalog, from the ``lakehouse`` extra)
+  with README's script, then the components page's lakehouse commands.
+- ``spark``: the Spark page's script with ``spark-submit`` (the Spark of this suite: the run's pip constraint pins
+  pyspark to it, and Iceberg's jars come from the suite's cache, as ``TIDEMARK_SPARK_JARS`` would give them to a
+  user; downloading them is Spark's own ``--packages``), then the reading page (pandas, polars, DuckDB, ``tidemark
+  serve`` and pyiceberg's REST catalog) and the history page (``tidemark gc``) on its tables.
+
+README's install block runs on its own, in a copy of this checkout: it must build the wheel the runs install.
+
+The shell blocks of a run are one bash script (``set -euo pipefail``). A Python block whose first line names a file
+(``# quickstart.py: ...``) is saved under that name, as the page tells the reader to; any other runs where it
+stands, after the page's earlier such blocks (a page's examples continue each other). A block ``in the background``
+starts a server: the script goes on once its ``--port`` answers. Every ``pip install`` line runs first, into a fresh
+venv and outside the script's network: the rest runs in a private network namespace (``unshare``), so the default
+ports are the test's own and never another server's on this machine (hence ``SPARK_LOCAL_IP``: the namespace has
+loopback only). The wheel the pages install is built from this checkout at the path they name.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import shutil
@@ -19,6 +33,7 @@ import signal
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -28,40 +43,52 @@ from coordinator import EpochWriter
 from coordinator.errors import TableNotFound
 from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from coordinator.operations.zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper
-from tests.helpers.docs import page, section
+from coordinator.settings import Settings
+from tests.helpers.docs import Block, blocks, page, section
 from tests.helpers.wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 README = page("README.md")
 PYPROJECT = (ROOT / "pyproject.toml").read_text()
-DEADLINE_S = 240
-INSTALL_DEADLINE_S = 600  # a fresh venv: pyiceberg, pyarrow, pandas, polars, DuckDB
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+DEADLINE_S = 420  # the spark run: pyspark's session, the job, the readers, the endpoint, GC
+INSTALL_DEADLINE_S = 900  # a fresh venv: pyiceberg, pyarrow, pandas, polars, DuckDB, pyspark
+PORT_DEADLINE_S = 120  # a server a page starts in the background answers within this
+WHEEL = re.compile(r"'(dist/[^\[']+)")
 
 
-def quickstart(title: str = "Quickstart") -> str:
-    """README's quickstart, or the lakehouse one (a page of its own)."""
-    if title == "Quickstart":
-        return section(README, title)
-    return page("lakehouse-quickstart.md")
+@dataclass(frozen=True)
+class Run:
+    """The pages a run reads, in order, and what a page assumes done before it (its text says so)."""
+
+    pages: tuple[str, ...]
+    before: dict[str, str] = field(default_factory=dict)
 
 
-def blocks(section: str) -> list[tuple[str, str]]:
-    return [(language, body) for language, body in FENCE.findall(section)]
+RUNS = {
+    "quickstart": Run(("README.md", "python-jobs.md"), before={"python-jobs.md": "tidemark zk start"}),
+    "lakehouse": Run(("README.md", "lakehouse-quickstart.md", "components.md")),
+    "spark": Run(("spark.md", "reading.md", "history.md")),
+}
 
 
-def install_line(section: str) -> str:
-    shell = "\n".join(body for language, body in blocks(section) if language == "sh")
-    (line,) = re.findall(r"^pip install .*$", shell, re.M)
-    return line
+def quickstart() -> str:
+    return section(README, "Quickstart")
+
+
+def run_blocks(run: str) -> list[Block]:
+    return [b for name in RUNS[run].pages for b in blocks(name) if run in b.runs]
+
+
+def install_lines(found: list[Block]) -> list[str]:
+    return [re.sub(r"\s+#.*$", "", line) for b in found if b.language == "sh" for line in b.body.splitlines()
+            if line.startswith("pip install ")]
 
 
 def test_the_quickstart_is_one_screen_with_an_install_line_for_this_distribution():
-    section = quickstart()
-    assert len(section.splitlines()) <= 60, "the quickstart no longer fits on one screen"
-    found = re.fullmatch(r"pip install '(dist/([\w.]+)-([\w.]+)-py3-none-any\.whl)\[([\w,]+)\]'(?:\s+#.*)?",
-                         install_line(section))
-    assert found, f"the quickstart installs {install_line(section)!r}, not a wheel built from a clone"
+    assert len(quickstart().splitlines()) <= 60, "the quickstart no longer fits on one screen"
+    (line,) = install_lines(run_blocks("quickstart")[:1])
+    found = re.fullmatch(r"pip install '(dist/([\w.]+)-([\w.]+)-py3-none-any\.whl)\[([\w,]+)\]'(?:\s+#.*)?", line)
+    assert found, f"the quickstart installs {line!r}, not a wheel built from a clone"
     name = re.search(r'^name = "([^"]+)"$', PYPROJECT, re.M)
     version = re.search(r'^version = "([^"]+)"$', PYPROJECT, re.M)
     assert name is not None and version is not None
@@ -69,6 +96,21 @@ def test_the_quickstart_is_one_screen_with_an_install_line_for_this_distribution
     assert found.group(3) == version.group(1), f"the wheel's version {found.group(3)} is not {version.group(1)}"
     for extra in found.group(4).split(","):
         assert re.search(rf"^{extra} = \[", PYPROJECT, re.M), f"pyproject.toml has no extra {extra!r}"
+
+
+def test_readmes_install_block_builds_the_wheel_the_quickstart_installs(tmp_path):
+    (block,) = [b for b in blocks("README.md") if "install" in b.runs]
+    source = tmp_path / "clone"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info",
+                                                                "__pycache__", ".pytest_cache", "site"))
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env.update(HOME=str(tmp_path), PATH=os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
+                                                         if not p.startswith(str(ROOT))))
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.body], cwd=source, env=env, capture_output=True,
+                          text=True, timeout=INSTALL_DEADLINE_S)
+    assert done.returncode == 0, f"README's install block failed:\n{done.stdout}{done.stderr}"
+    wheel = WHEEL.search(install_lines(run_blocks("quickstart"))[0])
+    assert wheel is not None and (source / wheel.group(1)).is_file(), sorted((source / "dist").iterdir())
 
 
 def _namespaced() -> Optional[list[str]]:
@@ -86,50 +128,87 @@ def _port_free(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
-@pytest.mark.parametrize("title", ["Quickstart", "Quickstart on the lakehouse"])
-def test_the_readme_quickstart_runs_as_written(tmp_path, title):
-    """Each quickstart in a new home: the lakehouse one runs the first one's script, saved as the reader saved it,
-    with the catalog from the environment its `eval` set."""
+WAIT_FOR_PORT = f"""wait_for_port() {{ python - "$1" <<'TIDEMARK_WAIT'
+import socket, sys, time
+deadline = time.monotonic() + {PORT_DEADLINE_S}
+while True:
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1).close()
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            sys.exit(f"port {{sys.argv[1]}} did not answer within {PORT_DEADLINE_S} s")
+        time.sleep(0.2)
+TIDEMARK_WAIT
+}}"""
+
+
+def script(run: str, found: list[Block], work: Path) -> str:
+    """The run's blocks as one bash script; its Python files saved in ``work``."""
+    # the servers go with the script, whatever fails
+    lines = ["trap 'kill $(jobs -p) 2>/dev/null || true; tidemark lakehouse stop >/dev/null 2>&1 || true; "
+             "tidemark zk stop >/dev/null 2>&1 || true' EXIT", WAIT_FOR_PORT]
+    earlier: dict[str, list[str]] = {}  # each page's Python blocks that ran where they stand, so far
+    started: set[str] = set()
+    for block in found:
+        if block.page not in started:
+            started.add(block.page)
+            if block.page in RUNS[run].before:
+                lines.append(RUNS[run].before[block.page])
+        if block.language == "python" and block.saved_as:
+            (work / block.saved_as).write_text(block.body)
+        elif block.language == "python":
+            earlier.setdefault(block.page, []).append(block.body)
+            lines += ["python - <<'TIDEMARK_DOC_BLOCK'", *"\n".join(earlier[block.page]).splitlines(),
+                      "TIDEMARK_DOC_BLOCK"]
+        elif block.in_background:
+            for line in block.body.splitlines():
+                port = re.search(r"--port (\d+)", line)
+                assert port, f"{block.page}: a server started in the background must name its --port: {line}"
+                lines += [f"{line.split('#')[0].strip()} &", f"wait_for_port {port.group(1)}"]
+        else:
+            lines += [line for line in block.body.splitlines() if not line.startswith("pip install ")]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("run", list(RUNS))
+def test_the_docs_run_as_written(tmp_path, run):
+    """Each run in a new home: its install lines into a fresh venv, then its blocks as one script."""
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
-    section = quickstart(title)
-    install = install_line(section)
-    wheel_path = re.search(r"'(dist/[^\[']+)", install)
-    assert wheel_path is not None
+    found = run_blocks(run)
+    installs = install_lines(found)
     wheel, _ = build_wheel(tmp_path / "build")
     (work / "dist").mkdir()
-    shutil.copy(wheel, work / wheel_path.group(1))
+    for line in installs:
+        named = WHEEL.search(line)
+        if named:
+            shutil.copy(wheel, work / named.group(1))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     bin_dir = venv / "bin"
-    # --no-compile: byte-compiling pandas, polars and pyarrow takes half a minute and tells nothing.
-    installed = subprocess.run(["bash", "-euo", "pipefail", "-c", f"{install} --no-compile -q"], cwd=work,
-                               env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    constraints = tmp_path / "constraints.txt"  # the suite's Spark, whose jars its cache holds
+    constraints.write_text(f"pyspark=={importlib.metadata.version('pyspark')}\n")
+    # --no-compile: byte-compiling pandas, polars, pyarrow and pyspark takes a minute and tells nothing.
+    installed = subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(f"{i} --no-compile -q" for i in installs)],
+                               cwd=work, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                                              "PIP_CONSTRAINT": str(constraints)},
                                capture_output=True, text=True, timeout=INSTALL_DEADLINE_S)
-    assert installed.returncode == 0, f"the install line failed:\n{installed.stdout}{installed.stderr}"
-    # the servers go with the script, whatever fails
-    script = ["trap 'tidemark lakehouse stop >/dev/null 2>&1 || true; tidemark zk stop >/dev/null 2>&1 || true' EXIT"]
-    for language, body in blocks(quickstart()) + blocks(section):
-        if language == "python":
-            name = re.match(r"# ([\w.-]+\.py)\b", body)
-            assert name, "the quickstart's Python block must start with '# <file>.py' (the file the reader saves)"
-            (work / name.group(1)).write_text(body)
-    for language, body in blocks(section):
-        if language == "sh":
-            script += [line for line in body.splitlines() if line != install]
-    (work / "quickstart.sh").write_text("\n".join(script) + "\n")
+    assert installed.returncode == 0, f"the install lines failed:\n{installed.stdout}{installed.stderr}"
+    (work / "docs.sh").write_text(script(run, found, work))
 
-    # The quickstart's defaults, not this machine's settings (the ZooKeeper server's class path stays).
+    # The pages' defaults, not this machine's settings (the ZooKeeper server's class path stays).
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TIDEMARK_", "PYICEBERG_")) or k == "TIDEMARK_ZK_CLASSPATH"}
-    env.update(TIDEMARK_HOME=str(home), HOME=str(tmp_path), PATH=f"{bin_dir}:{env['PATH']}")
-    homes = [home, tmp_path / "tidemark-lakehouse"]  # the lakehouse section's own TIDEMARK_HOME
+           if not k.startswith(("TIDEMARK_", "PYICEBERG_", "SPARK_")) or k == "TIDEMARK_ZK_CLASSPATH"}
+    env.update(TIDEMARK_HOME=str(home), HOME=str(tmp_path), PATH=f"{bin_dir}:{env['PATH']}",
+               TIDEMARK_CACHE=str(Settings.from_env().cache), SPARK_LOCAL_IP="127.0.0.1")
+    homes = [home, tmp_path / "tidemark-lakehouse"]  # the lakehouse page's own TIDEMARK_HOME
     prefix = _namespaced()
     if prefix is None and not _port_free(DEFAULT_PORT):
         pytest.fail(f"port {DEFAULT_PORT} is taken and this machine has no network namespaces (unshare): the "
-                    "quickstart's `tidemark zk start` needs that port")
-    command = ["bash", "-c", "ip link set lo up && exec bash -euo pipefail quickstart.sh"] if prefix else \
-        ["bash", "-euo", "pipefail", "quickstart.sh"]
+                    "pages' `tidemark zk start` needs that port")
+    command = ["bash", "-c", "ip link set lo up && exec bash -euo pipefail docs.sh"] if prefix else \
+        ["bash", "-euo", "pipefail", "docs.sh"]
     process = subprocess.Popen([*(prefix or []), *command], cwd=work, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -137,25 +216,28 @@ def test_the_readme_quickstart_runs_as_written(tmp_path, title):
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
-        pytest.fail(f"the quickstart did not finish within {DEADLINE_S} s:\n{output}")
+        pytest.fail(f"the {run} run did not finish within {DEADLINE_S} s:\n{output}")
     finally:
         for each in homes:  # the script's trap failed: the test started them, end them
             server = EmbeddedZooKeeper(data_dir=each / "zookeeper").recorded_state()
             if server is not None and _alive(server.pid):
                 os.kill(server.pid, signal.SIGKILL)
             EmbeddedLakehouse(each / "lakehouse").stop()
-    assert process.returncode == 0, f"the quickstart failed (exit {process.returncode}):\n{output}"
-    # pandas: the one big order above 2000; DuckDB: both big orders joined with their root rows.
-    assert re.search(r"^\s*id\n0\s+3$", output, re.M), output
-    assert "[(2, 4000)]" in output, output
-    assert re.search(r"^stopped$", output, re.M), output
-    if title == "Quickstart":
+    assert process.returncode == 0, f"the {run} run failed (exit {process.returncode}):\n{output}"
+    if run in ("quickstart", "lakehouse"):  # pandas: the big order above 2000; DuckDB: both big orders joined
+        assert re.search(r"^\s*id\n0\s+3$", output, re.M), output
+        assert "[(2, 4000)]" in output, output
+        assert re.search(r"^stopped$", output, re.M), output
+    if run == "quickstart":
         statements = re.findall(r"^SELECT \* FROM lake\.db\.(\w+) FOR VERSION AS OF (\S+);$", output, re.M)
         assert sorted(t for t, _ in statements) == ["big_orders", "orders"], output
-    else:  # the tables went to the lakehouse, not to an embedded catalog made on the side
+    elif run == "lakehouse":  # the tables went to the lakehouse, not to an embedded catalog made on the side
         assert re.search(r"^export PYICEBERG_CATALOG__LAKE__URI=", output, re.M), output
         assert not (homes[1] / "catalog.db").exists() and not (home / "catalog.db").exists()
         assert (homes[1] / "lakehouse" / "weed.log").is_file()
+    else:  # the job's counts, read at one consistent version by the script
+        assert re.search(r"^\|mark\|\s+1\|$", output, re.M), output
+        assert re.search(r"^\|tide\|\s+2\|$", output, re.M), output
 
 
 def _alive(pid: int) -> bool:
