@@ -118,3 +118,24 @@ def test_a_spark_commit_waiting_on_a_row_lock_fails_within_the_lock_timeout(spar
         holder.close()
     spark.sql(f"INSERT INTO {table} VALUES (2)")  # the lock released, Spark commits again
     assert [row.a for row in spark.sql(f"SELECT a FROM {table}").collect()] == [2]
+
+
+def test_a_reader_of_a_new_embedded_catalog_never_blocks_a_commit(tmp_path):
+    """A reader in the middle of a read (``tidemark serve``, a resolver, a dashboard) holds SQLite's shared lock; with
+    a rollback journal a commit then waited for it, up to the 30 s busy timeout. A new catalog writes ahead."""
+    import sqlite3
+
+    from coordinator import CatalogSettings
+    settings = CatalogSettings.embedded(tmp_path)
+    table = create_table(settings.load(), "locks.reader_held", SCHEMA, first_snapshot=False)
+    reader = sqlite3.connect(tmp_path / "catalog.db", isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM iceberg_tables").fetchall()  # a read transaction, held open
+    try:
+        committed = threading.Event()
+        threading.Thread(target=lambda: (table.append(pa.table({"a": [1]}, schema=SCHEMA)), committed.set()),
+                         daemon=True).start()
+        assert committed.wait(10), "the commit waited on a reader's read transaction"
+    finally:
+        reader.execute("COMMIT")
+        reader.close()

@@ -7,7 +7,9 @@ A block says which run runs it (``<!-- run: spark -->`` on the line before it, `
 - ``quickstart``: README's quickstart (real ZooKeeper, ``tidemark zk start`` on the default port 2181, the embedded
   SQLite catalog), then the pure-Python job page on its tables.
 - ``lakehouse``: the lakehouse quickstart (SeaweedFS's S3 store and REST catalog, from the ``lakehouse`` extra)
-  with README's script, then the components page's lakehouse commands.
+  with README's script, read by Trino through ``tidemark serve`` (Trino's archives come from the suite's cache, a
+  copy of Maven Central's: the run reads ``https://repo1.maven.org/maven2/`` as that cache, 540 MB each run
+  spared), then the components page's lakehouse commands.
 - ``spark``: the Spark page's script with ``spark-submit`` (the Spark of this suite: the run's pip constraint pins
   pyspark to it, and Iceberg's jars come from the suite's cache, as ``TIDEMARK_SPARK_JARS`` would give them to a
   user; downloading them is Spark's own ``--packages``), then the reading page (pandas, polars, DuckDB, ``tidemark
@@ -54,6 +56,7 @@ DEADLINE_S = 420  # the spark run: pyspark's session, the job, the readers, the 
 INSTALL_DEADLINE_S = 900  # a fresh venv: pyiceberg, pyarrow, pandas, polars, DuckDB, pyspark
 PORT_DEADLINE_S = 120  # a server a page starts in the background answers within this
 WHEEL = re.compile(r"'(dist/[^\[']+)")
+MAVEN_CENTRAL = "https://repo1.maven.org/maven2/"
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,7 @@ TIDEMARK_WAIT
 
 
 def script(run: str, found: list[Block], work: Path) -> str:
-    """The run's blocks as one bash script; its Python files saved in ``work``."""
+    """The run's blocks as one bash script; its Python files saved in ``work``; Maven Central read from the cache."""
     # the servers go with the script, whatever fails
     lines = ["trap 'kill $(jobs -p) 2>/dev/null || true; tidemark lakehouse stop >/dev/null 2>&1 || true; "
              "tidemark zk stop >/dev/null 2>&1 || true' EXIT", WAIT_FOR_PORT]
@@ -168,7 +171,7 @@ def script(run: str, found: list[Block], work: Path) -> str:
                 lines += [f"{line.split('#')[0].strip()} &", f"wait_for_port {port.group(1)}"]
         else:
             lines += [line for line in block.body.splitlines() if not line.startswith("pip install ")]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines).replace(MAVEN_CENTRAL, f"file://{Settings.from_env().cache}/maven/") + "\n"
 
 
 @pytest.mark.parametrize("run", list(RUNS))
@@ -235,6 +238,7 @@ def test_the_docs_run_as_written(tmp_path, run):
         assert re.search(r"^export PYICEBERG_CATALOG__LAKE__URI=", output, re.M), output
         assert not (homes[1] / "catalog.db").exists() and not (home / "catalog.db").exists()
         assert (homes[1] / "lakehouse" / "weed.log").is_file()
+        assert "[[2, 4000]]" in output, output  # Trino's join through tidemark serve
     else:  # the job's counts, read at one consistent version by the script
         assert re.search(r"^\|mark\|\s+1\|$", output, re.M), output
         assert re.search(r"^\|tide\|\s+2\|$", output, re.M), output
