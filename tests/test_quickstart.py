@@ -10,7 +10,8 @@ A block says which run runs it (``<!-- run: spark -->`` on the line before it, `
   with README's script, read by Trino through ``tidemark serve`` (Trino's archives come from the suite's cache, a
   copy of Maven Central's: the run reads ``https://repo1.maven.org/maven2/`` as that cache, 540 MB each run
   spared), then the components page's lakehouse commands.
-- ``spark``: the Spark page's script with ``spark-submit`` (the Spark of this suite: the run's pip constraint pins
+- ``spark``: the Spark page's script with ``spark-submit`` (the Spark of this suite, on the embedded stack with
+  Spark 3 and on the lakehouse with Spark 4: the run's pip constraint pins
   pyspark to it, and Iceberg's jars come from the suite's cache, as ``TIDEMARK_SPARK_JARS`` would give them to a
   user; downloading them is Spark's own ``--packages``), then the reading page (pandas, polars, DuckDB, ``tidemark
   serve`` and pyiceberg's REST catalog) and the history page (``tidemark gc``) on its tables.
@@ -61,16 +62,23 @@ MAVEN_CENTRAL = "https://repo1.maven.org/maven2/"
 
 @dataclass(frozen=True)
 class Run:
-    """The pages a run reads, in order, and what a page assumes done before it (its text says so)."""
+    """The pages a run reads, in order; what a page assumes done before it (its text says so), and installed."""
 
     pages: tuple[str, ...]
     before: dict[str, str] = field(default_factory=dict)
+    installs: tuple[str, ...] = ()
 
 
+# CI runs the spark run twice, on Spark 3.5 (make test) and 4.1 (make test-spark4): once on each stack, as the Spark
+# page says ("on the lakehouse: after eval ... the same commands").
+SPARK_ON_THE_LAKEHOUSE = int(importlib.metadata.version("pyspark").split(".")[0]) >= 4
 RUNS = {
     "quickstart": Run(("README.md", "python-jobs.md"), before={"python-jobs.md": "tidemark zk start"}),
     "lakehouse": Run(("README.md", "lakehouse-quickstart.md", "components.md")),
-    "spark": Run(("spark.md", "reading.md", "history.md")),
+    "spark": Run(("spark.md", "reading.md", "history.md"),
+                 before={"spark.md": 'tidemark zk start && eval "$(tidemark lakehouse start)"'},
+                 installs=("pip install 'dist/tidemark_iceberg-0.1.0-py3-none-any.whl[lakehouse]'",))
+    if SPARK_ON_THE_LAKEHOUSE else Run(("spark.md", "reading.md", "history.md")),
 }
 
 
@@ -174,13 +182,13 @@ def script(run: str, found: list[Block], work: Path) -> str:
     return "\n".join(lines).replace(MAVEN_CENTRAL, f"file://{Settings.from_env().cache}/maven/") + "\n"
 
 
-@pytest.mark.parametrize("run", list(RUNS))
+@pytest.mark.parametrize("run", [pytest.param(r, marks=pytest.mark.spark) if r == "spark" else r for r in RUNS])
 def test_the_docs_run_as_written(tmp_path, run):
     """Each run in a new home: its install lines into a fresh venv, then its blocks as one script."""
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
     found = run_blocks(run)
-    installs = install_lines(found)
+    installs = install_lines(found) + list(RUNS[run].installs)
     wheel, _ = build_wheel(tmp_path / "build")
     (work / "dist").mkdir()
     for line in installs:
@@ -239,9 +247,11 @@ def test_the_docs_run_as_written(tmp_path, run):
         assert not (homes[1] / "catalog.db").exists() and not (home / "catalog.db").exists()
         assert (homes[1] / "lakehouse" / "weed.log").is_file()
         assert "[[2, 4000]]" in output, output  # Trino's join through tidemark serve
-    else:  # the job's counts, read at one consistent version by the script
+    else:  # the job's counts, read at one consistent version by the script, on the stack the run chose
         assert re.search(r"^\|mark\|\s+1\|$", output, re.M), output
         assert re.search(r"^\|tide\|\s+2\|$", output, re.M), output
+        assert (home / "catalog.db").exists() != SPARK_ON_THE_LAKEHOUSE, output
+        assert (home / "lakehouse" / "weed.log").is_file() == SPARK_ON_THE_LAKEHOUSE, output
 
 
 def _alive(pid: int) -> bool:
