@@ -133,8 +133,11 @@ def test_a_reader_of_a_new_embedded_catalog_never_blocks_a_commit(tmp_path):
     reader.execute("SELECT count(*) FROM iceberg_tables").fetchall()  # a read transaction, held open
     try:
         committed = threading.Event()
-        threading.Thread(target=lambda: (table.append(pa.table({"a": [1]}, schema=SCHEMA)), committed.set()),
-                         daemon=True).start()
+
+        def commit() -> None:
+            table.append(pa.table({"a": [1]}, schema=SCHEMA))
+            committed.set()
+        threading.Thread(target=commit, daemon=True).start()
         assert committed.wait(10), "the commit waited on a reader's read transaction"
     finally:
         reader.execute("COMMIT")

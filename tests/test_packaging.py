@@ -9,6 +9,7 @@ import re
 import zipfile
 from pathlib import Path
 
+from tests.helpers.docs import section
 from tests.helpers.wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +42,6 @@ def test_the_distribution_is_named_what_the_readme_installs_and_the_readers_are_
     assert installs, "the README installs nothing"
     wheels = {i for i in installs if i.endswith(".whl")}
     assert all(re.fullmatch(rf"dist/{DIST.replace('-', '_')}-[\w.]+-py3-none-any\.whl", w) for w in wheels), wheels
-    assert set(installs) - wheels <= {DIST, ".", "build"}, f"the README installs {sorted(set(installs))}, not {DIST}"
-    assert re.search(r"pip install (-e )?'?\.(\[[\w,]+\])?'?", readme), "the README does not say how to install a clone"
-    assert readme.index(f"pip install '{DIST}") < readme.index("\n## "), "the README's first lines do not install it"
+    # One way in, until a release is on PyPI: the wheel built from a clone (a PyPI line would fail as written).
+    assert set(installs) - wheels == {"build"}, f"the README installs {sorted(set(installs))}, not {DIST}'s wheel"
+    assert "python -m build --wheel" in section(readme, "Install"), "the README does not say how to build the wheel"
