@@ -5,11 +5,33 @@ Each message says what is wrong and what to do about it; callers catch
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Optional, Protocol
 
-if TYPE_CHECKING:
-    from coordinator.protocol.registry import UnregisterPlan
-    from coordinator.zookeeper.ops import Op
+
+class FailedOp(Protocol):
+    """What ``MultiFailed`` says of the operation that failed (``zookeeper.ops.Op`` has it)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+
+class PlannedUnregistration(Protocol):
+    """What the unregistration errors say of the plan they refuse (``protocol.registry.UnregisterPlan`` has it)."""
+
+    @property
+    def job(self) -> str: ...
+
+    @property
+    def sinks(self) -> Sequence[str]: ...
+
+    @property
+    def unreadable(self) -> Optional[str]: ...
+
+    def describe(self) -> str: ...
 
 
 class TidemarkError(Exception):
@@ -133,7 +155,7 @@ class MultiFailed(TidemarkError):
     Usually another process changed the same znodes meanwhile; the recipes retry or explain it.
     """
 
-    def __init__(self, op: Op, error: Exception) -> None:
+    def __init__(self, op: FailedOp, error: Exception) -> None:
         super().__init__(f"ZooKeeper refused a change ({op.kind} {op.path}: {type(error).__name__}): another "
                          "process changed the same state meanwhile; see `tidemark status` and try again")
         self.op, self.error = op, error
@@ -143,7 +165,7 @@ class UnregisterNotConfirmed(RegistrationError):
     """``unregister_job`` was called without ``confirm=True``; ``plan`` says what it would remove and what a
     re-registration would resume from."""
 
-    def __init__(self, plan: UnregisterPlan) -> None:
+    def __init__(self, plan: PlannedUnregistration) -> None:
         super().__init__(f"{plan.describe()}. Nothing was changed: confirm to go ahead "
                          "(`tidemark unregister --yes`, or unregister_job(..., confirm=True))")
         self.plan = plan
@@ -154,9 +176,9 @@ class SinksNotFenced(RegistrationError):
     configured, a sink missing), so it changed nothing: a still-running leader of this registration
     could otherwise commit to them again, and the next registration could reuse its terms."""
 
-    def __init__(self, plan: UnregisterPlan) -> None:
+    def __init__(self, plan: PlannedUnregistration) -> None:
         super().__init__(
-            f"cannot unregister job {plan.job}: its sinks ({', '.join(plan.record.sinks)}) cannot be fenced in "
+            f"cannot unregister job {plan.job}: its sinks ({', '.join(plan.sinks)}) cannot be fenced in "
             f"Iceberg ({plan.unreadable}). Nothing was changed: give the catalog settings (TIDEMARK_CATALOG_NAME, "
             "TIDEMARK_CATALOG_URI, TIDEMARK_WAREHOUSE), or, only if the sinks are gone for good, "
             "`tidemark unregister --unfenced` (unregister_job(..., allow_unfenced=True))")

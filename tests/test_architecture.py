@@ -28,7 +28,7 @@ MAY_IMPORT = {
     "history": {"foundation", "zookeeper", "iceberg", "protocol", "history"},
     "serving": {"foundation", "zookeeper", "iceberg", "protocol", "history", "serving"},
     "job": {"foundation", "zookeeper", "iceberg", "protocol", "history", "job"},
-    "tidemark": {"foundation", "zookeeper", "protocol", "tidemark"},
+    "tidemark": {"foundation", "zookeeper", "iceberg", "protocol", "tidemark"},
     "operations": set(LAYERS),
 }
 
@@ -61,20 +61,26 @@ def _runtime_nodes(tree: ast.AST):
             stack.append(child)
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(typing: bool = False) -> dict[str, set[str]]:
+    """Each module's imports of the package's modules: those that run, and with ``typing`` also those under ``if
+    TYPE_CHECKING:`` (they never run, but a type a lower layer names is still an upward dependency)."""
     modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph: dict[str, set[str]] = {m: set() for m in modules}
-    for module, path in modules.items():
-        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
-            targets: list[str] = []
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level:
-                raise AssertionError(f"{module}: relative import; the package uses absolute imports only")
-            elif isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            graph[module] |= {t for t in targets if t in modules and t != module}
-    return graph
+    return {module: imports(ast.parse(path.read_text(), str(path)), module, set(modules), typing)
+            for module, path in modules.items()}
+
+
+def imports(tree: ast.AST, module: str, modules: set[str], typing: bool = False) -> set[str]:
+    found: set[str] = set()
+    for node in (ast.walk(tree) if typing else _runtime_nodes(tree)):
+        targets: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"{module}: relative import; the package uses absolute imports only")
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        found |= {t for t in targets if t in modules and t != module}
+    return found
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -112,7 +118,7 @@ def test_no_module_of_the_package_imports_itself_through_a_cycle():
 
 def test_each_sub_package_imports_only_the_layers_below_it():
     wrong = []
-    for module, deps in import_graph().items():
+    for module, deps in import_graph(typing=True).items():
         if module == "coordinator":
             continue
         if "coordinator" in deps:
@@ -121,6 +127,14 @@ def test_each_sub_package_imports_only_the_layers_below_it():
             if layer_of(dep) not in MAY_IMPORT[layer_of(module)]:
                 wrong.append(f"{module} ({layer_of(module)}) imports {dep} ({layer_of(dep)})")
     assert wrong == []
+
+
+def test_the_layer_check_sees_an_import_made_for_type_checking_only():
+    tree = ast.parse("from typing import TYPE_CHECKING\n"
+                     "if TYPE_CHECKING:\n    from coordinator.protocol.registry import X\n")
+    modules = {"coordinator.errors", "coordinator.protocol.registry"}
+    assert imports(tree, "coordinator.errors", modules) == set()
+    assert imports(tree, "coordinator.errors", modules, typing=True) == {"coordinator.protocol.registry"}
 
 
 def private_names(tree: ast.AST) -> set[str]:

@@ -17,7 +17,9 @@ Levels (docs/design.md, "Consistency levels"):
   managed table holds ``T`` and its snapshot there still exists.
 
 Which epochs a table holds: with ZooKeeper, the recent committed epochs its tidemark lists with
-their snapshots (``TableTidemark.recent``), so ``consistent`` loads no table metadata at all;
+their snapshots (``TableTidemark.recent``), so ``consistent`` loads no metadata of a managed table while
+the lists share an epoch (a root table is read by time from its own metadata; a table lagging past the
+lists is asked its Iceberg records);
 ``as_of`` an epoch older than the list reaches asks the table's Iceberg records. A table with
 no tidemark but Tidemark metadata (its writer unregistered, or ZooKeeper lost), and every table
 without ZooKeeper, holds the epochs its Iceberg metadata records

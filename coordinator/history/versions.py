@@ -4,7 +4,6 @@
     versions.epochs()                      # retained epochs, oldest first
     versions.get(T)                        # VersionRecord: every covered table's snapshot at T, or None
     versions.get(T).tagged                 # whether its tables carry the tag (the policy's tagged tiers)
-    versions.nearest(T)                    # the retained versions just below and above T (for error messages)
     parse_version_ref("tidemark-1700000000000")  # -> 1700000000000; a bare epoch is accepted too
 
 A version exists only at an epoch ``T`` every managed table (a table some registered job writes,
@@ -116,9 +115,6 @@ class RetainedVersions:
         epochs = self.epochs()
         raw = self.tm.get_many([self.tm.paths.version(e) for e in epochs])
         return [VersionRecord.from_json(r[0], self.tm.paths.version(e)) for e, r in zip(epochs, raw) if r is not None]
-
-    def nearest(self, epoch: int) -> tuple[Optional[int], Optional[int]]:
-        return nearest(self.epochs(), epoch)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ table's epochs through it.
     lineage.main_since(T)                    # main from the snapshot at T up to the head
     lineage.truncated                        # main's older history was expired
     lineage.ancestors(snapshot_id)           # any ref's snapshots, newest first
-    lineage.committed_epoch, lineage.first_epoch, lineage.is_tidemark_table   # one walk: the only home of these rules
+    lineage.committed_epoch, lineage.first_epoch, lineage.is_tidemark_table   # from one walk of main
     lineage.inputs_at(T)                     # the inputs epoch T records here (its snapshot's, or the marker's)
     lineage.summary()                        # what resolution keeps of it: no snapshot, no metadata
 

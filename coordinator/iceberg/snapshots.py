@@ -28,7 +28,7 @@ some sink was precommitted and is recomputed from the inputs its snapshot record
 ``progress.py``). pyiceberg's ``Summary`` is read with ``.get`` only (``in`` and ``dict()``
 misbehave on it).
 
-**Walking ``main``.** ``ancestors`` is the one walk (from a snapshot through parent ids, over
+**Walking ``main``.** ``ancestors`` is the walk the rules take (from a snapshot through parent ids, over
 snapshots indexed by id once: pyiceberg's own lookup scans the whole list at every step), and
 ``newest_at_epoch``/``newest_at_time``/``carrying_epoch`` are the rules that pick a snapshot
 from a walk. The functions below that take a table apply them to ``main``;

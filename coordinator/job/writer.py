@@ -27,7 +27,8 @@ What ``run`` does, in order (every step is safe to crash in):
    on its cadence that the clock has passed by ``grace_ms``. One epoch covers every change since
    the previous one, so a job back from downtime catches up in one epoch, and one far behind the
    clock may first wait for a source's writer catching up too (``catch_up.py``). It waits on
-   watches of its own sources' tidemarks only, and says why (``waiting``, and a log line every
+   watches, never polling (its sources' tidemarks; ``/barriers`` and ``/topology`` for the grid and the
+   job graph), and says why (``waiting``, and a log line every
    ``log_every`` seconds). A leader records the pacing it runs with, and that a bounded run
    finished, through ``job_run.py``;
 5. **record the inputs**: per source, the snapshot range ``(previous epoch, T]``;

@@ -63,6 +63,7 @@ if TYPE_CHECKING:  # imported by the commands that use them: `tidemark --help` s
 
 EXIT_ERROR, EXIT_USAGE, EXIT_CLOSED_PIPE = 1, 2, 141
 MIN_INTERVAL_MS = 100  # the library takes 1 ms (benchmarks); from the command line a tiny interval is a typo
+EXPORTER_PORT = 9464  # tidemark exporter's default (the chart's too)
 
 
 def _connect(args: argparse.Namespace, read_only: bool = False) -> Tidemark:
@@ -841,7 +842,8 @@ def build_parser() -> argparse.ArgumentParser:
     barriers.set_defaults(func=cmd_barriers)
 
     exporter = sub.add_parser("exporter", help="serve the topology-wide view as Prometheus metrics (read-only)")
-    exporter.add_argument("--port", type=_port, default=9464, help="port of /metrics and /healthz (default 9464)")
+    exporter.add_argument("--port", type=_port, default=EXPORTER_PORT,
+                          help=f"port of /metrics and /healthz (default {EXPORTER_PORT})")
     exporter.add_argument("--address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     exporter.add_argument("--refresh", type=_seconds, default=5.0, metavar="S",
                           help="seconds between reads of ZooKeeper (scrapes never wait on it)")

@@ -66,7 +66,6 @@ from coordinator.protocol.status import FINISHED, LEADING, PAUSED, RETIRED, Stat
 from coordinator.tidemark import Tidemark
 
 log = logging.getLogger(__name__)
-DEFAULT_EXPORTER_PORT = 9464
 
 
 class Exporter(Collector):

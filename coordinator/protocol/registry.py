@@ -237,6 +237,10 @@ class UnregisterPlan:
     unreadable: Optional[str] = None    # why not
     committed: Optional[EpochProgress] = None   # the newest epoch ZooKeeper committed (carried into the sinks)
 
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        return tuple(self.record.sinks)
+
     def describe(self) -> str:
         """One line for operators."""
         removes = (f"unregistering job {self.job} deletes its ZooKeeper history and its claim on "

@@ -84,9 +84,6 @@ class Paths:
     def barriers(self) -> str:
         return self._join("barriers")
 
-    def barrier(self, epoch: int) -> str:
-        return f"{self.barriers}/{_epoch_segment(epoch)}"
-
     @property
     def versions(self) -> str:
         return self._join("versions")
