@@ -30,9 +30,11 @@ class JsonOutput:
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # set by @dataclass on every subclass
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as plain values (an enum as its value), for JSON."""
         return {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(self).items()}
 
     def to_json(self) -> bytes:
+        """The record as compact JSON bytes, keys sorted: what a znode holds."""
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -41,6 +43,11 @@ class JsonRecord(JsonOutput):
 
     @classmethod
     def from_dict(cls: type[R], data: Mapping[str, Any], where: str = "value") -> R:
+        """The record in decoded JSON ``data``; keys that are not fields are ignored.
+
+        :param where: what ``data`` is, for messages: the znode's path.
+        :raises CorruptState: ``data`` is not an object, lacks a required field or holds an invalid value.
+        """
         if not isinstance(data, Mapping):
             raise CorruptState(f"{where}: expected a JSON object for {cls.__name__}, got {type(data).__name__}")
         kwargs = {}
@@ -57,6 +64,11 @@ class JsonRecord(JsonOutput):
 
     @classmethod
     def from_json(cls: type[R], raw: Optional[bytes], where: str = "value") -> R:
+        """The record in JSON bytes (``from_dict``).
+
+        :param where: what ``raw`` is, for messages: the znode's path.
+        :raises CorruptState: ``raw`` is not JSON (``None`` and empty bytes are not), or not the record.
+        """
         try:
             data = json.loads(raw or b"")
         except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: "[[[[...": nested too deep
@@ -115,6 +127,8 @@ def opt_int_map_field(value: Any, name: str) -> dict[str, Optional[int]]:
 
 @dataclass(frozen=True)
 class TopologyVersion(JsonRecord):
+    """``/topology``: the topology's version, bumped by every registration change (the compare-and-set point)."""
+
     version: int = 0
 
     def __post_init__(self) -> None:
@@ -194,6 +208,7 @@ class SourceRange(JsonRecord):
 
     @property
     def is_empty(self) -> bool:
+        """True when the range holds no snapshot: the source did not change (``start == end``)."""
         return self.start == self.end
 
 
@@ -218,6 +233,7 @@ class EpochInputs(JsonRecord):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "value") -> EpochInputs:
+        """As ``JsonRecord.from_dict``; also reads the 0.1 layout ``{table: {"from": s, "to": e}, "batch_id": n}``."""
         if isinstance(data, Mapping) and set(data) - {"sources", "batch_id"}:
             # The 0.1 layout: {table: {"from": s, "to": e}, "batch_id": n}.
             data = {"batch_id": data.get("batch_id"), "sources": {
@@ -259,6 +275,7 @@ class EpochRecord(JsonRecord):
         object.__setattr__(self, "published", opt_int_map_field(self.published, "published"))
 
     def to_dict(self) -> dict[str, Any]:
+        """The record as JSON values: the state as its value, the inputs as a dict."""
         # Not ``asdict``, which deep-copies the staged and published maps (an entry per sink) at every epoch step.
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["state"], data["inputs"] = self.state.value, self.inputs.to_dict()
@@ -388,7 +405,10 @@ class TableTidemark(JsonRecord):
         return tuple(e for e, _ in self.recent)
 
     def snapshot_at(self, epoch: int) -> Optional[int]:
-        """The snapshot holding ``epoch``; only for an epoch the record ``holds``."""
+        """The snapshot holding ``epoch``; only for an epoch the record ``holds``.
+
+        :raises KeyError: the record does not list ``epoch``.
+        """
         for e, snapshot_id in self.recent:
             if e == epoch:
                 return snapshot_id
@@ -413,12 +433,14 @@ class TableTidemark(JsonRecord):
                              (*self.recent, (epoch, snapshot_id)))
 
     def to_dict(self) -> dict[str, Any]:
+        """The record as JSON values, ``recent`` as ``[epoch, snapshot_id]`` lists."""
         # Not ``asdict``, which deep-copies every pair: each commit writes one of these per sink.
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["recent"] = [list(pair) for pair in self.recent]
         return data
 
     def to_json(self) -> bytes:
+        """The record as compact JSON bytes, exactly as ``JsonOutput.to_json`` would encode it."""
         # Each commit encodes one per sink: written out in ``JsonOutput.to_json``'s exact form (keys sorted,
         # compact), without the generic encoder's walk of a dict of lists.
         recent = ",".join([f"[{e},{'null' if s is None else s}]" for e, s in self.recent])
@@ -473,6 +495,7 @@ class RestRecord(JsonRecord):
                                   f"{self.since_ms})")
 
     def in_force(self, at_ms: int) -> bool:
+        """Whether the mark holds at ``at_ms``: until ``until_ms``, or for good when that is None."""
         return self.until_ms is None or at_ms < self.until_ms
 
 
@@ -499,6 +522,7 @@ class ReaderPins(JsonRecord):
         object.__setattr__(self, "versions", pins)
 
     def to_dict(self) -> dict[str, Any]:
+        """The pins as JSON values, each epoch as a string (a JSON object's key)."""
         return {"versions": {str(epoch): dict(snapshots) for epoch, snapshots in self.versions.items()}}
 
 
@@ -510,6 +534,10 @@ class RootRead:
 
 
 class ConsistencyLevel(str, enum.Enum):
+    """How a set of tables is resolved (``coordinator.history.resolve``): ``latest`` (each table's current
+    snapshot), ``committed`` (each table at its own tidemark), ``consistent`` (at the newest epoch every managed
+    table of the set holds) or ``as_of`` (at a given epoch)."""
+
     LATEST = "latest"
     COMMITTED = "committed"
     CONSISTENT = "consistent"

@@ -68,6 +68,12 @@ class SparkEpochContext(EpochContext):
         return snapshot_frame(self.spark, source, self.range_of(source).end)
 
     def append(self, sink: str, df) -> None:
+        """Stage the rows of ``df`` (a DataFrame) appended to ``sink``.
+
+        :raises ConfigurationError: ``sink`` is not a declared sink of the job.
+        :raises EpochOrderError: ``sink`` was already written in this epoch (one write per sink and epoch).
+        :raises NotLeader: this replica holds no term.
+        """
         self._write(sink, df.sparkSession, lambda: df.writeTo(sink).append())
 
     def overwrite(self, sink: str, df) -> None:
@@ -162,6 +168,31 @@ def with_commit_properties(spark, properties: dict[str, str], action: Callable[[
 
 
 class EpochJob:
+    """An exactly-once Spark job: an ``EpochWriter`` whose function gets a ``SparkEpochContext`` (DataFrames in,
+    staged Spark writes out), run as a loop (``run``) or as a Structured Streaming sink (``foreach_batch``).
+
+        job = EpochJob(spark, tm, "word_counts", sources=["lake.db.words"], sinks=["lake.db.word_counts"])
+
+        @job.epoch
+        def step(ctx: SparkEpochContext) -> None:
+            delta = ctx.changes("lake.db.words").groupBy("word").count().withColumnRenamed("count", "cnt")
+            ctx.merge("lake.db.word_counts", delta, on=["word"], matched="t.cnt = t.cnt + s.cnt")
+
+        job.run(max_epochs=10)
+
+    Lifecycle: ``run`` (and ``open``, which each streaming batch calls) first makes every sink stage Spark's
+    writes (the table property ``write.wap.enabled=true``, set once), then it is ``EpochWriter.run``: register,
+    lead, recover, then one epoch at a time until stopped; in ``run`` a standby calls ``warm_up`` every minute. The
+    parameters are ``EpochWriter``'s, with ``spark`` the SparkSession the job runs in (one job per SparkSession:
+    ``spark.wap.id`` is a session setting).
+
+    Failure behaviour: as ``EpochWriter.run`` (a fenced leader steps down and contends again; any other error
+    while it leads is raised, and the next leader recovers the epoch; a rebuilt ZooKeeper exits the process with
+    status 75 by default). ``run`` raises ``ConfigurationError`` when no function was decorated with ``epoch``; the
+    constructor raises what ``EpochWriter``'s does. A ``foreach_batch`` handler that fails steps down (``close``)
+    and re-raises, so Spark does not checkpoint the batch and runs it again when the query restarts.
+    """
+
     def __init__(self, spark, tm: Tidemark, name: str, *, sources: Iterable[str], sinks: Iterable[str],
                  catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000,
                  every: Union[str, int, None] = None, grace_ms: int = DEFAULT_GRACE_MS, always_run: bool = False,
@@ -199,6 +230,9 @@ class EpochJob:
         restart it (``exit_on_rebuilt=False``: ``ZooKeeperRebuilt`` is raised instead).
 
         Returns the epochs this call committed. Every one of them is committed before it returns.
+
+        :raises ConfigurationError: no function was decorated with ``epoch``.
+        :raises TableNotFound: a sink does not exist.
         """
         if self._function is None:
             raise ConfigurationError(f"job {self.name!r} has no epoch function: decorate one with @job.epoch")
@@ -214,7 +248,10 @@ class EpochJob:
             self.spark.read.format("iceberg").load(table).limit(0).collect()
 
     def open(self) -> None:
-        """Register, lead and roll a precommitted epoch forward (streaming calls it; ``run`` does too)."""
+        """Register, lead and roll a precommitted epoch forward (streaming calls it; ``run`` does too).
+
+        :raises TableNotFound: a sink does not exist; otherwise what ``EpochWriter.open`` raises.
+        """
         self._prepare_sinks()
         self.writer.open()
 

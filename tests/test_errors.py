@@ -154,3 +154,12 @@ def test_unreadable_tidemark_table_properties_are_one_line(capsys, monkeypatch, 
     with table.transaction() as tx:
         tx.set_properties({"tidemark.committed-epoch": "soon"})
     assert_one_line_error(*run_cli(capsys, "resolve", "--no-zk", f"{namespace}.t")[::2], "tidemark.committed-epoch")
+
+
+def test_as_of_is_asked_for_with_an_epoch_not_by_its_level_name(tmp_path):
+    """``level="as_of"`` without ``as_of=T`` resolved like ``consistent`` but was labelled as-of (and a reader session
+    then skipped its never-go-back rule): refused, saying how to ask."""
+    from coordinator.history.resolve import Resolver
+    settings = CatalogSettings.embedded(tmp_path)
+    with pytest.raises(ConfigurationError, match="pass as_of=T"):
+        Resolver(settings.load(), settings).resolve(["db.a"], level="as_of")

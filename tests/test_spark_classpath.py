@@ -146,3 +146,29 @@ def test_the_jars_a_user_names_start_spark_without_packages(tmp_path):
                                     "TIDEMARK_SPARK_JARS": ",".join(jars)})
     assert "packages: \n" in out and "rows: 2\n" in out, out
     assert not (tmp_path / "ivy").exists()
+
+
+def test_python_m_spark_hooks_conf_prints_the_sessions_settings_for_spark_submit_and_creates_nothing(tmp_path):
+    """Under spark-submit the driver's JVM starts before the script: its jars and catalog come from the command line."""
+    import shlex
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDEMARK_CATALOG", "PYICEBERG_"))}
+    env["TIDEMARK_HOME"] = str(home)
+
+    def conf(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "spark_hooks", "conf", *args], env=env, capture_output=True,
+                              text=True, timeout=120)
+    properties = dict(line.split(" ", 1) for line in conf().stdout.splitlines())
+    assert properties["spark.sql.catalog.lake.uri"].startswith("jdbc:sqlite:") and str(home) in \
+        properties["spark.sql.catalog.lake.uri"]
+    assert "iceberg-spark-runtime" in (properties.get("spark.driver.extraClassPath", "") +
+                                       properties.get("spark.jars.packages", ""))
+    words = shlex.split(conf("--format", "args").stdout)
+    assert words[0::2] == ["--conf"] * (len(words) // 2)
+    assert dict(w.split("=", 1) for w in words[1::2]) == properties
+    assert not home.exists(), "printing the settings created the embedded catalog's directory"
+    env["TIDEMARK_CATALOG_URI"] = "ftp://nowhere"
+    failed = conf()
+    assert failed.returncode == 1 and failed.stdout == ""
+    assert failed.stderr.startswith("python -m spark_hooks: error: catalog URI 'ftp://nowhere'") and \
+        failed.stderr.count("\n") == 1, failed.stderr

@@ -45,6 +45,8 @@ Invariant = Callable[[Mapping[str, "pa.Table"]], Optional[str]]
 
 @dataclass(frozen=True)
 class Inconsistency:
+    """A version that broke the invariant: its epoch and what the invariant said is wrong."""
+
     epoch: Optional[int]
     problem: str
 
@@ -58,6 +60,7 @@ class ExactlyOnce:
 
     @property
     def holds(self) -> bool:
+        """No duplicates and no losses."""
         return self.duplicates == 0 and self.losses == 0
 
 
@@ -69,6 +72,23 @@ def exactly_once(produced: Iterable[Hashable], found: Iterable[Hashable]) -> Exa
 
 @dataclass
 class ConsistencyChecker:
+    """Checks every consistent version of ``tables`` with ``invariant`` while a pipeline runs, once per epoch,
+    counting what it checked and keeping what failed (module docstring).
+
+        checker = ConsistencyChecker(Resolver(catalog, settings, tm), ["db.words", "db.word_counts"], invariant)
+        while running:
+            checker.observe()
+        assert checker.failures == [], checker.failures
+
+    ``checked`` counts the versions read, ``last_checked`` is the epoch of the last one, ``newest`` the newest epoch
+    resolved, and ``stepped_back`` each time the resolver answered an epoch older than ``newest``
+    (``(newest, older)``), which is checked all the same and is no failure.
+
+    Failure behaviour: a version the invariant rejects is an ``Inconsistency`` in ``failures``, never raised;
+    ``observe`` returns None while no consistent version exists (``VersionNotFound``); every other error of the
+    resolver, the catalog or the invariant propagates.
+    """
+
     resolver: Resolver
     tables: list[str]
     invariant: Invariant

@@ -6,69 +6,16 @@
     collector.remove_orphan_files()                    # files no metadata references, older than 3 days
     collector.run(wait_s=60)                           # one run at a time: waits for another, then GcRunning
 
-What one run does (``tidemark gc`` runs it; ``GcSchedule`` runs it in one elected driver):
+``tidemark gc`` runs it, and ``GcSchedule`` (``gc_schedule.py``) in one elected driver. ``GarbageCollector``
+says what one run does, in which order, and how it fails; docs/design.md ("Retention and garbage collection")
+says why what it keeps must stay. Its parts elsewhere: the policy (``coordinator.history.retention``), what a
+version covers (``coordinator.history.versions``), the newest consistent epoch ``C`` as readers find it
+(``coordinator.protocol.held_epochs``), which files snapshots reference (``coordinator.iceberg.reachability``)
+and orphan files (``coordinator.iceberg.orphans``).
 
-1. **Versions.** The candidates are the retained versions plus every epoch that every managed
-   table of the deployment holds (the intersection of the tidemarks' lists of recent epochs,
-   ``TableTidemark.recent``; for a table some job reads that has Tidemark metadata but no
-   tidemark, the epochs its Iceberg metadata records) after the newest retained version, up to
-   the newest such epoch ``C``, the newest consistent epoch. When a job stopped and the others'
-   lists no longer reach its last epoch, the epoch records and what the jobs reading them record
-   name their snapshots there (``coordinator.protocol.held_epochs``, the rule readers resolve by),
-   so ``C`` is the laggard's epoch, as readers resolve it.
-   Tables whose writer committed nothing yet are left out. A job takes only epochs its sources
-   hold and may coalesce several barriers into one epoch, so these are the only epochs at which
-   every table has an exact state. The policy (``coordinator.history.retention``) keeps some;
-   ``C`` is always kept (the newest consistent version), and so is a version a live reader pinned. A kept version gets
-   ``/versions/<T>``, and the tag ``tidemark-<T>`` on every table it covers when a tier the policy
-   tags keeps it (``tags:hourly`` by default), it is ``C`` or a live reader pinned it (a pinned
-   version with no record, older than the candidates, gets the tag alone, at its pinned snapshots);
-   a dropped one loses both
-   (``coordinator.history.versions`` defines what a version covers). A version that stops being tagged
-   (``C`` moved on) keeps its record, set untagged, and loses its tags. A version's snapshots are
-   the ones the tidemarks list for ``T`` (no lineage walk); a version at which every table was
-   empty is not created, since no tag could name it. A retained version whose snapshot in some
-   table is gone (a root table's owner expired it: only tags protect root tables) is dropped.
-2. **Snapshots** of each managed table are expired unless they are: a ref's head (every tag,
-   ours or not, and every branch with its ancestors); in a retained version, tagged or not;
-   pinned by a live reader (``/readers``);
-   in ``main``'s lineage from the snapshot at ``F`` up to the head, where ``F`` is the lower of
-   ``C`` and the last committed epoch ``L`` of every registered job reading the table (its next
-   epoch reads ``(snapshot at L, snapshot at T]`` for an epoch ``T`` the table holds, whatever
-   it coalesces, and a recomputed epoch reads the range it recorded; like Paimon's consumer ids,
-   a lagging or stopped job keeps its inputs); or the staged write of an epoch not committed
-   yet. With no consistent epoch (the tables share none) all of ``main`` stays. A staged write
-   of an epoch at or below the table's tidemark was aborted and goes. Tables with no tidemark
-   (root tables written outside Tidemark, or a table whose writer is not registered) are only
-   tagged, never expired: their owner expires them, and the tags protect the retained versions
-   from that.
-3. **Files.** pyiceberg's expiry removes metadata only. The manifest lists, manifests and data
-   files referenced by expired snapshots and by no remaining snapshot are deleted through the
-   table's FileIO, computed from the metadata the expiry commit produced (so a snapshot
-   committed concurrently counts as remaining). Old metadata files go with every commit once
-   ``write.metadata.delete-after-commit.enabled`` is set, which GC sets on managed tables
-   (with ``write.metadata.previous-versions-max``).
-4. **ZooKeeper** holds nothing for GC to prune: no barrier is recorded (only the grid), tidemarks
-   keep a bounded list of recent epochs, and epoch znodes are bounded per job by the leader
-   (``EpochWriter(history=...)``): only the leader, under its term, may delete them.
-
-One run at a time: every run that changes anything (``run()``, ``remove_orphan_files()``) holds the
-deployment's GC lock (kazoo's ``Lock`` on ``/gc/lock``, ``exclusive()``), so a CronJob, the drivers'
-schedules and an operator never collect at once; a holder that dies releases it with its session.
-
-Order and safety: the ZooKeeper records of dropped versions go first (deleted, or set untagged for a
-version that keeps its record but loses its tags), then each table's one commit (new tags, removed
-tags, expiry, properties, conditional on ``main`` and the changed tags not having moved: a
-concurrent publish makes GC plan that table again), then the records of new versions and of versions
-that gained their tags, then files. So whenever a run is killed, every record that says tagged has
-its tag on every table it covers (a tag with no such record is harmless: it names the snapshot of
-its epoch, and the next run removes or records it). ZooKeeper tidemarks are read before table
-metadata, so a snapshot published after the read is never mistaken for an aborted one. Failures
-raise ``TidemarkError`` subclasses; a run that stops half-way leaves nothing unsafe, and the next
-run finishes it, with one exception: a run killed after a table's expiry commit and before its file
-deletion leaves those files unreferenced, where no later expiry finds them. ``remove_orphan_files``
-(``tidemark gc --orphans``) finds every unreferenced file by listing the table's locations, which
-also covers files of writers killed before their commit; run it daily, say.
+The records: ``GcPlan`` (a ``VersionDecision`` per candidate version, a ``TablePlan`` per table with its
+``SnapshotDecision`` per snapshot) and ``GcReport`` (a plan applied); ``summarize`` gives the lines
+``tidemark gc`` prints.
 """
 from __future__ import annotations
 
@@ -144,6 +91,8 @@ class VersionDecision(JsonOutput):
 
 @dataclass(frozen=True)
 class SnapshotDecision(JsonOutput):
+    """One snapshot of a ``TablePlan``, kept or expired: its id, its epoch (None: it carries none) and why."""
+
     snapshot_id: int
     epoch: Optional[int]
     reason: str
@@ -163,11 +112,16 @@ class TablePlan(JsonOutput):
 
     @property
     def changes_anything(self) -> bool:
+        """Whether applying the plan commits anything to the table."""
         return bool(self.tags_to_create or self.tags_to_remove or self.expire or self.set_properties)
 
 
 @dataclass(frozen=True)
 class GcPlan(JsonOutput):
+    """What a GC run would do (``plan``) or did (``run``): when, under which policy, the newest consistent epoch
+    ``C`` (None: the tables share none), a decision per candidate version, a plan per table, and notes on what it
+    could not do."""
+
     now_ms: int
     policy: str
     consistent_epoch: Optional[int]
@@ -178,6 +132,9 @@ class GcPlan(JsonOutput):
 
 @dataclass(frozen=True)
 class GcReport(JsonOutput):
+    """A GC run's outcome: its plan (as applied), whether it was a dry run, and how many snapshots it expired and
+    files it deleted."""
+
     plan: GcPlan
     dry_run: bool
     expired_snapshots: int = 0
@@ -209,6 +166,58 @@ class _State:
 
 
 class GarbageCollector:
+    """The deployment's garbage collector: which consistent versions to retain (records and tags), which snapshots
+    of each managed table to expire and which files to delete, in one pass (``run``) or only planned (``plan``).
+
+        collector = GarbageCollector(tm, settings)       # the deployment's policy (``/versions``) unless given
+        lines = summarize(collector.plan())              # what a run would do now, and why
+        report = collector.run(wait_s=60)                # GcRunning if another run holds the lock that long
+
+    What one run does (docs/design.md, "Retention and garbage collection", says why each rule is safe):
+
+    1. **Versions.** The candidates are the retained versions plus every epoch every managed table holds (a table
+       whose writer committed nothing yet is left out) after the newest retained version, up to the newest
+       consistent epoch ``C``, found as readers find it. The policy keeps some; ``C`` and every version a live
+       reader pinned are always kept. A kept version gets ``/versions/<T>``, and the tag ``tidemark-<T>`` on every
+       table it covers when a tagged tier keeps it, it is ``C`` or it is pinned (a pinned version with no record,
+       older than the candidates, gets the tag alone); a dropped one loses both, and one that stops being tagged
+       keeps its record, set untagged. A version's snapshots are those the tidemarks list for ``T`` (no lineage
+       walk). No version is made where every table was empty (no tag could name it), and a retained version
+       whose snapshot in some table is gone (a root table's owner expired it) is dropped.
+    2. **Snapshots** of each managed table are expired unless they are a ref's head (any tag not named
+       ``tidemark-<T>``, and every branch with its ancestors), in a retained version (tagged or not), pinned by a
+       live reader (``/readers``), in ``main`` from the snapshot at ``F`` (the lower of ``C`` and the last
+       committed epoch of every registered job reading the table) up to the head, or the staged write of an epoch
+       not committed yet. With no consistent epoch all of ``main`` stays. A staged write of an epoch at or below
+       the table's tidemark was aborted and goes. Tables with no tidemark (root tables written outside Tidemark,
+       or a table whose writer is not registered) are only tagged, never expired: their owner expires them, and
+       the tags protect the retained versions from that.
+    3. **Files.** pyiceberg's expiry removes metadata only: the manifest lists, manifests, data and delete files
+       that only expired snapshots referenced are deleted through the table's FileIO, computed from the metadata the
+       expiry commit produced (so a snapshot committed concurrently counts as remaining). Old metadata files go
+       with every commit once ``write.metadata.delete-after-commit.enabled`` is set, which GC sets on managed
+       tables (with ``write.metadata.previous-versions-max``: ``metadata_versions``).
+
+    Order: the ZooKeeper records of dropped versions go first (deleted, or set untagged), then per table its one
+    catalog commit (tags, expiry, properties, conditional on ``main`` and the changed tags not having moved: a
+    concurrent publish makes GC plan that table again) followed by the deletion of its files, then the records of
+    new versions and of versions that gained their tags. So wherever a run is killed, every record that says
+    tagged has its tag on every table it covers (a tag with no such record names the snapshot of its epoch, and
+    the next run removes or records it). ZooKeeper is read before table metadata, so a snapshot published after
+    the read is never mistaken for an aborted one.
+
+    Failure behaviour: a run that stops half-way leaves nothing unsafe, and the next run finishes it, with one
+    exception: a run killed after a table's expiry commit and before its file deletion leaves those files
+    unreferenced, where no later expiry finds them; ``remove_orphan_files`` (``tidemark gc --orphans``; run it
+    daily, say) finds every unreferenced file by listing the table's locations, which also covers files of
+    writers killed before their commit. Every run that changes anything holds the deployment's GC lock
+    (``exclusive``): ``GcRunning`` when another process holds it, ``PermissionDenied`` without the writer
+    identity, ``ZooKeeperUnavailable`` when ZooKeeper cannot be reached or the connection drops mid-run.
+    ``PublishConflict`` when a table's commit keeps losing races with its writer. The constructor raises
+    ``ConfigurationError`` for a catalog that cannot be opened. An error of the catalog or the file system while
+    a run commits or deletes (other than a lost race) propagates as it is.
+    """
+
     def __init__(self, tm: ZooKeeperSession, settings: Optional[CatalogSettings] = None, *,
                  policy: Optional[RetentionPolicy] = None,
                  clock: Callable[[], int] = now_ms, metadata_versions: int = METADATA_VERSIONS_KEPT) -> None:
@@ -232,6 +241,8 @@ class GarbageCollector:
         timeout. Re-entrant in the thread that holds it: ``run()`` and ``remove_orphan_files()`` take
         it too. When the connection drops inside the block (SUSPENDED or LOST: another process may
         hold the lock by now), the run stops before its next table with ``ZooKeeperUnavailable``.
+
+        :raises PermissionDenied: ZooKeeper refuses the lock to this session's identity (GC needs the writer's).
         """
         if self._lock_owner == threading.get_ident():
             yield
@@ -319,7 +330,7 @@ class GarbageCollector:
                        roots=sorted(topo.root_tables), readers=readers,
                        retained={r.epoch: r for r in versions.all()}, pinned=pinned_versions(self.tm), tables={},
                        lineages={}, notes=[])
-        for name in [*sorted(managed), *state.roots]:  # after ZooKeeper: see the module docstring
+        for name in [*sorted(managed), *state.roots]:  # after ZooKeeper: see the class docstring
             try:
                 state.tables[name] = self._table(name)
             except TableNotFound:
@@ -523,8 +534,14 @@ class GarbageCollector:
     # -- applying --------------------------------------------------------------------------------
 
     def run(self, dry_run: bool = False, wait_s: float = 0.0) -> GcReport:
-        """Apply one pass (see the module docstring) under the GC lock, waiting up to ``wait_s`` seconds
-        for another run to finish (``GcRunning`` after that); with ``dry_run`` only plan it, unlocked."""
+        """Apply one pass (see the class docstring) under the GC lock, waiting up to ``wait_s`` seconds
+        for another run to finish (``GcRunning`` after that); with ``dry_run`` only plan it, unlocked.
+
+        :raises GcRunning: another process holds the GC lock past ``wait_s``.
+        :raises ZooKeeperUnavailable: ZooKeeper cannot be reached, or the connection dropped during the run.
+        :raises PermissionDenied: the session's identity may not take the GC lock (GC needs the writer identity).
+        :raises PublishConflict: a table's commit kept losing races with its writer (8 attempts).
+        """
         if dry_run:
             return GcReport(self.plan(), True)
         with self.exclusive(wait_s):
@@ -622,6 +639,9 @@ class GarbageCollector:
                 table.io.delete(path)
             except FileNotFoundError:
                 pass  # deleted by an earlier run that stopped before its commit was recorded
+            except OSError as exc:  # the snapshots are expired already: the next run deletes what is left
+                raise StorageError(f"gc expired table {name}'s snapshots but could not delete their file {path}: "
+                                   f"{exc}; check the storage's permissions and run gc again") from None
         return len(orphaned)
 
     def remove_orphan_files(self, older_than_ms: int = ORPHAN_AGE_MS, dry_run: bool = False,
@@ -633,6 +653,11 @@ class GarbageCollector:
         The age protects writes in progress, whose files are not referenced yet: it must exceed the
         longest write (the CLI refuses less than a day). Root tables are left to their owner. With
         ``dry_run`` it only lists them; otherwise it holds the GC lock like ``run()``.
+
+        :raises InvalidArgument: ``older_than_ms`` is not positive.
+        :raises ConfigurationError: two tables share a directory, or a table's location cannot be listed as given.
+        :raises StorageError: the file system refused to list or delete a table's files.
+        :raises GcRunning: another process holds the GC lock past ``wait_s`` (not with ``dry_run``).
         """
         if older_than_ms <= 0:
             raise InvalidArgument(f"older_than_ms must be positive, got {older_than_ms}")

@@ -36,6 +36,24 @@ log = logging.getLogger(__name__)
 
 
 class GcSchedule:
+    """Runs ``GarbageCollector.run()`` on a daemon thread when it is due, in whichever process with a schedule wins
+    the GC lock (module docstring); ``runs``, ``last_report`` and ``last_error`` say how it went.
+
+        schedule = GcSchedule(tm, settings, every_s=600).start()
+        ...
+        schedule.stop()
+
+    Lifecycle: ``start`` starts the thread, which looks every ``every_s`` seconds until ``stop``, or until a
+    ``ZooKeeperRebuilt`` ends it. ``run_if_due`` is one such look, on the calling thread.
+
+    :param settings: the catalog (default: the environment's); ``policy`` the retention policy (default: the
+        deployment's, ``/versions``); ``clock`` the time GC plans at and records.
+
+    Failure behaviour: the thread logs an error of a run, keeps it in ``last_error`` and goes on. The constructor
+    raises ``InvalidArgument`` for ``every_s`` not positive and ``ConfigurationError`` for a catalog that cannot
+    be opened.
+    """
+
     def __init__(self, tm: ZooKeeperSession, settings: Optional[CatalogSettings] = None, *, every_s: float = 600.0,
                  policy: Optional[RetentionPolicy] = None, clock: Callable[[], int] = now_ms) -> None:
         if every_s <= 0:
@@ -49,6 +67,7 @@ class GcSchedule:
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> GcSchedule:
+        """Start the thread that runs GC when it is due; returns the schedule."""
         self._thread = threading.Thread(target=self._loop, name="tidemark-gc", daemon=True)
         self._thread.start()
         return self
@@ -73,7 +92,11 @@ class GcSchedule:
             self._stop.wait(self.every_s)
 
     def run_if_due(self) -> Optional[GcReport]:
-        """Run GC if no process ran it in the last ``every_s`` seconds and this one wins the lock."""
+        """Run GC if no process ran it in the last ``every_s`` seconds and this one wins the lock; the report, or
+        None when it was not due or another process holds the lock. A failed run's error propagates.
+
+        :raises CorruptState: the ``/gc`` znode does not hold a GC record.
+        """
         if not self._due():
             return None
         try:

@@ -4,41 +4,25 @@
     version = resolver.resolve(["lake.db.words", "lake.db.word_counts"], level="consistent")
     arrow = read_arrow(resolver, version)                # {table: pyarrow.Table} for pandas/DuckDB users
 
-Levels (docs/design.md, "Consistency levels"):
+Levels (docs/design.md, "Consistency levels", has the rules and why they are consistent):
 - ``latest``: each table's current snapshot (read uncommitted; ``epoch`` is None);
 - ``committed``: each table at its own committed epoch;
-- ``consistent``: the newest epoch ``T`` that every managed table of the set holds (committed),
-  each table at its snapshot of ``T``. A job's epochs are barriers all its sources hold, and
-  one epoch may cover several barriers (it coalesces: ``coordinator.protocol.pacing``), so a
-  table that coalesced over a barrier has no exact state there: it is never read "at its newest
-  snapshot before ``T``" for a ``T`` it does not hold;
-- ``as_of=T``: a retained version (``/versions/<T>``, or without ZooKeeper the tag
-  ``tidemark-<T>`` on every table) is read from its record; any other epoch only when every
-  managed table holds ``T`` and its snapshot there still exists.
+- ``consistent``: the newest epoch ``T`` that every managed table of the set holds (committed), each table at
+  its snapshot of ``T``; a table that coalesced over a barrier is never read "at its newest snapshot before" it;
+- ``as_of=T``: a retained version (``/versions/<T>``, or without ZooKeeper the tag ``tidemark-<T>`` on every
+  table) is read from its record; any other epoch only when every managed table holds ``T`` and its snapshot
+  there still exists.
 
-Which epochs a table holds: with ZooKeeper, the recent committed epochs its tidemark lists with
-their snapshots (``TableTidemark.recent``), so ``consistent`` loads no metadata of a managed table while
-the lists share an epoch (a root table is read by time from its own metadata; a table lagging past the
-lists is asked its Iceberg records);
-``as_of`` an epoch older than the list reaches asks the table's Iceberg records. A table with
-no tidemark but Tidemark metadata (its writer unregistered, or ZooKeeper lost), and every table
-without ZooKeeper, holds the epochs its Iceberg metadata records
-(``coordinator.iceberg.lineage.EpochLineage.recorded_epochs``: its snapshots' epochs and its
-committed-epoch marker). Idle epochs get a marker once per marker period only, so an
-Iceberg-only version may be up to about a minute older than ZooKeeper's; it is as consistent.
+Which epochs a table holds: with ZooKeeper, those its tidemark lists (``TableTidemark.recent``), so
+``consistent`` loads no metadata of a managed table while the lists share an epoch; for an older epoch, a table
+with no tidemark (writer unregistered, ZooKeeper lost) or no ZooKeeper at all, those its Iceberg metadata records
+(``EpochLineage.recorded_epochs``). A root table (no Tidemark writer) takes no part in choosing ``T``: it is read
+as the set's jobs that read it recorded for ``T``, else at its newest snapshot committed at or before ``T``
+(``held_epochs``, "Root tables").
 
-A table no Tidemark job writes (a root table fed from outside) has no epochs and does not take
-part in choosing ``T``: it is read at the snapshot the jobs of the set that read it recorded for
-``T``, else at its newest snapshot committed at or before ``T`` (``held_epochs``, "Root tables").
-
-``VersionNotFound`` (one line) when: a managed table has committed nothing yet; the tables share
-no epoch (it names each one's newest: a table at a coarser cadence, or one whose job caught up
-over the others' epochs); ``as_of`` an epoch a table does not hold (it names the table and the
-nearest epochs it holds) or whose history was expired (it names the nearest retained versions);
-or an epoch below a managed table's **first epoch** (its writer's first committed epoch: the
-table has no exact state before it), naming the table and its first epoch. First epochs come
-from the tidemarks' ``first_epoch``, else from ``tidemark.first-epoch`` (or the oldest epoch in
-``main``).
+The parts: ``Resolver`` (its docstring says when there is no version), ``ReaderSession`` (a reader that never
+steps back, and its pins), ``pinned_versions`` (what GC keeps for readers), and ``scan_at``, ``scans`` and
+``read_arrow`` (reading a resolved version through pyiceberg).
 """
 from __future__ import annotations
 
@@ -83,6 +67,30 @@ ROOT = "root"  # marker: a table written outside Tidemark
 
 
 class Resolver:
+    """Resolves a set of tables to a ``ConsistentVersion`` (one snapshot id per table) at a consistency level
+    (module docstring), from ZooKeeper's tidemarks when ``tm`` is given, else from the tables' Iceberg metadata
+    alone. It writes nothing, and keeps the tables it hands out (``table``) and a summary of each table's lineage
+    (indexed again when the table's metadata file changes), so one resolver serves many resolutions.
+
+        resolver = Resolver(catalog, settings, tm)
+        version = resolver.resolve(["lake.db.words", "lake.db.word_counts"])     # consistent
+        again = resolver.resolve(["lake.db.words"], as_of=version.epoch)
+
+    :param catalog: the catalog the tables are loaded from; ``settings`` its settings (messages name it).
+    :param tm: the ZooKeeper session; None resolves from Iceberg alone (``as_of`` then finds only tagged versions).
+    :param cache: the tidemarks, kept in memory by watches (``TidemarkCache``), instead of a read per resolution.
+
+    Failure behaviour: ``resolve`` raises ``VersionNotFound`` (one line) when a managed table has committed
+    nothing yet; when the tables share no epoch (it names each one's newest: a table at a coarser cadence, or
+    one whose job caught up over the others' epochs); ``as_of`` an epoch a table does not hold (it names the
+    table and the nearest epochs it holds) or whose history was expired (it names the nearest retained
+    versions); or for an epoch below a managed table's **first epoch** (its writer's first committed epoch: the
+    table has no exact state before it), naming the table and its first epoch. First epochs come from the
+    tidemarks' ``first_epoch``, else from ``tidemark.first-epoch`` (or the oldest epoch in ``main``). A table
+    loaded for the first time is checked to be the Iceberg table its writer registered (``ConfigurationError``
+    otherwise); with ZooKeeper gone meanwhile it is read unchecked.
+    """
+
     def __init__(self, catalog: Catalog, settings: CatalogSettings, tm: Optional[ZooKeeperSession] = None,
                  cache: Optional[TidemarkCache] = None) -> None:
         self.catalog, self.settings, self.tm, self.cache = catalog, settings, tm, cache
@@ -165,6 +173,19 @@ class Resolver:
 
     def resolve(self, tables: Iterable[str], level: Union[str, ConsistencyLevel] = ConsistencyLevel.CONSISTENT,
                 as_of: Optional[int] = None) -> ConsistentVersion:
+        """Resolve ``tables`` at ``level``, or at epoch ``as_of`` (module docstring). A set of root tables only has
+        no epoch to align on: their current snapshots, or with ``as_of`` each at its newest snapshot committed at
+        or before it.
+
+        :param tables: the table names (``namespace.table``), a list and not one string.
+        :param level: ``latest``, ``committed`` or ``consistent``; ignored when ``as_of`` is given.
+        :param as_of: the epoch to read the tables at (a barrier, in ms since 1970).
+        :raises VersionNotFound: no such version exists (the class docstring lists each case).
+        :raises InvalidName: ``tables`` is one string or empty, or a table name or ``as_of`` is malformed.
+        :raises ConfigurationError: ``level`` is not a level, or a table is not the Iceberg table its writer
+            registered.
+        :raises TableNotFound: a table that must be loaded is not in the catalog.
+        """
         if isinstance(tables, str) or not hasattr(tables, "__iter__"):
             raise InvalidName(f"resolve takes a list of table names, got {str(tables)[:60]!r}")
         names = sorted({validate_name(t, "table name") for t in tables})
@@ -392,10 +413,15 @@ class Resolver:
 
 
 def _level(level: Union[str, ConsistencyLevel]) -> ConsistencyLevel:
+    """A level asked for by name; ``as_of`` is not one: it is asked for by giving ``as_of=T``."""
     try:
-        return ConsistencyLevel(level)
+        found = ConsistencyLevel(level)
     except ValueError:
-        raise ConfigurationError(f"consistency level {level!r} is not one of latest, committed, consistent") from None
+        found = None
+    if found is None or found == ConsistencyLevel.AS_OF:
+        raise ConfigurationError(f"consistency level {level!r} is not one of latest, committed, consistent (for a "
+                                 "version as of an epoch, pass as_of=T)")
+    return found
 
 
 def _id(snapshot: Optional[Snapshot]) -> Optional[int]:
@@ -421,6 +447,9 @@ class ReaderSession:
 
     def resolve(self, tables: Iterable[str], level: Union[str, ConsistencyLevel] = ConsistencyLevel.CONSISTENT,
                 as_of: Optional[int] = None) -> ConsistentVersion:
+        """``Resolver.resolve``, except that a ``consistent`` version never goes back: when the resolver answers
+        an older epoch than this session gave for the same tables (a fallback to Iceberg metadata that lags
+        ZooKeeper), the earlier version is returned again. Raises what ``Resolver.resolve`` raises."""
         key = tuple(sorted(set(tables)))
         version = self.resolver.resolve(key, level, as_of)
         if version.level != ConsistencyLevel.CONSISTENT:
@@ -433,18 +462,25 @@ class ReaderSession:
         return version
 
     def pin(self, version: ConsistentVersion) -> None:
+        """Pin ``version`` in this reader's ephemeral ``/readers/<reader_id>``, so GC keeps (and tags) its snapshots
+        while this session lives; without ``tm`` it is only remembered here.
+
+        :raises EpochOrderError: ``version`` has no epoch (``latest``, ``committed``).
+        """
         if version.epoch is None:
             raise EpochOrderError("only a version with an epoch (consistent, as_of) can be pinned")
         self._pinned[version.epoch] = dict(version.snapshots)
         self._write_pins()
 
     def unpin(self, version: ConsistentVersion) -> None:
+        """Remove the pin of ``version``'s epoch (nothing for a version with no epoch), and write the pins anew."""
         if version.epoch is not None:
             self._pinned.pop(version.epoch, None)
         self._write_pins()
 
     @property
     def pinned(self) -> dict[int, Mapping[str, Optional[int]]]:
+        """The versions this session pinned: ``{epoch: {table: snapshot id}}``."""
         return dict(self._pinned)
 
     def _write_pins(self) -> None:
@@ -458,6 +494,7 @@ class ReaderSession:
             self.tm.call(f"set {path}", self.tm.client.set_async, path, data)
 
     def close(self) -> None:
+        """Drop every pin and delete this reader's znode."""
         self._pinned.clear()
         if self.tm is not None and self.tm.get(self.tm.paths.reader(self.reader_id)) is not None:
             self.tm.call("unpin", self.tm.client.delete_async, self.tm.paths.reader(self.reader_id))

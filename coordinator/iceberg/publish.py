@@ -5,29 +5,24 @@
     result.outcome        # PUBLISHED, or ALREADY_PUBLISHED when main's lineage already holds epoch T
     advance_committed_epoch(table, EpochProgress(job, T, term_of_T, inputs), term)   # after the ZooKeeper commit
 
-The ref move is alone in its commit and is conditional twice: we check that ``main`` is
-the staged write's base (``staged_base``), and the commit asserts ``main`` has not moved
-since we loaded the table. Losing a race is therefore never silent: either the winner
-published this epoch (``ALREADY_PUBLISHED``) or ``PublishConflict`` is raised. One move of
-``main`` is no conflict: compactions alone (``replace`` commits, another engine's maintenance)
-on top of the base change no row, so the staged write is published over them
-(``rewrites_only``) instead of leaving a precommitted epoch that could never publish.
+The ref move is alone in its commit and is conditional twice: we check that ``main`` is the staged write's base
+(``staged_base``), and the commit asserts ``main`` has not moved since we loaded the table. Losing a race is
+therefore never silent: either the winner published this epoch (``ALREADY_PUBLISHED``) or ``PublishConflict`` is
+raised. One move of ``main`` is no conflict: compactions alone (``replace`` commits, another engine's maintenance)
+on top of the base change no row, so the staged write is published over them (``rewrites_only``) instead of
+leaving a precommitted epoch that could never publish.
 
-**Fencing in Iceberg.** Every commit Tidemark makes to a sink (claim, publish, marker)
-carries the requirement ``tidemark.term <= term`` (``AssertTermAtMost``), and a new leader
-raises ``tidemark.term`` to its own term (``claim_table``) before it writes anything. The
-catalog validates requirements against the metadata it is about to replace and swaps the
-metadata pointer only if that is still current (pyiceberg's SQL, Hive, Glue and DynamoDB
-catalogs), so once a leader has claimed a table no commit of an older term can land, even
-from a zombie that lost ZooKeeper long ago and never noticed. A REST catalog cannot be
-sent the custom requirement: there the term is checked just before the commit (a
-narrower, non-atomic guard; ZooKeeper fencing still holds).
+**Fencing in Iceberg** (docs/design.md, "Monotonic fencing", says why it holds): a new leader raises
+``tidemark.term`` to its own term (``claim_table``) before it writes anything, and every commit Tidemark makes to
+a sink (claim, publish, marker) requires ``tidemark.term <= term`` (``AssertTermAtMost``), which pyiceberg's SQL,
+Hive, Glue and DynamoDB catalogs check atomically with the commit; a REST catalog cannot be sent it, so there the
+term is checked just before the commit.
 
 Failure behaviour: a commit that lost a race (``lost_race``: the catalog's ``CommitFailedException``,
-``CommitStateUnknownException``, or pyiceberg's ``ValueError`` for updates that no longer apply to the
-newer metadata; a REST catalog's 400 for such updates, ``stale_update_as_lost_race``) is looked at
-again from a fresh load, up to ``PUBLISH_ATTEMPTS`` times within
-``PUBLISH_DEADLINE_S`` seconds; then ``PublishConflict`` is raised. Any other error propagates.
+``CommitStateUnknownException``, or pyiceberg's ``ValueError`` for updates that no longer apply to the newer
+metadata; a REST catalog's 400 for such updates, ``stale_update_as_lost_race``) is looked at again from a fresh
+load, up to ``PUBLISH_ATTEMPTS`` times within ``PUBLISH_DEADLINE_S`` seconds; then ``PublishConflict`` is raised.
+Any other error propagates.
 """
 from __future__ import annotations
 
@@ -129,12 +124,17 @@ def stale_update_as_lost_race(table: Table) -> Iterator[None]:
 
 
 class PublishOutcome(str, enum.Enum):
+    """What ``publish_staged`` did: moved ``main`` to the staged snapshot, or found a snapshot of the epoch in
+    ``main``'s lineage already (an earlier attempt, or another leader, published it)."""
+
     PUBLISHED = "PUBLISHED"
     ALREADY_PUBLISHED = "ALREADY_PUBLISHED"
 
 
 @dataclass(frozen=True)
 class PublishResult:
+    """What ``publish_staged`` returns: the table, the epoch, its snapshot now in ``main``, and the outcome."""
+
     table: str
     epoch: int
     snapshot_id: int          # the snapshot of epoch ``epoch`` now in main
@@ -153,6 +153,11 @@ class AssertTermAtMost(ValidatableTableRequirement):
 
     # pyiceberg's requirements all override pydantic's deprecated classmethod BaseModel.validate this way.
     def validate(self, base_metadata: Optional[TableMetadata]) -> None:  # type: ignore[override]
+        """Refuse the commit unless the metadata it replaces records a ``tidemark.term`` of at most ``term``.
+
+        :param base_metadata: the table's current metadata, as the catalog is about to replace it.
+        :raises CommitFailedException: the table is claimed by a higher term, or has no current metadata.
+        """
         if base_metadata is None:
             raise CommitFailedException("Requirement failed: current table metadata is missing")
         recorded = claimed_term(base_metadata.properties)

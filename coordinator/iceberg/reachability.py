@@ -18,6 +18,9 @@ from pyiceberg.table.snapshots import Snapshot
 
 
 class FileIndex:
+    """One table's cache of what its manifest lists and manifests reference, by path (they are immutable), so a
+    run reads only the manifests written since the last; see the module docstring."""
+
     def __init__(self) -> None:
         self._lists: dict[str, tuple[str, ...]] = {}      # manifest list -> its manifests
         self._manifests: dict[str, tuple[str, ...]] = {}  # manifest -> its data and delete files

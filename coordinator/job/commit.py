@@ -38,6 +38,27 @@ DEFAULT_MARKER_EVERY = "1m"  # at most one committed-epoch marker commit per sin
 
 
 class EpochCommitter:
+    """Precommit, publish and commit of one leader's epochs (steps 3 to 5 of the protocol), over its
+    ``EpochCoordinator`` and its sinks' Iceberg tables; one per term, made when the leader takes over.
+
+        committer = EpochCommitter(epochs, writer.table, marker_every_ms=60_000)   # claims every sink first
+        committer.finish(T, staged={"lake.db.counts": 123})    # STARTED -> PRECOMMITTED -> published -> COMMITTED
+        committer.roll_forward(record)                         # PRECOMMITTED (after a failover) -> COMMITTED
+        committer.commit_idle(T, inputs)                       # no source changed: COMMITTED in one multi
+
+    :param epochs: the leader's epoch state machine (its leadership, job and sinks).
+    :param table: a sink's pyiceberg ``Table`` by name, loaded once (the writer's ``table``).
+    :param timed: a context manager per phase (``precommit``, ``publish``, ``commit``), for metrics and logs.
+    :param marker_every_ms: the period of committed-epoch marker rounds (module docstring); 0: every epoch.
+
+    Failure behaviour: the constructor claims every sink for the leader's term (``claim_table``): ``Fenced``
+    when a newer term claimed one, ``NotLeader`` when the leadership holds no term, ``PublishConflict`` when
+    the claim keeps losing commit races. Each step raises ``EpochOrderError`` for a transition out of order,
+    ``NotLeader`` (``Fenced``) once this replica no longer leads, in ZooKeeper or in Iceberg, and
+    ``PublishConflict`` for a snapshot that cannot be published or a marker that keeps losing races; the
+    epoch is left as the failed step found it, for the next leader to recover.
+    """
+
     def __init__(self, epochs: EpochCoordinator, table: Callable[[str], Table],
                  timed: Callable[[str], AbstractContextManager] = lambda phase: nullcontext(),
                  marker_every_ms: int = 60_000) -> None:
@@ -51,17 +72,28 @@ class EpochCommitter:
 
     @property
     def term(self) -> int:
+        """The leader's term; ``NotLeader`` when its leadership holds none."""
         return self.epochs.leadership.leading_term
 
     def finish(self, epoch: int, staged: Mapping[str, Optional[int]]) -> EpochRecord:
-        """Precommit ``staged`` (every sink; None for a sink with no new data), publish, commit."""
+        """Precommit ``staged`` (every sink; None for a sink with no new data), publish, commit.
+
+        :raises EpochOrderError: ``epoch`` is not the STARTED epoch in flight, or ``staged`` does not name exactly
+            the sinks.
+        :raises NotLeader: this replica no longer leads the job (``Fenced``).
+        :raises PublishConflict: a staged snapshot cannot be published (``publish_staged``).
+        """
         crash_point("staged")
         with self.timed("precommit"):
             record = self.epochs.precommit(epoch, staged)
         return self.roll_forward(record)
 
     def commit_idle(self, epoch: int, inputs: Optional[EpochInputs] = None) -> EpochRecord:
-        """Commit an epoch whose sinks do not change: one ZooKeeper multi (and a marker round when one is due)."""
+        """Commit an epoch whose sinks do not change: one ZooKeeper multi (and a marker round when one is due).
+
+        :raises EpochOrderError: ``epoch`` cannot be committed now (``EpochCoordinator.commit_idle``).
+        :raises NotLeader: this replica no longer leads the job (``Fenced``).
+        """
         with self.timed("commit"):
             committed = self.epochs.commit_idle(epoch, inputs)
             crash_point("idle-commit")
@@ -69,7 +101,12 @@ class EpochCommitter:
         return committed
 
     def roll_forward(self, record: EpochRecord) -> EpochRecord:
-        """Publish a precommitted epoch's staged snapshots (skipping those already published) and commit it."""
+        """Publish a precommitted epoch's staged snapshots (skipping those already published) and commit it.
+
+        :raises EpochOrderError: ``record`` is not PRECOMMITTED, or not the epoch in flight.
+        :raises NotLeader: this replica no longer leads the job (``Fenced``): checked before every publish.
+        :raises PublishConflict: a staged snapshot cannot be published (``publish_staged``).
+        """
         if record.state != EpochState.PRECOMMITTED:
             raise EpochOrderError(f"only a PRECOMMITTED epoch rolls forward; epoch {record.epoch} is "
                                   f"{record.state.value}")

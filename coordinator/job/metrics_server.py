@@ -61,12 +61,22 @@ class _Merged(Collector):
 
 
 class MetricsServer:
+    """An HTTP server serving ``/metrics`` and ``/healthz`` (module docstring) for the registries attached to it,
+    on a daemon thread of its own; ``shared`` gives the one of this process on an address and port.
+
+    Failure behaviour: a port that cannot be bound (in use, no permission) raises ``ConfigurationError``
+    naming it, from the constructor or ``shared``.
+    """
+
     _shared: ClassVar[dict[tuple[str, int], MetricsServer]] = {}
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
 
     @classmethod
     def shared(cls, port: int, address: str = "0.0.0.0") -> MetricsServer:
-        """The server of this process on ``address:port``, started on first use (port 0: always a new one)."""
+        """The server of this process on ``address:port``, started on first use (port 0: always a new one).
+
+        :raises ConfigurationError: the port cannot be bound.
+        """
         with cls._shared_lock:
             server = cls._shared.get((address, port))
             if server is None:

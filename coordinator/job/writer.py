@@ -12,70 +12,15 @@
 
     hourly = EpochWriter(tm, "daily_report", sources=["lake.db.counts"], sinks=[...], every="1h")
 
-What ``run`` does, in order (every step is safe to crash in):
-
-1. **register** the job's sources and sinks (idempotent) and join the shared barrier grid;
-2. **lead**: contend for leadership; a standby replica waits here, calling ``while_standby``
-   every minute to stay warm, and takes over when the leader's session ends;
-3. **recover** the last epoch: roll a precommitted one forward, recompute a started one
-   from its recorded inputs. With no epoch history in ZooKeeper (unregistered, new chroot,
-   wiped ensemble) the history is first re-created from the sinks' Iceberg progress
-   (``progress.py``), each sink's tidemark listing the epochs its lineage records;
-4. **pick the next epoch** (``pacing.py``): the newest barrier after the last epoch that every
-   managed source holds, on the job's cadence (``every``: a multiple of the grid interval,
-   default every grid point); a job with no managed source (a root job) takes the newest barrier
-   on its cadence that the clock has passed by ``grace_ms``. One epoch covers every change since
-   the previous one, so a job back from downtime catches up in one epoch, and one far behind the
-   clock may first wait for a source's writer catching up too (``catch_up.py``). It waits on
-   watches, never polling (its sources' tidemarks; ``/barriers`` and ``/topology`` for the grid and the
-   job graph), and says why (``waiting``, and a log line every
-   ``log_every`` seconds). A leader records the pacing it runs with, and that a bounded run
-   finished, through ``job_run.py``;
-5. **record the inputs**: per source, the snapshot range ``(previous epoch, T]``;
-6. **compute**: call the function (skipped when no source changed and ``always_run`` is
-   False: the epoch then commits in one ZooKeeper multi, and no catalog commit). A function that
-   raises aborts the epoch with the error's first line (ABORTED), and it is recomputed from the
-   same recorded inputs by whoever runs the job next;
-7. **stage, precommit, publish, commit** (``EpochCommitter``).
-
-A job's epochs are barriers every one of its managed sources committed: that is what makes an
-epoch every table of a set holds a version at which each holds exactly the inputs up to it
-(``pacing.py`` has the argument). A new job's first epoch is after the time it opened.
-
-The catalog is ``catalog``, else the environment's (``CatalogSettings.from_env``), which must exist:
-a writer never creates one (its sinks must exist before its first epoch anyway), and one that does
-not exist is a ``ConfigurationError`` naming it. The quickstart creates the embedded catalog, and
-its tables, with ``CatalogSettings.embedded().load()`` first.
-
-Metrics: ``writer.metrics`` (``coordinator.job.driver_metrics``) times every phase and counts
-epochs, takeovers, fencings and retries; ``metrics_port`` (or ``TIDEMARK_METRICS_PORT``)
-serves them with ``/healthz`` while ``run`` runs.
+``EpochWriter`` says what ``run`` does, step by step, and how it fails; docs/design.md has the protocol ("The
+epoch state machine") and which barriers a job takes and why its epochs are consistent ("Pacing").
 
 The parts, in the order a run meets them: ``run`` hands the terms to the ``Supervisor``
 (``supervisor.py``: contend, lead, step down, again); a term is ``open`` (register, contend, take
 over, recover) and ``close`` here, and its epochs are ``_loop`` and ``process`` here, each waiting
 for its epoch with ``NextEpoch`` (``coordinator.protocol.next_epoch``: pacing and catch-up over
-watched state) and committing with ``EpochCommitter`` (``commit.py``).
-
-Failure behaviour (``supervisor.py`` has it by cause): a leader that is fenced or whose session
-expires steps down and contends again (``run`` does not raise for it); so does a leader that loses
-the catalog's database (restarted, failing over: ``is_catalog_outage``), contending again after a
-pause, until it has been unreachable for ``CATALOG_OUTAGE_TIMEOUT_S``. Any other error while this
-replica still leads is raised, and the epoch is recomputed by the next leader. A leader never goes quiet:
-a step that lasts ``log_every`` seconds (taking over, computing, staging, publishing, committing) is
-logged with what it is, and again every ``log_every`` seconds until it ends; its waits for the next
-epoch say why themselves.
-
-A rebuilt ZooKeeper (its data deleted or restored while this driver was connected: the session's
-``ZooKeeperRebuilt``, see ``coordinator.zookeeper.session``) ends ``run``: it logs one line saying
-so and, by default, exits the process with ``EXIT_ZOOKEEPER_REBUILT`` (75, EX_TEMPFAIL) for its
-supervisor (Kubernetes) to restart it; the restarted driver registers the job again and resumes
-from its sinks' Iceberg metadata, as after a ZooKeeper wipe. The driver does not start a new session
-in-process: the session's every recipe (leadership, watches, the tidemark cache, GC's lock,
-readers' pins) would have to be rebuilt on a new one, and a restart does exactly that, with the
-code the wipe path already proves. SIGTERM while ZooKeeper is unreachable does not wait for it:
-the session fails every operation at once (``stop_waiting``), the epoch in flight is left to the
-next leader, and ``run`` returns after one line saying so.
+watched state) and committing with ``EpochCommitter`` (``commit.py``). ``EpochContext`` is what the
+function sees, ``Waiting`` why the writer waits.
 """
 from __future__ import annotations
 
@@ -163,6 +108,11 @@ class EpochContext:
         self.staged: dict[str, Optional[int]] = {}
 
     def range_of(self, source: str) -> SourceRange:
+        """The snapshot range ``(previous epoch, T]`` this epoch recorded for ``source`` (``SourceRange()``, with
+        no bounds, when none is recorded, as for a streaming epoch, whose input is a batch id).
+
+        :raises ConfigurationError: ``source`` is not a declared source of the job.
+        """
         if source not in self.writer.sources:
             raise ConfigurationError(f"{source!r} is not a declared source of job {self.writer.name!r}")
         return self.inputs.sources.get(source) or SourceRange()
@@ -196,11 +146,17 @@ class EpochContext:
         return table.scan(snapshot_id=bounds.end).to_arrow()
 
     def append(self, sink: str, rows: pa.Table) -> None:
-        """Stage ``rows`` (a ``pyarrow.Table``) appended to ``sink``."""
+        """Stage ``rows`` (a ``pyarrow.Table``) appended to ``sink``.
+
+        :raises ConfigurationError: ``sink`` is not a declared sink of the job.
+        :raises EpochOrderError: ``sink`` was already written in this epoch (one write per sink and epoch).
+        :raises NotLeader: this replica knows it no longer leads the job (``Fenced`` included).
+        :raises PublishConflict: the staging commit kept losing races with other commits to the table.
+        """
         self._stage_with(sink, stage_append, rows)
 
     def overwrite(self, sink: str, rows: pa.Table) -> None:
-        """Stage ``sink`` replaced by ``rows``."""
+        """Stage ``sink`` replaced by ``rows``; raises as ``append`` does."""
         self._stage_with(sink, stage_overwrite, rows)
 
     def _stage_with(self, sink: str, stage: Callable[..., int], rows: pa.Table) -> None:
@@ -213,7 +169,11 @@ class EpochContext:
             self.stage(sink, stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term, self.inputs))
 
     def check_sink(self, sink: str) -> None:
-        """Refuse a sink that is not declared, or already written in this epoch (one write per sink and epoch)."""
+        """Refuse a sink that is not declared, or already written in this epoch (one write per sink and epoch).
+
+        :raises ConfigurationError: ``sink`` is not a declared sink of the job.
+        :raises EpochOrderError: ``sink`` was already written in this epoch.
+        """
         if sink not in self.writer.sinks:
             raise ConfigurationError(f"{sink!r} is not a declared sink of job {self.writer.name!r}")
         if sink in self.staged:
@@ -221,12 +181,97 @@ class EpochContext:
                                   "combine the data into one write per sink and epoch")
 
     def stage(self, sink: str, snapshot_id: Optional[int]) -> None:
-        """Record the staged snapshot of ``sink`` for this epoch (for writes made by other means)."""
+        """Record the staged snapshot of ``sink`` for this epoch (for writes made by other means).
+
+        :param snapshot_id: the staged snapshot, None when the epoch writes nothing new to ``sink``.
+        :raises ConfigurationError: ``sink`` is not a declared sink of the job.
+        :raises EpochOrderError: ``sink`` was already written in this epoch.
+        """
         self.check_sink(sink)
         self.staged[sink] = snapshot_id
 
 
 class EpochWriter:
+    """One job's exactly-once epoch loop: it registers the job, contends for its leadership, recovers its last
+    epoch, then calls a function once per epoch and commits what it staged in every sink at once.
+
+        writer = EpochWriter(tm, "counts", sources=["lake.db.events"], sinks=["lake.db.counts"], every="1m")
+        writer.run(step)                  # step(ctx: EpochContext), once per epoch, until stop() or SIGTERM
+        writer.run(step, max_epochs=3)    # a bounded run: returns the epochs it committed
+
+    What ``run`` does, in order (every step is safe to crash in):
+
+    1. **register** the job's sources and sinks (idempotent) and join the shared barrier grid;
+    2. **lead**: contend for leadership; a standby replica waits here, calling ``while_standby``
+       every minute to stay warm, and takes over when the leader's session ends;
+    3. **recover** the last epoch: roll a precommitted one forward, recompute a started one
+       from its recorded inputs. With no epoch history in ZooKeeper (unregistered, new chroot,
+       wiped ensemble) the history is first re-created from the sinks' Iceberg progress
+       (``progress.py``), each sink's tidemark listing the epochs its lineage records;
+    4. **pick the next epoch** (``pacing.py``): the newest barrier after the last epoch that every
+       managed source holds, on the job's cadence (``every``: a multiple of the grid interval,
+       default every grid point); a job with no managed source (a root job) takes the newest barrier
+       on its cadence that the clock has passed by ``grace_ms``. One epoch covers every change since
+       the previous one, so a job back from downtime catches up in one epoch, and one far behind the
+       clock may first wait for a source's writer catching up too (``catch_up.py``). A new job's first
+       epoch is after the time it opened. It waits on watches, never polling (its sources' tidemarks;
+       ``/barriers`` and ``/topology`` for the grid and the job graph), and says why (``waiting``, and a
+       log line every ``log_every`` seconds). A leader records the pacing it runs with, and that a bounded
+       run finished, through ``job_run.py``;
+    5. **record the inputs**: per source, the snapshot range ``(previous epoch, T]``;
+    6. **compute**: call the function (skipped when no source changed and ``always_run`` is
+       False: the epoch then commits in one ZooKeeper multi, with no catalog commit unless a marker
+       round is due, see ``EpochCommitter``). A function that raises aborts the epoch with the error's
+       first line (ABORTED), and it is recomputed from the same recorded inputs by whoever runs the job next;
+    7. **stage, precommit, publish, commit** (``EpochCommitter``).
+
+    States: closed (no term) until ``open`` wins the leadership and recovers, then leading until ``close``
+    steps down; ``run`` does both once per term. While closed, ``term``, ``epochs``, ``process``,
+    ``commit_idle``, ``inputs_for`` and ``next_barrier`` raise ``NotLeader``.
+
+    :param tm: the ZooKeeper session (a ``Tidemark``).
+    :param name: the job's name; ``sources`` and ``sinks`` the tables it reads and writes (``namespace.table``).
+    :param catalog: the catalog of those tables, else the environment's (``CatalogSettings.from_env``), which must
+        exist: a writer never creates one (its sinks must exist before its first epoch anyway). The quickstart
+        creates the embedded catalog, and its tables, with ``CatalogSettings.embedded().load()`` first.
+    :param interval_ms: the barrier grid's interval: it defines the grid if none exists, else must match it.
+    :param every: the job's cadence (``"1h"``, or milliseconds), a multiple of the grid interval; None: every barrier.
+    :param grace_ms: how far the clock must be past a barrier before a root job takes it (late root commits).
+    :param always_run: compute every epoch, even when no source changed (a function that reads the clock or an
+        outside system).
+    :param history: how many epoch znodes the leader keeps (at least 2).
+    :param marker_every: how often a sink that published nothing gets its committed-epoch marker
+        (``EpochCommitter``); None: at every epoch.
+    :param log_every: seconds after which a step that lasts, or a wait, is logged, and again as often.
+    :param context: builds what the function is called with from the writer and the epoch record.
+    :param metrics_port: where ``writer.metrics`` (``coordinator.job.driver_metrics``: every phase timed, epochs,
+        takeovers, fencings and retries counted) is served with ``/healthz`` (healthy while ``run`` runs), from
+        the first ``open``; None: ``TIDEMARK_METRICS_PORT``, and not served when that is unset.
+
+    Failure behaviour (``supervisor.py`` has it by cause): a leader that is fenced or whose session
+    expires steps down and contends again (``run`` does not raise for it); so does a leader that loses
+    the catalog's database (restarted, failing over: ``is_catalog_outage``), contending again after a
+    pause, until it has been unreachable for ``CATALOG_OUTAGE_TIMEOUT_S``. Any other error while this
+    replica still leads (the function's own, ``InputsExpired``, ``PublishConflict``, ...) is raised, and the
+    next leader recovers the epoch in flight; so are ``NotLeader`` when not elected within ``leader_timeout``
+    and ``JobRetired`` for a job an operator retired. A leader never goes quiet: a step that lasts
+    ``log_every`` seconds (taking over, computing, staging, publishing, committing) is logged with what it
+    is, and again every ``log_every`` seconds until it ends; its waits for the next epoch say why themselves.
+    The constructor raises ``ConfigurationError`` for a setting out of range or a catalog that cannot be
+    opened (one that does not exist names it), ``InvalidName`` for a malformed name.
+
+    A rebuilt ZooKeeper (its data deleted or restored while this driver was connected: the session's
+    ``ZooKeeperRebuilt``, see ``coordinator.zookeeper.session``) ends ``run``: it logs one line saying
+    so and, by default, exits the process with ``EXIT_ZOOKEEPER_REBUILT`` (75, EX_TEMPFAIL) for its
+    supervisor (Kubernetes) to restart it; the restarted driver registers the job again and resumes
+    from its sinks' Iceberg metadata, as after a ZooKeeper wipe. The driver does not start a new session
+    in-process: the session's every recipe (leadership, watches, the tidemark cache, GC's lock,
+    readers' pins) would have to be rebuilt on a new one, and a restart does exactly that, with the
+    code the wipe path already proves. SIGTERM while ZooKeeper is unreachable does not wait for it:
+    the session fails every operation at once (``stop_waiting``), the epoch in flight is left to the
+    next leader, and ``run`` returns after one line saying so.
+    """
+
     def __init__(self, tm: ZooKeeperSession, name: str, *, sources: Iterable[str], sinks: Iterable[str],
                  catalog: Optional[CatalogSettings] = None, interval_ms: int = 5000,
                  every: Union[str, int, None] = None, grace_ms: int = DEFAULT_GRACE_MS, always_run: bool = False,
@@ -269,12 +314,14 @@ class EpochWriter:
 
     @property
     def term(self) -> int:
+        """The term this replica leads the job as; ``NotLeader`` when it holds none."""
         if self.leadership.term is None:
             raise NotLeader(f"job {self.name!r}: this replica does not lead the job")
         return self.leadership.term
 
     @property
     def epochs(self) -> EpochCoordinator:
+        """The job's epoch state machine while this replica leads; ``NotLeader`` before ``open``."""
         if self._epochs is None:
             raise NotLeader(f"job {self.name!r}: open() the writer (or run it) first")
         return self._epochs
@@ -298,7 +345,10 @@ class EpochWriter:
         return self._next
 
     def table(self, name: str) -> Table:
-        """The pyiceberg table, loaded once per writer (callers refresh it when they need its newest metadata)."""
+        """The pyiceberg table, loaded once per writer (callers refresh it when they need its newest metadata).
+
+        :raises TableNotFound: the catalog has no such table.
+        """
         table = self._tables.get(name)
         if table is None:
             table = self._tables[name] = load_table(self.catalog, self.catalog_settings, name)
@@ -317,7 +367,17 @@ class EpochWriter:
 
     def open(self, leader_timeout: Optional[float] = None,
              while_standby: Optional[Callable[[], None]] = None) -> None:
-        """Register, wait for leadership and roll a precommitted epoch forward (``run`` calls it)."""
+        """Register, wait for leadership and roll a precommitted epoch forward (``run`` calls it).
+
+        :param leader_timeout: seconds to wait for leadership; None: as long as it takes.
+        :param while_standby: called about every minute while this replica waits as a standby.
+        :raises TableNotFound: a sink does not exist (checked before anything is registered).
+        :raises RegistrationError: the registration was refused (``WriterConflict``, ``CycleError``).
+        :raises ConfigurationError: a sink is another Iceberg table than the one registered, or the cadence or
+            interval does not fit the barrier grid.
+        :raises NotLeader: not elected within ``leader_timeout``, or fenced while taking over (``Fenced``).
+        :raises JobRetired: an operator retired the job.
+        """
         if self._epochs is not None:
             return
         self.metrics.serve()
@@ -462,6 +522,11 @@ class EpochWriter:
         log line; with ``exit_on_rebuilt`` (on the main thread) the process exits with status
         ``EXIT_ZOOKEEPER_REBUILT`` for its supervisor to restart it, otherwise ``ZooKeeperRebuilt``
         is raised.
+
+        :raises NotLeader: not elected within ``leader_timeout``.
+        :raises JobRetired: an operator retired the job.
+        :raises Exception: the function's own error, or any other error while this replica still leads (the class
+            docstring says which errors make it step down and contend again instead).
         """
         main = threading.current_thread() is threading.main_thread()
         if stop_on_sigterm and main:
@@ -522,7 +587,17 @@ class EpochWriter:
 
     def process(self, epoch: int, function: Callable[..., None], *args: Any,
                 inputs: Optional[EpochInputs] = None) -> EpochRecord:
-        """Run one epoch: record its inputs, compute (unless idle), stage, precommit, publish, commit."""
+        """Run one epoch: record its inputs, compute (unless idle), stage, precommit, publish, commit.
+
+        :param args: passed to ``function`` after the context (a streaming batch); given, the epoch is computed.
+        :param inputs: the epoch's inputs (``inputs_for``); None to recompute the job's STARTED or ABORTED epoch
+            from the inputs it recorded.
+        :raises Exception: the function's own error, once the epoch is recorded ABORTED.
+        :raises EpochOrderError: ``epoch`` cannot begin now (``EpochCoordinator``'s transitions), or ``inputs``
+            differ from those recorded for it.
+        :raises NotLeader: this replica does not lead the job, or was fenced (``Fenced``).
+        :raises PublishConflict: a sink's staged snapshot could not be published.
+        """
         epochs, committer = self.epochs, self._open_committer
         recomputed = epochs.to_recompute(epoch)
         redo = recomputed is not None
@@ -563,6 +638,9 @@ class EpochWriter:
         """Commit barrier ``epoch`` without computing, recording its inputs; refused unless no source changed.
 
         A streaming job (no source tables) uses it for barriers that passed with no micro-batch.
+
+        :raises EpochOrderError: a source changed, or ``epoch`` cannot be committed now.
+        :raises NotLeader: the writer is not open, or this replica was fenced.
         """
         inputs = self.inputs_for(epoch)
         if inputs is None or (self.sources and not inputs.unchanged):

@@ -2,40 +2,13 @@
 
     tidemark exporter --port 9464 [--refresh 5] [--zk zk1:2181/tidemark]
 
-    exporter = Exporter(lambda: Tidemark.connect(hosts, read_only=True), refresh_every=5.0, max_age=20.0)
-    exporter.start()                      # the background refresher
-    MetricsServer(9464).attach(exporter.registry, healthy=exporter.alive)
-
 A background thread connects (read-only: it creates no znode) and reads the cluster status
 (``coordinator.protocol.status``: one or two pipelined ZooKeeper batches) every
-``refresh_every`` seconds.
-A scrape never touches ZooKeeper: it serves the last good view from memory, with lags
-measured against the wall clock at the scrape. ``tidemark_up`` is 1 only while the session
-is connected and the last refresh succeeded less than ``max_age`` seconds ago; otherwise
-it is 0 and the last view stays exported, with ``tidemark_exporter_view_age_seconds``
-saying how old it is. Every series is in base units (seconds; epochs as Unix timestamps in
-seconds); jobs are labelled ``tidemark_job`` (``job`` is the scrape target's label).
-
-- per job: ``tidemark_job_committed_epoch_timestamp_seconds``, ``tidemark_job_lag_seconds``,
-  ``tidemark_job_cadence_seconds`` (its own cadence: ``every``, or the grid interval),
-  ``tidemark_job_effective_cadence_seconds`` (the cadence it follows: a slower upstream's, or its
-  own; alerts scale lag by it), ``tidemark_job_paced_by`` (one series naming the upstream
-  job that sets a slower effective cadence), ``tidemark_job_consistent_epoch_timestamp_seconds``
-  (the newest epoch its sinks and managed sources all hold), ``tidemark_job_term``,
-  ``tidemark_job_leader_live``, ``tidemark_job_finished``, ``tidemark_job_paused``,
-  ``tidemark_job_retired``, ``tidemark_job_live`` (0 for a job at rest: finished, paused or
-  retired), ``tidemark_job_stale`` (staleness by effective cadence, see
-  ``coordinator.protocol.status``), ``tidemark_job_holds_back_seconds`` (stale jobs),
-  ``tidemark_job_bounds_consistent_epoch`` (among live jobs) and ``tidemark_job_blocked_by`` (one
-  series per managed source that holds no epoch after the job's committed epoch);
-- per table: ``tidemark_table_committed_epoch_timestamp_seconds``, ``tidemark_table_lag_seconds``
-  (every table, at rest or not: the truth about each);
-- overall: ``tidemark_jobs``, ``tidemark_consistent_epoch_timestamp_seconds`` (the *live*
-  consistent epoch: the newest epoch every table of a live job holds; no series when no job is
-  live), ``tidemark_consistent_lag_seconds`` (the deployment's freshness: what is read and
-  written now), ``tidemark_barrier_interval_seconds`` (the grid's interval in force);
-- the exporter itself: ``tidemark_up``, ``tidemark_exporter_view_age_seconds``,
-  ``tidemark_exporter_refresh_duration_seconds``, ``tidemark_exporter_refresh_failures_total``.
+``refresh_every`` seconds. A scrape never touches ZooKeeper: it serves the last good view from
+memory, with lags measured against the wall clock at the scrape (``Exporter``). Every series is
+in base units (seconds; epochs as Unix timestamps in seconds); jobs are labelled ``tidemark_job``
+(``job`` is the scrape target's label). ``view_families`` makes the series per job, per table and
+overall; ``docs/monitoring.md`` lists every one, the exporter's own included.
 
 Failure behaviour: nothing here raises once started. An unreachable ZooKeeper (at start or
 later), an expired session or corrupt znodes make refreshes fail (logged once per kind of
@@ -69,6 +42,25 @@ log = logging.getLogger(__name__)
 
 
 class Exporter(Collector):
+    """The exporter's view of the deployment: a thread that reads the cluster status every ``refresh_every``
+    seconds, and the Prometheus collector (in ``registry``) that serves the last good view from memory.
+
+        exporter = Exporter(lambda: Tidemark.connect(hosts, read_only=True), refresh_every=5.0, max_age=20.0)
+        exporter.start()                      # the background refresher
+        MetricsServer(9464).attach(exporter.registry, healthy=exporter.alive)
+        exporter.close()                      # on SIGTERM
+
+    Znodes: none of its own; its read-only session reads what ``read_status`` reads.
+
+    States: ``tidemark_up`` (``up``) is 1 only while the session is connected and the last refresh succeeded less
+    than ``max_age`` seconds ago (default: three refreshes); otherwise it is 0 and the last view stays exported,
+    with ``tidemark_exporter_view_age_seconds`` saying how old it is.
+
+    Failure behaviour: nothing raises once started. A refresh that fails, whatever the reason, keeps the last
+    view and counts in ``tidemark_exporter_refresh_failures_total``. On ``ZooKeeperRebuilt`` it closes the session
+    and connects anew at the next refresh; a lost session is kazoo's to re-establish, in the background.
+    """
+
     def __init__(self, connect: Callable[[], Tidemark], refresh_every: float = 5.0,
                  max_age: Optional[float] = None, clock: Callable[[], float] = time.time) -> None:
         """``clock``: the wall clock in Unix seconds that views are read and lags measured against (tests that
@@ -92,6 +84,7 @@ class Exporter(Collector):
     # -- the background refresh -------------------------------------------------------------------
 
     def start(self) -> Exporter:
+        """Start the background refresher, which refreshes at once and then every ``refresh_every`` seconds."""
         self._thread.start()
         return self
 
@@ -100,6 +93,8 @@ class Exporter(Collector):
         return self._thread.is_alive()
 
     def close(self) -> None:
+        """Stop the refresher (waiting at most ``max_age`` for it) and close the session; a refresh in flight with
+        ZooKeeper down ends at once (``ZooKeeperSession.stop_waiting``)."""
         self._stop.set()
         if self.tm is not None:
             self.tm.stop_waiting()  # a refresh in flight with ZooKeeper down ends now, not at its deadline
@@ -139,6 +134,7 @@ class Exporter(Collector):
         self._view, self._view_at, self._last_ok, self._last_error = view, time.monotonic(), True, None
 
     def up(self) -> bool:
+        """``tidemark_up``: the session is connected and the last refresh succeeded within ``max_age`` seconds."""
         tm = self.tm
         return (tm is not None and tm.connection_state == KazooState.CONNECTED and self._last_ok
                 and time.monotonic() - self._view_at <= self.max_age)
@@ -146,6 +142,8 @@ class Exporter(Collector):
     # -- the scrape: memory only ------------------------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
+        """The metric families of the last view, lags measured now: memory only (prometheus-client calls it at
+        every scrape)."""
         yield _plain("tidemark_up", "1 when the exporter reads ZooKeeper and its view is fresh", 1 if self.up() else 0)
         failures = CounterMetricFamily("tidemark_exporter_refresh_failures", "Refreshes of the view that failed")
         failures.add_metric([], self._failures)

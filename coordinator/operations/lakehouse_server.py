@@ -71,6 +71,8 @@ _FLAGS = {"master": "master.port", "master_grpc": "master.port.grpc", "volume": 
 
 @dataclass(frozen=True)
 class LakehouseState:
+    """What ``<data_dir>/lakehouse.json`` records of a started server: its pid, and its ports by name (``PORTS``)."""
+
     pid: int
     ports: dict[str, int]
 
@@ -84,9 +86,11 @@ class DiskRoom:
 
     @property
     def enough(self) -> bool:
+        """Whether SeaweedFS can write there (``free >= needed``)."""
         return self.free >= self.needed
 
     def describe(self) -> str:
+        """One line for operators: the free space, and what SeaweedFS needs to write."""
         return (f"the disk of {self.path} has {_size(self.free)} free, and SeaweedFS writes nothing with less than "
                 f"{_size(self.needed)} free there (1% of the disk, plus one {VOLUME_SIZE_MB} MiB volume)")
 
@@ -125,18 +129,22 @@ class EmbeddedLakehouse:
 
     @property
     def s3_endpoint(self) -> str:
+        """The S3 gateway's URL, on loopback."""
         return f"http://127.0.0.1:{self.ports['s3']}"
 
     @property
     def catalog_uri(self) -> str:
+        """The Iceberg REST catalog's URL, on loopback."""
         return f"http://127.0.0.1:{self.ports['catalog']}"
 
     @property
     def warehouse(self) -> str:
+        """The catalog's warehouse: the S3 Tables bucket, ``s3://<bucket>``."""
         return f"s3://{self.bucket}"
 
     @property
     def log_path(self) -> Path:
+        """The server's log, ``<data_dir>/weed.log``, which every start appends to."""
         return self.data_dir / "weed.log"
 
     def python_properties(self) -> dict[str, str]:
@@ -156,6 +164,8 @@ class EmbeddedLakehouse:
         return pyiceberg_variables(self.catalog_name, self.python_properties())
 
     def recorded_state(self) -> Optional[LakehouseState]:
+        """The pid and ports the last start recorded in ``data_dir`` (None: none, or unreadable), whether or not
+        that server still runs."""
         try:
             return LakehouseState(**json.loads((self.data_dir / STATE_FILE).read_text()))
         except (OSError, ValueError, TypeError):
@@ -175,6 +185,13 @@ class EmbeddedLakehouse:
         return recorded.pid if ours and state != "Z" else None
 
     def start(self) -> EmbeddedLakehouse:
+        """Start ``weed mini`` in the background, in a session of its own (it runs until ``stop``), and wait until
+        it serves both its S3 endpoint and its catalog.
+
+        :raises ConfigurationError: a server already runs with this data directory, ``weed`` is not installed, the
+            data directory cannot be used or its disk has too little room, or the server exited or did not serve
+            within ``start_timeout`` (with the last lines of its log).
+        """
         running = self.running_pid()
         if running is not None:
             raise ConfigurationError(f"a lakehouse server (pid {running}) already runs with data dir {self.data_dir}: "

@@ -82,6 +82,7 @@ class ServerTls:
     client_auth: str = "none"
 
     def config_lines(self, secure_port: int) -> list[str]:
+        """The ``zoo.cfg`` lines that serve TLS on ``secure_port`` (through Netty)."""
         return [f"secureClientPort={secure_port}",
                 "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
                 f"ssl.keyStore.location={self.keystore}", "ssl.keyStore.type=PEM",
@@ -150,11 +151,15 @@ class QuorumPeer:
 
     @property
     def config_line(self) -> str:
+        """Its ``server.<id>=<host>:<quorum_port>:<election_port>`` line of ``zoo.cfg``."""
         return f"server.{self.server_id}={self.host}:{self.quorum_port}:{self.election_port}"
 
 
 @dataclass
 class ServerState:
+    """What ``<data_dir>/server.json`` records of a started server: its pid, client port, data directory and
+    start time (ms since the Unix epoch)."""
+
     pid: int
     port: int
     data_dir: str
@@ -194,21 +199,33 @@ class EmbeddedZooKeeper:
 
     @property
     def connect_string(self) -> str:
+        """``host:port`` of its plaintext client port."""
         return f"{self.host}:{self.port}"
 
     @property
     def secure_connect_string(self) -> str:
+        """``127.0.0.1:<secure_port>``: its TLS client port (on loopback, whatever ``host`` is)."""
         return f"127.0.0.1:{self.secure_port}"
 
     @property
     def state_path(self) -> Path:
+        """``<data_dir>/server.json``: the ``ServerState`` of the server started there."""
         return self.data_dir / STATE_FILE
 
     @property
     def log_path(self) -> Path:
+        """``<data_dir>/zookeeper.log``, which every start appends to."""
         return self.data_dir / "zookeeper.log"
 
     def start(self, wait: bool = True) -> EmbeddedZooKeeper:
+        """Write ``zoo.cfg`` and start the server's JVM in the background, in a session of its own.
+
+        :param wait: wait until it serves (False: return at once, for the peers of an ensemble).
+        :raises ConfigurationError: a server already runs with this data directory, the port or the secure port
+            is in use, Java or ZooKeeper's jars are missing, or the data directory cannot be used.
+        :raises ZooKeeperUnavailable: with ``wait``, the server failed at once or did not serve within
+            ``start_timeout``.
+        """
         recorded = self.running_state()
         if recorded is not None:
             raise ConfigurationError(f"a ZooKeeper server (pid {recorded.pid}) already runs on port "
@@ -308,6 +325,8 @@ class EmbeddedZooKeeper:
         return None
 
     def recorded_state(self) -> Optional[ServerState]:
+        """The ``ServerState`` the last start recorded (None: none, or unreadable), whether or not that server
+        still runs."""
         try:
             return ServerState(**json.loads(self.state_path.read_text()))
         except (OSError, ValueError, TypeError):
@@ -392,9 +411,15 @@ class ZooKeeperEnsemble:
 
     @property
     def connect_string(self) -> str:
+        """Every member's ``host:port``, comma-separated."""
         return ",".join(m.connect_string for m in self.members)
 
     def start(self) -> ZooKeeperEnsemble:
+        """Start every peer, then wait until each serves; if one fails, stop them all.
+
+        :raises ConfigurationError: as ``EmbeddedZooKeeper.start``.
+        :raises ZooKeeperUnavailable: a peer failed or did not serve within ``start_timeout``.
+        """
         try:
             for member in self.members:
                 member.start(wait=False)
@@ -406,6 +431,7 @@ class ZooKeeperEnsemble:
         return self
 
     def stop(self) -> None:
+        """Stop every member (SIGTERM, then SIGKILL); their data directories stay."""
         for member in self.members:
             member.stop()
 
@@ -417,6 +443,7 @@ class ZooKeeperEnsemble:
         raise ZooKeeperUnavailable("no member of the ensemble is leading right now (an election is under way)")
 
     def followers(self) -> list[EmbeddedZooKeeper]:
+        """The members that follow the quorum's leader now (each asked its mode)."""
         return [m for m in self.members if m.mode() == "follower"]
 
     def __enter__(self) -> ZooKeeperEnsemble:

@@ -84,6 +84,7 @@ class BarrierGrid(JsonRecord):
         return start, interval
 
     def is_barrier(self, t: int) -> bool:
+        """Whether ``t`` is a point of the grid, in the interval in force at ``t``."""
         start, interval = self._segment(t)
         return (t - start) % interval == 0
 
@@ -100,6 +101,7 @@ class BarrierGrid(JsonRecord):
         return min(upcoming) if upcoming else candidate
 
     def interval_at(self, t: int) -> int:
+        """The interval in force at ``t``: the last change's at or before ``t``, else ``interval_ms``."""
         return self._segment(t)[1]
 
     def pending(self, now: int) -> tuple[Any, ...]:
@@ -197,6 +199,25 @@ def grid_from(found: Optional[tuple[bytes, Any]], path: str) -> BarrierGrid:
 
 
 class Barriers:
+    """The barrier grid every job shares, in ``/barriers``: defined once, read by every leader, and changed
+    (for every job at once) only at a future grid point.
+
+        barriers = tm.barriers
+        grid = barriers.ensure_grid(interval_ms=5000)        # define it, or check it is the one defined
+        barriers.change_interval(10_000, effective_from=T)   # from T, a future point (``BarrierGrid.with_change``)
+        barriers.revert_changes()                            # cancel the changes not in force yet
+
+    Znodes: ``/barriers`` (a ``BarrierGrid``), written only by a set conditional on its version; a write that
+    lost a race with another writer is decided again on what is there now, until the session's
+    ``operation_timeout``. A change also reads every registered job's ``/jobs/<job>/pacing``.
+
+    Failure behaviour: ``ConfigurationError`` while no grid is defined, for an interval out of range, a grid
+    other than the one asked for, or a change a job's cadence would not follow; ``EpochOrderError`` for a change
+    or a cancellation at a time that is not allowed; ``ZooKeeperUnavailable`` when the write kept losing races
+    until the deadline, or ZooKeeper did not answer in time. It keeps no state of its own in the session (nothing
+    ephemeral, no watch): on a session loss the operation in flight is retried until its deadline like any other.
+    """
+
     def __init__(self, tm: ZooKeeperSession) -> None:
         self.tm = tm
 
@@ -205,6 +226,10 @@ class Barriers:
         return grid_from(found, self.tm.paths.barriers), found[1] if found else None
 
     def grid(self) -> BarrierGrid:
+        """The grid as ``/barriers`` holds it now (one read).
+
+        :raises ConfigurationError: no grid is defined yet.
+        """
         return self._read()[0]
 
     def _conditionally(self, what: str, attempt: Callable[[], T]) -> T:
@@ -227,7 +252,13 @@ class Barriers:
             raise
 
     def ensure_grid(self, interval_ms: int, mode: BarrierMode = BarrierMode.PROCESSING_TIME) -> BarrierGrid:
-        """Define the grid if nobody has; otherwise check it matches (every job shares one grid)."""
+        """Define the grid if nobody has; otherwise check it matches (every job shares one grid).
+
+        :param interval_ms: the interval this job asks for, 1 ms to ``MAX_INTERVAL_MS``.
+        :raises ConfigurationError: the interval or mode is invalid, ``/barriers`` does not exist, or the grid
+            defined has another interval or mode and records no interval change (one that does is returned as is).
+        :raises ZooKeeperUnavailable: the write kept losing races with other writers until the deadline.
+        """
         try:
             wanted = BarrierGrid(check_interval(interval_ms), mode)
         except (TypeError, ValueError) as exc:
@@ -268,7 +299,14 @@ class Barriers:
     def change_interval(self, interval_ms: int, effective_from: int) -> BarrierGrid:
         """Switch to ``interval_ms`` at ``effective_from``, a future barrier of the grid (``BarrierGrid.with_change``
         says which times are allowed), unless a job's cadence would stop being a multiple of it
-        (``check_cadences``)."""
+        (``check_cadences``).
+
+        :raises EpochOrderError: ``effective_from`` is not a time the change may take effect at.
+        :raises InvalidName: ``effective_from`` is not an epoch.
+        :raises ConfigurationError: the interval is out of range, no grid is defined, or a registered job's cadence
+            would not be a multiple of the new interval.
+        :raises ZooKeeperUnavailable: the write kept losing races with other writers until the deadline.
+        """
         def attempt() -> BarrierGrid:
             current, stat = self._read()
             changed = current.with_change(interval_ms, effective_from, now_ms())
@@ -279,7 +317,12 @@ class Barriers:
 
     def revert_changes(self, effective_from: Optional[int] = None) -> tuple[BarrierGrid, tuple[Any, ...]]:
         """Cancel the interval changes that have not taken effect yet (only the one at ``effective_from`` when
-        given); returns the grid and the changes cancelled (``BarrierGrid.without_pending``)."""
+        given); returns the grid and the changes cancelled (``BarrierGrid.without_pending``).
+
+        :raises EpochOrderError: no such change is pending, or one takes effect within ``CHANGE_LEAD_MS``.
+        :raises ConfigurationError: no grid is defined.
+        :raises ZooKeeperUnavailable: the write kept losing races with other writers until the deadline.
+        """
         def attempt() -> tuple[BarrierGrid, tuple[Any, ...]]:
             current, stat = self._read()
             changed, removed = current.without_pending(now_ms(), effective_from)

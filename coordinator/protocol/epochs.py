@@ -1,14 +1,4 @@
-"""The epoch state machine of one job, driven by its leader. The whole protocol is here.
-
-    epochs = EpochCoordinator(leadership, sinks=["lake.db.word_counts"])
-    recovery = epochs.recover()                     # what to do with the last epoch after a failover
-    epochs.begin(T, EpochInputs(...))               # T = Pacing.choose(...).epoch, after epochs.last_committed
-    ... stage each sink, with summary tidemark.epoch=T ...
-    epochs.precommit(T, staged={"lake.db.word_counts": 42})
-    ... publish each staged snapshot (idempotent) ...
-    epochs.commit(T, published={"lake.db.word_counts": 42})
-
-    epochs.commit_idle(T, inputs)                   # no source changed: STARTED..COMMITTED in one multi
+"""The epoch state machine of one job, driven by its leader. The whole protocol is here (``EpochCoordinator``).
 
 Transitions (anything else raises ``EpochOrderError``)::
 
@@ -22,21 +12,11 @@ Transitions (anything else raises ``EpochOrderError``)::
 ``begin`` refuses anything but a barrier of the grid after the last committed epoch. Which
 barrier is the job's pacing (``pacing.py``): the newest one every managed source holds, so one
 epoch may cover several barriers (coalescing), and the epoch's recorded inputs say exactly
-which slice ``(previous epoch, T]`` of each source it covers.
-
-Every write is a leader ``transact`` (term check in the same multi). ``commit`` advances the
-tidemark of every sink table (adding the epoch to the ones it lists, ``TableTidemark.recent``)
-and marks the epoch COMMITTED in one multi: the epoch becomes visible to consistent readers
-everywhere at once, or not at all. A write whose reply was
-lost and that is retried is recognised as already applied by re-reading the epoch znode.
-Only the newest ``history`` epoch znodes are kept.
-
-A leader that finds no epoch history in ZooKeeper (a new chroot, an unregistered and
-re-registered job, a rebuilt ensemble) passes ``recover`` the ``ResumePoint`` read from its
-sinks' Iceberg metadata (``progress.py``): the committed epoch is written back as the
-job's COMMITTED epoch (with its input ranges, and the sinks' tidemarks at it) and an epoch
-in flight as STARTED with its recorded inputs, in one leader multi, so the job carries on
-exactly where its sinks say it was.
+which slice ``(previous epoch, T]`` of each source it covers. ``commit`` advances the tidemark
+of every sink table and marks the epoch COMMITTED in one multi: the epoch becomes visible to
+consistent readers everywhere at once, or not at all. A leader that finds no epoch history in
+ZooKeeper resumes from its sinks' Iceberg metadata (``EpochCoordinator.recover``).
+``docs/design.md``, "The epoch state machine", says why each step is there.
 """
 from __future__ import annotations
 
@@ -63,6 +43,14 @@ def newest_epoch(tm: ZooKeeperSession, job: str) -> Optional[int]:
 
 
 class RecoveryAction(str, enum.Enum):
+    """What a new leader does first, by the state of the job's last epoch (``EpochCoordinator.recover``).
+
+    ``START``: no epoch yet, begin at the first barrier the job may process. ``NEXT``: the last epoch is
+    committed, begin the next one its pacing picks. ``ROLL_FORWARD``: the last epoch is precommitted, publish its
+    staged snapshots, then commit it. ``RECOMPUTE``: it is started or aborted, compute it again from its recorded
+    inputs (``EpochCoordinator.to_recompute``).
+    """
+
     START = "START"                # no epoch yet: begin at the first barrier the job may process
     NEXT = "NEXT"                  # the last epoch is committed: begin the next one its pacing picks
     ROLL_FORWARD = "ROLL_FORWARD"  # precommitted: publish the staged snapshots, then commit
@@ -71,6 +59,9 @@ class RecoveryAction(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Recovery:
+    """What ``EpochCoordinator.recover`` found: the ``action`` to take, the last epoch's record and the last
+    committed epoch, and the Iceberg progress written back when ZooKeeper held no epoch of the job."""
+
     action: RecoveryAction
     epoch: Optional[EpochRecord]        # the last epoch's record (None for START)
     last_committed: Optional[int]
@@ -78,6 +69,32 @@ class Recovery:
 
 
 class EpochCoordinator:
+    """The epoch state machine of one job, run by its leader through the ``Leadership`` it holds: one per term,
+    ``recover`` first.
+
+        epochs = EpochCoordinator(leadership, sinks=["lake.db.word_counts"])
+        recovery = epochs.recover()                 # what to do with the last epoch after a failover
+        epochs.begin(T, EpochInputs(...))           # T = Pacing.choose(...).epoch, after epochs.last_committed
+        ... stage each sink, with summary tidemark.epoch=T ...
+        epochs.precommit(T, staged={"lake.db.word_counts": 42})
+        ... publish each staged snapshot (idempotent) ...
+        epochs.commit(T, published={"lake.db.word_counts": 42})
+
+        epochs.commit_idle(T, inputs)               # no source changed: COMMITTED in one multi
+
+    Znodes: ``/jobs/<job>/epochs/<T>`` (an ``EpochRecord`` each, in the states of ``EpochState``; only the newest
+    ``history`` are kept, older ones deleted in the multi of the next ``begin`` or ``commit_idle``) and each
+    sink's ``/tables/<sink>/tidemark``, advanced in the multi that commits an epoch. Records and tidemarks are stamped
+    on ZooKeeper's clock. ``grid`` says which times are barriers (default: ``Barriers.grid``, a read per epoch).
+
+    Failure behaviour: every write is a leader ``transact`` (the term and incarnation checks in the same multi),
+    so a replica that may not write now gets ``NotLeader`` (connection suspended) or ``Fenced`` (session lost,
+    term or registration moved on) and changes nothing. A step out of order raises ``EpochOrderError``. A write
+    whose reply was lost and that was applied all the same is recognised as applied by re-reading the epoch
+    znode; an epoch znode someone else changed raises ``CorruptState`` (call ``recover`` again). ``history``
+    below 2 is a ``ConfigurationError``.
+    """
+
     def __init__(self, leadership: Leadership, sinks: Iterable[str], history: int = 100,
                  grid: Optional[Callable[[], BarrierGrid]] = None) -> None:
         if history < 2:
@@ -99,7 +116,15 @@ class EpochCoordinator:
     def recover(self, resume: Optional[Callable[[], ResumePoint]] = None) -> Recovery:
         """Read the job's epochs and say what the new leader must do; call it once after acquiring leadership.
 
-        With no epoch in ZooKeeper, ``resume()`` (the sinks' Iceberg progress) is read and written back first.
+        With no epoch in ZooKeeper (a new chroot, an unregistered and re-registered job, a rebuilt ensemble),
+        ``resume()`` (the sinks' Iceberg progress) is read and written back first, in one leader multi: its
+        committed epoch as the job's COMMITTED epoch (with its input ranges, and the sinks' tidemarks at it) and
+        an epoch in flight as STARTED with its recorded inputs, so the job carries on exactly where its sinks say
+        it was.
+
+        :param resume: reads the sinks' ``ResumePoint`` (only called when ZooKeeper holds no epoch of the job).
+        :raises CorruptState: an epoch or tidemark znode cannot be decoded.
+        :raises Fenced: writing the resumed history back, this replica no longer holds its term.
         """
         p = self.tm.paths
         self._known = sorted(e for e in map(parse_epoch, self.tm.children(p.epochs(self.job))) if e is not None)
@@ -171,7 +196,14 @@ class EpochCoordinator:
     # -- transitions ----------------------------------------------------------------------------
 
     def begin(self, epoch: int, inputs: Optional[EpochInputs] = None) -> EpochRecord:
-        """Record epoch ``epoch``'s inputs (or reuse the recorded ones when recomputing)."""
+        """Record epoch ``epoch``'s inputs (or reuse the recorded ones when recomputing).
+
+        :param inputs: what the epoch reads (None: the recorded inputs of an epoch recomputed, else none).
+        :raises EpochOrderError: ``epoch`` is not a barrier of the grid after the last committed epoch, another
+            epoch is in flight, or ``inputs`` differ from the ones recorded for the epoch recomputed.
+        :raises NotLeader: the connection is suspended (``Leadership.transact``).
+        :raises Fenced: this replica no longer holds its term.
+        """
         redo, inputs = self._prepare(epoch, inputs)
         record = EpochRecord(epoch=epoch, state=EpochState.STARTED, term=self.leadership.leading_term,
                              inputs=inputs, updated_ms=self._now())
@@ -180,7 +212,12 @@ class EpochCoordinator:
 
     def commit_idle(self, epoch: int, inputs: Optional[EpochInputs] = None) -> EpochRecord:
         """Commit epoch ``epoch`` in which no sink changes (the caller established that its inputs did not
-        change): one multi, and every sink keeps its snapshot."""
+        change): one multi, and every sink keeps its snapshot.
+
+        :raises EpochOrderError: as ``begin``.
+        :raises NotLeader: the connection is suspended (``Leadership.transact``).
+        :raises Fenced: this replica no longer holds its term.
+        """
         redo, inputs = self._prepare(epoch, inputs)
         published = {t: self._marks[t].snapshot_id if t in self._marks else None for t in self.sinks}
         record = EpochRecord(epoch=epoch, state=EpochState.COMMITTED, term=self.leadership.leading_term,
@@ -232,7 +269,14 @@ class EpochCoordinator:
                                   "barriers are epochs")
 
     def precommit(self, epoch: int, staged: Mapping[str, Optional[int]]) -> EpochRecord:
-        """Record the staged snapshot of every sink (None: nothing to publish); from now on the epoch must commit."""
+        """Record the staged snapshot of every sink (None: nothing to publish); from now on the epoch must commit.
+
+        :param staged: the staged snapshot id of each of the job's sinks, every sink named.
+        :raises EpochOrderError: ``epoch`` is not the epoch in flight or not STARTED, or ``staged`` does not name
+            exactly the sinks.
+        :raises NotLeader: the connection is suspended (``Leadership.transact``).
+        :raises Fenced: this replica no longer holds its term.
+        """
         current = self._require(epoch, EpochState.STARTED, "precommit")
         self._require_sinks(staged, epoch, "precommit")
         record = replace(current, state=EpochState.PRECOMMITTED, term=self.leadership.leading_term, staged=dict(staged),
@@ -245,6 +289,11 @@ class EpochCoordinator:
 
         ``published`` is each sink's snapshot at epoch ``epoch`` (its newest snapshot with
         ``tidemark.epoch <= epoch``; None for a table that has none).
+
+        :raises EpochOrderError: ``epoch`` is not the epoch in flight or not PRECOMMITTED, or ``published`` does
+            not name exactly the sinks.
+        :raises NotLeader: the connection is suspended (``Leadership.transact``).
+        :raises Fenced: this replica no longer holds its term.
         """
         current = self._require(epoch, EpochState.PRECOMMITTED, "commit")
         self._require_sinks(published, epoch, "commit")
@@ -270,7 +319,13 @@ class EpochCoordinator:
         self._marks = marks
 
     def abort(self, epoch: int, reason: str = "") -> EpochRecord:
-        """Give up an epoch that was not precommitted: its staged snapshots will never be published."""
+        """Give up an epoch that was not precommitted: its staged snapshots will never be published.
+
+        :param reason: why, recorded as the epoch's ``abort_reason`` (empty: none).
+        :raises EpochOrderError: ``epoch`` is not the epoch in flight or not STARTED.
+        :raises NotLeader: the connection is suspended (``Leadership.transact``).
+        :raises Fenced: this replica no longer holds its term.
+        """
         current = self._require(epoch, EpochState.STARTED, "abort")
         record = replace(current, state=EpochState.ABORTED, abort_reason=reason or None, updated_ms=self._now())
         self._write([SetData(self.tm.paths.epoch(self.job, epoch), record.to_json(), self._version)], record)

@@ -6,39 +6,20 @@
     leadership.release()
 
 States: ``IDLE -> CONTENDING -> LEADING <-> SUSPENDED``, then ``LOST`` (session expired),
-``FENCED`` (the term moved on: a newer leader or an operator) or ``RELEASED``.
+``FENCED`` (the term moved on: a newer leader or an operator) or ``RELEASED`` (``LeaderState``).
 
-Contention uses kazoo's ``Lock`` recipe under ``/jobs/<job>/election``, a fresh contender
-for every ``acquire``. The winner bumps the job's term with a version-checked set and
-creates the ephemeral ``/leader`` in the same multi, which also checks that its contender
-node still exists: a winner whose session expired meanwhile (its node went with it) takes no
-term. Every later write of the leader goes through ``transact``, which carries two checks:
-the term znode's version (an operator's ``fence`` or a newer leader bumps it) and the
-existence of ``/jobs/<job>/incarnation-<id>``, the znode of the registration it was elected
-in. Unregistering deletes that znode and a new registration creates one with a fresh id, so
-a term znode re-created with a repeating version (after unregister and re-register, or a
-wiped chroot) can never satisfy an old leader's checks: a zombie, an old leader whose
-session expired while it was paused, can never change anything and gets ``Fenced``. Terms
-never go backwards: the new term is above both the term znode and ``term_floor``, which a
-writer reads from its sinks' Iceberg metadata (a re-registered job's term znode starts again
-at 0), and a leader claims its sinks in Iceberg for its term before it writes
-(``publish.claim_table``), so no commit of an older term lands there.
+Contention uses kazoo's ``Lock`` recipe under ``/jobs/<job>/election``. The winner takes the next
+term, and every later write of the leader goes through ``transact``, checked against the term
+znode's version and the registration it was elected in: a zombie, an old leader whose session
+expired while it was paused, can never change anything and gets ``Fenced``. Terms never go
+backwards: the new term is above both the term znode and ``term_floor``, which a writer reads
+from its sinks' Iceberg metadata (``Leadership``; ``docs/design.md``, "Monotonic fencing").
 
 Failure behaviour (Curator's rules): on SUSPENDED the leader stops committing at once
-(``transact`` raises ``NotLeader``) until the connection comes back with the same session;
-on LOST it is over (``Fenced``): release and contend again with a new ``Leadership``.
-The state listener only flips the state; it never blocks.
-
-A contender that gives up (its ``acquire`` timed out or failed) or steps down must leave no
-node behind: kazoo's recipe deletes it on a best-effort basis and swallows the error when the
-connection is SUSPENDED (kazoo #732), and a node left so by a session that survives blocks
-every later contender forever, this replica included. So every node a ``Leadership`` of this
-session gave up on is remembered for the session (``_ABANDONED``, this recipe's own state) until it
-is seen deleted, and every ``acquire`` first deletes those that are still there. Stepping down deletes
-the node itself, within the session's operation deadline (kazoo's ``release`` waits with none
-while the connection is down), and leaves it to the next ``acquire`` if that fails. kazoo's
-``acquire`` itself still waits while the connection is down, for as long as it is (the session
-logs each connection state change); its ``timeout`` bounds the wait for the lock otherwise.
+(``transact`` waits at most a session timeout, then raises ``NotLeader``) until the connection
+comes back with the same session; on LOST it is over (``Fenced``): release and contend again
+with a new ``Leadership``. The state listener only flips the state; it never blocks. A contender
+node left behind is deleted by the session's next ``acquire`` (``Leadership``).
 """
 from __future__ import annotations
 
@@ -69,6 +50,17 @@ from coordinator.zookeeper.session import ZooKeeperSession
 
 
 class LeaderState(str, enum.Enum):
+    """Where a ``Leadership`` stands: ``IDLE -> CONTENDING -> LEADING <-> SUSPENDED``, then ``LOST``, ``FENCED``
+    or ``RELEASED``.
+
+    ``IDLE``: not contending (new, or its last ``acquire`` failed). ``CONTENDING``: in ``acquire``, waiting for
+    the lock or taking the term. ``LEADING``: it holds the term and may write. ``SUSPENDED``: it leads, but the
+    connection dropped: nothing is written until the connection is back with the same session (``LEADING``
+    again) or the session expires. ``LOST``: the session expired while it contended or led; its leadership is
+    over. ``FENCED``: a write's check, or ``confirm``, found the term or the registration moved on (a newer
+    leader, an operator's fence, an unregistration). ``RELEASED``: it stepped down (``release``).
+    """
+
     IDLE = "IDLE"
     CONTENDING = "CONTENDING"
     LEADING = "LEADING"
@@ -83,7 +75,7 @@ class _Raced(Exception):
 
 
 # Per session, the election nodes a Leadership of it gave up on and has not seen deleted yet: it deletes them before
-# contending again (see the module docstring). Leaderships run on any thread, hence the lock.
+# contending again (see ``Leadership``). Leaderships run on any thread, hence the lock.
 _ABANDONED: weakref.WeakKeyDictionary[ZooKeeperSession, set[str]] = weakref.WeakKeyDictionary()
 _ABANDONED_LOCK = threading.Lock()
 
@@ -103,6 +95,36 @@ def leader_since_ms(tm: ZooKeeperSession, job: str) -> Optional[int]:
 
 
 class Leadership:
+    """One replica's contention for the leadership of ``job``, and the fencing term it won
+    (``Tidemark.leadership`` makes one); ``with leadership:`` acquires (no timeout) and releases.
+
+        leadership = tm.leadership("word_counts")
+        term = leadership.acquire(timeout=60, term_floor=t)   # NotLeader if not elected within 60 s; term > t
+        leadership.transact([SetData(path, data)])           # only while it still holds that term
+        leadership.release()
+
+    Znodes: contenders under ``/jobs/<job>/election`` (kazoo's ``Lock`` recipe, a fresh contender for every
+    ``acquire``), ``/jobs/<job>/term`` and the ephemeral ``/jobs/<job>/leader``. The winner sets the term to
+    ``max(term, term_floor) + 1`` with a version-checked set and creates ``/leader`` in the same multi, which
+    also checks that its contender node still exists (a winner whose session expired meanwhile, its node gone
+    with it, takes no term) and that ``/jobs/<job>/incarnation-<id>`` of the registration it read still does.
+    Every later write carries two checks (``fencing_checks``): the term znode's version, which an
+    operator's ``fence`` or a newer leader bumps, and the incarnation, which unregistering deletes.
+
+    States: ``state``, a ``LeaderState``, flipped by a session state listener that never blocks.
+
+    Failure behaviour: ``acquire`` raises ``JobNotFound``, ``NotLeader``, ``PermissionDenied`` or
+    ``ZooKeeperUnavailable`` (``ZooKeeperRebuilt`` for a session that can never come back). While the connection
+    is SUSPENDED nothing is written (``transact`` waits at most a session timeout, then raises ``NotLeader``);
+    once the session is LOST or a check fails, ``Fenced``: release and contend again with a new ``Leadership``.
+    A contender node given up on must not stay: kazoo's recipe deletes it best-effort and swallows the error
+    while the connection is SUSPENDED (kazoo #732), and a node left so by a session that survives blocks every
+    later contender, this replica included. So every node a ``Leadership`` of the session gave up on is
+    remembered for the session until it is seen deleted, and every ``acquire`` first deletes those still there.
+    ``release`` deletes its own node within the session's operation deadline (kazoo's ``release`` waits with none
+    while the connection is down), and leaves it to the next ``acquire`` if that fails.
+    """
+
     def __init__(self, tm: ZooKeeperSession, job: str) -> None:
         self.tm = tm
         self.job = validate_name(job, "job name")
@@ -117,7 +139,18 @@ class Leadership:
 
     def acquire(self, timeout: Optional[float] = None, term_floor: int = 0) -> int:
         """Block until this replica leads the job (or ``timeout`` passes: ``NotLeader``); returns the term,
-        which is above ``term_floor`` and every term this registration handed out."""
+        which is above ``term_floor`` and every term this registration handed out.
+
+        :param timeout: seconds to wait for the lock (None: no limit); kazoo's ``acquire`` also waits while the
+            connection is down, for as long as it is (the session logs each connection state change).
+        :param term_floor: a term the new one must exceed: the highest its sinks' Iceberg metadata records.
+        :raises JobNotFound: the job is not registered, or was unregistered while this replica contended.
+        :raises NotLeader: not elected within ``timeout``, or the session expired or the job was unregistered
+            (perhaps registered again) before this replica took the term.
+        :raises PermissionDenied: the job's znodes are another job identity's.
+        :raises ZooKeeperUnavailable: kazoo's lock recipe gave up (``ZooKeeperRebuilt``: the session never comes
+            back), or taking the term kept racing for ``operation_timeout``.
+        """
         found = self.tm.read(self.tm.paths.job(self.job), JobRecord)
         if found is None:
             raise JobNotFound(f"job {self.job!r} is not registered: register_job() it first")
@@ -150,7 +183,11 @@ class Leadership:
             retrying = Retrying(stop=stop_after_delay(self.tm.operation_timeout), reraise=True,
                                 wait=wait_random_exponential(0.01, 0.2), retry=retry_if_exception_type(_Raced),
                                 before_sleep=self.tm.count_retries("leader_election"))
-            return retrying(lambda: self._take_term(term_floor))
+            try:
+                return retrying(lambda: self._take_term(term_floor))
+            except _Raced:
+                raise ZooKeeperUnavailable(f"job {self.job!r}: taking its term kept racing with other writers of its "
+                                           f"term for {self.tm.operation_timeout:g}s; try again") from None
         except BaseException:
             self._give_up_lock()
             raise
@@ -217,6 +254,7 @@ class Leadership:
 
     @property
     def is_leading(self) -> bool:
+        """Whether this replica leads right now (``LEADING``), as its state says: no ZooKeeper request."""
         return self.state == LeaderState.LEADING
 
     def ensure_leading(self) -> None:
@@ -266,13 +304,21 @@ class Leadership:
         return [Check(self.tm.paths.incarnation(self.job, self._incarnation), -1)]
 
     def fencing_checks(self) -> list[Op]:
-        """The checks every write of this leader carries: its term is current, in the registration it won."""
+        """The checks every write of this leader carries: its term is current, in the registration it won.
+
+        :raises NotLeader: this replica holds no term.
+        """
         if self._term_version is None:
             raise NotLeader(f"job {self.job!r}: this replica holds no term; acquire() first")
         return [*self._incarnation_check(), Check(self.tm.paths.term(self.job), self._term_version)]
 
     def transact(self, ops: Sequence[Op]) -> list[Any]:
-        """Apply ``ops`` atomically, only if this replica still holds the job's term."""
+        """Apply ``ops`` atomically, only if this replica still holds the job's term.
+
+        :raises NotLeader: this replica does not lead, or the connection stayed SUSPENDED for a session timeout.
+        :raises Fenced: the session expired, or the term or the registration moved on (state ``FENCED``).
+        :raises MultiFailed: one of ``ops`` failed (the fencing checks passed): nothing was applied.
+        """
         self.ensure_leading()
         try:
             return self.tm.multi([*self.fencing_checks(), *ops])

@@ -210,7 +210,12 @@ def check_table_identities(tm: ZooKeeperSession, tables: Mapping[str, str], cata
 
 
 def fence_job(tm: ZooKeeperSession, name: str, by: str = "operator") -> int:
-    """Bump the job's term so its current leader can no longer precommit or commit; returns the new term."""
+    """Bump the job's term so its current leader can no longer precommit or commit; returns the new term.
+
+    :param by: who fenced it, recorded in the term znode (``fenced_by``) and named to the fenced leader.
+    :raises JobNotFound: the job is not registered.
+    :raises ZooKeeperUnavailable: the term kept moving (leader elections) until the session's deadline.
+    """
     validate_name(name, "job name")
 
     def attempt() -> int:
@@ -239,6 +244,7 @@ class UnregisterPlan:
 
     @property
     def sinks(self) -> tuple[str, ...]:
+        """The job's sink tables, as registered."""
         return tuple(self.record.sinks)
 
     def describe(self) -> str:
@@ -252,7 +258,13 @@ class UnregisterPlan:
 
 
 def plan_unregister(tm: ZooKeeperSession, name: str, catalog: Optional[CatalogSettings] = None) -> UnregisterPlan:
-    """Check that ``name`` may be unregistered (registered, no live leader) and read its Iceberg resume point."""
+    """Check that ``name`` may be unregistered (registered, no live leader) and read its Iceberg resume point.
+
+    :param catalog: the catalog of the sinks (None: ``CatalogSettings.from_env()``); a plan whose sinks cannot be
+        read says why in ``unreadable``.
+    :raises JobNotFound: the job is not registered.
+    :raises RegistrationError: the job has a live, unfenced leader.
+    """
     from coordinator.iceberg.progress import resume_point
     validate_name(name, "job name")
     record = read_topology(tm).jobs.get(name)
@@ -333,6 +345,10 @@ def unregister_job(tm: ZooKeeperSession, name: str, *, confirm: bool = False,
     will resume from, read from the sinks' Iceberg metadata) is raised. Confirmed, it first
     claims the sinks in Iceberg for a term above the job's current one, so no leader of this
     registration can commit to them any more and the next registration's terms start above it.
+
+    :raises JobNotFound: the job is not registered.
+    :raises PermissionDenied: this session's identity may not delete the job's znodes (checked before anything
+        changes, Iceberg included).
     """
     # The term first: the plan, the fence and the deletes all go by it, and a leader elected after this
     # read changes it, which makes the deletes refuse (its commits would otherwise go unrecorded).

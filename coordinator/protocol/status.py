@@ -7,60 +7,18 @@
     job.cadence_ms           # its own cadence (``every``; the grid interval when it has none)
     job.effective_cadence_ms, job.cadence_from   # the cadence it follows, and the slower upstream job setting it
     job.waiting_for          # managed sources holding no epoch after its committed epoch, with their writers' state
-    job.stale                # the job is what holds consistent reads back (see below)
+    job.stale                # the job is what holds consistent reads back (``read_status`` says when)
 
-Read with at most two pipelined batches whatever the number of jobs: the topology (cached
-while ``/topology`` is unchanged), one ``get_many`` of every job's term, leader and pacing
-(``/jobs/<job>/pacing``), every table's tidemark and ``/barriers`` (the grid); then the
-finished, paused and retired markers of the jobs with no live leader, if there are any. Beside
-a laggard whose epoch the other tables' lists no longer reach, the epoch records there are read
-too: one more batch for the deployment's consistent epoch, and one for the live one.
-
-What each job may do next is the writers' own rule, asked of ``pacing.py``: ``Pacing.choose``
-(with the job's recorded pacing, its sources' tidemarks and the wall clock of the read) says
-which epoch it could take now or why there is none, and ``effective_cadences`` which cadence
-it follows. A job with no recorded pacing (its leader has not run this release yet) counts
-as a job taking every grid point.
-
-A job's **state**: ``leading`` (a live, unfenced leader), ``retired`` or ``paused`` (no live
-leader, and an operator said so: ``coordinator.protocol.rest``; a pause past its end no longer
-counts), ``finished`` (no live leader and ``/jobs/<job>/finished``: its last leader ended a
-bounded or batch run), ``fenced`` (its leader's term is older than the job's) or ``no leader``.
-Finished, paused and retired jobs are **at rest**: nobody runs them now, on purpose. Every other
-job is **live**: its tables are the ones read and written now (a stale job is live: it should
-run).
-
-A job **waits for** the managed sources that hold no epoch after its committed epoch
-(``Choice.behind``): its next epoch must be one every managed source holds. Each is shown
-with its writer's state.
-
-A job is **stale** when it, rather than something upstream of it, holds the consistent
-epoch back: it has no live leader and is not at rest, or it has a live leader
-but lags the wall clock by more than ``stale_intervals`` of its *effective* cadence (plus
-``STALE_SLACK_MS`` of processing and the largest grace of it and its upstream jobs) while
-nothing upstream explains the lag. Upstream explains it when a managed source holds no
-epoch after the job's committed epoch, when its sources hold no common epoch on its
-cadence yet, or when a source committed its first epoch after the job's only lately (less
-than that threshold ago: the job is catching up after its upstream did). Such a job is
-shown waiting (with the reason), not stale: the job it waits for is the one flagged. A
-job at rest is never stale. An hourly job lagging 40 minutes is on time, and so is a job
-downstream of it. A stale job whose live leader has committed nothing since it took over (its
-leader znode's creation) says so: the znode is live, the leader is stuck.
-
-The **consistent epoch** of the deployment is the newest epoch every managed table holds
-(``coordinator.protocol.held_epochs``, the rule readers resolve by, from ZooKeeper: the
-tidemarks' lists, and the epoch records when a laggard's epoch is older than the others' lists
-reach; None when they share none, or a table has committed nothing): what a reader of every
-table gets, the epoch ``tidemark resolve`` names for them. The **live consistent epoch** is
-the same over the tables live jobs read and write (their sinks and managed sources), None when
-no job is live; its lag is the deployment's freshness, what the exporter's
-``tidemark_consistent_lag_seconds`` and the alerts are about (Materialize scopes its global lag
-to what is maintained now the same way). A job at rest keeps its tables readable at their last
-epoch, and their own lag (``tidemark_table_lag_seconds``) keeps growing, which is the truth; it
-holds the live consistent epoch back only through a live job that reads its tables (that job
-waits for it, and is shown waiting). A job's own consistent epoch is the newest epoch its sinks
-and managed sources all list in their tidemarks (``held_epochs.newest_common_epoch``), the
-consistent version of the tables it reads and writes as its driver exports it.
+``read_status`` reads it, for ``tidemark status`` and the exporter alike, and asks the writers' own rules
+(``pacing.py``: ``Pacing.choose``, ``effective_cadences``) and the readers' (``held_epochs``), never a copy.
+A job's **state** is ``leading`` or, with no live leader, ``retired``, ``paused`` (an operator said so:
+``coordinator.protocol.rest``), ``finished`` (its last leader ended a bounded or batch run), ``fenced`` (its
+leader's term is older than the job's) or ``no leader``. Finished, paused and retired jobs are **at rest**:
+nobody runs them now, on purpose; every other job is **live**. A job **waits for** the managed sources that
+hold no epoch after its committed epoch (``Choice.behind``), and is **stale** when it, rather than something
+upstream of it, holds the consistent epoch back. The **consistent epoch** is the newest epoch every managed
+table holds; the **live consistent epoch**, the same over the tables live jobs read and write, is the
+deployment's freshness (``Status``). ``docs/design.md``, "Observability", says why.
 """
 from __future__ import annotations
 
@@ -121,9 +79,11 @@ class Blocker:
 
     @property
     def writer_live(self) -> bool:
+        """Whether the source's writer job has a live, unfenced leader."""
         return self.writer_state == LEADING
 
     def describe(self) -> str:
+        """One line for operators: the source, its epoch, its writer job and why that job is or is not running."""
         at = "no committed epoch yet" if self.epoch is None else f"at {fmt_time(self.epoch)}"
         if self.writer_state == LEADING:
             who = "which has a live leader"
@@ -139,12 +99,17 @@ class Blocker:
         return f"waiting for {self.table} ({at}), written by job {self.writer}, {who}"
 
     def to_dict(self) -> dict[str, Any]:
+        """The blocker as JSON values (``tidemark status --json``)."""
         return {"table": self.table, "epoch": self.epoch, "writer": self.writer, "writer_state": self.writer_state,
                 "writer_live": self.writer_live, "writer_finished_epoch": self.writer_finished_epoch}
 
 
 @dataclass(frozen=True)
 class JobStatus:
+    """One job as ``read_status`` found it: its tables, leader and term, the marks of a job at rest, its sinks'
+    tidemarks, cadences and lag, what it waits for, and whether it is stale (a stale job is live: it should run).
+    """
+
     name: str
     sources: tuple[str, ...]
     sinks: tuple[str, ...]
@@ -172,6 +137,7 @@ class JobStatus:
 
     @property
     def committed_epoch(self) -> Optional[int]:
+        """The epoch committed in every sink: the lowest sink tidemark (None while a sink has none)."""
         return _minimum(self.tidemarks.values())
 
     @property
@@ -203,6 +169,7 @@ class JobStatus:
 
     @property
     def lag_seconds(self) -> Optional[float]:
+        """``lag_ms`` in seconds (None: nothing committed yet)."""
         return _seconds(self.lag_ms)
 
     def describe_cadence(self) -> str:
@@ -217,6 +184,7 @@ class JobStatus:
         return [b.describe() for b in self.waiting_for] + ([self.waiting] if self.waiting else [])
 
     def to_dict(self) -> dict[str, Any]:
+        """The job's status as JSON values, derived ones (``state``, ``reasons``, ...) included."""
         return {
             "name": self.name, "sources": list(self.sources), "sinks": list(self.sinks), "term": self.term,
             "leader": self.leader.to_dict() if self.leader else None, "leader_state": self.leader_state,
@@ -237,6 +205,15 @@ class JobStatus:
 
 @dataclass(frozen=True)
 class Status:
+    """One read of the whole deployment (``read_status``): the topology, every job's ``JobStatus``, the grid, the
+    consistent epochs, and the wall clock ``read_ms`` the lags are measured against.
+
+    ``consistent_epoch`` is the newest epoch every managed table holds, by the rule readers resolve by
+    (``coordinator.protocol.held_epochs``): what a reader of every table gets, the epoch ``tidemark resolve``
+    names for them; None when they share none, or a table has committed nothing. ``live_consistent_epoch`` is the
+    same over the tables live jobs read and write (their sinks and managed sources), None when no job is live.
+    """
+
     topology: Topology
     jobs: tuple[JobStatus, ...]
     grid: Optional[BarrierGrid]
@@ -246,6 +223,10 @@ class Status:
     live_consistent_epoch: Optional[int] = None    # the same over the tables of live jobs (None: no job is live)
 
     def job(self, name: str) -> JobStatus:
+        """The status of job ``name``.
+
+        :raises JobNotFound: no job of that name was registered at the read.
+        """
         for job in self.jobs:
             if job.name == name:
                 return job
@@ -253,6 +234,7 @@ class Status:
 
     @property
     def consistent_lag_ms(self) -> Optional[int]:
+        """Wall clock at the read minus the consistent epoch (None: there is none)."""
         epoch = self.consistent_epoch
         return None if epoch is None else max(0, self.read_ms - epoch)
 
@@ -263,6 +245,7 @@ class Status:
         return None if epoch is None else max(0, self.read_ms - epoch)
 
     def to_dict(self) -> dict[str, Any]:
+        """The whole status as JSON values (``tidemark status --json``)."""
         return {
             "topology_version": self.topology.version,
             "read_ms": self.read_ms,
@@ -281,7 +264,29 @@ class Status:
 def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS,
                 clock: Callable[[], int] = now_ms) -> Status:
     """The status as of ``clock()`` (milliseconds since the Unix epoch; tests that simulate idle time pass
-    their own)."""
+    their own).
+
+    Reads at most two pipelined batches whatever the number of jobs, beside the topology (cached while
+    ``/topology`` is unchanged): one ``get_many`` of every job's term, leader and pacing (``/jobs/<job>/pacing``),
+    every table's tidemark and ``/barriers``; then the finished, paused and retired markers of the jobs with no
+    live leader, if there are any (a pause past its end no longer counts). Beside a laggard whose epoch the other
+    tables' lists no longer reach, the epoch records there are read too: one more batch for the deployment's
+    consistent epoch, and one for the live one. A job with no recorded pacing (its leader has not run this
+    release yet) counts as a job taking every grid point.
+
+    A job is stale when it has no live leader and is not at rest, or has a live leader but lags the wall clock
+    by more than ``stale_intervals`` of its effective cadence (plus ``STALE_SLACK_MS`` of processing and the
+    largest grace of it and its upstream jobs) while nothing upstream explains the lag: a managed source holds no
+    epoch after its committed epoch, its sources hold no common epoch on its cadence yet, or a source committed
+    its first epoch after the job's only lately (less than that threshold ago: the job is catching up). Such a
+    job is shown waiting (with the reason), not stale: the job it waits for is the one flagged. A stale job whose
+    live leader has committed nothing since it took over (its leader znode's creation) says so: the leader is
+    stuck. A job at rest is never stale.
+
+    :param stale_intervals: how many of its effective cadences a live job may lag before it is stale.
+    :raises CorruptState: a znode read cannot be decoded.
+    :raises ZooKeeperUnavailable: ZooKeeper did not answer within the session's deadline.
+    """
     topo = read_topology(tm)
     names = sorted(topo.jobs)
     writers = topo.writers

@@ -39,6 +39,23 @@ def read_tidemarks(tm: ZooKeeperSession, tables: Iterable[str]) -> dict[str, Opt
 
 
 class TidemarkCache:
+    """Table tidemarks kept in memory by one data watch per table: one read per change, none per look.
+
+        cache = tm.tidemark_cache()
+        marks = cache.get(["lake.db.a", "lake.db.b"])     # read and watched at the first get, then from memory
+        cache.wait_for(["lake.db.a"], epoch=T, timeout=60)
+        cache.close()
+
+    Znodes: reads, never writes, the ``/tables/<table>/tidemark`` of each table asked for (a missing one is
+    watched for its creation, and is None meanwhile).
+
+    Failure behaviour: ``get`` raises ``ZooKeeperUnavailable`` when the tidemarks cannot be read before the
+    session's deadline and ``CorruptState`` for a tidemark that cannot be decoded; ``wait_for`` raises
+    ``TidemarkError`` after its timeout. kazoo drops every watch when the connection drops (SUSPENDED or LOST),
+    so the cache then forgets its values, and the next ``get`` reads and watches them again. ``cached`` answers
+    from memory only, whatever ZooKeeper's state.
+    """
+
     def __init__(self, tm: ZooKeeperSession) -> None:
         self.tm = tm
         self._values: dict[str, Optional[TableTidemark]] = {}
@@ -148,5 +165,6 @@ class TidemarkCache:
             self._changed.wait_for(lambda: self._generation != since, timeout=max(0.0, timeout))
 
     def close(self) -> None:
+        """Stop watching: a watch that fires after this is not set again, and state changes are no longer followed."""
         self._closed = True
         self.tm.remove_state_listener(self._on_state)

@@ -25,15 +25,36 @@ from coordinator.zookeeper.session import ZooKeeperSession
 
 @dataclass(frozen=True)
 class Topology:
+    """The job graph at one ``/topology`` version, immutable: every registered job's ``JobRecord`` (its sources
+    and sinks). Registration compares ``znode_version`` in its multi, so decisions made on it are never stale.
+
+        topo = read_topology(tm)                      # tm.topology()
+        topo.writer_of("lake.db.word_counts")          # "word_counts"
+        topo.upstream("count_histogram")              # {"word_counts"}
+        topo.find_cycle()                             # None, or ["a -[t1]->", "b -[t2]->", "a"]
+
+    Znodes: ``read_topology`` reads ``/topology`` (``version``, the ``TopologyVersion`` it holds, and
+    ``znode_version``, the znode's own version, -1 while it does not exist) and every ``/jobs/<job>``; nothing
+    here writes (``registry`` does).
+
+    Failure behaviour: a ``Topology`` makes no request and raises nothing. ``read_topology`` reads again while a
+    registration changes ``/topology`` under it, until the session's deadline, then raises
+    ``ZooKeeperUnavailable`` (as when ZooKeeper does not answer in time), and ``CorruptState`` for a job record it
+    cannot decode. It keeps the last topology read per session (only while the session lives) and reuses it
+    while ``/topology``'s version is unchanged.
+    """
+
     version: int
     znode_version: int
     jobs: Mapping[str, JobRecord] = field(default_factory=dict)
 
     @cached_property
     def writers(self) -> dict[str, str]:
+        """Each table a job writes, and that job (one table, one writer)."""
         return {table: name for name, job in self.jobs.items() for table in job.sinks}
 
     def writer_of(self, table: str) -> Optional[str]:
+        """The job that writes ``table`` (None: no registered job does)."""
         return self.writers.get(table)
 
     @property
@@ -91,14 +112,18 @@ class Topology:
         return self._reachable(job, downstream=False)
 
     def downstream(self, job: str) -> set[str]:
+        """Every job that reads ``job``'s output, directly or transitively."""
         return self._reachable(job, downstream=True)
 
     def with_job(self, name: str, record: JobRecord) -> Topology:
+        """This topology with job ``name`` registered as ``record`` (the same versions: what a registration
+        checks before it writes)."""
         jobs = dict(self.jobs)
         jobs[name] = record
         return Topology(self.version, self.znode_version, jobs)
 
     def without_job(self, name: str) -> Topology:
+        """This topology without job ``name`` (the same versions)."""
         return Topology(self.version, self.znode_version, {k: v for k, v in self.jobs.items() if k != name})
 
     def find_cycle(self) -> Optional[list[str]]:
@@ -136,6 +161,7 @@ class Topology:
         return None
 
     def to_dict(self) -> dict:
+        """The graph as JSON values: version, jobs, edges and root tables (``tidemark topology --json``)."""
         return {
             "version": self.version,
             "jobs": {n: {"sources": list(j.sources), "sinks": list(j.sinks)} for n, j in sorted(self.jobs.items())},
@@ -144,6 +170,7 @@ class Topology:
         }
 
     def to_dot(self) -> str:
+        """The graph in Graphviz's dot language: jobs as boxes, with their tables in and out."""
         lines = ["digraph tidemark {", "  rankdir=LR;"]
         for name, job in sorted(self.jobs.items()):
             lines.append(f'  "{name}" [shape=box];')
@@ -153,6 +180,7 @@ class Topology:
         return "\n".join(lines)
 
     def to_mermaid(self) -> str:
+        """The graph as a Mermaid flowchart: jobs as boxes, tables as cylinders."""
         ids: dict[str, str] = {}
 
         def node(name: str, job: bool) -> str:
@@ -166,6 +194,7 @@ class Topology:
         return "\n".join(lines)
 
     def to_text(self) -> str:
+        """The version and one line per job, ``name: sources  =>  sinks`` (``tidemark topology``)."""
         if not self.jobs:
             return f"topology v{self.version}: no jobs registered"
         lines = [f"topology v{self.version}: {len(self.jobs)} jobs"]

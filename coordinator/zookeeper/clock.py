@@ -33,6 +33,21 @@ DRIFT = 1e-4  # how fast this host's monotonic clock may drift from ZooKeeper's:
 
 
 class ServerClock:
+    """ZooKeeper's wall clock as the stamps on this session's writes show it, carried forward on the monotonic
+    clock from the best sample (``observe``); ``now_ms`` answers a time ZooKeeper's clock has certainly reached,
+    never stepping back.
+
+        clock = session.server_clock    # one per ZooKeeperSession, whose multis call observe()
+        clock.now_ms()                  # ZooKeeper's time less the estimate's uncertainty, in ms
+        clock.skew_ms()                 # this host's wall clock minus ZooKeeper's (None: no stamp yet)
+
+    Znodes: none of its own; it learns from the ``mtime`` stamps the session's multis return. Thread-safe.
+
+    Failure behaviour: nothing here raises or makes a request, and a session loss changes nothing (the best
+    sample is kept, its uncertainty growing by ``DRIFT`` of its age). With no stamp yet, ``now_ms`` is this
+    host's wall clock and ``skew_ms`` None.
+    """
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._best: Optional[tuple[float, float, int]] = None  # (half round trip s, monotonic midpoint, stamp ms)

@@ -10,37 +10,17 @@ Failure behaviour: every operation is retried through tenacity on connection los
 timeouts until ``operation_timeout`` passes, then raises ``ZooKeeperUnavailable``. The
 connection itself is re-established in the background for as long as the object is open
 (ZooKeeper sessions survive short outages that way); state changes are recorded by a
-listener that never blocks, and recipes (leadership) read them. The session counts its
-retries per operation and its connection state changes (``retry_counts``,
-``connection_changes``) for the driver's metrics.
-
-A rebuilt server: a ZooKeeper server whose data was deleted (or restored from an older copy) while
-this process was connected refuses the session for good, since it has seen newer transactions than
-the server's own ("Refusing session request ... as it has seen zxid ..."), and kazoo would retry
-forever. A helper thread of the session (never kazoo's) watches for it: once the connection has been
-down for half the session timeout (a short blip costs no probe), it connects a fresh, session-less
-client to the same servers (within ``PROBE_TIMEOUT_S``, again every second) and compares the zxid it
-sees, after a ``sync`` (so a follower answers with at least what the quorum committed), with the
-newest this session saw. A server that answers and is behind this session (on an ensemble, in as
-many probes in a row as it has servers, each starting at the next server, so that no single server
-answering from the past decides) ends it: kazoo is stopped (no more reconnection attempts) and every
-operation raises ``ZooKeeperRebuilt`` at once, saying to restart the process. So does a new session
-(after an expiry) on a server that went backwards (after a sync) or lost this session's tree. A
-server that does not answer is an outage: operations keep raising ``ZooKeeperUnavailable`` after
-their deadline. A server that answers the probe while this session is still reconnecting means kazoo's
-attempt is stuck (it waits for a handshake's answer for the whole session timeout, and a restarted server
-can take the connection and never answer): the helper shuts that attempt's socket down, and kazoo tries
-again at once, keeping the session. A process that is stopping calls ``stop_waiting()`` (the writer does on SIGTERM):
-while the connection is down, operations then fail at once instead of waiting out their deadline,
-and a probe under way gives up within ``PROBE_CANCEL_CHECK_S`` while it connects (a server that
-takes the connection and then does not answer holds it up to ``PROBE_TIMEOUT_S``).
+listener that never blocks, and recipes (leadership) read them. A server found behind this
+session (its data deleted or restored while this process was connected) ends the session:
+kazoo is stopped and every operation raises ``ZooKeeperRebuilt`` at once, saying to restart
+the process (``ZooKeeperSession._watch_connection`` says how it is found). A process that is
+stopping calls ``stop_waiting()``: while the connection is down, operations then fail at once.
 
 Logging: one line per connection state change (``coordinator.zookeeper.session``: a warning
 when the connection is suspended or the session lost, an info line when it is back), except
-during ``connect``'s first request. kazoo's
-own lines, one per reconnection attempt (``Connection dropped: ...``), go to the logger
-``coordinator.zookeeper.kazoo``, which passes only errors; lower its level to see them. Nothing
-here configures the root logger.
+during ``connect``'s first request. kazoo's own lines, one per reconnection attempt
+(``Connection dropped: ...``), go to the logger ``coordinator.zookeeper.kazoo``, which passes
+only errors; lower its level to see them. Nothing here configures the root logger.
 """
 from __future__ import annotations
 
@@ -124,7 +104,11 @@ __all__ = ["ZooKeeperSession"]
 
 
 class ZooKeeperSession:
-    """A ZooKeeper session plus the Tidemark znode layout under ``root``: what every recipe is given."""
+    """A ZooKeeper session plus the Tidemark znode layout under ``root``: what every recipe is given.
+
+    It counts its retries per operation and its connection state changes (``retry_counts``,
+    ``connection_changes``) for the driver's metrics.
+    """
 
     def __init__(self, client: KazooClient, *, root: str = "/tidemark", operation_timeout: float = 30.0,
                  session_timeout: float = 10.0, member: Optional[str] = None,
@@ -243,6 +227,9 @@ class ZooKeeperSession:
     # -- lifecycle and connection state --------------------------------------------------
 
     def close(self) -> None:
+        """End the session for good: kazoo stops, and the server deletes the session's ephemeral znodes (a leader
+        znode, election contenders, reader pins). Operations after this raise ``ZooKeeperUnavailable`` (or the
+        ``ZooKeeperRebuilt`` that ended the session)."""
         self._closing = True  # the LOST that stop() causes is no news
         self._wake.set()
         if self._ended is not None and threading.current_thread() is not self._watchdog:
@@ -271,6 +258,7 @@ class ZooKeeperSession:
 
     @property
     def connection_state(self) -> str:
+        """kazoo's state of the connection as the last change left it: ``CONNECTED``, ``SUSPENDED`` or ``LOST``."""
         return self._state
 
     def add_state_listener(self, listener: Callable[[str], None]) -> None:
@@ -279,6 +267,7 @@ class ZooKeeperSession:
             self._state_listeners.append(listener)
 
     def remove_state_listener(self, listener: Callable[[str], None]) -> None:
+        """Stop calling ``listener`` (a listener never added is ignored)."""
         with self._lock:
             if listener in self._state_listeners:
                 self._state_listeners.remove(listener)
@@ -305,8 +294,30 @@ class ZooKeeperSession:
                 log.exception("state listener %r failed", listener)
 
     def _watch_connection(self) -> None:
-        """The session's helper thread: end the session when the server is behind it (see the module's
-        docstring), or when the process is stopping with the connection down."""
+        """The session's helper thread: end the session when the server is behind it, or when the process is
+        stopping with the connection down.
+
+        A rebuilt server: a ZooKeeper server whose data was deleted (or restored from an older copy) while this
+        process was connected refuses the session for good, since it has seen newer transactions than the
+        server's own ("Refusing session request ... as it has seen zxid ..."), and kazoo would retry forever.
+        This thread (never kazoo's) watches for it: once the connection has been down for half the session
+        timeout (a short blip costs no probe), it connects a fresh, session-less client to the same servers
+        (within ``PROBE_TIMEOUT_S``, again every second) and compares the zxid it sees, after a ``sync`` (so a
+        follower answers with at least what the quorum committed), with the newest this session saw. A server
+        that answers and is behind this session (on an ensemble, in as many probes in a row as it has servers,
+        each starting at the next server, so that no single server answering from the past decides) ends it:
+        kazoo is stopped (no more reconnection attempts) and every operation raises ``ZooKeeperRebuilt`` at once,
+        saying to restart the process. So does a new session (after an expiry) on a server that went backwards
+        (after a sync) or lost this session's tree. A server that does not answer is an outage: operations keep
+        raising ``ZooKeeperUnavailable`` after their deadline. A server that answers the probe while this
+        session is still reconnecting means kazoo's attempt is stuck (it waits for a handshake's answer for the
+        whole session timeout, and a restarted server can take the connection and never answer): the thread
+        shuts that attempt's socket down, and kazoo tries again at once, keeping the session. A process that is
+        stopping calls ``stop_waiting()`` (the writer does on SIGTERM): while the connection is down, operations
+        then fail at once instead of waiting out their deadline, and a probe under way gives up within
+        ``PROBE_CANCEL_CHECK_S`` while it connects (a server that takes the connection and then does not answer
+        holds it up to ``PROBE_TIMEOUT_S``).
+        """
         next_probe = 0.0
         behind = 0  # consecutive probes that found the server behind this session
         while not self._closing and self._ended is None:
@@ -463,6 +474,8 @@ class ZooKeeperSession:
                 or (self._stopping and self._state != KazooState.CONNECTED))
 
     def denied(self, what: str) -> PermissionDenied:
+        """The ``PermissionDenied`` for ``what``, refused by a znode's ACL, saying which identity to use (returned,
+        for the caller to raise)."""
         hint = ("set TIDEMARK_ZK_USER and TIDEMARK_ZK_PASSWORD to the writer identity this tree is secured with"
                 if not self.credentials.is_writer else
                 "a job identity changes only its own job's znodes: run this as that job, or as the operator "
@@ -502,6 +515,7 @@ class ZooKeeperSession:
         return None if found is None else (record.from_json(found[0], path), found[1])
 
     def children(self, path: str) -> list[str]:
+        """The names of ``path``'s children ([] when it does not exist)."""
         try:
             return self.call(f"list {path}", self.client.get_children_async, path)
         except NoNodeError:
@@ -558,6 +572,11 @@ class ZooKeeperSession:
         self.owned_acl = self.credentials.owned_acl(entry)
 
     def ensure_path(self, path: str, data: bytes = b"", acl: Optional[list] = None) -> None:
+        """Create ``path`` (with its missing parents) holding ``data`` unless it exists; a concurrent creation is
+        fine.
+
+        :param acl: the ACL it gets (None: the session's default).
+        """
         # Look first: creating an existing znode under another user's ACL fails with NoAuth, not NodeExists.
         if self.call(f"exists {path}", self.client.exists_async, path) is not None:
             return

