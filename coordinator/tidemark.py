@@ -32,10 +32,27 @@ class Tidemark(ZooKeeperSession):
     """A ZooKeeper session plus the Tidemark recipes; see ``ZooKeeperSession.connect`` for the options."""
 
     def topology(self) -> Topology:
+        """The job graph: every registered job with its sources and sinks, read consistently (``read_topology``).
+
+        :raises CorruptState: a job's znode does not hold a job record.
+        :raises ZooKeeperUnavailable: ZooKeeper cannot be reached, or the topology kept changing while it was read,
+            until the session's deadline.
+        """
         return read_topology(self)
 
     def register_job(self, name: str, *, sources: Iterable[str], sinks: Iterable[str],
                      replace: bool = False) -> JobRecord:
+        """Register job ``name`` reading ``sources`` and writing ``sinks`` (``registry.register_job``); idempotent
+        for the same tables.
+
+        :param replace: change the tables of a job already registered with others.
+        :raises InvalidName: a job or table name that cannot be used.
+        :raises RegistrationError: no sink, or the job exists with other tables and ``replace`` is not set.
+        :raises WriterConflict: a sink has another writer job.
+        :raises CycleError: the job would close a cycle in the job graph.
+        :raises ZooKeeperUnavailable: ZooKeeper cannot be reached, or registration kept racing with others, until
+            the session's deadline.
+        """
         return register_job(self, name, sources=sources, sinks=sinks, replace=replace)
 
     def unregister_job(self, name: str, *, confirm: bool = False, catalog: Optional[CatalogSettings] = None,
@@ -45,6 +62,14 @@ class Tidemark(ZooKeeperSession):
         return unregister_job(self, name, confirm=confirm, catalog=catalog, allow_unfenced=allow_unfenced)
 
     def fence_job(self, name: str, by: str = "operator") -> int:
+        """Bump the job's term so its current leader can no longer precommit or commit; returns the new term.
+
+        :param by: who fenced it, recorded in the term znode and named to the fenced leader.
+        :raises InvalidName: ``by`` is not a string, or ``name`` is not a job name.
+        :raises JobNotFound: the job is not registered.
+        :raises ZooKeeperUnavailable: ZooKeeper cannot be reached, or the term kept moving (leader elections),
+            until the session's deadline.
+        """
         if not isinstance(by, str):
             raise InvalidName(f"who fenced the job (by=) must be a string, got {str(by)[:40]!r}")
         return fence_job(self, name, by=by)
@@ -65,16 +90,28 @@ class Tidemark(ZooKeeperSession):
         return resume_job(self, name)
 
     def leadership(self, job: str) -> Leadership:
+        """A new contention for the leadership of ``job`` (``Leadership``: nothing is asked until ``acquire``).
+
+        :raises InvalidName: ``job`` is not a job name.
+        """
         return Leadership(self, job)
 
     @property
     def barriers(self) -> Barriers:
+        """The barrier grid's recipe (``Barriers``), on this session."""
         return Barriers(self)
 
     def tidemarks(self, tables: Iterable[str]) -> dict[str, Optional[TableTidemark]]:
+        """Every table's tidemark, read now (None for a table with no tidemark: no registered job writes it).
+
+        :raises InvalidName: ``tables`` is not a list of valid, distinct table names.
+        :raises CorruptState: a tidemark znode cannot be decoded.
+        :raises ZooKeeperUnavailable: ZooKeeper cannot be reached before the session's deadline.
+        """
         return read_tidemarks(self, tables)
 
     def tidemark_cache(self) -> TidemarkCache:
+        """A new ``TidemarkCache`` on this session: tidemarks kept in memory by watches (``close`` it when done)."""
         return TidemarkCache(self)
 
     def status(self, stale_intervals: int = STALE_INTERVALS) -> Status:

@@ -54,6 +54,7 @@ class MavenArtifact:
 
     @property
     def coordinate(self) -> str:
+        """Its Maven coordinate, ``group:artifact:version`` (as ``spark.jars.packages`` lists it)."""
         return f"{self.group}:{self.artifact}:{self.version}"
 
     @property
@@ -108,6 +109,7 @@ class IcebergRuntime:
                 MavenArtifact(ICEBERG_GROUP, "iceberg-aws-bundle", self.iceberg_version))
 
     def coordinates(self) -> tuple[str, ...]:
+        """The Maven coordinates of ``artifacts()``, the runtime's first."""
         return tuple(a.coordinate for a in self.artifacts())
 
 
@@ -119,6 +121,8 @@ class SparkClasspath:
     packages: tuple[str, ...] = ()
 
     def spark_conf(self) -> dict[str, str]:
+        """The session settings: ``spark.jars.packages`` for coordinates, else the jars on the driver's and the
+        executors' own class path (``spark.driver.extraClassPath``, ``spark.executor.extraClassPath``)."""
         if self.packages:
             return {"spark.jars.packages": ",".join(self.packages)}
         # On the JVMs' own class path, not spark.jars: the class loader every JDBC DriverManager lookup sees.

@@ -94,6 +94,9 @@ def test_the_backing_catalog_down_is_a_503_saying_so_and_served_again_once_back(
         lake.open(tm)
         server = CatalogServer(ServedVersions(settings, lambda: Tidemark.connect(zk_connect, read_only=True)),
                                port=0).start()
+        # a second replica that makes no client of the catalog before it is down: making its first one fails then
+        fresh = CatalogServer(ServedVersions(settings, lambda: Tidemark.connect(zk_connect, read_only=True)),
+                              port=0).start()
         try:
             lake.root_epoch(lake.up, 1000)
             lake.copy_epoch(1000)
@@ -104,9 +107,13 @@ def test_the_backing_catalog_down_is_a_503_saying_so_and_served_again_once_back(
             status, error = load(server, lake.down, "during")
             assert (status, error["code"], error["type"]) == (503, 503, "ServiceUnavailableException")
             assert "the backing catalog" in error["message"] and "cannot be reached" in error["message"], error
+            status, error = load(fresh, lake.down, "a new client during")
+            assert (status, error["type"]) == (503, "ServiceUnavailableException"), error
             postgres.start()
             wait_for(lambda: load(server, lake.down, "after")[0] == 200, "the table served again", 60)
+            wait_for(lambda: load(fresh, lake.down, "after")[0] == 200, "the second replica serving again", 60)
         finally:
+            fresh.stop()
             server.stop()
             lake.close()
             tm.close()

@@ -1,4 +1,4 @@
-"""Reading a resolved version with pandas, polars, DuckDB, Spark SQL or Trino.
+"""Reading a resolved version with pandas, polars, DuckDB, Spark SQL or Trino (docs/reading.md).
 
     reader = VersionReader.resolve(["lake.db.orders", "lake.db.big_orders"], tm)   # newest consistent version
     big = reader.pandas("lake.db.big_orders", columns=["id"], row_filter="amount > 5000")   # or .polars, .arrow
@@ -8,26 +8,9 @@
     con = duckdb_iceberg_connection(reader.resolver)   # DuckDB's own Iceberg extension, from its PyPI package
     con.sql(duckdb_iceberg_sql(reader.resolver, reader.version)["lake.db.orders"])   # iceberg_scan by snapshot id
 
-Every DataFrame and view is a pyiceberg scan of one table at its snapshot of the version, by
-snapshot id: ``columns`` (pyiceberg's ``selected_fields``) and ``row_filter`` (a pyiceberg
-expression or its string form, ``"amount > 5000 and id < 10"``) are pushed into the scan, so
-Iceberg skips files by partition and column statistics and reads only the columns asked for.
-Delete files, schema evolution and the object store are pyiceberg's, so any table pyiceberg
-reads, these readers read. ``duckdb()`` registers the scans' Arrow tables as views on a DuckDB
-connection, one call for the whole version. The scans are read into memory then (DuckDB queries the
-Arrow tables without copying them): ``columns`` and ``row_filters`` keep that to what the queries need.
-
-DuckDB's own Iceberg extension reads a table by snapshot id (not by tag: duckdb-iceberg #1252), in DuckDB
-and lazily: ``duckdb_iceberg_sql`` gives an ``iceberg_scan`` of each table at its snapshot of the version,
-and ``duckdb_iceberg_connection`` a connection that runs them: the extensions loaded from the files of
-their PyPI packages (``pip install duckdb-extension-iceberg duckdb-extension-httpfs duckdb-extension-avro``,
-the release of the installed duckdb), so DuckDB downloads nothing, and an S3 secret made of the catalog's
-pyiceberg properties.
-
-Spark SQL and Trino read Iceberg by ref: ``version_sql`` names a table's tag ``tidemark-<T>``
-when the version is retained (every table holding data at ``T`` carries the tag, so
-``tidemark versions`` lists it and GC keeps it), else its snapshot id, which GC may expire once
-the version is no longer the newest (pin it with ``ReaderSession.pin`` for long reads).
+The parts: ``VersionReader`` (pyiceberg scans at the version's snapshot ids, as Arrow, pandas, polars or DuckDB
+views), ``version_sql`` (Spark SQL and Trino read Iceberg by ref: a tag or a snapshot id), and
+``duckdb_iceberg_sql`` with ``duckdb_iceberg_connection`` (DuckDB's own Iceberg extension, by snapshot id).
 
 pandas, polars and duckdb are the ``readers`` extra (``pip install '.[readers]'`` in a clone):
 each is imported when first used, and a missing one is a ``ConfigurationError`` naming the extra.
@@ -73,7 +56,14 @@ _EXTENSIONS_PIP = "pip install duckdb-extension-iceberg duckdb-extension-httpfs 
 
 @dataclass(frozen=True)
 class VersionReader:
-    """The tables of one resolved version (``Resolver.resolve`` or ``ReaderSession.resolve``), read by snapshot id."""
+    """The tables of one resolved version (``Resolver.resolve`` or ``ReaderSession.resolve``), read by snapshot id.
+
+    Every DataFrame and view is a pyiceberg scan of one table at its snapshot of the version: ``columns``
+    (pyiceberg's ``selected_fields``) and ``row_filter`` (a pyiceberg expression or its string form,
+    ``"amount > 5000 and id < 10"``) are pushed into the scan, so Iceberg skips files by partition and column
+    statistics and reads only the columns asked for. Delete files, schema evolution and the object store are
+    pyiceberg's, so any table pyiceberg reads, these readers read.
+    """
 
     resolver: Resolver
     version: ConsistentVersion
@@ -91,6 +81,7 @@ class VersionReader:
 
     @property
     def tables(self) -> list[str]:
+        """The version's table names, sorted, as the version names them."""
         return sorted(self.version.snapshots)
 
     def scan(self, table: str, *, columns: Optional[Sequence[str]] = None,
@@ -130,7 +121,9 @@ class VersionReader:
                row_filters: Optional[Mapping[str, RowFilter]] = None) -> duckdb.DuckDBPyConnection:
         """Register every table of the version as a view named after its last identifier part (``lake.db.orders``:
         ``orders``) on ``connection`` (a new in-memory one by default) and return it. ``columns`` and
-        ``row_filters`` map table names to what to read of them."""
+        ``row_filters`` map table names to what to read of them. The scans are read into memory here (DuckDB
+        queries the Arrow tables without copying them): ``columns`` and ``row_filters`` keep that to what the
+        queries need."""
         duckdb_module = _optional("duckdb")
         chosen = {self._name(t): c for t, c in (columns or {}).items()}
         where = {self._name(t): f for t, f in (row_filters or {}).items()}
@@ -159,7 +152,9 @@ def version_sql(resolver: Resolver, version: ConsistentVersion, by_tag: bool = T
     """``{table: "SELECT * FROM <table> FOR VERSION AS OF <ref>"}`` for Spark SQL (3.3+) and Trino, the one place
     a version becomes SQL: the ref is the tag ``'tidemark-<T>'`` when the table carries it at its snapshot of the
     version (and ``by_tag``), else the snapshot id; a table empty at the version selects nothing. Table names start
-    with the catalog's name as Spark knows it (``CatalogSettings.name``, ``lake``)."""
+    with the catalog's name as Spark knows it (``CatalogSettings.name``, ``lake``). A snapshot that is not a
+    retained version may be expired by GC once newer versions exist: pin it (``ReaderSession.pin``) for long
+    reads."""
     tag = None if version.epoch is None or not by_tag else tag_name(version.epoch)
     statements = {}
     for table, snapshot_id in sorted(version.snapshots.items()):
@@ -175,7 +170,8 @@ def version_sql(resolver: Resolver, version: ConsistentVersion, by_tag: bool = T
 
 def duckdb_iceberg_sql(resolver: Resolver, version: ConsistentVersion) -> dict[str, str]:
     """``{table: "SELECT * FROM iceberg_scan('<metadata file>', snapshot_from_id => <id>)"}``: each table at its
-    snapshot of the version, for DuckDB's own Iceberg extension (a ``duckdb_iceberg_connection``); a table empty
+    snapshot of the version, for DuckDB's own Iceberg extension, which reads the tables itself as the query runs
+    (a ``duckdb_iceberg_connection``; by snapshot id: it cannot read tags, duckdb-iceberg #1252); a table empty
     at the version selects nothing, with its columns. The metadata file is the one ``resolver`` holds the table
     by (reloaded when it predates the snapshot). A snapshot that is not a retained version may be expired by GC
     once newer versions exist: pin it (``ReaderSession.pin``) for long reads."""
@@ -198,8 +194,9 @@ def duckdb_iceberg_connection(resolver: Resolver, connection: Optional[duckdb.Du
     """``connection`` (a new in-memory one by default, set never to install an extension by itself) with DuckDB's
     Avro, httpfs and Iceberg extensions loaded from their PyPI packages' files, and, when the catalog's pyiceberg
     properties name S3 settings, the S3 secret ``tidemark_<catalog name>`` made of them (replaced on each call):
-    what ``duckdb_iceberg_sql``'s queries need. A missing extension package is a ``ConfigurationError`` naming
-    the pip line."""
+    what ``duckdb_iceberg_sql``'s queries need. The extensions are the release of the installed duckdb, from
+    ``pip install duckdb-extension-iceberg duckdb-extension-httpfs duckdb-extension-avro``: DuckDB downloads
+    nothing. A missing extension package is a ``ConfigurationError`` naming the pip line."""
     duckdb_module = _optional("duckdb")
     con: duckdb.DuckDBPyConnection = (connection if connection is not None else
                                       duckdb_module.connect(config={"autoinstall_known_extensions": False}))

@@ -1,4 +1,5 @@
-"""The tiered retention policy: which consistent versions a deployment keeps.
+"""The tiered retention policy: which consistent versions a deployment keeps (docs/history.md; the reasoning
+in docs/design.md, "Retention and garbage collection").
 
     policy = RetentionPolicy.parse("all:1h,hourly:48h,daily:30d,weekly:52w,monthly:24mo,tags:hourly")
     kept = policy.keep(epochs, now_ms=clock())     # {epoch: tier that keeps it}
@@ -6,30 +7,17 @@
     policy.max_tags()                              # at most this many tags per table, whatever the cadence
     store_policy(tm, policy); read_policy(tm)      # one policy per deployment, in /versions
 
-A tier ``<every>:<for>`` keeps the **oldest** version of every ``<every>`` bucket for as long as
+A tier ``<every>:<for>`` (``Tier``) keeps the **oldest** version of every ``<every>`` bucket for as long as
 that version is at most ``<for>`` old. Buckets are fixed calendar intervals in UTC: ``all`` (every
 version), ``minutely``, ``hourly``, ``daily``, ``weekly`` (weeks start on Monday), ``monthly``,
 or any fixed length such as ``15m`` or ``6h``. ``<for>`` is a length: ``30s``, ``90m``, ``48h``,
 ``30d``, ``52w`` or ``24mo`` (a month is 30 days here, a year ``1y`` 365 days).
 
-Why the oldest of each bucket: the choice never changes once made (new versions only arrive
-later), and a version a coarser tier will keep is the oldest of its finer buckets too, so it is
-never dropped in between. Applying the policy again and again to what earlier runs left
-(``tidemark gc`` on a schedule) therefore keeps exactly the set one pass over the full history
-would keep, for any policy whose windows grow with its buckets (a coarser tier keeps for longer
-than a finer one, by more than a bucket), as the default does. Otherwise a version kept by a
-finer tier can stand in for its bucket's dropped oldest version in a coarser tier a little
-longer than the full history would keep it.
-
-**Which versions are tagged** (``tags:<every>``, default ``tags:hourly``). Every kept version has
-its record in ``/versions`` (readers by snapshot id, ``tidemark resolve --as-of T``, see them all);
-only those kept by a tier whose buckets are ``<every>`` or coarser, plus the newest consistent
-version, also get the Iceberg tag ``tidemark-<T>`` on every table (readers by tag, Spark SQL and
-Trino ``VERSION AS OF``, see those). A tag is a ref in the table's metadata, which every commit
-rewrites, so tagging the ``all`` tier would cost a ref per epoch: 1,800 per table per hour at 2 s
-barriers. With the default a table carries at most ``max_tags()`` = 160 (48 hourly, 30 daily, 52
-weekly, 24 monthly, each window's partial buckets included) plus the newest, however fine its
-cadence. ``tags:all`` tags every kept version (the cost above); ``tags:none`` tags only the newest.
+``tags:<every>`` (default ``tags:hourly``) says which kept versions also get the Iceberg tag ``tidemark-<T>``
+on every table: those kept by a tier whose buckets are ``<every>`` or coarser (``tags:all``: every tier;
+``tags:none``: none), plus the newest consistent version (GC adds it). A tag is a ref in the table's
+metadata, which every commit rewrites, so by default only the coarse tiers are tagged: a table then carries at
+most ``max_tags()`` = 160 tags plus the newest, however fine its cadence.
 """
 from __future__ import annotations
 
@@ -85,6 +73,7 @@ class Tier:
 
     @property
     def name(self) -> str:
+        """The tier's name: its ``every`` (``hourly``, ``15m``, ``all``)."""
         return self.every
 
     def bucket_of(self, epoch: int) -> Optional[int]:
@@ -132,6 +121,8 @@ class Tier:
         return kept
 
     def to_text(self) -> str:
+        """The tier as a policy spells it, ``<every>:<for>``: the length in the largest of ``w``, ``d``, ``h``,
+        ``m``, ``s`` that divides it (``hourly:48h`` reads ``hourly:2d``, ``monthly:24mo`` ``monthly:720d``)."""
         return f"{self.every}:{_length_text(self.keep_for_ms)}"
 
 
@@ -193,10 +184,20 @@ class RetentionPolicy:
         return cls.parse(DEFAULT_POLICY)
 
     def to_text(self) -> str:
+        """The policy as ``parse`` reads it: its tiers' ``to_text`` and ``tags:<every>``, separated by commas."""
         return ",".join([*(t.to_text() for t in self.tiers), f"tags:{self.tags}"])
 
     def keep(self, epochs: Iterable[int], now_ms: int) -> dict[int, str]:
-        """``{epoch: name of the finest tier keeping it}`` for the versions the policy keeps at ``now_ms``."""
+        """``{epoch: name of the finest tier keeping it}`` for the versions the policy keeps at ``now_ms``.
+
+        Each tier keeps the oldest version of each bucket: that choice never changes once made (new versions only
+        arrive later), and a version a coarser tier keeps is the oldest of its finer buckets too, so it is never
+        dropped in between. Applied again and again to what earlier runs left (``tidemark gc`` on a schedule), it
+        therefore keeps exactly what one pass over the full history would, for any policy whose windows grow with
+        its buckets (a coarser tier keeps for longer than a finer one, by more than a bucket), as the default
+        does. Otherwise a version kept by a finer tier can stand in for its bucket's dropped oldest version in a
+        coarser tier a little longer than the full history would keep it.
+        """
         ordered = sorted(set(epochs))
         kept: dict[int, str] = {}
         for tier in self.tiers:

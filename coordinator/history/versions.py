@@ -104,9 +104,18 @@ class RetainedVersions:
         self.tm = tm
 
     def epochs(self) -> list[int]:
+        """The epochs of the retained versions, oldest first (the children of ``/versions``; [] without it).
+
+        :raises ZooKeeperUnavailable: ZooKeeper cannot be reached before the session's deadline.
+        """
         return sorted(int(c) for c in self.tm.children(self.tm.paths.versions) if c.isdigit())
 
     def get(self, epoch: int) -> Optional[VersionRecord]:
+        """The retained version at ``epoch``, or None when there is none.
+
+        :raises CorruptState: ``/versions/<epoch>`` does not hold a version record.
+        :raises ZooKeeperUnavailable: ZooKeeper cannot be reached before the session's deadline.
+        """
         found = self.tm.read(self.tm.paths.version(epoch), VersionRecord)
         return None if found is None else found[0]
 

@@ -213,6 +213,13 @@ class CatalogSettings:
                 **pyiceberg_variables(self.name, self.python_catalog_properties())}
 
     def spark_conf(self) -> dict[str, str]:
+        """The ``spark.sql.catalog.<name>.*`` settings that open this catalog in a Spark session: Iceberg's
+        ``SparkCatalog`` with its cache off (Spark must see refs Python moved); a SQL catalog as Iceberg's
+        ``JdbcCatalog`` on the same database, others with ``spark_properties`` or those derived from pyiceberg's.
+
+        :raises ConfigurationError: the SQLite database does not exist (and ``create_if_missing`` is not set), or
+            Spark's properties cannot be derived from a pyiceberg catalog of this type.
+        """
         prefix = f"spark.sql.catalog.{self.name}"
         kind, parts = _parse_uri(self.uri) if self.uri is not None else ("custom", {})
         if kind in ("custom", "rest"):
@@ -248,6 +255,12 @@ class CatalogSettings:
         return conf
 
     def python_catalog_properties(self) -> dict[str, str]:
+        """The properties pyiceberg's ``load_catalog`` opens this catalog with: ``python_properties``, and with a
+        URI its ``type``, ``uri`` (SQLite with a busy timeout, PostgreSQL with Tidemark's session settings) and
+        ``warehouse``.
+
+        :raises ConfigurationError: the SQLite database does not exist (and ``create_if_missing`` is not set).
+        """
         if self.uri is None:
             return dict(self.python_properties)
         kind, parts = _parse_uri(self.uri)

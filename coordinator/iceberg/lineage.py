@@ -1,6 +1,6 @@
 """A table's lineage of epochs in Iceberg: which snapshot of ``main`` holds which epoch, which epochs the table
 records, and whether its older history was expired. The resolver, garbage collection and recovery all read a
-table's epochs through it.
+table's epochs through it (docs/design.md, "Consistency levels").
 
     lineage = EpochLineage(table)            # main's snapshots, newest first, indexed once
     lineage.recorded_epochs()                # ((epoch, snapshot id), ...), oldest first: what Iceberg records
@@ -14,26 +14,8 @@ table's epochs through it.
     lineage.inputs_at(T)                     # the inputs epoch T records here (its snapshot's, or the marker's)
     lineage.summary()                        # what resolution keeps of it: no snapshot, no metadata
 
-**The epochs a table records** (what a reader with no ZooKeeper goes by): the ``tidemark.epoch``
-of every snapshot in ``main``'s lineage (an overwrite is a delete and an append snapshot of one
-epoch: the newer one holds it), plus the committed-epoch marker's epoch, held by the newest
-snapshot with a lower epoch (the marker is written for an epoch that published nothing in the
-table). A published snapshot belongs to a precommitted epoch, which always commits with exactly
-that snapshot (``snapshots.py``, "the one rule"), so it counts as committed. Idle epochs get a
-marker only once per marker period (``coordinator.job.commit``), so Iceberg records a subset of
-the epochs a table holds, and ZooKeeper's tidemark (``TableTidemark.recent``) lists more of the
-recent ones. An epoch whose snapshot is older than the expired history is not recorded any more:
-its state is unknown.
-
-**Expired history.** Expiry removes the oldest snapshots of ``main`` and leaves the parent id of
-the oldest one left pointing at a snapshot that is gone; only a table's very first snapshot has
-sequence number 1 (0 in format 1 tables), so either sign says the walk ends on a cut history.
-
-The rules that pick a snapshot from a walk (``newest_at_epoch`` and the others) are those of
-``snapshots.py``, which applies them to ``main`` for callers holding only a table; here they run
-over the lineage indexed once, so a reader with no ZooKeeper walks each table's history once per
-resolution (its committed epoch, whether Tidemark writes it, its first epoch and the epochs it
-records), not once per question.
+``EpochLineage`` applies the rules of ``snapshots.py`` to a lineage indexed once; ``LineageSummary`` is what a
+resolver keeps of it between resolutions.
 """
 from __future__ import annotations
 
@@ -76,7 +58,13 @@ class LineageSummary:
 
 
 class EpochLineage:
-    """One table's ``main`` lineage and the epochs it records, read from the table's metadata as loaded."""
+    """One table's ``main`` lineage and the epochs it records, read from the table's metadata as loaded.
+
+    The rules that pick a snapshot from a walk (``newest_at_epoch`` and the others) are those of ``snapshots.py``,
+    which applies them to ``main`` for callers holding only a table; here they run over the lineage indexed once,
+    so a reader with no ZooKeeper walks each table's history once per resolution (its committed epoch, whether
+    Tidemark writes it, its first epoch and the epochs it records), not once per question.
+    """
 
     def __init__(self, table: Table) -> None:
         self.table = table
@@ -94,7 +82,12 @@ class EpochLineage:
 
     @property
     def truncated(self) -> bool:
-        """True when ``main``'s older history was expired (its oldest snapshot is not the table's first)."""
+        """True when ``main``'s older history was expired (its oldest snapshot is not the table's first).
+
+        Expiry removes the oldest snapshots of ``main`` and leaves the parent id of the oldest one left pointing at
+        a snapshot that is gone; only a table's very first snapshot has sequence number 1 (0 in format 1 tables),
+        so either sign says the walk ends on a cut history.
+        """
         if not self.main:
             return False
         oldest = self.main[-1]
@@ -186,8 +179,19 @@ class EpochLineage:
     # -- the epochs it records ------------------------------------------------------------------
 
     def recorded_epochs(self, up_to: Optional[int] = None) -> tuple[tuple[int, Optional[int]], ...]:
-        """The epochs the table records in Iceberg (see the module docstring) with the snapshot holding each
-        (None: the table was empty then), oldest first; only those at or below ``up_to`` when given."""
+        """The epochs the table records in Iceberg with the snapshot holding each (None: the table was empty then),
+        oldest first; only those at or below ``up_to`` when given.
+
+        These are what a reader with no ZooKeeper goes by: the ``tidemark.epoch`` of every snapshot in ``main``'s
+        lineage (an overwrite is a delete and an append snapshot of one epoch: the newer one holds it), plus the
+        committed-epoch marker's epoch, held by the newest snapshot with a lower epoch (the marker is written for
+        an epoch that published nothing in the table). A published snapshot belongs to a precommitted epoch, which
+        always commits with exactly that snapshot (``snapshots.table_progress``), so it counts as committed. Idle
+        epochs get a marker only once per marker period (``coordinator.job.commit``), so Iceberg records a subset
+        of the epochs a table holds, and ZooKeeper's tidemark (``TableTidemark.recent``) lists more of the recent
+        ones. An epoch whose snapshot is older than the expired history is not recorded any more: its state is
+        unknown.
+        """
         return tuple((e, s) for e, s in sorted(self._held().items()) if up_to is None or e <= up_to)
 
     def _main_epochs(self) -> list[Optional[int]]:

@@ -1,6 +1,9 @@
-"""Epochs in Iceberg metadata: the record of progress a restart resumes from, with no ZooKeeper at hand.
+"""Epochs in Iceberg metadata: the record of progress a restart resumes from, with no ZooKeeper at hand
+(docs/design.md, "Iceberg is the record of progress").
 
-Format 1 (``tidemark.format = 1``). Every snapshot Tidemark stages carries in its summary::
+Format 1 (``tidemark.format = 1``). Every snapshot Tidemark stages carries in its summary (Spark's ``MERGE INTO``
+too, through Iceberg's ``CommitMetadata``; older snapshots may carry only ``wap.id = tidemark:<job>:<epoch>:<term>``,
+which gives the epoch and term but no inputs)::
 
     tidemark.format   1
     tidemark.job      the writer job
@@ -8,32 +11,17 @@ Format 1 (``tidemark.format = 1``). Every snapshot Tidemark stages carries in it
     tidemark.term     the writer's fencing term
     tidemark.inputs   {"sources":{"<table>":{"start":S,"end":E}},"batch_id":B}   (compact JSON: EpochInputs)
 
-Spark's ``MERGE INTO`` gets the same keys through Iceberg's ``CommitMetadata`` (older
-snapshots may carry only ``wap.id = tidemark:<job>:<epoch>:<term>``, which gives the epoch
-and term but no inputs). Table properties:
+Table properties: ``tidemark.writer`` (the job that claimed the table), ``tidemark.term`` (the highest term that
+claimed it: a publisher with a lower term is refused), ``tidemark.committed`` (the committed-epoch marker,
+``EpochProgress`` JSON, written after the ZooKeeper commit of an epoch that published nothing here),
+``tidemark.committed-epoch`` (the marker's epoch alone, kept for readers of the 0.1 layout) and
+``tidemark.first-epoch`` (the writer's first epoch: the table has no exact state before it).
 
-    tidemark.writer           the job that claimed the table
-    tidemark.term             the highest term that claimed it: a publisher with a lower term is refused
-    tidemark.committed        the committed-epoch marker, {"job","epoch","term","inputs"} (EpochProgress JSON),
-                              written after the ZooKeeper commit of an epoch that published nothing here
-    tidemark.committed-epoch  the marker's epoch alone (kept for readers of the 0.1 layout)
-    tidemark.first-epoch      the writer's first epoch: the table has no exact state before it
-
-**The one rule** (``table_progress``): a table's progress is the newer, by epoch, of (a) the
-newest snapshot in ``main``'s lineage that carries an epoch and (b) the committed-epoch
-marker. A published snapshot belongs to a precommitted epoch, which always commits with
-exactly that snapshot, so it counts as committed for that table. A job with several sinks
-is committed in Iceberg up to the *lowest* of its sinks' progress; a higher epoch found in
-some sink was precommitted and is recomputed from the inputs its snapshot records (see
-``progress.py``). pyiceberg's ``Summary`` is read with ``.get`` only (``in`` and ``dict()``
-misbehave on it).
-
-**Walking ``main``.** ``ancestors`` is the walk the rules take (from a snapshot through parent ids, over
-snapshots indexed by id once: pyiceberg's own lookup scans the whole list at every step), and
-``newest_at_epoch``/``newest_at_time``/``carrying_epoch`` are the rules that pick a snapshot
-from a walk. The functions below that take a table apply them to ``main``;
-``coordinator.iceberg.lineage.EpochLineage`` applies the same ones to a table's lineage indexed
-once, and adds what the table records and whether its history was expired.
+``table_progress`` is the one rule, a table's progress. ``ancestors`` is the walk of ``main`` the rules take (over
+snapshots indexed by id once: pyiceberg's own lookup scans the whole list at every step), and ``newest_at_epoch``,
+``newest_at_time`` and ``carrying_epoch`` pick a snapshot from a walk; the functions that take a table apply them
+to ``main``, ``lineage.EpochLineage`` to a lineage indexed once. pyiceberg's ``Summary`` is read with ``.get``
+only (``in`` and ``dict()`` misbehave on it).
 """
 from __future__ import annotations
 
@@ -156,7 +144,10 @@ def newest_snapshot_progress(table: Table) -> Optional[tuple[EpochProgress, Snap
 
 def table_progress(table: Table) -> Optional[EpochProgress]:
     """The one rule: the newer of ``main``'s newest epoch snapshot and the committed-epoch marker (on a tie, the
-    one that records inputs)."""
+    one that records inputs). A published snapshot belongs to a precommitted epoch, which always commits with
+    exactly that snapshot, so it counts as committed for that table. A job with several sinks is committed in
+    Iceberg up to the *lowest* of its sinks' progress; a higher epoch found in some sink was precommitted and is
+    recomputed from the inputs its snapshot records (``progress.py``)."""
     published = newest_snapshot_progress(table)
     candidates = [p for p in (published[0] if published else None, marker_progress(table)) if p is not None]
     if not candidates:

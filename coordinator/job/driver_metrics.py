@@ -1,4 +1,5 @@
-"""A driver's own Prometheus metrics: its epoch loop, leadership, ZooKeeper session, retries and lag.
+"""A driver's own Prometheus metrics: its epoch loop, leadership, ZooKeeper session, retries and lag
+(docs/monitoring.md lists every series with its labels and meaning).
 
     writer = EpochWriter(tm, "counts", sources=[...], sinks=[...], metrics_port=9465)
     writer.run(step)                   # serves http://0.0.0.0:9465/metrics and /healthz while it runs
@@ -11,35 +12,10 @@ while a writer's loop runs (a standby waiting for leadership included) and 503 o
 returned or its thread died.
 
 Every series carries the label ``tidemark_job`` (not ``job``, which Prometheus gives the
-scrape target). Base units: seconds, and epochs as Unix timestamps in seconds.
-
-- ``tidemark_driver_epoch_phase_duration_seconds{phase}``: a histogram per phase of the loop,
-  disjoint so the phases add up to the loop's time: ``wait`` (for the next epoch its pacing
-  allows, then reading the input snapshot ranges), ``compute`` (recording the inputs and
-  the epoch function, less its staged writes), ``stage`` (writing staged snapshots),
-  ``precommit``, ``publish`` (moving each sink's ``main``) and ``commit`` (the ZooKeeper
-  commit and the Iceberg committed-epoch marks; an idle epoch has only this phase).
-- counters ``tidemark_driver_epochs_{committed,idle,recomputed,rolled_forward}_total``,
-  ``tidemark_driver_fencings_total`` (leadership taken away: fenced, or session expired) and
-  ``tidemark_driver_leadership_changes_total{change=acquired|stepped_down}``;
-- ``tidemark_driver_retries_total{operation}`` and
-  ``tidemark_driver_zookeeper_connection_changes_total{state}``: the session's own counts;
-- gauges read at scrape time, from memory: ``tidemark_driver_leader``, ``tidemark_driver_term``,
-  ``tidemark_driver_zookeeper_connection_state{state}``,
-  ``tidemark_driver_clock_skew_seconds`` (this host's wall clock minus ZooKeeper's, once a write of
-  the session was stamped: ``coordinator.zookeeper.clock``), and while leading
-  ``tidemark_driver_committed_epoch_timestamp_seconds``, ``tidemark_driver_lag_seconds``
-  (local lag: ZooKeeper's clock, which the lags are measured on, minus the job's committed epoch),
-  ``tidemark_driver_consistent_epoch_timestamp_seconds`` and
-  ``tidemark_driver_consistent_lag_seconds`` (the pipeline's lag as this job sees it: ZooKeeper's
-  clock minus the newest epoch its managed sources and its sinks all hold, the consistent version of
-  the tables it reads and writes: the sources' tidemarks as the loop's own watches keep them, the
-  sinks' as this leader committed them, so the metric costs no ZooKeeper request at all and a
-  driver costs the same whatever the size of the deployment).
-
-Failure behaviour: instrumentation never raises into the epoch loop and a scrape never waits
-on ZooKeeper (the consistent epoch is read from the writer's memory);
-only ``serve`` raises, ``ConfigurationError``, for a port it cannot bind.
+scrape target). Base units: seconds, and epochs as Unix timestamps in seconds. ``DriverMetrics`` holds the
+histogram of the loop's phases (``PHASES``: disjoint, so they add up to the loop's time) and the counters the
+loop's hooks bump; ``_DriverState`` computes the gauges at scrape time from memory: leadership, term, the
+session's state, retries and clock skew, and while leading the committed and consistent epochs and their lags.
 """
 from __future__ import annotations
 
@@ -79,7 +55,14 @@ RETRIED_OPERATIONS = ("zookeeper", "barriers", "leader_election", "registration"
 
 
 class DriverMetrics:
-    """The metrics of one ``EpochWriter``, in a registry of its own (several writers may share a process)."""
+    """The metrics of one ``EpochWriter``, in a registry of its own (several writers may share a process).
+
+    Failure behaviour: instrumentation never raises into the epoch loop and a scrape never waits on ZooKeeper:
+    the consistent epoch is read from the writer's memory (its sources' tidemarks as the loop's own watches keep
+    them, its sinks' as this leader committed them), so the metrics cost no ZooKeeper request at all and a driver
+    costs the same whatever the size of the deployment. Only ``serve`` raises, ``ConfigurationError``, for a port
+    it cannot bind.
+    """
 
     def __init__(self, writer: EpochWriter, port: Optional[int] = None, address: Optional[str] = None) -> None:
         self.writer = writer
@@ -136,6 +119,8 @@ class DriverMetrics:
         return self._loop is not None and self._loop.is_alive()
 
     def loop_ended(self) -> None:
+        """Say the writer's loop returned: ``healthy`` is False from now on (until ``serve`` again), so ``/healthz``
+        answers 503 unless another writer sharing the port still runs."""
         self._loop = None
 
     def close(self) -> None:
@@ -162,6 +147,12 @@ class DriverMetrics:
             self._phases[name].observe(max(0.0, elapsed - nested))
 
     def epoch_committed(self, *, idle: bool = False, recomputed: bool = False, rolled_forward: bool = False) -> None:
+        """Count one epoch this replica committed, and of which kind it was.
+
+        :param idle: committed without computing (no source changed).
+        :param recomputed: recomputed from its recorded inputs (left started or aborted by a failure).
+        :param rolled_forward: a precommitted epoch this replica published and committed after taking over.
+        """
         self.committed.inc()
         for happened, counter in ((idle, self.idle), (recomputed, self.recomputed),
                                   (rolled_forward, self.rolled_forward)):
@@ -169,6 +160,7 @@ class DriverMetrics:
                 counter.inc()
 
     def became_leader(self) -> None:
+        """Count one leadership this replica acquired (``change="acquired"``)."""
         self.acquired.inc()
 
     def stepping_down(self, state: LeaderState) -> None:
@@ -237,10 +229,10 @@ class _DriverState(Collector):
         consistent = metrics.consistent_epoch()
         if consistent is not None:
             yield _gauge("tidemark_driver_consistent_epoch_timestamp_seconds",
-                         "Consistent epoch (minimum committed epoch over every table), as a Unix timestamp",
-                         job, consistent / 1000)
+                         "The job's consistent epoch (the newest its sinks and managed sources all hold), as a Unix "
+                         "timestamp", job, consistent / 1000)
             yield _gauge("tidemark_driver_consistent_lag_seconds",
-                         "Global lag: ZooKeeper's clock minus the consistent epoch", job,
+                         "The job's consistent lag: ZooKeeper's clock minus its consistent epoch", job,
                          max(0.0, now - consistent / 1000))
 
 

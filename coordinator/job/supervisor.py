@@ -57,6 +57,17 @@ class Supervisor:
         self.take_over, self.step_down, self.still_leading = take_over, step_down, still_leading
 
     def run(self, lead: Callable[[], None], exit_on_rebuilt: bool = False) -> None:
+        """Take over, ``lead()`` and step down, term after term, until ``lead()`` returns or ``stopping`` is set;
+        the module docstring says which errors end a term and which end the run.
+
+        :param lead: processes epochs for one term; returning ends the run.
+        :param exit_on_rebuilt: on ``ZooKeeperRebuilt``, exit the process with ``EXIT_ZOOKEEPER_REBUILT`` (a
+            ``SystemExit``) instead of raising.
+        :raises ZooKeeperRebuilt: the ZooKeeper server was rebuilt under the session (without ``exit_on_rebuilt``).
+        :raises NotLeader: not elected within the caller's leader timeout (``take_over``'s).
+        :raises Exception: the catalog stayed unreachable longer than ``CATALOG_OUTAGE_TIMEOUT_S``, or any other
+            error of ``take_over``, or of ``lead`` while this replica still leads, as raised.
+        """
         try:
             self._supervise(lead)
         except ZooKeeperRebuilt as exc:

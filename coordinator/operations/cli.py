@@ -1,15 +1,16 @@
-"""The ``tidemark`` command: status and operations.
+"""The ``tidemark`` command: status and operations (docs/operations.md; every option: docs/reference/cli.md).
 
     tidemark --version | --help | COMMAND --help     every option of every command is explained there
     tidemark zk start [--port P] [--data-dir D]     a local ZooKeeper server in the background (zk status, zk stop)
     tidemark lakehouse start [--data-dir D]         a local S3 endpoint and REST catalog (lakehouse env, status, stop)
+    tidemark init                                   create the tree's top-level znodes, secured for the identities
     tidemark status [--json]                        jobs, leaders, tidemarks, lag (s), cadence, what each job waits for
     tidemark topology [--format text|json|dot|mermaid]
     tidemark fence JOB [--yes] [--dry-run] | tidemark unregister JOB [--yes] [--dry-run] [--unfenced]
     tidemark pause JOB [--for 2h] [--reason R] | retire JOB [--reason R] | resume JOB   [--yes] [--dry-run]
     tidemark barriers [--json] [--set-interval MS --from T | --revert [--from T]] [--yes] [--dry-run]
                                                     the grid; per job its cadence and last epoch
-    tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--json | --format sql]
+    tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--no-zk] [--json | --format sql]
     tidemark gc [--yes] [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file clean-up
                 [--wait S] [--skip-if-running]      ... one run at a time: waits for another one (default 300 s)
                 [--orphans [--older-than 3d]]       ... and files no metadata references (listed; daily is enough)
@@ -17,21 +18,9 @@
     tidemark exporter [--port 9464] [--refresh S]   the topology-wide view for Prometheus, /metrics and /healthz
     tidemark serve [--host H] [--port 8181]         a read-only Iceberg REST catalog of consistent versions
 
-Errors print one line, ``tidemark: error: ...``, and exit with status 1; a malformed command
-line (a number out of range included) exits with status 2. Output into a closed pipe
-(``tidemark status | head -2``) ends the command quietly with status 141, as a SIGPIPE would.
-
-Commands that change shared state (``fence``, ``unregister``, ``barriers --set-interval/--revert``,
-``gc``, ``pause``, ``retire``, ``resume``) say what they would do and ask; without a terminal they
-need ``--yes``, and ``--dry-run`` only says it. Read commands print one JSON document with
-``--json``. Answers that find nothing say where they looked (ZooKeeper connect string, chroot,
-root; the catalog). Log lines (a connection lost and back) go to stderr as ``tidemark: ...``. No
-command creates a catalog: one that does not exist is an error naming the catalog looked for.
-
-ZooKeeper credentials come from the environment only (``TIDEMARK_ZK_USER``/``_PASSWORD``,
-``TIDEMARK_ZK_READER_USER``/``_PASSWORD``, ``TIDEMARK_ZK_JOB_USER``/``_PASSWORD``,
-``TIDEMARK_ZK_OPERATOR_USER``/``_PASSWORD``: a password on a command line is visible to every
-user of the machine); TLS from ``--tls-*`` options or ``TIDEMARK_ZK_TLS*`` variables.
+Errors print one line, ``tidemark: error: ...``, and exit with status 1 (2 for a malformed command line; output
+into a closed pipe ends quietly with 141). Commands that change shared state say what they would do and ask
+(without a terminal: ``--yes``; ``--dry-run`` only says it). ZooKeeper credentials come from the environment only.
 """
 from __future__ import annotations
 

@@ -8,50 +8,14 @@ drivers' metrics and pacing all ask it.
     held.held[table][epoch]                      # the table's snapshot there (None: it was empty)
 
 **The rule.** A set of managed tables has a consistent version at every epoch each of them holds
-(committed), and the consistent version is the newest such epoch (``coordinator.protocol.pacing``
-says why reads there are consistent). A table holds exactly the epochs its writer committed, not
-every barrier: a job coalesces.
+(committed), and the consistent version is the newest such epoch (docs/design.md, "Why reads stay
+consistent"). A table holds exactly the epochs its writer committed, not every barrier: a job coalesces.
 
-**Where a table's epochs are known**, each a subset of what it holds:
-
-1. its tidemark's list of recent epochs with their snapshots (``TableTidemark.recent``);
-2. its Iceberg records (``EpochLineage.recorded_epochs``): the epochs of ``main``'s snapshots, and
-   the committed-epoch marker, which an idle epoch gets once per marker period only;
-3. for the one epoch that matters most, found on demand (``Evidence``):
-   - its writer's epoch record (``/jobs/<writer>/epochs/<T>`` keeps the newest ``history``);
-   - what a job reading it records of that epoch: an epoch ``T`` of a job reads each managed source at
-     that source's snapshot at ``T`` and takes only epochs all its managed sources hold, so the
-     ``inputs.sources[table].end`` its epoch record, its snapshot or its marker of ``T`` records *is*
-     the table's snapshot at ``T``, at or after the table's first epoch (before it, the table had no
-     writer and was read by commit time, which holds no epoch).
-
-**Newest epochs read by others.** From Iceberg, a table's newest epoch understates the truth when its
-idle epochs since fell between marker rounds. A table of the set whose newest epoch records reading
-it (``Evidence.newest_inputs``, at hand in a resolver's summaries) shows it holds that epoch too, at
-the snapshot read: it is placed there, and its newest epoch raised to it, before anything else.
-
-**The laggard's epoch.** No consistent version can be newer than the lowest newest epoch among the
-tables, the laggard's ``L``. The lists above stop reaching ``L`` once the other jobs went on (a fast
-job's list and records hold its recent epochs; an idle epoch of it is in Iceberg only on a marker
-round), so ``consistent_epoch`` asks the evidence for ``L``, then for the next older epochs some
-table holds, newest first, at most ``PLACE_TRIES`` of them above the newest epoch already common:
-one pipelined ZooKeeper read for all of them, and at most one table metadata load per epoch tried
-and table that records it. A slow job downstream of a fast one records the fast table's snapshot at
-every epoch it takes, so across cadences ZooKeeper and Iceberg alone both find ``L``.
-
-**Root tables** (read by a job, written by none) hold no epochs: a job's epoch ``T`` reads one at the
-newest snapshot stamped at or before ``T``, once the clock has passed ``T`` by the job's grace. A commit
-that becomes visible later than that after its stamp (a slow producer's) is missed by the epoch that read
-``T`` (the job's next epoch reads it: each epoch reads from where the last ended), while a later read by
-commit time at ``T`` sees it. So in a consistent version at ``T`` a root table is at the snapshot the
-jobs of the set that read it recorded for ``T`` (``Evidence.root_reads``, then
-``EpochLineage.root_at``); by commit time only when none recorded it, or when the snapshot they read
-was expired since. When they disagree (such a commit landed between two jobs' reads), no root
-snapshot is consistent with both: a resolver cuts it by commit time, and GC keeps no version there.
-
-Failure behaviour: nothing here raises for a missing record (an epoch record GC'd meanwhile, a
-table's history expired): that evidence is absent and an older common epoch, or none, is the
-answer. ZooKeeper and catalog errors propagate from the callbacks and reads as the callers raise them.
+What is known of a table's epochs is each a subset of what it holds: its tidemark's list of recent epochs
+(``TableTidemark.recent``), its Iceberg records (``EpochLineage.recorded_epochs``), and, for the epoch that
+matters most, what ``Evidence`` finds on demand. ``HeldEpochs.consistent_epoch`` says how the laggard's epoch is
+looked for, ``Evidence.root_reads`` where a root table stands in a version (docs/design.md, "Consistency levels"
+and "A root table in a consistent version").
 """
 from __future__ import annotations
 
@@ -92,7 +56,14 @@ def newest_common_epoch(marks: Iterable[Optional[TableTidemark]]) -> Optional[in
 
 @dataclass
 class Evidence:
-    """Where to look for an epoch a table's lists do not reach (see the module docstring, 3.).
+    """Where to look for an epoch a table's lists do not reach, found on demand for the one epoch that matters most:
+
+    - its writer's epoch record (``/jobs/<writer>/epochs/<T>`` keeps the newest ``history``);
+    - what a job reading it records of that epoch: an epoch ``T`` of a job reads each managed source at that
+      source's snapshot at ``T`` and takes only epochs all its managed sources hold, so the
+      ``inputs.sources[table].end`` its epoch record, its snapshot or its marker of ``T`` records *is* the table's
+      snapshot at ``T``, at or after the table's first epoch (before it, the table had no writer and was read by
+      commit time, which holds no epoch).
 
     ``tm`` and ``writers`` (table -> writer job, read from the topology when not given): the epoch records;
     ``recorded``: a table's epochs in its Iceberg records; ``recorded_inputs``: the inputs a table's epoch records
@@ -132,10 +103,20 @@ class Evidence:
         return self.writers
 
     def root_reads(self, readers: Iterable[str], roots: Iterable[str], epoch: int) -> dict[str, Optional[RootRead]]:
-        """What the jobs writing ``readers`` read of each of ``roots`` at ``epoch`` (module docstring: root tables):
-        the snapshot, where those that recorded it agree; None where they disagree; a root none of them recorded is
-        not in the answer (cut it by commit time). Their epoch records first (one pipelined read), then each
-        reader's Iceberg records; with ZooKeeper, only the readers whose jobs read one of ``roots`` are asked."""
+        """What the jobs writing ``readers`` read of each of ``roots`` at ``epoch``: the snapshot, where those that
+        recorded it agree; None where they disagree; a root none of them recorded is not in the answer (cut it by
+        commit time). Their epoch records first (one pipelined read), then each reader's Iceberg records; with
+        ZooKeeper, only the readers whose jobs read one of ``roots`` are asked.
+
+        Root tables (read by a job, written by none) hold no epochs: a job's epoch ``T`` reads one at the newest
+        snapshot stamped at or before ``T``, once the clock has passed ``T`` by the job's grace. A commit that
+        becomes visible later than that after its stamp (a slow producer's) is missed by the epoch that read ``T``
+        (the job's next epoch reads it), while a later read by commit time at ``T`` sees it. So in a consistent
+        version at ``T`` a root table is at the snapshot the jobs of the set that read it recorded for ``T`` (this,
+        then ``EpochLineage.root_at``); by commit time only when none recorded it, or when the snapshot they read
+        was expired since. When they disagree, no root snapshot is consistent with both: a resolver cuts it by
+        commit time, and GC keeps no version there.
+        """
         readers, roots = sorted(readers), set(roots)
         if not readers or not roots:
             return {}
@@ -164,7 +145,17 @@ class Evidence:
 
 class HeldEpochs:
     """The epochs each table of a set of managed tables holds, with its snapshot at each (``held``), and each
-    table's newest epoch (``newest``; None: it has committed nothing), completed from ``evidence`` on demand."""
+    table's newest epoch (``newest``; None: it has committed nothing), completed from ``evidence`` on demand.
+
+    From Iceberg, a table's newest epoch understates the truth when its idle epochs since fell between marker
+    rounds: a table of the set whose newest epoch records reading it (``Evidence.newest_inputs``, at hand in a
+    resolver's summaries) shows it holds that epoch too, at the snapshot read, so it is placed there, and its
+    newest epoch raised to it, before anything else.
+
+    Failure behaviour: nothing here raises for a missing record (an epoch record GC'd meanwhile, a table's
+    history expired): that evidence is absent and an older common epoch, or none, is the answer. ZooKeeper and
+    catalog errors propagate from the callbacks and reads as the callers raise them.
+    """
 
     def __init__(self, held: Mapping[str, Mapping[int, Optional[int]]], newest: Mapping[str, Optional[int]],
                  evidence: Optional[Evidence] = None) -> None:
@@ -186,8 +177,17 @@ class HeldEpochs:
 
     def consistent_epoch(self) -> Optional[int]:
         """The newest epoch every table holds, after asking the evidence for the laggard's epoch and the next
-        older ones (module docstring); the epochs it finds are added to ``held``. None: they share none, or a
-        table has committed nothing."""
+        older ones; the epochs it finds are added to ``held``. None: they share none, or a table has committed
+        nothing.
+
+        No consistent version can be newer than the lowest newest epoch among the tables, the laggard's ``L``. The
+        lists stop reaching ``L`` once the other jobs went on (a fast job's list and records hold its recent
+        epochs; an idle epoch of it is in Iceberg only on a marker round), so this asks the evidence for ``L``,
+        then for the next older epochs some table holds, newest first, at most ``PLACE_TRIES`` of them above the
+        newest epoch already common: one pipelined ZooKeeper read for all of them, and at most one table metadata
+        load per epoch tried and table that records it. A slow job downstream of a fast one records the fast
+        table's snapshot at every epoch it takes, so across cadences ZooKeeper and Iceberg alone both find ``L``.
+        """
         if not self.held or any(e is None for e in self.newest.values()):
             return None
         self._place_newest_reads()

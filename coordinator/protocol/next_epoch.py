@@ -126,6 +126,8 @@ class NextEpoch:
         return None
 
     def close(self) -> None:
+        """Stop watching the sources' tidemarks, the grid and the topology (on step-down); their watches are not set
+        again."""
         for watched in (self.cache, self._grid_node, self._topology_node):
             watched.close()
 

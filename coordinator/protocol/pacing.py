@@ -1,56 +1,25 @@
 """Pacing: which barrier a job takes as its next epoch, and the cadence it keeps. The one rule, used by
-the writer, ``tidemark status`` and the exporter.
+the writer, ``tidemark status`` and the exporter; docs/design.md ("Pacing: which barriers a job takes") says
+why reads at those epochs are consistent, and where a new job starts.
 
     pacing = Pacing(every_ms=parse_every("1h"), grace_ms=1000)      # stored at /jobs/<job>/pacing
-    choice = pacing.choose(grid, after=last_committed, sources={table: tidemark, ...}, now=now_ms())
+    choice = pacing.choose(grid, after=last_committed, sources={table: tidemark, ...}, has_root_source=False,
+                           now=now_ms())
     choice.epoch         # the barrier to process next, or None (then choice.reason says why)
 
 **The invariant.** A job's epochs are a subset of the barriers that every one of its managed
 sources has committed (a root source, which no Tidemark job writes, is cut by commit time at
 any barrier). The next epoch is the *newest* such barrier after the job's last epoch that its
-cadence allows: one epoch covers every change since the previous one, so a job back from
-downtime, or a batch job over a streaming upstream, catches up in one epoch.
-
-- A job with no managed source (a *root job*) takes the newest grid point on its cadence that
-  the clock has passed by ``grace_ms`` (late root commits).
-- A job with managed sources takes the newest epoch that every managed source's tidemark
-  lists (``TableTidemark.recent``) on its cadence; with a root source too, no later than the
-  clock minus grace.
-- A new job's first epoch is after the wall-clock time it opened: a job downstream may have
-  read its sinks as root tables (by commit time) before it registered, at barriers up to
-  then, and a table must never hold at a barrier anything other than what was read from it.
-
-**Why reads stay consistent.** An epoch ``T`` of job ``J`` reads every managed source at its
-snapshot of epoch ``T`` (which holds exactly the inputs up to ``T``, by induction over the job
-graph) and every root source by commit time at ``T``; it writes each sink from exactly those,
-covering ``(previous epoch, T]``. So each sink's snapshot at ``T`` holds exactly the effects of
-the inputs up to ``T``. A set of tables therefore has a consistent version at every epoch that
-each of its managed tables committed (root tables cut by time), and the newest such epoch is
-the consistent version. A table that coalesced over ``T`` has no exact state at ``T``, and
-nothing ever reads it there: neither a downstream job (it takes only epochs its sources
-hold) nor a reader (it takes only epochs every table holds).
+cadence allows (``Pacing.choose``): one epoch covers every change since the previous one, so a job back from
+downtime, or a batch job over a streaming upstream, catches up in one epoch, and a slow job slows nobody.
 
 **Cadence.** ``every`` is a multiple of the grid interval, and a job's epochs are multiples of
 it, so an hourly job's epochs are barriers of every 5-second job as well and reads across
 cadences always have common versions. A job downstream of a slower-cadence job can only take
 that job's epochs: it follows the slower cadence (``effective_cadences``).
 
-**Catching up after downtime.** When a job and its upstream restart together, the upstream's
-first epoch covers the whole downtime, but until it commits, its tidemark still offers the
-barrier or two it had before the stop. A downstream job that took those first would then need a
-second epoch for the backlog. So a job behind the clock by more than ``CATCH_UP_BEHIND``
-cadences and ``CATCH_UP_TAKEOVERS`` session timeouts (a takeover alone costs about one), whose
-source writer is that far behind its own cadence too, waits (``worth_waiting``) for that
-writer's epoch in flight if it covers ``CATCH_UP_FACTOR`` times what is available, and, for its
-first ``CATCH_UP_NEW_LEADER_S`` as leader, for a writer that took over about when it did (or has
-no leader yet): that writer begins its catch-up epoch shortly, perhaps after recovering the epoch
-it had in flight. The waits for one epoch last at most ``CATCH_UP_WAIT_S``: the upstream may be
-down. A job that keeps up never checks (it is not behind), and a downstream of a slow job does not
-wait (a slow job's next epoch covers about as much as its last one did).
-
-**No backpressure.** Coalescing bounds what a slow job owes: its next epoch covers everything
-since its last, so nothing queues in front of the work, and its lag stays near one epoch's
-time plus the interval. A slow job therefore slows nobody, upstream or in another pipeline.
+**Catching up after downtime**: ``Pacing.catching_up`` and ``Pacing.worth_waiting`` (``catch_up.CatchUp``
+applies them).
 """
 from __future__ import annotations
 
@@ -140,6 +109,7 @@ class Pacing(JsonRecord):
                                      "every job on the grid can share")
 
     def on_cadence(self, grid: BarrierGrid, t: int) -> bool:
+        """Whether ``t`` is a barrier of ``grid`` that this job's cadence takes (a multiple of ``every_ms``)."""
         return grid.is_barrier(t) and (self.every_ms is None or t % self.every_ms == 0)
 
     def newest_by_clock(self, grid: BarrierGrid, now: int, until: Optional[int] = None) -> int:
@@ -171,7 +141,16 @@ class Pacing(JsonRecord):
 
     def catching_up(self, grid: BarrierGrid, available: int, now: int, session_timeout_ms: int = 0) -> bool:
         """Whether ``available`` is so far behind the clock that the job is catching up after downtime: more
-        than ``CATCH_UP_BEHIND`` cadences, and more than ``CATCH_UP_TAKEOVERS`` session timeouts."""
+        than ``CATCH_UP_BEHIND`` cadences, and more than ``CATCH_UP_TAKEOVERS`` session timeouts (a takeover
+        alone costs about one).
+
+        Why wait at all: when a job and its upstream restart together, the upstream's first epoch covers the
+        whole downtime, but until it commits, its tidemark still offers the barrier or two it had before the
+        stop; a downstream job that took those first would then need a second epoch for the backlog. A job that
+        keeps up never checks (it is not behind), and a downstream of a slow job does not wait (a slow job's next
+        epoch covers about as much as its last one did). Each wait for one epoch lasts at most
+        ``CATCH_UP_WAIT_S``: the upstream may be down.
+        """
         cadence = self.every_ms if self.every_ms is not None else grid.interval_at(now)
         behind = now - self.grace_ms - available
         return behind > max(CATCH_UP_BEHIND * cadence, CATCH_UP_TAKEOVERS * session_timeout_ms)

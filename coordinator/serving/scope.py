@@ -105,9 +105,11 @@ class Scope:
         return base if self.pin is None else f"{base}~{self.pin.kind.value}-{self.pin.epoch}"
 
     def with_pin(self, pin: Pin) -> Scope:
+        """This scope's group fixed at ``pin`` (``pinned_at_config`` cleared: how ``@pinned`` becomes a prefix)."""
         return Scope(self.group, self.namespace, pin)
 
     def describe(self) -> str:
+        """The scope for messages: ``namespace sales, exactly 1795834273000``, ``pipeline group, newest version``."""
         group = f"namespace {self.namespace}" if self.group == Group.NAMESPACE else f"{self.group.value} group"
         if self.pin is None:
             return f"{group}, newest version"

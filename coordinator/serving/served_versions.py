@@ -70,12 +70,14 @@ class Choice:
 
     @property
     def snapshot_id(self) -> Optional[int]:
+        """The table's snapshot in the version served (None: passed through, no version, or empty in it)."""
         if self.version is None or self.group is None:
             return None
         return self.version.snapshots.get(self.table)
 
     @property
     def passthrough(self) -> bool:
+        """True for a table that is not Tidemark's (no ``group``): served as the backing catalog has it."""
         return self.group is None
 
 
@@ -163,10 +165,14 @@ class ServedVersions:
 
     @property
     def zookeeper_connected(self) -> bool:
+        """Whether a live session is connected to ZooKeeper now (never waits; asking while there is none starts a
+        reconnection in the background)."""
         with self._lock:
             return self._live_session() is not None
 
     def close(self) -> None:
+        """Close the tidemark cache and the ZooKeeper session; a session a background reconnection opens later is
+        closed at once."""
         with self._lock:
             self._closed = True
             if self._cache is not None:

@@ -67,6 +67,7 @@ SERVED_TTL_S = 1.0  # a served version's answer is kept this long (its snapshots
 SERVED_KEPT = 10_000  # answers kept at most (all dropped beyond)
 LOAD_WAIT_S = 5.0  # a request waits this long at most for another's load of the same answer, then tries itself
 TLS_HANDSHAKE_S = 30.0
+CATALOG_WAIT_S = 60.0  # a request waits this long at most for a backing-catalog client another one is using
 CATALOG_POOL = 8  # backing-catalog clients kept for the request threads (each made on first need)
 NAMESPACE_SEPARATOR = "\x1f"
 READ_ENDPOINTS = [
@@ -93,6 +94,7 @@ class RestError(Exception):
         self.status, self.kind = status, kind
 
     def body(self) -> bytes:
+        """The answer's JSON body, ``{"error": {"message", "type", "code"}}``."""
         return json.dumps({"error": {"message": str(self), "type": self.kind, "code": self.status}}).encode()
 
 
@@ -111,6 +113,11 @@ class ServerAuth:
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> ServerAuth:
+        """The auth the variables configure (see the class docstring); none of them: anyone may read.
+
+        :param env: the variables to read (default ``os.environ``).
+        :raises ConfigurationError: only one of the client id and the client secret is set.
+        """
         env = os.environ if env is None else env
         tokens = tuple(t.strip() for t in env.get("TIDEMARK_SERVE_TOKENS", "").split(",") if t.strip())
         client_id, secret = env.get("TIDEMARK_SERVE_CLIENT_ID") or None, env.get("TIDEMARK_SERVE_CLIENT_SECRET") or None
@@ -121,6 +128,7 @@ class ServerAuth:
 
     @property
     def required(self) -> bool:
+        """Whether a request needs a bearer token: static tokens or client credentials are configured."""
         return bool(self.tokens or self.client_id)
 
     def issue(self, client_id: str, client_secret: str, now: Optional[float] = None) -> str:
@@ -133,6 +141,11 @@ class ServerAuth:
         return f"tm.{expires}.{self._signature(client_id, expires)}.{client_id}"
 
     def accepts(self, token: str, now: Optional[float] = None) -> bool:
+        """Whether ``token`` is one of the static ``tokens``, or a token ``issue`` signed with this client secret
+        that has not expired (``TOKEN_LIFETIME_S`` after it was issued).
+
+        :param now: the time to judge expiry by, in seconds since 1970 (default: now).
+        """
         if any(hmac.compare_digest(token, t) for t in self.tokens):
             return True
         parts = token.split(".", 3)
@@ -190,17 +203,22 @@ class CatalogServer:
 
     @property
     def url(self) -> str:
+        """Where engines point: ``http(s)://host:port`` as bound (the port chosen when it was given as 0)."""
         host, port = self.httpd.server_address[:2]
         return f"{self.scheme}://{host!s}:{port}"
 
     def start(self) -> CatalogServer:
+        """Serve in a background (daemon) thread, and return this server; ``stop`` ends it."""
         threading.Thread(target=self.httpd.serve_forever, name="tidemark-serve", daemon=True).start()
         return self
 
     def serve_forever(self) -> None:
+        """Serve in this thread until ``stop`` is called from another one."""
         self.httpd.serve_forever()
 
     def stop(self) -> None:
+        """Stop serving, close the listening socket, then ``served`` (its ZooKeeper session). Only while the server
+        serves (``start``, or ``serve_forever`` in another thread): otherwise it waits for ever."""
         self.httpd.shutdown()
         self.httpd.server_close()
         self.served.close()
@@ -208,6 +226,12 @@ class CatalogServer:
     # -- the backing catalog, shared by the request threads --------------------------------
 
     def catalog(self) -> _Lease:
+        """A backing-catalog client lent for a ``with`` block (``with server.catalog() as catalog:``). Up to
+        ``CATALOG_POOL`` clients are made, each when first needed. Beyond that, entering waits up to
+        ``CATALOG_WAIT_S`` for a client to be given back.
+
+        :raises RestError: 503 when a client cannot be made (the catalog unreachable or not configured) or none was
+            given back in time."""
         return _Lease(self)
 
     def _take(self) -> Catalog:
@@ -220,27 +244,58 @@ class CatalogServer:
             if make:
                 self._catalogs_made += 1
         if make:
-            return self.served.settings.load()
-        return self._catalogs.get(timeout=60)
+            try:
+                return self._backing(self.served.settings.load)  # a REST client asks its server at once
+            except BaseException:
+                with self._catalogs_lock:
+                    self._catalogs_made -= 1  # not made: the next request tries again
+                raise
+        try:
+            return self._catalogs.get(timeout=CATALOG_WAIT_S)
+        except Empty:
+            raise RestError(503, "ServiceUnavailableException", f"all {CATALOG_POOL} clients of the backing catalog "
+                            f"stayed busy for {CATALOG_WAIT_S:g} s: retry") from None
 
     # -- routes ---------------------------------------------------------------------------
 
     def config(self, query: Mapping[str, str], warehouse: Optional[str]) -> dict[str, Any]:
+        """``GET /v1/config``: the read endpoints, and the warehouse's scope as the ``prefix`` override, a
+        ``@pinned`` scope pinned at the version newest now.
+
+        :param query: the request's query parameters; their ``warehouse`` wins over the path's.
+        :param warehouse: the warehouse in the URI's path (``/w/<warehouse>/v1/config``), if any.
+        :raises RestError: 400 for a warehouse outside the grammar (``scope.py``); 503 for ``@pinned`` when
+            ZooKeeper is unreachable and the job graph was never read.
+        """
         scope = _scope_from_warehouse(query.get("warehouse", warehouse))
         if scope.pinned_at_config:
             scope = scope.with_pin(self._unavailable_as_503(lambda: self.served.pin_now(scope)))
         return {"defaults": {}, "overrides": {"prefix": scope.prefix}, "endpoints": READ_ENDPOINTS}
 
     def namespaces(self, parent: Optional[str]) -> dict[str, Any]:
+        """``GET /v1/{prefix}/namespaces``: the backing catalog's namespaces, under ``parent`` when given.
+
+        :param parent: a namespace, its parts separated by ``\\x1f`` as the REST spec encodes them.
+        :raises RestError: 503 when the backing catalog cannot be reached.
+        """
         with self.catalog() as catalog:
             found = self._backing(lambda: catalog.list_namespaces(_namespace(parent) if parent else ()))
         return {"namespaces": [list(ns) for ns in found]}
 
     def namespace(self, namespace: str) -> dict[str, Any]:
+        """``GET|HEAD /v1/{prefix}/namespaces/{namespace}``: the namespace and its properties, as the backing
+        catalog has them.
+
+        :raises RestError: 404 when the backing catalog has no such namespace, 503 when it cannot be reached.
+        """
         properties = self._in_namespace(namespace, lambda catalog, ns: catalog.load_namespace_properties(ns))
         return {"namespace": list(_namespace(namespace)), "properties": dict(properties)}
 
     def tables(self, namespace: str) -> dict[str, Any]:
+        """``GET /v1/{prefix}/namespaces/{namespace}/tables``: every table the backing catalog lists there.
+
+        :raises RestError: 404 when the backing catalog has no such namespace, 503 when it cannot be reached.
+        """
         found = self._in_namespace(namespace, lambda catalog, ns: catalog.list_tables(ns))
         return {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in found]}
 
@@ -347,6 +402,12 @@ class CatalogServer:
                        + metadata.model_dump_json().encode() + b', "config": ' + json.dumps(config).encode() + b"}")
 
     def token(self, form: Mapping[str, str], authorization: Optional[str]) -> dict[str, Any]:
+        """``POST /v1/oauth/tokens``: a bearer token (``ServerAuth.issue``) for OAuth2 client credentials.
+
+        :param form: the request's form fields (``grant_type``, ``client_id``, ``client_secret``).
+        :param authorization: the ``Authorization`` header: ``Basic`` credentials there win over the form's.
+        :raises RestError: 400 for a grant other than ``client_credentials``, 401 for invalid credentials.
+        """
         if form.get("grant_type") != "client_credentials":
             raise RestError(400, "unsupported_grant_type", "only the client_credentials grant is supported")
         client_id, secret = form.get("client_id", ""), form.get("client_secret", "")

@@ -39,6 +39,7 @@ class SetData:
     version: int = -1
 
     def add_to(self, tx: TransactionRequest) -> None:
+        """Add this set to the kazoo transaction ``tx``."""
         tx.set_data(self.path, self.data, self.version)
 
 
@@ -51,6 +52,7 @@ class Check:
     version: int
 
     def add_to(self, tx: TransactionRequest) -> None:
+        """Add this check to the kazoo transaction ``tx``."""
         tx.check(self.path, self.version)
 
 
@@ -63,6 +65,7 @@ class Delete:
     version: int = -1
 
     def add_to(self, tx: TransactionRequest) -> None:
+        """Add this delete to the kazoo transaction ``tx``."""
         tx.delete(self.path, self.version)
 
 

@@ -103,6 +103,7 @@ class Credentials:
 
     @property
     def is_writer(self) -> bool:
+        """Whether the writer identity (``user``, ``TIDEMARK_ZK_USER``) is configured."""
         return self.user is not None
 
     @property
@@ -122,6 +123,8 @@ class Credentials:
 
     @property
     def identity(self) -> str:
+        """Who this session is, for messages: the job identity, else the operator's (when this session is the
+        operator's), else the writer's or the reader's ZooKeeper user, else an unauthenticated client."""
         if self.job_user is not None:
             return f"job identity {self.job_user!r}"
         if self.operator_password is not None and self.separate_operator:
@@ -130,6 +133,8 @@ class Credentials:
         return f"ZooKeeper user {who!r}" if who else "an unauthenticated client"
 
     def auth_data(self) -> list[tuple[str, str]]:
+        """The ``(scheme, credential)`` pairs kazoo authenticates with: ``digest`` ``user:password`` for the
+        writer (else the reader), the job identity and, when this session is the operator's, the operator."""
         who = (self.user, self.password) if self.user is not None else (self.reader_user, self.reader_password)
         identities = [who, (self.job_user, self.job_password)]
         if self.operator_password is not None and self.separate_operator:
@@ -237,6 +242,7 @@ class TlsSettings:
                    keyfile_password=settings.zk_tls_key_password)
 
     def kazoo_kwargs(self) -> dict:
+        """These settings as ``KazooClient``'s keyword arguments (``use_ssl=True``, ``ca``, ``certfile``, ...)."""
         return dict(use_ssl=True, ca=self.ca, certfile=self.certfile, keyfile=self.keyfile,
                     keyfile_password=self.keyfile_password, verify_certs=self.verify_certs,
                     check_hostname=self.check_hostname)
