@@ -101,8 +101,8 @@ def run_stack(stack: str, settings: CatalogSettings, connect: str, home: Path, a
             return
         header(f"tidemark serve, {stack} stack: loadTable with pyiceberg, through the endpoint vs the catalog directly")
         _load_latency(settings, url, lake.down, args.loads)
-        header(f"tidemark serve, {stack} stack: the pipeline alone, then beside {args.clients} clients loading "
-               "tables through the endpoint")
+        header(f"tidemark serve, {stack} stack: the pipeline alone and beside {args.clients} clients loading "
+               "tables through the endpoint, in turns")
         _beside_clients(lake, epoch, url, server.pid, [lake.up, lake.down], args)
         if args.trino and stack == "lakehouse":
             header("tidemark serve, lakehouse: a Trino join through the endpoint vs the REST catalog directly")
