@@ -27,7 +27,6 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from coordinator.iceberg.snapshots import (
-    WRITER_PROPERTY,
     ancestors,
     first_epoch_property,
     marker_epoch,
@@ -37,6 +36,7 @@ from coordinator.iceberg.snapshots import (
     snapshot_epoch,
     snapshot_index,
     snapshot_progress,
+    writer_job,
 )
 from coordinator.records import EpochInputs, RootRead
 
@@ -113,7 +113,7 @@ class EpochLineage:
     def is_tidemark_table(self) -> bool:
         """True for a table some Tidemark job writes (as opposed to a root table written by something else): it
         names a writer, or records an epoch."""
-        return self.table.properties.get(WRITER_PROPERTY) is not None or self.committed_epoch is not None
+        return writer_job(self.table) is not None or self.committed_epoch is not None
 
     @property
     def first_epoch(self) -> Optional[int]:

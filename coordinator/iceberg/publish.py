@@ -62,6 +62,7 @@ from coordinator.iceberg.snapshots import (
     snapshot_epoch,
     snapshot_of_epoch,
     table_progress,
+    writer_job,
 )
 from coordinator.records import EpochProgress
 
@@ -320,7 +321,7 @@ def claim_table(table: Table, job: str, term: int) -> None:
         recorded = claimed_term(table.properties)
         if recorded > term:
             raise _fenced(table, term)
-        if table.properties.get(WRITER_PROPERTY) == job and recorded == term:
+        if writer_job(table) == job and recorded == term:
             return
         _commit(table, term, (SetPropertiesUpdate(updates={WRITER_PROPERTY: job, TERM_PROPERTY: str(term)}),))
 

@@ -127,7 +127,7 @@ def marker_progress(table: Table) -> Optional[EpochProgress]:
     if legacy is None:
         return None
     try:
-        return EpochProgress(job=table.properties.get(WRITER_PROPERTY) or "", epoch=int(legacy), term=0)
+        return EpochProgress(job=writer_job(table) or "", epoch=int(legacy), term=0)
     except ValueError:
         raise CorruptState(f"table {'.'.join(table.name())}: {COMMITTED_EPOCH_PROPERTY}={legacy[:30]!r} is not "
                            "an epoch") from None
@@ -281,6 +281,11 @@ def marker_epoch(table: Table) -> Optional[int]:
         return int(alone)
     marker = marker_progress(table)  # no marker, or not a plain epoch: the record's decoding says which
     return None if marker is None else marker.epoch
+
+
+def writer_job(table: Table) -> Optional[str]:
+    """``tidemark.writer``: the job that claimed the table (``claim_table``), None when no Tidemark job did."""
+    return table.properties.get(WRITER_PROPERTY)
 
 
 def first_epoch_property(table: Table) -> Optional[int]:

@@ -47,11 +47,11 @@ from coordinator.errors import (
 from coordinator.iceberg.catalog import CatalogSettings, load_table
 from coordinator.iceberg.progress import resume_point
 from coordinator.iceberg.snapshots import (
-    WRITER_PROPERTY,
     appended_files,
     recorded_term,
     snapshot_at_epoch,
     snapshot_at_time,
+    writer_job,
 )
 from coordinator.iceberg.staging import stage_append, stage_overwrite
 from coordinator.job.commit import DEFAULT_MARKER_EVERY, EpochCommitter
@@ -706,7 +706,7 @@ class EpochWriter:
 
     def _claimed_in_iceberg(self, source: str) -> bool:
         try:
-            return self.table(source).properties.get(WRITER_PROPERTY) is not None
+            return writer_job(self.table(source)) is not None
         except TableNotFound:
             return False  # not created yet: nothing to read either way
 
@@ -746,7 +746,7 @@ class EpochWriter:
         for source in lagging:
             writer = topo.writer_of(source)
             if writer is None:
-                notes.append(f"{source}'s writer job {self.table(source).properties.get(WRITER_PROPERTY)} "
+                notes.append(f"{source}'s writer job {writer_job(self.table(source))} "
                              "(named in its Iceberg metadata) is not registered: start it")
             elif self.tm.get(self.tm.paths.leader(writer)) is None:
                 notes.append(f"{source}'s writer job {writer} has no live leader")
