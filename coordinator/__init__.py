@@ -3,9 +3,10 @@
 The public API is what this module exports. Underneath, each sub-package holds one concern and
 imports only the ones listed before it:
 
-- ``errors``, ``names``, ``records``, ``settings``, ``crashpoints``: the error hierarchy, name rules,
-  the records stored in znodes and snapshot summaries, the environment's configuration and the
-  crash points fault tests set from it (the foundation every other module uses);
+- ``errors``, ``names``, ``records``, ``settings``, ``formatting``, ``crashpoints``: the error hierarchy,
+  name rules, the records stored in znodes and snapshot summaries, the environment's configuration, how
+  times and durations are written for people, and the crash points fault tests set from it (the
+  foundation every other module uses);
 - ``coordinator.zookeeper``: the session, multi-operations, znode paths, ACLs and TLS;
 - ``coordinator.iceberg``: catalogs, snapshot summaries, staging, publishing, progress records;
 - ``coordinator.protocol``: the ZooKeeper recipes (topology, registry, leadership, barriers,

@@ -18,8 +18,8 @@ PACKAGE = ROOT / "coordinator"
 
 # Each layer may import the layers before it (and itself); "coordinator" is the package's public re-exports.
 LAYERS = ["foundation", "zookeeper", "iceberg", "protocol", "history", "serving", "job", "tidemark", "operations"]
-FOUNDATION = {"coordinator.crashpoints", "coordinator.errors", "coordinator.names", "coordinator.records",
-              "coordinator.settings"}
+FOUNDATION = {"coordinator.crashpoints", "coordinator.errors", "coordinator.formatting", "coordinator.names",
+              "coordinator.records", "coordinator.settings"}
 MAY_IMPORT = {
     "foundation": {"foundation"},
     "zookeeper": {"foundation", "zookeeper"},

@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 
 from coordinator import ConfigurationError
+from coordinator.formatting import fmt_every
 from coordinator.protocol.barriers import BarrierGrid
 from coordinator.protocol.held_epochs import newest_common_epoch
-from coordinator.protocol.pacing import Pacing, effective_cadences, fmt_every, parse_every
+from coordinator.protocol.pacing import Pacing, effective_cadences, parse_every
 from coordinator.protocol.topology import Topology
 from coordinator.records import JobRecord, TableTidemark
 

@@ -13,11 +13,12 @@ import pyarrow as pa
 import pytest
 
 from coordinator import VersionNotFound
+from coordinator.formatting import fmt_time
 from coordinator.history.resolve import Resolver, read_arrow
 from coordinator.job.writer import EpochContext, EpochWriter
 from coordinator.operations.cli import main as cli_main
 from coordinator.operations.exporter import view_families
-from coordinator.protocol.status import STALE_SLACK_MS, fmt_time
+from coordinator.protocol.status import STALE_SLACK_MS
 from coordinator.records import now_ms
 from tests.helpers.background import InBackground
 from tests.helpers.lake import SCHEMA, create_table

@@ -151,13 +151,6 @@ def tier_listing(tm: ZooKeeperSession, records: list[VersionRecord], now: Option
                            dict(r.snapshots), tuple(r.covered) if r.tagged else (), tuple(r.empty)) for r in records]
 
 
-def fmt_age(ms: int) -> str:
-    """``93784000`` -> ``1d 2h 3m``."""
-    minutes = max(ms, 0) // 60_000
-    days, hours, minutes = minutes // 1440, minutes // 60 % 24, minutes % 60
-    return " ".join(f"{v}{u}" for v, u in ((days, "d"), (hours, "h"), (minutes, "m")) if v) or "0m"
-
-
 def nearest(epochs: list[int], epoch: int) -> tuple[Optional[int], Optional[int]]:
     """The retained epochs just below and just above ``epoch`` in the sorted ``epochs``."""
     at = bisect.bisect_left(epochs, epoch)
@@ -172,7 +165,6 @@ __all__ = [
     "RetainedVersions",
     "VersionListing",
     "VersionRecord",
-    "fmt_age",
     "nearest",
     "parse_version_ref",
     "tag_epoch",

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Optional
 
 from coordinator.errors import TidemarkError
+from coordinator.formatting import fmt_age, fmt_duration, fmt_epoch, fmt_every, fmt_seconds, fmt_time
 from coordinator.operations.logs import logging_to_stderr
 from coordinator.operations.zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper, four_letter_word
 from coordinator.protocol.barriers import CHANGE_LEAD_MS, MAX_INTERVAL_MS
@@ -71,11 +72,6 @@ def _tls(args: argparse.Namespace) -> Optional[TlsSettings]:
     return TlsSettings(ca=args.tls_ca or env.ca, certfile=args.tls_cert or env.certfile,
                        keyfile=args.tls_key or env.keyfile, verify_certs=env.verify_certs,
                        check_hostname=env.check_hostname, keyfile_password=env.keyfile_password)
-
-
-def _fmt_epoch(epoch: Optional[int]) -> str:
-    from coordinator.protocol.status import fmt_epoch
-    return fmt_epoch(epoch)
 
 
 def _where(args: argparse.Namespace) -> str:
@@ -242,7 +238,6 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from coordinator.protocol.status import fmt_seconds
     with _connect(args, read_only=True) as tm:
         status = tm.status()
     if args.json:
@@ -250,7 +245,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     def consistent(epoch: Optional[int], lag_ms: Optional[int]) -> str:
         return ("none (no epoch that every one of their tables holds)" if epoch is None
-                else f"{_fmt_epoch(epoch)}, lag {fmt_seconds(lag_ms)}")
+                else f"{fmt_epoch(epoch)}, lag {fmt_seconds(lag_ms)}")
     header = (f"grid: {status.interval_ms or '-'} ms   consistent epoch: "
               f"{consistent(status.consistent_epoch, status.consistent_lag_ms)}")
     at_rest = [job.name for job in status.jobs if job.at_rest]
@@ -263,26 +258,26 @@ def cmd_status(args: argparse.Namespace) -> int:
     for job in status.jobs:
         print(_job_line(job))
         for table, epoch in sorted(job.tidemarks.items()):
-            print(f"    {table}: {_fmt_epoch(epoch)}")
+            print(f"    {table}: {fmt_epoch(epoch)}")
         if job.consistent_epoch != job.committed_epoch and job.committed_epoch is not None:
-            print(f"    consistent with its sources at {_fmt_epoch(job.consistent_epoch)}")
+            print(f"    consistent with its sources at {fmt_epoch(job.consistent_epoch)}")
         for reason in job.reasons():
             print(f"    {reason}")
     return 0
 
 
 def _job_line(job: JobStatus) -> str:
-    from coordinator.protocol.status import FINISHED, fmt_seconds, fmt_time
+    from coordinator.protocol.status import FINISHED
     leader = f"{job.leader.member} (term {job.leader.term})" if job.leader else "-"
     mark = job.retired or job.paused
     if job.state == FINISHED and job.finished is not None:
-        head = f"{job.name}: term {job.term}, finished at epoch {_fmt_epoch(job.finished.epoch)}"
+        head = f"{job.name}: term {job.term}, finished at epoch {fmt_epoch(job.finished.epoch)}"
     elif job.at_rest and mark is not None:
         head = (f"{job.name}: term {job.term}, {job.state} by {mark.by}" + (f" ({mark.reason})" if mark.reason else "")
                 + (f" until {fmt_time(mark.until_ms)}" if mark.until_ms else "")
-                + f", committed {_fmt_epoch(job.committed_epoch)}")
+                + f", committed {fmt_epoch(job.committed_epoch)}")
     else:
-        head = f"{job.name}: term {job.term}, {job.leader_state}: {leader}, committed {_fmt_epoch(job.committed_epoch)}"
+        head = f"{job.name}: term {job.term}, {job.leader_state}: {leader}, committed {fmt_epoch(job.committed_epoch)}"
     line = ", ".join([head, f"lag {fmt_seconds(job.lag_ms)}", job.describe_cadence()])
     if job.stale:
         line += f"  STALE: {job.stale_reason}"
@@ -346,8 +341,7 @@ def cmd_unregister(args: argparse.Namespace) -> int:
 def cmd_rest(args: argparse.Namespace) -> int:
     """``pause``, ``retire`` and ``resume`` (``coordinator.protocol.rest``)."""
     from coordinator.errors import ConfigurationError
-    from coordinator.protocol.pacing import fmt_every, parse_every
-    from coordinator.protocol.status import fmt_time
+    from coordinator.protocol.pacing import parse_every
     from coordinator.records import now_ms
     try:
         for_ms = parse_every(args.duration) if args.command == "pause" else None
@@ -401,13 +395,13 @@ def cmd_barriers(args: argparse.Namespace) -> int:
         if args.set_interval is not None:
             if args.effective_from is None:
                 raise TidemarkError(f"--set-interval needs --from T, when the change takes effect: the earliest "
-                                    f"allowed is {_fmt_epoch(current.earliest_change(args.set_interval, now))}")
+                                    f"allowed is {fmt_epoch(current.earliest_change(args.set_interval, now))}")
             # Both refuse before anyone is asked, as change_interval would.
             changed = current.with_change(args.set_interval, args.effective_from, now)
             tm.barriers.check_cadences(changed, args.effective_from)
             plan = (f"change the barrier interval of every job from {current.interval_at(args.effective_from - 1)} ms "
-                    f"to {args.set_interval} ms at {_fmt_epoch(args.effective_from)}, in "
-                    f"{_fmt_duration(args.effective_from - now)} (`tidemark barriers --revert` cancels it until then)")
+                    f"to {args.set_interval} ms at {fmt_epoch(args.effective_from)}, in "
+                    f"{fmt_duration(args.effective_from - now)} (`tidemark barriers --revert` cancels it until then)")
             if not _confirm(args, plan, "change the interval"):
                 return 0
             tm.barriers.change_interval(args.set_interval, args.effective_from)
@@ -415,7 +409,7 @@ def cmd_barriers(args: argparse.Namespace) -> int:
         elif args.revert:
             _, removed = current.without_pending(now, args.effective_from)  # refused before anyone is asked
             plan = "cancel the pending interval change" + ("s " if len(removed) > 1 else " ") + ", ".join(
-                f"to {c['interval_ms']} ms at {_fmt_epoch(c['from_epoch'])}" for c in removed)
+                f"to {c['interval_ms']} ms at {fmt_epoch(c['from_epoch'])}" for c in removed)
             if not _confirm(args, plan, "cancel it"):
                 return 0
             tm.barriers.revert_changes(args.effective_from)
@@ -432,24 +426,19 @@ def cmd_barriers(args: argparse.Namespace) -> int:
                                     "last_epoch": j.committed_epoch} for j in status.jobs]}, indent=2))
         return 0
     print(f"grid: every {grid.interval_ms} ms from epoch 0 ({grid.mode.value}); in force now: "
-          f"{status.interval_ms} ms; newest grid point the clock passed: {_fmt_epoch(grid.floor(status.read_ms))}")
+          f"{status.interval_ms} ms; newest grid point the clock passed: {fmt_epoch(grid.floor(status.read_ms))}")
     for change in grid.changes:
         pending = "  pending: `tidemark barriers --revert` cancels it" if change["from_epoch"] > status.read_ms else ""
-        print(f"  every {change['interval_ms']} ms from {_fmt_epoch(change['from_epoch'])}{pending}")
+        print(f"  every {change['interval_ms']} ms from {fmt_epoch(change['from_epoch'])}{pending}")
     if next_point - status.read_ms > MAX_INTERVAL_MS:
-        print(f"the grid's next point is {_fmt_epoch(next_point)}: no job takes an epoch until then. To leave it, "
+        print(f"the grid's next point is {fmt_epoch(next_point)}: no job takes an epoch until then. To leave it, "
               f"`tidemark barriers --set-interval MS --from T` (for 5000 ms the earliest T is "
               f"{grid.earliest_change(5000, status.read_ms)})")
     if not status.jobs:
         print(f"no jobs registered (looked in {_where(args)})")
     for job in status.jobs:
-        print(f"{job.name}: {job.describe_cadence()}, last epoch {_fmt_epoch(job.committed_epoch)}")
+        print(f"{job.name}: {job.describe_cadence()}, last epoch {fmt_epoch(job.committed_epoch)}")
     return 0
-
-
-def _fmt_duration(ms: int) -> str:
-    from coordinator.history.versions import fmt_age
-    return f"{ms // 1000} s" if ms < 60_000 else fmt_age(ms)
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
@@ -468,13 +457,13 @@ def cmd_resolve(args: argparse.Namespace) -> int:
             tm.close()
     if args.format == "sql":
         from coordinator.history.readers import version_sql
-        print(f"-- {version.level.value} version, epoch {_fmt_epoch(version.epoch)}")
+        print(f"-- {version.level.value} version, epoch {fmt_epoch(version.epoch)}")
         for statement in version_sql(resolver, version).values():
             print(f"{statement};")
     elif args.json:
         print(version.to_json().decode())
     else:
-        print(f"level {version.level.value}, epoch {_fmt_epoch(version.epoch)}")
+        print(f"level {version.level.value}, epoch {fmt_epoch(version.epoch)}")
         for table, snapshot in sorted(version.snapshots.items()):
             print(f"  {table}: {snapshot if snapshot is not None else '(empty)'}")
     return 0
@@ -484,7 +473,6 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from coordinator.errors import GcRunning
     from coordinator.history.gc import GarbageCollector, summarize
     from coordinator.history.retention import RetentionPolicy, store_policy
-    from coordinator.history.versions import fmt_age
     from coordinator.iceberg.catalog import CatalogSettings
     policy = RetentionPolicy.parse(args.policy) if args.policy else None
     settings = CatalogSettings.from_env()
@@ -536,7 +524,7 @@ def _gc_plan(plan: GcPlan, args: argparse.Namespace) -> str:
 
 
 def cmd_versions(args: argparse.Namespace) -> int:
-    from coordinator.history.versions import RetainedVersions, fmt_age, tier_listing
+    from coordinator.history.versions import RetainedVersions, tier_listing
     from coordinator.iceberg.catalog import CatalogSettings
     settings = CatalogSettings.from_env()
     with _connect(args, read_only=True) as tm:
@@ -553,7 +541,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
         covered = len(entry.snapshots) - len(entry.empty)
         where = (f"tagged in {len(entry.tagged)} tables{empty}" if entry.tag is not None else
                  f"untagged: read by snapshot id (--as-of {entry.epoch}), {covered} tables{empty}")
-        print(f"{entry.tag or entry.epoch}  {_fmt_epoch(entry.epoch)}  age {fmt_age(entry.age_ms)}  {entry.tier}  "
+        print(f"{entry.tag or entry.epoch}  {fmt_epoch(entry.epoch)}  age {fmt_age(entry.age_ms)}  {entry.tier}  "
               f"{where}")
     return 0
 

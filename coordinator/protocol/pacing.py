@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Union
 
 from coordinator.errors import ConfigurationError, InvalidArgument
+from coordinator.formatting import UNITS_MS, fmt_every
 from coordinator.protocol.held_epochs import common_epochs
 from coordinator.protocol.topology import Topology
 from coordinator.records import JsonRecord, TableTidemark, int_field, opt_int_field
@@ -45,7 +46,6 @@ CATCH_UP_TAKEOVERS = 3
 CATCH_UP_FACTOR = 4     # an upstream epoch in flight covering this many times more is worth waiting for
 CATCH_UP_NEW_LEADER_S = 30.0  # ... or, this long after taking over, for a source writer to begin one
 CATCH_UP_WAIT_S = 120.0  # each such wait lasts at most this long (the upstream may have died)
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 _EVERY = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)\s*$")
 
 
@@ -62,18 +62,10 @@ def parse_every(value: Union[str, int, None]) -> Optional[int]:
         found = _EVERY.match(str(value))
         if not found:
             raise ConfigurationError(f"every must be a duration such as '30s', '5m', '1h' or '1d', got {value!r}")
-        every = int(found.group(1)) * _UNITS_MS[found.group(2)]
+        every = int(found.group(1)) * UNITS_MS[found.group(2)]
     if every <= 0:
         raise ConfigurationError(f"every must be positive, got {value!r}")
     return every
-
-
-def fmt_every(every_ms: int) -> str:
-    """``3600000`` -> ``"1h"``: the largest unit that divides it."""
-    for unit in ("d", "h", "m", "s"):
-        if every_ms % _UNITS_MS[unit] == 0:
-            return f"{every_ms // _UNITS_MS[unit]}{unit}"
-    return f"{every_ms}ms"
 
 
 @dataclass(frozen=True)
@@ -223,4 +215,4 @@ def effective_cadences(topo: Topology, pacings: Mapping[str, Optional[Pacing]],
 
 
 __all__ = ["CATCH_UP_NEW_LEADER_S", "CATCH_UP_TAKEOVERS", "CATCH_UP_WAIT_S", "DEFAULT_GRACE_MS", "Choice", "Pacing",
-           "effective_cadences", "fmt_every", "parse_every"]
+           "effective_cadences", "parse_every"]

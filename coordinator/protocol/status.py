@@ -22,15 +22,15 @@ deployment's freshness (``Status``). ``docs/design.md``, "Observability", says w
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from coordinator.errors import JobNotFound
+from coordinator.formatting import fmt_cadence, fmt_epoch, fmt_seconds, fmt_time
 from coordinator.protocol.barriers import BarrierGrid
 from coordinator.protocol.held_epochs import Evidence, HeldEpochs, newest_common_epoch
-from coordinator.protocol.pacing import Pacing, effective_cadences, fmt_every
+from coordinator.protocol.pacing import Pacing, effective_cadences
 from coordinator.protocol.topology import Topology, read_topology
 from coordinator.records import FinishedRecord, LeaderRecord, RestRecord, TableTidemark, TermRecord, now_ms
 from coordinator.zookeeper.session import ZooKeeperSession
@@ -41,26 +41,6 @@ STALE_SLACK_MS = 1000  # processing time: a healthy job lags up to a cadence plu
 LEADING, FINISHED, PAUSED, RETIRED, FENCED, NO_LEADER = "leading", "finished", "paused", "retired", "fenced", \
     "no leader"
 AT_REST = (FINISHED, PAUSED, RETIRED)
-
-
-def fmt_time(epoch: Optional[int]) -> str:
-    """``10:00:05Z`` (``10:00:05.200Z`` for an epoch that is not a whole second), ``-`` for None."""
-    if epoch is None:
-        return "-"
-    text = time.strftime("%H:%M:%S", time.gmtime(epoch // 1000))
-    return f"{text}.{epoch % 1000:03d}Z" if epoch % 1000 else f"{text}Z"
-
-
-def fmt_epoch(epoch: Optional[int]) -> str:
-    return "-" if epoch is None else f"{epoch} ({fmt_time(epoch)})"
-
-
-def fmt_seconds(ms: Optional[int]) -> str:
-    return "-" if ms is None else f"{ms / 1000:.1f} s"
-
-
-def fmt_cadence(ms: Optional[int]) -> str:
-    return "-" if ms is None else fmt_every(ms)
 
 
 def _seconds(ms: Optional[int]) -> Optional[float]:
@@ -463,5 +443,4 @@ def _epoch_of(marks: Mapping[str, Optional[TableTidemark]], table: str) -> Optio
     return mark.epoch if mark else None
 
 
-__all__ = ["AT_REST", "STALE_INTERVALS", "STALE_SLACK_MS", "Blocker", "JobStatus", "Status", "fmt_cadence", "fmt_epoch",
-           "fmt_seconds", "fmt_time", "read_status"]
+__all__ = ["AT_REST", "STALE_INTERVALS", "STALE_SLACK_MS", "Blocker", "JobStatus", "Status", "read_status"]
