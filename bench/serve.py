@@ -218,6 +218,8 @@ def _beside_clients(lake, first_epoch: int, url: str, server_pid: int, tables: l
             epoch[0] += 1000
         return took
 
+    per_process = max(1, args.clients // CLIENT_PROCESSES)
+    identifiers = [t.split(".", 1)[1] if t.count(".") > 1 else t for t in tables]
     cores = sorted(os.sched_getaffinity(0))
     writers_cores, serving_cores = set(cores[:len(cores) // 2]), set(cores[len(cores) // 2:])
     layouts = {"split": (writers_cores, serving_cores), "shared": (set(cores), set(cores))}
@@ -229,8 +231,6 @@ def _beside_clients(lake, first_epoch: int, url: str, server_pid: int, tables: l
         print(f"  {LAYOUTS[layout]}:", flush=True)
         stop, active = multiprocessing.Event(), multiprocessing.Event()
         results: multiprocessing.Queue = multiprocessing.Queue()
-        per_process = max(1, args.clients // CLIENT_PROCESSES)
-        identifiers = [t.split(".", 1)[1] if t.count(".") > 1 else t for t in tables]
         processes = [multiprocessing.Process(target=_clients,
                                              args=(url, identifiers, per_process, serving, active, stop, results))
                      for _ in range(CLIENT_PROCESSES)]
@@ -289,7 +289,7 @@ def _pin_tree(pid: int, cores: set[int]) -> None:
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            ppid = int(_stat_fields(int(stat.parent.name))[1])
         except (OSError, IndexError, ValueError):
             continue  # exited meanwhile
         children.setdefault(ppid, []).append(int(stat.parent.name))
@@ -306,8 +306,13 @@ def _pin_tree(pid: int, cores: set[int]) -> None:
 
 def _cpu_seconds(pid: int) -> float:
     """The CPU time ``pid`` has used, user and system (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = _stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat``'s fields after the command's name (which may hold spaces): state, ppid, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def _clients(url: str, tables: list[str], count: int, cores: set[int], active, stop, results) -> None:

@@ -48,7 +48,7 @@ from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from coordinator.operations.zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper
 from coordinator.settings import Settings
 from tests.helpers.docs import Block, blocks, page, section
-from tests.helpers.wheel import build_wheel
+from tests.helpers.wheel import build_wheel, copy_checkout
 
 ROOT = Path(__file__).resolve().parent.parent
 README = page("README.md")
@@ -111,9 +111,7 @@ def test_the_quickstart_is_one_screen_with_an_install_line_for_this_distribution
 
 def test_readmes_install_block_builds_the_wheel_the_quickstart_installs(tmp_path):
     (block,) = [b for b in blocks("README.md") if "install" in b.runs]
-    source = tmp_path / "clone"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info",
-                                                                "__pycache__", ".pytest_cache", "site"))
+    source = copy_checkout(tmp_path / "clone")
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env.update(HOME=str(tmp_path), PATH=os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
                                                          if not p.startswith(str(ROOT))))
