@@ -24,6 +24,15 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def job_committed_epoch(sink_epochs: Iterable[Optional[int]]) -> Optional[int]:
+    """A job's committed epoch from its sinks' (each None while it has committed nothing): the lowest, since an
+    epoch of the job is committed once every sink holds it; None for no sink, or while one has none."""
+    epochs = list(sink_epochs)
+    if not epochs or any(e is None for e in epochs):
+        return None
+    return min(e for e in epochs if e is not None)
+
+
 class JsonOutput:
     """Mixin: compact JSON encoding of a frozen dataclass, for reports that are printed and never read back."""
 

@@ -22,8 +22,9 @@ from pyiceberg.table.update import SetPropertiesUpdate
 from coordinator import EpochWriter, Fenced, LeaderState, Tidemark
 from coordinator.errors import RegistrationError, UnregisterNotConfirmed, VersionNotFound
 from coordinator.history.resolve import Resolver
+from coordinator.iceberg.lineage import table_progress
 from coordinator.iceberg.publish import AssertTermAtMost, advance_committed_epoch, claim_table, publish_staged
-from coordinator.iceberg.snapshots import TERM_PROPERTY, main_lineage, recorded_term, snapshot_progress, table_progress
+from coordinator.iceberg.snapshots import TERM_PROPERTY, main_lineage, recorded_term, snapshot_progress
 from coordinator.iceberg.staging import stage_append
 from coordinator.protocol import registry
 from coordinator.records import EpochProgress, EpochState, SourceRange, TableTidemark, now_ms

@@ -20,8 +20,8 @@ from coordinator.history.resolve import Resolver, read_arrow
 from coordinator.history.retention import RetentionPolicy
 from coordinator.history.versions import tag_name
 from coordinator.iceberg.lineage import EpochLineage
-from coordinator.protocol.held_epochs import PLACE_TRIES, Evidence, HeldEpochs, common_epochs
-from coordinator.records import EpochInputs, SourceRange, now_ms
+from coordinator.protocol.held_epochs import PLACE_TRIES, Evidence, HeldEpochs, common_epochs, held_epochs
+from coordinator.records import EpochInputs, SourceRange, TableTidemark, now_ms
 from tests.helpers.lake import commit_rows, create_table, lead_job, rows_of
 from tests.helpers.present import present
 from tests.helpers.wait import wait_for
@@ -37,6 +37,51 @@ def inputs(**ends: Optional[int]) -> EpochInputs:
 def test_common_epochs_are_those_every_table_holds():
     assert common_epochs([{1, 2, 3}, [2, 3, 4], (3, 2)]) == {2, 3}
     assert common_epochs([{1}, {2}]) == set() and common_epochs([]) == set()
+
+
+class Records:
+    """Iceberg's records of two tables, as plain data (``held_epochs.IcebergRecords``), counting what is asked."""
+
+    def __init__(self) -> None:
+        self.epochs = {"db.a": {1000: 10, 2000: 20, 3000: 30, 5000: 50}, "db.b": {2000: 200, 4000: 400}}
+        self.inputs = {("db.b", 4000): inputs(a=40)}
+        self.asked: Counter[str] = Counter()
+
+    def recorded(self, table: str) -> dict[int, Optional[int]]:
+        self.asked[f"recorded {table}"] += 1
+        return self.epochs[table]
+
+    def committed_epoch(self, table: str) -> Optional[int]:
+        return max(self.epochs[table])
+
+    def inputs_at(self, table: str, epoch: int) -> Optional[EpochInputs]:
+        self.asked[f"inputs {table} {epoch}"] += 1
+        return self.inputs.get((table, epoch))
+
+    def first_epoch(self, table: str) -> Optional[int]:
+        return min(self.epochs[table])
+
+
+def test_held_epochs_are_assembled_one_way_from_the_tidemarks_and_icebergs_records():
+    """``db.a`` has a tidemark (its list reaches 3000 and 4000; Iceberg also records older epochs and 5000, above its
+    tidemark: not yet committed in ZooKeeper); ``db.b`` has none (its writer is not registered): Iceberg's records,
+    up to its committed epoch 4000, whose inputs place ``db.a`` at 4000. ``place`` finds an older epoch in a's
+    Iceberg records, and names the table that holds none."""
+    mark = TableTidemark("db.a", epoch=4000, snapshot_id=40, first_epoch=1000, recent=((3000, 30), (4000, 40)))
+    records = Records()
+    holdings = held_epochs({"db.a": mark, "db.b": None}, records)
+    assert holdings.held == {"db.a": {3000: 30, 4000: 40}, "db.b": {2000: 200, 4000: 400}}
+    assert holdings.newest == {"db.a": 4000, "db.b": 4000}
+    assert records.asked["recorded db.a"] == 0, "a table with a tidemark is asked of Iceberg only on demand"
+    assert holdings.consistent_epoch() == 4000
+    placed = holdings.place(2000)
+    assert placed.missing is None and placed.snapshots == {"db.a": 20, "db.b": 200}
+    assert holdings.place(1500).missing == "db.a"
+
+    back = held_epochs({"db.a": mark, "db.b": None}, Records(), reach_back=True)
+    assert back.held["db.a"] == {1000: 10, 2000: 20, 3000: 30, 4000: 40}, "Iceberg's records up to the tidemark"
+    zookeeper_only = held_epochs({"db.a": mark, "db.b": None})
+    assert zookeeper_only.held["db.b"] == {} and zookeeper_only.consistent_epoch() is None
 
 
 def test_the_laggards_epoch_is_placed_in_a_table_by_the_job_that_read_it_and_nowhere_before_its_first_epoch():

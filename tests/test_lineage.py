@@ -1,11 +1,11 @@
-"""``EpochLineage`` answers a table's questions from one walk, its committed epoch by the rule ``snapshots.py``
-applies to whole progress records (``table_progress``), on real Iceberg tables in a real SQLite catalog: no
+"""``EpochLineage`` answers a table's questions from one walk, its committed epoch and the record of it
+(``table_progress``) by one rule, on real Iceberg tables in a real SQLite catalog: no
 ZooKeeper, the way a reader without it sees tables."""
 from __future__ import annotations
 
-from coordinator.iceberg.lineage import EpochLineage
+from coordinator.iceberg.lineage import EpochLineage, table_progress
 from coordinator.iceberg.publish import advance_committed_epoch, claim_table, publish_staged
-from coordinator.iceberg.snapshots import COMMITTED_EPOCH_PROPERTY, table_progress
+from coordinator.iceberg.snapshots import COMMITTED_EPOCH_PROPERTY
 from coordinator.records import EpochProgress
 from tests.helpers.lake import create_table, rows_of, stage_rows
 
@@ -16,10 +16,11 @@ def publish(table, epoch: int, rows: int = 1) -> int:
 
 
 def same_answers(table) -> EpochLineage:
-    """The lineage's committed epoch is the one of ``snapshots.table_progress`` for ``table`` as loaded now."""
+    """The lineage's committed epoch is the one of the record ``table_progress`` gives for ``table`` as loaded now."""
     table.refresh()
     lineage = EpochLineage(table)
     progress = table_progress(table)
+    assert progress == lineage.committed_progress()
     assert lineage.committed_epoch == (progress.epoch if progress is not None else None)
     return lineage
 

@@ -60,15 +60,15 @@ from coordinator.history.resolve import pinned_versions
 from coordinator.history.retention import RetentionPolicy, read_policy
 from coordinator.history.versions import RetainedVersions, VersionRecord, tag_epoch, tag_name
 from coordinator.iceberg.catalog import CatalogSettings, load_table
-from coordinator.iceberg.lineage import EpochLineage
+from coordinator.iceberg.lineage import EpochLineage, LineageRecords
 from coordinator.iceberg.metadata_files import DELETE_AFTER_COMMIT, PREVIOUS_VERSIONS_MAX, delete_unlogged_metadata
 from coordinator.iceberg.orphans import OrphanFiles, delete_orphan_files, find_orphan_files, shared_locations
 from coordinator.iceberg.reachability import FileIndex
 from coordinator.iceberg.snapshots import snapshot_epoch
-from coordinator.protocol.held_epochs import Evidence, HeldEpochs
+from coordinator.protocol.held_epochs import Evidence, held_epochs
 from coordinator.protocol.tidemarks import read_tidemarks
 from coordinator.protocol.topology import read_topology
-from coordinator.records import EpochInputs, JsonOutput, TableTidemark, now_ms
+from coordinator.records import JsonOutput, TableTidemark, job_committed_epoch, now_ms
 from coordinator.zookeeper.ops import Create, Delete, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -157,12 +157,8 @@ class _State:
     notes: list[str]
     held: dict[str, dict[int, Optional[int]]] = field(default_factory=dict)  # table -> its epochs -> snapshot
     common: list[int] = field(default_factory=list)  # epochs every table of ``held`` holds, oldest first
+    consistent: Optional[int] = None  # ``C``: the newest epoch every managed table holds (None: they share none)
     evidence: Evidence = field(default_factory=Evidence)  # where the readers' records are (root tables' reads)
-
-    @property
-    def consistent(self) -> Optional[int]:
-        """``C``: the newest epoch every managed table holds (None: they share none)."""
-        return self.common[-1] if self.common else None
 
 
 class GarbageCollector:
@@ -314,12 +310,8 @@ class GarbageCollector:
         writers = topo.writers
         marks = read_tidemarks(self.tm, sorted(writers)) if writers else {}
         managed = {t: m for t, m in marks.items() if m is not None and m.epoch is not None}
-        committed = {t: m.epoch for t, m in managed.items() if m.epoch is not None}
-        job_epochs = {}
-        for name, job in topo.jobs.items():
-            epochs = [committed[s] for s in job.sinks if s in committed]
-            if job.sinks and len(epochs) == len(job.sinks):
-                job_epochs[name] = min(epochs)
+        job_epochs = {name: epoch for name, job in topo.jobs.items() if (epoch := job_committed_epoch(
+            managed[s].epoch if s in managed else None for s in job.sinks)) is not None}
         readers: dict[str, list[tuple[str, int]]] = {}
         for name, job in topo.jobs.items():
             for source in job.sources:
@@ -337,34 +329,15 @@ class GarbageCollector:
                 state.notes.append(f"table {name} is registered but not in the catalog: skipped")
                 continue
             state.lineages[name] = EpochLineage(state.tables[name])
-        for name, mark in managed.items():  # ZooKeeper lists the newest epochs; the table's own records reach back
-            if name in state.tables:             # (a first run keeps an hour's oldest version, as its tier says)
-                state.held[name] = {**dict(state.lineages[name].recorded_epochs(up_to=mark.epoch)), **dict(mark.recent)}
-        for name in state.roots:  # a table with Tidemark metadata and no tidemark: its writer is not registered
-            lineage = state.lineages.get(name)
-            if lineage is not None and (listed := lineage.recorded_epochs()):
-                state.held[name] = dict(listed)
-        newest_epochs: dict[str, Optional[int]] = {
-            n: managed[n].epoch if n in managed else state.lineages[n].committed_epoch for n in state.held}
-        def first_epoch(name: str) -> Optional[int]:  # asked only when a reader's inputs are weighed
-            mark = managed.get(name)
-            return mark.first_epoch if mark is not None and mark.first_epoch is not None \
-                else state.lineages[name].first_epoch
-
-        def recorded(name: str) -> dict[int, Optional[int]]:  # a table with a tidemark: Iceberg may reach further
-            return dict(state.lineages[name].recorded_epochs()) if name in managed else {}
-
-        def newest_inputs(name: str) -> Optional[EpochInputs]:  # a table with no tidemark: its lineage says
-            lineage = state.lineages[name]
-            epoch = lineage.committed_epoch
-            return None if name in managed or epoch is None else lineage.inputs_at(epoch)
-        state.evidence = Evidence(self.tm, writers, recorded, lambda name, epoch: state.lineages[name].inputs_at(epoch),
-                                  newest_inputs, first_epoch)
-        holdings = HeldEpochs(state.held, newest_epochs, state.evidence)
-        holdings.consistent_epoch()  # C: what readers resolve, the laggard's epoch reached as they reach it
-        state.held = holdings.held
-        if state.held:
-            state.common = sorted(holdings.common())
+        # ZooKeeper lists the newest epochs; the tables' own records reach back (a first run keeps an hour's oldest
+        # version, as its tier says). A root table with Tidemark metadata (its writer is not registered) counts
+        # with what it records.
+        counted: dict[str, Optional[TableTidemark]] = {n: m for n, m in managed.items() if n in state.tables}
+        counted.update({n: None for n in state.roots if n in state.lineages and state.lineages[n].recorded_epochs()})
+        holdings = held_epochs(counted, LineageRecords(state.lineages), self.tm, writers, reach_back=True)
+        state.consistent = holdings.consistent_epoch()  # what readers resolve, the laggard's epoch reached as they do
+        state.held, state.evidence = holdings.held, holdings.evidence
+        state.common = sorted(holdings.common())
         if state.held and not state.common:
             newest = ", ".join(f"{t} at {max(h)}" for t, h in sorted(state.held.items()))
             state.notes.append(f"the tables share no epoch ({newest}): no version is created and every managed "

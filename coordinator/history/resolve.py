@@ -46,7 +46,7 @@ from coordinator.history.versions import RetainedVersions, nearest, tag_epoch, t
 from coordinator.iceberg.catalog import CatalogSettings, load_table
 from coordinator.iceberg.lineage import EpochLineage, LineageSummary
 from coordinator.names import validate_epoch, validate_name
-from coordinator.protocol.held_epochs import Evidence, HeldEpochs
+from coordinator.protocol.held_epochs import held_epochs
 from coordinator.protocol.registry import check_table_identities
 from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
 from coordinator.records import (
@@ -150,11 +150,6 @@ class Resolver:
             result[name] = summary.committed_epoch if summary.is_tidemark_table else ROOT
         return result
 
-    def _held(self, name: str, mark: Optional[TableTidemark]) -> dict[int, Optional[int]]:
-        if mark is not None:
-            return dict(mark.recent)
-        return dict(self._summary(name, refresh=False).recorded)
-
     def _summary(self, name: str, refresh: bool = True) -> LineageSummary:
         """The table's lineage as resolution reads it, indexed once per version of its metadata (a refresh that
         finds a newer metadata file indexes again; without ``refresh``, the one indexed last)."""
@@ -217,11 +212,8 @@ class Resolver:
                 raise VersionNotFound(f"epoch {as_of} is before the history of every table in {names}: none had a "
                                       "snapshot then. Ask for a later epoch")
             return ConsistentVersion(as_of, snapshots, level)
-        held = {n: self._held(n, marks[n]) for n in managed}
-        evidence = self._evidence(marks, epochs)
+        holdings = held_epochs({n: marks[n] for n in managed}, _SummaryRecords(self, marks), self.tm)
         if as_of is None:
-            holdings = HeldEpochs(held, {n: epochs[n] for n in managed},  # type: ignore[misc]  # not ROOT
-                                  evidence)
             target_or_none = holdings.consistent_epoch()
             if target_or_none is None:
                 raise self._no_common_epoch(names, marks, epochs, managed)
@@ -235,50 +227,35 @@ class Resolver:
             if behind:
                 at = ", ".join(f"{n} is at {e}" for n, e in sorted(behind.items()))
                 raise VersionNotFound(f"epoch {as_of} is not committed in every table of {names} ({at})")
-            snapshots = {n: self._held_at(n, marks[n], held[n], as_of, names) for n in managed}
-        read = evidence.root_reads(managed, roots, target)
+            placement = holdings.place(as_of)
+            if placement.missing is not None:
+                raise self._not_held(placement.missing, marks[placement.missing], holdings.held[placement.missing],
+                                     as_of, names)
+            snapshots = {n: self._retained_snapshot(n, marks[n], placement.snapshots[n], as_of, names)
+                         for n in managed}
+        read = holdings.evidence.root_reads(managed, roots, target)
         for name in roots:
             snapshots[name] = self._root_snapshot(name, target, read)
         return ConsistentVersion(target, snapshots, level)
 
-    def _evidence(self, marks: Mapping[str, Optional[TableTidemark]],
-                  epochs: Mapping[str, Union[int, str, None]]) -> Evidence:
-        """Where the laggard's epoch is looked for (``held_epochs``): the epoch records (with ZooKeeper), then each
-        table's Iceberg records and what the tables reading it record (their newest epoch's inputs are in their
-        summaries; an older epoch's take a metadata load)."""
-        def recorded_inputs(name: str, epoch: int) -> Optional[EpochInputs]:
-            summary = self._summary(name, refresh=False)
-            if epoch == summary.committed_epoch:
-                return summary.committed_inputs
-            return self._lineage(name).inputs_at(epoch)
+    def _retained_snapshot(self, name: str, mark: Optional[TableTidemark], snapshot_id: Optional[int], epoch: int,
+                           names: list[str]) -> Optional[int]:
+        """``name``'s snapshot at ``epoch`` for ``as_of``, or ``VersionNotFound`` when it was expired since."""
+        if mark is None or snapshot_id is None or epoch == mark.epoch:
+            return snapshot_id  # from the table's metadata itself, empty, or the newest (never expired)
+        if self._load(name).snapshot_by_id(snapshot_id) is not None:
+            return snapshot_id
+        raise self._expired(f"epoch {epoch} is not a retained version and table {name}'s snapshot at it "
+                            f"({snapshot_id}) was expired", names, epoch)
 
-        def recorded(name: str) -> Mapping[int, Optional[int]]:  # a table with a tidemark: Iceberg may reach further
-            return dict(self._summary(name).recorded) if marks[name] is not None else {}
-
-        def newest_inputs(name: str) -> Optional[EpochInputs]:  # a table read from Iceberg: in its summary
-            return self._summary(name, refresh=False).committed_inputs if marks[name] is None else None
-        return Evidence(self.tm, recorded=recorded, recorded_inputs=recorded_inputs, newest_inputs=newest_inputs,
-                        first_epoch=lambda name: self._first_epochs([name], marks, epochs).get(name))
-
-    def _held_at(self, name: str, mark: Optional[TableTidemark], held: Mapping[int, Optional[int]], epoch: int,
-                 names: list[str]) -> Optional[int]:
-        """The snapshot of ``name`` at ``epoch`` (not above its committed epoch) for ``as_of``, or
-        ``VersionNotFound`` when the table does not hold it or its snapshot there was expired."""
-        if epoch in held:
-            snapshot_id = held[epoch]
-            if mark is None or snapshot_id is None or epoch == mark.epoch:
-                return snapshot_id  # from the table's metadata itself, empty, or the newest (never expired)
-            if self._load(name).snapshot_by_id(snapshot_id) is not None:
-                return snapshot_id
-            raise self._expired(f"epoch {epoch} is not a retained version and table {name}'s snapshot at it "
-                                f"({snapshot_id}) was expired", names, epoch)
-        summary = self._summary(name, refresh=mark is not None)
-        recorded = dict(summary.recorded)
-        if mark is not None and epoch in recorded:  # older than the tidemark's list reaches
-            return recorded[epoch]
-        known = sorted({*held, *recorded})
+    def _not_held(self, name: str, mark: Optional[TableTidemark], held: Mapping[int, Optional[int]], epoch: int,
+                  names: list[str]) -> VersionNotFound:
+        """Why ``name`` has no state at ``epoch`` (``as_of``): its history there was expired, or it does not hold
+        the epoch, with the nearest ones it holds."""
+        summary = self._summary(name, refresh=False)
+        known = sorted({*held, *(e for e, _ in summary.recorded)})
         if summary.truncated and (not known or epoch < known[0]):
-            raise self._expired(f"epoch {epoch} is not a retained version and table {name}'s history there was "
+            return self._expired(f"epoch {epoch} is not a retained version and table {name}'s history there was "
                                 "expired", names, epoch)
         below, above = nearest(known, epoch)
         holds = " and ".join(str(e) for e in (below, above) if e is not None) or "none"
@@ -290,7 +267,7 @@ class Resolver:
         else:
             why = ("its job coalesced over it, or it was an idle epoch between marker rounds, which Iceberg does "
                    "not record" + (" and ZooKeeper's list of recent epochs no longer reaches" if mark else ""))
-        raise VersionNotFound(
+        return VersionNotFound(
             f"epoch {epoch} is not a version of {names}: table {name} does not hold it ({why}); the nearest "
             f"epochs {name} holds are {holds}" + (f"; {retained}" if retained else "") +
             " (`--as-of` takes a tag or an epoch)")
@@ -410,6 +387,38 @@ class Resolver:
         if found is None and lineage.truncated:
             raise self._expired(f"table {name}'s history at its committed epoch {epoch} was expired", [name], epoch)
         return _id(found)
+
+
+class _SummaryRecords:
+    """``held_epochs.IcebergRecords`` over a resolver's summaries, for one resolution. A table with no tidemark was
+    refreshed when its committed epoch was read; one with a tidemark is refreshed the first time it is asked (its
+    Iceberg records may reach below its tidemark's list). An epoch older than the newest takes a metadata load."""
+
+    resolver: Resolver
+    refreshed: set[str]  # the tables refreshed in this resolution
+
+    def __init__(self, resolver: Resolver, marks: Mapping[str, Optional[TableTidemark]]) -> None:
+        self.resolver = resolver
+        self.refreshed = {n for n, m in marks.items() if m is None}
+
+    def _summary(self, name: str) -> LineageSummary:
+        summary = self.resolver._summary(name, refresh=name not in self.refreshed)
+        self.refreshed.add(name)
+        return summary
+
+    def recorded(self, table: str) -> Mapping[int, Optional[int]]:
+        return dict(self._summary(table).recorded)
+
+    def committed_epoch(self, table: str) -> Optional[int]:
+        return self._summary(table).committed_epoch
+
+    def inputs_at(self, table: str, epoch: int) -> Optional[EpochInputs]:
+        summary = self._summary(table)
+        return summary.committed_inputs if epoch == summary.committed_epoch else \
+            self.resolver._lineage(table).inputs_at(epoch)
+
+    def first_epoch(self, table: str) -> Optional[int]:
+        return self._summary(table).first_epoch
 
 
 def _level(level: Union[str, ConsistencyLevel]) -> ConsistencyLevel:

@@ -11,15 +11,17 @@ table's epochs through it (docs/design.md, "Consistency levels").
     lineage.truncated                        # main's older history was expired
     lineage.ancestors(snapshot_id)           # any ref's snapshots, newest first
     lineage.committed_epoch, lineage.first_epoch, lineage.is_tidemark_table   # from one walk of main
+    lineage.committed_progress()             # the record at the committed epoch (``table_progress(table)``)
     lineage.inputs_at(T)                     # the inputs epoch T records here (its snapshot's, or the marker's)
     lineage.summary()                        # what resolution keeps of it: no snapshot, no metadata
 
-``EpochLineage`` applies the rules of ``snapshots.py`` to a lineage indexed once; ``LineageSummary`` is what a
-resolver keeps of it between resolutions.
+``EpochLineage`` is the one reader of a table's progress in Iceberg: it applies the rules of ``snapshots.py``
+(how one snapshot or property is read) to a lineage indexed once; ``table_progress`` is its answer for a table
+alone, and ``LineageSummary`` what a resolver keeps of it between resolutions.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Optional
 
@@ -28,6 +30,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from coordinator.iceberg.snapshots import (
     ancestors,
+    carrying_epoch,
     first_epoch_property,
     marker_epoch,
     marker_progress,
@@ -38,7 +41,7 @@ from coordinator.iceberg.snapshots import (
     snapshot_progress,
     writer_job,
 )
-from coordinator.records import EpochInputs, RootRead
+from coordinator.records import EpochInputs, EpochProgress, RootRead
 
 
 @dataclass(frozen=True)
@@ -95,12 +98,25 @@ class EpochLineage:
 
     @property
     def committed_epoch(self) -> Optional[int]:
-        """The table's committed epoch by the one rule, on epochs alone (``snapshots.table_progress`` applies it to
-        the records): the newer of ``main``'s newest snapshot carrying an epoch and the committed-epoch marker (None:
-        neither)."""
-        newest = next((e for e in map(snapshot_epoch, self.main) if e is not None), None)
+        """The table's committed epoch, the one rule: the newer of ``main``'s newest snapshot carrying an epoch and
+        the committed-epoch marker (None: neither). A published snapshot belongs to a precommitted epoch, which
+        always commits with exactly that snapshot, so it counts as committed for that table. A job with several
+        sinks is committed in Iceberg up to the *lowest* of its sinks' (``progress.py``)."""
+        newest = next((e for e in self._walked_epochs() if e is not None), None)
         candidates = [e for e in (newest, self.marker_epoch) if e is not None]
         return max(candidates) if candidates else None
+
+    def committed_progress(self) -> Optional[EpochProgress]:
+        """What the table records of its committed epoch: the snapshot carrying it or the marker, whichever it is
+        (on a tie, the one that records inputs); None before the first epoch."""
+        epoch = self.committed_epoch
+        if epoch is None:
+            return None
+        snapshot = carrying_epoch(self.main, epoch, self._walked_epochs())
+        candidates = [p for p in (snapshot_progress(snapshot) if snapshot is not None else None,
+                                  marker_progress(self.table) if self.marker_epoch == epoch else None)
+                      if p is not None]
+        return max(candidates, key=lambda p: p.inputs is not None)
 
     @property
     def marker_epoch(self) -> Optional[int]:
@@ -165,12 +181,10 @@ class EpochLineage:
     def inputs_at(self, epoch: int) -> Optional[EpochInputs]:
         """What epoch ``epoch`` of the table's writer records of its inputs here: the snapshot carrying the epoch,
         else the committed-epoch marker when it is that epoch's (None: neither, or written before inputs were)."""
-        for snapshot, found in zip(self.main, self._main_epochs()):
-            if found == epoch:
-                progress = snapshot_progress(snapshot)
-                return None if progress is None else progress.inputs
-            if found is not None and found < epoch:
-                break
+        snapshot = carrying_epoch(self.main, epoch, self._main_epochs())
+        if snapshot is not None:
+            progress = snapshot_progress(snapshot)
+            return None if progress is None else progress.inputs
         if self.marker_epoch == epoch:
             marker = marker_progress(self.table)
             return None if marker is None else marker.inputs
@@ -185,8 +199,8 @@ class EpochLineage:
         These are what a reader with no ZooKeeper goes by: the ``tidemark.epoch`` of every snapshot in ``main``'s
         lineage (an overwrite is a delete and an append snapshot of one epoch: the newer one holds it), plus the
         committed-epoch marker's epoch, held by the newest snapshot with a lower epoch (the marker is written for
-        an epoch that published nothing in the table). A published snapshot belongs to a precommitted epoch, which
-        always commits with exactly that snapshot (``snapshots.table_progress``), so it counts as committed. Idle
+        an epoch that published nothing in the table). A published snapshot counts as committed
+        (``committed_epoch``). Idle
         epochs get a marker only once per marker period (``coordinator.job.commit``), so Iceberg records a subset
         of the epochs a table holds, and ZooKeeper's tidemark (``TableTidemark.recent``) lists more of the recent
         ones. An epoch whose snapshot is older than the expired history is not recorded any more: its state is
@@ -200,6 +214,11 @@ class EpochLineage:
         if self._epochs is None:
             self._epochs = [snapshot_epoch(s) for s in self.main]
         return self._epochs
+
+    def _walked_epochs(self) -> Iterable[Optional[int]]:
+        """The epochs of ``main``'s snapshots in its order, parsed as a walk reaches them unless all were already:
+        the committed epoch of a long history is near its head."""
+        return self._epochs if self._epochs is not None else map(snapshot_epoch, self.main)
 
     def _held(self) -> dict[int, Optional[int]]:
         if self._recorded is None:
@@ -216,4 +235,36 @@ class EpochLineage:
         return self._recorded
 
 
-__all__ = ["EpochLineage", "LineageSummary"]
+class LineageRecords:
+    """What the tables' Iceberg records say of their epochs, from their lineages indexed once: the
+    ``held_epochs.IcebergRecords`` a caller holding ``EpochLineage`` objects (garbage collection) hands the rule."""
+
+    lineages: Mapping[str, EpochLineage]
+
+    def __init__(self, lineages: Mapping[str, EpochLineage]) -> None:
+        self.lineages = lineages
+
+    def recorded(self, table: str) -> Mapping[int, Optional[int]]:
+        """The epochs ``table`` records, each with its snapshot (``EpochLineage.recorded_epochs``)."""
+        return dict(self.lineages[table].recorded_epochs())
+
+    def committed_epoch(self, table: str) -> Optional[int]:
+        """``table``'s committed epoch in Iceberg."""
+        return self.lineages[table].committed_epoch
+
+    def inputs_at(self, table: str, epoch: int) -> Optional[EpochInputs]:
+        """The inputs ``table``'s epoch ``epoch`` records."""
+        return self.lineages[table].inputs_at(epoch)
+
+    def first_epoch(self, table: str) -> Optional[int]:
+        """``table``'s first epoch as Iceberg records it."""
+        return self.lineages[table].first_epoch
+
+
+def table_progress(table: Table) -> Optional[EpochProgress]:
+    """The table's progress in Iceberg as loaded now: ``EpochLineage(table).committed_progress()``, for a caller
+    that asks nothing else of the table's lineage."""
+    return EpochLineage(table).committed_progress()
+
+
+__all__ = ["EpochLineage", "LineageRecords", "LineageSummary", "table_progress"]

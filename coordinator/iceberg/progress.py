@@ -6,12 +6,12 @@
     point.term            # the highest term any sink records: the next leader's term must be above it
     print(point.describe())
 
-**Committed in Iceberg.** Each sink's progress follows the one rule of ``snapshots.py``
+**Committed in Iceberg.** Each sink's progress follows the one rule of ``lineage.py``
 (the newer of ``main``'s newest epoch snapshot and the committed-epoch marker). A job is
-committed in Iceberg up to the *lowest* progress among its sinks (``committed``; None
-as soon as one sink records nothing of this job). A sink can be ahead of that only by
-the epoch that was in flight when the history was lost: it was precommitted (a snapshot
-of it is published, which happens only after the precommit) but the ZooKeeper commit, or
+committed in Iceberg up to the *lowest* progress among its sinks (``committed``,
+``records.job_committed_epoch``: None as soon as one sink records nothing of this job). A
+sink can be ahead of that only by the epoch that was in flight when the history was lost:
+it was precommitted (a snapshot of it is published, which happens only after the precommit) but the ZooKeeper commit, or
 the other sinks' publishes or markers, did not all land. That epoch is ``in_flight``: a
 resuming leader recomputes it from the input ranges its snapshot records; sinks that
 already hold it keep their snapshot (publishing is idempotent per epoch) and the others
@@ -32,8 +32,8 @@ from pyiceberg.table import Table
 
 from coordinator.errors import CorruptState
 from coordinator.iceberg.lineage import EpochLineage
-from coordinator.iceberg.snapshots import recorded_term, snapshot_at_epoch, table_progress
-from coordinator.records import EpochProgress, SourceRange
+from coordinator.iceberg.snapshots import recorded_term
+from coordinator.records import EpochProgress, SourceRange, job_committed_epoch
 
 
 @dataclass(frozen=True)
@@ -90,16 +90,19 @@ def resume_point(job: str, tables: Mapping[str, Table], committed: Optional[Epoc
     recorded in every sink whose progress is behind it (``unregister`` does); the point is read as
     if it were.
     """
-    for table in tables.values():
-        table.refresh()
-    sinks: dict[str, Optional[EpochProgress]] = {}
+    lineages = {}
     for name, table in tables.items():
-        recorded = table_progress(table)
+        table.refresh()
+        lineages[name] = EpochLineage(table)
+    sinks: dict[str, Optional[EpochProgress]] = {}
+    for name, lineage in lineages.items():
+        recorded = lineage.committed_progress()
         own = recorded if recorded is not None and recorded.job == job else None
         sinks[name] = committed if committed is not None and (own is None or own.epoch < committed.epoch) else own
     known = [p for p in sinks.values() if p is not None]
     newest = max(known, key=lambda p: p.epoch) if known else None
-    committed = None if len(known) < len(sinks) or not known else min(known, key=lambda p: p.epoch)
+    lowest = job_committed_epoch(p.epoch if p is not None else None for p in sinks.values())
+    committed = next((p for p in known if p.epoch == lowest), None)
     in_flight = newest if newest is not None and (committed is None or newest.epoch > committed.epoch) else None
     for progress, what in ((committed, "committed"), (in_flight, "in-flight")):
         if progress is not None and progress.inputs is None:
@@ -107,19 +110,15 @@ def resume_point(job: str, tables: Mapping[str, Table], committed: Optional[Epoc
                 f"job {job}: its {what} epoch {progress.epoch} in Iceberg records no input ranges (written by a "
                 "Tidemark release before format 1), so it cannot resume exactly from Iceberg alone")
     snapshots: dict[str, Optional[int]] = {}
-    lineages: dict[str, tuple[tuple[int, Optional[int]], ...]] = {}
+    recorded_epochs: dict[str, tuple[tuple[int, Optional[int]], ...]] = {}
     if committed is not None:
-        for name, table in tables.items():
-            at_epoch = snapshot_at_epoch(table, committed.epoch)
+        for name, lineage in lineages.items():
+            at_epoch = lineage.at_epoch(committed.epoch)
             snapshots[name] = at_epoch.snapshot_id if at_epoch else None
-            lineages[name] = (*_lineage_epochs(table, committed.epoch), (committed.epoch, snapshots[name]))
-    firsts = [e for e in (EpochLineage(t).first_epoch for t in tables.values()) if e is not None]
+            # the epochs a resumed tidemark lists again (``TableTidemark`` keeps the recent ones, and aligned ones
+            # further back), so downstream jobs and readers find common epochs
+            recorded_epochs[name] = (*lineage.recorded_epochs(committed.epoch), (committed.epoch, snapshots[name]))
+    firsts = [e for e in (lineage.first_epoch for lineage in lineages.values()) if e is not None]
     term = max([0, *(recorded_term(t) for t in tables.values())])
-    return ResumePoint(job, committed, in_flight, sinks, snapshots, lineages, term, min(firsts) if firsts else None)
-
-
-def _lineage_epochs(table: Table, up_to: int) -> tuple[tuple[int, Optional[int]], ...]:
-    """The epochs the table records in Iceberg at or below ``up_to``, with their snapshots, oldest first
-    (``EpochLineage.recorded_epochs``): the epochs a resumed tidemark lists again (``TableTidemark`` keeps the
-    recent ones, and aligned ones further back), so downstream jobs and readers find common epochs."""
-    return EpochLineage(table).recorded_epochs(up_to)
+    return ResumePoint(job, committed, in_flight, sinks, snapshots, recorded_epochs, term,
+                       min(firsts) if firsts else None)

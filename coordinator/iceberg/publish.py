@@ -61,7 +61,6 @@ from coordinator.iceberg.snapshots import (
     committed_properties,
     snapshot_epoch,
     snapshot_of_epoch,
-    table_progress,
     writer_job,
 )
 from coordinator.records import EpochProgress
@@ -296,12 +295,13 @@ def advance_committed_epoch(table: Table, progress: EpochProgress, term: int) ->
     """
     def attempt() -> bool:
         table.refresh()
-        current = table_progress(table)
+        lineage = EpochLineage(table)
+        current = lineage.committed_progress()
         newer = current is None or current.epoch < progress.epoch or (
             current.epoch == progress.epoch and current.inputs is None and progress.inputs is not None)
         updates = committed_properties(progress) if newer else {}
         if table.properties.get(FIRST_EPOCH_PROPERTY) is None:
-            updates[FIRST_EPOCH_PROPERTY] = str(EpochLineage(table).first_epoch or progress.epoch)
+            updates[FIRST_EPOCH_PROPERTY] = str(lineage.first_epoch or progress.epoch)
         if not updates:
             return False
         _commit(table, term, (SetPropertiesUpdate(updates=updates),))

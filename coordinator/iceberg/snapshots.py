@@ -17,10 +17,11 @@ claimed it: a publisher with a lower term is refused), ``tidemark.committed`` (t
 ``tidemark.committed-epoch`` (the marker's epoch alone, kept for readers of the 0.1 layout) and
 ``tidemark.first-epoch`` (the writer's first epoch: the table has no exact state before it).
 
-``table_progress`` is the one rule, a table's progress. ``ancestors`` is the walk of ``main`` the rules take (over
+How one snapshot or property is read is here; a table's progress, the rule over them, is
+``lineage.EpochLineage``'s (``lineage.table_progress``). ``ancestors`` is the one walk up the parents (over
 snapshots indexed by id once: pyiceberg's own lookup scans the whole list at every step), and ``newest_at_epoch``,
 ``newest_at_time`` and ``carrying_epoch`` pick a snapshot from a walk; the functions that take a table apply them
-to ``main``, ``lineage.EpochLineage`` to a lineage indexed once. pyiceberg's ``Summary`` is read with ``.get``
+to ``main``, ``EpochLineage`` to a lineage indexed once. pyiceberg's ``Summary`` is read with ``.get``
 only (``in`` and ``dict()`` misbehave on it).
 """
 from __future__ import annotations
@@ -133,28 +134,6 @@ def marker_progress(table: Table) -> Optional[EpochProgress]:
                            "an epoch") from None
 
 
-def newest_snapshot_progress(table: Table) -> Optional[tuple[EpochProgress, Snapshot]]:
-    """The newest snapshot of ``main`` that carries an epoch, with what it records."""
-    for snapshot in main_lineage(table):
-        found = snapshot_progress(snapshot)
-        if found is not None:
-            return found, snapshot
-    return None
-
-
-def table_progress(table: Table) -> Optional[EpochProgress]:
-    """The one rule: the newer of ``main``'s newest epoch snapshot and the committed-epoch marker (on a tie, the
-    one that records inputs). A published snapshot belongs to a precommitted epoch, which always commits with
-    exactly that snapshot, so it counts as committed for that table. A job with several sinks is committed in
-    Iceberg up to the *lowest* of its sinks' progress; a higher epoch found in some sink was precommitted and is
-    recomputed from the inputs its snapshot records (``progress.py``)."""
-    published = newest_snapshot_progress(table)
-    candidates = [p for p in (published[0] if published else None, marker_progress(table)) if p is not None]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda p: (p.epoch, p.inputs is not None))
-
-
 def claimed_term(properties: Mapping[str, str]) -> int:
     """The term that claimed a table last (its ``tidemark.term`` property; 0 for none)."""
     value = properties.get(TERM_PROPERTY)
@@ -196,15 +175,11 @@ def appended_files(table: Table, start: int, end: int) -> list[DataFile]:
     manifests it wrote. ``InputsExpired`` when a snapshot in between is gone from the table (expired outside
     Tidemark: its GC keeps them while a job still has to read them), since what it appended cannot be known.
     """
-    by_id = snapshot_index(table)
     added: list[Snapshot] = []
-    snapshot = by_id.get(end)
-    while snapshot is not None:
-        added.append(snapshot)
-        parent = snapshot.parent_snapshot_id
-        if parent == start:
+    for snapshot in ancestors(snapshot_index(table), end):
+        if snapshot.snapshot_id == start:
             break
-        snapshot = by_id.get(parent) if parent is not None else None
+        added.append(snapshot)
     else:
         gone = end if not added else added[-1].parent_snapshot_id
         raise InputsExpired(f"table {'.'.join(table.name())}: its history from snapshot {start} to {end} was expired "
@@ -246,10 +221,12 @@ def newest_at_time(lineage: Iterable[Snapshot], wall_ms: int) -> Optional[Snapsh
     return next((s for s in lineage if s.timestamp_ms <= wall_ms), None)
 
 
-def carrying_epoch(lineage: Iterable[Snapshot], epoch: int) -> Optional[Snapshot]:
-    """The first snapshot of ``lineage`` (newest first) that carries epoch ``epoch`` itself, if any."""
-    for snapshot in lineage:
-        found = snapshot_epoch(snapshot)
+def carrying_epoch(lineage: Iterable[Snapshot], epoch: int,
+                   epochs: Optional[Iterable[Optional[int]]] = None) -> Optional[Snapshot]:
+    """The first snapshot of ``lineage`` (newest first) that carries epoch ``epoch`` itself, if any. ``epochs``: the
+    lineage's epochs already parsed, as for ``newest_at_epoch``."""
+    pairs = zip(lineage, epochs) if epochs is not None else ((s, snapshot_epoch(s)) for s in lineage)
+    for snapshot, found in pairs:
         if found == epoch:
             return snapshot
         if found is not None and found < epoch:

@@ -3,8 +3,9 @@ consistency rule, in one place. The resolver, garbage collection, ``tidemark sta
 drivers' metrics and pacing all ask it.
 
     newest_common_epoch(marks)                   # from the tidemarks alone: no request (metrics, pacing)
-    held = HeldEpochs(held, newest, evidence)    # {table: {epoch: snapshot id}} and each table's newest epoch
+    held = held_epochs(marks, iceberg, tm)       # the tables' epochs and where to look further, built one way
     held.consistent_epoch()                      # the newest epoch they all hold, reaching for the laggard's
+    held.place(T)                                # every table's snapshot at epoch T, or the table that lacks it
     held.held[table][epoch]                      # the table's snapshot there (None: it was empty)
 
 **The rule.** A set of managed tables has a consistent version at every epoch each of them holds
@@ -12,8 +13,9 @@ drivers' metrics and pacing all ask it.
 consistent"). A table holds exactly the epochs its writer committed, not every barrier: a job coalesces.
 
 What is known of a table's epochs is each a subset of what it holds: its tidemark's list of recent epochs
-(``TableTidemark.recent``), its Iceberg records (``EpochLineage.recorded_epochs``), and, for the epoch that
-matters most, what ``Evidence`` finds on demand. ``HeldEpochs.consistent_epoch`` says how the laggard's epoch is
+(``TableTidemark.recent``), its Iceberg records (``IcebergRecords``: a resolver's summaries, GC's lineages), and,
+for the epoch that matters most, what ``Evidence`` finds on demand. ``held_epochs`` assembles them for every
+reader (resolver, GC, ``tidemark status``). ``HeldEpochs.consistent_epoch`` says how the laggard's epoch is
 looked for, ``Evidence.root_reads`` where a root table stands in a version (docs/design.md, "Consistency levels"
 and "A root table in a consistent version").
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Protocol, Union
 
 from coordinator.protocol.topology import read_topology
 from coordinator.records import EpochInputs, EpochRecord, EpochState, RootRead, TableTidemark
@@ -143,6 +145,15 @@ class Evidence:
         return first is not None and epoch >= first
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Every table's snapshot at one epoch (``HeldEpochs.place``), or the first table not shown to hold it."""
+
+    epoch: int
+    snapshots: Mapping[str, Optional[int]]  # every table's, when ``missing`` is None
+    missing: Optional[str] = None           # a table not shown to hold ``epoch``
+
+
 class HeldEpochs:
     """The epochs each table of a set of managed tables holds, with its snapshot at each (``held``), and each
     table's newest epoch (``newest``; None: it has committed nothing), completed from ``evidence`` on demand.
@@ -201,12 +212,25 @@ class HeldEpochs:
                             reverse=True)[:PLACE_TRIES]
         records = self.evidence.epoch_records(self.held, candidates)
         for epoch in candidates:
-            found = self._place(epoch, records)
-            if found is not None:
-                for name, snapshot_id in found.items():
-                    self.held[name][epoch] = snapshot_id
+            if self._placed(epoch, records).missing is None:
                 return epoch
         return newest_common
+
+    def place(self, epoch: int) -> Placement:
+        """Every table's snapshot at ``epoch``, looked for as ``consistent_epoch`` looks for the laggard's (one
+        pipelined read of the epoch records, then the tables' Iceberg records and their readers'); the snapshots
+        it finds are added to ``held``. ``missing`` names a table not shown to hold ``epoch``."""
+        self._place_newest_reads()
+        missing = [n for n, h in self.held.items() if epoch not in h]
+        return self._placed(epoch, self.evidence.epoch_records(missing, [epoch]) if missing else {})
+
+    def _placed(self, epoch: int, records: Mapping[tuple[str, int], EpochRecord]) -> Placement:
+        found = self._place(epoch, records)
+        if isinstance(found, str):
+            return Placement(epoch, {}, found)
+        for name, snapshot_id in found.items():
+            self.held[name][epoch] = snapshot_id
+        return Placement(epoch, {n: h[epoch] for n, h in self.held.items()})
 
     def _place_newest_reads(self) -> None:
         """Place each table's newest epoch in the tables of the set it read then, from the inputs at hand
@@ -225,8 +249,9 @@ class HeldEpochs:
                     self.held[source].setdefault(epoch, bounds.end)
                     self.newest[source] = max(self.newest[source] or epoch, epoch)
 
-    def _place(self, epoch: int, records: Mapping[tuple[str, int], EpochRecord]) -> Optional[dict[str, Optional[int]]]:
-        """The snapshot at ``epoch`` of every table not known to hold it, or None when one cannot be shown to."""
+    def _place(self, epoch: int,
+               records: Mapping[tuple[str, int], EpochRecord]) -> Union[dict[str, Optional[int]], str]:
+        """The snapshot at ``epoch`` of every table not known to hold it, or the name of one not shown to."""
         evidence = self.evidence
         missing = [n for n, h in self.held.items() if epoch not in h]
         found: dict[str, Optional[int]] = {}
@@ -244,7 +269,7 @@ class HeldEpochs:
                     continue
             read = self._read_by_reader(name, epoch, readers)
             if read is None:
-                return None
+                return name
             found[name] = read[0]
         return found
 
@@ -266,4 +291,64 @@ class HeldEpochs:
         return None
 
 
-__all__ = ["PLACE_TRIES", "Evidence", "HeldEpochs", "common_epochs", "newest_common_epoch"]
+class IcebergRecords(Protocol):
+    """What Iceberg records of a table's epochs, as the rule asks it: a resolver's summaries of the tables it read,
+    GC's lineages (``lineage.LineageRecords``). Any of these may load the table's metadata."""
+
+    def recorded(self, table: str) -> Mapping[int, Optional[int]]: ...  # its epochs -> snapshot (recorded_epochs)
+    def committed_epoch(self, table: str) -> Optional[int]: ...
+    def inputs_at(self, table: str, epoch: int) -> Optional[EpochInputs]: ...
+    def first_epoch(self, table: str) -> Optional[int]: ...
+
+
+def held_epochs(marks: Mapping[str, Optional[TableTidemark]], iceberg: Optional[IcebergRecords] = None,
+                tm: Optional[ZooKeeperSession] = None, writers: Optional[Mapping[str, str]] = None, *,
+                reach_back: bool = False) -> HeldEpochs:
+    """The epochs the tables of ``marks`` hold and where to look further, assembled one way for every reader:
+
+    - a table with a tidemark holds the epochs its list names, up to its epoch (with ``reach_back`` also those its
+      Iceberg records name below it, for GC's older versions); Iceberg's records are asked for the laggard's epoch
+      on demand;
+    - a table without one (its writer is not registered, or there is no ZooKeeper) holds what Iceberg records, up to
+      its committed epoch there, and the inputs of that epoch place the tables it read then;
+    - a table's first epoch is its tidemark's, else Iceberg's; the epoch records are read from ``tm`` (none
+      without it), the writers from ``writers`` or the topology.
+
+    :param marks: table -> its tidemark (None: it has none).
+    :param iceberg: the tables' Iceberg records; None to go by ZooKeeper alone (``tidemark status``).
+    :param tm: the session the epoch records are read with; None for a reader without ZooKeeper.
+    :param writers: table -> writer job, when already read.
+    :param reach_back: add what Iceberg records below each tidemark's list.
+    """
+    held: Held = {}
+    newest: dict[str, Optional[int]] = {}
+    for name, mark in marks.items():
+        if mark is None:
+            held[name] = dict(iceberg.recorded(name)) if iceberg is not None else {}
+            newest[name] = iceberg.committed_epoch(name) if iceberg is not None else None
+            continue
+        below = {} if iceberg is None or not reach_back or mark.epoch is None else {
+            e: s for e, s in iceberg.recorded(name).items() if e <= mark.epoch}
+        held[name] = {**below, **dict(mark.recent)}
+        newest[name] = mark.epoch
+
+    def first_epoch(name: str) -> Optional[int]:
+        mark = marks.get(name)
+        if mark is not None and mark.first_epoch is not None:
+            return mark.first_epoch
+        return iceberg.first_epoch(name) if iceberg is not None and name in marks else None
+    if iceberg is None:
+        return HeldEpochs(held, newest, Evidence(tm, writers, first_epoch=first_epoch))
+    records = iceberg
+
+    def recorded(name: str) -> Mapping[int, Optional[int]]:  # a table with a tidemark: Iceberg may reach further
+        return records.recorded(name) if marks.get(name) is not None else {}
+
+    def newest_inputs(name: str) -> Optional[EpochInputs]:  # a table without: what it read at its newest epoch
+        epoch = newest.get(name)
+        return None if marks.get(name) is not None or epoch is None else records.inputs_at(name, epoch)
+    return HeldEpochs(held, newest, Evidence(tm, writers, recorded, records.inputs_at, newest_inputs, first_epoch))
+
+
+__all__ = ["PLACE_TRIES", "Evidence", "HeldEpochs", "IcebergRecords", "Placement", "common_epochs", "held_epochs",
+           "newest_common_epoch"]

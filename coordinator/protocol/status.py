@@ -29,10 +29,18 @@ from typing import Any, Optional
 from coordinator.errors import JobNotFound
 from coordinator.formatting import fmt_cadence, fmt_epoch, fmt_seconds, fmt_time
 from coordinator.protocol.barriers import BarrierGrid
-from coordinator.protocol.held_epochs import Evidence, HeldEpochs, newest_common_epoch
+from coordinator.protocol.held_epochs import held_epochs
 from coordinator.protocol.pacing import Pacing, effective_cadences
 from coordinator.protocol.topology import Topology, read_topology
-from coordinator.records import FinishedRecord, LeaderRecord, RestRecord, TableTidemark, TermRecord, now_ms
+from coordinator.records import (
+    FinishedRecord,
+    LeaderRecord,
+    RestRecord,
+    TableTidemark,
+    TermRecord,
+    job_committed_epoch,
+    now_ms,
+)
 from coordinator.zookeeper.session import ZooKeeperSession
 
 STALE_INTERVALS = 3
@@ -105,7 +113,8 @@ class JobStatus:
     cadence_ms: Optional[int] = None          # its own cadence: ``every``, or the grid interval (None: no grid)
     effective_cadence_ms: Optional[int] = None  # the cadence its epochs follow (a slower upstream's, or its own)
     cadence_from: Optional[str] = None        # the upstream job that sets the effective cadence (None: its own)
-    consistent_epoch: Optional[int] = None    # the newest epoch its sinks and managed sources all hold
+    consistent_epoch: Optional[int] = None    # the newest epoch its sinks and managed sources all hold, on the
+                                              # tidemarks' lists (as its own metrics show it: no read)
     lag_ms: Optional[int] = None              # wall clock at the read minus the committed epoch
     stale_after_ms: Optional[int] = None      # the lag beyond which it is stale unless upstream explains it
     waiting_for: tuple[Blocker, ...] = ()
@@ -118,7 +127,7 @@ class JobStatus:
     @property
     def committed_epoch(self) -> Optional[int]:
         """The epoch committed in every sink: the lowest sink tidemark (None while a sink has none)."""
-        return _minimum(self.tidemarks.values())
+        return job_committed_epoch(self.tidemarks.values())
 
     @property
     def leader_state(self) -> str:
@@ -267,10 +276,41 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS,
     :raises CorruptState: a znode read cannot be decoded.
     :raises ZooKeeperUnavailable: ZooKeeper did not answer within the session's deadline.
     """
+    deployment = _read_deployment(tm, clock)
+    topo, marks, read_ms = deployment.topology, deployment.marks, deployment.read_ms
+    names, writers = sorted(topo.jobs), topo.writers
+    interval = deployment.grid.interval_at(read_ms) if deployment.grid is not None else None
+    cadences = effective_cadences(topo, deployment.pacings, interval)
+    graces = _upstream_graces(topo, writers, deployment.pacings)
+    judged = {name: _judge(deployment, name, stale_intervals, interval, cadences[name], graces[name])
+              for name in names}
+    live_tables = {t for job in judged.values() if not job.at_rest for t in _own_tables(job, writers)}
+    consistent = _consistent_epoch(marks, sorted(writers), tm, writers)
+    live_consistent = _consistent_epoch(marks, live_tables, tm, writers)
+    reference = _holds_back_reference(judged, deployment)
+    jobs = tuple(replace(job, holds_back_ms=max(0, reference - c))
+                 if job.stale and (c := job.committed_epoch) is not None else job for job in judged.values())
+    return Status(topo, jobs, deployment.grid, interval, consistent, read_ms, live_consistent)
+
+
+@dataclass(frozen=True)
+class _Deployment:
+    """What ``read_status`` reads: the topology, every table's tidemark, the grid, every job's pacing and its
+    status as read (leader, term, the marks of a job at rest), and the wall clock at the read."""
+
+    topology: Topology
+    marks: Mapping[str, Optional[TableTidemark]]
+    grid: Optional[BarrierGrid]
+    pacings: Mapping[str, Optional[Pacing]]
+    jobs: Mapping[str, JobStatus]
+    read_ms: int
+
+
+def _read_deployment(tm: ZooKeeperSession, clock: Callable[[], int]) -> _Deployment:
+    """The reads of ``read_status``: two pipelined batches beside the topology."""
     topo = read_topology(tm)
     names = sorted(topo.jobs)
-    writers = topo.writers
-    tables = sorted(writers)
+    tables = sorted(topo.writers)
     p = tm.paths
     n = len(names)
     raw = tm.get_many([p.term(j) for j in names] + [p.leader(j) for j in names] + [p.pacing(j) for j in names]
@@ -302,87 +342,91 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS,
             base[name], finished=FinishedRecord.from_json(fin_raw[0], p.finished(name)) if fin_raw else None,
             paused=paused if in_force else None, pause_ended=None if in_force else paused,
             retired=RestRecord.from_json(retired_raw[0], p.retired(name)) if retired_raw else None)
+    return _Deployment(topo, marks, grid, pacings, base, read_ms)
 
-    interval = grid.interval_at(read_ms) if grid is not None else None
-    cadences = effective_cadences(topo, pacings, interval)
-    graces = _upstream_graces(topo, writers, pacings)
-    states = {name: job.state for name, job in base.items()}
-    committed = {name: job.committed_epoch for name, job in base.items()}
-    partial: dict[str, JobStatus] = {}
-    blocked: dict[str, bool] = {}
-    live_tables: set[str] = set()                 # the sinks and managed sources of the live jobs
-    for name in names:
-        job, c = base[name], committed[name]
-        pacing = pacings[name] or Pacing()
-        own = pacing.every_ms if pacing.every_ms is not None else interval
-        effective, setter = cadences[name]
-        managed = [s for s in job.sources if s in writers]
-        lag = None if c is None else max(0, read_ms - c)
-        stale_after = None if effective is None else stale_intervals * effective + graces[name] + STALE_SLACK_MS
-        lagging = lag is not None and stale_after is not None and lag > stale_after
 
-        blockers: list[Blocker] = []
-        waiting: Optional[str] = None
-        if not job.at_rest and grid is not None:
-            choice = pacing.choose(grid, after=c, sources={s: marks.get(s) for s in managed},
-                                   has_root_source=len(managed) < len(job.sources), now=read_ms)
-            blockers = [_blocker(s, marks, writers, states, base) for s in choice.behind]
-            if c is None and not blockers:
-                waiting = "has not committed an epoch yet"
-            elif lagging and not blockers and managed:
-                if choice.epoch is None:
-                    waiting = f"waiting for its sources: {choice.reason}"
-                elif (late := _caught_up_lately(managed, marks, c, read_ms, stale_after)) is not None:
-                    waiting = (f"catching up: {late[0]} committed its first epoch after {fmt_time(c)} only "
-                               f"{fmt_seconds(late[1])} ago")
-        explained = bool(blockers) or waiting is not None
-        blocked[name] = explained
-        stale, why = False, None
-        if job.state in (NO_LEADER, FENCED):
-            stale = True
-            why = "no live leader" + (" (its leader was fenced)" if job.state == FENCED else "") + \
-                " and no finished bounded run" + (
-                    f" (its pause ended at {fmt_time(job.pause_ended.until_ms)})" if job.pause_ended else "")
-        elif job.state == LEADING and lagging and not explained:
-            stale, why = True, (f"lags {fmt_seconds(lag)}, more than {stale_intervals} of its "
-                                f"{'effective ' if setter else ''}cadence ({fmt_cadence(effective)})"
-                                + _silent_leader(job, marks, read_ms))
-        own_tables = [*job.sinks, *managed]
-        if not job.at_rest:
-            live_tables.update(own_tables)
-        partial[name] = replace(job, cadence_ms=own, effective_cadence_ms=effective, cadence_from=setter,
-                                consistent_epoch=newest_common_epoch(marks.get(t) for t in own_tables),
-                                lag_ms=lag, stale_after_ms=stale_after, waiting_for=tuple(blockers),
-                                waiting=waiting, stale=stale, stale_reason=why)
+def _judge(deployment: _Deployment, name: str, stale_intervals: int, interval: Optional[int],
+           cadence: tuple[Optional[int], Optional[str]], grace_ms: int) -> JobStatus:
+    """Job ``name`` with its cadences, lag, what it waits for and whether it is stale (``read_status``)."""
+    job, marks, read_ms = deployment.jobs[name], deployment.marks, deployment.read_ms
+    c = job.committed_epoch
+    pacing = deployment.pacings[name] or Pacing()
+    effective, setter = cadence
+    lag = None if c is None else max(0, read_ms - c)
+    stale_after = None if effective is None else stale_intervals * effective + grace_ms + STALE_SLACK_MS
+    lagging = lag is not None and stale_after is not None and lag > stale_after
+    blockers, waiting = _waits(deployment, job, pacing, lagging, stale_after)
+    stale, why = False, None
+    if job.state in (NO_LEADER, FENCED):
+        stale, why = True, _leaderless_text(job)
+    elif job.state == LEADING and lagging and not (blockers or waiting is not None):
+        stale, why = True, (f"lags {fmt_seconds(lag)}, more than {stale_intervals} of its "
+                            f"{'effective ' if setter else ''}cadence ({fmt_cadence(effective)})"
+                            + _silent_leader(job, marks, read_ms))
+    own = pacing.every_ms if pacing.every_ms is not None else interval
+    return replace(job, cadence_ms=own, effective_cadence_ms=effective, cadence_from=setter,
+                   consistent_epoch=_consistent_epoch(marks, _own_tables(job, deployment.topology.writers)),
+                   lag_ms=lag, stale_after_ms=stale_after, waiting_for=tuple(blockers), waiting=waiting,
+                   stale=stale, stale_reason=why)
 
-    consistent = _consistent_epoch(tm, writers, marks, tables)
-    live_consistent = _consistent_epoch(tm, writers, marks, live_tables)
-    # How far each stale job holds the consistent epoch back: the consistent epoch of the tables of the
-    # healthy jobs (live, neither stale nor waiting on something), or the wall clock when there are none,
-    # minus its epoch. A job at rest is no reference: its tables stay where it stopped.
-    healthy = [j for j in names if not partial[j].stale and not blocked[j] and committed[j] is not None
-               and not base[j].at_rest]
-    reference = newest_common_epoch(marks.get(t) for j in healthy for t in base[j].sinks) if healthy else None
+
+def _waits(deployment: _Deployment, job: JobStatus, pacing: Pacing, lagging: bool,
+           stale_after: Optional[int]) -> tuple[list[Blocker], Optional[str]]:
+    """What a live job waits for: the managed sources behind it (its pacing's own ``Choice.behind``), and why it
+    lags when that is not them (nothing committed yet, no common epoch on its cadence, a source caught up lately)."""
+    grid, marks, read_ms, writers = deployment.grid, deployment.marks, deployment.read_ms, deployment.topology.writers
+    if job.at_rest or grid is None:
+        return [], None
+    c = job.committed_epoch
+    managed = [s for s in job.sources if s in writers]
+    choice = pacing.choose(grid, after=c, sources={s: marks.get(s) for s in managed},
+                           has_root_source=len(managed) < len(job.sources), now=read_ms)
+    blockers = [_blocker(s, deployment) for s in choice.behind]
+    if blockers:
+        return blockers, None
+    if c is None:
+        return [], "has not committed an epoch yet"
+    if lagging and managed:
+        if choice.epoch is None:
+            return [], f"waiting for its sources: {choice.reason}"
+        late = _caught_up_lately(managed, marks, c, read_ms, stale_after)
+        if late is not None:
+            return [], (f"catching up: {late[0]} committed its first epoch after {fmt_time(c)} only "
+                        f"{fmt_seconds(late[1])} ago")
+    return [], None
+
+
+def _leaderless_text(job: JobStatus) -> str:
+    return "no live leader" + (" (its leader was fenced)" if job.state == FENCED else "") + \
+        " and no finished bounded run" + (
+            f" (its pause ended at {fmt_time(job.pause_ended.until_ms)})" if job.pause_ended else "")
+
+
+def _own_tables(job: JobStatus, writers: Mapping[str, str]) -> list[str]:
+    """A job's sinks and managed sources: the tables its consistent epoch is over."""
+    return [*job.sinks, *(s for s in job.sources if s in writers)]
+
+
+def _holds_back_reference(judged: Mapping[str, JobStatus], deployment: _Deployment) -> int:
+    """What a stale job holds the consistent epoch back from: the consistent epoch of the tables of the healthy
+    jobs (live, neither stale nor waiting on something), or the wall clock when there are none. A job at rest is no
+    reference: its tables stay where it stopped."""
+    healthy = [job for job in judged.values() if not job.stale and not job.waiting_for and job.waiting is None
+               and job.committed_epoch is not None and not job.at_rest]
+    reference = _consistent_epoch(deployment.marks, [t for job in healthy for t in job.sinks]) if healthy else None
     if reference is None:
-        reference = min((c for j in healthy if (c := committed[j]) is not None), default=read_ms)
-    jobs = []
-    for name in names:
-        job, c = partial[name], committed[name]
-        if job.stale and c is not None:
-            job = replace(job, holds_back_ms=max(0, reference - c))
-        jobs.append(job)
-    return Status(topo, tuple(jobs), grid, interval, consistent, read_ms, live_consistent)
+        reference = min((c for job in healthy if (c := job.committed_epoch) is not None), default=deployment.read_ms)
+    return reference
 
 
-def _consistent_epoch(tm: ZooKeeperSession, writers: Mapping[str, str], marks: Mapping[str, Optional[TableTidemark]],
-                      tables: Iterable[str]) -> Optional[int]:
-    """The newest epoch every one of ``tables`` holds, as a reader resolves it from ZooKeeper (``held_epochs``):
-    the tidemarks' lists, and the epoch records when the laggard's epoch is beyond them (one more read)."""
+def _consistent_epoch(marks: Mapping[str, Optional[TableTidemark]], tables: Iterable[str],
+                      tm: Optional[ZooKeeperSession] = None, writers: Optional[Mapping[str, str]] = None,
+                      ) -> Optional[int]:
+    """The newest epoch every one of ``tables`` holds, by the readers' rule (``held_epochs``) on ZooKeeper alone:
+    with ``tm``, as a reader resolves it (the epoch records are read when the laggard's epoch is beyond the
+    tidemarks' lists: one more read); without, on the lists alone, as a job's own metrics show it (no read)."""
     own = {t: marks.get(t) for t in tables}
-    if not own:
-        return None
-    firsts = {t: m.first_epoch for t, m in own.items() if m is not None}
-    return HeldEpochs.of_tidemarks(own, Evidence(tm, writers, first_epoch=firsts.get)).consistent_epoch()
+    return held_epochs(own, tm=tm, writers=writers).consistent_epoch() if own else None
 
 
 def _silent_leader(job: JobStatus, marks: Mapping[str, Optional[TableTidemark]], read_ms: int) -> str:
@@ -424,18 +468,11 @@ def _caught_up_lately(managed: Iterable[str], marks: Mapping[str, Optional[Table
     return None
 
 
-def _blocker(source: str, marks: Mapping[str, Optional[TableTidemark]], writers: Mapping[str, str],
-             states: Mapping[str, str], base: Mapping[str, JobStatus]) -> Blocker:
-    writer = writers[source]
-    fin = base[writer].finished if states[writer] == FINISHED else None
-    return Blocker(source, _epoch_of(marks, source), writer, states[writer], fin.epoch if fin else None)
-
-
-def _minimum(epochs: Iterable[Optional[int]]) -> Optional[int]:
-    """The lowest of ``epochs``; None when there are none or one is None (not committed yet)."""
-    listed = list(epochs)
-    known = [e for e in listed if e is not None]
-    return min(known) if known and len(known) == len(listed) else None
+def _blocker(source: str, deployment: _Deployment) -> Blocker:
+    writer = deployment.topology.writers[source]
+    job = deployment.jobs[writer]
+    fin = job.finished if job.state == FINISHED else None
+    return Blocker(source, _epoch_of(deployment.marks, source), writer, job.state, fin.epoch if fin else None)
 
 
 def _epoch_of(marks: Mapping[str, Optional[TableTidemark]], table: str) -> Optional[int]:
