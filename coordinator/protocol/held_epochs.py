@@ -175,13 +175,6 @@ class HeldEpochs:
         self.evidence = evidence if evidence is not None else Evidence()
         self._recorded: dict[str, Mapping[int, Optional[int]]] = {}  # ``Evidence.recorded``, asked once per table
 
-    @classmethod
-    def of_tidemarks(cls, marks: Mapping[str, Optional[TableTidemark]],
-                     evidence: Optional[Evidence] = None) -> HeldEpochs:
-        """From the tidemarks' lists (a table with no tidemark holds nothing)."""
-        return cls({n: dict(m.recent) if m is not None else {} for n, m in marks.items()},
-                   {n: m.epoch if m is not None else None for n, m in marks.items()}, evidence)
-
     def common(self) -> set[int]:
         """The epochs every table holds as far as known now."""
         return common_epochs(h.keys() for h in self.held.values())
