@@ -43,7 +43,8 @@ class Records:
     """Iceberg's records of two tables, as plain data (``held_epochs.IcebergRecords``), counting what is asked."""
 
     def __init__(self) -> None:
-        self.epochs = {"db.a": {1000: 10, 2000: 20, 3000: 30, 5000: 50}, "db.b": {2000: 200, 4000: 400}}
+        self.epochs: dict[str, dict[int, Optional[int]]] = {
+            "db.a": {1000: 10, 2000: 20, 3000: 30, 5000: 50}, "db.b": {2000: 200, 4000: 400}}
         self.inputs = {("db.b", 4000): inputs(a=40)}
         self.asked: Counter[str] = Counter()
 

@@ -16,6 +16,7 @@ import pytest
 from kazoo.protocol.states import ZnodeStat
 
 from coordinator import EpochRecord, EpochState, EpochWriter
+from coordinator.errors import NotLeader
 from coordinator.iceberg.snapshots import COMMITTED_EPOCH_PROPERTY
 from coordinator.protocol.pacing import CATCH_UP_TAKEOVERS
 from coordinator.records import FinishedRecord, now_ms
@@ -720,3 +721,41 @@ def test_an_epoch_whose_function_fails_is_aborted_with_its_reason_and_recomputed
         in caplog.text
     assert catalog.load_table(sink).scan().to_arrow().column("row").to_pylist() == [1]
     again.close()
+
+
+def test_a_writer_holds_a_whole_term_or_none_and_a_context_stages_only_in_its_own(connect, catalog_settings,
+                                                                                   catalog, namespace):
+    """Before ``open`` and after ``close`` every call that needs a term raises ``NotLeader`` with one message (and
+    the metrics show no leader); an epoch's context stages under the term that made it, never once that term is
+    over, whichever term the writer holds by then."""
+    sink = f"{namespace}.out"
+    create_table(catalog, sink, first_snapshot=False)
+    writer = EpochWriter(connect(), "terms", sources=[], sinks=[sink], catalog=catalog_settings, interval_ms=1000,
+                         grace_ms=0)
+    metric = writer.metrics.registry.get_sample_value
+    job = {"tidemark_job": "terms"}
+
+    def closed() -> None:
+        for call in (lambda: writer.epochs, lambda: writer.process(0, print), lambda: writer.commit_idle(0),
+                     lambda: writer.inputs_for(0), lambda: writer.next_barrier(wait=False)):
+            with pytest.raises(NotLeader, match=r"job 'terms': open\(\) the writer \(or run it\) first"):
+                call()
+        with pytest.raises(NotLeader, match="job 'terms': this replica does not lead the job"):
+            writer.term  # noqa: B018 - the property access is the test
+        assert writer.tidemarks_in_memory() is None and not writer.has_root_source
+        assert (metric("tidemark_driver_leader", job), metric("tidemark_driver_term", job)) == (0, None)
+
+    closed()
+    writer.open(leader_timeout=30)
+    first = writer.term
+    assert (metric("tidemark_driver_leader", job), metric("tidemark_driver_term", job)) == (1, first)
+    epoch = writer.grid().floor(now_ms()) // 1000 * 1000
+    ctx = writer.context(writer, writer.epochs.begin(epoch, writer.inputs_for(epoch)))
+    writer.close()
+    closed()
+    writer.open(leader_timeout=30)
+    assert writer.term > first
+    with pytest.raises(NotLeader, match="this replica is RELEASED, not the leader"):
+        ctx.append(sink, rows(epoch, [0]))
+    assert ctx.staged == {} and catalog.load_table(sink).snapshots() == []
+    writer.close()

@@ -16,6 +16,7 @@ scrape target). Base units: seconds, and epochs as Unix timestamps in seconds. `
 histogram of the loop's phases (``PHASES``: disjoint, so they add up to the loop's time) and the counters the
 loop's hooks bump; ``_DriverState`` computes the gauges at scrape time from memory: leadership, term, the
 session's state, retries and clock skew, and while leading the committed and consistent epochs and their lags.
+The writer calls the hooks; the metrics read it only through the ``DriverView`` it gives them.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 from kazoo.client import KazooState
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -32,14 +33,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from coordinator.errors import NotLeader
 from coordinator.job.metrics_server import MetricsServer
 from coordinator.protocol.held_epochs import newest_common_epoch
 from coordinator.protocol.leadership import LeaderState
 from coordinator.settings import Settings
 
 if TYPE_CHECKING:
-    from coordinator.job.writer import EpochWriter
+    from coordinator.records import TableTidemark
+    from coordinator.zookeeper.session import ZooKeeperSession
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,27 @@ CONNECTION_STATES = (KazooState.CONNECTED, KazooState.SUSPENDED, KazooState.LOST
 RETRIED_OPERATIONS = ("zookeeper", "barriers", "leader_election", "registration")
 
 
+class DriverView(Protocol):
+    """What the metrics read of their driver at scrape time, from its memory only (``EpochWriter`` gives them one):
+    its job's name and ZooKeeper session, and while it leads, its term, committed epoch and tidemarks."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def tm(self) -> ZooKeeperSession: ...
+
+    def leading_term(self) -> Optional[int]: ...  # while it leads right now (LeaderState.LEADING), else None
+    def committed_epoch(self) -> Optional[int]: ...  # the job's last committed epoch while it holds a term
+    def tidemarks_in_memory(self) -> Optional[dict[str, Optional[TableTidemark]]]: ...  # EpochWriter's
+
+
 class DriverMetrics:
     """The metrics of one ``EpochWriter``, in a registry of its own (several writers may share a process).
+
+    :param driver: what the gauges read at scrape time (``DriverView``).
+    :param port: where ``serve`` serves them; None: ``TIDEMARK_METRICS_PORT``, and not served when that is unset.
+    :param address: the address it binds; None: ``TIDEMARK_METRICS_ADDRESS``, else ``0.0.0.0``.
 
     Failure behaviour: instrumentation never raises into the epoch loop and a scrape never waits on ZooKeeper:
     the consistent epoch is read from the writer's memory (its sources' tidemarks as the loop's own watches keep
@@ -64,9 +84,9 @@ class DriverMetrics:
     it cannot bind.
     """
 
-    def __init__(self, writer: EpochWriter, port: Optional[int] = None, address: Optional[str] = None) -> None:
-        self.writer = writer
-        self.job = writer.name
+    def __init__(self, driver: DriverView, port: Optional[int] = None, address: Optional[str] = None) -> None:
+        self.driver = driver
+        self.job = driver.name
         settings = Settings.from_env()  # TIDEMARK_METRICS_PORT / _ADDRESS, unless given
         self.port = port if port is not None else settings.metrics_port
         self.address = address or settings.metrics_address
@@ -172,23 +192,22 @@ class DriverMetrics:
     def consistent_epoch(self) -> Optional[int]:
         """The newest epoch the job's managed sources and its sinks all hold, from the writer's memory (None
         until every one is known)."""
-        marks = self.writer.tidemarks_in_memory()
+        marks = self.driver.tidemarks_in_memory()
         return None if marks is None else newest_common_epoch(marks.values())
 
 
 class _DriverState(Collector):
-    """The gauges read at scrape time from the writer's and its session's memory."""
+    """The gauges read at scrape time from the driver's and its session's memory."""
 
     def __init__(self, metrics: DriverMetrics) -> None:
         self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        metrics, writer = self.metrics, self.metrics.writer
+        metrics, driver = self.metrics, self.metrics.driver
         job, labels = metrics.job, [JOB_LABEL]
-        leadership = writer.leadership
-        leading = leadership.is_leading
-        yield _gauge("tidemark_driver_leader", "1 while this replica leads the job", job, 1 if leading else 0)
-        state = writer.tm.connection_state
+        term = driver.leading_term()
+        yield _gauge("tidemark_driver_leader", "1 while this replica leads the job", job, 0 if term is None else 1)
+        state = driver.tm.connection_state
         connection = GaugeMetricFamily("tidemark_driver_zookeeper_connection_state",
                                        "1 for the ZooKeeper session's current state", labels=labels + ["state"])
         for known in CONNECTION_STATES:
@@ -196,31 +215,27 @@ class _DriverState(Collector):
         yield connection
         changes = CounterMetricFamily("tidemark_driver_zookeeper_connection_changes",
                                       "Times the ZooKeeper connection entered each state", labels=labels + ["state"])
-        counts = writer.tm.connection_changes()
+        counts = driver.tm.connection_changes()
         for known in CONNECTION_STATES:
             changes.add_metric([job, known.lower()], counts.get(known, 0))
         yield changes
         retries = CounterMetricFamily("tidemark_driver_retries",
                                       "Retried operations of this driver's ZooKeeper session, per operation",
                                       labels=labels + ["operation"])
-        counts = {operation: 0 for operation in RETRIED_OPERATIONS} | writer.tm.retry_counts()
+        counts = {operation: 0 for operation in RETRIED_OPERATIONS} | driver.tm.retry_counts()
         for operation, count in sorted(counts.items()):
             retries.add_metric([job, operation], count)
         yield retries
-        skew = writer.tm.server_clock.skew_ms()
+        skew = driver.tm.server_clock.skew_ms()
         if skew is not None:
             yield _gauge("tidemark_driver_clock_skew_seconds",
                          "This host's wall clock minus ZooKeeper's (positive: ahead), from its writes' stamps", job,
                          skew / 1000)
-        if not leading:
+        if term is None:
             return
-        now = writer.tm.server_clock.now_ms() / 1000  # ZooKeeper's clock: a lag is true whatever this host's says
-        if leadership.term is not None:
-            yield _gauge("tidemark_driver_term", "Fencing term this replica leads the job with", job, leadership.term)
-        try:
-            committed = writer.epochs.last_committed
-        except NotLeader:  # stepping down or taking over right now
-            committed = None
+        now = driver.tm.server_clock.now_ms() / 1000  # ZooKeeper's clock: a lag is true whatever this host's says
+        yield _gauge("tidemark_driver_term", "Fencing term this replica leads the job with", job, term)
+        committed = driver.committed_epoch()  # None while stepping down or taking over
         if committed is not None:
             yield _gauge("tidemark_driver_committed_epoch_timestamp_seconds",
                          "The job's committed epoch, as a Unix timestamp", job, committed / 1000)

@@ -17,10 +17,11 @@ epoch state machine") and which barriers a job takes and why its epochs are cons
 
 The parts, in the order a run meets them: ``run`` hands the terms to the ``Supervisor``
 (``supervisor.py``: contend, lead, step down, again); a term is ``open`` (register, contend, take
-over, recover) and ``close`` here, and its epochs are ``_loop`` and ``process`` here, each waiting
-for its epoch with ``NextEpoch`` (``coordinator.protocol.next_epoch``: pacing and catch-up over
-watched state) and committing with ``EpochCommitter`` (``commit.py``). ``EpochContext`` is what the
-function sees, ``Waiting`` why the writer waits.
+over, recover) and ``close`` here, held as one ``LeaderTerm`` (``term.py``), and its epochs are
+``_loop`` and ``process`` here, each waiting for its epoch with ``NextEpoch``
+(``coordinator.protocol.next_epoch``: pacing and catch-up over watched state) and committing with
+``EpochCommitter`` (``commit.py``). ``EpochContext`` is what the function sees, ``Waiting`` why the
+writer waits; ``DriverMetrics`` (``driver_metrics.py``) reads the writer through the view it is given.
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ from coordinator.iceberg.staging import stage_append, stage_overwrite
 from coordinator.job.commit import DEFAULT_MARKER_EVERY, EpochCommitter
 from coordinator.job.driver_metrics import DriverMetrics
 from coordinator.job.supervisor import Supervisor
+from coordinator.job.term import LeaderTerm
 from coordinator.names import validate_name, validate_names
 from coordinator.protocol.barriers import BarrierGrid, Barriers
 from coordinator.protocol.epochs import EpochCoordinator, RecoveryAction
@@ -99,13 +101,19 @@ class Waiting:
 
 
 class EpochContext:
-    """What one epoch's function sees: its inputs and staged writes to its sinks, as ``pyarrow`` tables."""
+    """What one epoch's function sees: its inputs and staged writes to its sinks, as ``pyarrow`` tables.
+
+    A context belongs to the writer's term that made it (``process`` does): it stages under that term, and not at
+    all once this replica knows the term is over. The constructor raises ``NotLeader`` when the writer holds no
+    term (it is not open).
+    """
 
     def __init__(self, writer: EpochWriter, record: EpochRecord) -> None:
         self.writer, self.record = writer, record
         self.epoch: int = record.epoch
         self.inputs: EpochInputs = record.inputs
         self.staged: dict[str, Optional[int]] = {}
+        self._term: LeaderTerm = writer._leading()
 
     def range_of(self, source: str) -> SourceRange:
         """The snapshot range ``(previous epoch, T]`` this epoch recorded for ``source`` (``SourceRange()``, with
@@ -163,10 +171,11 @@ class EpochContext:
         self.check_sink(sink)
         # A replica that knows it lost its term stages nothing. One that does not know yet (paused, partitioned)
         # may still stage: harmless, see docs/design.md "Zombies".
-        self.writer.leadership.ensure_leading()
-        term = self.writer.term
-        with self.writer.doing(f"epoch {self.epoch}: staging {sink}", "stage"):
-            self.stage(sink, stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term, self.inputs))
+        term = self._term
+        term.leadership.ensure_leading()
+        with term.doing(f"epoch {self.epoch}: staging {sink}", "stage"):
+            self.stage(sink, stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term.number,
+                                   self.inputs))
 
     def check_sink(self, sink: str) -> None:
         """Refuse a sink that is not declared, or already written in this epoch (one write per sink and epoch).
@@ -189,6 +198,24 @@ class EpochContext:
         """
         self.check_sink(sink)
         self.staged[sink] = snapshot_id
+
+
+class _MetricsView:
+    """The writer as its metrics read it at scrape time (a ``DriverView``): from its memory, never a request."""
+
+    def __init__(self, writer: EpochWriter) -> None:
+        self.name, self.tm, self._writer = writer.name, writer.tm, writer
+
+    def leading_term(self) -> Optional[int]:
+        leadership = self._writer.leadership
+        return leadership.term if leadership.is_leading else None
+
+    def committed_epoch(self) -> Optional[int]:
+        term = self._writer._term
+        return None if term is None else term.epochs.last_committed
+
+    def tidemarks_in_memory(self) -> Optional[dict[str, Optional[TableTidemark]]]:
+        return self._writer.tidemarks_in_memory()
 
 
 class EpochWriter:
@@ -225,8 +252,9 @@ class EpochWriter:
        first line (ABORTED), and it is recomputed from the same recorded inputs by whoever runs the job next;
     7. **stage, precommit, publish, commit** (``EpochCommitter``).
 
-    States: closed (no term) until ``open`` wins the leadership and recovers, then leading until ``close``
-    steps down; ``run`` does both once per term. While closed, ``term``, ``epochs``, ``process``,
+    States: closed (no term) until ``open`` wins the leadership and recovers, then leading, holding one
+    ``LeaderTerm`` (its number, epoch state machine, committer and next epoch), until ``close`` steps down and
+    drops it; ``run`` does both once per term. While closed, ``term``, ``epochs``, ``process``,
     ``commit_idle``, ``inputs_for`` and ``next_barrier`` raise ``NotLeader``.
 
     :param tm: the ZooKeeper session (a ``Tidemark``).
@@ -300,15 +328,13 @@ class EpochWriter:
         self.waiting: Optional[Waiting] = None
         self._stop = threading.Event()
         self._tables: dict[str, Table] = {}
-        self._epochs: Optional[EpochCoordinator] = None
-        self._committer: Optional[EpochCommitter] = None
-        self._next: Optional[NextEpoch] = None  # while leading: the next epoch, from watched state
-        self._opened_ms: Optional[int] = None
+        self._term: Optional[LeaderTerm] = None  # while leading: made by open, dropped by close
         self._logged_at = 0.0
         # What this replica is busy with while it leads (and since when, monotonic): _watch_steps logs a step
         # that lasts, so a leader that commits nothing always says what it waits for (issue 22).
         self._doing: Optional[tuple[str, float]] = None
-        self.metrics = DriverMetrics(self, port=metrics_port)  # port None: TIDEMARK_METRICS_PORT, unset: not served
+        # port None: TIDEMARK_METRICS_PORT, unset: not served
+        self.metrics = DriverMetrics(_MetricsView(self), port=metrics_port)
 
     # -- what the loop reads ----------------------------------------------------------------
 
@@ -322,27 +348,19 @@ class EpochWriter:
     @property
     def epochs(self) -> EpochCoordinator:
         """The job's epoch state machine while this replica leads; ``NotLeader`` before ``open``."""
-        if self._epochs is None:
-            raise NotLeader(f"job {self.name!r}: open() the writer (or run it) first")
-        return self._epochs
+        return self._leading().epochs
 
-    @property
-    def _open_committer(self) -> EpochCommitter:
-        if self._committer is None:
+    def _leading(self) -> LeaderTerm:
+        """The term this replica leads, once ``open`` has taken over; ``NotLeader`` before."""
+        if self._term is None:
             raise NotLeader(f"job {self.name!r}: open() the writer (or run it) first")
-        return self._committer
+        return self._term
 
     @property
     def has_root_source(self) -> bool:
         """While leading: a source no Tidemark job writes (read by commit time, so the epochs follow the clock)."""
-        next_epoch = self._next
-        return next_epoch is not None and next_epoch.has_root_source
-
-    @property
-    def _open_next(self) -> NextEpoch:
-        if self._next is None:
-            raise NotLeader(f"job {self.name!r}: open() the writer (or run it) first")
-        return self._next
+        term = self._term
+        return term is not None and term.next_epoch.has_root_source
 
     def table(self, name: str) -> Table:
         """The pyiceberg table, loaded once per writer (callers refresh it when they need its newest metadata).
@@ -378,7 +396,7 @@ class EpochWriter:
         :raises NotLeader: not elected within ``leader_timeout``, or fenced while taking over (``Fenced``).
         :raises JobRetired: an operator retired the job.
         """
-        if self._epochs is not None:
+        if self._term is not None:
             return
         self.metrics.serve()
         # TableNotFound names a missing sink before anything is registered: a job registered for tables that do
@@ -392,21 +410,22 @@ class EpochWriter:
             table.refresh()
         self._acquire(leader_timeout, while_standby, max(recorded_term(t) for t in sinks.values()))
         self.metrics.became_leader()
-        log.info("job %s: leading as term %s; taking over", self.name, self.leadership.term)
-        self._doing = (f"taking over as term {self.leadership.term}: claiming its sinks in the catalog",
-                       time.monotonic())
+        number = self.leadership.leading_term
+        log.info("job %s: leading as term %s; taking over", self.name, number)
+        self._doing = (f"taking over as term {number}: claiming its sinks in the catalog", time.monotonic())
+        next_epoch: Optional[NextEpoch] = None
         try:
-            self._next = NextEpoch(self.tm, self.name, self.sources, self.pacing, claimed=self._claimed_in_iceberg)
-            epochs = EpochCoordinator(self.leadership, self.sinks, self.history, grid=self.grid)
-            committer = self._committer = EpochCommitter(epochs, self.table, timed=self._timed,
-                                                         marker_every_ms=self.marker_every_ms)
+            next_epoch = NextEpoch(self.tm, self.name, self.sources, self.pacing, claimed=self._claimed_in_iceberg)
+            # The grid from the watched copy: no read per epoch, and none while recovering.
+            epochs = EpochCoordinator(self.leadership, self.sinks, self.history, grid=next_epoch.grid)
+            committer = EpochCommitter(epochs, self.table, timed=self._timed, marker_every_ms=self.marker_every_ms)
             refuse_retired(self.tm, self.name)  # once leading: a standby may outlast the retirement of its job
-            self._doing = (f"taking over as term {self.leadership.term}: recovering its last epoch", time.monotonic())
+            self._doing = (f"taking over as term {number}: recovering its last epoch", time.monotonic())
             plan = epochs.recover(lambda: resume_point(self.name, sinks))
             if plan.resumed_from is not None:
                 log.info("%s", plan.resumed_from.describe())
-            self._opened_ms = self.tm.server_clock.now_ms() if plan.action == RecoveryAction.START else None
-            self._epochs = epochs
+            opened_ms = self.tm.server_clock.now_ms() if plan.action == RecoveryAction.START else None
+            self._term = LeaderTerm(number, self.leadership, epochs, committer, next_epoch, opened_ms, self.doing)
             JobRun(self.leadership).started(self.pacing)
             last = plan.epoch  # None only for START
             if plan.action == RecoveryAction.ROLL_FORWARD and last is not None:
@@ -418,6 +437,8 @@ class EpochWriter:
                 committer.mark_committed(last)  # the last run may have died first
             self._doing = None
         except BaseException:
+            if self._term is None and next_epoch is not None:
+                next_epoch.close()  # no term holds its watches yet
             self.close()
             raise
 
@@ -471,7 +492,7 @@ class EpochWriter:
 
     def _timed(self, phase: str) -> AbstractContextManager[None]:
         """The committer's phases (precommit, publish, commit), timed and said."""
-        current = self._epochs.current if self._epochs is not None else None
+        current = self._term.epochs.current if self._term is not None else None
         return self.doing(f"{phase} of epoch {current.epoch}" if current is not None else phase, phase)
 
     def _watch_steps(self, done: threading.Event) -> None:
@@ -489,12 +510,12 @@ class EpochWriter:
 
     def close(self) -> None:
         """Step down (a standby takes over). Nothing is left half-committed: every epoch finished or recovers."""
-        if self._next is not None:
-            self._next.close()
+        if self._term is not None:
+            self._term.next_epoch.close()
         if self.leadership.term is not None:
             self.metrics.stepping_down(self.leadership.state)
         self.leadership.release()
-        self._epochs, self._committer, self._next = None, None, None
+        self._term = None
         self._doing = None
         self.leadership = Leadership(self.tm, self.name)
 
@@ -598,7 +619,8 @@ class EpochWriter:
         :raises NotLeader: this replica does not lead the job, or was fenced (``Fenced``).
         :raises PublishConflict: a sink's staged snapshot could not be published.
         """
-        epochs, committer = self.epochs, self._open_committer
+        term = self._leading()
+        epochs, committer = term.epochs, term.committer
         recomputed = epochs.to_recompute(epoch)
         redo = recomputed is not None
         recorded = recomputed if redo else inputs
@@ -645,7 +667,7 @@ class EpochWriter:
         inputs = self.inputs_for(epoch)
         if inputs is None or (self.sources and not inputs.unchanged):
             raise EpochOrderError(f"job {self.name!r} epoch {epoch}: its sources changed, so it must be computed")
-        committed = self._open_committer.commit_idle(epoch, inputs)
+        committed = self._leading().committer.commit_idle(epoch, inputs)
         self.committed.append(committed.epoch)
         self.metrics.epoch_committed(idle=True)
         return committed
@@ -655,9 +677,10 @@ class EpochWriter:
     def inputs_for(self, epoch: int) -> Optional[EpochInputs]:
         """Each source's snapshot range ``(previous epoch, epoch]``; None when a source read as a root table
         turned out to have a Tidemark writer by now (the caller must wait for its tidemark instead)."""
-        current = self.epochs.current
+        term = self._leading()
+        current = term.epochs.current
         previous = current.inputs.sources if current is not None and current.state == EpochState.COMMITTED else {}
-        next_epoch = self._open_next
+        next_epoch = term.next_epoch
         managed = next_epoch.managed
         ranges = {}
         for source in self.sources:
@@ -672,7 +695,7 @@ class EpochWriter:
         return EpochInputs(ranges)
 
     def _managed_snapshot(self, source: str, epoch: int) -> Optional[int]:
-        mark = self._open_next.cache.get([source])[source]
+        mark = self._leading().next_epoch.cache.get([source])[source]
         if mark is not None and mark.holds(epoch):
             return mark.snapshot_at(epoch)  # recorded by the source's writer at commit: no metadata load
         table = self.table(source)
@@ -690,15 +713,17 @@ class EpochWriter:
 
     def grid(self) -> BarrierGrid:
         """The barrier grid: from the watched copy while leading (no request), else read."""
-        return self._next.grid() if self._next is not None else self.barriers.grid()
+        term = self._term
+        return term.next_epoch.grid() if term is not None else self.barriers.grid()
 
     def tidemarks_in_memory(self) -> Optional[dict[str, Optional[TableTidemark]]]:
         """The managed sources' tidemarks as the loop's watches keep them and the sinks' as this leader committed
         them, from memory only (for metrics scrapes: never a request); None when not leading or a source's is
         not loaded."""
-        next_epoch, epochs = self._next, self._epochs
-        if next_epoch is None or epochs is None:
+        term = self._term
+        if term is None:
             return None
+        next_epoch, epochs = term.next_epoch, term.epochs
         sources = next_epoch.cache.cached(next_epoch.managed)
         if len(sources) < len(next_epoch.managed):
             return None
@@ -715,9 +740,10 @@ class EpochWriter:
         """Block until the job's pacing gives its next epoch, and return it; None when stopped, when the run
         bounded by ``until`` is complete, or (``wait`` False) when no epoch is available now (``NextEpoch``).
         ``covering``: a batch run's call time, which the epoch must cover (``NextEpoch.wait``)."""
-        last = self.epochs.last_committed
-        after = last if last is not None else self._opened_ms  # a new job starts after it opened
-        epoch = self._open_next.wait(after, until, wait, stopped=self._stop.is_set,
+        term = self._leading()
+        last = term.epochs.last_committed
+        after = last if last is not None else term.opened_ms  # a new job starts after it opened
+        epoch = term.next_epoch.wait(after, until, wait, stopped=self._stop.is_set,
                                      on_wait=lambda choice: self._note_wait(after, choice.reason, choice.behind),
                                      covering=covering)
         if epoch is not None:
