@@ -21,7 +21,7 @@ from coordinator import EmbeddedZooKeeper, GcSchedule, Tidemark, ZooKeeperRebuil
 from coordinator.job.supervisor import EXIT_ZOOKEEPER_REBUILT
 from coordinator.operations.exporter import Exporter
 from coordinator.operations.zookeeper_server import free_port
-from coordinator.zookeeper import session as session_module
+from coordinator.zookeeper import watchdog as watchdog_module
 from coordinator.zookeeper.session import ZooKeeperSession
 from tests.helpers.python_driver import EPOCH_SCHEMA
 from tests.helpers.wait import wait_for
@@ -163,12 +163,12 @@ def test_a_probe_under_way_gives_up_when_the_process_stops(server, monkeypatch):
     ``PROBE_TIMEOUT_S``, then stopping its connection thread) must not hold the stop back. A fresh-clone run once
     took more than 15 s to end a driver this way."""
     probing = threading.Event()
-    real_probe = session_module._probe_zxid
+    real_probe = watchdog_module.probe_zxid
 
     def watched_probe(*args, **kwargs):
         probing.set()
         return real_probe(*args, **kwargs)
-    monkeypatch.setattr(session_module, "_probe_zxid", watched_probe)
+    monkeypatch.setattr(watchdog_module, "probe_zxid", watched_probe)
     tm = Tidemark.connect(server.connect_string + "/probing", session_timeout=SESSION, operation_timeout=30)
     try:
         server.kill()
@@ -247,11 +247,11 @@ def test_one_server_of_an_ensemble_answering_from_the_past_ends_no_session(monke
     def probe(client, timeout: float, first: int, cancelled) -> int:
         firsts.append(first)
         return 0x400000020 if first % 3 == 0 or not stale_only[0] else 0x500000030
-    monkeypatch.setattr(session_module, "_probe_zxid", probe)
-    monkeypatch.setattr(session_module, "PROBE_EVERY_S", 0.05)
+    monkeypatch.setattr(watchdog_module, "probe_zxid", probe)
+    monkeypatch.setattr(watchdog_module, "PROBE_EVERY_S", 0.05)
     session = ZooKeeperSession(_Disconnected(), session_timeout=0.1)
     try:
-        session._on_state_change("SUSPENDED")
+        session._connection_state.changed("SUSPENDED")  # what kazoo reports when the connection drops
         wait_for(lambda: len(firsts) >= 4, "four probes", 30)
         assert session.ended_error() is None and set(firsts) == {0, 1}
         stale_only[0] = False  # every server behind: rebuilt

@@ -40,12 +40,12 @@ from kazoo.exceptions import (
     NoNodeError,
 )
 from kazoo.recipe.lock import Lock
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from coordinator.errors import Fenced, JobNotFound, MultiFailed, NotLeader, TidemarkError, ZooKeeperUnavailable
 from coordinator.names import validate_name
 from coordinator.records import JobRecord, LeaderRecord, TermRecord
 from coordinator.zookeeper.ops import Check, Create, Delete, Op, SetData
+from coordinator.zookeeper.races import Raced
 from coordinator.zookeeper.session import ZooKeeperSession
 
 
@@ -68,10 +68,6 @@ class LeaderState(str, enum.Enum):
     LOST = "LOST"
     FENCED = "FENCED"
     RELEASED = "RELEASED"
-
-
-class _Raced(Exception):
-    pass
 
 
 # Per session, the election nodes a Leadership of it gave up on and has not seen deleted yet: it deletes them before
@@ -180,14 +176,9 @@ class Leadership:
                 "ZooKeeper is up") from None
         self.tm.add_state_listener(self._on_state_change)
         try:
-            retrying = Retrying(stop=stop_after_delay(self.tm.operation_timeout), reraise=True,
-                                wait=wait_random_exponential(0.01, 0.2), retry=retry_if_exception_type(_Raced),
-                                before_sleep=self.tm.count_retries("leader_election"))
-            try:
-                return retrying(lambda: self._take_term(term_floor))
-            except _Raced:
-                raise ZooKeeperUnavailable(f"job {self.job!r}: taking its term kept racing with other writers of its "
-                                           f"term for {self.tm.operation_timeout:g}s; try again") from None
+            return self.tm.retry_races(f"job {self.job!r}: taking its term kept racing with other writers of its "
+                                       f"term for {self.tm.operation_timeout:g}s; try again",
+                                       lambda: self._take_term(term_floor), counter="leader_election")
         except BaseException:
             self._give_up_lock()
             raise
@@ -223,7 +214,7 @@ class Leadership:
                 raise NotLeader(f"job {self.job!r} was unregistered (and perhaps registered again) while this "
                                 "replica contended; contend again") from None
             if isinstance(failed.error, (BadVersionError, NodeExistsError, NoNodeError)):
-                raise _Raced() from None
+                raise Raced() from None
             raise
         with self._state_lock:
             self.term, self._term_version = new.term, stat.version + 1

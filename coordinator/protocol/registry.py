@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.security import Permissions
-from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from coordinator.errors import (
     ConfigurationError,
@@ -35,7 +34,6 @@ from coordinator.errors import (
     TidemarkError,
     UnregisterNotConfirmed,
     WriterConflict,
-    ZooKeeperUnavailable,
 )
 from coordinator.names import parse_epoch, validate_name, validate_names
 from coordinator.protocol.topology import Topology, read_topology, remember_topology
@@ -52,6 +50,7 @@ from coordinator.records import (
     now_ms,
 )
 from coordinator.zookeeper.ops import Create, Delete, Op, SetData
+from coordinator.zookeeper.races import Raced
 from coordinator.zookeeper.session import ZooKeeperSession
 
 if TYPE_CHECKING:
@@ -61,36 +60,21 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class _TopologyMoved(Exception):
-    """A version-checked multi lost a race; decide again on what is there now."""
-
-
-class TermMoved(Exception):
+class TermMoved(Raced):
     """A job's term moved (a leader was elected) between the read and the multi conditional on it: decide again."""
 
 
 def retry_term_change(tm: ZooKeeperSession, what: str, attempt: Callable[[], T]) -> T:
-    """Run ``attempt`` again while it raises ``TermMoved``, within the session's operation timeout; then
+    """Run ``attempt`` again while it raises ``TermMoved`` (``tm.retry_races``, counted as ``registration``); then
     ``ZooKeeperUnavailable`` saying ``what`` kept racing with the job's leader elections."""
-    retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
-                        retry=retry_if_exception_type(TermMoved), reraise=True,
-                        before_sleep=tm.count_retries("registration"))
-    try:
-        return retrying(attempt)
-    except TermMoved:
-        raise ZooKeeperUnavailable(f"{what} kept racing with its leader elections for "
-                                   f"{tm.operation_timeout:.0f}s; try again") from None
+    return tm.retry_races(f"{what} kept racing with its leader elections for {tm.operation_timeout:.0f}s; try again",
+                          attempt, counter="registration")
 
 
 def _with_topology(tm: ZooKeeperSession, decide: Callable[[Topology], T]) -> T:
-    retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random_exponential(0.01, 0.5),
-                        retry=retry_if_exception_type(_TopologyMoved), reraise=False,
-                        before_sleep=tm.count_retries("registration"))
-    try:
-        return retrying(lambda: decide(read_topology(tm)))
-    except RetryError:
-        raise ZooKeeperUnavailable(
-            f"registration kept racing with other registrations for {tm.operation_timeout:.0f}s; try again") from None
+    """``decide`` on the topology there is now, again each time its multi lost a race (``_apply``)."""
+    return tm.retry_races(f"registration kept racing with other registrations for {tm.operation_timeout:.0f}s; "
+                          "try again", lambda: decide(read_topology(tm)), counter="registration")
 
 
 def _apply(tm: ZooKeeperSession, topo: Topology, ops: list[Op], after: Topology) -> None:
@@ -103,7 +87,7 @@ def _apply(tm: ZooKeeperSession, topo: Topology, ops: list[Op], after: Topology)
         tm.multi([*ops, bump])
     except MultiFailed as failed:
         if isinstance(failed.error, (BadVersionError, NodeExistsError, NoNodeError)):
-            raise _TopologyMoved() from None
+            raise Raced() from None
         raise
     remember_topology(tm, Topology(topo.version + 1, topo.znode_version + 1, after.jobs))
 

@@ -16,10 +16,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Optional
 
-from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random
-
-from coordinator.errors import ZooKeeperUnavailable
 from coordinator.records import JobRecord, TopologyVersion
+from coordinator.zookeeper.races import Raced
 from coordinator.zookeeper.session import ZooKeeperSession
 
 
@@ -203,10 +201,6 @@ class Topology:
         return "\n".join(lines)
 
 
-class _Changed(Exception):
-    """The topology changed while it was read: read it again."""
-
-
 # The last topology each session read or wrote, reused while ``/topology``'s version is unchanged. Kept here, the
 # recipe's own state, not on the session, and only as long as the session lives.
 _LAST_READ: weakref.WeakKeyDictionary[ZooKeeperSession, Topology] = weakref.WeakKeyDictionary()
@@ -240,11 +234,6 @@ def read_topology(tm: ZooKeeperSession) -> Topology:
             topo = Topology(topo_record.version, stat.version if stat else -1, jobs)
             remember_topology(tm, topo)
             return topo
-        raise _Changed()
+        raise Raced()  # changed while it was read: read it again
 
-    retrying = Retrying(stop=stop_after_delay(tm.operation_timeout), wait=wait_random(0, 0.05),
-                        retry=retry_if_exception_type(_Changed))
-    try:
-        return retrying(attempt)
-    except RetryError:
-        raise ZooKeeperUnavailable("the topology kept changing while it was read; try again") from None
+    return tm.retry_races("the topology kept changing while it was read; try again", attempt)
