@@ -15,10 +15,18 @@ from pathlib import Path
 import pytest
 
 from coordinator import ConfigurationError, Tidemark
-from coordinator.errors import EpochOrderError
+from coordinator.errors import EpochOrderError, InvalidArgument
 from coordinator.operations.cli import EXIT_USAGE, build_parser
 from coordinator.operations.zookeeper_server import MAIN_CLASS, EmbeddedZooKeeper, free_port
-from coordinator.protocol.barriers import CHANGE_LEAD_MS, MAX_INTERVAL_MS, BarrierGrid, check_interval
+from coordinator.protocol.barriers import (
+    CHANGE_LEAD_MS,
+    MAX_INTERVAL_MS,
+    BarrierGrid,
+    Barriers,
+    check_grid_request,
+    check_interval,
+    preview_grid_request,
+)
 from coordinator.protocol.pacing import Pacing
 from coordinator.settings import Settings, check_connect_string
 from tests.helpers.cli import TIDEMARK, assert_one_line_error, run_cli
@@ -192,6 +200,40 @@ def test_pending_changes_are_cancelled_while_they_are_ahead_of_the_clock():
     with pytest.raises(EpochOrderError, match="no interval change is pending"):
         grid.without_pending(NOW + 120_000)
 
+
+
+class _NoJobs(Barriers):
+    """Barriers without ZooKeeper: no registered job, so every cadence suits a change (the checks are recorded)."""
+
+    def __init__(self) -> None:
+        self.checked: list[tuple[BarrierGrid, int]] = []
+
+    def check_cadences(self, changed: BarrierGrid, effective_from: int) -> None:
+        self.checked.append((changed, effective_from))
+
+
+def test_a_request_of_the_grid_is_checked_by_the_protocol_as_the_command_checks_it(capsys):
+    assert check_grid_request() is False and check_grid_request(revert=True, effective_from=NOW) is True
+    with pytest.raises(InvalidArgument, match="--set-interval and --revert do not go together"):
+        check_grid_request(5000, revert=True)
+    with pytest.raises(InvalidArgument, match="--from T goes with"):
+        check_grid_request(effective_from=NOW)
+    grid, barriers = BarrierGrid(5000).with_change(20_000, NOW + 120_000, NOW), _NoJobs()
+    assert preview_grid_request(barriers, grid, NOW) == () and barriers.checked == []
+    with pytest.raises(InvalidArgument, match=f"needs --from T, .* the earliest allowed is {NOW + 10_000} "):
+        preview_grid_request(barriers, grid, NOW, 10_000)
+    with pytest.raises(ConfigurationError, match="cadence"):
+        preview_grid_request(barriers, grid, NOW, 0)  # out of range: said as such, not a division by zero
+    added = preview_grid_request(barriers, grid, NOW, 10_000, NOW + 60_000)
+    assert added == ({"from_epoch": NOW + 60_000, "interval_ms": 10_000},)
+    assert barriers.checked == [(grid.with_change(10_000, NOW + 60_000, NOW), NOW + 60_000)]
+    assert preview_grid_request(barriers, grid, NOW, revert=True) == grid.changes
+    with pytest.raises(EpochOrderError, match="no pending interval change at 1"):
+        preview_grid_request(barriers, grid, NOW, revert=True, effective_from=1)
+    # The command refuses a malformed request before it connects (nothing listens on port 1).
+    for argv in (["--set-interval", "5000", "--revert"], ["--from", str(NOW)]):
+        code, _, err = run_cli(capsys, "--zk", "127.0.0.1:1", "--timeout", "1", "barriers", *argv)
+        assert_one_line_error(code, err, "--from T goes with" if argv[0] == "--from" else "do not go together")
 
 # -- logging: the library configures nothing; the command shows its warnings on stderr --------------------------
 

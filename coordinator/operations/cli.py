@@ -40,14 +40,19 @@ from coordinator.errors import TidemarkError
 from coordinator.formatting import fmt_age, fmt_duration, fmt_epoch, fmt_every, fmt_seconds, fmt_time
 from coordinator.operations.logs import logging_to_stderr
 from coordinator.operations.zookeeper_server import DEFAULT_PORT, EmbeddedZooKeeper, four_letter_word
-from coordinator.protocol.barriers import CHANGE_LEAD_MS, MAX_INTERVAL_MS
+from coordinator.protocol.barriers import (
+    CHANGE_LEAD_MS,
+    MAX_INTERVAL_MS,
+    check_grid_request,
+    preview_grid_request,
+)
 
 if TYPE_CHECKING:  # imported by the commands that use them: `tidemark --help` stays quick
     from pyiceberg.catalog import Catalog
 
     from coordinator.history.gc import GcPlan
     from coordinator.iceberg.catalog import CatalogSettings
-    from coordinator.protocol.status import JobStatus
+    from coordinator.protocol.status import JobStatus, Status
     from coordinator.tidemark import Tidemark
     from coordinator.zookeeper.security import TlsSettings
 
@@ -377,43 +382,41 @@ def cmd_rest(args: argparse.Namespace) -> int:
 def cmd_barriers(args: argparse.Namespace) -> int:
     """The grid, and per job its cadence, the cadence it follows and its last epoch; ``--set-interval`` changes
     the grid's interval at a future grid point, unless a job's cadence would stop being a multiple of it;
-    ``--revert`` cancels a change that has not taken effect yet. Both say what they would do and ask first."""
+    ``--revert`` cancels a change that has not taken effect yet. Both say what they would do and ask first; what
+    a valid request is, ``check_grid_request`` and ``preview_grid_request`` say."""
     from coordinator.records import now_ms
-    changing = args.set_interval is not None or args.revert
-    if args.set_interval is not None and args.revert:
-        raise TidemarkError("--set-interval and --revert do not go together: cancel the pending change first, then "
-                            "set the interval you want")
-    if args.effective_from is not None and not changing:
-        raise TidemarkError("--from T goes with --set-interval MS (when it takes effect) or --revert (which pending "
-                            "change to cancel)")
+    changing = check_grid_request(args.set_interval, args.effective_from, args.revert)
     with _connect(args, read_only=not changing or args.dry_run) as tm:
         status = tm.status()
         if status.grid is None:
             raise TidemarkError(f"no barrier grid is defined yet (looked in {_where(args)}): a job's first run "
                                 "defines it (EpochWriter(interval_ms=...), or the job command's --interval-ms)")
-        current, now = status.grid, now_ms()
-        if args.set_interval is not None:
-            if args.effective_from is None:
-                raise TidemarkError(f"--set-interval needs --from T, when the change takes effect: the earliest "
-                                    f"allowed is {fmt_epoch(current.earliest_change(args.set_interval, now))}")
-            # Both refuse before anyone is asked, as change_interval would.
-            changed = current.with_change(args.set_interval, args.effective_from, now)
-            tm.barriers.check_cadences(changed, args.effective_from)
-            plan = (f"change the barrier interval of every job from {current.interval_at(args.effective_from - 1)} ms "
-                    f"to {args.set_interval} ms at {fmt_epoch(args.effective_from)}, in "
-                    f"{fmt_duration(args.effective_from - now)} (`tidemark barriers --revert` cancels it until then)")
-            if not _confirm(args, plan, "change the interval"):
-                return 0
-            tm.barriers.change_interval(args.set_interval, args.effective_from)
+        if changing:
+            current, now = status.grid, now_ms()
+            # Refused before anyone is asked, as change_interval or revert_changes would refuse it.
+            changes = preview_grid_request(tm.barriers, current, now, args.set_interval, args.effective_from,
+                                           args.revert)
+            if args.revert:
+                plan = "cancel the pending interval change" + ("s " if len(changes) > 1 else " ") + ", ".join(
+                    f"to {c['interval_ms']} ms at {fmt_epoch(c['from_epoch'])}" for c in changes)
+                if not _confirm(args, plan, "cancel it"):
+                    return 0
+                tm.barriers.revert_changes(args.effective_from)
+            else:
+                plan = (f"change the barrier interval of every job from {current.interval_at(args.effective_from - 1)} "
+                        f"ms to {args.set_interval} ms at {fmt_epoch(args.effective_from)}, in "
+                        f"{fmt_duration(args.effective_from - now)} (`tidemark barriers --revert` cancels it until "
+                        "then)")
+                if not _confirm(args, plan, "change the interval"):
+                    return 0
+                tm.barriers.change_interval(args.set_interval, args.effective_from)
             status = tm.status()
-        elif args.revert:
-            _, removed = current.without_pending(now, args.effective_from)  # refused before anyone is asked
-            plan = "cancel the pending interval change" + ("s " if len(removed) > 1 else " ") + ", ".join(
-                f"to {c['interval_ms']} ms at {fmt_epoch(c['from_epoch'])}" for c in removed)
-            if not _confirm(args, plan, "cancel it"):
-                return 0
-            tm.barriers.revert_changes(args.effective_from)
-            status = tm.status()
+    _print_barriers(args, status)
+    return 0
+
+
+def _print_barriers(args: argparse.Namespace, status: Status) -> None:
+    """``tidemark barriers``' output: the grid, its changes, and each job's cadence and last epoch."""
     grid = status.grid
     assert grid is not None
     next_point = grid.next_candidate(status.read_ms)
@@ -424,7 +427,7 @@ def cmd_barriers(args: argparse.Namespace) -> int:
                           "jobs": [{"name": j.name, "cadence_ms": j.cadence_ms,
                                     "effective_cadence_ms": j.effective_cadence_ms, "cadence_from": j.cadence_from,
                                     "last_epoch": j.committed_epoch} for j in status.jobs]}, indent=2))
-        return 0
+        return
     print(f"grid: every {grid.interval_ms} ms from epoch 0 ({grid.mode.value}); in force now: "
           f"{status.interval_ms} ms; newest grid point the clock passed: {fmt_epoch(grid.floor(status.read_ms))}")
     for change in grid.changes:
@@ -438,7 +441,6 @@ def cmd_barriers(args: argparse.Namespace) -> int:
         print(f"no jobs registered (looked in {_where(args)})")
     for job in status.jobs:
         print(f"{job.name}: {job.describe_cadence()}, last epoch {fmt_epoch(job.committed_epoch)}")
-    return 0
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
@@ -697,9 +699,26 @@ def _version(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``tidemark`` command line: the options every command takes, then each family of commands, declared by
+    its own function below in the order ``tidemark --help`` lists them."""
     parser = _Parser(prog="tidemark", description="Consistent, exactly-once Iceberg tables. Commands that change "
                      "shared state say what they would do and ask (without a terminal: --yes); --dry-run only says "
                      "it. Read commands take --json. `tidemark COMMAND --help` explains each option.")
+    _add_connection_options(parser)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add_commands in (_add_zk, _add_lakehouse, _add_deployment_commands, _add_job_commands, _add_rest_commands,
+                         _add_barriers, _add_exporter, _add_serve, _add_resolve, _add_gc, _add_versions):
+        add_commands(sub)
+    return parser
+
+
+JSON_HELP = "print one JSON document on stdout instead of text"
+if TYPE_CHECKING:  # what each _add_* function below adds its commands to
+    Commands = argparse._SubParsersAction[_Parser]
+
+
+def _add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """--version, and how every command reaches ZooKeeper."""
     parser.add_argument("--version", action=_Version)
     parser.add_argument("--zk", help="ZooKeeper connect string host:port[,host:port...][/chroot] "
                                      "(default: $TIDEMARK_ZK or 127.0.0.1:2181)")
@@ -711,8 +730,10 @@ def build_parser() -> argparse.ArgumentParser:
     tls.add_argument("--tls-ca", metavar="PEM", help="CA of the servers' certificates ($TIDEMARK_ZK_TLS_CA)")
     tls.add_argument("--tls-cert", metavar="PEM", help="client certificate ($TIDEMARK_ZK_TLS_CERT)")
     tls.add_argument("--tls-key", metavar="PEM", help="client certificate's key ($TIDEMARK_ZK_TLS_KEY)")
-    sub = parser.add_subparsers(dest="command", required=True)
 
+
+def _add_zk(sub: Commands) -> None:
+    """``tidemark zk start|stop|status``."""
     zk = sub.add_parser("zk", help="a local ZooKeeper server (for trying Tidemark out, the demo and tests)")
     zk_actions = zk.add_subparsers(dest="action", required=True)
     for action, helptext in (
@@ -734,6 +755,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "TIDEMARK_ZK_READER_USER is set)")
         action_parser.set_defaults(func=cmd_zk, json=False, require_auth=None)
 
+
+def _add_lakehouse(sub: Commands) -> None:
+    """``tidemark lakehouse start|env|stop|status``."""
     lakehouse = sub.add_parser("lakehouse", help="a local S3 endpoint and Iceberg REST catalog (SeaweedFS, the "
                                                  "lakehouse extra), for trying Tidemark on the stack it runs on")
     lakehouse_actions = lakehouse.add_subparsers(dest="action", required=True)
@@ -751,6 +775,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                  "recorded (default: $TIDEMARK_HOME/lakehouse)")
         action_parser.set_defaults(func=cmd_lakehouse)
 
+
+def _add_deployment_commands(sub: Commands) -> None:
+    """``tidemark init``, ``status`` and ``topology``."""
     init = sub.add_parser("init", help="create the tree's top-level znodes and secure them for the identities "
                                        "configured (run once as the operator before jobs with their own identity)")
     init.set_defaults(func=cmd_init)
@@ -765,6 +792,9 @@ def build_parser() -> argparse.ArgumentParser:
     topology.add_argument("--json", action="store_true", help="the same as --format json")
     topology.set_defaults(func=cmd_topology)
 
+
+def _add_job_commands(sub: Commands) -> None:
+    """``tidemark fence JOB`` and ``unregister JOB``."""
     fence = sub.add_parser("fence", help="bump a job's term so its current leader can no longer commit")
     fence.add_argument("job", type=_job_name, help="the job's name (`tidemark status` lists them)")
     fence.add_argument("--by", default="operator", help="who fenced it (recorded in the term znode)")
@@ -783,6 +813,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  "commit to them again")
     unregister.set_defaults(func=cmd_unregister)
 
+
+def _add_rest_commands(sub: Commands) -> None:
+    """``tidemark pause JOB``, ``retire JOB`` and ``resume JOB``."""
     for command, helptext in (
             ("pause", "say a job is stopped on purpose (maintenance): while no leader runs it, it is not stale and its "
                       "tables leave the consistent lag; until `tidemark resume` or --for"),
@@ -801,6 +834,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the job is stale again; default: until resumed")
         rest.set_defaults(func=cmd_rest)
 
+
+def _add_barriers(sub: Commands) -> None:
+    """``tidemark barriers [--set-interval MS --from T | --revert [--from T]]``."""
     barriers = sub.add_parser("barriers", help="show the barrier grid and each job's cadence, change the grid's "
                                                "interval at a future grid point, or cancel a pending change")
     barriers.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -818,6 +854,9 @@ def build_parser() -> argparse.ArgumentParser:
     _confirmation(barriers)
     barriers.set_defaults(func=cmd_barriers)
 
+
+def _add_exporter(sub: Commands) -> None:
+    """``tidemark exporter``."""
     exporter = sub.add_parser("exporter", help="serve the topology-wide view as Prometheus metrics (read-only)")
     exporter.add_argument("--port", type=_port, default=EXPORTER_PORT,
                           help=f"port of /metrics and /healthz (default {EXPORTER_PORT})")
@@ -826,6 +865,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="seconds between reads of ZooKeeper (scrapes never wait on it)")
     exporter.set_defaults(func=cmd_exporter)
 
+
+def _add_serve(sub: Commands) -> None:
+    """``tidemark serve``."""
     serve = sub.add_parser("serve", help="an Iceberg REST catalog (read-only) that serves every table at a consistent "
                                          "version: point Trino, Spark, DuckDB or pyiceberg at it")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for "
@@ -844,6 +886,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key-file", metavar="PEM", help="the certificate's private key")
     serve.set_defaults(func=cmd_serve)
 
+
+def _add_resolve(sub: Commands) -> None:
+    """``tidemark resolve TABLE...``."""
     resolve = sub.add_parser("resolve", help="the snapshot of each table at one consistency level")
     resolve.add_argument("tables", nargs="+", metavar="TABLE", help="tables to read together, namespace.table "
                                                                       "(or catalog.namespace.table)")
@@ -859,6 +904,9 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.add_argument("--json", action="store_true", help=JSON_HELP)
     resolve.set_defaults(func=cmd_resolve)
 
+
+def _add_gc(sub: Commands) -> None:
+    """``tidemark gc``."""
     gc = sub.add_parser("gc", help="keep the versions the retention policy wants, expire the rest and delete its files")
     gc.add_argument("--dry-run", action="store_true", help="print what would be kept and dropped, and why")
     gc.add_argument("--yes", action="store_true", help="go ahead without asking (needed without a terminal, as in a "
@@ -880,13 +928,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --orphans: only files not modified for this long, at least 1d (default 3d)")
     gc.set_defaults(func=cmd_gc)
 
+
+def _add_versions(sub: Commands) -> None:
+    """``tidemark versions``."""
     versions = sub.add_parser("versions", help="the retained consistent versions, with their tier and age")
     versions.add_argument("--json", action="store_true", help=JSON_HELP)
     versions.set_defaults(func=cmd_versions)
-    return parser
-
-
-JSON_HELP = "print one JSON document on stdout instead of text"
 
 
 def _confirmation(command: argparse.ArgumentParser) -> None:

@@ -160,51 +160,38 @@ class Exporter(Collector):
 
 
 def view_families(view: Status, now: float) -> Iterator[Metric]:
-    """The status as metric families, lags measured at ``now`` (Unix seconds)."""
-    def job_gauge(name: str, documentation: str, *extra: str) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, documentation, labels=[JOB_LABEL, *extra])
-    committed = job_gauge("tidemark_job_committed_epoch_timestamp_seconds",
-                          "Epoch committed in every sink of the job, as a Unix timestamp")
-    lag = job_gauge("tidemark_job_lag_seconds", "Wall clock minus the job's committed epoch")
-    cadence = job_gauge("tidemark_job_cadence_seconds",
-                        "The job's own cadence: its every= setting, or the barrier grid's interval")
-    effective = job_gauge("tidemark_job_effective_cadence_seconds",
-                          "The cadence the job's epochs follow: the slowest upstream job's when slower than its own")
-    follows = job_gauge("tidemark_job_paced_by",
-                        "1 for the upstream job whose slower cadence the job follows", "pacing_job")
-    job_consistent = job_gauge("tidemark_job_consistent_epoch_timestamp_seconds",
-                               "Newest epoch every sink and managed source of the job holds, as a Unix timestamp")
-    term = job_gauge("tidemark_job_term", "Fencing term of the job's leadership")
-    leading = job_gauge("tidemark_job_leader_live", "1 when the job has a live, unfenced leader")
-    finished = job_gauge("tidemark_job_finished",
-                         "1 when the job's last leader finished a bounded run and no leader runs it now")
-    paused = job_gauge("tidemark_job_paused", "1 when an operator paused the job and no leader runs it now")
-    retired = job_gauge("tidemark_job_retired", "1 when an operator retired the job and no leader runs it now")
-    live = job_gauge("tidemark_job_live",
-                     "1 when the job should run now: not finished, paused or retired (its tables count in the "
-                     "consistent lag)")
-    stale = job_gauge("tidemark_job_stale", "1 when the job holds back consistent reads")
-    holds_back = job_gauge("tidemark_job_holds_back_seconds",
-                           "For a stale job: how far it holds the consistent epoch back")
-    bounds = job_gauge("tidemark_job_bounds_consistent_epoch",
-                       "1 when the job is live and has the oldest committed epoch of the live jobs: the consistent "
-                       "epoch cannot pass it until the job commits")
-    blocked = job_gauge("tidemark_job_blocked_by",
-                        "1 per managed source that holds no epoch after the job's committed epoch",
-                        "source", "source_job")
-    table_epoch = GaugeMetricFamily("tidemark_table_committed_epoch_timestamp_seconds",
-                                    "The table's tidemark (its committed epoch), as a Unix timestamp",
-                                    labels=["table", JOB_LABEL])
-    table_lag = GaugeMetricFamily("tidemark_table_lag_seconds", "Wall clock minus the table's committed epoch",
-                                  labels=["table", JOB_LABEL])
-    oldest = min((e for j in view.jobs if not j.at_rest and (e := j.committed_epoch) is not None), default=None)
+    """The status as metric families, lags measured at ``now`` (Unix seconds): per job, per table, then
+    overall."""
+    yield from _progress_families(view, now)
+    yield from _state_families(view)
+    yield from _holding_back_families(view)
+    yield from _table_families(view, now)
+    yield from _deployment_families(view, now)
+
+
+def _job_gauge(name: str, documentation: str, *extra: str) -> GaugeMetricFamily:
+    """A family with a sample per job, labelled ``tidemark_job`` (and ``extra``)."""
+    return GaugeMetricFamily(name, documentation, labels=[JOB_LABEL, *extra])
+
+
+def _progress_families(view: Status, now: float) -> Iterator[GaugeMetricFamily]:
+    """Per job: its committed epoch and lag, its cadences and its consistent epoch."""
+    committed = _job_gauge("tidemark_job_committed_epoch_timestamp_seconds",
+                           "Epoch committed in every sink of the job, as a Unix timestamp")
+    lag = _job_gauge("tidemark_job_lag_seconds", "Wall clock minus the job's committed epoch")
+    cadence = _job_gauge("tidemark_job_cadence_seconds",
+                         "The job's own cadence: its every= setting, or the barrier grid's interval")
+    effective = _job_gauge("tidemark_job_effective_cadence_seconds",
+                           "The cadence the job's epochs follow: the slowest upstream job's when slower than its own")
+    follows = _job_gauge("tidemark_job_paced_by",
+                         "1 for the upstream job whose slower cadence the job follows", "pacing_job")
+    consistent = _job_gauge("tidemark_job_consistent_epoch_timestamp_seconds",
+                            "Newest epoch every sink and managed source of the job holds, as a Unix timestamp")
     for job in view.jobs:
         name = [job.name]
-        epoch = job.committed_epoch
-        if epoch is not None:
+        if (epoch := job.committed_epoch) is not None:
             committed.add_metric(name, epoch / 1000)
             lag.add_metric(name, max(0.0, now - epoch / 1000))
-            bounds.add_metric(name, 1 if epoch == oldest and not job.at_rest else 0)
         if job.cadence_ms is not None:
             cadence.add_metric(name, job.cadence_ms / 1000)
         if job.effective_cadence_ms is not None:
@@ -212,7 +199,23 @@ def view_families(view: Status, now: float) -> Iterator[Metric]:
         if job.cadence_from is not None:
             follows.add_metric([job.name, job.cadence_from], 1)
         if job.consistent_epoch is not None:
-            job_consistent.add_metric(name, job.consistent_epoch / 1000)
+            consistent.add_metric(name, job.consistent_epoch / 1000)
+    yield from (committed, lag, cadence, effective, follows, consistent)
+
+
+def _state_families(view: Status) -> Iterator[GaugeMetricFamily]:
+    """Per job: its term, whether a leader runs it, and whether it is finished, paused, retired or live."""
+    term = _job_gauge("tidemark_job_term", "Fencing term of the job's leadership")
+    leading = _job_gauge("tidemark_job_leader_live", "1 when the job has a live, unfenced leader")
+    finished = _job_gauge("tidemark_job_finished",
+                          "1 when the job's last leader finished a bounded run and no leader runs it now")
+    paused = _job_gauge("tidemark_job_paused", "1 when an operator paused the job and no leader runs it now")
+    retired = _job_gauge("tidemark_job_retired", "1 when an operator retired the job and no leader runs it now")
+    live = _job_gauge("tidemark_job_live",
+                      "1 when the job should run now: not finished, paused or retired (its tables count in the "
+                      "consistent lag)")
+    for job in view.jobs:
+        name = [job.name]
         if job.term is not None:
             term.add_metric(name, job.term)
         leading.add_metric(name, 1 if job.leader_state == LEADING else 0)
@@ -220,17 +223,50 @@ def view_families(view: Status, now: float) -> Iterator[Metric]:
         paused.add_metric(name, 1 if job.state == PAUSED else 0)
         retired.add_metric(name, 1 if job.state == RETIRED else 0)
         live.add_metric(name, 0 if job.at_rest else 1)
+    yield from (term, leading, finished, paused, retired, live)
+
+
+def _holding_back_families(view: Status) -> Iterator[GaugeMetricFamily]:
+    """Per job: whether and how far it holds the consistent epoch back, and the sources it waits for."""
+    stale = _job_gauge("tidemark_job_stale", "1 when the job holds back consistent reads")
+    holds_back = _job_gauge("tidemark_job_holds_back_seconds",
+                            "For a stale job: how far it holds the consistent epoch back")
+    bounds = _job_gauge("tidemark_job_bounds_consistent_epoch",
+                        "1 when the job is live and has the oldest committed epoch of the live jobs: the consistent "
+                        "epoch cannot pass it until the job commits")
+    blocked = _job_gauge("tidemark_job_blocked_by",
+                         "1 per managed source that holds no epoch after the job's committed epoch",
+                         "source", "source_job")
+    oldest = min((e for j in view.jobs if not j.at_rest and (e := j.committed_epoch) is not None), default=None)
+    for job in view.jobs:
+        name = [job.name]
         stale.add_metric(name, 1 if job.stale else 0)
         if job.holds_back_ms is not None:
             holds_back.add_metric(name, job.holds_back_ms / 1000)
+        if (epoch := job.committed_epoch) is not None:
+            bounds.add_metric(name, 1 if epoch == oldest and not job.at_rest else 0)
         for blocker in job.waiting_for:
             blocked.add_metric([job.name, blocker.table, blocker.writer], 1)
+    yield from (stale, holds_back, bounds, blocked)
+
+
+def _table_families(view: Status, now: float) -> Iterator[GaugeMetricFamily]:
+    """Per table (labelled with its writer job): its tidemark and lag."""
+    table_epoch = GaugeMetricFamily("tidemark_table_committed_epoch_timestamp_seconds",
+                                    "The table's tidemark (its committed epoch), as a Unix timestamp",
+                                    labels=["table", JOB_LABEL])
+    table_lag = GaugeMetricFamily("tidemark_table_lag_seconds", "Wall clock minus the table's committed epoch",
+                                  labels=["table", JOB_LABEL])
+    for job in view.jobs:
         for table, mark in sorted(job.tidemarks.items()):
             if mark is not None:
                 table_epoch.add_metric([table, job.name], mark / 1000)
                 table_lag.add_metric([table, job.name], max(0.0, now - mark / 1000))
-    yield from (committed, lag, cadence, effective, follows, job_consistent, term, leading, finished, paused, retired,
-                live, stale, holds_back, bounds, blocked, table_epoch, table_lag)
+    yield from (table_epoch, table_lag)
+
+
+def _deployment_families(view: Status, now: float) -> Iterator[GaugeMetricFamily]:
+    """Overall: the number of jobs, the live consistent epoch and its lag, and the grid's interval in force."""
     yield _plain("tidemark_jobs", "Registered jobs", len(view.jobs))
     # The live consistent epoch: jobs at rest keep their tables readable at their last epoch, and must not
     # make the deployment look ever staler (their tables' own lag is above).

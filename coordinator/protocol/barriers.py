@@ -32,19 +32,19 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Optional, TypeVar
 
 from kazoo.exceptions import BadVersionError
-from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from coordinator.errors import (
     ConfigurationError,
     EpochOrderError,
     InvalidArgument,
     MultiFailed,
-    ZooKeeperUnavailable,
 )
+from coordinator.formatting import fmt_epoch
 from coordinator.names import validate_epoch
 from coordinator.protocol.pacing import Pacing
 from coordinator.records import BarrierMode, JsonRecord, epoch_field, int_field, now_ms
 from coordinator.zookeeper.ops import Op, SetData
+from coordinator.zookeeper.races import Raced
 from coordinator.zookeeper.session import ZooKeeperSession
 
 T = TypeVar("T")
@@ -186,10 +186,6 @@ def _when(t: int) -> str:
         return str(t)
 
 
-class _Moved(Exception):
-    """``/barriers`` changed between our read and our conditional write; decide again."""
-
-
 def grid_from(found: Optional[tuple[bytes, Any]], path: str) -> BarrierGrid:
     """The grid in ``/barriers``' data as read (``ConfigurationError`` while none is defined)."""
     if found is None or not found[0]:
@@ -233,14 +229,9 @@ class Barriers:
         return self._read()[0]
 
     def _conditionally(self, what: str, attempt: Callable[[], T]) -> T:
-        retrying = Retrying(stop=stop_after_delay(self.tm.operation_timeout), reraise=False,
-                            wait=wait_random_exponential(0.005, 0.2), retry=retry_if_exception_type(_Moved),
-                            before_sleep=self.tm.count_retries("barriers"))
-        try:
-            return retrying(attempt)
-        except RetryError:
-            raise ZooKeeperUnavailable(f"{what} kept racing with other writers of /barriers for "
-                                       f"{self.tm.operation_timeout:.0f}s; try again") from None
+        """``attempt`` again each time its write lost a race (``tm.retry_races``, counted as ``barriers``)."""
+        return self.tm.retry_races(f"{what} kept racing with other writers of /barriers for "
+                                   f"{self.tm.operation_timeout:.0f}s; try again", attempt, counter="barriers")
 
     def _write(self, ops: list[Op], expected_version: int) -> None:
         try:
@@ -248,7 +239,7 @@ class Barriers:
         except MultiFailed as failed:
             if isinstance(failed.error, BadVersionError) and isinstance(failed.op, SetData) \
                     and failed.op.version == expected_version:
-                raise _Moved() from None
+                raise Raced() from None  # /barriers changed since our read
             raise
 
     def ensure_grid(self, interval_ms: int, mode: BarrierMode = BarrierMode.PROCESSING_TIME) -> BarrierGrid:
@@ -330,5 +321,58 @@ class Barriers:
             return changed, removed
         return self._conditionally("cancelling interval changes", attempt)
 
-__all__ = ["CHANGE_LEAD_MS", "MAX_INTERVAL_MS", "BarrierGrid", "BarrierMode", "Barriers", "check_interval",
-           "grid_from"]
+def check_grid_request(interval_ms: Optional[int] = None, effective_from: Optional[int] = None,
+                       revert: bool = False) -> bool:
+    """Whether a request of the grid changes it, its parts checked before anything is read: a change of the
+    interval to ``interval_ms`` from ``effective_from`` (``Barriers.change_interval``), or the cancellation of the
+    pending changes (``revert``, ``Barriers.revert_changes``); neither only reads the grid. The messages name the
+    options of ``tidemark barriers``, which checks its command line with it.
+
+    :param interval_ms: the new interval, or None.
+    :param effective_from: with ``interval_ms``, when it takes effect; with ``revert``, which pending change to
+        cancel (None: every one).
+    :param revert: cancel the pending changes.
+    :raises InvalidArgument: ``interval_ms`` and ``revert`` together, or ``effective_from`` with neither.
+    """
+    if interval_ms is not None and revert:
+        raise InvalidArgument("--set-interval and --revert do not go together: cancel the pending change first, "
+                              "then set the interval you want")
+    if effective_from is not None and interval_ms is None and not revert:
+        raise InvalidArgument("--from T goes with --set-interval MS (when it takes effect) or --revert (which "
+                              "pending change to cancel)")
+    return interval_ms is not None or revert
+
+
+def preview_grid_request(barriers: Barriers, grid: BarrierGrid, now: int, interval_ms: Optional[int] = None,
+                         effective_from: Optional[int] = None, revert: bool = False) -> tuple[Any, ...]:
+    """The interval changes a request (``check_grid_request``) would add to ``grid`` or cancel in it at ``now``,
+    refused as ``Barriers.change_interval`` or ``Barriers.revert_changes`` would refuse it, with nothing written:
+    what to show before asking whether to go ahead; ``()`` for a request that only reads.
+
+    :param barriers: the barriers of the session, whose registered jobs' cadences a change must suit.
+    :param grid: the grid as read (``Barriers.grid``).
+    :param now: the wall clock, in ms since 1970.
+    :param interval_ms: the new interval, or None.
+    :param effective_from: when the change takes effect, or which pending change to cancel (None: every one).
+    :param revert: cancel the pending changes.
+    :raises InvalidArgument: the request's parts do not go together, or a change has no ``effective_from`` (the
+        message names the earliest allowed).
+    :raises EpochOrderError: the change or the cancellation is not allowed at ``now`` (``BarrierGrid.with_change``,
+        ``BarrierGrid.without_pending``).
+    :raises InvalidName: ``effective_from`` is not an epoch.
+    :raises ConfigurationError: the interval is out of range, or a registered job's cadence would not be a multiple
+        of it (``Barriers.check_cadences``).
+    """
+    if not check_grid_request(interval_ms, effective_from, revert):
+        return ()
+    if interval_ms is None:
+        return grid.without_pending(now, effective_from)[1]
+    if effective_from is None:
+        raise InvalidArgument(f"--set-interval needs --from T, when the change takes effect: the earliest allowed is "
+                              f"{fmt_epoch(grid.earliest_change(check_interval(interval_ms), now))}")
+    barriers.check_cadences(grid.with_change(interval_ms, effective_from, now), effective_from)
+    return ({"from_epoch": effective_from, "interval_ms": interval_ms},)
+
+
+__all__ = ["CHANGE_LEAD_MS", "MAX_INTERVAL_MS", "BarrierGrid", "BarrierMode", "Barriers", "check_grid_request",
+           "check_interval", "grid_from", "preview_grid_request"]
