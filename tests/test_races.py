@@ -12,24 +12,7 @@ from coordinator.errors import ZooKeeperUnavailable
 from coordinator.protocol.registry import TermMoved, retry_term_change
 from coordinator.zookeeper.races import Raced, retry_races
 from coordinator.zookeeper.session import ZooKeeperSession
-
-
-class _Idle:
-    """Just enough of a KazooClient for a session that makes no request: connected, one server."""
-
-    hosts = (("zk1", 2181),)
-    chroot = ""
-    connected = True
-    last_zxid = 0
-
-    def add_listener(self, listener) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+from tests.helpers.stand_in_client import StandInClient
 
 
 def lose() -> None:
@@ -38,7 +21,7 @@ def lose() -> None:
 
 @pytest.fixture
 def session():
-    tm = ZooKeeperSession(_Idle(), operation_timeout=0.5)
+    tm = ZooKeeperSession(StandInClient(), operation_timeout=0.5)
     yield tm
     tm.close()
 

@@ -24,6 +24,7 @@ from coordinator.operations.zookeeper_server import free_port
 from coordinator.zookeeper import watchdog as watchdog_module
 from coordinator.zookeeper.session import ZooKeeperSession
 from tests.helpers.python_driver import EPOCH_SCHEMA
+from tests.helpers.stand_in_client import StandInClient
 from tests.helpers.wait import wait_for
 from tests.helpers.zookeeper_tree import rebuild_server
 from tests.test_writer_faults import catalog_config, create_table, drivers  # noqa: F401 - drivers is a fixture
@@ -219,24 +220,6 @@ def test_gc_schedule_stops_with_one_line(server, catalog_settings, caplog):
         tm.close()
 
 
-class _Disconnected:
-    """Just enough of a KazooClient for a session's watchdog: three servers, never connected."""
-
-    hosts = (("zk1", 2181), ("zk2", 2181), ("zk3", 2181))
-    chroot = ""
-    connected = False
-    last_zxid = 0x500000010
-
-    def add_listener(self, listener) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def test_one_server_of_an_ensemble_answering_from_the_past_ends_no_session(monkeypatch):
     """On an ensemble, a probe that lands on one server behind the session (a leader cut off from its quorum that
     has not noticed yet) is not enough: the session ends only when a probe starting at each server finds it
@@ -249,7 +232,7 @@ def test_one_server_of_an_ensemble_answering_from_the_past_ends_no_session(monke
         return 0x400000020 if first % 3 == 0 or not stale_only[0] else 0x500000030
     monkeypatch.setattr(watchdog_module, "probe_zxid", probe)
     monkeypatch.setattr(watchdog_module, "PROBE_EVERY_S", 0.05)
-    session = ZooKeeperSession(_Disconnected(), session_timeout=0.1)
+    session = ZooKeeperSession(StandInClient(servers=3, connected=False, last_zxid=0x500000010), session_timeout=0.1)
     try:
         session._connection_state.changed("SUSPENDED")  # what kazoo reports when the connection drops
         wait_for(lambda: len(firsts) >= 4, "four probes", 30)
