@@ -201,7 +201,6 @@ def test_pending_changes_are_cancelled_while_they_are_ahead_of_the_clock():
         grid.without_pending(NOW + 120_000)
 
 
-
 class _NoJobs(Barriers):
     """Barriers without ZooKeeper: no registered job, so every cadence suits a change (the checks are recorded)."""
 
@@ -234,6 +233,7 @@ def test_a_request_of_the_grid_is_checked_by_the_protocol_as_the_command_checks_
     for argv in (["--set-interval", "5000", "--revert"], ["--from", str(NOW)]):
         code, _, err = run_cli(capsys, "--zk", "127.0.0.1:1", "--timeout", "1", "barriers", *argv)
         assert_one_line_error(code, err, "--from T goes with" if argv[0] == "--from" else "do not go together")
+
 
 # -- logging: the library configures nothing; the command shows its warnings on stderr --------------------------
 

@@ -287,6 +287,18 @@ class Barriers:
                     f"nothing changed: with that interval, job {job} could not run: {exc}. Give it a cadence "
                     f"(every=) that is a multiple of both {before} and {after} ms first") from None
 
+    def changed(self, current: BarrierGrid, interval_ms: int, effective_from: int, now: int) -> BarrierGrid:
+        """``current`` with the interval switched to ``interval_ms`` at ``effective_from``, refused as
+        ``change_interval`` refuses it (``BarrierGrid.with_change``, ``check_cadences``); nothing is written.
+
+        :raises EpochOrderError: ``effective_from`` is not a time the change may take effect at.
+        :raises ConfigurationError: the interval is out of range, or a registered job's cadence would not be a
+            multiple of it.
+        """
+        changed = current.with_change(interval_ms, effective_from, now)
+        self.check_cadences(changed, effective_from)
+        return changed
+
     def change_interval(self, interval_ms: int, effective_from: int) -> BarrierGrid:
         """Switch to ``interval_ms`` at ``effective_from``, a future barrier of the grid (``BarrierGrid.with_change``
         says which times are allowed), unless a job's cadence would stop being a multiple of it
@@ -300,8 +312,7 @@ class Barriers:
         """
         def attempt() -> BarrierGrid:
             current, stat = self._read()
-            changed = current.with_change(interval_ms, effective_from, now_ms())
-            self.check_cadences(changed, effective_from)
+            changed = self.changed(current, interval_ms, effective_from, now_ms())
             self._write([SetData(self.tm.paths.barriers, changed.to_json(), stat.version)], stat.version)
             return changed
         return self._conditionally("changing the interval", attempt)
@@ -361,7 +372,7 @@ def preview_grid_request(barriers: Barriers, grid: BarrierGrid, now: int, interv
         ``BarrierGrid.without_pending``).
     :raises InvalidName: ``effective_from`` is not an epoch.
     :raises ConfigurationError: the interval is out of range, or a registered job's cadence would not be a multiple
-        of it (``Barriers.check_cadences``).
+        of it (``Barriers.changed``).
     """
     if not check_grid_request(interval_ms, effective_from, revert):
         return ()
@@ -370,7 +381,7 @@ def preview_grid_request(barriers: Barriers, grid: BarrierGrid, now: int, interv
     if effective_from is None:
         raise InvalidArgument(f"--set-interval needs --from T, when the change takes effect: the earliest allowed is "
                               f"{fmt_epoch(grid.earliest_change(check_interval(interval_ms), now))}")
-    barriers.check_cadences(grid.with_change(interval_ms, effective_from, now), effective_from)
+    barriers.changed(grid, interval_ms, effective_from, now)
     return ({"from_epoch": effective_from, "interval_ms": interval_ms},)
 
 
