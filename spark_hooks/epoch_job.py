@@ -109,16 +109,14 @@ class SparkEpochContext(EpochContext):
         """Stage ``write`` in ``sink``: ``session`` is the one that runs it, the written DataFrame's. A
         ``foreachBatch`` micro-batch belongs to the streaming query's own session (a clone of the job's), which
         does not see a ``spark.wap.id`` set on the job's session: the write would go straight to ``main``."""
-        self.check_sink(sink)
-        term = self.writer.term
-        wap = wap_id(self.epoch, self.writer.name, term)
-        session.conf.set("spark.wap.id", wap)
-        try:
-            with self.writer.metrics.phase("stage"):
+        with self.staging(sink) as term:
+            wap = wap_id(self.epoch, self.writer.name, term)
+            session.conf.set("spark.wap.id", wap)
+            try:
                 with_commit_properties(self.spark, summary_properties(self.epoch, self.writer.name, term, self.inputs),
                                        write)
-        finally:
-            session.conf.unset("spark.wap.id")
+            finally:
+                session.conf.unset("spark.wap.id")
         table = self.writer.table(sink)
         table.refresh()
         # The newest snapshot of this (job, epoch, term): a retried write in the same term leaves an

@@ -22,7 +22,7 @@ from pyiceberg.table.update import SetPropertiesUpdate
 from coordinator import EpochWriter, Fenced, LeaderState, Tidemark
 from coordinator.errors import RegistrationError, UnregisterNotConfirmed, VersionNotFound
 from coordinator.history.resolve import Resolver
-from coordinator.iceberg.lineage import table_progress
+from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.publish import AssertTermAtMost, advance_committed_epoch, claim_table, publish_staged
 from coordinator.iceberg.snapshots import TERM_PROPERTY, main_lineage, recorded_term, snapshot_progress
 from coordinator.iceberg.staging import stage_append
@@ -160,7 +160,7 @@ def test_reregistered_job_resumes_from_iceberg_with_no_duplicate_and_no_loss(tm,
     term = again.term
     again.close()
     assert rows_in(catalog.load_table(sink)) == rows_in(events), "duplicates or losses after re-registration"
-    newest = present(table_progress(catalog.load_table(sink)))
+    newest = present(EpochLineage(catalog.load_table(sink)).committed_progress())
     assert (newest.job, newest.epoch, newest.term) == ("copier", again.committed[-1], term)
 
 
@@ -205,7 +205,7 @@ def test_resume_recomputes_an_epoch_only_some_sinks_published(tm, connect, catal
     again.close()
     for name in (left, right):
         assert rows_in(catalog.load_table(name)) == rows_in(events), f"{name}: duplicates or losses"
-        assert present(table_progress(catalog.load_table(name))).epoch == second
+        assert present(EpochLineage(catalog.load_table(name)).committed_progress()).epoch == second
 
 
 def copier_after_one_epoch(tm, connect, catalog, catalog_settings, namespace) -> tuple[Any, EpochWriter, int]:
@@ -233,13 +233,14 @@ def test_unregister_carries_an_epoch_committed_only_in_zookeeper_into_the_sinks(
     idle = barrier_after_appends(tm)
     writer.epochs.commit_idle(idle, writer.inputs_for(idle))  # committed in ZooKeeper; the marker never comes
     writer.tm.close()  # the driver dies here, with its session
-    assert present(table_progress(catalog.load_table(sink))).epoch == first, "Iceberg is one epoch behind"
+    recorded = present(EpochLineage(catalog.load_table(sink)).committed_progress())
+    assert recorded.epoch == first, "Iceberg is one epoch behind"
     readers = Resolver(catalog, catalog_settings, tm)
     assert readers.resolve([source, sink]).epoch == idle
 
     plan = tm.unregister_job("copier", confirm=True, catalog=catalog_settings)
     assert present(plan.resume.committed).epoch == idle and f"committed epoch {idle}" in plan.describe()
-    progress = present(table_progress(catalog.load_table(sink)))
+    progress = present(EpochLineage(catalog.load_table(sink)).committed_progress())
     assert (progress.epoch, progress.inputs) == (idle, plan.resume.committed.inputs)
     assert readers.resolve([source, sink]).epoch == idle, "the consistent epoch moved backwards"
 
@@ -432,7 +433,7 @@ def test_zookeeper_wiped_mid_run_resumes_from_iceberg_exactly_once(zk_server, zk
     fresh = Tidemark.connect(zk_connect, session_timeout=SESSION_TIMEOUT)
     try:
         marks = fresh.tidemarks([copy, final])
-        recorded = {t: present(table_progress(catalog.load_table(t))).epoch for t in (copy, final)}
+        recorded = {t: present(EpochLineage(catalog.load_table(t)).committed_progress()).epoch for t in (copy, final)}
         assert all(present(present(marks[t]).epoch) >= recorded[t] for t in (copy, final)), \
             "a tidemark went back behind what its sink records"
         inputs = [snapshot_progress(s) for s in main_lineage(catalog.load_table(final))]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from coordinator import ConsistencyLevel, EpochState, PublishConflict, Tidemark, VersionNotFound
 from coordinator.history.resolve import ReaderSession, Resolver, pinned_versions, read_arrow
-from coordinator.iceberg.lineage import EpochLineage, table_progress
+from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.publish import PublishOutcome, publish_staged
 from coordinator.iceberg.snapshots import (
     COMMITTED_EPOCH_PROPERTY,
@@ -194,7 +194,7 @@ def test_levels_and_as_of(tm, writers, catalog, catalog_settings, namespace):
     with pytest.raises(VersionNotFound, match=rf"epoch 3000 is not committed in every table .*\({down} is at 2000\)"):
         resolver.resolve([up, down], as_of=3000)
     assert staged_only not in resolver.resolve([up, down], level="latest").snapshots.values()
-    assert present(table_progress(catalog.load_table(up))).epoch == 3000
+    assert present(EpochLineage(catalog.load_table(up)).committed_progress()).epoch == 3000
     assert present(snapshot_at_epoch(catalog.load_table(up), 2500)).snapshot_id == up2
     # Epochs that published a snapshot need no property commit: the snapshot carries the epoch.
     assert catalog.load_table(up).properties.get(COMMITTED_EPOCH_PROPERTY) is None

@@ -27,7 +27,7 @@ steps back, and its pins), ``pinned_versions`` (what GC keeps for readers), and 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Optional, Union
 
 from pyiceberg.catalog import Catalog
@@ -212,17 +212,18 @@ class Resolver:
                 raise VersionNotFound(f"epoch {as_of} is before the history of every table in {names}: none had a "
                                       "snapshot then. Ask for a later epoch")
             return ConsistentVersion(as_of, snapshots, level)
-        holdings = held_epochs({n: marks[n] for n in managed}, _SummaryRecords(self, marks), self.tm)
+        records = _SummaryRecords(self, marks)
+        holdings = held_epochs({n: marks[n] for n in managed}, records, self.tm)
         if as_of is None:
             target_or_none = holdings.consistent_epoch()
             if target_or_none is None:
-                raise self._no_common_epoch(names, marks, epochs, managed)
+                raise self._no_common_epoch(names, epochs, managed, holdings.evidence.first_epoch)
             target = target_or_none
-            self._refuse_below_first_epochs(names, marks, epochs, target, None)
+            self._refuse_below_first_epochs(names, epochs, target, None, holdings.evidence.first_epoch)
             snapshots = {n: holdings.held[n][target] for n in managed}  # ZooKeeper names them: no metadata load
         else:
             target = as_of
-            self._refuse_below_first_epochs(names, marks, epochs, target, as_of)
+            self._refuse_below_first_epochs(names, epochs, target, as_of, holdings.evidence.first_epoch)
             behind = {n: e for n in managed if isinstance(e := epochs[n], int) and e < as_of}
             if behind:
                 at = ", ".join(f"{n} is at {e}" for n, e in sorted(behind.items()))
@@ -231,7 +232,7 @@ class Resolver:
             if placement.missing is not None:
                 raise self._not_held(placement.missing, marks[placement.missing], holdings.held[placement.missing],
                                      as_of, names)
-            snapshots = {n: self._retained_snapshot(n, marks[n], placement.snapshots[n], as_of, names)
+            snapshots = {n: self._retained_snapshot(n, marks[n], placement.snapshots[n], as_of, names, records)
                          for n in managed}
         read = holdings.evidence.root_reads(managed, roots, target)
         for name in roots:
@@ -239,10 +240,14 @@ class Resolver:
         return ConsistentVersion(target, snapshots, level)
 
     def _retained_snapshot(self, name: str, mark: Optional[TableTidemark], snapshot_id: Optional[int], epoch: int,
-                           names: list[str]) -> Optional[int]:
-        """``name``'s snapshot at ``epoch`` for ``as_of``, or ``VersionNotFound`` when it was expired since."""
-        if mark is None or snapshot_id is None or epoch == mark.epoch:
-            return snapshot_id  # from the table's metadata itself, empty, or the newest (never expired)
+                           names: list[str], records: _SummaryRecords) -> Optional[int]:
+        """``name``'s snapshot at ``epoch`` for ``as_of``, or ``VersionNotFound`` when it was expired since: one
+        its metadata as read in this resolution names is there; one from ZooKeeper or a reader's inputs is looked
+        up."""
+        if snapshot_id is None or (mark is not None and epoch == mark.epoch):
+            return snapshot_id  # empty, or the table's newest (never expired)
+        if records.read_now(name).get(epoch) == snapshot_id:
+            return snapshot_id
         if self._load(name).snapshot_by_id(snapshot_id) is not None:
             return snapshot_id
         raise self._expired(f"epoch {epoch} is not a retained version and table {name}'s snapshot at it "
@@ -272,13 +277,13 @@ class Resolver:
             f"epochs {name} holds are {holds}" + (f"; {retained}" if retained else "") +
             " (`--as-of` takes a tag or an epoch)")
 
-    def _no_common_epoch(self, names: list[str], marks: Mapping[str, Optional[TableTidemark]],
-                         epochs: Mapping[str, Union[int, str, None]], managed: list[str]) -> VersionNotFound:
+    def _no_common_epoch(self, names: list[str], epochs: Mapping[str, Union[int, str, None]], managed: list[str],
+                         first_epoch: Callable[[str], Optional[int]]) -> VersionNotFound:
         newest = {n: e for n in managed if isinstance(e := epochs[n], int)}
-        firsts = self._first_epochs(names, marks, epochs)
+        firsts = {n: first_epoch(n) for n in managed}
         lowest = min(newest.values())
         if any(f is not None and f > lowest for f in firsts.values()):
-            self._refuse_below_first_epochs(names, marks, epochs, lowest, None)  # raises: the clearer reason
+            self._refuse_below_first_epochs(names, epochs, lowest, None, first_epoch)  # raises: the clearer reason
         at = ", ".join(f"{n} at {e}" for n, e in sorted(newest.items()))
         source = "" if self.tm is not None else " (Iceberg records an idle epoch once per marker period only)"
         return VersionNotFound(
@@ -324,24 +329,11 @@ class Resolver:
         return VersionNotFound(f"{what}: {hint} (`tidemark versions` lists them; `--as-of` takes a tag or an "
                                "epoch)")
 
-    def _first_epochs(self, names: list[str], marks: Mapping[str, Optional[TableTidemark]],
-                      epochs: Mapping[str, Union[int, str, None]]) -> dict[str, Optional[int]]:
-        result: dict[str, Optional[int]] = {}
-        for name in names:
-            if epochs[name] == ROOT:
-                continue
-            mark = marks[name]
-            first = mark.first_epoch if mark is not None else None
-            if first is None and epochs[name] is not None:
-                first = self._summary(name, refresh=False).first_epoch
-            result[name] = first
-        return result
-
-    def _refuse_below_first_epochs(self, names: list[str], marks: Mapping[str, Optional[TableTidemark]],
-                                   epochs: Mapping[str, Union[int, str, None]], target: int,
-                                   as_of: Optional[int]) -> None:
-        """``VersionNotFound`` when ``target`` is below the first epoch of a managed table of the set."""
-        firsts = self._first_epochs(names, marks, epochs)
+    def _refuse_below_first_epochs(self, names: list[str], epochs: Mapping[str, Union[int, str, None]], target: int,
+                                   as_of: Optional[int], first_epoch: Callable[[str], Optional[int]]) -> None:
+        """``VersionNotFound`` when ``target`` is below the first epoch of a managed table of the set (each table's
+        first epoch: ``first_epoch``, the held epochs' rule)."""
+        firsts = {n: first_epoch(n) for n in names if epochs[n] != ROOT}
         below = {n: f for n, f in sorted(firsts.items()) if f is not None and target < f}
         if not below:
             return
@@ -391,8 +383,9 @@ class Resolver:
 
 class _SummaryRecords:
     """``held_epochs.IcebergRecords`` over a resolver's summaries, for one resolution. A table with no tidemark was
-    refreshed when its committed epoch was read; one with a tidemark is refreshed the first time it is asked (its
-    Iceberg records may reach below its tidemark's list). An epoch older than the newest takes a metadata load."""
+    refreshed when its committed epoch was read; one with a tidemark is refreshed the first time its recorded epochs
+    are asked (they may reach below its tidemark's list); every other answer comes from the summary at hand (one is
+    loaded when there is none). An epoch older than the newest takes a metadata load."""
 
     resolver: Resolver
     refreshed: set[str]  # the tables refreshed in this resolution
@@ -401,24 +394,25 @@ class _SummaryRecords:
         self.resolver = resolver
         self.refreshed = {n for n, m in marks.items() if m is None}
 
-    def _summary(self, name: str) -> LineageSummary:
-        summary = self.resolver._summary(name, refresh=name not in self.refreshed)
-        self.refreshed.add(name)
-        return summary
-
     def recorded(self, table: str) -> Mapping[int, Optional[int]]:
-        return dict(self._summary(table).recorded)
+        summary = self.resolver._summary(table, refresh=table not in self.refreshed)
+        self.refreshed.add(table)
+        return dict(summary.recorded)
+
+    def read_now(self, table: str) -> Mapping[int, Optional[int]]:
+        """The epochs ``table``'s metadata as refreshed in this resolution records (empty: not refreshed)."""
+        return dict(self.resolver._summary(table, refresh=False).recorded) if table in self.refreshed else {}
 
     def committed_epoch(self, table: str) -> Optional[int]:
-        return self._summary(table).committed_epoch
+        return self.resolver._summary(table, refresh=False).committed_epoch
 
     def inputs_at(self, table: str, epoch: int) -> Optional[EpochInputs]:
-        summary = self._summary(table)
+        summary = self.resolver._summary(table, refresh=False)
         return summary.committed_inputs if epoch == summary.committed_epoch else \
             self.resolver._lineage(table).inputs_at(epoch)
 
     def first_epoch(self, table: str) -> Optional[int]:
-        return self._summary(table).first_epoch
+        return self.resolver._summary(table, refresh=False).first_epoch
 
 
 def _level(level: Union[str, ConsistencyLevel]) -> ConsistencyLevel:

@@ -11,13 +11,13 @@ table's epochs through it (docs/design.md, "Consistency levels").
     lineage.truncated                        # main's older history was expired
     lineage.ancestors(snapshot_id)           # any ref's snapshots, newest first
     lineage.committed_epoch, lineage.first_epoch, lineage.is_tidemark_table   # from one walk of main
-    lineage.committed_progress()             # the record at the committed epoch (``table_progress(table)``)
+    lineage.committed_progress()             # the record at the committed epoch (what recovery resumes from)
     lineage.inputs_at(T)                     # the inputs epoch T records here (its snapshot's, or the marker's)
     lineage.summary()                        # what resolution keeps of it: no snapshot, no metadata
 
 ``EpochLineage`` is the one reader of a table's progress in Iceberg: it applies the rules of ``snapshots.py``
-(how one snapshot or property is read) to a lineage indexed once; ``table_progress`` is its answer for a table
-alone, and ``LineageSummary`` what a resolver keeps of it between resolutions.
+(how one snapshot or property is read) to a lineage indexed once; ``LineageSummary`` is what a resolver keeps of
+it between resolutions, ``LineageRecords`` what GC hands the consistency rule.
 """
 from __future__ import annotations
 
@@ -261,10 +261,4 @@ class LineageRecords:
         return self.lineages[table].first_epoch
 
 
-def table_progress(table: Table) -> Optional[EpochProgress]:
-    """The table's progress in Iceberg as loaded now: ``EpochLineage(table).committed_progress()``, for a caller
-    that asks nothing else of the table's lineage."""
-    return EpochLineage(table).committed_progress()
-
-
-__all__ = ["EpochLineage", "LineageRecords", "LineageSummary", "table_progress"]
+__all__ = ["EpochLineage", "LineageRecords", "LineageSummary"]

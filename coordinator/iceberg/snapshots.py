@@ -18,10 +18,10 @@ claimed it: a publisher with a lower term is refused), ``tidemark.committed`` (t
 ``tidemark.first-epoch`` (the writer's first epoch: the table has no exact state before it).
 
 How one snapshot or property is read is here; a table's progress, the rule over them, is
-``lineage.EpochLineage``'s (``lineage.table_progress``). ``ancestors`` is the one walk up the parents (over
-snapshots indexed by id once: pyiceberg's own lookup scans the whole list at every step), and ``newest_at_epoch``,
-``newest_at_time`` and ``carrying_epoch`` pick a snapshot from a walk; the functions that take a table apply them
-to ``main``, ``EpochLineage`` to a lineage indexed once. pyiceberg's ``Summary`` is read with ``.get``
+``lineage.EpochLineage``'s (``committed_epoch``, ``committed_progress``). ``ancestors`` is the one walk up the
+parents (over snapshots indexed by id once: pyiceberg's own lookup scans the whole list at every step), and
+``newest_at_epoch``, ``newest_at_time`` and ``carrying_epoch`` pick a snapshot from a walk; the functions that take a
+table apply them to ``main``, ``EpochLineage`` to a lineage indexed once. pyiceberg's ``Summary`` is read with ``.get``
 only (``in`` and ``dict()`` misbehave on it).
 """
 from __future__ import annotations
@@ -175,18 +175,12 @@ def appended_files(table: Table, start: int, end: int) -> list[DataFile]:
     manifests it wrote. ``InputsExpired`` when a snapshot in between is gone from the table (expired outside
     Tidemark: its GC keeps them while a job still has to read them), since what it appended cannot be known.
     """
-    added: list[Snapshot] = []
-    for snapshot in ancestors(snapshot_index(table), end):
-        if snapshot.snapshot_id == start:
-            break
-        added.append(snapshot)
-    else:
-        gone = end if not added else added[-1].parent_snapshot_id
+    added = snapshots_after(snapshot_index(table), start, end)
+    if added is None:
         raise InputsExpired(f"table {'.'.join(table.name())}: its history from snapshot {start} to {end} was expired "
-                            f"outside Tidemark (snapshot {gone} is gone), so the rows appended in between cannot be "
-                            "told. When a catalog or another engine expires snapshots, keep those younger than the "
-                            "longest lag of the jobs reading the table (README: \"Maintenance run by your catalog or "
-                            "other engines\")")
+                            "outside Tidemark, so the rows appended in between cannot be told. When a catalog or "
+                            "another engine expires snapshots, keep those younger than the longest lag of the jobs "
+                            "reading the table (README: \"Maintenance run by your catalog or other engines\")")
     files: list[DataFile] = []
     for snapshot in reversed(added):
         if snapshot.summary is not None and snapshot.summary.operation == Operation.REPLACE:
@@ -197,6 +191,18 @@ def appended_files(table: Table, start: int, end: int) -> list[DataFile]:
             files.extend(entry.data_file for entry in manifest.fetch_manifest_entry(table.io)
                          if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id)
     return files
+
+
+def snapshots_after(by_id: Mapping[int, Snapshot], start: int, end: int) -> Optional[list[Snapshot]]:
+    """``end`` and its ancestors down to the child of ``start``, newest first: the snapshots after ``start`` up to
+    ``end``. ``start`` itself need not be there any more (age-based expiry removes it first; Iceberg keeps its id as
+    its child's parent). None when one in between is gone, or ``start`` is not an ancestor of ``end``."""
+    added: list[Snapshot] = []
+    for snapshot in ancestors(by_id, end):
+        added.append(snapshot)
+        if snapshot.parent_snapshot_id == start:
+            return added
+    return None
 
 
 def main_lineage(table: Table) -> Iterator[Snapshot]:

@@ -168,14 +168,25 @@ class EpochContext:
         self._stage_with(sink, stage_overwrite, rows)
 
     def _stage_with(self, sink: str, stage: Callable[..., int], rows: pa.Table) -> None:
+        with self.staging(sink) as term:
+            self.stage(sink, stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term, self.inputs))
+
+    @contextmanager
+    def staging(self, sink: str) -> Iterator[int]:
+        """Around one write this epoch stages in ``sink`` (``append``, or an engine's own write): the sink is
+        checked, the write timed as the ``stage`` phase; gives the term to stage under, this context's.
+
+        :raises ConfigurationError: ``sink`` is not a declared sink of the job.
+        :raises EpochOrderError: ``sink`` was already written in this epoch.
+        :raises NotLeader: this replica knows its term is over (``Fenced`` included).
+        """
         self.check_sink(sink)
         # A replica that knows it lost its term stages nothing. One that does not know yet (paused, partitioned)
         # may still stage: harmless, see docs/design.md "Zombies".
         term = self._term
         term.leadership.ensure_leading()
         with term.doing(f"epoch {self.epoch}: staging {sink}", "stage"):
-            self.stage(sink, stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term.number,
-                                   self.inputs))
+            yield term.number
 
     def check_sink(self, sink: str) -> None:
         """Refuse a sink that is not declared, or already written in this epoch (one write per sink and epoch).

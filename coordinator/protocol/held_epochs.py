@@ -149,7 +149,6 @@ class Evidence:
 class Placement:
     """Every table's snapshot at one epoch (``HeldEpochs.place``), or the first table not shown to hold it."""
 
-    epoch: int
     snapshots: Mapping[str, Optional[int]]  # every table's, when ``missing`` is None
     missing: Optional[str] = None           # a table not shown to hold ``epoch``
 
@@ -214,16 +213,16 @@ class HeldEpochs:
         pipelined read of the epoch records, then the tables' Iceberg records and their readers'); the snapshots
         it finds are added to ``held``. ``missing`` names a table not shown to hold ``epoch``."""
         self._place_newest_reads()
-        missing = [n for n, h in self.held.items() if epoch not in h]
-        return self._placed(epoch, self.evidence.epoch_records(missing, [epoch]) if missing else {})
+        missing = any(epoch not in h for h in self.held.values())
+        return self._placed(epoch, self.evidence.epoch_records(self.held, [epoch]) if missing else {})
 
     def _placed(self, epoch: int, records: Mapping[tuple[str, int], EpochRecord]) -> Placement:
         found = self._place(epoch, records)
         if isinstance(found, str):
-            return Placement(epoch, {}, found)
+            return Placement({}, found)
         for name, snapshot_id in found.items():
             self.held[name][epoch] = snapshot_id
-        return Placement(epoch, {n: h[epoch] for n, h in self.held.items()})
+        return Placement({n: h[epoch] for n, h in self.held.items()})
 
     def _place_newest_reads(self) -> None:
         """Place each table's newest epoch in the tables of the set it read then, from the inputs at hand

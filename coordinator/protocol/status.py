@@ -113,8 +113,9 @@ class JobStatus:
     cadence_ms: Optional[int] = None          # its own cadence: ``every``, or the grid interval (None: no grid)
     effective_cadence_ms: Optional[int] = None  # the cadence its epochs follow (a slower upstream's, or its own)
     cadence_from: Optional[str] = None        # the upstream job that sets the effective cadence (None: its own)
-    consistent_epoch: Optional[int] = None    # the newest epoch its sinks and managed sources all hold, on the
-                                              # tidemarks' lists (as its own metrics show it: no read)
+    consistent_epoch: Optional[int] = None    # the newest epoch its sinks and managed sources all hold, by the
+                                              # rule on the tidemarks' lists alone (no read per job), the figure
+                                              # its driver exports
     lag_ms: Optional[int] = None              # wall clock at the read minus the committed epoch
     stale_after_ms: Optional[int] = None      # the lag beyond which it is stale unless upstream explains it
     waiting_for: tuple[Blocker, ...] = ()

@@ -1,6 +1,6 @@
 """``present(x)``: ``x``, asserted not None, so a test reads a field of an Optional result in one expression.
 
-    assert present(table_progress(table)).epoch == 2000
+    assert present(EpochLineage(table).committed_progress()).epoch == 2000
 """
 from __future__ import annotations
 
