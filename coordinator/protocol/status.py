@@ -29,7 +29,7 @@ from typing import Any, Optional
 from coordinator.errors import JobNotFound
 from coordinator.formatting import fmt_cadence, fmt_epoch, fmt_seconds, fmt_time
 from coordinator.protocol.barriers import BarrierGrid
-from coordinator.protocol.held_epochs import held_epochs
+from coordinator.protocol.held_epochs import held_epochs, newest_common_epoch
 from coordinator.protocol.pacing import Pacing, effective_cadences
 from coordinator.protocol.topology import Topology, read_topology
 from coordinator.records import (
@@ -365,8 +365,8 @@ def _judge(deployment: _Deployment, name: str, stale_intervals: int, interval: O
                             f"{'effective ' if setter else ''}cadence ({fmt_cadence(effective)})"
                             + _silent_leader(job, marks, read_ms))
     own = pacing.every_ms if pacing.every_ms is not None else interval
-    return replace(job, cadence_ms=own, effective_cadence_ms=effective, cadence_from=setter,
-                   consistent_epoch=_consistent_epoch(marks, _own_tables(job, deployment.topology.writers)),
+    listed = newest_common_epoch(marks.get(t) for t in _own_tables(job, deployment.topology.writers))
+    return replace(job, cadence_ms=own, effective_cadence_ms=effective, cadence_from=setter, consistent_epoch=listed,
                    lag_ms=lag, stale_after_ms=stale_after, waiting_for=tuple(blockers), waiting=waiting,
                    stale=stale, stale_reason=why)
 
@@ -414,18 +414,17 @@ def _holds_back_reference(judged: Mapping[str, JobStatus], deployment: _Deployme
     reference: its tables stay where it stopped."""
     healthy = [job for job in judged.values() if not job.stale and not job.waiting_for and job.waiting is None
                and job.committed_epoch is not None and not job.at_rest]
-    reference = _consistent_epoch(deployment.marks, [t for job in healthy for t in job.sinks]) if healthy else None
+    reference = newest_common_epoch(deployment.marks.get(t) for job in healthy for t in job.sinks) if healthy else None
     if reference is None:
         reference = min((c for job in healthy if (c := job.committed_epoch) is not None), default=deployment.read_ms)
     return reference
 
 
-def _consistent_epoch(marks: Mapping[str, Optional[TableTidemark]], tables: Iterable[str],
-                      tm: Optional[ZooKeeperSession] = None, writers: Optional[Mapping[str, str]] = None,
-                      ) -> Optional[int]:
-    """The newest epoch every one of ``tables`` holds, by the readers' rule (``held_epochs``) on ZooKeeper alone:
-    with ``tm``, as a reader resolves it (the epoch records are read when the laggard's epoch is beyond the
-    tidemarks' lists: one more read); without, on the lists alone, as a job's own metrics show it (no read)."""
+def _consistent_epoch(marks: Mapping[str, Optional[TableTidemark]], tables: Iterable[str], tm: ZooKeeperSession,
+                      writers: Mapping[str, str]) -> Optional[int]:
+    """The newest epoch every one of ``tables`` holds as a reader resolves it from ZooKeeper (``held_epochs``): the
+    tidemarks' lists, and the epoch records when the laggard's epoch is beyond them (one more read). A job's own row
+    takes the rule on the lists alone (``newest_common_epoch``, what its driver exports: no read per job)."""
     own = {t: marks.get(t) for t in tables}
     return held_epochs(own, tm=tm, writers=writers).consistent_epoch() if own else None
 
