@@ -7,9 +7,11 @@ suite reads through the endpoint during every scenario (tests/faults/harness.py,
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import ssl
+import threading
 import urllib.error
 import urllib.request
 from typing import Optional
@@ -20,15 +22,18 @@ from pyiceberg.exceptions import NoSuchTableError, OAuthError, UnauthorizedError
 
 from coordinator.errors import InvalidArgument
 from coordinator.operations.zookeeper_server import free_port
+from coordinator.serving.hold import DEFAULT_QUERY_GAP_MS, Hold, HoldRule
 from coordinator.serving.scope import Group, Pin, PinKind, Scope
 from coordinator.serving.served_versions import ServedVersions
 from coordinator.serving.server import CatalogServer, ServerAuth, tls_context
 from coordinator.tidemark import Tidemark
 from tests.helpers.cli import assert_one_line_error, tidemark
 from tests.helpers.lake import create_table, rows_of, stage_rows
-from tests.helpers.mixed_lake import MixedLake, epoch_counts
+from tests.helpers.mixed_lake import MixedLake, MovingPipeline, epoch_counts
 from tests.helpers.present import present
+from tests.helpers.served import EpochRecordingClient, ServeProcess
 from tests.helpers.tls import make_certificates
+from tests.helpers.wait import wait_for
 
 
 def test_a_warehouse_names_a_group_and_a_pin_and_travels_as_the_prefix():
@@ -53,6 +58,9 @@ def test_client_credentials_become_a_token_every_replica_accepts_until_it_expire
     assert ServerAuth((), "reader", "s3cret").accepts(token, now=1001.0)  # another replica, the same secret
     assert not auth.accepts(token, now=1000.0 + 7200) and not auth.accepts(token.replace("reader", "admin"))
     assert not ServerAuth((), "reader", "other").accepts(token, now=1001.0)
+
+
+QUERIES = 24  # per client
 
 
 @pytest.fixture
@@ -153,14 +161,54 @@ def test_staged_snapshots_and_newer_ones_are_never_in_the_served_metadata(lake, 
     assert [e.snapshot_id for e in served.metadata.snapshot_log][-1] == lake.published[lake.up][5000]
 
 
-def test_a_client_keeps_its_version_until_it_loads_a_table_again(lake, serve):
-    server = serve(repeat_after_s=0.0001)
-    assert served_epoch(server, lake.up, agent="dashboard") == 5000
-    lake.copy_epoch(6000)                                                 # the pipeline moves to 6000
-    assert served_epoch(server, lake.down, agent="dashboard") == 5000    # the same query's next table
-    assert served_epoch(server, lake.down, agent="a new client") == 6000
-    assert served_epoch(server, lake.up, agent="dashboard") == 6000      # up again: the dashboard's next query
-    assert served_epoch(server, lake.down, agent="dashboard") == 6000
+def test_a_client_holds_its_version_through_a_query_and_moves_at_its_next_one(lake, serve):
+    """The rule on explicit times: loads less than the query gap apart are one query; the hold a client sends
+    continues its query on any replica, and one this deployment never served is ignored."""
+    server = serve(rule=HoldRule(query_gap_ms=100, max_hold_ms=1_000))
+    served, scope = server.served, Scope()
+    first = served.choose(scope, lake.up, "dashboard", now_ms=0)
+    assert first.version.epoch == 5000 and first.hold == Hold(5000, 0, 0)
+    lake.copy_epoch(6000)                                                   # the pipeline moves to 6000
+    assert served.choose(scope, lake.down, "dashboard", now_ms=60).version.epoch == 5000    # the same query
+    newcomers = (f"client {i}" for i in itertools.count())                # each with no hold: the newest
+    wait_for(lambda: served.choose(scope, lake.down, next(newcomers), now_ms=60).version.epoch == 6000,
+             "the server's tidemarks to reach 6000")
+    assert served.choose(scope, lake.down, "dashboard", now_ms=200).version.epoch == 6000   # after a gap: next query
+    busy = [served.choose(scope, lake.up, "busy", now_ms=t).version.epoch for t in range(0, 1_200, 50)]
+    assert busy == [6000] * len(busy)                                       # never quiet: moves after max_hold only
+    replica = serve(rule=HoldRule(query_gap_ms=100))                        # another replica, the client's cookie
+    continued = replica.served.choose(scope, lake.down, "via a balancer", hold=Hold(5000, 0, 1_000), now_ms=1_050)
+    assert continued.version.epoch == 5000 and continued.hold == Hold(5000, 0, 1_050)
+    for made_up in (Hold(4500, 0, 1_000), Hold(99_000, 0, 1_000)):         # an epoch the group does not hold
+        assert replica.served.choose(scope, lake.down, "forger", hold=made_up, now_ms=1_050).version.epoch == 6000
+    assert served_epoch(server, lake.down) == 6000                          # over HTTP: the newest, and a cookie
+
+
+def test_a_dashboard_and_reader_threads_get_one_version_per_query_while_the_pipeline_commits(
+        lake, zk_connect, catalog_settings, tmp_path):
+    """What clients run: a two-panel dashboard (one ``RestCatalog``; ``down`` alone, then ``up`` and ``down``) and
+    reader threads in one process, each with its own long-lived client, all from one address and user agent, through
+    ``tidemark serve`` on its defaults. Every query's tables come at one epoch; no client's epochs go back."""
+    moving = MovingPipeline(lake, epoch=7000).start()
+    panels = [[lake.down], [lake.up, lake.down]]
+    pause_s = 2 * DEFAULT_QUERY_GAP_MS / 1000  # a dashboard's refresh: its next query comes after a quiet gap
+    try:
+        server = ServeProcess(catalog_settings, zk_connect, tmp_path).start()
+        clients = [EpochRecordingClient(server.url, panels[i % 2:] + panels[:i % 2], pause_s) for i in range(4)]
+        threads = [threading.Thread(target=client.run, args=(QUERIES,)) for client in clients]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+    finally:
+        moving.stop()
+        server.stop()
+    for i, client in enumerate(clients):
+        assert client.errors == [], client.errors
+        assert len(client.queries) == QUERIES, f"client {i} made {len(client.queries)} queries"
+        assert client.straddled() == [], f"client {i} joined two versions: {client.straddled()} {client.trace}"
+        assert client.stepped_back() == [], f"client {i} stepped back: {client.stepped_back()}"
+        assert len({q[0] for q in client.queries}) >= 3, f"client {i} never moved: {client.queries}"
 
 
 def test_tables_outside_tidemark_pass_through_and_writes_are_refused_saying_where_to_write(lake, serve, catalog,
@@ -202,8 +250,8 @@ def test_readers_authenticate_with_a_token_or_client_credentials(lake, serve):
 def test_the_command_refuses_bad_input_in_one_line_and_creates_nothing(tmp_path):
     env = {**os.environ, "TIDEMARK_HOME": str(tmp_path / "home")}
     env = {k: v for k, v in env.items() if not k.startswith(("PYICEBERG_CATALOG__", "TIDEMARK_CATALOG"))}
-    done = tidemark("serve", "--repeat-after-ms", "-5", env=env)
-    assert_one_line_error(done.returncode, done.stderr, "--repeat-after-ms", status=2)
+    done = tidemark("serve", "--query-gap-ms", "-5", env=env)
+    assert_one_line_error(done.returncode, done.stderr, "--query-gap-ms", status=2)
     done = tidemark("serve", "--tls-cert-file", "cert.pem", env=env)
     assert_one_line_error(done.returncode, done.stderr, "--tls-key-file")
     done = tidemark("--timeout", "1", "serve", "--port", str(free_port()), env=env)

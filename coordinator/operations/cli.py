@@ -46,6 +46,7 @@ from coordinator.protocol.barriers import (
     check_grid_request,
     preview_grid_request,
 )
+from coordinator.serving.hold import DEFAULT_MAX_HOLD_MS, DEFAULT_QUERY_GAP_MS
 
 if TYPE_CHECKING:  # imported by the commands that use them: `tidemark --help` stays quick
     from pyiceberg.catalog import Catalog
@@ -571,6 +572,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from coordinator.iceberg.catalog import CatalogSettings
+    from coordinator.serving.hold import HoldRule
     from coordinator.serving.served_versions import ServedVersions
     from coordinator.serving.server import CatalogServer, ServerAuth, tls_context
     from coordinator.tidemark import Tidemark
@@ -581,7 +583,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     served = ServedVersions(CatalogSettings.from_env(),
                             lambda: Tidemark.connect(args.zk, root=args.root, connect_timeout=args.timeout,
                                                      operation_timeout=args.timeout, tls=_tls(args), read_only=True),
-                            repeat_after_s=args.repeat_after_ms / 1000, max_hold_s=args.max_hold)
+                            rule=HoldRule(args.query_gap_ms, int(args.max_hold * 1000)))
     try:
         server = CatalogServer(served, host=args.host, port=args.port, auth=auth, tls=tls,
                                storage_config=args.storage_config)
@@ -873,12 +875,13 @@ def _add_serve(sub: Commands) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for "
                                                            "every interface)")
     serve.add_argument("--port", type=_port, default=8181, help="port (default 8181)")
-    serve.add_argument("--repeat-after-ms", type=_milliseconds, default=200, metavar="MS",
-                       help="a client keeps one version while it loads tables it has not loaded in it yet (one "
-                            "query); a table loaded again this long after its previous load starts a new query at the "
-                            "newest version (default 200; 0: every load gets the newest)")
-    serve.add_argument("--max-hold", type=_seconds, default=30.0, metavar="S",
-                       help="the longest a client that never loads a table twice keeps one version (default 30)")
+    serve.add_argument("--query-gap-ms", type=_milliseconds, default=DEFAULT_QUERY_GAP_MS, metavar="MS",
+                       help="a client's loads less than this apart are one query, at one version; a load after a "
+                            f"longer gap starts the next query at the newest version (default {DEFAULT_QUERY_GAP_MS}; "
+                            "0: every load gets the newest)")
+    serve.add_argument("--max-hold", type=_seconds, default=DEFAULT_MAX_HOLD_MS / 1000, metavar="S",
+                       help="a client busy with no such gap still moves to the newest version after this long "
+                            f"(default {DEFAULT_MAX_HOLD_MS // 1000})")
     serve.add_argument("--storage-config", action=argparse.BooleanOptionalAction, default=True,
                        help="hand engines the backing catalog's object-store settings (s3.*) with each table "
                             "(default: yes; --no-storage-config: engines use their own)")

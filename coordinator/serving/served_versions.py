@@ -10,12 +10,11 @@ is served at one consistent version of the group (``Resolver``, level ``consiste
 
 - **Never back**: an unpinned group's version never goes below the newest one this server handed out (a resolution
   from Iceberg after ZooKeeper's state was lost may be older: the newer one is served).
-- **One query, one version** (the switch race): a client (address, user agent, credentials) keeps the version it got
-  for a group while it loads tables it has not loaded in that version yet: an engine loads each table of a query
-  once, so only a table loaded again, ``repeat_after_s`` or more after its previous load, starts a new query and
-  gets the newest version. A *refresh* (Iceberg Java's reload of a table it holds: Spark reloads each table of a
-  query while planning its scan) never starts a query. A client that never loads a table twice gets a newer version
-  after ``max_hold_s``. A pinned scope never changes at all.
+- **One query, one version**: a client's loads that follow each other by less than the query gap are one query,
+  served at the version the client holds; the first load after a quieter gap starts the next query at the newest
+  version, never below the client's hold (``hold.py``). The hold comes with each request (a cookie, so any replica
+  continues a client's query) or, for a client that keeps no cookies, from this process's memory of the client
+  (address, user agent, credentials). A pinned scope never changes at all.
 - **ZooKeeper unreachable**: the group's last version is served, marked stale; with none yet, a version from Iceberg
   alone (consistent too, possibly older). Never a newer unchecked one.
 - **ZooKeeper's state lost**: a job this server saw in the job graph keeps its tables in their groups for
@@ -45,28 +44,29 @@ from coordinator.protocol.held_epochs import common_epochs
 from coordinator.protocol.tidemarks import TidemarkCache
 from coordinator.protocol.topology import Topology, read_topology
 from coordinator.records import ConsistentVersion, JobRecord
+from coordinator.serving.hold import Hold, HoldRule
 from coordinator.serving.scope import Group, Pin, PinKind, Scope
 from coordinator.zookeeper.session import ZooKeeperSession
 
-DEFAULT_REPEAT_AFTER_S = 0.2  # a table loaded again this long after its previous load starts a new query (an engine
-# that loads a table twice while planning one query does so within milliseconds)
-DEFAULT_MAX_HOLD_S = 30.0  # a client that never loads a table twice still gets a newer version this often
 TOPOLOGY_TTL_S = 1.0  # the job graph is read again at most this often (it changes on registrations only)
 CAP_TRIES = 4  # epochs tried, newest first, for the newest version at or before a pin
 FORGET_JOBS_S = 300.0  # a job gone from the graph keeps its tables' groups this long (ZooKeeper's state lost)
 RESOLVED_KEPT = 1_024  # resolutions remembered (by group, pin and tidemark generation), all dropped beyond
-STICKY_CLIENTS = 10_000  # (client, scope, group) entries kept for the switch rule, least recently used dropped
+HELD_CLIENTS = 10_000  # holds remembered for clients that keep no cookies, least recently used dropped
+EXACT_KEPT = 4_096  # versions at an exact epoch (what holds name), all dropped beyond: a published epoch never changes
 
 
 @dataclass(frozen=True)
 class Choice:
     """The answer for one table: its ``group`` (None: not Tidemark's, served as it is), the ``version`` served
-    (None with a group: no snapshot is served), and whether ZooKeeper was unreachable (``stale``)."""
+    (None with a group: no snapshot is served), whether ZooKeeper was unreachable (``stale``), and the client's
+    ``hold`` after this load (None for a pinned scope or a table passed through)."""
 
     table: str
     group: Optional[frozenset[str]]
     version: Optional[ConsistentVersion]
     stale: bool = False
+    hold: Optional[Hold] = None
 
     @property
     def snapshot_id(self) -> Optional[int]:
@@ -81,32 +81,21 @@ class Choice:
         return self.group is None
 
 
-@dataclass
-class _Held:
-    version: ConsistentVersion
-    since: float
-    loaded: dict[str, float]  # table -> when the client last loaded it in this version
-
-
 class ServedVersions:
     """The versions a serving process hands out (module docstring), shared by its request threads.
 
     :param settings: the backing catalog.
     :param connect: opens a ZooKeeper session; called again when the server finds its session ended (a rebuilt
         ZooKeeper). None serves from Iceberg alone.
-    :param repeat_after_s: a table loaded again this long after its previous load starts a new query (0: every load
-        gets the newest version).
-    :param max_hold_s: the longest a client that never loads a table twice keeps one version.
+    :param rule: when a client's load starts a new query (``hold.py``; default its defaults).
     """
 
     settings: CatalogSettings
-    repeat_after_s: float
-    max_hold_s: float
+    rule: HoldRule
 
     def __init__(self, settings: CatalogSettings, connect: Optional[Callable[[], ZooKeeperSession]] = None, *,
-                 repeat_after_s: float = DEFAULT_REPEAT_AFTER_S, max_hold_s: float = DEFAULT_MAX_HOLD_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.settings, self.repeat_after_s, self.max_hold_s = settings, repeat_after_s, max_hold_s
+                 rule: Optional[HoldRule] = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings, self.rule = settings, rule or HoldRule()
         self._connect, self._clock = connect, clock
         self._catalog = settings.load()
         self._lock = threading.RLock()  # resolution: the resolvers keep per-table caches that are not thread-safe
@@ -118,7 +107,8 @@ class ServedVersions:
         self._topology_read = float("-inf")
         self._resolved: dict[tuple, ConsistentVersion] = {}  # (group, pin, tidemark generation) -> version
         self._newest: dict[frozenset[str], ConsistentVersion] = {}  # never back: the newest served per group
-        self._held: OrderedDict[tuple, _Held] = OrderedDict()
+        self._held: OrderedDict[tuple, Hold] = OrderedDict()  # (client, prefix, group) -> hold, for cookieless clients
+        self._exact: dict[tuple[frozenset[str], int], ConsistentVersion] = {}  # (group, epoch) -> the version
         self._seen_jobs: dict[str, tuple[JobRecord, float]] = {}  # job -> (record, when last in the graph)
         self._index = _GraphIndex(None, {})
         self._reconnecting = threading.Event()
@@ -240,14 +230,15 @@ class ServedVersions:
 
     # -- versions -------------------------------------------------------------------------
 
-    def choose(self, scope: Scope, table: str, client: str = "", arrived: Optional[float] = None,
-               refresh: bool = False) -> Choice:
-        """The version ``table`` is served at for ``client`` in ``scope`` (module docstring).
+    def choose(self, scope: Scope, table: str, client: str = "", hold: Optional[Hold] = None,
+               now_ms: Optional[int] = None, refresh: bool = False) -> Choice:
+        """The version ``table`` is served at for ``client`` in ``scope`` (module docstring), and the client's hold.
 
         :param scope: the request's scope (its prefix).
         :param table: the table's identifier, ``namespace.name``.
-        :param client: who asks (address, user agent, credentials): the switch rule keeps one version per client.
-        :param arrived: when the request arrived (``clock``'s time; default now), not when the server got to it.
+        :param client: who asks (address, user agent, credentials): whose hold is remembered when ``hold`` is None.
+        :param hold: the hold the client sent (its cookie for this group), None if it sent none.
+        :param now_ms: when the request arrived, wall-clock milliseconds (default now), not when the server got to it.
         :param refresh: the client reloads a table it holds (never the start of a new query).
         :raises VersionNotFound: the table's group has no consistent version, and this server served none before.
         :raises ZooKeeperUnavailable: ZooKeeper is unreachable and the job graph was never read.
@@ -258,23 +249,50 @@ class ServedVersions:
         if scope.pin is not None:
             version, stale = self._pinned(group, scope.pin)
             return Choice(name, group, version, stale)
-        arrived = self._clock() if arrived is None else arrived
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        key = (client, scope.prefix, group)
+        if hold is None:
+            with self._lock:
+                hold = self._held.get(key)
+        version, stale, hold = self._for_client(group, hold, now_ms, refresh)
+        self._remember(key, hold)
+        return Choice(name, group, version, stale, hold)
+
+    def answered(self, scope: Scope, client: str, choice: Choice, now_ms: Optional[int] = None) -> Optional[Hold]:
+        """The client's hold once its load is answered (what its cookie carries): a client's quiet gap counts from
+        the answer, since a slow answer (a backing catalog's load) is not a pause of the client's.
+
+        :param choice: what ``choose`` answered for the load.
+        :param now_ms: when the answer is ready, wall-clock milliseconds (default now).
+        """
+        if choice.hold is None or choice.group is None:
+            return None
+        hold = choice.hold.loaded(int(time.time() * 1000) if now_ms is None else now_ms)
+        self._remember((client, scope.prefix, choice.group), hold)
+        return hold
+
+    def _remember(self, key: tuple, hold: Optional[Hold]) -> None:
+        if hold is None:
+            return
         with self._lock:
-            now = self._clock()
-            key = (client, scope.prefix, group)
-            held = self._held.get(key)
-            if held is not None and now - held.since < self.max_hold_s and self.repeat_after_s > 0:
-                previous = held.loaded.get(name)
-                if refresh or previous is None or arrived - previous < self.repeat_after_s:
-                    held.loaded[name] = arrived
-                    self._held.move_to_end(key)
-                    return Choice(name, group, held.version)
-            version, stale = self._newest_of(group)
-            self._held[key] = _Held(version, now, {name: arrived})
+            self._held[key] = hold
             self._held.move_to_end(key)
-            while len(self._held) > STICKY_CLIENTS:
+            while len(self._held) > HELD_CLIENTS:
                 self._held.popitem(last=False)
-            return Choice(name, group, version, stale)
+
+    def _for_client(self, group: frozenset[str], hold: Optional[Hold], now_ms: int, refresh: bool,
+                    ) -> tuple[ConsistentVersion, bool, Optional[Hold]]:
+        """The version a client holding ``hold`` gets at ``now_ms``, whether it is stale, and the client's new hold."""
+        if hold is not None and self.rule.continues(hold, now_ms, refresh):
+            held, stale = self._exactly(group, hold.epoch)
+            if held is not None:
+                return held, stale, hold.loaded(now_ms)
+        version, stale = self._newest_of(group)  # a new query: the newest version, never below the client's hold
+        if hold is not None and version.epoch is not None and version.epoch < hold.epoch:
+            held, held_stale = self._exactly(group, hold.epoch)  # this server is behind the one the client saw
+            if held is not None:
+                version, stale = held, held_stale
+        return version, stale, (Hold(version.epoch, now_ms, now_ms) if version.epoch is not None else None)
 
     def newest_versions(self) -> Mapping[frozenset[str], ConsistentVersion]:
         """The newest version served per group (for metrics: their ages)."""
@@ -316,7 +334,41 @@ class ServedVersions:
                     version.epoch is None or version.epoch < previous.epoch):
                 return previous, stale
             self._newest[group] = version
+            self._keep_exact(group, version)
             return version, stale
+
+    def _exactly(self, group: frozenset[str], epoch: int) -> tuple[Optional[ConsistentVersion], bool]:
+        """The group's version at exactly ``epoch`` (a hold's), None when the group does not hold it (a hold from
+        another deployment, or made up); stale when read from Iceberg alone."""
+        with self._lock:
+            found = self._exact.get((group, epoch))
+            if found is not None:
+                return found, False
+            tables = sorted(group)
+            try:
+                version, stale = self._resolve(group, Pin(PinKind.EXACT, epoch)), False
+            except (ZooKeeperUnavailable, ZooKeeperRebuilt):
+                try:
+                    version, stale = self._iceberg.resolve(tables, as_of=epoch), True
+                except VersionNotFound:
+                    return None, False
+            except VersionNotFound:
+                tm = self._tm
+                if tm is None:
+                    return None, False
+                try:  # the tidemarks this process keeps may lag the replica that served the hold by a watch
+                    version, stale = Resolver(self._catalog, self.settings, tm).resolve(tables, as_of=epoch), False
+                except (VersionNotFound, ZooKeeperUnavailable, ZooKeeperRebuilt):
+                    return None, False
+            self._keep_exact(group, version)
+            return version, stale
+
+    def _keep_exact(self, group: frozenset[str], version: ConsistentVersion) -> None:
+        if version.epoch is None:
+            return
+        if len(self._exact) >= EXACT_KEPT:
+            self._exact.clear()
+        self._exact[(group, version.epoch)] = version
 
     def _pinned(self, group: frozenset[str], pin: Pin) -> tuple[ConsistentVersion, bool]:
         with self._lock:
@@ -404,4 +456,4 @@ def _at_or_before(resolver: Resolver, tables: list[str], cap: int, marks: Mappin
                           "tables' Iceberg records and the retained versions (`tidemark versions`) start later")
 
 
-__all__ = ["DEFAULT_MAX_HOLD_S", "DEFAULT_REPEAT_AFTER_S", "Choice", "ServedVersions"]
+__all__ = ["Choice", "ServedVersions"]

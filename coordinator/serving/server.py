@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from queue import Empty, LifoQueue
 from typing import TYPE_CHECKING, Any, Optional
@@ -52,6 +53,7 @@ from coordinator.errors import (
 from coordinator.iceberg.catalog import is_catalog_outage, load_table
 from coordinator.iceberg.catalog_properties import java_properties
 from coordinator.iceberg.snapshots import WRITER_PROPERTY
+from coordinator.serving.hold import Hold, cookie_name
 from coordinator.serving.scope import Scope
 from coordinator.serving.served_metadata import served_metadata
 from coordinator.serving.served_versions import Choice, ServedVersions
@@ -62,6 +64,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8181  # the port Iceberg's REST catalogs usually take
 TOKEN_LIFETIME_S = 3600
+HOLD_COOKIE_AGE_S = 86_400  # a client's hold outlives its query: it is also the client's floor (never back)
 STORAGE_PREFIXES = ("s3.", "client.", "gcs.", "adls.", "hadoop.", "py-io-impl", "io-impl")
 SERVED_TTL_S = 1.0  # a served version's answer is kept this long (its snapshots never change)
 SERVED_KEPT = 10_000  # answers kept at most (all dropped beyond)
@@ -310,14 +313,21 @@ class CatalogServer:
                                 f"namespace {_dotted(namespace)} does not exist") from None
 
     def table(self, prefix: str, namespace: str, name: str, client: str, snapshots: Optional[str] = None,
-              arrived: Optional[float] = None, refresh: bool = False) -> tuple[Encoded, dict[str, str], Choice]:
-        """The table's LoadTableResult at its served version, its ``Tidemark-*`` headers, and the choice made.
+              arrived_ms: Optional[int] = None, refresh: bool = False, cookies: Optional[Mapping[str, str]] = None,
+              ) -> tuple[Encoded, dict[str, str], Choice]:
+        """The table's LoadTableResult at its served version, its headers (``Tidemark-*``, and ``Set-Cookie`` with the
+        client's hold), and the choice made.
+
+        :param cookies: the cookies the client sent: its hold for the table's group among them (``hold.py``).
 
         A served version's answer is kept ``SERVED_TTL_S`` (``_kept``): the snapshots it shows never change, only what
         the backing catalog may change beside them (properties, schema, tags) is up to twice that late."""
         scope = _scope_from_prefix(prefix)
         identifier = f"{_dotted(namespace)}.{name}"
-        choice = self._unavailable_as_503(lambda: self._choose(scope, identifier, client, arrived, refresh))
+        _, group = self._unavailable_as_503(lambda: self.served.group_of(scope, identifier))
+        cookie = cookie_name(scope.prefix, group) if group is not None else None
+        hold = Hold.decode((cookies or {}).get(cookie)) if cookie is not None else None
+        choice = self._unavailable_as_503(lambda: self._choose(scope, identifier, client, hold, arrived_ms, refresh))
         headers: dict[str, str] = {}
         version = choice.version
         if not choice.passthrough and version is not None and version.epoch is not None:
@@ -329,7 +339,11 @@ class CatalogServer:
         if choice.passthrough:
             return self._load_table(identifier, choice, snapshots == "refs"), headers, choice
         key = (identifier, choice.snapshot_id, snapshots == "refs")
-        return self._kept(key, lambda: self._load_table(identifier, choice, snapshots == "refs")), headers, choice
+        body = self._kept(key, lambda: self._load_table(identifier, choice, snapshots == "refs"))
+        hold = self.served.answered(scope, client, choice)
+        if cookie is not None and hold is not None:
+            headers["Set-Cookie"] = f"{cookie}={hold.encode()}; Path=/; Max-Age={HOLD_COOKIE_AGE_S}; HttpOnly"
+        return body, headers, choice
 
     def _kept(self, key: tuple[str, Optional[int], bool], load: Callable[[], Encoded]) -> Encoded:
         """The answer kept for ``key``, else ``load()``'s, kept ``SERVED_TTL_S``. One load per answer: the clients
@@ -416,9 +430,10 @@ class CatalogServer:
         return {"access_token": self.auth.issue(unquote(client_id), unquote(secret)), "token_type": "bearer",
                 "expires_in": TOKEN_LIFETIME_S, "issued_token_type": "urn:ietf:params:oauth:token-type:access_token"}
 
-    def _choose(self, scope: Scope, identifier: str, client: str, arrived: Optional[float], refresh: bool) -> Choice:
+    def _choose(self, scope: Scope, identifier: str, client: str, hold: Optional[Hold], arrived_ms: Optional[int],
+                refresh: bool) -> Choice:
         try:
-            return self.served.choose(scope, identifier, client, arrived, refresh)
+            return self.served.choose(scope, identifier, client, hold, arrived_ms, refresh)
         except VersionNotFound as exc:
             # Empty tables are no consistent version either (a derived table may hold a row for an empty source).
             raise RestError(503, "ServiceUnavailableException", f"no consistent version of table {identifier} "
@@ -531,7 +546,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, method: str) -> None:
         started = time.perf_counter()
-        self._arrived = time.monotonic()  # ServedVersions' clock: a client's loads are timed by their arrival
+        self._arrived_ms = int(time.time() * 1000)  # a client's loads are timed by their arrival, on the wall clock
         route, status = "other", 500
         headers: dict[str, str] = {}
         body: bytes = b""
@@ -625,7 +640,7 @@ class _Handler(BaseHTTPRequestHandler):
             # Iceberg Java loads a table with ``snapshots`` and reloads one it holds (TableOperations.refresh) without
             refresh = "snapshots" not in query and self.headers.get("X-Client-Version", "").startswith("Apache Iceberg")
             loaded, headers, _ = side.table(prefix, namespace, tail[2], client, query.get("snapshots"),
-                                            self._arrived, refresh)
+                                            self._arrived_ms, refresh, _cookies(self.headers.get("Cookie")))
             return "table", 204 if method == "HEAD" else 200, loaded, headers
         if tail[1] == "views" and len(tail) == 2:
             return "views", 200, {"identifiers": []}, {}
@@ -676,6 +691,16 @@ def _scope_from_prefix(prefix: str) -> Scope:
         return Scope.from_prefix(prefix)
     except InvalidArgument as exc:
         raise RestError(400, "BadRequestException", str(exc)) from None
+
+
+def _cookies(header: Optional[str]) -> dict[str, str]:
+    """The cookies a request sent; none for a header that is not a cookie list."""
+    cookies: SimpleCookie = SimpleCookie()
+    try:
+        cookies.load(header or "")
+    except CookieError:
+        return {}
+    return {name: morsel.value for name, morsel in cookies.items()}
 
 
 def _namespace(text: str) -> tuple[str, ...]:

@@ -185,6 +185,61 @@ def duckdb_read(url: str, warehouse: str, secret: str, sql: str) -> tuple[tuple[
 
 
 def pyiceberg_read(catalog: Any, tables: list[str]) -> list[tuple[int, int]]:
-    """Each table loaded, then read, before the next is loaded (the reads take their time): count and epoch sum."""
-    frames = [catalog.load_table(t).scan().to_arrow() for t in tables]
+    """A query as pyiceberg's guarantee asks (docs/reading.md): its tables loaded back to back, then each read: each
+    table's count and epoch sum."""
+    loaded = [catalog.load_table(t) for t in tables]
+    frames = [table.scan().to_arrow() for table in loaded]
     return [(f.num_rows, sum(f.column("epoch").to_pylist())) for f in frames]
+
+
+class EpochRecordingClient:
+    """A client as dashboards and reader threads are: one long-lived pyiceberg ``RestCatalog`` (URI alone) running
+    ``shapes`` in turn (a dashboard's panels: each query a list of tables, each loaded, then read), ``pause_s``
+    between queries (the client's own pace, not a wait for the server). Each query's epochs, one per table
+    (``Tidemark-Epoch``), go to ``queries``; a query that failed (a replica killed under it) to ``errors`` and is
+    made again."""
+
+    def __init__(self, url: str, shapes: list[list[str]], pause_s: float) -> None:
+        from pyiceberg.catalog.rest import RestCatalog
+        self.shapes, self.pause_s = shapes, pause_s
+        self.catalog = RestCatalog("served", uri=url)
+        self.catalog._session.hooks["response"].append(self._record)
+        self.queries: list[list[int]] = []
+        self.errors: list[str] = []
+        self._epochs: list[int] = []
+        self.trace: list[str] = []
+
+    def _record(self, response, *args, **kwargs):
+        epoch = response.headers.get("Tidemark-Epoch")
+        if epoch is not None:
+            self._epochs.append(int(epoch))
+            self.trace.append(f"{time.time():.3f} {response.url.rsplit('/', 1)[-1]}@{epoch} "
+                              f"sent {response.request.headers.get('Cookie')} got {response.headers.get('Set-Cookie')}")
+        return response
+
+    def run(self, queries: int, attempts: int = 5) -> None:
+        """``queries`` queries, the shapes in turn; a failed query is made again, up to ``attempts`` times."""
+        for i in range(queries):
+            for _ in range(attempts):
+                self._epochs = []
+                try:
+                    pyiceberg_read(self.catalog, self.shapes[i % len(self.shapes)])
+                except Exception as exc:  # noqa: BLE001 - a fault the test injected: counted, made again
+                    self.errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+                    continue
+                self.queries.append(self._epochs)
+                break
+            time.sleep(self.pause_s)
+
+    def straddled(self) -> list[list[int]]:
+        """The queries whose tables came at more than one epoch."""
+        return [q for q in self.queries if len(set(q)) > 1]
+
+    def stepped_back(self) -> list[tuple[int, int]]:
+        """(newest before, epoch) for each query whose epoch was below an earlier query's."""
+        found, newest = [], 0
+        for query in self.queries:
+            if query and min(query) < newest:
+                found.append((newest, min(query)))
+            newest = max([newest, *query])
+        return found

@@ -1,0 +1,93 @@
+"""A client's hold: the version its query in progress reads, and the rule that says when its next query starts.
+
+    rule = HoldRule(query_gap_ms=500, max_hold_ms=30_000)
+    hold = Hold.decode(cookie_value)                       # None: no hold, or a value this server never wrote
+    if hold is not None and rule.continues(hold, now_ms):  # the same query: its version again
+        hold = hold.loaded(now_ms)
+    else:                                                  # a new query: the newest version, never below the hold's
+        hold = Hold(newest_epoch, now_ms, now_ms)
+    hold.encode()                                          # the cookie's new value
+
+An engine loads the tables of one query back to back while it plans it (Trino, Spark, DuckDB, pyiceberg loading a
+query's tables before reading them), and nothing identifies a query in what it sends. So a client's loads that
+follow each other by less than ``query_gap_ms`` are one query, at one version; the first load after a quieter gap
+starts the next query, at the newest version. A client busy without a gap for ``max_hold_ms`` moves on at its next
+load, the one case in which a query can still straddle two versions (docs/design.md, "Serving consistent versions").
+
+The hold travels in a cookie (``cookie_name``): every engine's HTTP client keeps cookies (Iceberg Java's Apache
+client for Trino and Spark, pyiceberg's ``requests`` session), so whichever replica answers a client's next load
+continues its query, and a client never gets a version older than its hold: never back, across replicas and
+restarts. The value is not secret and needs no signature: a server serves a hold's epoch only after resolving it
+as a consistent version, which any client may ask for anyway (``@<epoch>``).
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Optional
+
+COOKIE_PREFIX = "tidemark-hold-"
+DEFAULT_QUERY_GAP_MS = 500  # an engine loads a query's tables within milliseconds of each other; a dashboard's
+# next panel, or a session's next statement, comes later than this
+DEFAULT_MAX_HOLD_MS = 30_000  # a client that is never quiet for a query gap still moves on this often
+
+
+@dataclass(frozen=True)
+class Hold:
+    """The version a client holds: its ``epoch``, when the client took it (``since_ms``) and when it last loaded a
+    table at it (``last_ms``), both wall-clock milliseconds, so that every replica reads them alike."""
+
+    epoch: int
+    since_ms: int
+    last_ms: int
+
+    @classmethod
+    def decode(cls, text: Optional[str]) -> Optional[Hold]:
+        """The hold a cookie's value carries; None for none, or for a value this server never wrote."""
+        parts = (text or "").split(".")
+        if len(parts) != 3 or not all(p.isdigit() and len(p) <= 18 for p in parts):
+            return None
+        epoch, since_ms, last_ms = (int(p) for p in parts)
+        return cls(epoch, since_ms, last_ms) if since_ms <= last_ms else None
+
+    def encode(self) -> str:
+        """The cookie's value: ``<epoch>.<since_ms>.<last_ms>``."""
+        return f"{self.epoch}.{self.since_ms}.{self.last_ms}"
+
+    def loaded(self, now_ms: int) -> Hold:
+        """This hold after one more load at ``now_ms``."""
+        return replace(self, last_ms=max(self.last_ms, now_ms))
+
+
+@dataclass(frozen=True)
+class HoldRule:
+    """When a client's next load belongs to the query its hold is for (module docstring).
+
+    :param query_gap_ms: a load this long or longer after the client's previous one starts a new query (0: every
+        load starts one, and gets the newest version).
+    :param max_hold_ms: a load this long after the client took its version starts a new query, however busy the
+        client is.
+    """
+
+    query_gap_ms: int = DEFAULT_QUERY_GAP_MS
+    max_hold_ms: int = DEFAULT_MAX_HOLD_MS
+
+    def continues(self, hold: Hold, now_ms: int, refresh: bool = False) -> bool:
+        """Whether a load at ``now_ms`` is the held query's.
+
+        :param refresh: the client reloads a table it holds (Iceberg Java's refresh while Spark plans a scan): part
+            of its query however late, within ``max_hold_ms``.
+        """
+        if self.query_gap_ms <= 0 or now_ms - hold.since_ms >= self.max_hold_ms:
+            return False
+        return refresh or now_ms - hold.last_ms < self.query_gap_ms
+
+
+def cookie_name(prefix: str, group: Iterable[str]) -> str:
+    """The cookie that carries a client's hold for one group of one scope (a client reads several pipelines)."""
+    digest = hashlib.sha256("\x1f".join((prefix, *sorted(group))).encode()).hexdigest()[:16]
+    return COOKIE_PREFIX + digest
+
+
+__all__ = ["DEFAULT_MAX_HOLD_MS", "DEFAULT_QUERY_GAP_MS", "Hold", "HoldRule", "cookie_name"]
