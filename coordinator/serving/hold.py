@@ -9,10 +9,13 @@
     hold.encode()                                          # the cookie's new value
 
 An engine loads the tables of one query back to back while it plans it (Trino, Spark, DuckDB, pyiceberg loading a
-query's tables before reading them), and nothing identifies a query in what it sends. So a client's loads that
-follow each other by less than ``query_gap_ms`` are one query, at one version; the first load after a quieter gap
-starts the next query, at the newest version. A client busy without a gap for ``max_hold_ms`` moves on at its next
-load, the one case in which a query can still straddle two versions (docs/design.md, "Serving consistent versions").
+query's tables before reading them), and nothing identifies a query in what it sends. So a load that follows the
+answer to the client's previous load by less than ``query_gap_ms`` is the same query, at the same version; the
+first load after a quieter gap starts the next query, at the newest version. A client kept busy by concurrent
+sessions (a Trino coordinator) may never be quiet that long: once its version is ``max_hold_ms`` old, a gap of a
+tenth of ``query_gap_ms`` starts the next query (an engine plans a query's loads closer together than that), and
+at twice ``max_hold_ms`` its next load does, the one case in which a query can still straddle two versions
+(docs/design.md, "Serving consistent versions").
 
 The hold travels in a cookie (``cookie_name``): every engine's HTTP client keeps cookies (Iceberg Java's Apache
 client for Trino and Spark, pyiceberg's ``requests`` session), so whichever replica answers a client's next load
@@ -30,7 +33,8 @@ from typing import Optional
 COOKIE_PREFIX = "tidemark-hold-"
 DEFAULT_QUERY_GAP_MS = 500  # an engine loads a query's tables within milliseconds of each other; a dashboard's
 # next panel, or a session's next statement, comes later than this
-DEFAULT_MAX_HOLD_MS = 30_000  # a client that is never quiet for a query gap still moves on this often
+DEFAULT_MAX_HOLD_MS = 30_000  # a client that is never quiet for a query gap moves on at a shorter gap after this
+BUSY_GAP_DIVISOR = 10  # past max_hold_ms, a tenth of the query gap starts a query: a query's own loads come closer
 
 
 @dataclass(frozen=True)
@@ -66,8 +70,8 @@ class HoldRule:
 
     :param query_gap_ms: a load this long or longer after the client's previous one starts a new query (0: every
         load starts one, and gets the newest version).
-    :param max_hold_ms: a load this long after the client took its version starts a new query, however busy the
-        client is.
+    :param max_hold_ms: once the client's version is this old, a tenth of ``query_gap_ms`` is gap enough to start a
+        new query; at twice this age its next load starts one, however busy the client is.
     """
 
     query_gap_ms: int = DEFAULT_QUERY_GAP_MS
@@ -77,11 +81,13 @@ class HoldRule:
         """Whether a load at ``now_ms`` is the held query's.
 
         :param refresh: the client reloads a table it holds (Iceberg Java's refresh while Spark plans a scan): part
-            of its query however late, within ``max_hold_ms``.
+            of its query however late, up to the hard limit.
         """
-        if self.query_gap_ms <= 0 or now_ms - hold.since_ms >= self.max_hold_ms:
+        age = now_ms - hold.since_ms
+        if self.query_gap_ms <= 0 or age >= 2 * self.max_hold_ms:
             return False
-        return refresh or now_ms - hold.last_ms < self.query_gap_ms
+        needed = self.query_gap_ms if age < self.max_hold_ms else max(1, self.query_gap_ms // BUSY_GAP_DIVISOR)
+        return refresh or now_ms - hold.last_ms < needed
 
 
 def cookie_name(prefix: str, group: Iterable[str]) -> str:
