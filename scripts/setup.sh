@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 # and the fault suite's partitions run drivers in namespaces (tests/helpers/network.py); socat: the servers there
 # listen on loopback, and socat forwards the test network's addresses to them.
 # gcc, libc6-dev: tests/helpers/skewclock.c, the wrong wall clock the clock tests give a driver process.
-DEBIAN_PACKAGES=(openjdk-17-jre-headless zookeeper postgresql iproute2 socat gcc libc6-dev curl)
+# haproxy: tests/test_serve_replicas.py balances tidemark serve's replicas with it, request by request.
+DEBIAN_PACKAGES=(openjdk-17-jre-headless zookeeper postgresql iproute2 socat gcc libc6-dev curl haproxy)
 VENV=${TIDEMARK_VENV:-.venv}
 # The Spark the venv runs: `make test` on 3.5, `make test-spark4` on 4.1 (README, "Spark versions").
 PYSPARK=${TIDEMARK_PYSPARK:-3.5.*}
