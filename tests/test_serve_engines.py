@@ -3,20 +3,19 @@ endpoint and REST catalog), each configured with the endpoint alone, and every r
 rule: ``down`` is a copy of ``up``, so one consistent version of both holds the same rows (count and epoch sum).
 
 Trino (the Iceberg connector's REST catalog, a real Trino 476), DuckDB's iceberg extension (``ATTACH ... (TYPE
-iceberg)``) and pyiceberg's ``RestCatalog``; Spark SQL in tests/test_serve_spark.py. Each engine must also see the
+iceberg)``) and pyiceberg's ``RestCatalog``, and Spark SQL. Each engine must also see the
 pipeline move (its reads are not frozen), and an unpinned engine must get the same version for the tables of one
 query (the switch rule).
 """
 from __future__ import annotations
 
-import time
+import threading
 import uuid
 
 import pytest
 from pyiceberg.catalog.rest import RestCatalog
 
 from coordinator.history.readers import _s3_secret
-from coordinator.serving.served_versions import DEFAULT_REPEAT_AFTER_S
 from coordinator.tidemark import Tidemark
 from tests.helpers.mixed_lake import MixedLake, MovingPipeline
 from tests.helpers.served import ServeProcess, as_pairs, duckdb_read, pyiceberg_read, two_table_sql
@@ -24,6 +23,7 @@ from tests.helpers.trino import TrinoServer, served_catalog
 from tests.test_lakehouse import lakehouse as lakehouse  # the fixture: this module's own
 
 READS = 12  # reads per engine while the pipeline commits
+SESSIONS = 4  # concurrent Trino sessions
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +61,29 @@ def check_reads(read, what: str, reads: int = READS) -> None:
     assert len(set(seen)) >= 2, f"{what}'s reads never moved: {seen}"
 
 
-def test_trino_joins_tables_through_the_endpoint_at_one_version_while_the_pipeline_commits(
+def test_concurrent_trino_sessions_join_tables_through_the_endpoint_at_one_version_while_the_pipeline_commits(
         lakehouse, pipeline, endpoint, tmp_path_factory):
-    sql = two_table_sql("served", pipeline.lake.up, pipeline.lake.down)
+    """Trino's sessions share one coordinator, so one client to the endpoint: ``SESSIONS`` sessions at once, each
+    running a dashboard's two panels in turn (``down`` alone, then the join of ``up`` and ``down``)."""
+    join = two_table_sql("served", pipeline.lake.up, pipeline.lake.down)
+    panel = f"SELECT count(*) FROM served.{pipeline.lake.down}"
     with TrinoServer(tmp_path_factory.mktemp("trino"), catalogs={"served": served_catalog(endpoint.url)},
                      env=lakehouse.pyiceberg_environment()) as trino:
-        check_reads(lambda: as_pairs(trino.query(sql)[0]), "Trino")
+        def session(joined: list) -> None:
+            for _ in range(READS):
+                trino.query(panel)
+                joined.append(as_pairs(trino.query(join)[0]))
+        results: list[list] = [[] for _ in range(SESSIONS)]
+        threads = [threading.Thread(target=session, args=(joined,)) for joined in results]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(600)
+    for i, joined in enumerate(results):
+        assert len(joined) == READS, f"session {i} ran {len(joined)} joins of {READS} (see the log: a query failed)"
+        straddled = [(up, down) for up, down in joined if up != down]
+        assert straddled == [], f"Trino session {i} read two versions in one query: {straddled}"
+    assert len({up for joined in results for up, _ in joined}) >= 2, "Trino's reads never moved"
 
 
 def test_duckdb_attaches_the_endpoint_and_reads_one_version(lakehouse, pipeline, endpoint):
@@ -81,15 +98,11 @@ def test_duckdb_attaches_the_endpoint_and_reads_one_version(lakehouse, pipeline,
 
 
 def test_pyiceberg_reads_one_version_with_the_uri_alone(pipeline, endpoint):
-    """pyiceberg loads each table of a query once and reads it before loading the next. Its queries get one version
-    each when a query starts ``--repeat-after-ms`` or more after the previous one's loads (docs/reading.md): one that
-    follows sooner may be taken for the previous query loading a table twice (a fresh-clone run hit that once)."""
+    """pyiceberg's guarantee (docs/reading.md): a query's tables loaded back to back, then read, come at one
+    version; each read here is such a query, right after the previous one (a client's next query may also be taken
+    for the previous one: never two versions in one)."""
     catalog = RestCatalog("served", uri=endpoint.url)
-
-    def query() -> list[tuple[int, int]]:
-        time.sleep(DEFAULT_REPEAT_AFTER_S)  # the client's next query, as the guarantee spaces it: no state awaited
-        return pyiceberg_read(catalog, [pipeline.lake.up, pipeline.lake.down])
-    check_reads(query, "pyiceberg")
+    check_reads(lambda: pyiceberg_read(catalog, [pipeline.lake.up, pipeline.lake.down]), "pyiceberg")
 
 
 @pytest.mark.spark
@@ -100,7 +113,8 @@ def test_spark_sql_reads_one_version_through_the_endpoint(spark, pipeline, endpo
                            ".warehouse": warehouse, ".cache-enabled": "false"}.items():
             spark.conf.set(f"spark.sql.catalog.{catalog}{key}", value)
 
-        def read(catalog=catalog):
+        def read(catalog=catalog):  # a dashboard's two panels: down alone, then the join
+            spark.sql(f"SELECT count(*) FROM {catalog}.{down}").collect()
             return as_pairs(spark.sql(two_table_sql(catalog, up, down)).collect()[0])
         if warehouse == "pipeline":
             check_reads(read, "Spark SQL")
