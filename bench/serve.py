@@ -20,7 +20,7 @@ pipeline of two jobs (``up`` and ``down``, which copies it) with a history of ep
 
 ``--race`` measures the switch race instead: while both jobs take epochs back to back, each engine (pyiceberg,
 DuckDB, and Trino with ``--trino``) runs ``--reads`` queries over both tables through three endpoints: the switch
-rule off (``--repeat-after-ms 0``, every load gets the newest version), the default rule, and a pinned session
+rule off (``--query-gap-ms 0``, every load gets the newest version), the default rule, and a pinned session
 (``warehouse=pipeline@pinned``); it prints how many queries saw two versions (their two tables disagree).
 """
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _switch_race(settings: CatalogSettings, connect: str, url: str, lake, epoch:
     from tests.helpers.mixed_lake import MovingPipeline
     from tests.helpers.served import as_pairs, duckdb_read, pyiceberg_read, two_table_sql
     from tests.helpers.trino import TrinoServer, served_catalog
-    rule_off, off_url = _serve(settings, connect, home / "serve-rule-off.log", "--repeat-after-ms", "0")
+    rule_off, off_url = _serve(settings, connect, home / "serve-rule-off.log", "--query-gap-ms", "0")
     endpoints = {"rule off": (off_url, ""), "default rule": (url, ""), "pinned": (url, "pipeline@pinned")}
     secret = _s3_secret(settings.name, settings.python_catalog_properties()) or ""
     tables = [t.split(".", 1)[1] if t.count(".") > 1 else t for t in (lake.up, lake.down)]
