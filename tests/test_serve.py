@@ -181,9 +181,9 @@ def test_a_client_holds_its_version_through_a_query_and_moves_at_its_next_one(la
     pipeline_at(6000)
     assert served.choose(scope, lake.down, "dashboard", now_ms=60).version.epoch == 5000    # the same query
     assert served.choose(scope, lake.down, "dashboard", now_ms=200).version.epoch == 6000   # after a gap: next query
-    busy = {served.choose(scope, lake.up, "busy", now_ms=t).version.epoch for t in range(500, 1_500, 5)}
+    held = {served.choose(scope, lake.up, "busy", now_ms=t).version.epoch for t in range(500, 1_500, 5)}
     pipeline_at(7000)
-    assert busy == {6000} and served.choose(scope, lake.up, "busy", now_ms=1_504).version.epoch == 6000
+    assert held == {6000} and served.choose(scope, lake.up, "busy", now_ms=1_504).version.epoch == 6000
     assert served.choose(scope, lake.up, "busy", now_ms=1_520).version.epoch == 7000  # past max_hold: 10 ms is a gap
     pipeline_at(8000)
     busy = [served.choose(scope, lake.up, "busy", now_ms=t).version.epoch for t in range(1_520, 3_600, 5)]

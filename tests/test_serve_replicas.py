@@ -5,6 +5,7 @@ about every 500 ms and replicas are killed with ``kill -9`` and restarted. A cli
 """
 from __future__ import annotations
 
+import functools
 import threading
 
 from coordinator.serving.hold import DEFAULT_QUERY_GAP_MS
@@ -37,9 +38,9 @@ def test_replicas_behind_a_round_robin_balancer_serve_one_version_per_query_and_
             def made(queries: int) -> bool:
                 return sum(len(client.queries) for client in clients) >= queries
             for victim, after in ((replicas[1], 15), (replicas[2], 45)):
-                wait_for(lambda after=after: made(after), f"{after} queries", timeout=300)
+                wait_for(functools.partial(made, after), f"{after} queries", timeout=300)
                 victim.kill()                                          # kill -9, mid-traffic
-                wait_for(lambda after=after: made(after + 10), f"{after + 10} queries on two replicas", timeout=300)
+                wait_for(functools.partial(made, after + 10), f"{after + 10} queries on two replicas", timeout=300)
                 victim.start()                                         # back on its port: a fresh process
             for thread in threads:
                 thread.join(600)

@@ -314,7 +314,8 @@ class Cascade:
         self.checker = ConsistencyChecker(Resolver(self.settings.load(), self.settings, self.tm), self.tables.all,
                                           invariant(self.tables))
         self.served = ServedReader(self.endpoint.url, self.tables.all, invariant(self.tables))
-        for target in (self._produce, self._supervise, self._track, self._check, self._read_served):
+        for target in (self._produce, self._supervise, self._track, self._check, self._read_served,
+                       self._read_served):
             thread = threading.Thread(target=target, name=target.__name__, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -615,9 +616,11 @@ class Cascade:
                 self.errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
 
     def _read_served(self) -> None:
-        """Read every table through the endpoint (at most one read every 0.5 s), as an engine configured with its
-        URI alone would, and check each read by the tables' rule."""
+        """Read through the endpoint as a dashboard does, with the URI alone: one table alone (a panel), then every
+        table (at most one of each every 0.5 s), each read checked by the tables' rule. Two threads do so at once
+        through one client (a coordinator's concurrent sessions)."""
         while not self._stop.wait(0.5):
+            self.served.panel()  # type: ignore[union-attr]
             self.served.observe()  # type: ignore[union-attr]
 
     def served_problems(self) -> list[Inconsistency]:
