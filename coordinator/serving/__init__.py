@@ -2,7 +2,8 @@
 
 - ``scope.py``: what a client's version is consistent across (its ``warehouse``), and the URL prefix that carries it;
 - ``served_metadata.py``: a table's metadata cut down to the snapshot served (``main`` there, nothing newer);
-- ``served_versions.py``: which version each table is served at (groups, pins, monotonicity, ZooKeeper lost);
+- ``hold.py``: a client's hold (the version its query reads) and when its next query starts; carried in a cookie;
+- ``served_versions.py``: which version each table is served at (groups, pins, holds, never back, ZooKeeper lost);
 - ``server.py``: the HTTP server: the spec's read routes, its error model, authentication, TLS and metrics.
 
 docs/design.md, "Serving consistent versions", is the design of record. May import the foundation,

@@ -10,7 +10,9 @@ namespace, its tables and a table (``snapshots=all|refs``), ``GET`` views (none)
 message says where to write. ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz`` are outside ``/v1``, and open.
 
 Headers of a served table: ``Tidemark-Epoch`` (the version's epoch), ``Tidemark-Version-Age-Ms`` (how far it is
-behind the wall clock) and, while ZooKeeper is unreachable, ``Tidemark-Stale: zookeeper-unreachable``.
+behind the wall clock), ``Set-Cookie: tidemark-hold-<digest>=...`` (the client's hold, ``hold.py``: sent back, it
+lets any replica continue the client's query) and, while ZooKeeper is unreachable, ``Tidemark-Stale:
+zookeeper-unreachable``.
 
 Failure behaviour: a table that does not exist is a 404 (``NoSuchTableException``), a namespace a 404
 (``NoSuchNamespaceException``), a bad warehouse or prefix a 400; the backing catalog or its object store out of
