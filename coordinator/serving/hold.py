@@ -25,8 +25,8 @@ as a consistent version, which any client may ask for anyway (``@<epoch>``).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -90,7 +90,8 @@ class HoldRule:
         return refresh or now_ms - hold.last_ms < needed
 
 
-def cookie_name(prefix: str, group: Iterable[str]) -> str:
+@functools.lru_cache(maxsize=4_096)  # asked at every load: a group of the ``all`` scope may have thousands of tables
+def cookie_name(prefix: str, group: frozenset[str]) -> str:
     """The cookie that carries a client's hold for one group of one scope (a client reads several pipelines)."""
     digest = hashlib.sha256("\x1f".join((prefix, *sorted(group))).encode()).hexdigest()[:16]
     return COOKIE_PREFIX + digest

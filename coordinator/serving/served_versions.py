@@ -44,7 +44,7 @@ from coordinator.protocol.held_epochs import common_epochs
 from coordinator.protocol.tidemarks import TidemarkCache
 from coordinator.protocol.topology import Topology, read_topology
 from coordinator.records import ConsistentVersion, JobRecord
-from coordinator.serving.hold import Hold, HoldRule
+from coordinator.serving.hold import Hold, HoldRule, cookie_name
 from coordinator.serving.scope import Group, Pin, PinKind, Scope
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -231,7 +231,8 @@ class ServedVersions:
     # -- versions -------------------------------------------------------------------------
 
     def choose(self, scope: Scope, table: str, client: str = "", hold: Optional[Hold] = None,
-               now_ms: Optional[int] = None, refresh: bool = False) -> Choice:
+               now_ms: Optional[int] = None, refresh: bool = False,
+               cookies: Optional[Mapping[str, str]] = None) -> Choice:
         """The version ``table`` is served at for ``client`` in ``scope`` (module docstring), and the client's hold.
 
         :param scope: the request's scope (its prefix).
@@ -240,6 +241,8 @@ class ServedVersions:
         :param hold: the hold the client sent (its cookie for this group), None if it sent none.
         :param now_ms: when the request arrived, wall-clock milliseconds (default now), not when the server got to it.
         :param refresh: the client reloads a table it holds (never the start of a new query).
+        :param cookies: the request's cookies, where the client's hold for the table's group is found when ``hold``
+            is None (``hold.cookie_name``).
         :raises VersionNotFound: the table's group has no consistent version, and this server served none before.
         :raises ZooKeeperUnavailable: ZooKeeper is unreachable and the job graph was never read.
         """
@@ -251,6 +254,8 @@ class ServedVersions:
             return Choice(name, group, version, stale)
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         key = (client, scope.prefix, group)
+        if hold is None and cookies:
+            hold = Hold.decode(cookies.get(cookie_name(scope.prefix, group)))
         if hold is None:
             with self._lock:
                 hold = self._held.get(key)
@@ -284,12 +289,13 @@ class ServedVersions:
                     ) -> tuple[ConsistentVersion, bool, Optional[Hold]]:
         """The version a client holding ``hold`` gets at ``now_ms``, whether it is stale, and the client's new hold."""
         if hold is not None and self.rule.continues(hold, now_ms, refresh):
-            held, stale = self._exactly(group, hold.epoch)
+            held, stale = self._exactly(group, hold.epoch, self._newest.get(group))
             if held is not None:
                 return held, stale, hold.loaded(now_ms)
+            hold = None  # not a version of this group: no floor either
         version, stale = self._newest_of(group)  # a new query: the newest version, never below the client's hold
         if hold is not None and version.epoch is not None and version.epoch < hold.epoch:
-            held, held_stale = self._exactly(group, hold.epoch)  # this server is behind the one the client saw
+            held, held_stale = self._exactly(group, hold.epoch, version)  # this server is behind the client's
             if held is not None:
                 version, stale = held, held_stale
         return version, stale, (Hold(version.epoch, now_ms, now_ms) if version.epoch is not None else None)
@@ -337,9 +343,13 @@ class ServedVersions:
             self._keep_exact(group, version)
             return version, stale
 
-    def _exactly(self, group: frozenset[str], epoch: int) -> tuple[Optional[ConsistentVersion], bool]:
+    def _exactly(self, group: frozenset[str], epoch: int, newest: Optional[ConsistentVersion],
+                 ) -> tuple[Optional[ConsistentVersion], bool]:
         """The group's version at exactly ``epoch`` (a hold's), None when the group does not hold it (a hold from
-        another deployment, or made up); stale when read from Iceberg alone."""
+        another deployment, or made up); stale when read from Iceberg alone.
+
+        :param newest: the group's newest version here: a hold newer than it was served by a replica whose tidemarks
+            are ahead of this one's, so the tidemarks are read from ZooKeeper rather than this process's cache."""
         with self._lock:
             found = self._exact.get((group, epoch))
             if found is not None:
@@ -353,11 +363,12 @@ class ServedVersions:
                 except VersionNotFound:
                     return None, False
             except VersionNotFound:
-                tm = self._tm
-                if tm is None:
+                ahead = newest is None or newest.epoch is None or epoch > newest.epoch
+                if self._tm is None or not ahead:
                     return None, False
-                try:  # the tidemarks this process keeps may lag the replica that served the hold by a watch
-                    version, stale = Resolver(self._catalog, self.settings, tm).resolve(tables, as_of=epoch), False
+                uncached = Resolver(self._catalog, self.settings, self._tm)
+                try:
+                    version, stale = uncached.resolve(tables, as_of=epoch), False
                 except (VersionNotFound, ZooKeeperUnavailable, ZooKeeperRebuilt):
                     return None, False
             self._keep_exact(group, version)

@@ -55,7 +55,7 @@ from coordinator.errors import (
 from coordinator.iceberg.catalog import is_catalog_outage, load_table
 from coordinator.iceberg.catalog_properties import java_properties
 from coordinator.iceberg.snapshots import WRITER_PROPERTY
-from coordinator.serving.hold import Hold, cookie_name
+from coordinator.serving.hold import cookie_name
 from coordinator.serving.scope import Scope
 from coordinator.serving.served_metadata import served_metadata
 from coordinator.serving.served_versions import Choice, ServedVersions
@@ -326,10 +326,7 @@ class CatalogServer:
         the backing catalog may change beside them (properties, schema, tags) is up to twice that late."""
         scope = _scope_from_prefix(prefix)
         identifier = f"{_dotted(namespace)}.{name}"
-        _, group = self._unavailable_as_503(lambda: self.served.group_of(scope, identifier))
-        cookie = cookie_name(scope.prefix, group) if group is not None else None
-        hold = Hold.decode((cookies or {}).get(cookie)) if cookie is not None else None
-        choice = self._unavailable_as_503(lambda: self._choose(scope, identifier, client, hold, arrived_ms, refresh))
+        choice = self._unavailable_as_503(lambda: self._choose(scope, identifier, client, arrived_ms, refresh, cookies))
         headers: dict[str, str] = {}
         version = choice.version
         if not choice.passthrough and version is not None and version.epoch is not None:
@@ -343,8 +340,9 @@ class CatalogServer:
         key = (identifier, choice.snapshot_id, snapshots == "refs")
         body = self._kept(key, lambda: self._load_table(identifier, choice, snapshots == "refs"))
         hold = self.served.answered(scope, client, choice)
-        if cookie is not None and hold is not None:
-            headers["Set-Cookie"] = f"{cookie}={hold.encode()}; Path=/; Max-Age={HOLD_COOKIE_AGE_S}; HttpOnly"
+        if hold is not None and choice.group is not None:
+            headers["Set-Cookie"] = (f"{cookie_name(scope.prefix, choice.group)}={hold.encode()}; Path=/; "
+                                     f"Max-Age={HOLD_COOKIE_AGE_S}; HttpOnly")
         return body, headers, choice
 
     def _kept(self, key: tuple[str, Optional[int], bool], load: Callable[[], Encoded]) -> Encoded:
@@ -432,10 +430,10 @@ class CatalogServer:
         return {"access_token": self.auth.issue(unquote(client_id), unquote(secret)), "token_type": "bearer",
                 "expires_in": TOKEN_LIFETIME_S, "issued_token_type": "urn:ietf:params:oauth:token-type:access_token"}
 
-    def _choose(self, scope: Scope, identifier: str, client: str, hold: Optional[Hold], arrived_ms: Optional[int],
-                refresh: bool) -> Choice:
+    def _choose(self, scope: Scope, identifier: str, client: str, arrived_ms: Optional[int], refresh: bool,
+                cookies: Optional[Mapping[str, str]]) -> Choice:
         try:
-            return self.served.choose(scope, identifier, client, hold, arrived_ms, refresh)
+            return self.served.choose(scope, identifier, client, now_ms=arrived_ms, refresh=refresh, cookies=cookies)
         except VersionNotFound as exc:
             # Empty tables are no consistent version either (a derived table may hold a row for an empty source).
             raise RestError(503, "ServiceUnavailableException", f"no consistent version of table {identifier} "

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 from typing import Optional
 
 from coordinator.operations.zookeeper_server import free_port
+from tests.helpers.served import wait_healthy
 
-START_TIMEOUT_S = 30.0
 CONFIG = """global
     maxconn 1024
 defaults
@@ -59,16 +57,11 @@ class Balancer:
         with open(self.work_dir / "haproxy.log", "ab") as log:
             self.process = subprocess.Popen([haproxy, "-db", "-f", str(config)], stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"haproxy exited with {self.process.returncode}: see {self.work_dir}/haproxy.log")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=2):
-                    return self
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"haproxy did not answer within {START_TIMEOUT_S:.0f}s")
+        wait_healthy(self.process, f"{self.url}/healthz", "haproxy", self._log_tail)
+        return self
+
+    def _log_tail(self) -> str:
+        return f"see {self.work_dir / 'haproxy.log'}"
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -35,6 +35,22 @@ def serve_environment(settings: CatalogSettings) -> dict[str, str]:
     return {**env, **settings.environment()}
 
 
+def wait_healthy(process: subprocess.Popen, url: str, what: str, log_tail: Callable[[], str],
+                 timeout: float = START_TIMEOUT_S) -> None:
+    """Wait until ``url`` answers (a started server's health route); ``RuntimeError`` with ``log_tail()`` when
+    ``process`` exits first or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}: {log_tail()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} did not answer within {timeout:.0f}s: {log_tail()}")
+
+
 class ServeProcess:
     """``tidemark serve`` on a free loopback port, its output in ``work_dir/serve.log``."""
 
@@ -54,16 +70,8 @@ class ServeProcess:
             self.process = subprocess.Popen(
                 [*TIDEMARK, "--zk", self.zk_connect, "--timeout", "5", "serve", "--port", str(self.port), *self.args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=serve_environment(self.settings))
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"tidemark serve exited with {self.process.returncode}: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=2):
-                    return self
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"tidemark serve did not answer within {START_TIMEOUT_S:.0f}s: {self.log_tail()}")
+        wait_healthy(self.process, f"{self.url}/healthz", "tidemark serve", self.log_tail)
+        return self
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
