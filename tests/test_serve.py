@@ -212,7 +212,7 @@ def test_a_dashboard_and_reader_threads_get_one_version_per_query_while_the_pipe
     """What clients run: a two-panel dashboard (one ``RestCatalog``; ``down`` alone, then ``up`` and ``down``) and
     reader threads in one process, each with its own long-lived client, all from one address and user agent, through
     ``tidemark serve`` on its defaults. Every query's tables come at one epoch; no client's epochs go back."""
-    moving = MovingPipeline(lake, epoch=7000).start()
+    moving = MovingPipeline(lake, epoch=7000, pause_s=0.4).start()  # an epoch about every 500 ms
     panels = [[lake.down], [lake.up, lake.down]]
     pause_s = 2 * DEFAULT_QUERY_GAP_MS / 1000  # a dashboard's refresh: its next query comes after a quiet gap
     try:
