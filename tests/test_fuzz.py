@@ -21,6 +21,7 @@ from coordinator import CatalogSettings, CorruptState, InvalidName, Tidemark
 from coordinator.names import MAX_EPOCH_MS, MAX_NAME_LENGTH, parse_epoch, validate_epoch, validate_name, validate_names
 from coordinator.operations.cli import main
 from coordinator.records import JsonRecord, now_ms
+from coordinator.serving.hold import Hold
 from coordinator.zookeeper.paths import Paths
 from tests.helpers.lake import commit_rows, create_table, lead_job
 
@@ -90,6 +91,16 @@ def test_decoders_survive_deep_nesting(cls):
 
 
 # -- name and epoch validators -----------------------------------------------------------------------------
+
+@FUZZ
+@given(text=st.one_of(st.text(max_size=40), st.text(alphabet="0123456789abcdefx.-+ ", max_size=40),
+                      st.builds(lambda e, s, d, t: f"{e}.{s}.{s + d}.{t:x}", st.integers(0, 2 ** 62),
+                                st.integers(0, 2 ** 50), st.integers(0, 10 ** 6), st.integers(0, 2 ** 64 - 1))))
+def test_a_hold_cookie_decodes_to_nothing_or_to_a_hold_that_encodes_back(text):
+    """A client writes its cookie as it likes: the server reads a hold it could have written, or none."""
+    hold = Hold.decode(text)
+    assert hold is None or Hold.decode(hold.encode()) == hold
+
 
 @FUZZ
 @given(name=st.one_of(st.text(max_size=30), st.text(alphabet="ab.-_\n\t /²0", max_size=12),

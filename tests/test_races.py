@@ -38,7 +38,10 @@ def test_a_lost_race_is_decided_again_and_counted_under_the_callers_operation(se
     assert len(tries) == 3 and session.retry_counts() == {"barriers": 2}
 
 
-def test_at_the_deadline_the_callers_message_is_raised_and_no_attempt_starts_after_it(session):
+def test_at_the_deadline_the_callers_message_is_raised_and_no_attempt_starts_after_it(session, monkeypatch):
+    clock = [1000.0]  # tenacity's clock, advanced by its sleeps alone: a loaded machine wakes a sleeper late
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
     started: list[float] = []
 
     def attempt() -> None:

@@ -173,9 +173,9 @@ def test_staged_snapshots_and_newer_ones_are_never_in_the_served_metadata(lake, 
 
 
 def test_a_client_holds_its_version_through_a_query_and_moves_at_its_next_one(lake, serve):
-    """The rule on explicit times: loads less than the query gap apart are one query; a busy client moves at a
-    shorter gap once its version is max_hold old; the hold a client sends continues its query on any replica, and
-    one this deployment never served is ignored."""
+    """The rule on explicit times: loads less than the query gap apart are one query, and so is a table the query
+    has not loaded yet a little later; a busy client moves at a shorter gap once its version is max_hold old; the
+    hold a client sends continues its query on any replica, and one this deployment never served is ignored."""
     server = serve(rule=HoldRule(query_gap_ms=100, max_hold_ms=1_000))
     served, scope = server.served, Scope()
     newcomers = (f"client {i}" for i in itertools.count())  # each with no hold: the newest version
@@ -188,23 +188,27 @@ def test_a_client_holds_its_version_through_a_query_and_moves_at_its_next_one(la
                  f"the server's tidemarks to reach {epoch}")
 
     first = served.choose(scope, lake.up, "dashboard", now_ms=0)
-    assert first.version.epoch == 5000 and first.hold == Hold(5000, 0, 0)
+    assert first.version.epoch == 5000 and first.hold == Hold.taken(5000, 0, lake.up)
     pipeline_at(6000)
     assert served.choose(scope, lake.down, "dashboard", now_ms=60).version.epoch == 5000    # the same query
-    assert served.choose(scope, lake.down, "dashboard", now_ms=200).version.epoch == 6000   # after a gap: next query
-    held = {served.choose(scope, lake.up, "busy", now_ms=t).version.epoch for t in range(500, 1_500, 5)}
+    assert served.choose(scope, lake.down, "dashboard", now_ms=200).version.epoch == 6000   # again after a gap: next
     pipeline_at(7000)
-    assert held == {6000} and served.choose(scope, lake.up, "busy", now_ms=1_504).version.epoch == 6000
-    assert served.choose(scope, lake.up, "busy", now_ms=1_520).version.epoch == 7000  # past max_hold: 10 ms is a gap
+    assert served.choose(scope, lake.up, "dashboard", now_ms=550).version.epoch == 6000     # not loaded yet: the same
+    assert served.choose(scope, lake.up, "dashboard", now_ms=700).version.epoch == 7000     # again after a gap: next
+    held = {served.choose(scope, lake.up, "busy", now_ms=t).version.epoch for t in range(500, 1_500, 5)}
     pipeline_at(8000)
+    assert held == {7000} and served.choose(scope, lake.up, "busy", now_ms=1_504).version.epoch == 7000
+    assert served.choose(scope, lake.up, "busy", now_ms=1_520).version.epoch == 8000  # past max_hold: 10 ms is a gap
+    pipeline_at(9000)
     busy = [served.choose(scope, lake.up, "busy", now_ms=t).version.epoch for t in range(1_520, 3_600, 5)]
-    assert busy[0] == 7000 and busy[-1] == 8000  # never quiet for 10 ms: moves at twice max_hold
+    assert busy[0] == 8000 and busy[-1] == 9000  # never quiet for 10 ms: moves at twice max_hold
     replica = serve(rule=HoldRule(query_gap_ms=100))                        # another replica, the client's cookie
-    continued = replica.served.choose(scope, lake.down, "via a balancer", hold=Hold(5000, 0, 1_000), now_ms=1_050)
-    assert continued.version.epoch == 5000 and continued.hold == Hold(5000, 0, 1_050)
+    sent = Hold.taken(5000, 0, lake.up).loaded(1_000)
+    continued = replica.served.choose(scope, lake.down, "via a balancer", hold=sent, now_ms=1_050)
+    assert continued.version.epoch == 5000 and continued.hold == sent.loaded(1_050, lake.down)
     for made_up in (Hold(4500, 0, 1_000), Hold(99_000, 0, 1_000)):         # an epoch the group does not hold
-        assert replica.served.choose(scope, lake.down, "forger", hold=made_up, now_ms=1_050).version.epoch == 8000
-    assert served_epoch(server, lake.down) == 8000                          # over HTTP: the newest
+        assert replica.served.choose(scope, lake.down, "forger", hold=made_up, now_ms=1_050).version.epoch == 9000
+    assert served_epoch(server, lake.down) == 9000                          # over HTTP: the newest
 
 
 def test_a_dashboard_and_reader_threads_get_one_version_per_query_while_the_pipeline_commits(

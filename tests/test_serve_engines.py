@@ -38,9 +38,7 @@ def pipeline(lakehouse, zk_chroot):
     settings = lakehouse.catalog_settings()
     lake = MixedLake(settings.load(), settings, "served_" + uuid.uuid4().hex[:6])
     lake.open(tm)
-    moving = MovingPipeline(lake, pause_s=PIPELINE_PAUSE_S).start()
-    yield moving
-    moving.stop()
+    yield MovingPipeline(lake, pause_s=PIPELINE_PAUSE_S)  # each test runs it while it reads
     lake.close()
     tm.close()
 
@@ -76,10 +74,11 @@ def test_concurrent_trino_sessions_join_tables_through_the_endpoint_at_one_versi
                 joined.append(as_pairs(trino.query(join)[0]))
         results: list[list] = [[] for _ in range(SESSIONS)]
         threads = [threading.Thread(target=session, args=(joined,)) for joined in results]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(600)
+        with pipeline.running():
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(600)
     for i, joined in enumerate(results):
         assert len(joined) == SESSION_READS, f"session {i} ran {len(joined)} joins of {SESSION_READS} (see the log)"
         straddled = [(up, down) for up, down in joined if up != down]
@@ -94,8 +93,9 @@ def test_duckdb_attaches_the_endpoint_and_reads_one_version(lakehouse, pipeline,
     assert secret is not None
     sql = two_table_sql("served", pipeline.lake.up, pipeline.lake.down)
     for warehouse in ("", "pipeline@pinned"):
-        check_reads(lambda warehouse=warehouse: duckdb_read(endpoint.url, warehouse, secret, sql),
-                    f"DuckDB (warehouse {warehouse!r})", reads=READS // 2)  # each read a new DuckDB session
+        with pipeline.running():
+            check_reads(lambda warehouse=warehouse: duckdb_read(endpoint.url, warehouse, secret, sql),
+                        f"DuckDB (warehouse {warehouse!r})", reads=READS // 2)  # each read a new DuckDB session
 
 
 def test_pyiceberg_reads_one_version_with_the_uri_alone(pipeline, endpoint):
@@ -103,7 +103,8 @@ def test_pyiceberg_reads_one_version_with_the_uri_alone(pipeline, endpoint):
     version; each read here is such a query, right after the previous one (a client's next query may also be taken
     for the previous one: never two versions in one)."""
     catalog = RestCatalog("served", uri=endpoint.url)
-    check_reads(lambda: pyiceberg_read(catalog, [pipeline.lake.up, pipeline.lake.down]), "pyiceberg")
+    with pipeline.running():
+        check_reads(lambda: pyiceberg_read(catalog, [pipeline.lake.up, pipeline.lake.down]), "pyiceberg")
 
 
 @pytest.mark.spark
@@ -117,7 +118,8 @@ def test_spark_sql_reads_one_version_through_the_endpoint(spark, pipeline, endpo
         def read(catalog=catalog):  # a dashboard's two panels: down alone, then the join
             spark.sql(f"SELECT count(*) FROM {catalog}.{down}").collect()
             return as_pairs(spark.sql(two_table_sql(catalog, up, down)).collect()[0])
-        if warehouse == "pipeline":
-            check_reads(read, "Spark SQL")
-        else:  # the session's catalog keeps one version for its life
-            assert len({read() for _ in range(3)}) == 1
+        with pipeline.running():
+            if warehouse == "pipeline":
+                check_reads(read, "Spark SQL")
+            else:  # the session's catalog keeps one version for its life
+                assert len({read() for _ in range(3)}) == 1

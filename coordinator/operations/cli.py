@@ -876,9 +876,10 @@ def _add_serve(sub: Commands) -> None:
                                                            "every interface)")
     serve.add_argument("--port", type=_port, default=8181, help="port (default 8181)")
     serve.add_argument("--query-gap-ms", type=_milliseconds, default=DEFAULT_QUERY_GAP_MS, metavar="MS",
-                       help="a client's loads less than this apart are one query, at one version; a load after a "
-                            f"longer gap starts the next query at the newest version (default {DEFAULT_QUERY_GAP_MS}; "
-                            "0: every load gets the newest)")
+                       help="a client's loads less than this apart are one query, at one version (a table the "
+                            "query has not loaded yet: up to 4 times this apart); a load after a longer gap starts the "
+                            f"next query at the newest version (default {DEFAULT_QUERY_GAP_MS}; 0: every load gets the "
+                            "newest)")
     serve.add_argument("--max-hold", type=_seconds, default=DEFAULT_MAX_HOLD_MS / 1000, metavar="S",
                        help="a client busy with no such gap still moves to the newest version after this long "
                             f"(default {DEFAULT_MAX_HOLD_MS // 1000})")

@@ -1,21 +1,23 @@
 """A client's hold: the version its query in progress reads, and the rule that says when its next query starts.
 
     rule = HoldRule(query_gap_ms=500, max_hold_ms=30_000)
-    hold = Hold.decode(cookie_value)                       # None: no hold, or a value this server never wrote
-    if hold is not None and rule.continues(hold, now_ms):  # the same query: its version again
-        hold = hold.loaded(now_ms)
-    else:                                                  # a new query: the newest version, never below the hold's
-        hold = Hold(newest_epoch, now_ms, now_ms)
-    hold.encode()                                          # the cookie's new value
+    hold = Hold.decode(cookie_value)                              # None: no hold, or a value never written here
+    if hold is not None and rule.continues(hold, table, now_ms):  # the same query: its version again
+        hold = hold.loaded(now_ms, table)
+    else:                                                         # a new query: the newest version, never below
+        hold = Hold.taken(newest_epoch, now_ms, table)            # the hold's
+    hold.encode()                                                 # the cookie's new value
 
 An engine loads the tables of one query back to back while it plans it (Trino, Spark, DuckDB, pyiceberg loading a
 query's tables before reading them), and nothing identifies a query in what it sends. So a load that follows the
-answer to the client's previous load by less than ``query_gap_ms`` is the same query, at the same version; the
-first load after a quieter gap starts the next query, at the newest version. A client kept busy by concurrent
-sessions (a Trino coordinator) may never be quiet that long: once its version is ``max_hold_ms`` old, a gap of a
-tenth of ``query_gap_ms`` starts the next query (an engine plans a query's loads closer together than that), and
-at twice ``max_hold_ms`` its next load does, the one case in which a query can still straddle two versions
-(docs/design.md, "Serving consistent versions").
+answer to the client's previous load by less than ``query_gap_ms`` is the same query, at the same version; so is
+the load of a table the query has not loaded yet up to ``LATE_TABLE_GAPS`` query gaps after (DuckDB reads a
+table's manifests before it loads the next table, and a loaded machine plans slowly), since a query loads each of
+its tables once. The first load after a quieter gap starts the next query, at the newest version. A client kept
+busy by concurrent sessions (a Trino coordinator) may never be quiet that long: once its version is
+``max_hold_ms`` old, a gap of a tenth of ``query_gap_ms`` before a table it loaded already starts the next query,
+and at twice ``max_hold_ms`` its next load does. There a query planned in another session at that moment can
+straddle two versions (docs/design.md, "The switch race").
 
 The hold travels in a cookie (``cookie_name``): every engine's HTTP client keeps cookies (Iceberg Java's Apache
 client for Trino and Spark, pyiceberg's ``requests`` session), so whichever replica answers a client's next load
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import zlib
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -35,41 +38,60 @@ DEFAULT_QUERY_GAP_MS = 500  # an engine loads a query's tables within millisecon
 # next panel, or a session's next statement, comes later than this
 DEFAULT_MAX_HOLD_MS = 30_000  # a client that is never quiet for a query gap moves on at a shorter gap after this
 BUSY_GAP_DIVISOR = 10  # past max_hold_ms, a tenth of the query gap starts a query: a query's own loads come closer
+LATE_TABLE_GAPS = 4  # a table the query has not loaded yet still belongs to it this many query gaps after
+TABLE_BITS = 64  # the tables a query loaded, as bits of a hash: a table taken for one loaded only shortens its gap
 
 
 @dataclass(frozen=True)
 class Hold:
-    """The version a client holds: its ``epoch``, when the client took it (``since_ms``) and when it last loaded a
-    table at it (``last_ms``), both wall-clock milliseconds, so that every replica reads them alike."""
+    """The version a client holds: its ``epoch``, when the client's query took it (``since_ms``), when it last
+    loaded a table at it (``last_ms``), both wall-clock milliseconds so that every replica reads them alike, and the
+    tables the query loaded (``tables``, one bit of ``TABLE_BITS`` per table)."""
 
     epoch: int
     since_ms: int
     last_ms: int
+    tables: int = 0
+
+    @classmethod
+    def taken(cls, epoch: int, now_ms: int, table: str) -> Hold:
+        """The hold of a query that starts at ``now_ms`` by loading ``table`` at ``epoch``."""
+        return cls(epoch, now_ms, now_ms, _bit(table))
 
     @classmethod
     def decode(cls, text: Optional[str]) -> Optional[Hold]:
         """The hold a cookie's value carries; None for none, or for a value this server never wrote."""
         parts = (text or "").split(".")
-        if len(parts) != 3 or not all(p.isdigit() and len(p) <= 18 for p in parts):
+        if len(parts) != 4 or not all(p.isdigit() and len(p) <= 18 for p in parts[:3]):
             return None
-        epoch, since_ms, last_ms = (int(p) for p in parts)
-        return cls(epoch, since_ms, last_ms) if since_ms <= last_ms else None
+        try:
+            tables = int(parts[3], 16) if len(parts[3]) <= TABLE_BITS // 4 else -1
+        except ValueError:
+            return None
+        epoch, since_ms, last_ms = (int(p) for p in parts[:3])
+        return cls(epoch, since_ms, last_ms, tables) if since_ms <= last_ms and tables >= 0 else None
 
     def encode(self) -> str:
-        """The cookie's value: ``<epoch>.<since_ms>.<last_ms>``."""
-        return f"{self.epoch}.{self.since_ms}.{self.last_ms}"
+        """The cookie's value: ``<epoch>.<since_ms>.<last_ms>.<tables, hexadecimal>``."""
+        return f"{self.epoch}.{self.since_ms}.{self.last_ms}.{self.tables:x}"
 
-    def loaded(self, now_ms: int) -> Hold:
-        """This hold after one more load at ``now_ms``."""
-        return replace(self, last_ms=max(self.last_ms, now_ms))
+    def loaded(self, now_ms: int, table: Optional[str] = None) -> Hold:
+        """This hold after one more load at ``now_ms`` (of ``table``, when given)."""
+        return replace(self, last_ms=max(self.last_ms, now_ms),
+                       tables=self.tables | (_bit(table) if table is not None else 0))
+
+    def has_loaded(self, table: str) -> bool:
+        """Whether the held query loaded ``table`` already (or a table that shares its bit)."""
+        return bool(self.tables & _bit(table))
 
 
 @dataclass(frozen=True)
 class HoldRule:
     """When a client's next load belongs to the query its hold is for (module docstring).
 
-    :param query_gap_ms: a load this long or longer after the client's previous one starts a new query (0: every
-        load starts one, and gets the newest version).
+    :param query_gap_ms: a load this long or longer after the client's previous one starts a new query;
+        ``LATE_TABLE_GAPS`` times as long for a table the query has not loaded yet (0: every load starts one, and gets
+        the newest version).
     :param max_hold_ms: once the client's version is this old, a tenth of ``query_gap_ms`` is gap enough to start a
         new query; at twice this age its next load starts one, however busy the client is.
     """
@@ -77,8 +99,8 @@ class HoldRule:
     query_gap_ms: int = DEFAULT_QUERY_GAP_MS
     max_hold_ms: int = DEFAULT_MAX_HOLD_MS
 
-    def continues(self, hold: Hold, now_ms: int, refresh: bool = False) -> bool:
-        """Whether a load at ``now_ms`` is the held query's.
+    def continues(self, hold: Hold, table: str, now_ms: int, refresh: bool = False) -> bool:
+        """Whether a load of ``table`` at ``now_ms`` is the held query's.
 
         :param refresh: the client reloads a table it holds (Iceberg Java's refresh while Spark plans a scan): part
             of its query however late, up to the hard limit.
@@ -86,8 +108,18 @@ class HoldRule:
         age = now_ms - hold.since_ms
         if self.query_gap_ms <= 0 or age >= 2 * self.max_hold_ms:
             return False
-        needed = self.query_gap_ms if age < self.max_hold_ms else max(1, self.query_gap_ms // BUSY_GAP_DIVISOR)
-        return refresh or now_ms - hold.last_ms < needed
+        if refresh:
+            return True
+        busy = age >= self.max_hold_ms
+        if hold.has_loaded(table):
+            gap = max(1, self.query_gap_ms // BUSY_GAP_DIVISOR) if busy else self.query_gap_ms
+        else:
+            gap = self.query_gap_ms if busy else LATE_TABLE_GAPS * self.query_gap_ms
+        return now_ms - hold.last_ms < gap
+
+
+def _bit(table: str) -> int:
+    return 1 << (zlib.crc32(table.encode()) % TABLE_BITS)  # crc32: the same bit on every replica
 
 
 @functools.lru_cache(maxsize=4_096)  # asked at every load: a group of the ``all`` scope may have thousands of tables

@@ -10,11 +10,12 @@ is served at one consistent version of the group (``Resolver``, level ``consiste
 
 - **Never back**: an unpinned group's version never goes below the newest one this server handed out (a resolution
   from Iceberg after ZooKeeper's state was lost may be older: the newer one is served).
-- **One query, one version**: a client's loads that follow each other by less than the query gap are one query,
-  served at the version the client holds; the first load after a quieter gap starts the next query at the newest
-  version, never below the client's hold (``hold.py``). The hold comes with each request (a cookie, so any replica
-  continues a client's query) or, for a client that keeps no cookies, from this process's memory of the client
-  (address, user agent, credentials). A pinned scope never changes at all.
+- **One query, one version**: a client's loads that follow each other by less than the query gap are one query
+  (longer for a table the query has not loaded yet), served at the version the client holds; the first load after a
+  quieter gap starts the next query at the newest version, never below the client's hold (``hold.py``). The hold
+  comes with each request (a cookie, so any replica continues a client's query) or, for a client that keeps no
+  cookies, from this process's memory of the client (address, user agent, credentials). A pinned scope never
+  changes at all.
 - **ZooKeeper unreachable**: the group's last version is served, marked stale; with none yet, a version from Iceberg
   alone (consistent too, possibly older). Never a newer unchecked one.
 - **ZooKeeper's state lost**: a job this server saw in the job graph keeps its tables in their groups for
@@ -259,7 +260,7 @@ class ServedVersions:
         if hold is None:
             with self._lock:
                 hold = self._held.get(key)
-        version, stale, hold = self._for_client(group, hold, now_ms, refresh)
+        version, stale, hold = self._for_client(group, name, hold, now_ms, refresh)
         self._remember(key, hold)
         return Choice(name, group, version, stale, hold)
 
@@ -285,20 +286,21 @@ class ServedVersions:
             while len(self._held) > HELD_CLIENTS:
                 self._held.popitem(last=False)
 
-    def _for_client(self, group: frozenset[str], hold: Optional[Hold], now_ms: int, refresh: bool,
+    def _for_client(self, group: frozenset[str], table: str, hold: Optional[Hold], now_ms: int, refresh: bool,
                     ) -> tuple[ConsistentVersion, bool, Optional[Hold]]:
-        """The version a client holding ``hold`` gets at ``now_ms``, whether it is stale, and the client's new hold."""
-        if hold is not None and self.rule.continues(hold, now_ms, refresh):
+        """The version a client holding ``hold`` gets for ``table`` at ``now_ms``, whether it is stale, and the
+        client's new hold."""
+        if hold is not None and self.rule.continues(hold, table, now_ms, refresh):
             held, stale = self._exactly(group, hold.epoch, self._newest.get(group))
             if held is not None:
-                return held, stale, hold.loaded(now_ms)
+                return held, stale, hold.loaded(now_ms, table)
             hold = None  # not a version of this group: no floor either
         version, stale = self._newest_of(group)  # a new query: the newest version, never below the client's hold
         if hold is not None and version.epoch is not None and version.epoch < hold.epoch:
             held, held_stale = self._exactly(group, hold.epoch, version)  # this server is behind the client's
             if held is not None:
                 version, stale = held, held_stale
-        return version, stale, (Hold(version.epoch, now_ms, now_ms) if version.epoch is not None else None)
+        return version, stale, (Hold.taken(version.epoch, now_ms, table) if version.epoch is not None else None)
 
     def newest_versions(self) -> Mapping[frozenset[str], ConsistentVersion]:
         """The newest version served per group (for metrics: their ages)."""

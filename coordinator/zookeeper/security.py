@@ -302,7 +302,9 @@ def _check_tls(raw: socket.socket, host: str, port: int, tls: TlsSettings) -> Op
         if _server_alert(exc):
             return _client_certificate_refused(where, exc.reason or str(exc))
         return _not_tls(where, exc.reason or str(exc))
-    except OSError as exc:  # reset or timed out mid-handshake
+    except TimeoutError:  # a slow server (a loaded machine) is no sign of a plaintext port, which hangs up at once
+        return None
+    except OSError as exc:  # reset mid-handshake
         return _not_tls(where, type(exc).__name__)
     return None
 

@@ -77,6 +77,7 @@ RECOVERY_DEADLINE = 90.0    # a fault not recovered by then fails the run
 DRAIN_DEADLINE = 120.0
 BATCH_PROPERTY = "faults.batch"
 KEYS = [f"k{i}" for i in range(8)]
+DASHBOARDS = 2  # readers through `tidemark serve`, each its own client: never back is per client
 
 
 @dataclass
@@ -285,9 +286,9 @@ class Cascade:
         self._threads: list[threading.Thread] = []
         self.tm: Optional[Tidemark] = None
         self.checker: Optional[ConsistencyChecker] = None
-        # A reader that knows nothing of Tidemark: pyiceberg's RestCatalog through `tidemark serve`, beside the checker.
+        # Readers that know nothing of Tidemark: pyiceberg's RestCatalog through `tidemark serve`, beside the checker.
         self.endpoint = ServeProcess(self.settings, self.connect, self.dir / "serve")
-        self.served: Optional[ServedReader] = None
+        self.dashboards: list[ServedReader] = []
         env.cascade = self
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -313,10 +314,13 @@ class Cascade:
         self.start_drivers()
         self.checker = ConsistencyChecker(Resolver(self.settings.load(), self.settings, self.tm), self.tables.all,
                                           invariant(self.tables))
-        self.served = ServedReader(self.endpoint.url, self.tables.all, invariant(self.tables))
-        for target in (self._produce, self._supervise, self._track, self._check, self._read_served,
-                       self._read_served):
-            thread = threading.Thread(target=target, name=target.__name__, daemon=True)
+        self.dashboards = [ServedReader(self.endpoint.url, self.tables.all, invariant(self.tables))
+                           for _ in range(DASHBOARDS)]
+        targets: list[tuple[Callable[..., None], tuple]] = [
+            (self._produce, ()), (self._supervise, ()), (self._track, ()), (self._check, ()),
+            *((self._read_served, (dashboard,)) for dashboard in self.dashboards)]
+        for target, args in targets:
+            thread = threading.Thread(target=target, args=args, name=target.__name__, daemon=True)
             thread.start()
             self._threads.append(thread)
         wait_for(lambda: all(self.committed_after(job, 0) for job in JOBS), "every job's first commit",
@@ -615,20 +619,20 @@ class Cascade:
             except Exception as exc:  # noqa: BLE001 - an injected outage; a real bug shows as an inconsistency
                 self.errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
 
-    def _read_served(self) -> None:
+    def _read_served(self, dashboard: ServedReader) -> None:
         """Read through the endpoint as a dashboard does, with the URI alone: one table alone (a panel), then every
-        table (at most one of each every 0.5 s), each read checked by the tables' rule. Two threads do so at once
-        through one client (a coordinator's concurrent sessions)."""
+        table (at most one of each every 0.5 s), each read checked by the tables' rule."""
         while not self._stop.wait(0.5):
-            self.served.panel()  # type: ignore[union-attr]
-            self.served.observe()  # type: ignore[union-attr]
+            dashboard.panel()
+            dashboard.observe()
+
+    def served_reads(self) -> int:
+        return sum(dashboard.reads for dashboard in self.dashboards)
 
     def served_problems(self) -> list[Inconsistency]:
         """What the reads through the endpoint found wrong: a broken rule, tables at two epochs, a step back."""
-        served = self.served
-        if served is None:
-            return []
         return [Inconsistency(None, f"through tidemark serve: {p}")
+                for served in self.dashboards
                 for p in (*served.failures, *served.mixed,
                           *(f"the served epoch stepped back {s}" for s in served.stepped_back))]
 
@@ -653,10 +657,9 @@ class Cascade:
         self.held = True  # a crash point reached from now on is after the measurement: not a fault of the run
         # A run whose faults kept the endpoint's reads failing (a store stopped for most of it) still reads through it
         # before it ends, after the drain: the newest versions are checked there too.
-        served = self.served
-        reads = served.reads if served is not None else 0
+        reads = self.served_reads()
         try:
-            wait_for(lambda: served is None or served.reads >= max(2, reads + 1),
+            wait_for(lambda: not self.dashboards or self.served_reads() >= max(2, reads + 1),
                      "reads through tidemark serve after the drain", RECOVERY_DEADLINE, every=0.2)
         except AssertionError as exc:
             problems.append(str(exc))
@@ -684,14 +687,13 @@ class Cascade:
         except Exception as exc:  # noqa: BLE001 - reported as the run's problem
             problems.append(f"final check failed: {type(exc).__name__}: {exc}")
         self.stop_drivers()
-        served = self.served
-        if served is not None and served.reads == 0:
-            problems.append(f"no read through tidemark serve succeeded: {served.errors[-3:]}")
+        served_errors = [e for dashboard in self.dashboards for e in dashboard.errors]
+        if self.dashboards and self.served_reads() == 0:
+            problems.append(f"no read through tidemark serve succeeded: {served_errors[-3:]}")
         return RunResult(self.scenario, self.seed, list(self.faults), self._epochs_committed(), len(self.produced),
                          duplicates, losses, self.checker.checked,  # type: ignore[union-attr]
                          [*self.checker.failures, *self.served_problems()],  # type: ignore[union-attr]
-                         list(self.unexpected), problems, [*self.errors, *(served.errors if served else [])],
-                         served.reads if served else 0)
+                         list(self.unexpected), problems, [*self.errors, *served_errors], self.served_reads())
 
     def broken_off(self, problem: str) -> RunResult:
         """The result of a run that could not finish: what it saw until then, and why it stopped."""

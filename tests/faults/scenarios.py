@@ -427,8 +427,7 @@ def serve_kill(env: Environment, run: int, seed: int, faults: int) -> RunResult:
     rng = random.Random(seed)
     with Cascade(env, "serve-kill", run, seed) as cascade:
         cascade.start()
-        served = cascade.served
-        assert served is not None
+        served = cascade.dashboards[0]
         for _ in range(faults):
             pause(rng)
             served.reading.wait(RECOVERY_DEADLINE)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Optional
 
 import pyarrow as pa
 
@@ -78,15 +81,15 @@ class MixedLake:
 
 
 class MovingPipeline:
-    """``lake``'s ``up`` and ``down`` each taking one more epoch, again and again, in a thread: a served version
-    that moves all the time (``stop`` ends the thread; the lake stays open)."""
+    """``lake``'s ``up`` and ``down`` each taking one more epoch, again and again, in a thread while it runs
+    (``start`` to ``stop``, again and again; ``running`` as a context): a served version that moves all the time."""
 
     def __init__(self, lake: MixedLake, epoch: int = 1000, pause_s: float = 0.0) -> None:
         """``pause_s``: between epochs (a long run's tables stay small enough to read quickly)."""
         self.lake, self.epoch, self.pause_s = lake, epoch, pause_s
         self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
         self.step()
-        self._thread = threading.Thread(target=self._run, name="moving-pipeline", daemon=True)
 
     def step(self) -> None:
         self.lake.root_epoch(self.lake.up, self.epoch)
@@ -98,9 +101,21 @@ class MovingPipeline:
             self.step()
 
     def start(self) -> MovingPipeline:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="moving-pipeline", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(120)
+        if self._thread is not None:
+            self._thread.join(120)
+
+    @contextmanager
+    def running(self) -> Iterator[MovingPipeline]:
+        """Moving while the block runs, still after it (a module's tables grow only while its tests read)."""
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stop()
