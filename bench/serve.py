@@ -133,7 +133,7 @@ def _switch_race(settings: CatalogSettings, connect: str, url: str, lake, epoch:
 
     from coordinator.history.readers import _s3_secret
     from tests.helpers.mixed_lake import MovingPipeline
-    from tests.helpers.served import as_pairs, duckdb_read, pyiceberg_read, two_table_sql
+    from tests.helpers.served import as_pairs, duckdb_read, own_storage, pyiceberg_read, two_table_sql
     from tests.helpers.trino import TrinoServer, served_catalog
     rule_off, off_url = _serve(settings, connect, home / "serve-rule-off.log", "--query-gap-ms", "0")
     endpoints = {"rule off": (off_url, ""), "default rule": (url, ""), "pinned": (url, "pipeline@pinned")}
@@ -142,7 +142,8 @@ def _switch_race(settings: CatalogSettings, connect: str, url: str, lake, epoch:
     moving = MovingPipeline(lake, epoch, pause_s=RACE_PAUSE_S).start()
     try:
         def pyiceberg(url: str, warehouse: str):
-            catalog = RestCatalog("served", uri=url, **({"warehouse": warehouse} if warehouse else {}))
+            catalog = RestCatalog("served", uri=url, **own_storage(settings),  # the engine's own credentials
+                                  **({"warehouse": warehouse} if warehouse else {}))
             return lambda: pyiceberg_read(catalog, tables)
 
         def duckdb(url: str, warehouse: str):

@@ -210,9 +210,11 @@ def test_every_pod_runs_as_non_root_with_a_read_only_root_filesystem(chart, valu
 @pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda v: v or "defaults")
 def test_secrets_are_referenced_by_name_never_inlined(chart, values_file):
     docs = render(chart, values_of(values_file))
-    # The only Secrets in a release are the ones values give the content of (and the bundled PostgreSQL's).
+    # The only Secrets in a release are the ones values give the content of (and those the chart makes up: the
+    # bundled PostgreSQL's password, tidemark serve's token).
     for secret in of_kind(docs, "Secret"):
-        assert secret["metadata"]["name"] in {f"{FULLNAME}-catalog", f"{FULLNAME}-s3", f"{FULLNAME}-postgres"}
+        assert secret["metadata"]["name"] in {f"{FULLNAME}-catalog", f"{FULLNAME}-s3", f"{FULLNAME}-postgres",
+                                              f"{FULLNAME}-serve-auth"}
         assert set(secret) == {"apiVersion", "kind", "metadata", "type", "stringData"}
     for owner, spec in pod_specs(docs).items():
         for container in spec["containers"]:
@@ -300,8 +302,21 @@ def test_tidemark_serve_runs_as_a_scraped_deployment_with_the_reader_identity_an
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "scheme": "HTTP"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTP"}
     names = {e["name"] for e in container["env"]}
-    assert {"TIDEMARK_CATALOG_NAME", "TIDEMARK_CATALOG_URI"} <= names and "TIDEMARK_SERVE_TOKENS" not in names
+    assert {"TIDEMARK_CATALOG_NAME", "TIDEMARK_CATALOG_URI"} <= names
     assert container["resources"]["limits"]["memory"] == "1Gi"
+    # Authentication on by default: a token the chart makes up, kept across upgrades.
+    generated = only(docs, "Secret", f"{FULLNAME}-serve-auth")
+    assert generated["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(generated["stringData"]["tokens"]) == 40
+    tokens = next(e for e in container["env"] if e["name"] == "TIDEMARK_SERVE_TOKENS")
+    assert tokens["valueFrom"]["secretKeyRef"]["name"] == f"{FULLNAME}-serve-auth"
+    budget = only(docs, "PodDisruptionBudget", f"{FULLNAME}-serve")
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    anyone = render(chart, {"serve": {"auth": {"enabled": False}}})
+    (container,) = only(anyone, "Deployment", f"{FULLNAME}-serve")["spec"]["template"]["spec"]["containers"]
+    assert "TIDEMARK_SERVE_TOKENS" not in {e["name"] for e in container["env"]}
+    assert not [d for d in anyone if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-serve-auth")]
 
     secured = render(chart, {"serve": {"auth": {"existingSecret": "serve-auth"},
                                        "tls": {"existingSecret": "serve-tls"}},
@@ -312,6 +327,7 @@ def test_tidemark_serve_runs_as_a_scraped_deployment_with_the_reader_identity_an
     assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     tokens = next(e for e in container["env"] if e["name"] == "TIDEMARK_SERVE_TOKENS")
     assert tokens["valueFrom"]["secretKeyRef"]["name"] == "serve-auth"
+    assert not [d for d in secured if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-serve-auth")]
     monitor = only(secured, "ServiceMonitor")
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics", "http"]
     assert not [d for d in render(chart, {"serve": {"enabled": False}}) if d["metadata"]["name"].endswith("-serve")]
@@ -450,7 +466,8 @@ def test_external_zookeeper_over_tls_with_s3_compatible_storage(chart):
     role_arn = "arn:aws:iam::123456789012:role/sales-lake"
     assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": role_arn}
     assert not only(docs, "ConfigMap", f"{FULLNAME}-orders")["data"].get("job.py")
-    assert not of_kind(docs, "PodDisruptionBudget")  # one replica: nothing to keep available
+    assert not [p for p in of_kind(docs, "PodDisruptionBudget")  # one replica: nothing to keep available
+                if p["metadata"]["name"] == f"{FULLNAME}-orders"]
 
 
 def test_a_rest_catalog_with_oauth2_credentials_and_s3_reaches_every_process_through_pyicebergs_settings(chart):
@@ -764,8 +781,9 @@ def test_the_chart_creates_the_secrets_whose_content_values_give(chart):
         "containers"][0])
     assert gc["TIDEMARK_CATALOG_URI"] == env["TIDEMARK_CATALOG_URI"]
     assert gc["AWS_ACCESS_KEY_ID"] == env["AWS_ACCESS_KEY_ID"]
-    # A Secret named in values is the operator's: the chart creates none of its own then.
-    assert not of_kind(render(chart, values_of("two-jobs-values.yaml")), "Secret")
+    # A Secret named in values is the operator's: the chart creates none of its own then (it makes up serve's token).
+    assert [s["metadata"]["name"] for s in of_kind(render(chart, values_of("two-jobs-values.yaml")), "Secret")] == \
+        [f"{FULLNAME}-serve-auth"]
 
 
 def test_the_bundled_postgres_catalog_gets_a_password_and_the_uri_the_drivers_read(chart):

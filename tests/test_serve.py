@@ -22,10 +22,11 @@ from pyiceberg.exceptions import NoSuchTableError, OAuthError, UnauthorizedError
 
 from coordinator.errors import InvalidArgument
 from coordinator.operations.zookeeper_server import free_port
+from coordinator.serving.auth import ServerAuth
 from coordinator.serving.hold import DEFAULT_QUERY_GAP_MS, Hold, HoldRule
 from coordinator.serving.scope import Group, Pin, PinKind, Scope
 from coordinator.serving.served_versions import ServedVersions
-from coordinator.serving.server import CatalogServer, ServerAuth, tls_context
+from coordinator.serving.server import CatalogServer, tls_context
 from coordinator.tidemark import Tidemark
 from tests.helpers.cli import assert_one_line_error, tidemark
 from tests.helpers.lake import create_table, rows_of, stage_rows

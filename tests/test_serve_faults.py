@@ -9,6 +9,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -22,13 +23,13 @@ from tests.helpers.postgres import PostgresServer
 from tests.helpers.wait import wait_for
 
 
-def load(server: CatalogServer, table: str, agent: str) -> tuple[int, dict]:
+def load(server: CatalogServer, table: str, agent: str) -> tuple[int, Any]:
     namespace, name = table.split(".")
     request = urllib.request.Request(f"{server.url}/v1/pipeline/namespaces/{namespace}/tables/{name}",
                                      headers={"User-Agent": agent})
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, dict(response.headers)
+            return response.status, response.headers  # an email Message: its names match in any case
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())["error"]
 

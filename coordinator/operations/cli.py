@@ -25,11 +25,13 @@ into a closed pipe ends quietly with 141). Commands that change shared state say
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import os
 import shlex
 import signal
+import socket
 import sys
 import threading
 from contextlib import nullcontext
@@ -47,6 +49,7 @@ from coordinator.protocol.barriers import (
     preview_grid_request,
 )
 from coordinator.serving.hold import DEFAULT_MAX_HOLD_MS, DEFAULT_QUERY_GAP_MS
+from coordinator.serving.limits import DEFAULT_MAX_CONNECTIONS
 
 if TYPE_CHECKING:  # imported by the commands that use them: `tidemark --help` stays quick
     from pyiceberg.catalog import Catalog
@@ -572,9 +575,10 @@ def cmd_exporter(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from coordinator.iceberg.catalog import CatalogSettings
+    from coordinator.serving.auth import ServerAuth
     from coordinator.serving.hold import HoldRule
     from coordinator.serving.served_versions import ServedVersions
-    from coordinator.serving.server import CatalogServer, ServerAuth, tls_context
+    from coordinator.serving.server import CatalogServer, tls_context
     from coordinator.tidemark import Tidemark
     if bool(args.tls_cert_file) != bool(args.tls_key_file):
         raise TidemarkError("--tls-cert-file and --tls-key-file go together: give both to serve HTTPS, or neither")
@@ -586,22 +590,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             rule=HoldRule(args.query_gap_ms, int(args.max_hold * 1000)))
     try:
         server = CatalogServer(served, host=args.host, port=args.port, auth=auth, tls=tls,
-                               storage_config=args.storage_config)
+                               storage_config=args.storage_config,
+                               vend_credentials_to_anyone=args.unsafe_vend_credentials_to_anyone,
+                               max_connections=args.max_connections)
     except OSError as exc:
         served.close()
         raise TidemarkError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; choose another "
                             "--port or --host") from None
+    if not auth.required and not ipaddress.ip_address(socket.gethostbyname(args.host)).is_loopback:
+        print(f"tidemark: warning: serving on {args.host} with no authentication: whoever reaches it reads every "
+              "table; set TIDEMARK_SERVE_TOKENS, or TIDEMARK_SERVE_CLIENT_ID and TIDEMARK_SERVE_CLIENT_SECRET",
+              file=sys.stderr, flush=True)
+    credentials = ("to anyone (--unsafe-vend-credentials-to-anyone)" if args.unsafe_vend_credentials_to_anyone
+                   else "to authenticated clients that ask" if auth.required and args.storage_config else "to nobody")
     print(f"serving consistent versions of {served.settings.describe()} as an Iceberg REST catalog on {server.url} "
-          f"({'bearer tokens required' if auth.required else 'no authentication'}; metrics: {server.url}/metrics)",
-          flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.httpd.shutdown, daemon=True).start())
+          f"({'bearer tokens required' if auth.required else 'no authentication'}; storage credentials "
+          f"{credentials}; metrics: {server.url}/metrics)", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: server.shut_down())  # requests in flight finish, new ones are refused
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     finally:
-        server.httpd.server_close()
-        served.close()
+        server.stop()
     return 0
 
 
@@ -625,6 +634,12 @@ def _seconds(text: str) -> float:
 def _milliseconds(text: str) -> int:
     if not text.isascii() or not text.isdigit() or int(text) > 3_600_000:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds from 0 to 3600000")
+    return int(text)
+
+
+def _count(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or not 0 < int(text) <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count from 1 to 1000000")
     return int(text)
 
 
@@ -884,8 +899,15 @@ def _add_serve(sub: Commands) -> None:
                        help="a client busy with no such gap still moves to the newest version after this long "
                             f"(default {DEFAULT_MAX_HOLD_MS // 1000})")
     serve.add_argument("--storage-config", action=argparse.BooleanOptionalAction, default=True,
-                       help="hand engines the backing catalog's object-store settings (s3.*) with each table "
-                            "(default: yes; --no-storage-config: engines use their own)")
+                       help="hand engines the backing catalog's object-store settings (s3.*) with each table, and its "
+                            "credentials to authenticated clients that ask for them (default: yes; "
+                            "--no-storage-config: engines use their own)")
+    serve.add_argument("--unsafe-vend-credentials-to-anyone", action="store_true",
+                       help="hand the object store's credentials to every client, authenticated or not (with no "
+                            "authentication configured, the only way engines get them from the server)")
+    serve.add_argument("--max-connections", type=_count, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
+                       help=f"open connections at most; a request beyond is answered 503 (default "
+                            f"{DEFAULT_MAX_CONNECTIONS})")
     serve.add_argument("--tls-cert-file", metavar="PEM", help="serve HTTPS with this certificate (and --tls-key-file)")
     serve.add_argument("--tls-key-file", metavar="PEM", help="the certificate's private key")
     serve.set_defaults(func=cmd_serve)

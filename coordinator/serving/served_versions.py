@@ -113,6 +113,7 @@ class ServedVersions:
         self._seen_jobs: dict[str, tuple[JobRecord, float]] = {}  # job -> (record, when last in the graph)
         self._index = _GraphIndex(None, {})
         self._reconnecting = threading.Event()
+        self._reconnect_lock = threading.Lock()
         self._closed = False
         self._open_session()
 
@@ -143,10 +144,16 @@ class ServedVersions:
             self._tm = self._resolver = self._cache = None
             self._resolved.clear()
             tm = None
-        if tm is None and self._connect is not None and not self._reconnecting.is_set():
-            self._reconnecting.set()
-            threading.Thread(target=self._reconnect, name="tidemark-serve-reconnect", daemon=True).start()
+        if tm is None:
+            self._start_reconnecting()
         return tm if tm is not None and tm.connection_state == KazooState.CONNECTED else None
+
+    def _start_reconnecting(self) -> None:
+        with self._reconnect_lock:
+            if self._connect is None or self._reconnecting.is_set():
+                return
+            self._reconnecting.set()
+        threading.Thread(target=self._reconnect, name="tidemark-serve-reconnect", daemon=True).start()
 
     def _reconnect(self) -> None:
         try:
@@ -156,10 +163,13 @@ class ServedVersions:
 
     @property
     def zookeeper_connected(self) -> bool:
-        """Whether a live session is connected to ZooKeeper now (never waits; asking while there is none starts a
-        reconnection in the background)."""
-        with self._lock:
-            return self._live_session() is not None
+        """Whether a live session is connected to ZooKeeper now. It never waits, not even for a resolution under way
+        (a health check answers whatever the backing catalog does); asking while there is no session starts a
+        reconnection in the background."""
+        tm = self._tm
+        if tm is None:
+            self._start_reconnecting()
+        return tm is not None and tm.ended_error() is None and tm.connection_state == KazooState.CONNECTED
 
     def close(self) -> None:
         """Close the tidemark cache and the ZooKeeper session; a session a background reconnection opens later is
@@ -303,9 +313,9 @@ class ServedVersions:
         return version, stale, (Hold.taken(version.epoch, now_ms, table) if version.epoch is not None else None)
 
     def newest_versions(self) -> Mapping[frozenset[str], ConsistentVersion]:
-        """The newest version served per group (for metrics: their ages)."""
-        with self._lock:
-            return dict(self._newest)
+        """The newest version served per group (for metrics: their ages; a copy taken without waiting for a
+        resolution under way)."""
+        return dict(self._newest)
 
     def pin_now(self, scope: Scope) -> Pin:
         """A ``@pinned`` scope's pin: the newest epoch served now (its group's, for one group; the newest of the

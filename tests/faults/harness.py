@@ -61,7 +61,7 @@ from tests.faults.cascade import JOBS, SRC_SCHEMA, Tables, counts_of, invariant
 from tests.helpers.lakehouse_data import lakehouse_data_dir
 from tests.helpers.network import TestNetwork
 from tests.helpers.postgres import PostgresServer
-from tests.helpers.served import ServedReader, ServeProcess
+from tests.helpers.served import ServedReader, ServeProcess, own_storage
 from tests.helpers.skewclock import SkewedClock
 from tests.helpers.wait import wait_for
 from tests.helpers.zookeeper_tree import delete_tree, rebuild_server
@@ -314,7 +314,8 @@ class Cascade:
         self.start_drivers()
         self.checker = ConsistencyChecker(Resolver(self.settings.load(), self.settings, self.tm), self.tables.all,
                                           invariant(self.tables))
-        self.dashboards = [ServedReader(self.endpoint.url, self.tables.all, invariant(self.tables))
+        self.dashboards = [ServedReader(self.endpoint.url, self.tables.all, invariant(self.tables),
+                                        storage=own_storage(self.settings))
                            for _ in range(DASHBOARDS)]
         targets: list[tuple[Callable[..., None], tuple]] = [
             (self._produce, ()), (self._supervise, ()), (self._track, ()), (self._check, ()),

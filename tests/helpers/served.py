@@ -54,8 +54,11 @@ def wait_healthy(process: subprocess.Popen, url: str, what: str, log_tail: Calla
 class ServeProcess:
     """``tidemark serve`` on a free loopback port, its output in ``work_dir/serve.log``."""
 
-    def __init__(self, settings: CatalogSettings, zk_connect: str, work_dir: Path, *args: str) -> None:
+    def __init__(self, settings: CatalogSettings, zk_connect: str, work_dir: Path, *args: str,
+                 env: Optional[Mapping[str, str]] = None) -> None:
+        """``args``: ``tidemark serve``'s options; ``env``: variables beside the catalog's (``TIDEMARK_SERVE_*``)."""
         self.settings, self.zk_connect, self.work_dir, self.args = settings, zk_connect, Path(work_dir), args
+        self.env = dict(env or {})
         self.port = free_port()
         self.process: Optional[subprocess.Popen] = None
         self.log_path = self.work_dir / "serve.log"
@@ -69,7 +72,8 @@ class ServeProcess:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [*TIDEMARK, "--zk", self.zk_connect, "--timeout", "5", "serve", "--port", str(self.port), *self.args],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=serve_environment(self.settings))
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**serve_environment(self.settings), **self.env})
         wait_healthy(self.process, f"{self.url}/healthz", "tidemark serve", self.log_tail)
         return self
 
@@ -99,13 +103,22 @@ class ServeProcess:
         self.stop()
 
 
+def own_storage(settings: CatalogSettings) -> dict[str, str]:
+    """The object-store settings and credentials of ``settings``' catalog, as a client configured with its own
+    access to the store has them (``tidemark serve`` hands no credentials to a client that did not authenticate)."""
+    from coordinator.serving.server import storage_config
+    return storage_config(settings.python_catalog_properties(), with_credentials=True)
+
+
 class ServedReader:
     """Reads ``tables`` (``catalog.namespace.table`` names) through the endpoint with pyiceberg's ``RestCatalog``
-    configured with the URI alone, and checks every read with ``invariant`` (frames by those names)."""
+    configured with the URI and the client's own ``storage`` settings (``own_storage``), and checks every read with
+    ``invariant`` (frames by those names)."""
 
     def __init__(self, url: str, tables: list[str], invariant: Callable[[Mapping], Optional[str]],
-                 warehouse: Optional[str] = None) -> None:
+                 warehouse: Optional[str] = None, storage: Optional[Mapping[str, str]] = None) -> None:
         self.url, self.tables, self.invariant, self.warehouse = url, list(tables), invariant, warehouse
+        self.storage = dict(storage or {})
         self.reads = 0
         self.failures: list[str] = []       # reads that broke the tables' rule
         self.mixed: list[str] = []          # reads whose tables came at different epochs (the switch race)
@@ -121,7 +134,7 @@ class ServedReader:
     def catalog(self):
         if self._catalog is None:
             from pyiceberg.catalog.rest import RestCatalog
-            properties = {"uri": self.url, **({"warehouse": self.warehouse} if self.warehouse else {})}
+            properties = {**self.storage, "uri": self.url, **({"warehouse": self.warehouse} if self.warehouse else {})}
             catalog = RestCatalog("served", **properties)
             catalog._session.hooks["response"].append(self._record)  # the epoch each table came at
             self._catalog = catalog
