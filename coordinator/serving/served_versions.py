@@ -86,15 +86,15 @@ class ServedVersions:
     """The versions a serving process hands out (module docstring), shared by its request threads.
 
     :param settings: the backing catalog.
-    :param connect: opens a ZooKeeper session; called again when the server finds its session ended (a rebuilt
-        ZooKeeper). None serves from Iceberg alone.
+    :param connect: opens a ZooKeeper session (what the job graph and the tidemarks are read from); called again when
+        the server finds its session ended (a rebuilt ZooKeeper) or could not open one.
     :param rule: when a client's load starts a new query (``hold.py``; default its defaults).
     """
 
     settings: CatalogSettings
     rule: HoldRule
 
-    def __init__(self, settings: CatalogSettings, connect: Optional[Callable[[], ZooKeeperSession]] = None, *,
+    def __init__(self, settings: CatalogSettings, connect: Callable[[], ZooKeeperSession], *,
                  rule: Optional[HoldRule] = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings, self.rule = settings, rule or HoldRule()
         self._connect, self._clock = connect, clock
@@ -120,8 +120,6 @@ class ServedVersions:
     # -- ZooKeeper ------------------------------------------------------------------------
 
     def _open_session(self) -> None:
-        if self._connect is None:
-            return
         try:
             tm = self._connect()
         except ZooKeeperUnavailable:
@@ -150,7 +148,7 @@ class ServedVersions:
 
     def _start_reconnecting(self) -> None:
         with self._reconnect_lock:
-            if self._connect is None or self._reconnecting.is_set():
+            if self._reconnecting.is_set():
                 return
             self._reconnecting.set()
         threading.Thread(target=self._reconnect, name="tidemark-serve-reconnect", daemon=True).start()
