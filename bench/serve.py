@@ -1,7 +1,7 @@
 """``tidemark serve`` against the catalog behind it: what a reader that knows nothing of Tidemark pays for consistency.
 
     python -m bench serve [--stack embedded lakehouse] [--loads 200] [--clients 200] [--seconds 20] [--trino]
-    python -m bench serve --race [--reads 20] [--trino]     # the switch race per engine
+    python -m bench serve --race [--reads 2000] [--trino]   # the switch race per engine
 
 Per stack (``embedded``: SQLite and local files; ``lakehouse``: SeaweedFS's S3 store and REST catalog on loopback), on a
 pipeline of two jobs (``up`` and ``down``, which copies it) with a history of epochs:
@@ -18,10 +18,12 @@ pipeline of two jobs (``up`` and ``down``, which copies it) with a history of ep
 3. with ``--trino`` (lakehouse only): a Trino query joining both tables through the endpoint and through the
    backing REST catalog, interleaved (goal: within 1.1x).
 
-``--race`` measures the switch race instead: while both jobs take epochs back to back, each engine (pyiceberg,
-DuckDB, and Trino with ``--trino``) runs ``--reads`` queries over both tables through three endpoints: the switch
-rule off (``--query-gap-ms 0``, every load gets the newest version), the default rule, and a pinned session
-(``warehouse=pipeline@pinned``); it prints how many queries saw two versions (their two tables disagree).
+``--race`` measures the switch race instead: while both jobs take epochs back to back, each engine runs queries over
+both tables through three endpoints: the switch rule off (``--query-gap-ms 0``, every load gets the newest version),
+the default rule, and a pinned session (``warehouse=pipeline@pinned``); it prints how many queries saw two versions
+(their two tables disagree). pyiceberg runs ``--reads`` queries as a two-panel dashboard does (one catalog; a panel
+of one table, then the query), with the served version's age p50/p99 (the staleness each rule costs); DuckDB and
+Trino (``--trino``) a tenth as many.
 """
 from __future__ import annotations
 
@@ -61,6 +63,8 @@ LAYOUTS = {  # --clients: where the writers and the endpoint run
     "shared": "cores shared (the writers, the endpoint and its clients all on the same cores: the clients' CPU "
               "competes too)",
 }
+SLOW_LORIS_READERS = 8  # clients loading back to back beside the slow-loris connections
+SLOW_LORIS_P99_GOAL_MS = 10.0  # how far their p99 may move
 RACE_PAUSE_S = 0.5  # --race: the pipeline's pause between epochs (an epoch every 0.6-0.8 s on the lakehouse)
 
 
@@ -70,9 +74,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--loads", type=int, default=200, help="loadTable calls timed per side")
     parser.add_argument("--clients", type=int, default=200, help="concurrent clients through the endpoint")
     parser.add_argument("--seconds", type=float, default=20.0, help="the writers' time alone, and beside the clients")
+    parser.add_argument("--slow-clients", type=int, default=100, help="slow-loris connections beside the clients")
     parser.add_argument("--trino", action="store_true", help="also time a Trino join (lakehouse)")
     parser.add_argument("--race", action="store_true", help="measure the switch race per engine instead")
-    parser.add_argument("--reads", type=int, default=20, help="--race: queries per engine and endpoint")
+    parser.add_argument("--reads", type=int, default=2000, help="--race: a dashboard's queries per endpoint (DuckDB's "
+                        "and Trino's: a tenth)")
     args = parser.parse_args(argv)
     with zookeeper() as zk:
         for stack in args.stack:
@@ -104,6 +110,9 @@ def run_stack(stack: str, settings: CatalogSettings, connect: str, home: Path, a
         header(f"tidemark serve, {stack} stack: the pipeline alone and beside {args.clients} clients loading "
                "tables through the endpoint, in turns")
         _beside_clients(lake, epoch, url, server.pid, [lake.up, lake.down], args)
+        header(f"tidemark serve, {stack} stack: clients' loads beside {args.slow_clients} slow-loris connections "
+               "(a byte a second each, reconnecting when closed), in turns")
+        _beside_slow_loris(url, server.pid, [lake.up, lake.down], args.slow_clients)
         if args.trino and stack == "lakehouse":
             header("tidemark serve, lakehouse: a Trino join through the endpoint vs the REST catalog directly")
             _trino(settings, url, lake, home)
@@ -141,16 +150,27 @@ def _switch_race(settings: CatalogSettings, connect: str, url: str, lake, epoch:
     tables = [t.split(".", 1)[1] if t.count(".") > 1 else t for t in (lake.up, lake.down)]
     moving = MovingPipeline(lake, epoch, pause_s=RACE_PAUSE_S).start()
     try:
-        def pyiceberg(url: str, warehouse: str):
+        def dashboard(url: str, warehouse: str):  # one long-lived catalog: a panel of down alone, then the join
             catalog = RestCatalog("served", uri=url, **own_storage(settings),  # the engine's own credentials
                                   **({"warehouse": warehouse} if warehouse else {}))
-            return lambda: pyiceberg_read(catalog, tables)
+            ages: list[int] = []  # each load's served version's age (the header), what the rule costs in staleness
+            catalog._session.hooks["response"].append(
+                lambda r, *_, **__: ages.append(int(r.headers["Tidemark-Version-Age-Ms"]))
+                if "Tidemark-Version-Age-Ms" in r.headers else None)
+
+            def query():
+                catalog.load_table(tables[1]).scan().to_arrow()
+                return pyiceberg_read(catalog, tables)
+            query.ages = ages  # type: ignore[attr-defined]
+            return query
 
         def duckdb(url: str, warehouse: str):
             return lambda: duckdb_read(url, warehouse, secret, two_table_sql("served", *tables))
-        for engine, make in {"pyiceberg (a catalog per client; each table loaded, then read)": pyiceberg,
+        for engine, make in {"pyiceberg, a two-panel dashboard (one catalog: down alone, then both tables loaded and "
+                             "read)": dashboard,
                              "DuckDB (a session per query: ATTACH, one query)": duckdb}.items():
-            _race_line(engine, {label: make(*endpoint) for label, endpoint in endpoints.items()}, args.reads)
+            _race_line(engine, {label: make(*endpoint) for label, endpoint in endpoints.items()},
+                       args.reads if make is dashboard else max(1, args.reads // 10))
         if args.trino:  # one Trino, a catalog per endpoint
             names = {"rule off": "rule_off", "default rule": "default_rule", "pinned": "pinned"}
             files = {names[label]: served_catalog(served) +
@@ -159,7 +179,7 @@ def _switch_race(settings: CatalogSettings, connect: str, url: str, lake, epoch:
             with TrinoServer(home / "trino", catalogs=files, env=settings.environment()) as trino:
                 _race_line("Trino (a query: both tables loaded while planning)",
                            {label: (lambda c=names[label]: as_pairs(trino.query(two_table_sql(c, *tables))[0]))
-                            for label in endpoints}, args.reads)
+                            for label in endpoints}, max(1, args.reads // 10))
     finally:
         moving.stop()
         rule_off.terminate()
@@ -175,6 +195,10 @@ def _race_line(engine: str, reads: dict, count: int) -> None:
             mixed[label] += up != down
     print(f"  {engine}: queries that saw two versions, of {count}: " +
           ", ".join(f"{label} {n}" for label, n in mixed.items()), flush=True)
+    ages = {label: read.ages for label, read in reads.items() if getattr(read, "ages", None)}
+    if ages:
+        figures = [f"{label} {percentile(a, 0.5):.0f} / {percentile(a, 0.99):.0f} ms" for label, a in ages.items()]
+        print("    the served version's age, p50 / p99: " + ", ".join(figures), flush=True)
 
 
 def _wait_serving(url: str, server: subprocess.Popen) -> None:
@@ -283,6 +307,83 @@ def _beside_clients(lake, first_epoch: int, url: str, server_pid: int, tables: l
               f"ms; median of {len(ratios)} turns' ratios {ratio:.2f}x; {judged}", flush=True)
     _pin_tree(os.getpid(), set(cores))
     _pin_tree(server_pid, set(cores))
+
+
+def _beside_slow_loris(url: str, server_pid: int, tables: list[str], slow: int) -> None:
+    """``SLOW_LORIS_READERS`` clients' loads (keep-alive, back to back) alone and beside ``slow`` connections that each
+    send a request's head a byte a second (reconnecting when the server closes one), in ABBA turns: the loads' p99
+    both ways (goal: within ``SLOW_LORIS_P99_GOAL_MS``), and the server's threads and memory (goal: bounded)."""
+    import http.client
+    import socket
+    host, port = url.rsplit("//", 1)[1].rsplit(":", 1)
+    paths = [f"/v1/pipeline/namespaces/{t.split('.')[-2]}/tables/{t.split('.')[-1]}" for t in tables]
+
+    def loads(seconds: float) -> list[float]:
+        found: list[float] = []
+
+        def reader() -> None:
+            conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                for path in paths:
+                    start = time.perf_counter()
+                    conn.request("GET", path)
+                    conn.getresponse().read()
+                    found.append(time.perf_counter() - start)
+            conn.close()
+        readers = [threading.Thread(target=reader) for _ in range(SLOW_LORIS_READERS)]
+        for thread in readers:
+            thread.start()
+        for thread in readers:
+            thread.join()
+        return found
+
+    stop = threading.Event()
+    closed = [0]
+
+    def loris() -> None:
+        sockets: list[Optional[socket.socket]] = [None] * slow
+        while not stop.wait(1.0):
+            for i, conn in enumerate(sockets):
+                try:
+                    if conn is None:
+                        conn = sockets[i] = socket.create_connection((host, int(port)), timeout=5)
+                    conn.sendall(b"G")
+                except OSError:
+                    closed[0] += 1
+                    sockets[i] = None
+        for conn in sockets:
+            if conn is not None:
+                conn.close()
+    loads(SLICE_S)  # warm up: the answers kept, the connections made
+    before = _threads_and_rss(server_pid)
+    alone, beside, during = [], [], before
+    for turn in (False, True, True, False) * 2:
+        if not turn:
+            alone += loads(SLICE_S)
+            continue
+        stop.clear()
+        attacker = threading.Thread(target=loris, daemon=True)
+        attacker.start()
+        time.sleep(2.0)  # the slow connections open
+        beside += loads(SLICE_S)
+        during = max(during, _threads_and_rss(server_pid))
+        stop.set()
+        attacker.join(30)
+    moved = (percentile(beside, 0.99) - percentile(alone, 0.99)) * 1000
+    def ms(values: list[float], q: float) -> str:
+        return f"{percentile(values, q) * 1000:.1f}"
+    print(f"  loads: alone (baseline) p50 {ms(alone, 0.5)} / p99 {ms(alone, 0.99)} ms, beside the slow connections "
+          f"p50 {ms(beside, 0.5)} / p99 {ms(beside, 0.99)} ms; p99 moved {moved:+.1f} ms; goal < "
+          f"{SLOW_LORIS_P99_GOAL_MS:g} ms: {verdict(moved < SLOW_LORIS_P99_GOAL_MS)}", flush=True)
+    print(f"  the server: threads {before[0]} before, {during[0]} at most beside them; memory {before[1] / 1024:.0f} "
+          f"MB before, {during[1] / 1024:.0f} MB at most; slow connections the server closed: {closed[0]}", flush=True)
+
+
+def _threads_and_rss(pid: int) -> tuple[int, int]:
+    """A process's threads and resident memory (kB), from ``/proc/<pid>/status``."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["Threads"]), int(fields["VmRSS"].split()[0])
 
 
 def _pin_tree(pid: int, cores: set[int]) -> None:

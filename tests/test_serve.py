@@ -23,7 +23,7 @@ from pyiceberg.exceptions import NoSuchTableError, OAuthError, UnauthorizedError
 from coordinator.errors import InvalidArgument
 from coordinator.operations.zookeeper_server import free_port
 from coordinator.serving.auth import ServerAuth
-from coordinator.serving.hold import DEFAULT_QUERY_GAP_MS, Hold, HoldRule
+from coordinator.serving.hold import DEFAULT_QUERY_GAP_MS, Hold, HoldRule, table_bit
 from coordinator.serving.scope import Group, Pin, PinKind, Scope
 from coordinator.serving.served_versions import ServedVersions
 from coordinator.serving.server import CatalogServer, tls_context
@@ -189,7 +189,9 @@ def test_a_client_holds_its_version_through_a_query_and_moves_at_its_next_one(la
                  f"the server's tidemarks to reach {epoch}")
 
     first = served.choose(scope, lake.up, "dashboard", now_ms=0)
-    assert first.version.epoch == 5000 and first.hold == Hold.taken(5000, 0, lake.up)
+    group = first.group
+    assert group is not None and first.version.epoch == 5000
+    assert first.hold == Hold.taken(5000, 0, table_bit(group, lake.up))
     pipeline_at(6000)
     assert served.choose(scope, lake.down, "dashboard", now_ms=60).version.epoch == 5000    # the same query
     assert served.choose(scope, lake.down, "dashboard", now_ms=200).version.epoch == 6000   # again after a gap: next
@@ -204,9 +206,9 @@ def test_a_client_holds_its_version_through_a_query_and_moves_at_its_next_one(la
     busy = [served.choose(scope, lake.up, "busy", now_ms=t).version.epoch for t in range(1_520, 3_600, 5)]
     assert busy[0] == 8000 and busy[-1] == 9000  # never quiet for 10 ms: moves at twice max_hold
     replica = serve(rule=HoldRule(query_gap_ms=100))                        # another replica, the client's cookie
-    sent = Hold.taken(5000, 0, lake.up).loaded(1_000)
+    sent = Hold.taken(5000, 0, table_bit(group, lake.up)).loaded(1_000)
     continued = replica.served.choose(scope, lake.down, "via a balancer", hold=sent, now_ms=1_050)
-    assert continued.version.epoch == 5000 and continued.hold == sent.loaded(1_050, lake.down)
+    assert continued.version.epoch == 5000 and continued.hold == sent.loaded(1_050, table_bit(group, lake.down))
     for made_up in (Hold(4500, 0, 1_000), Hold(99_000, 0, 1_000)):         # an epoch the group does not hold
         assert replica.served.choose(scope, lake.down, "forger", hold=made_up, now_ms=1_050).version.epoch == 9000
     assert served_epoch(server, lake.down) == 9000                          # over HTTP: the newest

@@ -597,7 +597,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         served.close()
         raise TidemarkError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; choose another "
                             "--port or --host") from None
-    if not auth.required and not ipaddress.ip_address(socket.gethostbyname(args.host)).is_loopback:
+    if not auth.required and not _is_loopback(args.host):
         print(f"tidemark: warning: serving on {args.host} with no authentication: whoever reaches it reads every "
               "table; set TIDEMARK_SERVE_TOKENS, or TIDEMARK_SERVE_CLIENT_ID and TIDEMARK_SERVE_CLIENT_SECRET",
               file=sys.stderr, flush=True)
@@ -635,6 +635,18 @@ def _milliseconds(text: str) -> int:
     if not text.isascii() or not text.isdigit() or int(text) > 3_600_000:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds from 0 to 3600000")
     return int(text)
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is this machine's loopback only; a name that does not resolve is not."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+    except (OSError, ValueError):
+        return False
 
 
 def _count(text: str) -> int:

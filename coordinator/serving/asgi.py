@@ -53,8 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("coordinator.serving.server")
 TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
-Answer = Union["Encoded", BaseModel, Response]
-Handler = Callable[[Request, int], Answer]
+Answer = Union["Encoded", BaseModel, Response]  # what a route's handler returns
 
 
 def build_app(server: CatalogServer) -> Starlette:
@@ -97,18 +96,13 @@ def build_app(server: CatalogServer) -> Starlette:
         return Response(loaded.body, media_type=loaded.content_type, headers=extra)
 
     def views(request: Request, _: int) -> Answer:
-        from pyiceberg.catalog.rest import ListViewsResponse
-        return ListViewsResponse(identifiers=[])
+        return server.views()
 
     def view(request: Request, _: int) -> Answer:
-        raise RestError(404, "NoSuchViewException",
-                        f"view {'.'.join(request.path_params['namespace'].split(chr(31)))}."
-                        f"{request.path_params['view']} does not exist")
+        return server.view(request.path_params["namespace"], request.path_params["view"])
 
     def refused(request: Request, _: int) -> Answer:
-        raise RestError(403, "ForbiddenException", "tidemark serve is a read-only catalog of consistent versions: "
-                        f"write through the backing catalog ({server.served.settings.describe()}), where Tidemark's "
-                        "jobs write")
+        return server.write()
 
     async def token(request: Request, _: int) -> Answer:
         form = await _form(request)

@@ -1,12 +1,13 @@
 """A client's hold: the version its query in progress reads, and the rule that says when its next query starts.
 
     rule = HoldRule(query_gap_ms=500, max_hold_ms=30_000)
-    hold = Hold.decode(cookie_value)                              # None: no hold, or a value never written here
-    if hold is not None and rule.continues(hold, table, now_ms):  # the same query: its version again
-        hold = hold.loaded(now_ms, table)
-    else:                                                         # a new query: the newest version, never below
-        hold = Hold.taken(newest_epoch, now_ms, table)            # the hold's
-    hold.encode()                                                 # the cookie's new value
+    bit = table_bit(group, table)                               # the table among its group's
+    hold = Hold.decode(cookie_value)                            # None: no hold, or a value never written here
+    if hold is not None and rule.continues(hold, bit, now_ms):  # the same query: its version again
+        hold = hold.loaded(now_ms, bit)
+    else:                                                       # a new query: the newest version, never below
+        hold = Hold.taken(newest_epoch, now_ms, bit)            # the hold's
+    hold.encode()                                               # the cookie's new value
 
 An engine loads the tables of one query back to back while it plans it (Trino, Spark, DuckDB, pyiceberg loading a
 query's tables before reading them), and nothing identifies a query in what it sends. So a load that follows the
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import zlib
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -39,14 +39,15 @@ DEFAULT_QUERY_GAP_MS = 500  # an engine loads a query's tables within millisecon
 DEFAULT_MAX_HOLD_MS = 30_000  # a client that is never quiet for a query gap moves on at a shorter gap after this
 BUSY_GAP_DIVISOR = 10  # past max_hold_ms, a tenth of the query gap starts a query: a query's own loads come closer
 LATE_TABLE_GAPS = 4  # a table the query has not loaded yet still belongs to it this many query gaps after
-TABLE_BITS = 64  # the tables a query loaded, as bits of a hash: a table taken for one loaded only shortens its gap
+TABLE_BITS = 64  # the tables a query loaded, one bit each by rank in the group (beyond 64, tables share bits: a
+# table taken for one loaded already only shortens its gap, the rule without this refinement)
 
 
 @dataclass(frozen=True)
 class Hold:
     """The version a client holds: its ``epoch``, when the client's query took it (``since_ms``), when it last
     loaded a table at it (``last_ms``), both wall-clock milliseconds so that every replica reads them alike, and the
-    tables the query loaded (``tables``, one bit of ``TABLE_BITS`` per table)."""
+    tables the query loaded (``tables``: their ``table_bit`` values, or-ed)."""
 
     epoch: int
     since_ms: int
@@ -54,9 +55,10 @@ class Hold:
     tables: int = 0
 
     @classmethod
-    def taken(cls, epoch: int, now_ms: int, table: str) -> Hold:
-        """The hold of a query that starts at ``now_ms`` by loading ``table`` at ``epoch``."""
-        return cls(epoch, now_ms, now_ms, _bit(table))
+    def taken(cls, epoch: int, now_ms: int, bit: int) -> Hold:
+        """The hold of a query that starts at ``now_ms`` by loading the table of ``bit`` (``table_bit``) at
+        ``epoch``."""
+        return cls(epoch, now_ms, now_ms, bit)
 
     @classmethod
     def decode(cls, text: Optional[str]) -> Optional[Hold]:
@@ -75,14 +77,13 @@ class Hold:
         """The cookie's value: ``<epoch>.<since_ms>.<last_ms>.<tables, hexadecimal>``."""
         return f"{self.epoch}.{self.since_ms}.{self.last_ms}.{self.tables:x}"
 
-    def loaded(self, now_ms: int, table: Optional[str] = None) -> Hold:
-        """This hold after one more load at ``now_ms`` (of ``table``, when given)."""
-        return replace(self, last_ms=max(self.last_ms, now_ms),
-                       tables=self.tables | (_bit(table) if table is not None else 0))
+    def loaded(self, now_ms: int, bit: int = 0) -> Hold:
+        """This hold after one more load at ``now_ms`` (of the table of ``bit``, when given)."""
+        return replace(self, last_ms=max(self.last_ms, now_ms), tables=self.tables | bit)
 
-    def has_loaded(self, table: str) -> bool:
-        """Whether the held query loaded ``table`` already (or a table that shares its bit)."""
-        return bool(self.tables & _bit(table))
+    def has_loaded(self, bit: int) -> bool:
+        """Whether the held query loaded the table of ``bit`` already (or a table that shares it)."""
+        return bool(self.tables & bit)
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,8 @@ class HoldRule:
     query_gap_ms: int = DEFAULT_QUERY_GAP_MS
     max_hold_ms: int = DEFAULT_MAX_HOLD_MS
 
-    def continues(self, hold: Hold, table: str, now_ms: int, refresh: bool = False) -> bool:
-        """Whether a load of ``table`` at ``now_ms`` is the held query's.
+    def continues(self, hold: Hold, bit: int, now_ms: int, refresh: bool = False) -> bool:
+        """Whether a load at ``now_ms`` of the table of ``bit`` (``table_bit``) is the held query's.
 
         :param refresh: the client reloads a table it holds (Iceberg Java's refresh while Spark plans a scan): part
             of its query however late, up to the hard limit.
@@ -111,15 +112,22 @@ class HoldRule:
         if refresh:
             return True
         busy = age >= self.max_hold_ms
-        if hold.has_loaded(table):
+        if hold.has_loaded(bit):
             gap = max(1, self.query_gap_ms // BUSY_GAP_DIVISOR) if busy else self.query_gap_ms
         else:
             gap = self.query_gap_ms if busy else LATE_TABLE_GAPS * self.query_gap_ms
         return now_ms - hold.last_ms < gap
 
 
-def _bit(table: str) -> int:
-    return 1 << (zlib.crc32(table.encode()) % TABLE_BITS)  # crc32: the same bit on every replica
+def table_bit(group: frozenset[str], table: str) -> int:
+    """The bit that stands for ``table`` in a hold of ``group``: its rank in the group, so that no two of the
+    group's first ``TABLE_BITS`` tables share one, and every replica ranks alike."""
+    return _group_bits(group).get(table, 0)
+
+
+@functools.lru_cache(maxsize=1_024)  # asked at every load
+def _group_bits(group: frozenset[str]) -> dict[str, int]:
+    return {table: 1 << (rank % TABLE_BITS) for rank, table in enumerate(sorted(group))}
 
 
 @functools.lru_cache(maxsize=4_096)  # asked at every load: a group of the ``all`` scope may have thousands of tables
@@ -129,4 +137,4 @@ def cookie_name(prefix: str, group: frozenset[str]) -> str:
     return COOKIE_PREFIX + digest
 
 
-__all__ = ["DEFAULT_MAX_HOLD_MS", "DEFAULT_QUERY_GAP_MS", "Hold", "HoldRule", "cookie_name"]
+__all__ = ["DEFAULT_MAX_HOLD_MS", "DEFAULT_QUERY_GAP_MS", "Hold", "HoldRule", "cookie_name", "table_bit"]

@@ -45,7 +45,7 @@ from coordinator.protocol.held_epochs import common_epochs
 from coordinator.protocol.tidemarks import TidemarkCache
 from coordinator.protocol.topology import Topology, read_topology
 from coordinator.records import ConsistentVersion, JobRecord
-from coordinator.serving.hold import Hold, HoldRule, cookie_name
+from coordinator.serving.hold import Hold, HoldRule, cookie_name, table_bit
 from coordinator.serving.scope import Group, Pin, PinKind, Scope
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -99,7 +99,13 @@ class ServedVersions:
         self.settings, self.rule = settings, rule or HoldRule()
         self._connect, self._clock = connect, clock
         self._catalog = settings.load()
-        self._lock = threading.RLock()  # resolution: the resolvers keep per-table caches that are not thread-safe
+        # No lock is held across another group's resolution: one group's slow catalog holds back only that group's
+        # loads. A group's resolutions run one at a time (its lock): the ones waiting then find the answer kept.
+        self._session_lock = threading.Lock()  # opening and closing the ZooKeeper session
+        self._graph_lock = threading.Lock()  # the job graph and the jobs seen in it
+        self._held_lock = threading.Lock()  # the holds of clients that keep no cookies
+        self._group_locks: dict[frozenset[str], threading.RLock] = {}
+        self._group_locks_lock = threading.Lock()
         self._iceberg = Resolver(self._catalog, settings, None)
         self._tm: Optional[ZooKeeperSession] = None
         self._resolver: Optional[Resolver] = None
@@ -124,7 +130,7 @@ class ServedVersions:
             tm = self._connect()
         except ZooKeeperUnavailable:
             return  # served from Iceberg until it answers (``_live_session`` tries again, in the background)
-        with self._lock:
+        with self._session_lock:
             if self._closed:
                 tm.close()
                 return
@@ -137,14 +143,24 @@ class ServedVersions:
         a request never waits for a connection)."""
         tm = self._tm
         if tm is not None and tm.ended_error() is not None:  # rebuilt under us: this session never comes back
-            self._cache.close()  # type: ignore[union-attr]
-            tm.close()
-            self._tm = self._resolver = self._cache = None
-            self._resolved.clear()
+            with self._session_lock:
+                if self._tm is tm:
+                    self._cache.close()  # type: ignore[union-attr]
+                    tm.close()
+                    self._tm = self._resolver = self._cache = None
+                    self._resolved.clear()
             tm = None
         if tm is None:
             self._start_reconnecting()
         return tm if tm is not None and tm.connection_state == KazooState.CONNECTED else None
+
+    def _group_lock(self, group: frozenset[str]) -> threading.RLock:
+        """The lock a group's resolutions take, one at a time (single flight)."""
+        lock = self._group_locks.get(group)
+        if lock is None:
+            with self._group_locks_lock:
+                lock = self._group_locks.setdefault(group, threading.RLock())
+        return lock
 
     def _start_reconnecting(self) -> None:
         with self._reconnect_lock:
@@ -172,7 +188,7 @@ class ServedVersions:
     def close(self) -> None:
         """Close the tidemark cache and the ZooKeeper session; a session a background reconnection opens later is
         closed at once."""
-        with self._lock:
+        with self._session_lock:
             self._closed = True
             if self._cache is not None:
                 self._cache.close()
@@ -184,7 +200,7 @@ class ServedVersions:
     def topology(self) -> Topology:
         """The job graph, read again at most every ``TOPOLOGY_TTL_S``; the last one read while ZooKeeper is
         unreachable."""
-        with self._lock:
+        with self._graph_lock:
             now = self._clock()
             tm = self._live_session()
             if tm is not None and now - self._topology_read >= TOPOLOGY_TTL_S:
@@ -226,7 +242,7 @@ class ServedVersions:
         """The job graph with every job seen in it during the last ``FORGET_JOBS_S``: while ZooKeeper's state is lost
         and the jobs register again one by one, their tables keep their groups (never served as they are)."""
         topology = self.topology()
-        with self._lock:
+        with self._graph_lock:
             now = self._clock()
             for name, job in topology.jobs.items():
                 self._seen_jobs[name] = (job, now)
@@ -266,7 +282,7 @@ class ServedVersions:
         if hold is None and cookies:
             hold = Hold.decode(cookies.get(cookie_name(scope.prefix, group)))
         if hold is None:
-            with self._lock:
+            with self._held_lock:
                 hold = self._held.get(key)
         version, stale, hold = self._for_client(group, name, hold, now_ms, refresh)
         self._remember(key, hold)
@@ -288,7 +304,7 @@ class ServedVersions:
     def _remember(self, key: tuple, hold: Optional[Hold]) -> None:
         if hold is None:
             return
-        with self._lock:
+        with self._held_lock:
             self._held[key] = hold
             self._held.move_to_end(key)
             while len(self._held) > HELD_CLIENTS:
@@ -298,17 +314,18 @@ class ServedVersions:
                     ) -> tuple[ConsistentVersion, bool, Optional[Hold]]:
         """The version a client holding ``hold`` gets for ``table`` at ``now_ms``, whether it is stale, and the
         client's new hold."""
-        if hold is not None and self.rule.continues(hold, table, now_ms, refresh):
+        bit = table_bit(group, table)
+        if hold is not None and self.rule.continues(hold, bit, now_ms, refresh):
             held, stale = self._exactly(group, hold.epoch, self._newest.get(group))
             if held is not None:
-                return held, stale, hold.loaded(now_ms, table)
+                return held, stale, hold.loaded(now_ms, bit)
             hold = None  # not a version of this group: no floor either
         version, stale = self._newest_of(group)  # a new query: the newest version, never below the client's hold
         if hold is not None and version.epoch is not None and version.epoch < hold.epoch:
             held, held_stale = self._exactly(group, hold.epoch, version)  # this server is behind the client's
             if held is not None:
                 version, stale = held, held_stale
-        return version, stale, (Hold.taken(version.epoch, now_ms, table) if version.epoch is not None else None)
+        return version, stale, (Hold.taken(version.epoch, now_ms, bit) if version.epoch is not None else None)
 
     def newest_versions(self) -> Mapping[frozenset[str], ConsistentVersion]:
         """The newest version served per group (for metrics: their ages; a copy taken without waiting for a
@@ -334,7 +351,7 @@ class ServedVersions:
 
     def _newest_of(self, group: frozenset[str]) -> tuple[ConsistentVersion, bool]:
         """The group's newest consistent version, never older than one served before; stale when from memory."""
-        with self._lock:
+        with self._group_lock(group):
             previous = self._newest.get(group)
             try:
                 version, stale = self._resolve(group, None), False
@@ -360,7 +377,7 @@ class ServedVersions:
 
         :param newest: the group's newest version here: a hold newer than it was served by a replica whose tidemarks
             are ahead of this one's, so the tidemarks are read from ZooKeeper rather than this process's cache."""
-        with self._lock:
+        with self._group_lock(group):
             found = self._exact.get((group, epoch))
             if found is not None:
                 return found, False
@@ -392,7 +409,7 @@ class ServedVersions:
         self._exact[(group, version.epoch)] = version
 
     def _pinned(self, group: frozenset[str], pin: Pin) -> tuple[ConsistentVersion, bool]:
-        with self._lock:
+        with self._group_lock(group):
             try:
                 return self._resolve(group, pin), False
             except (ZooKeeperUnavailable, ZooKeeperRebuilt):
@@ -403,19 +420,20 @@ class ServedVersions:
 
     def _resolve(self, group: frozenset[str], pin: Optional[Pin]) -> ConsistentVersion:
         """One resolution through ZooKeeper, remembered until a tidemark moves."""
-        if self._live_session() is None or self._resolver is None or self._cache is None:
+        resolver, cache = self._resolver, self._cache  # this session's, whatever another thread finds ended meanwhile
+        if self._live_session() is None or resolver is None or cache is None:
             raise ZooKeeperUnavailable("ZooKeeper is unreachable")
-        key = (group, pin, self._cache.generation)
+        key = (group, pin, cache.generation)
         found = self._resolved.get(key)
         if found is not None:
             return found
         tables = sorted(group)
         if pin is None:
-            version = self._resolver.resolve(tables)
+            version = resolver.resolve(tables)
         elif pin.kind == PinKind.EXACT:
-            version = self._resolver.resolve(tables, as_of=pin.epoch)
+            version = resolver.resolve(tables, as_of=pin.epoch)
         else:
-            version = _at_or_before(self._resolver, tables, pin.epoch, self._cache.get(tables))
+            version = _at_or_before(resolver, tables, pin.epoch, cache.get(tables))
         if len(self._resolved) > RESOLVED_KEPT:
             self._resolved.clear()
         self._resolved[key] = version

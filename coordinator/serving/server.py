@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from queue import Empty, LifoQueue
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, NoReturn, Optional
 from urllib.parse import unquote
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -51,6 +51,7 @@ from pyiceberg.catalog.rest import (
     ListNamespaceResponse,
     ListTableResponseEntry,
     ListTablesResponse,
+    ListViewsResponse,
     NamespaceResponse,
     TableResponse,
 )
@@ -148,9 +149,9 @@ class CatalogServer:
         self.stale = Counter("tidemark_serve_stale_tables", "Tables served while ZooKeeper was unreachable (the "
                              "last version known)", registry=self.registry)
         self.registry.register(_ServedCollector(served))
-        self._bodies: dict[tuple[str, Optional[int], bool, bool], tuple[float, Encoded]] = {}
+        self._bodies: dict[_BodyKey, tuple[float, Encoded]] = {}
         self._bodies_lock = threading.Lock()
-        self._loading: dict[tuple[str, Optional[int], bool, bool], threading.Event] = {}
+        self._loading: dict[_BodyKey, threading.Event] = {}
         self._catalogs: LifoQueue[Catalog] = LifoQueue()
         self._catalogs_made = 0
         self._catalogs_lock = threading.Lock()
@@ -294,6 +295,24 @@ class CatalogServer:
         """
         found = self._in_namespace(namespace, lambda catalog, ns: catalog.list_tables(ns))
         return ListTablesResponse(identifiers=[ListTableResponseEntry(namespace=t[:-1], name=t[-1]) for t in found])
+
+    def views(self) -> ListViewsResponse:
+        """``GET /v1/{prefix}/namespaces/{namespace}/views``: none (views are not served)."""
+        return ListViewsResponse(identifiers=[])
+
+    def view(self, namespace: str, name: str) -> NoReturn:
+        """``GET /v1/{prefix}/namespaces/{namespace}/views/{view}``.
+
+        :raises RestError: 404, always: views are not served."""
+        raise RestError(404, "NoSuchViewException", f"view {_dotted(namespace)}.{name} does not exist")
+
+    def write(self) -> NoReturn:
+        """Any write: the catalog is read-only.
+
+        :raises RestError: 403, naming the backing catalog, where to write."""
+        raise RestError(403, "ForbiddenException", "tidemark serve is a read-only catalog of consistent versions: "
+                        f"write through the backing catalog ({self.served.settings.describe()}), where Tidemark's "
+                        "jobs write")
 
     def _in_namespace(self, namespace: str, call: Any) -> Any:
         """``call(catalog, namespace)`` on a backing catalog; a namespace it lacks is a 404."""
