@@ -141,10 +141,10 @@ def test_health_and_metrics_answer_at_once_while_a_load_hangs_on_the_backing_cat
                                                                     "Connection: close\r\n\r\n".encode(), 60),
                                     daemon=True)
             hung.start()
-            wait_for(lambda: "tidemark_serve_requests_total" in _get(server, "/metrics"), "metrics", 10)
+            wait_for(lambda: "tidemark_serve_requests_total" in _get(server.url + "/metrics"), "metrics", 10)
             for path in ("/healthz", "/readyz", "/metrics"):
                 started = time.monotonic()
-                body = _get(server, path)
+                body = _get(server.url + path)
                 assert time.monotonic() - started < QUICK_S and body, path
             assert hung.is_alive()  # the load still waits for the catalog
         finally:
@@ -173,7 +173,7 @@ def test_sigterm_answers_the_requests_in_flight_then_exits_and_beyond_loopback_w
         host, port = "127.0.0.1", served.port
         with socket.create_connection((host, port), timeout=30) as conn:  # a form on its way when SIGTERM comes
             conn.sendall(b"POST /v1/oauth/tokens HTTP/1.1\r\nHost: x\r\nContent-Length: 29\r\n\r\ngrant_type=")
-            wait_for(lambda: "tidemark_serve" in _get_url(f"{served.url}/metrics"), "the server answering", 10)
+            wait_for(lambda: "tidemark_serve" in _get(f"{served.url}/metrics"), "the server answering", 10)
             assert served.process is not None
             served.process.send_signal(signal.SIGTERM)
             wait_for(lambda: _refused(host, port), "new connections refused", 10)
@@ -185,11 +185,7 @@ def test_sigterm_answers_the_requests_in_flight_then_exits_and_beyond_loopback_w
         assert served.process.wait(30) == 0
 
 
-def _get(server: CatalogServer, path: str) -> str:
-    return _get_url(server.url + path)
-
-
-def _get_url(url: str) -> str:
+def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=30) as response:
         return response.read().decode()
 

@@ -601,11 +601,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"tidemark: warning: serving on {args.host} with no authentication: whoever reaches it reads every "
               "table; set TIDEMARK_SERVE_TOKENS, or TIDEMARK_SERVE_CLIENT_ID and TIDEMARK_SERVE_CLIENT_SECRET",
               file=sys.stderr, flush=True)
-    credentials = ("to anyone (--unsafe-vend-credentials-to-anyone)" if args.unsafe_vend_credentials_to_anyone
-                   else "to authenticated clients that ask" if auth.required and args.storage_config else "to nobody")
     print(f"serving consistent versions of {served.settings.describe()} as an Iceberg REST catalog on {server.url} "
-          f"({'bearer tokens required' if auth.required else 'no authentication'}; storage credentials "
-          f"{credentials}; metrics: {server.url}/metrics)", flush=True)
+          f"({'bearer tokens required' if auth.required else 'no authentication'}; storage credentials to "
+          f"{server.credentials_go_to()}; metrics: {server.url}/metrics)", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: server.shut_down())  # requests in flight finish, new ones are refused
     try:
         server.serve_forever()

@@ -6,7 +6,7 @@
 Catalog routes run in worker threads (anyio's, ``WORKER_THREADS``: a backing catalog's load blocks); ``/healthz``,
 ``/readyz`` and ``/metrics`` (prometheus-client's ASGI app) answer on the event loop, whatever the backing catalog
 does. Limits (``limits.py``): a request's head must arrive within ``HEAD_TIMEOUT_S`` (else 408) and
-``MAX_HEAD_BYTES`` (else 400), an idle keep-alive connection is closed after ``KEEP_ALIVE_S``, a request beyond
+``MAX_HEAD_BYTES`` (else 431), an idle keep-alive connection is closed after ``KEEP_ALIVE_S``, a request beyond
 ``max_connections`` open connections is answered 503, a malformed request 400. Only the token route reads a body:
 after checking its size (``MAX_FORM_BYTES``, else 413), within ``BODY_TIMEOUT_S`` (else 408). No other body is ever
 read: a request is authenticated on its head. At shutdown, requests in flight get ``GRACEFUL_S`` to finish and new

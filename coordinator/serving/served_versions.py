@@ -118,8 +118,7 @@ class ServedVersions:
         self._exact: dict[tuple[frozenset[str], int], ConsistentVersion] = {}  # (group, epoch) -> the version
         self._seen_jobs: dict[str, tuple[JobRecord, float]] = {}  # job -> (record, when last in the graph)
         self._index = _GraphIndex(None, {})
-        self._reconnecting = threading.Event()
-        self._reconnect_lock = threading.Lock()
+        self._reconnecting = threading.Lock()  # held by the one background reconnection under way
         self._closed = False
         self._open_session()
 
@@ -163,17 +162,15 @@ class ServedVersions:
         return lock
 
     def _start_reconnecting(self) -> None:
-        with self._reconnect_lock:
-            if self._reconnecting.is_set():
-                return
-            self._reconnecting.set()
+        if not self._reconnecting.acquire(blocking=False):
+            return  # one is under way
         threading.Thread(target=self._reconnect, name="tidemark-serve-reconnect", daemon=True).start()
 
     def _reconnect(self) -> None:
         try:
             self._open_session()
         finally:
-            self._reconnecting.clear()
+            self._reconnecting.release()
 
     @property
     def zookeeper_connected(self) -> bool:

@@ -218,6 +218,14 @@ class CatalogServer:
         asked = VENDED_CREDENTIALS in (delegation or "").lower().replace(" ", "").split(",")
         return self.storage_config and (self.vend_credentials_to_anyone or (authenticated and asked))
 
+    def credentials_go_to(self) -> str:
+        """Who ``vends_credentials`` hands them to, in words (the start-up line says it)."""
+        if not self.storage_config:
+            return "nobody (--no-storage-config)"
+        if self.vend_credentials_to_anyone:
+            return "anyone (--unsafe-vend-credentials-to-anyone)"
+        return "authenticated clients that ask" if self.auth.required else "nobody (no authentication)"
+
     # -- the backing catalog, shared by the worker threads --------------------------------
 
     def catalog(self) -> _Lease:
