@@ -1,13 +1,16 @@
 """``tidemark serve`` against the catalog behind it: what a reader that knows nothing of Tidemark pays for consistency.
 
-    python -m bench serve [--stack embedded lakehouse] [--loads 200] [--clients 200] [--seconds 20] [--trino]
+    python -m bench serve [--stack embedded lakehouse] [--loads 200] [--levels 200 1000] [--clients 200] [--seconds 20]
+                          [--trino]
     python -m bench serve --race [--reads 2000] [--trino]   # the switch race per engine
 
 Per stack (``embedded``: SQLite and local files; ``lakehouse``: SeaweedFS's S3 store and REST catalog on loopback), on a
 pipeline of two jobs (``up`` and ``down``, which copies it) with a history of epochs:
 
 1. ``loadTable`` with pyiceberg, through the endpoint (a ``tidemark serve`` process) and from the backing catalog
-   directly, interleaved: p50 and p99 of each (goal: the endpoint at most 1.2x the direct figure plus 2 ms);
+   directly, interleaved: p50 and p99 of each (goal: the endpoint at most 1.2x the direct figure plus 2 ms); then
+   at ``--levels`` concurrent clients (raw HTTP, each loading both tables once a second; directly: the REST catalog
+   with its own token, or the SQLite row and metadata file), in turns (goal: at most the direct figure);
 2. the pipeline taking epochs, alone and beside ``--clients`` concurrent clients (processes of threads, each its own
    keep-alive connection) each loading both tables through the endpoint once a second (a dashboard refreshing every
    second; raw HTTP, so the clients' own parsing does not take the shared cores), ``--seconds`` each, in 2-second
@@ -41,7 +44,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from coordinator import CatalogSettings, Tidemark
 from coordinator.operations.zookeeper_server import free_port
@@ -73,6 +76,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--stack", nargs="+", choices=STACKS, default=list(STACKS))
     parser.add_argument("--loads", type=int, default=200, help="loadTable calls timed per side")
     parser.add_argument("--clients", type=int, default=200, help="concurrent clients through the endpoint")
+    parser.add_argument("--levels", type=int, nargs="*", default=[200, 1000], help="concurrent clients loading tables "
+                        "through the endpoint and from the catalog directly (one client: --loads)")
+    parser.add_argument("--level-seconds", type=float, default=4.0, help="each level's turn per side (two each)")
     parser.add_argument("--seconds", type=float, default=20.0, help="the writers' time alone, and beside the clients")
     parser.add_argument("--slow-clients", type=int, default=100, help="slow-loris connections beside the clients")
     parser.add_argument("--trino", action="store_true", help="also time a Trino join (lakehouse)")
@@ -107,6 +113,12 @@ def run_stack(stack: str, settings: CatalogSettings, connect: str, home: Path, a
             return
         header(f"tidemark serve, {stack} stack: loadTable with pyiceberg, through the endpoint vs the catalog directly")
         _load_latency(settings, url, lake.down, args.loads)
+        if args.levels:
+            header(f"tidemark serve, {stack} stack: loadTable at {', '.join(map(str, args.levels))} concurrent "
+                   "clients (raw HTTP, each loading both tables once a second), through the endpoint vs the catalog "
+                   "directly, in turns")
+            identifiers = [t.split(".", 1)[1] if t.count(".") > 1 else t for t in (lake.up, lake.down)]
+            _loads_at_levels(settings, url, identifiers, args.levels, args.level_seconds)
         header(f"tidemark serve, {stack} stack: the pipeline alone and beside {args.clients} clients loading "
                "tables through the endpoint, in turns")
         _beside_clients(lake, epoch, url, server.pid, [lake.up, lake.down], args)
@@ -256,8 +268,8 @@ def _beside_clients(lake, first_epoch: int, url: str, server_pid: int, tables: l
         print(f"  {LAYOUTS[layout]}:", flush=True)
         stop, active = multiprocessing.Event(), multiprocessing.Event()
         results: multiprocessing.Queue = multiprocessing.Queue()
-        processes = [multiprocessing.Process(target=_clients,
-                                             args=(url, identifiers, per_process, serving, active, stop, results))
+        processes = [multiprocessing.Process(target=_clients, args=(_http_loads(url), identifiers, per_process, serving,
+                                                                    active, stop, results))
                      for _ in range(CLIENT_PROCESSES)]
         for process in processes:
             process.start()
@@ -417,35 +429,22 @@ def _stat_fields(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
-def _clients(url: str, tables: list[str], count: int, cores: set[int], active, stop, results) -> None:
-    """``count`` client threads, each with its own keep-alive connection, loading ``tables`` (``GET
-    /v1/{prefix}/namespaces/{ns}/tables/{t}``, as an engine's REST client does after ``/v1/config``) once every
-    ``CLIENT_EVERY_S`` (starting at random offsets) until ``stop``. Raw HTTP: the endpoint's latency, not the
-    time the clients, sharing this machine's cores with it, take to parse the metadata."""
-    import http.client
-    from urllib.parse import urlsplit
+def _clients(connect: Callable[[], Callable[[str], None]], tables: list[str], count: int, cores: set[int], active,
+             stop, results) -> None:
+    """``count`` client threads, each with a connection of its own (``connect()``: a load of one table), loading
+    ``tables`` once every ``CLIENT_EVERY_S`` (starting at random offsets) until ``stop``, only while ``active``; puts
+    the latencies after the warm-up, the failed loads and the process's CPU time into ``results``."""
     os.sched_setaffinity(0, cores)
     warm_until = time.monotonic() + CLIENTS_WARMUP_S
     warm_cpu: list[float] = []  # the process's CPU time when the warm-up ended
     warmed = threading.Timer(CLIENTS_WARMUP_S, lambda: warm_cpu.append(_process_cpu()))
     warmed.start()
-    where = urlsplit(url)
     latencies: list[float] = []
     failed = [0]
     lock = threading.Lock()
 
     def client() -> None:
-        connection = http.client.HTTPConnection(where.hostname or "127.0.0.1", where.port, timeout=60)
-
-        def get(path: str) -> bytes:
-            connection.request("GET", path)
-            response = connection.getresponse()
-            body = response.read()
-            if response.status != 200:
-                raise OSError(f"{path}: HTTP {response.status}")
-            return body
-        prefix = json.loads(get("/v1/config"))["overrides"]["prefix"]
-        paths = [f"/v1/{prefix}/namespaces/{t.rsplit('.', 1)[0]}/tables/{t.rsplit('.', 1)[1]}" for t in tables]
+        load = connect()
         mine = []
         next_query = time.monotonic() + random.uniform(0, CLIENT_EVERY_S)
         while not stop.wait(max(0.0, next_query - time.monotonic())):
@@ -454,14 +453,14 @@ def _clients(url: str, tables: list[str], count: int, cores: set[int], active, s
                 active.wait()
                 next_query = time.monotonic() + random.uniform(0, CLIENT_EVERY_S)
                 continue
-            for path in paths:
+            for table in tables:
                 start = time.perf_counter()
                 try:
-                    get(path)
-                except (OSError, http.client.HTTPException):
+                    load(table)
+                except Exception:  # noqa: BLE001 - a failed load is counted, whatever failed
                     with lock:
                         failed[0] += 1
-                    connection.close()
+                    load = connect()
                     continue
                 if time.monotonic() > warm_until:
                     mine.append(time.perf_counter() - start)
@@ -473,7 +472,108 @@ def _clients(url: str, tables: list[str], count: int, cores: set[int], active, s
     for thread in threads:
         thread.join()
     warmed.join()
-    results.put(json.dumps([latencies, failed[0], _process_cpu() - warm_cpu[0]]))
+    results.put(json.dumps([latencies, failed[0], _process_cpu() - (warm_cpu or [0.0])[0]]))
+
+
+def _http_loads(url: str, headers: Optional[dict[str, str]] = None,
+                warehouse: str = "") -> Callable[[], Callable[[str], None]]:
+    """Loads of a REST catalog's tables over raw HTTP (``GET /v1/{prefix}/namespaces/{ns}/tables/{t}`` on one
+    keep-alive connection, after ``/v1/config``, as an engine's REST client does): the catalog's latency, not
+    the time clients sharing this machine's cores take to parse the metadata."""
+    import http.client
+    from urllib.parse import quote, urlsplit
+    where = urlsplit(url)
+
+    def connect() -> Callable[[str], None]:
+        connection = http.client.HTTPConnection(where.hostname or "127.0.0.1", where.port, timeout=60)
+
+        def get(path: str) -> bytes:
+            connection.request("GET", where.path.rstrip("/") + path, headers=headers or {})
+            response = connection.getresponse()
+            body = response.read()
+            if response.status != 200:
+                raise OSError(f"{path}: HTTP {response.status}")
+            return body
+        config = json.loads(get("/v1/config" + (f"?warehouse={quote(warehouse)}" if warehouse else "")))
+        prefix = {**config.get("defaults", {}), **config.get("overrides", {})}.get("prefix")
+        base = f"/v1/{quote(prefix, safe='')}" if prefix else "/v1"
+
+        def load(table: str) -> None:
+            namespace, name = table.rsplit(".", 1)
+            get(f"{base}/namespaces/{quote(namespace)}/tables/{quote(name)}")
+        return load
+    return connect
+
+
+def _direct_loads(settings: CatalogSettings) -> Callable[[], Callable[[str], None]]:
+    """Loads of the backing catalog's tables as a client reaches them without the endpoint: a REST catalog over raw
+    HTTP with its own bearer token (as ``_http_loads`` through the endpoint); the embedded SQL catalog as its row
+    and metadata file read, each client with a connection of its own (SQLite has no server to load through)."""
+    properties = settings.python_catalog_properties()
+    if settings.uri is None or not settings.uri.startswith("sqlite:"):
+        token = _client_credentials_token(properties["oauth2-server-uri"], properties["credential"])
+        return _http_loads(properties["uri"], {"Authorization": f"Bearer {token}"}, properties.get("warehouse", ""))
+    import sqlite3
+    database = settings.uri.removeprefix("sqlite:///")
+
+    def connect() -> Callable[[str], None]:
+        connection = sqlite3.connect(database, check_same_thread=False)
+
+        def load(table: str) -> None:
+            namespace, name = table.rsplit(".", 1)
+            location, = connection.execute(
+                "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = ? AND table_namespace = ? AND "
+                "table_name = ?", (settings.name, namespace, name)).fetchone()
+            Path(location.removeprefix("file://")).read_bytes()
+        return load
+    return connect
+
+
+def _client_credentials_token(token_uri: str, credential: str) -> str:
+    """An OAuth2 bearer token for ``credential`` (``id:secret``) from ``token_uri`` (the client credentials grant)."""
+    from urllib.parse import urlencode
+    client_id, _, secret = credential.partition(":")
+    form = urlencode({"grant_type": "client_credentials", "client_id": client_id, "client_secret": secret,
+                      "scope": "catalog"}).encode()
+    with urllib.request.urlopen(urllib.request.Request(token_uri, data=form), timeout=30) as answer:
+        return str(json.loads(answer.read())["access_token"])
+
+
+def _loads_at_levels(settings: CatalogSettings, url: str, tables: list[str], levels: list[int],
+                     turn_s: float) -> None:
+    """At each level of concurrent clients (``CLIENT_PROCESSES`` processes of threads, each client a connection of
+    its own loading every one of ``tables`` once a second), ``loadTable`` through the endpoint and from the backing
+    catalog directly, in turns (endpoint, direct, direct, endpoint; ``turn_s`` each): p50 and p99 of each (goal:
+    the endpoint at most the direct figure)."""
+    sides = {"through the endpoint": _http_loads(url), "the catalog directly (baseline)": _direct_loads(settings)}
+    cores = set(os.sched_getaffinity(0))
+    for clients in levels:
+        found: dict[str, list[float]] = {side: [] for side in sides}
+        failed = dict.fromkeys(sides, 0)
+        for side in (*sides, *reversed(sides)):
+            stop, active = multiprocessing.Event(), multiprocessing.Event()
+            active.set()
+            results: multiprocessing.Queue = multiprocessing.Queue()
+            per_process = max(1, clients // CLIENT_PROCESSES)
+            processes = [multiprocessing.Process(target=_clients, args=(sides[side], tables, per_process, cores,
+                                                                        active, stop, results))
+                         for _ in range(CLIENT_PROCESSES)]
+            for process in processes:
+                process.start()
+            time.sleep(CLIENTS_WARMUP_S + turn_s)
+            stop.set()
+            for _ in processes:
+                latencies, errors, _cpu = json.loads(results.get(timeout=120))
+                found[side] += latencies
+                failed[side] += errors
+            for process in processes:
+                process.join(60)
+        (mine, base) = found.values()
+        figures = ", ".join(f"{side} p50 {percentile(v, 0.5) * 1000:.1f} / p99 {percentile(v, 0.99) * 1000:.1f} ms "
+                            f"({len(v)} loads, {failed[side]} failed)" for side, v in found.items())
+        met = percentile(mine, 0.5) <= percentile(base, 0.5) and percentile(mine, 0.99) <= percentile(base, 0.99)
+        print(f"  {clients} clients: {figures}; goal: the endpoint at most the direct figure: {verdict(met)}",
+              flush=True)
 
 
 def _process_cpu() -> float:

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -187,6 +188,12 @@ class HeadTimeoutProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # asyncio sets TCP_NODELAY only on sockets made with IPPROTO_TCP, and a listener from socket.create_server
+        # has protocol 0: without it, Nagle holds a response's body behind its head until the client's delayed ACK,
+        # 40 ms on every request after a connection's first.
+        connection = transport.get_extra_info("socket")
+        if connection is not None and connection.family in (socket.AF_INET, socket.AF_INET6):
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
