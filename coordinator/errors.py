@@ -129,7 +129,8 @@ class TableNotFound(TidemarkError):
 
 
 class StorageError(TidemarkError):
-    """The warehouse's file system refused to list or delete a table's files (credentials, permissions)."""
+    """The warehouse's file system refused to list or delete a table's files (credentials, permissions), or its STS
+    issued no credentials to vend."""
 
 
 class VersionNotFound(TidemarkError):

@@ -24,10 +24,11 @@ from coordinator.serving.server import is_credential
 from coordinator.tidemark import Tidemark
 from tests.helpers.mixed_lake import MixedLake, MovingPipeline
 from tests.helpers.served import ServeProcess, as_pairs, duckdb_read, own_storage, pyiceberg_read, two_table_sql
-from tests.helpers.trino import TrinoServer, served_catalog
+from tests.helpers.trino import S3_PROPERTIES, TrinoServer, served_catalog
 from tests.test_lakehouse import lakehouse as lakehouse  # the fixture: this module's own
 
 READS = 12  # reads per engine while the pipeline commits
+TOKEN = "t0ken"  # the secured endpoint's (TIDEMARK_SERVE_TOKENS): a client with it is vended the store's credentials
 SESSIONS, SESSION_READS = 4, 6  # concurrent Trino sessions, and the joins each runs
 MOVE_DEADLINE_S = 60.0  # reads go on until they saw the pipeline move
 PIPELINE_PAUSE_S = 0.4  # between epochs: with an epoch's own commits, one about every 500 ms (the tables stay small)
@@ -55,6 +56,23 @@ def endpoint(lakehouse, zk_chroot, tmp_path_factory):
         yield served
 
 
+@pytest.fixture(scope="module")
+def secured(lakehouse, zk_chroot, tmp_path_factory):
+    """The endpoint with a token: engines that authenticate and ask read with the credentials it vends, none of their
+    own (docs/reading.md's "with a token" column)."""
+    with ServeProcess(lakehouse.catalog_settings(), zk_chroot, tmp_path_factory.mktemp("secured"),
+                      env={"TIDEMARK_SERVE_TOKENS": TOKEN}) as served:
+        yield served
+
+
+def vended_trino_catalog(url: str) -> str:
+    """docs/reading.md's Trino catalog file with a token: the object store's endpoint and region, no keys."""
+    keyless = [line for line in S3_PROPERTIES if not line.startswith(("s3.aws-access-key", "s3.aws-secret-key"))]
+    return "\n".join(["connector.name=iceberg", "iceberg.catalog.type=rest", f"iceberg.rest-catalog.uri={url}",
+                      "iceberg.rest-catalog.security=OAUTH2", f"iceberg.rest-catalog.oauth2.token={TOKEN}",
+                      "iceberg.rest-catalog.vended-credentials-enabled=true", *keyless, ""])
+
+
 def check_reads(read, what: str, reads: int = READS) -> None:
     """``reads`` reads by ``read() -> ((up count, up epoch sum), (down count, down epoch sum))``, and more until they
     moved with the pipeline (``MOVE_DEADLINE_S``): each holds the same rows in both tables."""
@@ -68,12 +86,14 @@ def check_reads(read, what: str, reads: int = READS) -> None:
 
 
 def test_concurrent_trino_sessions_join_tables_through_the_endpoint_at_one_version_while_the_pipeline_commits(
-        lakehouse, pipeline, endpoint, tmp_path_factory):
+        lakehouse, pipeline, endpoint, secured, tmp_path_factory):
     """Trino's sessions share one coordinator, so one client to the endpoint: ``SESSIONS`` sessions at once, each
-    running a dashboard's two panels in turn (``down`` alone, then the join of ``up`` and ``down``)."""
+    running a dashboard's two panels in turn (``down`` alone, then the join of ``up`` and ``down``). Then the same
+    server reads through the secured endpoint with a token and no keys of its own (credentials vended)."""
     join = two_table_sql("served", pipeline.lake.up, pipeline.lake.down)
     panel = f"SELECT count(*) FROM served.{pipeline.lake.down}"
-    with TrinoServer(tmp_path_factory.mktemp("trino"), catalogs={"served": served_catalog(endpoint.url)},
+    catalogs = {"served": served_catalog(endpoint.url), "vended": vended_trino_catalog(secured.url)}
+    with TrinoServer(tmp_path_factory.mktemp("trino"), catalogs=catalogs,
                      env=lakehouse.pyiceberg_environment()) as trino:
         def session(joined: list) -> None:
             for _ in range(SESSION_READS):
@@ -86,6 +106,10 @@ def test_concurrent_trino_sessions_join_tables_through_the_endpoint_at_one_versi
                 thread.start()
             for thread in threads:
                 thread.join(600)
+        with pipeline.running():
+            check_reads(lambda: as_pairs(trino.query(two_table_sql("vended", pipeline.lake.up,
+                                                                   pipeline.lake.down))[0]),
+                        "Trino with a token (credentials vended)", reads=READS // 2)
     for i, joined in enumerate(results):
         assert len(joined) == SESSION_READS, f"session {i} ran {len(joined)} joins of {SESSION_READS} (see the log)"
         straddled = [(up, down) for up, down in joined if up != down]
@@ -105,6 +129,19 @@ def test_duckdb_attaches_the_endpoint_and_reads_one_version(lakehouse, pipeline,
                         f"DuckDB (warehouse {warehouse!r})", reads=READS // 2)  # each read a new DuckDB session
 
 
+def test_duckdb_with_a_token_reads_with_its_own_storage_secret(lakehouse, pipeline, secured):
+    """docs/reading.md's DuckDB with a token: an iceberg secret holding the token, and DuckDB's own S3 secret
+    (DuckDB 1.5.5 reads a table's metadata file before it applies vended credentials when the catalog's answer is
+    not immediate, so it is not asked for them)."""
+    storage = _s3_secret("lake", lakehouse.python_properties())
+    assert storage is not None
+    sql = two_table_sql("served", pipeline.lake.up, pipeline.lake.down)
+    with pipeline.running():
+        check_reads(lambda: duckdb_read(secured.url, "", f"{storage}; CREATE SECRET tm (TYPE iceberg, TOKEN '{TOKEN}')",
+                                        sql, attach_options="SECRET tm, ACCESS_DELEGATION_MODE 'none'"),
+                    "DuckDB with a token", reads=READS // 2)
+
+
 def test_pyiceberg_reads_one_version_with_the_uri_and_its_own_storage_settings(lakehouse, pipeline, endpoint):
     """pyiceberg's guarantee (docs/reading.md): a query's tables loaded back to back, then read, come at one
     version; each read here is such a query, right after the previous one (a client's next query may also be taken
@@ -115,12 +152,18 @@ def test_pyiceberg_reads_one_version_with_the_uri_and_its_own_storage_settings(l
 
 
 @pytest.mark.spark
-def test_spark_sql_reads_one_version_through_the_endpoint(spark, lakehouse, pipeline, endpoint):
+def test_spark_sql_reads_one_version_through_the_endpoint(spark, lakehouse, pipeline, endpoint, secured):
+    """Spark SQL with its own storage credentials, unpinned and pinned; then with a token and none of its own (the
+    endpoint vends them: docs/reading.md)."""
     up, down = pipeline.lake.up, pipeline.lake.down
-    for catalog, warehouse in (("served", "pipeline"), ("served_pinned", "pipeline@pinned")):
-        for key, value in {"": "org.apache.iceberg.spark.SparkCatalog", ".type": "rest", ".uri": endpoint.url,
+    keyless = {k: v for k, v in own_storage(lakehouse.catalog_settings()).items() if not is_credential(k)}
+    for catalog, warehouse in (("served", "pipeline"), ("served_pinned", "pipeline@pinned"), ("vended", "pipeline")):
+        storage = own_storage(lakehouse.catalog_settings()) if catalog != "vended" else {
+            **keyless, "token": TOKEN, "header.X-Iceberg-Access-Delegation": "vended-credentials"}
+        for key, value in {"": "org.apache.iceberg.spark.SparkCatalog", ".type": "rest",
+                           ".uri": secured.url if catalog == "vended" else endpoint.url,
                            ".warehouse": warehouse, ".cache-enabled": "false",
-                           **{f".{k}": v for k, v in own_storage(lakehouse.catalog_settings()).items()}}.items():
+                           **{f".{k}": v for k, v in storage.items()}}.items():
             spark.conf.set(f"spark.sql.catalog.{catalog}{key}", value)
 
         def read(catalog=catalog):  # a dashboard's two panels: down alone, then the join
@@ -128,37 +171,67 @@ def test_spark_sql_reads_one_version_through_the_endpoint(spark, lakehouse, pipe
             return as_pairs(spark.sql(two_table_sql(catalog, up, down)).collect()[0])
         with pipeline.running():
             if warehouse == "pipeline":
-                check_reads(read, "Spark SQL")
+                check_reads(read, f"Spark SQL ({catalog})")
             else:  # the session's catalog keeps one version for its life
                 assert len({read() for _ in range(3)}) == 1
 
 
 def test_storage_credentials_go_only_to_clients_that_authenticate_and_ask(lakehouse, pipeline, zk_chroot, endpoint,
-                                                                          tmp_path_factory):
-    """The endpoint's default hands every client the object store's settings and nobody its credentials; with tokens,
-    a client that authenticates and asks (pyiceberg asks by default) gets them and reads with the URI and its token
-    alone; ``--unsafe-vend-credentials-to-anyone`` hands them to anyone."""
+                                                                          secured, tmp_path_factory):
+    """The endpoint's default hands every client the object store's settings and nobody credentials; with tokens, a
+    client that authenticates and asks (pyiceberg asks by default) gets short-lived STS credentials that read that
+    table's files and nothing else, and reads with the URI and its token alone; ``--vend-credentials static`` vends
+    the catalog's own keys; ``--unsafe-vend-credentials-to-anyone`` hands credentials to anyone."""
     settings = lakehouse.catalog_settings()
     secret = own_storage(settings)["s3.secret-access-key"]
     namespace, name = pipeline.lake.up.split(".")
 
-    def config(url: str, headers: dict[str, str]) -> dict[str, str]:
+    def loaded(url: str, headers: dict[str, str]) -> dict:
         request = urllib.request.Request(f"{url}/v1/pipeline/namespaces/{namespace}/tables/{name}", headers=headers)
         with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read())["config"]
+            return json.loads(response.read())
     asks = {"X-Iceberg-Access-Delegation": "vended-credentials"}
-    anonymous = config(endpoint.url, asks)
+    anonymous = loaded(endpoint.url, asks)["config"]
     assert "s3.endpoint" in anonymous and not [k for k in anonymous if is_credential(k)]
     assert secret not in json.dumps(anonymous)
-    with ServeProcess(settings, zk_chroot, tmp_path_factory.mktemp("secured"),
-                      env={"TIDEMARK_SERVE_TOKENS": "t0ken"}) as secured:
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            config(secured.url, asks)
-        assert refused.value.code == 401
-        assert secret not in json.dumps(config(secured.url, {"Authorization": "Bearer t0ken"}))  # did not ask
-        assert config(secured.url, {"Authorization": "Bearer t0ken", **asks})["s3.secret-access-key"] == secret
-        vended = RestCatalog("vended", uri=secured.url, token="t0ken").load_table(pipeline.lake.up)
-        assert vended.scan().to_arrow().num_rows > 0  # read from the object store with what the endpoint vended
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        loaded(secured.url, asks)
+    assert refused.value.code == 401
+    assert secret not in json.dumps(loaded(secured.url, {"Authorization": f"Bearer {TOKEN}"}))  # did not ask
+    table = loaded(secured.url, {"Authorization": f"Bearer {TOKEN}", **asks})
+    vended = table["config"]
+    assert vended["s3.session-token"] and secret not in json.dumps(table)  # STS's, not the catalog's own keys
+    check_read_only_for(vended, table["metadata"]["location"])
+    read = RestCatalog("vended", uri=secured.url, token=TOKEN).load_table(pipeline.lake.up)
+    assert read.scan().to_arrow().num_rows > 0  # read from the object store with what the endpoint vended
+    with ServeProcess(settings, zk_chroot, tmp_path_factory.mktemp("static"), "--vend-credentials", "static",
+                      env={"TIDEMARK_SERVE_TOKENS": TOKEN}) as static:
+        assert loaded(static.url, {"Authorization": f"Bearer {TOKEN}", **asks})["config"][
+            "s3.secret-access-key"] == secret
     with ServeProcess(settings, zk_chroot, tmp_path_factory.mktemp("unsafe"),
                       "--unsafe-vend-credentials-to-anyone") as unsafe:
-        assert config(unsafe.url, {})["s3.secret-access-key"] == secret
+        assert loaded(unsafe.url, {})["config"]["s3.session-token"]
+
+
+def check_read_only_for(vended: dict[str, str], location: str) -> None:
+    """``vended`` credentials read and list the files under ``location`` on the object store, and may neither write
+    there nor read beside it."""
+    from urllib.parse import urlsplit
+
+    import botocore.session
+    from botocore.config import Config
+    from botocore.exceptions import ClientError
+    where = urlsplit(location)
+    bucket, prefix = where.netloc, where.path.strip("/")
+    s3 = botocore.session.get_session().create_client(
+        "s3", endpoint_url=vended["s3.endpoint"], region_name=vended.get("s3.region", "us-east-1"),
+        aws_access_key_id=vended["s3.access-key-id"], aws_secret_access_key=vended["s3.secret-access-key"],
+        aws_session_token=vended["s3.session-token"], config=Config(s3={"addressing_style": "path"}))
+    files = s3.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/")["Contents"]
+    s3.get_object(Bucket=bucket, Key=files[0]["Key"])["Body"].read()
+    for denied in (lambda: s3.put_object(Bucket=bucket, Key=f"{prefix}/data/written-with-vended-keys", Body=b"x"),
+                   lambda: s3.list_objects_v2(Bucket=bucket, Prefix=""),
+                   lambda: s3.get_object(Bucket=bucket, Key=f"{prefix}-beside/x")):
+        with pytest.raises(ClientError) as refused:
+            denied()
+        assert refused.value.response["Error"]["Code"] == "AccessDenied", refused.value.response

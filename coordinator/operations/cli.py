@@ -48,6 +48,8 @@ from coordinator.protocol.barriers import (
     check_grid_request,
     preview_grid_request,
 )
+from coordinator.serving.credentials import DEFAULT_DURATION_S as DEFAULT_STS_DURATION_S
+from coordinator.serving.credentials import Vending
 from coordinator.serving.hold import DEFAULT_MAX_HOLD_MS, DEFAULT_QUERY_GAP_MS
 from coordinator.serving.limits import DEFAULT_MAX_CONNECTIONS
 
@@ -576,6 +578,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from coordinator.iceberg.catalog import CatalogSettings
     from coordinator.serving.auth import ServerAuth
+    from coordinator.serving.credentials import CredentialVending
     from coordinator.serving.hold import HoldRule
     from coordinator.serving.served_versions import ServedVersions
     from coordinator.serving.server import CatalogServer, tls_context
@@ -592,6 +595,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server = CatalogServer(served, host=args.host, port=args.port, auth=auth, tls=tls,
                                storage_config=args.storage_config,
                                vend_credentials_to_anyone=args.unsafe_vend_credentials_to_anyone,
+                               credentials=CredentialVending(Vending(args.vend_credentials),
+                                                             role_arn=args.sts_role_arn, duration_s=args.sts_duration,
+                                                             endpoint=args.sts_endpoint),
                                max_connections=args.max_connections)
     except OSError as exc:
         served.close()
@@ -627,6 +633,12 @@ def _seconds(text: str) -> float:
     if not 0 < value <= 3600:  # also refuses nan and inf
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0 and up to 3600")
     return value
+
+
+def _sts_duration(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or not 900 <= int(text) <= 43200:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 900 to 43200 (what STS issues)")
+    return int(text)
 
 
 def _milliseconds(text: str) -> int:
@@ -912,6 +924,15 @@ def _add_serve(sub: Commands) -> None:
                        help="hand engines the backing catalog's object-store settings (s3.*) with each table, and its "
                             "credentials to authenticated clients that ask for them (default: yes; "
                             "--no-storage-config: engines use their own)")
+    serve.add_argument("--vend-credentials", choices=[v.value for v in Vending], default=Vending.STS.value,
+                       help="the credentials vended with a table: sts (default), short-lived ones from the object "
+                            "store's STS that only read the table's files; static, the backing catalog's own keys")
+    serve.add_argument("--sts-role-arn", metavar="ARN", help="the role STS credentials are issued for (AWS and Ceph "
+                       "need one; SeaweedFS and MinIO issue them for the catalog's own identity without)")
+    serve.add_argument("--sts-endpoint", metavar="URL", help="the STS endpoint (default: the object store's "
+                       "s3.endpoint, else AWS's)")
+    serve.add_argument("--sts-duration", type=_sts_duration, default=DEFAULT_STS_DURATION_S, metavar="S",
+                       help=f"how long STS credentials last, 900 to 43200 s (default {DEFAULT_STS_DURATION_S})")
     serve.add_argument("--unsafe-vend-credentials-to-anyone", action="store_true",
                        help="hand the object store's credentials to every client, authenticated or not (with no "
                             "authentication configured, the only way engines get them from the server)")

@@ -3,14 +3,18 @@
     app = build_app(catalog_server)                 # what each route answers: CatalogServer (server.py)
     server = run_server(app, tls, max_connections)  # a uvicorn.Server; CatalogServer runs it on its own socket
 
-Catalog routes run in worker threads (anyio's, ``WORKER_THREADS``: a backing catalog's load blocks); ``/healthz``,
-``/readyz`` and ``/metrics`` (prometheus-client's ASGI app) answer on the event loop, whatever the backing catalog
-does. Limits (``limits.py``): a request's head must arrive within ``HEAD_TIMEOUT_S`` (else 408) and
-``MAX_HEAD_BYTES`` (else 431), an idle keep-alive connection is closed after ``KEEP_ALIVE_S``, a request beyond
-``max_connections`` open connections is answered 503, a malformed request 400. Only the token route reads a body:
-after checking its size (``MAX_FORM_BYTES``, else 413), within ``BODY_TIMEOUT_S`` (else 408). No other body is ever
-read: a request is authenticated on its head. At shutdown, requests in flight get ``GRACEFUL_S`` to finish and new
-ones are refused.
+Catalog routes run in worker threads (anyio's, ``WORKER_THREADS``: a backing catalog's load blocks), except that a
+table or the configuration is first asked for on the event loop from memory alone (``wait=False``), and only when
+that would wait (``WouldWait``: a new version to resolve or load) in a worker thread: a thread's hand-off costs more
+than the answer itself. ``/healthz``, ``/readyz`` and ``/metrics`` (prometheus-client's ASGI app) answer on the event
+loop, whatever the backing catalog does.
+
+Limits (``limits.py``): a request's head must arrive within ``HEAD_TIMEOUT_S`` (else 408) and ``MAX_HEAD_BYTES``
+(else 431), an idle keep-alive connection is closed after ``KEEP_ALIVE_S``, a request beyond ``max_connections``
+open connections is answered 503, a malformed request 400. Only the token route reads a body: after checking its
+size (``MAX_FORM_BYTES``, else 413), within ``BODY_TIMEOUT_S`` (else 408). No other body is ever read: a request is
+authenticated on its head. At shutdown, requests in flight get ``GRACEFUL_S`` to finish and new ones are refused.
+Every connection has TCP_NODELAY.
 """
 from __future__ import annotations
 
@@ -47,6 +51,7 @@ from coordinator.serving.limits import (
     WORKER_THREADS,
 )
 from coordinator.serving.rest_errors import OAuthError, RestError, first_line
+from coordinator.serving.served_versions import WouldWait
 
 if TYPE_CHECKING:
     from coordinator.serving.server import CatalogServer, Encoded
@@ -66,8 +71,8 @@ def build_app(server: CatalogServer) -> Starlette:
         return Response(b'{"ok": true}' if ready else b'{"ok": false}', 200 if ready else 503,
                         media_type="application/json")
 
-    def config(request: Request, _: int) -> Answer:
-        return server.config(request.query_params.get("warehouse") or request.path_params.get("warehouse"))
+    def config(request: Request, _: int, wait: bool = True) -> Answer:
+        return server.config(request.query_params.get("warehouse") or request.path_params.get("warehouse"), wait)
 
     def namespaces(request: Request, _: int) -> Answer:
         return server.namespaces(request.query_params.get("parent"))
@@ -79,7 +84,7 @@ def build_app(server: CatalogServer) -> Starlette:
     def tables(request: Request, _: int) -> Answer:
         return server.tables(request.path_params["namespace"])
 
-    def table(request: Request, arrived_ms: int) -> Answer:
+    def table(request: Request, arrived_ms: int, wait: bool = True) -> Answer:
         params, headers = request.path_params, request.headers
         prefix = params.get("prefix") or server.prefix_of(params.get("warehouse"))
         authorization = headers.get("authorization", "")
@@ -91,7 +96,7 @@ def build_app(server: CatalogServer) -> Starlette:
         vended = server.vends_credentials(request.state.authenticated, headers.get("x-iceberg-access-delegation"))
         loaded, extra, _ = server.table(prefix, params["namespace"], params["table"], client,
                                         request.query_params.get("snapshots"), arrived_ms, refresh, request.cookies,
-                                        vended)
+                                        vended, wait)
         if request.method == "HEAD":
             return Response(status_code=204, headers=extra)
         return Response(loaded.body, media_type=loaded.content_type, headers=extra)
@@ -114,16 +119,19 @@ def build_app(server: CatalogServer) -> Starlette:
                           "(/v1/config)")
         return _error_response(error)
 
-    def endpoint(route: str, handler: Callable[[Request, int], Any], authenticated: bool = True,
-                 threaded: bool = True) -> Callable[[Request], Awaitable[Response]]:
+    def endpoint(route: str, handler: Callable[..., Any], authenticated: bool = True, threaded: bool = True,
+                 from_memory_first: bool = False) -> Callable[[Request], Awaitable[Response]]:
+        """The route's ASGI endpoint: ``handler(request, arrived_ms)`` in a worker thread (``threaded``) or on the
+        event loop (a coroutine function); ``from_memory_first``: ``handler(request, arrived_ms, wait=False)`` on the
+        event loop first, in a worker thread only if that raises ``WouldWait``."""
         async def answer(request: Request) -> Response:
             started, arrived_ms = time.perf_counter(), int(time.time() * 1000)  # arrival: a client's loads' gaps
             try:
                 request.state.authenticated = server.auth.authenticated(request.headers.get("authorization")) \
                     if authenticated else False
-                result = await (run_in_threadpool(handler, request, arrived_ms) if threaded
-                                else handler(request, arrived_ms))
-                response = _response(result)
+                result = _from_memory(handler, request, arrived_ms) if from_memory_first else None
+                response = _response(result if result is not None else await (
+                    run_in_threadpool(handler, request, arrived_ms) if threaded else handler(request, arrived_ms)))
             except (RestError, OAuthError) as exc:
                 response = _error_response(exc)
             except Exception as exc:  # noqa: BLE001 - one line to the client and the log, never a traceback
@@ -141,18 +149,21 @@ def build_app(server: CatalogServer) -> Starlette:
 
     reads = ["GET"]  # HEAD too: Starlette answers HEAD on every GET route
     writes = ["POST", "PUT", "DELETE", "PATCH"]
-    catalog = [("/namespaces", "namespaces", namespaces), ("/namespaces/{namespace}", "namespace", namespace),
-               ("/namespaces/{namespace}/tables", "tables", tables),
-               ("/namespaces/{namespace}/tables/{table}", "table", table),
-               ("/namespaces/{namespace}/views", "views", views),
-               ("/namespaces/{namespace}/views/{view}", "views", view)]
+    catalog: list[tuple[str, str, Callable[..., Answer]]] = [
+        ("/namespaces", "namespaces", namespaces), ("/namespaces/{namespace}", "namespace", namespace),
+        ("/namespaces/{namespace}/tables", "tables", tables),
+        ("/namespaces/{namespace}/tables/{table}", "table", table),
+        ("/namespaces/{namespace}/views", "views", views),
+        ("/namespaces/{namespace}/views/{view}", "views", view)]
     v1: list[BaseRoute] = [
-        Route("/config", endpoint("config", config), methods=reads),
+        Route("/config", endpoint("config", config, from_memory_first=True), methods=reads),
         Route("/oauth/tokens", endpoint("token", token, authenticated=False, threaded=False), methods=["POST"]),
-        *(Route("/{prefix}" + path, endpoint(name, handler), methods=reads) for path, name, handler in catalog),
+        *(Route("/{prefix}" + path, endpoint(name, handler, from_memory_first=name == "table"), methods=reads)
+          for path, name, handler in catalog),
         # A client that never asked /v1/config: the default scope (or its /w/<warehouse>'s). After the prefixed
         # routes: /v1/namespaces/namespaces is the prefix "namespaces", as the spec's paths read.
-        *(Route(path, endpoint(name, handler), methods=reads) for path, name, handler in catalog),
+        *(Route(path, endpoint(name, handler, from_memory_first=name == "table"), methods=reads)
+          for path, name, handler in catalog),
         Route("/{path:path}", endpoint("write", refused), methods=writes),
         Route("/{path:path}", not_found, methods=reads),
     ]
@@ -284,6 +295,14 @@ async def _form(request: Request) -> dict[str, str]:
         return {k: v[-1] for k, v in parse_qs(body.decode(), keep_blank_values=True).items()}
     except UnicodeDecodeError:
         raise OAuthError("invalid_request", "the form is not UTF-8") from None
+
+
+def _from_memory(handler: Callable[..., Answer], request: Request, arrived_ms: int) -> Optional[Answer]:
+    """``handler``'s answer from memory alone (``wait=False``), None where it would wait."""
+    try:
+        return handler(request, arrived_ms, wait=False)
+    except WouldWait:
+        return None
 
 
 def _sends_a_body(request: Request) -> bool:

@@ -22,6 +22,9 @@ is served at one consistent version of the group (``Resolver``, level ``consiste
   ``FORGET_JOBS_S`` while the jobs register again (``CatalogServer`` also refuses to pass through a table whose
   metadata names a Tidemark writer).
 
+``choose(..., wait=False)`` answers from memory alone, on an event loop: what needs a resolution, a ZooKeeper read or
+a lock another thread holds raises ``WouldWait`` instead, to be asked again where waiting is allowed.
+
 Failure behaviour: ``choose`` raises ``VersionNotFound`` when a group has no consistent version and never had one here
 (a job that committed nothing yet), ``ZooKeeperUnavailable`` when ZooKeeper is unreachable and no topology was ever
 read (whether a table is Tidemark's is not known), and the backing catalog's errors as ``load_table`` raises them.
@@ -31,7 +34,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -55,6 +59,22 @@ FORGET_JOBS_S = 300.0  # a job gone from the graph keeps its tables' groups this
 RESOLVED_KEPT = 1_024  # resolutions remembered (by group, pin and tidemark generation), all dropped beyond
 HELD_CLIENTS = 10_000  # holds remembered for clients that keep no cookies, least recently used dropped
 EXACT_KEPT = 4_096  # versions at an exact epoch (what holds name), all dropped beyond: a published epoch never changes
+
+
+class WouldWait(Exception):
+    """The answer needs a wait (a resolution, a ZooKeeper read, a catalog load, a lock another thread holds): ask
+    again with ``wait=True``, where waiting is allowed (a worker thread, not the event loop)."""
+
+
+@contextmanager
+def taken(lock: threading.Lock | threading.RLock, wait: bool) -> Iterator[None]:
+    """``with lock``; without ``wait``, ``WouldWait`` at once when another thread holds it."""
+    if not lock.acquire(blocking=wait):
+        raise WouldWait
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 @dataclass(frozen=True)
@@ -137,11 +157,13 @@ class ServedVersions:
             self._resolver = Resolver(self._catalog, self.settings, tm, self._cache)
             self._resolved.clear()
 
-    def _live_session(self) -> Optional[ZooKeeperSession]:
+    def _live_session(self, wait: bool = True) -> Optional[ZooKeeperSession]:
         """The live session, or None while ZooKeeper cannot be asked (down, or being reconnected in the background:
-        a request never waits for a connection)."""
+        a request never waits for a connection). Without ``wait``, ``WouldWait`` for a session to close."""
         tm = self._tm
         if tm is not None and tm.ended_error() is not None:  # rebuilt under us: this session never comes back
+            if not wait:
+                raise WouldWait
             with self._session_lock:
                 if self._tm is tm:
                     self._cache.close()  # type: ignore[union-attr]
@@ -194,13 +216,15 @@ class ServedVersions:
 
     # -- groups ---------------------------------------------------------------------------
 
-    def topology(self) -> Topology:
+    def topology(self, wait: bool = True) -> Topology:
         """The job graph, read again at most every ``TOPOLOGY_TTL_S``; the last one read while ZooKeeper is
-        unreachable."""
-        with self._graph_lock:
+        unreachable. Without ``wait``, ``WouldWait`` when it is to be read again."""
+        with taken(self._graph_lock, wait):
             now = self._clock()
-            tm = self._live_session()
+            tm = self._live_session(wait)
             if tm is not None and now - self._topology_read >= TOPOLOGY_TTL_S:
+                if not wait:
+                    raise WouldWait
                 try:
                     self._topology, self._topology_read = read_topology(tm), now
                 except (ZooKeeperUnavailable, ZooKeeperRebuilt):
@@ -211,10 +235,10 @@ class ServedVersions:
                                            "that ZooKeeper is up")
             return self._topology
 
-    def group_of(self, scope: Scope, table: str) -> tuple[Optional[str], Optional[frozenset[str]]]:
+    def group_of(self, scope: Scope, table: str, wait: bool = True) -> tuple[Optional[str], Optional[frozenset[str]]]:
         """``table`` (an identifier ``ns.t``) as the job graph names it, and its group in ``scope``; (None, None) for a
-        table no Tidemark job writes or reads."""
-        graph = self._graph()
+        table no Tidemark job writes or reads. Without ``wait``, ``WouldWait`` when the graph is to be read again."""
+        graph = self._graph(wait)
         index = self._index
         if index.graph is not graph:  # a job graph read again: its names and groups are worked out again
             index = self._index = _GraphIndex(graph, {self.settings.identifier(t): t for t in _tables(graph)})
@@ -235,11 +259,11 @@ class ServedVersions:
                              if self.settings.identifier(t).rpartition(".")[0] == scope.namespace)
         return _component(graph, name)
 
-    def _graph(self) -> Topology:
+    def _graph(self, wait: bool = True) -> Topology:
         """The job graph with every job seen in it during the last ``FORGET_JOBS_S``: while ZooKeeper's state is lost
         and the jobs register again one by one, their tables keep their groups (never served as they are)."""
-        topology = self.topology()
-        with self._graph_lock:
+        topology = self.topology(wait)
+        with taken(self._graph_lock, wait):
             now = self._clock()
             for name, job in topology.jobs.items():
                 self._seen_jobs[name] = (job, now)
@@ -254,7 +278,7 @@ class ServedVersions:
 
     def choose(self, scope: Scope, table: str, client: str = "", hold: Optional[Hold] = None,
                now_ms: Optional[int] = None, refresh: bool = False,
-               cookies: Optional[Mapping[str, str]] = None) -> Choice:
+               cookies: Optional[Mapping[str, str]] = None, wait: bool = True) -> Choice:
         """The version ``table`` is served at for ``client`` in ``scope`` (module docstring), and the client's hold.
 
         :param scope: the request's scope (its prefix).
@@ -265,14 +289,16 @@ class ServedVersions:
         :param refresh: the client reloads a table it holds (never the start of a new query).
         :param cookies: the request's cookies, where the client's hold for the table's group is found when ``hold``
             is None (``hold.cookie_name``).
+        :param wait: False: from memory alone (module docstring).
+        :raises WouldWait: without ``wait``, the choice needs a wait.
         :raises VersionNotFound: the table's group has no consistent version, and this server served none before.
         :raises ZooKeeperUnavailable: ZooKeeper is unreachable and the job graph was never read.
         """
-        name, group = self.group_of(scope, table)
+        name, group = self.group_of(scope, table, wait)
         if name is None or group is None:
             return Choice(table, None, None)
         if scope.pin is not None:
-            version, stale = self._pinned(group, scope.pin)
+            version, stale = self._pinned(group, scope.pin, wait)
             return Choice(name, group, version, stale)
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         key = (client, scope.prefix, group)
@@ -281,7 +307,7 @@ class ServedVersions:
         if hold is None:
             with self._held_lock:
                 hold = self._held.get(key)
-        version, stale, hold = self._for_client(group, name, hold, now_ms, refresh)
+        version, stale, hold = self._for_client(group, name, hold, now_ms, refresh, wait)
         self._remember(key, hold)
         return Choice(name, group, version, stale, hold)
 
@@ -308,18 +334,18 @@ class ServedVersions:
                 self._held.popitem(last=False)
 
     def _for_client(self, group: frozenset[str], table: str, hold: Optional[Hold], now_ms: int, refresh: bool,
-                    ) -> tuple[ConsistentVersion, bool, Optional[Hold]]:
+                    wait: bool) -> tuple[ConsistentVersion, bool, Optional[Hold]]:
         """The version a client holding ``hold`` gets for ``table`` at ``now_ms``, whether it is stale, and the
         client's new hold."""
         bit = table_bit(group, table)
         if hold is not None and self.rule.continues(hold, bit, now_ms, refresh):
-            held, stale = self._exactly(group, hold.epoch, self._newest.get(group))
+            held, stale = self._exactly(group, hold.epoch, self._newest.get(group), wait)
             if held is not None:
                 return held, stale, hold.loaded(now_ms, bit)
             hold = None  # not a version of this group: no floor either
-        version, stale = self._newest_of(group)  # a new query: the newest version, never below the client's hold
+        version, stale = self._newest_of(group, wait)  # a new query: the newest version, never below the client's
         if hold is not None and version.epoch is not None and version.epoch < hold.epoch:
-            held, held_stale = self._exactly(group, hold.epoch, version)  # this server is behind the client's
+            held, held_stale = self._exactly(group, hold.epoch, version, wait)  # this server is behind the client's
             if held is not None:
                 version, stale = held, held_stale
         return version, stale, (Hold.taken(version.epoch, now_ms, bit) if version.epoch is not None else None)
@@ -346,15 +372,17 @@ class ServedVersions:
                 epochs.append(version.epoch)
         return Pin(PinKind.AT_OR_BEFORE, max(epochs, default=int(time.time() * 1000)))
 
-    def _newest_of(self, group: frozenset[str]) -> tuple[ConsistentVersion, bool]:
+    def _newest_of(self, group: frozenset[str], wait: bool = True) -> tuple[ConsistentVersion, bool]:
         """The group's newest consistent version, never older than one served before; stale when from memory."""
-        with self._group_lock(group):
+        with taken(self._group_lock(group), wait):
             previous = self._newest.get(group)
             try:
-                version, stale = self._resolve(group, None), False
+                version, stale = self._resolve(group, None, wait), False
             except (ZooKeeperUnavailable, ZooKeeperRebuilt):
                 if previous is not None:
                     return previous, True
+                if not wait:
+                    raise WouldWait from None
                 version, stale = self._iceberg.resolve(sorted(group)), True
             except VersionNotFound:
                 if previous is None:
@@ -367,17 +395,19 @@ class ServedVersions:
             self._keep_exact(group, version)
             return version, stale
 
-    def _exactly(self, group: frozenset[str], epoch: int, newest: Optional[ConsistentVersion],
+    def _exactly(self, group: frozenset[str], epoch: int, newest: Optional[ConsistentVersion], wait: bool = True,
                  ) -> tuple[Optional[ConsistentVersion], bool]:
         """The group's version at exactly ``epoch`` (a hold's), None when the group does not hold it (a hold from
         another deployment, or made up); stale when read from Iceberg alone.
 
         :param newest: the group's newest version here: a hold newer than it was served by a replica whose tidemarks
             are ahead of this one's, so the tidemarks are read from ZooKeeper rather than this process's cache."""
-        with self._group_lock(group):
+        with taken(self._group_lock(group), wait):
             found = self._exact.get((group, epoch))
             if found is not None:
                 return found, False
+            if not wait:
+                raise WouldWait
             tables = sorted(group)
             try:
                 version, stale = self._resolve(group, Pin(PinKind.EXACT, epoch)), False
@@ -405,25 +435,30 @@ class ServedVersions:
             self._exact.clear()
         self._exact[(group, version.epoch)] = version
 
-    def _pinned(self, group: frozenset[str], pin: Pin) -> tuple[ConsistentVersion, bool]:
-        with self._group_lock(group):
+    def _pinned(self, group: frozenset[str], pin: Pin, wait: bool = True) -> tuple[ConsistentVersion, bool]:
+        with taken(self._group_lock(group), wait):
             try:
-                return self._resolve(group, pin), False
+                return self._resolve(group, pin, wait), False
             except (ZooKeeperUnavailable, ZooKeeperRebuilt):
+                if not wait:
+                    raise WouldWait from None
                 tables = sorted(group)
                 if pin.kind == PinKind.EXACT:
                     return self._iceberg.resolve(tables, as_of=pin.epoch), True
                 return _at_or_before(self._iceberg, tables, pin.epoch, {}), True
 
-    def _resolve(self, group: frozenset[str], pin: Optional[Pin]) -> ConsistentVersion:
-        """One resolution through ZooKeeper, remembered until a tidemark moves."""
+    def _resolve(self, group: frozenset[str], pin: Optional[Pin], wait: bool = True) -> ConsistentVersion:
+        """One resolution through ZooKeeper, remembered until a tidemark moves; without ``wait``, only a remembered
+        one (else ``WouldWait``)."""
         resolver, cache = self._resolver, self._cache  # this session's, whatever another thread finds ended meanwhile
-        if self._live_session() is None or resolver is None or cache is None:
+        if self._live_session(wait) is None or resolver is None or cache is None:
             raise ZooKeeperUnavailable("ZooKeeper is unreachable")
         key = (group, pin, cache.generation)
         found = self._resolved.get(key)
         if found is not None:
             return found
+        if not wait:
+            raise WouldWait
         tables = sorted(group)
         if pin is None:
             version = resolver.resolve(tables)
@@ -492,4 +527,4 @@ def _at_or_before(resolver: Resolver, tables: list[str], cap: int, marks: Mappin
                           "tables' Iceberg records and the retained versions (`tidemark versions`) start later")
 
 
-__all__ = ["Choice", "ServedVersions"]
+__all__ = ["Choice", "ServedVersions", "WouldWait"]

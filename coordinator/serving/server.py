@@ -17,7 +17,8 @@ lets any replica continue the client's query) and, while ZooKeeper is unreachabl
 zookeeper-unreachable``.
 
 Storage: a table's ``config`` carries the backing catalog's object-store settings (endpoint, region, path style;
-``storage_config``). Its credentials (keys, tokens) go only to a client that authenticated and asked for them
+``storage_config``). Credentials (``credentials.py``: by default short-lived read-only STS ones for the table's files,
+the catalog's own keys only with ``Vending.STATIC``) go only to a client that authenticated and asked for them
 (``X-Iceberg-Access-Delegation: vended-credentials``), or to anyone when the operator said so
 (``vend_credentials_to_anyone``): with no authentication configured, no secret leaves the server by default.
 
@@ -56,11 +57,13 @@ from pyiceberg.catalog.rest import (
     TableResponse,
 )
 from pyiceberg.catalog.rest.response import TokenResponse
+from pyiceberg.catalog.rest.scan_planning import StorageCredential
 
 from coordinator.errors import (
     ConfigurationError,
     InvalidArgument,
     InvalidName,
+    StorageError,
     TableNotFound,
     VersionNotFound,
     ZooKeeperUnavailable,
@@ -70,12 +73,13 @@ from coordinator.iceberg.catalog_properties import java_properties
 from coordinator.iceberg.snapshots import WRITER_PROPERTY
 from coordinator.serving.asgi import build_app, run_server
 from coordinator.serving.auth import TOKEN_LIFETIME_S, ServerAuth
+from coordinator.serving.credentials import CredentialVending
 from coordinator.serving.hold import cookie_name
 from coordinator.serving.limits import DEFAULT_MAX_CONNECTIONS
 from coordinator.serving.rest_errors import OAuthError, RestError, first_line
 from coordinator.serving.scope import Scope
 from coordinator.serving.served_metadata import served_metadata
-from coordinator.serving.served_versions import Choice, ServedVersions
+from coordinator.serving.served_versions import Choice, ServedVersions, WouldWait
 
 if TYPE_CHECKING:
     import uvicorn
@@ -124,6 +128,7 @@ class CatalogServer:
     :param storage_config: hand engines the backing catalog's object-store settings with each table.
     :param vend_credentials_to_anyone: hand its credentials too, to every client, authenticated or not (with no
         authentication configured, the only way any client gets them).
+    :param credentials: what credentials are vended (default: read-only STS ones for the table's files).
     :param max_connections: open connections at most: a request beyond them is answered 503.
     :raises OSError: the address cannot be listened on.
     """
@@ -133,13 +138,16 @@ class CatalogServer:
     registry: CollectorRegistry
     storage_config: bool
     vend_credentials_to_anyone: bool
+    credentials: CredentialVending
 
     def __init__(self, served: ServedVersions, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  auth: Optional[ServerAuth] = None, tls: Optional[ssl.SSLContext] = None,
                  storage_config: bool = True, vend_credentials_to_anyone: bool = False,
+                 credentials: Optional[CredentialVending] = None,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
         self.served, self.auth, self.storage_config = served, auth or ServerAuth(), storage_config
         self.vend_credentials_to_anyone = vend_credentials_to_anyone
+        self.credentials = credentials or CredentialVending()
         self.registry = CollectorRegistry()
         self.requests = Counter("tidemark_serve_requests", "Requests answered, by route and HTTP status",
                                 ["route", "status"], registry=self.registry)
@@ -219,12 +227,14 @@ class CatalogServer:
         return self.storage_config and (self.vend_credentials_to_anyone or (authenticated and asked))
 
     def credentials_go_to(self) -> str:
-        """Who ``vends_credentials`` hands them to, in words (the start-up line says it)."""
+        """Who ``vends_credentials`` hands them to, and which, in words (the start-up line says it)."""
         if not self.storage_config:
             return "nobody (--no-storage-config)"
         if self.vend_credentials_to_anyone:
-            return "anyone (--unsafe-vend-credentials-to-anyone)"
-        return "authenticated clients that ask" if self.auth.required else "nobody (no authentication)"
+            return f"anyone (--unsafe-vend-credentials-to-anyone): {self.credentials.describe()}"
+        if not self.auth.required:
+            return "nobody (no authentication)"
+        return f"authenticated clients that ask: {self.credentials.describe()}"
 
     # -- the backing catalog, shared by the worker threads --------------------------------
 
@@ -261,15 +271,18 @@ class CatalogServer:
 
     # -- routes ---------------------------------------------------------------------------
 
-    def config(self, warehouse: Optional[str]) -> Encoded:
+    def config(self, warehouse: Optional[str], wait: bool = True) -> Encoded:
         """``GET /v1/config``: the read endpoints, and the warehouse's scope as the ``prefix`` override, a
         ``@pinned`` scope pinned at the version newest now.
 
         :param warehouse: the client's warehouse (its query parameter, else the URI's ``/w/<warehouse>``), if any.
+        :param wait: False: from memory alone (``WouldWait`` for a ``@pinned`` scope, pinned by a resolution).
         :raises RestError: 400 for a warehouse outside the grammar (``scope.py``); 503 for ``@pinned`` when
             ZooKeeper is unreachable and the job graph was never read.
         """
         scope = _scope_from_warehouse(warehouse)
+        if scope.pinned_at_config and not wait:
+            raise WouldWait
         if scope.pinned_at_config:
             scope = scope.with_pin(self._unavailable_as_503(lambda: self.served.pin_now(scope)))
         response = ConfigResponse(defaults={}, overrides={"prefix": scope.prefix}, endpoints=READ_ENDPOINTS)
@@ -334,18 +347,21 @@ class CatalogServer:
 
     def table(self, prefix: str, namespace: str, name: str, client: str, snapshots: Optional[str] = None,
               arrived_ms: Optional[int] = None, refresh: bool = False, cookies: Optional[Mapping[str, str]] = None,
-              vended: bool = False) -> tuple[Encoded, dict[str, str], Choice]:
+              vended: bool = False, wait: bool = True) -> tuple[Encoded, dict[str, str], Choice]:
         """The table's LoadTableResult at its served version, its headers (``Tidemark-*``, and ``Set-Cookie`` with the
         client's hold), and the choice made.
 
         :param cookies: the cookies the client sent: its hold for the table's group among them (``hold.py``).
         :param vended: the object store's credentials go with the table (``vends_credentials``).
+        :param wait: False: from memory alone, on the event loop: ``WouldWait`` where the answer needs a resolution,
+            a catalog load or a lock another request holds (then ask again in a worker thread).
 
         A served version's answer is kept ``SERVED_TTL_S`` (``_kept``): the snapshots it shows never change, only what
         the backing catalog may change beside them (properties, schema, tags) is up to twice that late."""
         scope = _scope_from_prefix(prefix)
         identifier = f"{_dotted(namespace)}.{name}"
-        choice = self._unavailable_as_503(lambda: self._choose(scope, identifier, client, arrived_ms, refresh, cookies))
+        choice = self._unavailable_as_503(lambda: self._choose(scope, identifier, client, arrived_ms, refresh, cookies,
+                                                               wait))
         headers: dict[str, str] = {}
         version = choice.version
         if not choice.passthrough and version is not None and version.epoch is not None:
@@ -356,20 +372,23 @@ class CatalogServer:
             self.stale.inc()
         refs_only = snapshots == "refs"
         if choice.passthrough:
+            if not wait:
+                raise WouldWait
             return self._load_table(identifier, choice, refs_only, vended), headers, choice
         key = (identifier, choice.snapshot_id, refs_only, vended)
-        body = self._kept(key, lambda: self._load_table(identifier, choice, refs_only, vended))
+        body = self._kept(key, lambda: self._load_table(identifier, choice, refs_only, vended), wait)
         hold = self.served.answered(scope, client, choice)
         if hold is not None and choice.group is not None:
             headers["Set-Cookie"] = (f"{cookie_name(scope.prefix, choice.group)}={hold.encode()}; Path=/; "
                                      f"Max-Age={HOLD_COOKIE_AGE_S}; HttpOnly")
         return body, headers, choice
 
-    def _kept(self, key: _BodyKey, load: Callable[[], Encoded]) -> Encoded:
+    def _kept(self, key: _BodyKey, load: Callable[[], Encoded], wait: bool = True) -> Encoded:
         """The answer kept for ``key``, else ``load()``'s, kept ``SERVED_TTL_S``. One load per answer: the clients
         asking meanwhile wait for it (a new version's herd), up to ``LOAD_WAIT_S``, then load it themselves. An
         answer expired less than ``SERVED_TTL_S`` ago is still given while one worker loads it again behind it, so a
-        table read all the time never makes a client wait for the backing catalog, only a new version does."""
+        table read all the time never makes a client wait for the backing catalog, only a new version does. Without
+        ``wait``, ``WouldWait`` where a client would wait or load."""
         waited_out = False
         while True:
             with self._bodies_lock:
@@ -384,6 +403,8 @@ class CatalogServer:
                         threading.Thread(target=self._reload, args=(key, load), daemon=True,
                                          name="tidemark-serve-reload").start()
                     return kept[1]
+                if not wait:
+                    raise WouldWait
                 owner = loading is None
                 if owner:
                     self._loading[key] = threading.Event()
@@ -435,9 +456,21 @@ class CatalogServer:
             referenced = {ref.snapshot_id for ref in metadata.refs.values()}
             metadata = metadata.model_copy(update={"snapshots": [s for s in metadata.snapshots
                                                                  if s.snapshot_id in referenced]})
-        config = storage_config(table.io.properties, with_credentials=vended) if self.storage_config else {}
+        config = storage_config(table.io.properties) if self.storage_config else {}
+        credentials: list[StorageCredential] = []
+        if vended:
+            try:
+                vended_keys = self.credentials.for_table(table.io.properties, metadata.location)
+            except StorageError as exc:
+                log.warning("tidemark serve: %s", first_line(exc))
+                raise RestError(503, "ServiceUnavailableException", first_line(exc)) from None
+            # The spec's storage-credentials (for the table's files: DuckDB scopes its secret by them), and the
+            # config too, where engines that predate them look.
+            config.update(vended_keys)
+            if vended_keys:
+                credentials.append(StorageCredential(prefix=metadata.location, config={**config, **vended_keys}))
         response = TableResponse(**{"metadata-location": table.metadata_location, "metadata": metadata,
-                                    "config": config})
+                                    "config": config, "storage-credentials": credentials})
         return Encoded(response.model_dump_json().encode())
 
     def token(self, form: Mapping[str, str], authorization: Optional[str]) -> TokenResponse:
@@ -462,9 +495,10 @@ class CatalogServer:
                              issued_token_type="urn:ietf:params:oauth:token-type:access_token")
 
     def _choose(self, scope: Scope, identifier: str, client: str, arrived_ms: Optional[int], refresh: bool,
-                cookies: Optional[Mapping[str, str]]) -> Choice:
+                cookies: Optional[Mapping[str, str]], wait: bool) -> Choice:
         try:
-            return self.served.choose(scope, identifier, client, now_ms=arrived_ms, refresh=refresh, cookies=cookies)
+            return self.served.choose(scope, identifier, client, now_ms=arrived_ms, refresh=refresh, cookies=cookies,
+                                      wait=wait)
         except VersionNotFound as exc:
             # Empty tables are no consistent version either (a derived table may hold a row for an empty source).
             raise RestError(503, "ServiceUnavailableException", f"no consistent version of table {identifier} "

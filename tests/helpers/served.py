@@ -204,9 +204,13 @@ def as_pairs(row: Any) -> tuple[tuple[int, int], tuple[int, int]]:
     return (row[0], row[1]), (row[2], row[3])
 
 
-def duckdb_read(url: str, warehouse: str, secret: str, sql: str) -> tuple[tuple[int, int], tuple[int, int]]:
-    """``sql`` (over the attachment ``served``) in a new DuckDB session that attaches the endpoint: DuckDB keeps the
-    tables an attachment loaded for the attachment's life, so a session is one notebook cell or one job."""
+def duckdb_read(url: str, warehouse: str, secret: str, sql: str,
+                attach_options: str = "AUTHORIZATION_TYPE 'none', ACCESS_DELEGATION_MODE 'none'",
+                ) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``sql`` (over the attachment ``served``) in a new DuckDB session that makes ``secret`` and attaches the
+    endpoint with ``attach_options`` (by default: anonymous, with its own S3 secret, for the endpoint vends no
+    credentials to anonymous clients). DuckDB keeps the tables an attachment loaded for the attachment's life, so a
+    session is one notebook cell or one job."""
     import duckdb
 
     from coordinator.history.readers import DUCKDB_EXTENSIONS, _extension_file
@@ -214,8 +218,7 @@ def duckdb_read(url: str, warehouse: str, secret: str, sql: str) -> tuple[tuple[
         for name in DUCKDB_EXTENSIONS:
             con.execute(f"LOAD '{_extension_file(name, duckdb.__version__)}'")
         con.execute(secret)
-        con.execute(f"ATTACH '{warehouse}' AS served (TYPE iceberg, ENDPOINT '{url}', AUTHORIZATION_TYPE 'none', "
-                    "ACCESS_DELEGATION_MODE 'none')")  # its own S3 secret: the endpoint vends no credentials
+        con.execute(f"ATTACH '{warehouse}' AS served (TYPE iceberg, ENDPOINT '{url}', {attach_options})")
         row = con.sql(sql).fetchone()
     assert row is not None
     return as_pairs(row)
