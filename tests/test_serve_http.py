@@ -18,7 +18,8 @@ from pyiceberg.exceptions import OAuthError
 from sqlalchemy import create_engine, text
 
 from coordinator import CatalogSettings
-from coordinator.serving import asgi
+from coordinator.serving import asgi, served_versions
+from coordinator.serving import server as server_module
 from coordinator.serving.auth import ServerAuth
 from coordinator.serving.served_versions import ServedVersions
 from coordinator.serving.server import CatalogServer
@@ -140,8 +141,13 @@ def test_connections_beyond_the_limit_are_answered_503(serve):
                                         5)) == 200, "a connection once the others closed", 10)
 
 
-def test_health_and_metrics_answer_at_once_while_a_load_hangs_on_the_backing_catalog(serve, zk_connect, tmp_path,
-                                                                                       namespace):
+def test_health_metrics_and_kept_tables_answer_at_once_while_a_load_hangs_on_the_backing_catalog(
+        serve, zk_connect, tmp_path, namespace, monkeypatch):
+    """With its one worker thread held by a load that waits for the catalog, the server still answers its health
+    routes and a table whose answer it keeps (from memory, on the event loop)."""
+    monkeypatch.setattr(asgi, "WORKER_THREADS", 1)
+    monkeypatch.setattr(server_module, "SERVED_TTL_S", 60.0)  # the kept answer outlives a loaded machine's pauses
+    monkeypatch.setattr(served_versions, "TOPOLOGY_TTL_S", 60.0)  # and so does the job graph read
     with PostgresServer() as postgres:
         settings = CatalogSettings(name="pg", uri=postgres.uri, warehouse=f"file://{tmp_path / 'warehouse'}")
         tm = Tidemark.connect(zk_connect)
@@ -150,6 +156,9 @@ def test_health_and_metrics_answer_at_once_while_a_load_hangs_on_the_backing_cat
         lake.root_epoch(lake.up, 1000)
         lake.copy_epoch(1000)
         server = serve(settings)
+        up_namespace, up_name = lake.up.split(".")
+        kept = f"{server.url}/v1/pipeline/namespaces/{up_namespace}/tables/{up_name}"
+        assert json.loads(_get(kept))["metadata"]  # loaded once: its answer is kept
         locker = create_engine(settings.python_catalog_properties()["uri"]).connect()
         try:
             locker.execute(text("BEGIN"))
@@ -161,10 +170,10 @@ def test_health_and_metrics_answer_at_once_while_a_load_hangs_on_the_backing_cat
                                     daemon=True)
             hung.start()
             wait_for(lambda: "tidemark_serve_requests_total" in _get(server.url + "/metrics"), "metrics", 10)
-            for path in ("/healthz", "/readyz", "/metrics"):
+            for url in (server.url + "/healthz", server.url + "/readyz", server.url + "/metrics", kept):
                 started = time.monotonic()
-                body = _get(server.url + path)
-                assert time.monotonic() - started < QUICK_S and body, path
+                body = _get(url)
+                assert time.monotonic() - started < QUICK_S and body, url
             assert hung.is_alive()  # the load still waits for the catalog
         finally:
             locker.execute(text("ROLLBACK"))
