@@ -331,6 +331,13 @@ def test_tidemark_serve_runs_as_a_scraped_deployment_with_the_reader_identity_an
     monitor = only(secured, "ServiceMonitor")
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics", "http"]
     assert not [d for d in render(chart, {"serve": {"enabled": False}}) if d["metadata"]["name"].endswith("-serve")]
+    on_aws = render(chart, {"serve": {"credentials": {"stsRoleArn": "arn:aws:iam::1:role/reader",
+                                                      "stsDurationSeconds": 900}}})
+    (container,) = only(on_aws, "Deployment", f"{FULLNAME}-serve")["spec"]["template"]["spec"]["containers"]
+    assert container["args"][5:] == ["--sts-role-arn", "arn:aws:iam::1:role/reader", "--sts-duration", "900"]
+    static = render(chart, {"serve": {"credentials": {"vend": "static"}}})
+    (container,) = only(static, "Deployment", f"{FULLNAME}-serve")["spec"]["template"]["spec"]["containers"]
+    assert container["args"][5:] == ["--vend-credentials", "static"]
 
 
 def test_bundled_zookeeper_with_auth_and_an_inline_job_script(chart):
