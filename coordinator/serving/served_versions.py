@@ -67,7 +67,7 @@ class WouldWait(Exception):
 
 
 @contextmanager
-def taken(lock: threading.Lock | threading.RLock, wait: bool) -> Iterator[None]:
+def _taken(lock: threading.Lock | threading.RLock, wait: bool) -> Iterator[None]:
     """``with lock``; without ``wait``, ``WouldWait`` at once when another thread holds it."""
     if not lock.acquire(blocking=wait):
         raise WouldWait
@@ -219,7 +219,7 @@ class ServedVersions:
     def topology(self, wait: bool = True) -> Topology:
         """The job graph, read again at most every ``TOPOLOGY_TTL_S``; the last one read while ZooKeeper is
         unreachable. Without ``wait``, ``WouldWait`` when it is to be read again."""
-        with taken(self._graph_lock, wait):
+        with _taken(self._graph_lock, wait):
             now = self._clock()
             tm = self._live_session(wait)
             if tm is not None and now - self._topology_read >= TOPOLOGY_TTL_S:
@@ -263,7 +263,7 @@ class ServedVersions:
         """The job graph with every job seen in it during the last ``FORGET_JOBS_S``: while ZooKeeper's state is lost
         and the jobs register again one by one, their tables keep their groups (never served as they are)."""
         topology = self.topology(wait)
-        with taken(self._graph_lock, wait):
+        with _taken(self._graph_lock, wait):
             now = self._clock()
             for name, job in topology.jobs.items():
                 self._seen_jobs[name] = (job, now)
@@ -343,7 +343,7 @@ class ServedVersions:
             if held is not None:
                 return held, stale, hold.loaded(now_ms, bit)
             hold = None  # not a version of this group: no floor either
-        version, stale = self._newest_of(group, wait)  # a new query: the newest version, never below the client's
+        version, stale = self._newest_of(group, wait)  # a new query: the newest, never below the client's hold
         if hold is not None and version.epoch is not None and version.epoch < hold.epoch:
             held, held_stale = self._exactly(group, hold.epoch, version, wait)  # this server is behind the client's
             if held is not None:
@@ -374,7 +374,7 @@ class ServedVersions:
 
     def _newest_of(self, group: frozenset[str], wait: bool = True) -> tuple[ConsistentVersion, bool]:
         """The group's newest consistent version, never older than one served before; stale when from memory."""
-        with taken(self._group_lock(group), wait):
+        with _taken(self._group_lock(group), wait):
             previous = self._newest.get(group)
             try:
                 version, stale = self._resolve(group, None, wait), False
@@ -402,7 +402,7 @@ class ServedVersions:
 
         :param newest: the group's newest version here: a hold newer than it was served by a replica whose tidemarks
             are ahead of this one's, so the tidemarks are read from ZooKeeper rather than this process's cache."""
-        with taken(self._group_lock(group), wait):
+        with _taken(self._group_lock(group), wait):
             found = self._exact.get((group, epoch))
             if found is not None:
                 return found, False
@@ -436,7 +436,7 @@ class ServedVersions:
         self._exact[(group, version.epoch)] = version
 
     def _pinned(self, group: frozenset[str], pin: Pin, wait: bool = True) -> tuple[ConsistentVersion, bool]:
-        with taken(self._group_lock(group), wait):
+        with _taken(self._group_lock(group), wait):
             try:
                 return self._resolve(group, pin, wait), False
             except (ZooKeeperUnavailable, ZooKeeperRebuilt):

@@ -367,9 +367,6 @@ class CatalogServer:
         if not choice.passthrough and version is not None and version.epoch is not None:
             headers["Tidemark-Epoch"] = str(version.epoch)
             headers["Tidemark-Version-Age-Ms"] = str(max(0, int(time.time() * 1000) - version.epoch))
-        if choice.stale:
-            headers["Tidemark-Stale"] = "zookeeper-unreachable"
-            self.stale.inc()
         refs_only = snapshots == "refs"
         if choice.passthrough:
             if not wait:
@@ -377,6 +374,9 @@ class CatalogServer:
             return self._load_table(identifier, choice, refs_only, vended), headers, choice
         key = (identifier, choice.snapshot_id, refs_only, vended)
         body = self._kept(key, lambda: self._load_table(identifier, choice, refs_only, vended), wait)
+        if choice.stale:  # counted once the answer is at hand (not for an attempt from memory that would wait)
+            headers["Tidemark-Stale"] = "zookeeper-unreachable"
+            self.stale.inc()
         hold = self.served.answered(scope, client, choice)
         if hold is not None and choice.group is not None:
             headers["Set-Cookie"] = (f"{cookie_name(scope.prefix, choice.group)}={hold.encode()}; Path=/; "
