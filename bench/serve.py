@@ -24,7 +24,7 @@ pipeline of two jobs (``up`` and ``down``, which copies it) with a history of ep
 ``--race`` measures the switch race instead: while both jobs take epochs back to back, each engine runs queries over
 both tables through three endpoints: the switch rule off (``--query-gap-ms 0``, every load gets the newest version),
 the default rule, and a pinned session (``warehouse=pipeline@pinned``); it prints how many queries saw two versions
-(their two tables disagree). DuckDB and Trino (``--trino``) first, ``--reads / 20`` queries each, reading the
+(their two tables disagree). DuckDB and Trino (``--trino``) first, ``--reads / 60`` queries each, reading the
 tables' rows; then pyiceberg, ``--reads`` queries as a two-panel dashboard does (one catalog; a panel of one table,
 then the query), judged by the versions each load was served at, with the served version's age p50/p99 (the
 staleness each rule costs).
@@ -175,7 +175,7 @@ def _switch_race(settings: CatalogSettings, connect: str, url: str, lake, epoch:
         def duckdb(url: str, warehouse: str):
             return lambda: duckdb_read(url, warehouse, secret, two_table_sql("served", *tables))
         _race_line("DuckDB (a session per query: ATTACH, one query)",
-                   {label: duckdb(*endpoint) for label, endpoint in endpoints.items()}, max(1, args.reads // 20))
+                   {label: duckdb(*endpoint) for label, endpoint in endpoints.items()}, max(1, args.reads // 60))
         if args.trino:  # one Trino, a catalog per endpoint
             names = {"rule off": "rule_off", "default rule": "default_rule", "pinned": "pinned"}
             files = {names[label]: served_catalog(served) +
@@ -184,7 +184,7 @@ def _switch_race(settings: CatalogSettings, connect: str, url: str, lake, epoch:
             with TrinoServer(home / "trino", catalogs=files, env=settings.environment()) as trino:
                 _race_line("Trino (a query: both tables loaded while planning)",
                            {label: (lambda c=names[label]: as_pairs(trino.query(two_table_sql(c, *tables))[0]))
-                            for label in endpoints}, max(1, args.reads // 20))
+                            for label in endpoints}, max(1, args.reads // 60))
 
         def dashboard(url: str, warehouse: str):
             """One long-lived catalog refreshing two panels: ``down`` alone, then ``up`` and ``down`` loaded back to
