@@ -211,6 +211,11 @@ def test_storage_credentials_go_only_to_clients_that_authenticate_and_ask(lakeho
     with ServeProcess(settings, zk_chroot, tmp_path_factory.mktemp("unsafe"),
                       "--unsafe-vend-credentials-to-anyone") as unsafe:
         assert loaded(unsafe.url, {})["config"]["s3.session-token"]
+    with ServeProcess(settings, zk_chroot, tmp_path_factory.mktemp("no-role"), "--sts-role-arn",
+                      "arn:aws:iam::000000000000:role/nobody", env={"TIDEMARK_SERVE_TOKENS": TOKEN}) as no_role:
+        with pytest.raises(urllib.error.HTTPError) as unavailable:  # a role the store refuses: no static keys instead
+            loaded(no_role.url, {"Authorization": f"Bearer {TOKEN}", **asks})
+        assert unavailable.value.code == 503 and "--sts-role-arn" in unavailable.value.read().decode()
 
 
 def check_read_only_for(vended: dict[str, str], location: str) -> None:

@@ -10,7 +10,7 @@ RGW serve it; AWS's own without one), signed with the backing catalog's keys (el
 a Kubernetes service account's web identity), with a session policy that allows ``s3:GetObject`` under the table's
 location and ``s3:ListBucket`` of that prefix, nothing else. AWS and Ceph need ``role_arn``; SeaweedFS and MinIO
 assume the caller's own identity without one. The credentials of a location are kept until a quarter of their life
-is left, so an engine's load asks STS at most once per table and ``duration_s / 4 * 3``.
+is left: STS is asked once per table every three quarters of ``duration_s``, not per load.
 
 Failure behaviour: ``for_table`` raises ``StorageError`` saying what to do when the store issues no credentials (no
 STS, a role that may not be assumed, a duration it refuses) or STS is unreachable within ``STS_TIMEOUT_S``; a table

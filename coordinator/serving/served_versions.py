@@ -289,7 +289,8 @@ class ServedVersions:
         :param refresh: the client reloads a table it holds (never the start of a new query).
         :param cookies: the request's cookies, where the client's hold for the table's group is found when ``hold``
             is None (``hold.cookie_name``).
-        :param wait: False: from memory alone (module docstring).
+        :param wait: False: from memory alone (module docstring), and nothing remembered: the caller's
+            ``answered`` remembers the client's hold once the answer is given.
         :raises WouldWait: without ``wait``, the choice needs a wait.
         :raises VersionNotFound: the table's group has no consistent version, and this server served none before.
         :raises ZooKeeperUnavailable: ZooKeeper is unreachable and the job graph was never read.
@@ -308,7 +309,8 @@ class ServedVersions:
             with self._held_lock:
                 hold = self._held.get(key)
         version, stale, hold = self._for_client(group, name, hold, now_ms, refresh, wait)
-        self._remember(key, hold)
+        if wait:  # from memory, the answer may still wait (its load): ``answered`` remembers the hold once it is given
+            self._remember(key, hold)
         return Choice(name, group, version, stale, hold)
 
     def answered(self, scope: Scope, client: str, choice: Choice, now_ms: Optional[int] = None) -> Optional[Hold]:
