@@ -17,7 +17,8 @@ The steps, in the order an epoch reaches them:
 - ``precommitted``: the staged snapshots are recorded, nothing published;
 - ``published-one``: the first sink is published (with several sinks, the others are not yet);
 - ``committed``: the ZooKeeper commit is done, the Iceberg committed-epoch marks are not;
-- ``idle-commit``: an idle epoch's ZooKeeper commit is done, its Iceberg marks are not.
+- ``idle-commit``: an idle epoch's ZooKeeper commit is done, its Iceberg marks are not;
+- ``marked``: the committed-epoch marks of a marker round are done (an epoch that marked nothing skips it).
 
 And in a garbage collection:
 
@@ -40,7 +41,7 @@ from coordinator.errors import ConfigurationError
 from coordinator.settings import Settings
 
 ENV = "TIDEMARK_CRASH_AT"
-EPOCH_STEPS = ("begin", "staged", "precommitted", "published-one", "committed", "idle-commit")
+EPOCH_STEPS = ("begin", "staged", "precommitted", "published-one", "committed", "idle-commit", "marked")
 GC_STEPS = ("gc-expired",)
 STEPS = EPOCH_STEPS + GC_STEPS
 

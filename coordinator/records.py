@@ -371,6 +371,10 @@ class TableTidemark(JsonRecord):
     the newest included: a job coalesces barriers, so a table holds exactly the epochs its
     writer committed, not every barrier. A consistent version is an epoch every table of
     the set holds (``holds``), and ``snapshot_at`` names its snapshot with no metadata load.
+    ``read_floor`` is set when the writer resumed from Iceberg after ZooKeeper lost its state: the newest
+    barrier then, at or above every epoch a reader could have seen before the loss. No consistent version of a
+    set holding this table is older than it (``held_epochs``), so no reader steps back; the writer's commits
+    keep it.
     """
 
     table: str
@@ -379,6 +383,7 @@ class TableTidemark(JsonRecord):
     committed_ms: Optional[int] = None
     first_epoch: Optional[int] = None
     recent: tuple[tuple[int, Optional[int]], ...] = ()
+    read_floor: Optional[int] = None
 
     def __post_init__(self) -> None:
         str_field(self.table, "table")
@@ -386,6 +391,7 @@ class TableTidemark(JsonRecord):
         opt_epoch_field(self.first_epoch, "first_epoch")
         opt_int_field(self.snapshot_id, "snapshot_id")
         opt_epoch_field(self.committed_ms, "committed_ms")
+        opt_epoch_field(self.read_floor, "read_floor")
         if isinstance(self.recent, (str, Mapping)):
             raise InvalidArgument(f"recent must be a list of [epoch, snapshot_id] pairs, got {str(self.recent)[:40]}")
         pairs = []
@@ -435,11 +441,12 @@ class TableTidemark(JsonRecord):
             record = object.__new__(TableTidemark)
             for name, value in (("table", self.table), ("epoch", epoch), ("snapshot_id", snapshot_id),
                                 ("committed_ms", committed_ms), ("first_epoch", first),
-                                ("recent", _keep_ordered((*recent, (epoch, snapshot_id))))):
+                                ("recent", _keep_ordered((*recent, (epoch, snapshot_id)))),
+                                ("read_floor", self.read_floor)):
                 object.__setattr__(record, name, value)
             return record
         return TableTidemark(self.table, epoch, snapshot_id, committed_ms, first,
-                             (*self.recent, (epoch, snapshot_id)))
+                             (*self.recent, (epoch, snapshot_id)), self.read_floor)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as JSON values, ``recent`` as ``[epoch, snapshot_id]`` lists."""
@@ -454,7 +461,8 @@ class TableTidemark(JsonRecord):
         # compact), without the generic encoder's walk of a dict of lists.
         recent = ",".join([f"[{e},{'null' if s is None else s}]" for e, s in self.recent])
         return (f'{{"committed_ms":{_json_int(self.committed_ms)},"epoch":{_json_int(self.epoch)},'
-                f'"first_epoch":{_json_int(self.first_epoch)},"recent":[{recent}],'
+                f'"first_epoch":{_json_int(self.first_epoch)},"read_floor":{_json_int(self.read_floor)},'
+                f'"recent":[{recent}],'
                 f'"snapshot_id":{_json_int(self.snapshot_id)},"table":{json.dumps(self.table)}}}').encode()
 
 

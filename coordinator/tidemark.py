@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Optional
 from coordinator.errors import InvalidName
 from coordinator.protocol.barriers import Barriers
 from coordinator.protocol.leadership import Leadership
-from coordinator.protocol.registry import UnregisterPlan, fence_job, register_job, unregister_job
+from coordinator.protocol.registry import UnregisterPlan, fence_job, register_job, release_tables, unregister_job
 from coordinator.protocol.rest import pause_job, resume_job, retire_job
 from coordinator.protocol.status import STALE_INTERVALS, Status, read_status
 from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
@@ -60,6 +60,12 @@ class Tidemark(ZooKeeperSession):
         """See ``registry.unregister_job``: without ``confirm=True`` it only raises ``UnregisterNotConfirmed``,
         and without a readable catalog ``SinksNotFenced`` (unless ``allow_unfenced=True``)."""
         return unregister_job(self, name, confirm=confirm, catalog=catalog, allow_unfenced=allow_unfenced)
+
+    def release_tables(self, tables: Iterable[str], *, confirm: bool = False,
+                       catalog: Optional[CatalogSettings] = None) -> dict[str, int]:
+        """See ``registry.release_tables``: tables of a job no longer registered, read by their Iceberg records from
+        now on; without ``confirm=True`` nothing changes (the terms it would claim are returned)."""
+        return release_tables(self, tables, catalog, confirm=confirm)
 
     def fence_job(self, name: str, by: str = "operator") -> int:
         """Bump the job's term so its current leader can no longer precommit or commit; returns the new term.

@@ -1,5 +1,6 @@
 """Resolution is the same whether ZooKeeper's records or Iceberg's metadata name the versions, for tables at mixed
-epochs, after GC and after a ZooKeeper wipe (real ZooKeeper, real SQLite catalog, real ``GarbageCollector``).
+epochs, after GC and after a ZooKeeper wipe once the writers are past their read floor (real ZooKeeper, real SQLite
+catalog, real ``GarbageCollector``).
 
 The lake: ``up`` (a root job) takes every barrier and runs two epochs ahead of ``down``, which reads it and
 coalesced over one of its barriers; ``other`` (a root job) holds fewer barriers than ``up`` and one more than
@@ -13,10 +14,14 @@ picks the wrong snapshot of a table, ahead or not, fails even when the other pat
 """
 from __future__ import annotations
 
+import pytest
+
+from coordinator.errors import VersionNotFound
 from coordinator.history.gc import GarbageCollector
 from coordinator.history.resolve import Resolver
 from coordinator.history.retention import RetentionPolicy
 from tests.helpers.mixed_lake import MixedLake
+from tests.helpers.present import present
 from tests.helpers.zookeeper_tree import wipe_zookeeper
 
 
@@ -78,26 +83,37 @@ def test_zookeeper_and_iceberg_resolve_the_same_versions_at_mixed_epochs_after_g
         cache.close()
         lake.close()
 
-    # ZooKeeper loses everything: with no tidemark, a ZooKeeper reader goes by each table's Iceberg records.
+    # ZooKeeper loses everything: a reader with no ZooKeeper goes by each table's Iceberg records; one with it reads
+    # no version until the writers are back (Iceberg may hold less than it read before the loss).
     wipe_zookeeper(zk_server, zk_connect)
     fresh = connect()
     cache = fresh.tidemark_cache()
     warm = Resolver(catalog, catalog_settings, fresh, cache)
     try:
-        assert_same_everywhere(catalog, catalog_settings, lake, warm, loaded, zookeeper_names=False)
+        assert_zookeeper_refuses(catalog, catalog_settings, lake, warm, "did not release them")
 
-        # The writers restart and reseed their jobs from their sinks' Iceberg progress: ZooKeeper names the
-        # snapshots again, the same ones (the cache sees the tidemarks created); and the epochs committed after
-        # the restart agree too.
+        # The writers restart and reseed their jobs from their sinks' Iceberg progress, with a read floor (the
+        # newest barrier then): with ZooKeeper no version below it is read. Above it, at mixed epochs again,
+        # ZooKeeper names the snapshots again and every path agrees.
         lake.open(fresh)
-        assert_same_everywhere(catalog, catalog_settings, lake, warm, loaded, zookeeper_names=True)
-        for epoch in (7000, 8000):
-            lake.root_epoch(up, epoch)
-        lake.copy_epoch(6000)
-        for epoch in (6000, 7000):
-            lake.root_epoch(other, epoch)
-        assert [lake.truth(s).epoch for s in lake.sets()] == [6000, 7000, 6000, 6000]
+        floor = max(present(present(m).read_floor) for m in fresh.tidemarks(lake.tables).values())
+        assert_zookeeper_refuses(catalog, catalog_settings, lake, warm, f"at or after epoch {floor} yet")
+        for epoch in (floor, floor + 1000, floor + 2000, floor + 3000):
+            lake.root_epoch(up, epoch, rows=1)
+        lake.copy_epoch(floor + 1000)                 # coalesced over the floor, which up holds
+        for epoch in (floor + 1000, floor + 2000):
+            lake.root_epoch(other, epoch, rows=1)     # other skips the floor and floor + 3000
+        assert [lake.truth(s).epoch - floor for s in lake.sets()] == [1000, 2000, 1000, 1000]
         assert_same_everywhere(catalog, catalog_settings, lake, warm, loaded, zookeeper_names=True)
     finally:
         cache.close()
         lake.close()
+
+
+def assert_zookeeper_refuses(catalog, settings, lake: MixedLake, warm: Resolver, why: str) -> None:
+    """Every set resolves to its truth from Iceberg alone, and to no version with ZooKeeper (``why`` says so)."""
+    for tables in lake.sets():
+        assert Resolver(catalog, settings, None).resolve(tables) == lake.truth(tables), f"{tables} from Iceberg"
+        for resolver in (Resolver(catalog, settings, warm.tm), warm):
+            with pytest.raises(VersionNotFound, match=why):
+                resolver.resolve(tables)

@@ -13,13 +13,11 @@ same epoch); the checker resolves the ``consistent`` level (the newest epoch eve
 holds, each table at its snapshot of that epoch), reads exactly those snapshots and applies it.
 ``make demo`` and the fault suite (``make test-faults``) both use it.
 
-Every version is checked once per epoch, also one older than a version checked before: the
-plain resolver may answer an older epoch when a table's record moves from ZooKeeper to Iceberg
-(an unregistered writer, a ZooKeeper wipe: Iceberg records an idle epoch once per marker period
-only), or when the newest common epoch drops out of a tidemark's list of recent epochs. That
-older version must be consistent all the same; the step back is counted in ``stepped_back``,
-not a failure (a reader that must never step back uses ``ReaderSession``, which holds on to its
-newest version).
+Every version is checked once per epoch, also one older than a version checked before, which
+the resolver should never answer (a table's record moving from ZooKeeper to Iceberg is covered by
+the release and the read floor, "When ZooKeeper loses its state" in docs/design.md): that older
+version must be consistent all the same, and the step back is counted in ``stepped_back`` for the
+caller to judge (the fault suite fails a run that has one).
 
 Failure behaviour: ``observe`` returns None while no consistent version exists
 (``VersionNotFound``: none yet, or the tables share no epoch right now); every other error of the
@@ -82,7 +80,7 @@ class ConsistencyChecker:
 
     ``checked`` counts the versions read, ``last_checked`` is the epoch of the last one, ``newest`` the newest epoch
     resolved, and ``stepped_back`` each time the resolver answered an epoch older than ``newest``
-    (``(newest, older)``), which is checked all the same and is no failure.
+    (``(newest, older)``), which is checked all the same and is not in ``failures``.
 
     Failure behaviour: a version the invariant rejects is an ``Inconsistency`` in ``failures``, never raised;
     ``observe`` returns None while no consistent version exists (``VersionNotFound``); every other error of the

@@ -212,10 +212,14 @@ class Resolver:
                 raise VersionNotFound(f"epoch {as_of} is before the history of every table in {names}: none had a "
                                       "snapshot then. Ask for a later epoch")
             return ConsistentVersion(as_of, snapshots, level)
+        if as_of is None:
+            self._refuse_unreleased(managed, marks)
         records = _SummaryRecords(self, marks)
         holdings = held_epochs({n: marks[n] for n in managed}, records, self.tm)
         if as_of is None:
             target_or_none = holdings.consistent_epoch()
+            if target_or_none is None and holdings.floor:
+                raise self._below_read_floor(names, epochs, managed, marks, holdings.floor)
             if target_or_none is None:
                 raise self._no_common_epoch(names, epochs, managed, holdings.evidence.first_epoch)
             target = target_or_none
@@ -276,6 +280,31 @@ class Resolver:
             f"epoch {epoch} is not a version of {names}: table {name} does not hold it ({why}); the nearest "
             f"epochs {name} holds are {holds}" + (f"; {retained}" if retained else "") +
             " (`--as-of` takes a tag or an epoch)")
+
+    def _refuse_unreleased(self, managed: list[str], marks: Mapping[str, Optional[TableTidemark]]) -> None:
+        """With ZooKeeper, a Tidemark table with no tidemark is read by its Iceberg records only when its writer
+        released it (``tidemark unregister``). Otherwise ZooKeeper lost its writer's state, and Iceberg may be behind
+        what readers saw (an idle epoch is marked once per marker period): the version waits for the writer to
+        resume, rather than step back."""
+        if self.tm is None:
+            return
+        lost = [n for n in managed if marks[n] is None and not self._summary(n, refresh=False).released]
+        if lost:
+            raise VersionNotFound(
+                f"tables {lost} have no tidemark in ZooKeeper, and their writer did not release them: ZooKeeper lost "
+                "their job's state (a wipe or a rebuilt ensemble), and Iceberg may record less than readers saw. "
+                "Start the job again (it resumes from Iceberg, and the tables are readable once it committed past "
+                "the loss), read without ZooKeeper (`resolve --no-zk`), or, for a job unregistered for good by an "
+                f"earlier Tidemark release, `tidemark release {' '.join(lost)}`")
+
+    def _below_read_floor(self, names: list[str], epochs: Mapping[str, Union[int, str, None]], managed: list[str],
+                          marks: Mapping[str, Optional[TableTidemark]], floor: int) -> VersionNotFound:
+        resuming = sorted(n for n in managed if (m := marks[n]) is not None and m.read_floor == floor)
+        at = ", ".join(f"{n} at {e}" for n, e in sorted(epochs.items()) if n in managed)
+        return VersionNotFound(
+            f"tables {names} have no consistent version at or after epoch {floor} yet ({at}): the jobs of {resuming} "
+            f"resumed from Iceberg after ZooKeeper lost their state, and a version before {floor} could be older "
+            "than one read before the loss. They commit one within an interval or two; `tidemark status` shows them")
 
     def _no_common_epoch(self, names: list[str], epochs: Mapping[str, Union[int, str, None]], managed: list[str],
                          first_epoch: Callable[[str], Optional[int]]) -> VersionNotFound:

@@ -32,6 +32,7 @@ from coordinator.iceberg.snapshots import (
     ancestors,
     carrying_epoch,
     first_epoch_property,
+    is_released,
     marker_epoch,
     marker_progress,
     newest_at_epoch,
@@ -58,6 +59,7 @@ class LineageSummary:
     truncated: bool
     recorded: tuple[tuple[int, Optional[int]], ...]  # ``recorded_epochs()``: (epoch, snapshot id), oldest first
     committed_inputs: Optional[EpochInputs]  # ``inputs_at(committed_epoch)``: where its job read its sources then
+    released: bool  # its writer released it (``is_released``): with no tidemark, its records are complete
 
 
 class EpochLineage:
@@ -146,7 +148,8 @@ class EpochLineage:
         committed = self.committed_epoch
         return LineageSummary(self.table.metadata_location, committed, self.is_tidemark_table,
                               self.first_epoch, self.truncated, self.recorded_epochs(),
-                              None if committed is None else self.inputs_at(committed))
+                              None if committed is None else self.inputs_at(committed),
+                              is_released(self.table.properties))
 
     # -- one snapshot -------------------------------------------------------------------------
 

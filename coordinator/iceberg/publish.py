@@ -55,13 +55,13 @@ from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.metadata_files import delete_unlogged_metadata
 from coordinator.iceberg.snapshots import (
     FIRST_EPOCH_PROPERTY,
+    RELEASED_PROPERTY,
     TERM_PROPERTY,
     WRITER_PROPERTY,
     claimed_term,
     committed_properties,
     snapshot_epoch,
     snapshot_of_epoch,
-    writer_job,
 )
 from coordinator.records import EpochProgress
 
@@ -310,19 +310,23 @@ def advance_committed_epoch(table: Table, progress: EpochProgress, term: int) ->
     return _retry_lost_races(attempt, f"marking epoch {progress.epoch} committed in table {'.'.join(table.name())}")
 
 
-def claim_table(table: Table, job: str, term: int) -> None:
+def claim_table(table: Table, job: str, term: int, release: bool = False) -> None:
     """Record ``job`` as the table's writer and ``term`` as its fencing floor (idempotent).
 
     A new leader calls it before it writes anything: from then on no commit of a lower term
     lands on the table. ``Fenced`` when the table is already claimed by a higher term.
+    ``release``: ``tidemark unregister`` fences the table for good and records that its writer
+    released it (``is_released``; a later leader's claim, at a higher term, undoes that).
     """
+    updates = {WRITER_PROPERTY: job, TERM_PROPERTY: str(term), **({RELEASED_PROPERTY: str(term)} if release else {})}
+
     def attempt() -> None:
         table.refresh()
         recorded = claimed_term(table.properties)
         if recorded > term:
             raise _fenced(table, term)
-        if writer_job(table) == job and recorded == term:
+        if all(table.properties.get(key) == value for key, value in updates.items()):
             return
-        _commit(table, term, (SetPropertiesUpdate(updates={WRITER_PROPERTY: job, TERM_PROPERTY: str(term)}),))
+        _commit(table, term, (SetPropertiesUpdate(updates=updates),))
 
     _retry_lost_races(attempt, f"claiming table {'.'.join(table.name())} for job {job} (term {term})")

@@ -48,6 +48,7 @@ COMMITTED_EPOCH_PROPERTY = "tidemark.committed-epoch"
 FIRST_EPOCH_PROPERTY = "tidemark.first-epoch"
 WRITER_PROPERTY = "tidemark.writer"
 TERM_PROPERTY = "tidemark.term"
+RELEASED_PROPERTY = "tidemark.released-term"  # the term ``tidemark unregister`` fenced the table with
 
 
 WAP_ID_KEY = "wap.id"
@@ -264,6 +265,13 @@ def marker_epoch(table: Table) -> Optional[int]:
         return int(alone)
     marker = marker_progress(table)  # no marker, or not a plain epoch: the record's decoding says which
     return None if marker is None else marker.epoch
+
+
+def is_released(properties: Mapping[str, str]) -> bool:
+    """Whether the table's writer released it (``tidemark unregister``), with no leader claiming it since: its Iceberg
+    records then hold every epoch ZooKeeper committed, and a reader with ZooKeeper may go by them."""
+    released = properties.get(RELEASED_PROPERTY)
+    return released is not None and released == properties.get(TERM_PROPERTY)
 
 
 def writer_job(table: Table) -> Optional[str]:

@@ -148,11 +148,13 @@ class EpochCommitter:
         first = {name for name in self.epochs.sinks if self.epochs.mark(name).first_epoch == record.epoch}
         due = self._marker_due(record.epoch)
         progress = EpochProgress(self.epochs.job, record.epoch, record.term, record.inputs)
-        for name in self.epochs.sinks:
-            if name in first or (due and record.staged.get(name) is None):
-                advance_committed_epoch(self.table(name), progress, self.term)
+        marked = [name for name in self.epochs.sinks if name in first or (due and record.staged.get(name) is None)]
+        for name in marked:
+            advance_committed_epoch(self.table(name), progress, self.term)
         if due:
             self._marked = record.epoch
+        if marked:
+            crash_point("marked")
 
     def _marker_due(self, epoch: int) -> bool:
         """The first epoch of a new ``marker_every_ms`` period since this leader's last round (the first one always)."""

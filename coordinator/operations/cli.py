@@ -349,6 +349,22 @@ def cmd_unregister(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_release(args: argparse.Namespace) -> int:
+    from coordinator.iceberg.catalog import CatalogSettings
+    catalog = CatalogSettings.from_env()
+    with _connect(args, read_only=args.dry_run) as tm:
+        terms = tm.release_tables(args.tables, catalog=catalog)
+        plan = (f"release {', '.join(sorted(terms))}: readers with ZooKeeper will read them by their Iceberg records, "
+                "and their old writer's leaders can no longer commit to them")
+        if not _confirm(args, plan, "release them"):
+            return 0
+        terms = tm.release_tables(args.tables, catalog=catalog, confirm=True)
+    for table, term in sorted(terms.items()):
+        print(f"table {table} released (claimed for term {term}): readers with ZooKeeper read it by its Iceberg "
+              "records")
+    return 0
+
+
 def cmd_rest(args: argparse.Namespace) -> int:
     """``pause``, ``retire`` and ``resume`` (``coordinator.protocol.rest``)."""
     from coordinator.errors import ConfigurationError
@@ -851,6 +867,15 @@ def _add_job_commands(sub: Commands) -> None:
                                  "sinks dropped): only for sinks gone for good, as a still-running leader could "
                                  "commit to them again")
     unregister.set_defaults(func=cmd_unregister)
+
+    release = sub.add_parser("release", help="say that the tables of a job no longer registered are final: readers "
+                                             "with ZooKeeper read them by their Iceberg records",
+                             description="For tables whose job was unregistered by a Tidemark release that did not "
+                                         "record the release (`unregister` does now): until then a reader with "
+                                         "ZooKeeper does not read them, as after a ZooKeeper loss.")
+    release.add_argument("tables", nargs="+", metavar="TABLE", help="a table (namespace.table)")
+    _confirmation(release)
+    release.set_defaults(func=cmd_release)
 
 
 def _add_rest_commands(sub: Commands) -> None:

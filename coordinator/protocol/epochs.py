@@ -158,10 +158,17 @@ class EpochCoordinator:
         return Recovery(RecoveryAction.RECOMPUTE, last, self.last_committed, seeded)
 
     def _seed(self, resume: ResumePoint) -> None:
-        """Write the Iceberg progress back as the job's epoch history (one leader multi)."""
+        """Write the Iceberg progress back as the job's epoch history (one leader multi).
+
+        Iceberg may be behind what ZooKeeper had committed (an idle epoch is marked once per marker period, and
+        the loss may fall between an epoch's ZooKeeper commit and its marks), so every sink's tidemark gets a read
+        floor: the newest barrier now, at or above any epoch committed before the loss. No consistent version
+        below it is read until the job has committed past it ("When ZooKeeper loses its state" in
+        docs/design.md)."""
         p = self.tm.paths
         ops: list[Op] = []
         stamp = self._now()
+        floor = self._grid().floor(stamp)
         committed, in_flight = resume.committed, resume.in_flight
         if committed is not None:
             published = {t: resume.snapshots.get(t) for t in self.sinks}
@@ -170,8 +177,10 @@ class EpochCoordinator:
             ops.append(Create(p.epoch(self.job, committed.epoch), record.to_json()))
             first = resume.first_epoch if resume.first_epoch is not None else committed.epoch
             ops += [SetData(p.tidemark(t), TableTidemark(t, committed.epoch, published[t], stamp, first,
-                                                         resume.recorded.get(t, ())).to_json())
+                                                         resume.recorded.get(t, ()), floor).to_json())
                     for t in self.sinks]
+        else:
+            ops += [SetData(p.tidemark(t), TableTidemark(t, read_floor=floor).to_json()) for t in self.sinks]
         if in_flight is not None:
             record = EpochRecord(epoch=in_flight.epoch, state=EpochState.STARTED, term=self.leadership.leading_term,
                                  inputs=in_flight.inputs or EpochInputs(), updated_ms=stamp)

@@ -3,6 +3,7 @@ consistency rule, in one place. The resolver, garbage collection, ``tidemark sta
 drivers' metrics and pacing all ask it.
 
     newest_common_epoch(marks)                   # from the tidemarks alone: no request (metrics, pacing)
+    read_floor(marks)                            # no consistent epoch of these tables is older
     held = held_epochs(marks, iceberg, tm)       # the tables' epochs and where to look further, built one way
     held.consistent_epoch()                      # the newest epoch they all hold, reaching for the laggard's
     held.place(T)                                # every table's snapshot at epoch T, or the table that lacks it
@@ -11,6 +12,8 @@ drivers' metrics and pacing all ask it.
 **The rule.** A set of managed tables has a consistent version at every epoch each of them holds
 (committed), and the consistent version is the newest such epoch (docs/design.md, "Why reads stay
 consistent"). A table holds exactly the epochs its writer committed, not every barrier: a job coalesces.
+It is never older than the read floor of a table of the set (``read_floor``: set when its writer resumed from
+Iceberg after ZooKeeper lost its state), so no reader steps back behind what it saw before the loss.
 
 What is known of a table's epochs is each a subset of what it holds: its tidemark's list of recent epochs
 (``TableTidemark.recent``), its Iceberg records (``IcebergRecords``: a resolver's summaries, GC's lineages), and,
@@ -44,16 +47,25 @@ def common_epochs(epochs: Iterable[Iterable[int]]) -> set[int]:
     return common or set()
 
 
+def read_floor(marks: Iterable[Optional[TableTidemark]]) -> int:
+    """The oldest epoch a consistent version of ``marks``' tables may be at: the highest of their read floors
+    (``TableTidemark.read_floor``; 0 when none has one)."""
+    return max((m.read_floor for m in marks if m is not None and m.read_floor is not None), default=0)
+
+
 def newest_common_epoch(marks: Iterable[Optional[TableTidemark]]) -> Optional[int]:
-    """The newest epoch every one of ``marks`` lists (None when they share none, or one has none): the rule on the
-    tidemarks alone, which a driver's metrics and a bench sample read from memory."""
+    """The newest epoch every one of ``marks`` lists, at or above their read floor (None when they share none,
+    or one has none): the rule on the tidemarks alone, which a driver's metrics and a bench sample read from
+    memory."""
     lists = []
-    for mark in marks:
+    given = list(marks)
+    for mark in given:
         if mark is None:
             return None
         lists.append(mark.epochs)
     common = common_epochs(lists)
-    return max(common) if common else None
+    newest = max(common) if common else None
+    return newest if newest is not None and newest >= read_floor(given) else None
 
 
 @dataclass
@@ -162,16 +174,19 @@ class HeldEpochs:
     resolver's summaries) shows it holds that epoch too, at the snapshot read, so it is placed there, and its
     newest epoch raised to it, before anything else.
 
+    ``floor``: no consistent epoch is older than it (``read_floor`` of the tables' tidemarks).
+
     Failure behaviour: nothing here raises for a missing record (an epoch record GC'd meanwhile, a table's
     history expired): that evidence is absent and an older common epoch, or none, is the answer. ZooKeeper and
     catalog errors propagate from the callbacks and reads as the callers raise them.
     """
 
     def __init__(self, held: Mapping[str, Mapping[int, Optional[int]]], newest: Mapping[str, Optional[int]],
-                 evidence: Optional[Evidence] = None) -> None:
+                 evidence: Optional[Evidence] = None, floor: int = 0) -> None:
         self.held: Held = {name: dict(epochs) for name, epochs in held.items()}
         self.newest = dict(newest)
         self.evidence = evidence if evidence is not None else Evidence()
+        self.floor = floor
         self._recorded: dict[str, Mapping[int, Optional[int]]] = {}  # ``Evidence.recorded``, asked once per table
 
     def common(self) -> set[int]:
@@ -190,18 +205,20 @@ class HeldEpochs:
         newest epoch already common: one pipelined ZooKeeper read for all of them, and at most one table metadata
         load per epoch tried and table that records it. A slow job downstream of a fast one records the fast
         table's snapshot at every epoch it takes, so across cadences ZooKeeper and Iceberg alone both find ``L``.
+        Nothing below ``floor`` is an answer.
         """
         if not self.held or any(e is None for e in self.newest.values()):
             return None
         self._place_newest_reads()
-        common = self.common()
+        common = {e for e in self.common() if e >= self.floor}
         newest_common = max(common) if common else None
         laggard = min(e for e in self.newest.values() if e is not None)
+        if laggard < self.floor:
+            return None
         if newest_common == laggard:
             return laggard
-        candidates = sorted({e for h in self.held.values() for e in h
-                             if e <= laggard and (newest_common is None or e > newest_common)} | {laggard},
-                            reverse=True)[:PLACE_TRIES]
+        candidates = sorted({e for h in self.held.values() for e in h if self.floor <= e <= laggard and (
+            newest_common is None or e > newest_common)} | {laggard}, reverse=True)[:PLACE_TRIES]
         records = self.evidence.epoch_records(self.held, candidates)
         for epoch in candidates:
             if self._placed(epoch, records).missing is None:
@@ -329,8 +346,9 @@ def held_epochs(marks: Mapping[str, Optional[TableTidemark]], iceberg: Optional[
         if mark is not None and mark.first_epoch is not None:
             return mark.first_epoch
         return iceberg.first_epoch(name) if iceberg is not None and name in marks else None
+    floor = read_floor(marks.values())
     if iceberg is None:
-        return HeldEpochs(held, newest, Evidence(tm, writers, first_epoch=first_epoch))
+        return HeldEpochs(held, newest, Evidence(tm, writers, first_epoch=first_epoch), floor)
     records = iceberg
 
     def recorded(name: str) -> Mapping[int, Optional[int]]:  # a table with a tidemark: Iceberg may reach further
@@ -339,8 +357,9 @@ def held_epochs(marks: Mapping[str, Optional[TableTidemark]], iceberg: Optional[
     def newest_inputs(name: str) -> Optional[EpochInputs]:  # a table without: what it read at its newest epoch
         epoch = newest.get(name)
         return None if marks.get(name) is not None or epoch is None else records.inputs_at(name, epoch)
-    return HeldEpochs(held, newest, Evidence(tm, writers, recorded, records.inputs_at, newest_inputs, first_epoch))
+    return HeldEpochs(held, newest, Evidence(tm, writers, recorded, records.inputs_at, newest_inputs, first_epoch),
+                      floor)
 
 
 __all__ = ["PLACE_TRIES", "Evidence", "HeldEpochs", "IcebergRecords", "Placement", "common_epochs", "held_epochs",
-           "newest_common_epoch"]
+           "newest_common_epoch", "read_floor"]

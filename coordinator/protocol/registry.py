@@ -296,7 +296,8 @@ def _fence_in_iceberg(tm: ZooKeeperSession, plan: UnregisterPlan, fence: int, ca
     none of its leaders (a paused one included) can commit there any more, and the terms of the next
     registration start above it. Then record in each sink the newest epoch ZooKeeper committed, which
     its committed-epoch marker may lack: once ZooKeeper's tidemarks are gone, Iceberg is what readers
-    and the next registration go by, and it must not be behind what readers already saw."""
+    and the next registration go by, and it must not be behind what readers already saw. Last, the
+    release: readers with ZooKeeper go by Iceberg alone only for a released table (``is_released``)."""
     from coordinator.errors import Fenced
     from coordinator.iceberg.publish import advance_committed_epoch, claim_table
     for table in _sink_tables(plan.record, catalog).values():
@@ -304,8 +305,46 @@ def _fence_in_iceberg(tm: ZooKeeperSession, plan: UnregisterPlan, fence: int, ca
             claim_table(table, plan.job, fence)
             if plan.committed is not None:
                 advance_committed_epoch(table, plan.committed, fence)
+            claim_table(table, plan.job, fence, release=True)
         except Fenced:
             pass  # already claimed by a higher term: fenced as well, and that registration's leader marks it
+
+
+def release_tables(tm: ZooKeeperSession, tables: Iterable[str], catalog: Optional[CatalogSettings] = None,
+                   confirm: bool = False) -> dict[str, int]:
+    """Record that the writer of each of ``tables``, a job this tree no longer registers, released it for good, as
+    ``unregister_job`` does for the sinks of a registered job: a reader with ZooKeeper then reads the table by its
+    Iceberg records (``is_released``), and no leader of that job's earlier terms can commit there any more (the
+    table is claimed for a term above them; a registration of the job again takes a higher one). For tables whose
+    job was unregistered by a Tidemark release that did not record the release. Returns each table's new term;
+    without ``confirm`` it changes nothing and returns the terms it would claim.
+
+    :raises RegistrationError: a table is written by a job registered here (``tidemark unregister`` it), or no
+        Tidemark job ever wrote it.
+    :raises TableNotFound: a table is not in the catalog.
+    """
+    from coordinator.iceberg.catalog import CatalogSettings, load_table
+    from coordinator.iceberg.publish import claim_table
+    from coordinator.iceberg.snapshots import claimed_term, is_released, writer_job
+    names = sorted(set(validate_names(tables, "table name")))
+    writers = read_topology(tm).writers
+    registered = {n: writers[n] for n in names if n in writers}
+    if registered:
+        raise RegistrationError(f"tables {sorted(registered)} are written by registered jobs "
+                                f"{sorted(set(registered.values()))}: `tidemark unregister` the job instead, which "
+                                "records the newest epoch ZooKeeper committed before it releases its tables")
+    settings = catalog or CatalogSettings.from_env()
+    loaded = settings.load()
+    found = {n: load_table(loaded, settings, n) for n in names}
+    jobs = {n: job for n, t in found.items() if (job := writer_job(t)) is not None}
+    unwritten = sorted(set(names) - set(jobs))
+    if unwritten:
+        raise RegistrationError(f"no Tidemark job ever claimed tables {unwritten}: there is nothing to release")
+    terms = {n: claimed_term(t.properties) + (0 if is_released(t.properties) else 1) for n, t in found.items()}
+    if confirm:
+        for name, table in found.items():
+            claim_table(table, jobs[name], terms[name], release=True)
+    return terms
 
 
 def _refuse_live_leader(tm: ZooKeeperSession, name: str) -> None:

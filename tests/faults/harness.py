@@ -51,11 +51,9 @@ from coordinator import CatalogSettings, EmbeddedZooKeeper, EpochRecord, EpochSt
 from coordinator.history.checker import ConsistencyChecker, Inconsistency, exactly_once
 from coordinator.history.resolve import Resolver
 from coordinator.iceberg.snapshots import EPOCH_KEY, TERM_KEY
-from coordinator.job.commit import DEFAULT_MARKER_EVERY
 from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from coordinator.operations.zookeeper_server import free_port
 from coordinator.protocol.held_epochs import newest_common_epoch
-from coordinator.protocol.pacing import parse_every
 from coordinator.records import LeaderRecord, now_ms
 from tests.faults.cascade import JOBS, SRC_SCHEMA, Tables, counts_of, invariant
 from tests.helpers.lakehouse_data import lakehouse_data_dir
@@ -65,8 +63,6 @@ from tests.helpers.served import ServedReader, ServeProcess, own_storage
 from tests.helpers.skewclock import SkewedClock
 from tests.helpers.wait import wait_for
 from tests.helpers.zookeeper_tree import delete_tree, rebuild_server
-
-DEFAULT_MARKER_EVERY_MS = parse_every(DEFAULT_MARKER_EVERY) or 0
 
 log = logging.getLogger("faults")
 REPO = Path(__file__).resolve().parents[2]
@@ -279,7 +275,6 @@ class Cascade:
         self.produced: list[tuple[int, str]] = []
         self.last_append_ms = 0
         self.errors: list[str] = []
-        self.wipe_floor: Optional[int] = None  # after a wipe, no consistent read may be older than this
         self._stop = threading.Event()
         self._stop_producing = threading.Event()
         self._lock = threading.Lock()
@@ -435,26 +430,18 @@ class Cascade:
     def wipe_zookeeper(self) -> None:
         """Delete the run's whole ZooKeeper tree (what rebuilding an ensemble or a new chroot amounts to).
 
-        The newest epochs then exist only in ZooKeeper's lost records when they were idle: Iceberg records an
-        idle epoch once per ``marker_every`` (a minute), so consistent reads may step back by up to that
-        (docs/design.md), never further: the checker's history restarts at the wipe, above that floor."""
-        self._allow_step_back()
+        The newest epochs then exist only in ZooKeeper's lost records when they were idle (Iceberg records an
+        idle epoch once per ``marker_every``, a minute), yet no consistent read may step back: the checker keeps
+        its history across the wipe (docs/design.md, "When ZooKeeper loses its state")."""
         delete_tree(self.hosts, self.chroot)
-
-    def _allow_step_back(self) -> None:
-        """ZooKeeper's records are lost: the checker's history restarts, above the floor a wipe allows."""
-        checker = self.checker
-        if checker is not None and checker.newest is not None:
-            self.wipe_floor = max(self.wipe_floor or 0, checker.newest - DEFAULT_MARKER_EVERY_MS)
-            checker.newest = None  # the step back the wipe allows is not counted against the run
 
     def rebuild_zookeeper(self) -> None:
         """Stop the ZooKeeper server, delete its data and start it again empty on the same address, as rebuilding
         or restoring an ensemble from nothing does, leaving every driver running: the server refuses their sessions
         (they saw newer transactions), and each must find out, exit and be restarted by the supervisor, then
         register its job again and resume from Iceberg. No person acts: the harness only reconnects its own
-        observer session (refused too) and re-creates nothing else; consistent reads may step back as after a wipe."""
-        self._allow_step_back()
+        observer session (refused too) and re-creates nothing else; no consistent read may step back, as after a
+        wipe."""
         rebuild_server(self.env.zookeeper)
         old, self.tm = self.tm, Tidemark.connect(self.connect, session_timeout=10, operation_timeout=10)
         if self.checker is not None:
@@ -612,11 +599,7 @@ class Cascade:
         """Check every consistent version the checker can resolve (at most one read every 0.5 s)."""
         while not self._stop.wait(0.5):
             try:
-                version = self.checker.observe()  # type: ignore[union-attr]
-                if version is not None and version.epoch is not None and version.epoch < (self.wipe_floor or 0):
-                    self.checker.failures.append(Inconsistency(  # type: ignore[union-attr]
-                        version.epoch, f"after the ZooKeeper wipe the consistent epoch stepped back below "
-                                       f"{self.wipe_floor}, more than the marker period"))
+                self.checker.observe()  # type: ignore[union-attr]
             except Exception as exc:  # noqa: BLE001 - an injected outage; a real bug shows as an inconsistency
                 self.errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
 
@@ -670,7 +653,8 @@ class Cascade:
         with self._lock:
             unrecovered = [f for f in self.faults if f.recovered_ms is None]
         problems += [f"{f.kind} ({f.job or 'every job'}) never recovered" for f in unrecovered]
-        # Reads stay monotonic outside a wipe: a table's peers keep its newest epoch (lists, epoch records).
+        # Reads stay monotonic, across a wipe too: a table's peers keep its newest epoch (lists, epoch records), and
+        # a job resumed from Iceberg reads nothing below its read floor.
         problems += [f"the consistent epoch stepped back from {newest} to {older}"
                      for newest, older in self.checker.stepped_back]  # type: ignore[union-attr]
         duplicates = losses = 0

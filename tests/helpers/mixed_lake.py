@@ -47,9 +47,11 @@ class MixedLake:
         for writer in self.writers.values():
             writer.close()
 
-    def root_epoch(self, table: str, epoch: int) -> None:
-        self.published[table][epoch] = commit_rows(self.writers[table], epoch, rows=epoch // 1000)
-        self.written[table][epoch] = epoch // 1000
+    def root_epoch(self, table: str, epoch: int, rows: Optional[int] = None) -> None:
+        """``table``'s job takes ``epoch``, appending ``rows`` rows (``epoch // 1000`` unless given)."""
+        count = epoch // 1000 if rows is None else rows
+        self.published[table][epoch] = commit_rows(self.writers[table], epoch, rows=count)
+        self.written[table][epoch] = count
 
     def copy_epoch(self, epoch: int) -> None:
         """``down`` takes ``epoch`` (``up`` must hold it): one epoch copying every change of ``up`` since its last."""

@@ -7,8 +7,8 @@ CONFIG_JSON holds ``mode``, ``connect``, ``session_timeout``, ``catalog`` ({name
 - ``count``: job ``counter`` reads the root table ``source`` (``k`` string, ``n`` int64) and writes two
   sinks: ``log`` (the rows appended in the epoch, appended) and ``counts`` (rows per ``k`` except ``noise``:
   an overwrite of the previous counts plus the epoch's; not written in an epoch with nothing to count, so
-  the sink publishes nothing then and its committed epoch is marked in Iceberg instead). Runs ``max_epochs``
-  epochs and prints ``{"committed": [...]}``. The test's ``crash_at`` (which sets
+  the sink publishes nothing then and its committed epoch is marked in Iceberg instead; at every epoch, or every
+  ``marker_every``). Runs ``max_epochs`` epochs and prints ``{"committed": [...]}``. The test's ``crash_at`` (which sets
   ``TIDEMARK_CRASH_AT=<step>:2``) makes it SIGKILL itself during its second computed epoch:
   ``staged`` (sinks staged, nothing precommitted), ``precommitted`` (before any publish), ``published-one``
   (one of the two sinks published), ``committed`` (ZooKeeper commit done, Iceberg not marked yet) or ``none``.
@@ -56,10 +56,10 @@ def new_counts(ctx, rows: pa.Table, sink: str) -> pa.Table:
 
 def run_count(config: dict, tm: Tidemark, settings: Optional[CatalogSettings]) -> None:
     source, log_sink, counts_sink = config["source"], config["log"], config["counts"]
-    # marker_every=None: a marker at every epoch that leaves a sink unchanged, so Iceberg alone records every
-    # epoch and the test can compare it with ZooKeeper's (the default marks once a minute).
+    # marker_every None (unless the test gives one): a marker at every epoch that leaves a sink unchanged, so Iceberg
+    # alone records every epoch and the test can compare it with ZooKeeper's (the default marks once a minute).
     writer = EpochWriter(tm, "counter", sources=[source], sinks=[log_sink, counts_sink], catalog=settings,
-                         interval_ms=1000, grace_ms=200, marker_every=None)
+                         interval_ms=1000, grace_ms=200, marker_every=config.get("marker_every"))
     computed: list[int] = []
 
     def step(ctx) -> None:
