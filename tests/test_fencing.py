@@ -6,6 +6,8 @@ Iceberg metadata with no duplicate and no loss, and consistent reads stay consis
 """
 from __future__ import annotations
 
+import io
+import sys
 import threading
 import time
 from collections import Counter
@@ -24,14 +26,16 @@ from coordinator.errors import RegistrationError, UnregisterNotConfirmed, Versio
 from coordinator.history.resolve import Resolver
 from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.publish import AssertTermAtMost, advance_committed_epoch, claim_table, publish_staged
-from coordinator.iceberg.snapshots import TERM_PROPERTY, main_lineage, recorded_term, snapshot_progress
+from coordinator.iceberg.snapshots import TERM_PROPERTY, is_released, main_lineage, recorded_term, snapshot_progress
 from coordinator.iceberg.staging import stage_append
 from coordinator.protocol import registry
 from coordinator.records import EpochProgress, EpochState, SourceRange, TableTidemark, now_ms
 from tests.conftest import SESSION_TIMEOUT
+from tests.helpers.cli import assert_one_line_error, run_cli
 from tests.helpers.lake import SCHEMA, commit_rows, create_table, lead_job, rows_of
 from tests.helpers.present import present
 from tests.helpers.wait import wait_for
+from tests.helpers.zookeeper_tree import wipe_zookeeper
 
 DEADLINE = 90.0
 
@@ -242,17 +246,58 @@ def test_unregister_carries_an_epoch_committed_only_in_zookeeper_into_the_sinks(
     assert present(plan.resume.committed).epoch == idle and f"committed epoch {idle}" in plan.describe()
     progress = present(EpochLineage(catalog.load_table(sink)).committed_progress())
     assert (progress.epoch, progress.inputs) == (idle, plan.resume.committed.inputs)
+    assert is_released(catalog.load_table(sink).properties), "unregister records the release last"
     assert readers.resolve([source, sink]).epoch == idle, "the consistent epoch moved backwards"
 
     again = EpochWriter(connect(), "copier", sources=[source], sinks=[sink], catalog=catalog_settings,
                         interval_ms=1000, grace_ms=0)
     again.open(leader_timeout=30)
     assert again.epochs.last_committed == idle, "the next registration resumes after the idle epoch"
+    assert not is_released(catalog.load_table(sink).properties), "the new leader's claim undoes the release"
     events.append(rows_of(2, 2))
     after = barrier_after_appends(tm)
     again.process(after, copy_job(source, sink), inputs=again.inputs_for(after))
     again.close()
     assert rows_in(catalog.load_table(sink)) == rows_in(events), "duplicates or losses after re-registration"
+
+
+def test_tidemark_release_lets_readers_with_zookeeper_read_tables_whose_writer_left_no_release(
+        tm, connect, catalog, catalog_settings, namespace, zk_server, zk_connect, capsys, monkeypatch):
+    """A table whose job is gone from ZooKeeper without a release recorded (a job unregistered by an earlier release
+    leaves the same as a wipe): a reader with ZooKeeper reads nothing of it, rather than Iceberg's records, which may
+    be behind what it read; ``tidemark release`` records the release. It asks first, and refuses a table a
+    registered job writes and one no Tidemark job ever claimed, in one line each."""
+    source, sink = f"{namespace}.events", f"{namespace}.copy"
+    _, writer, first = copier_after_one_epoch(tm, connect, catalog, catalog_settings, namespace)
+    writer.close()
+    wipe_zookeeper(zk_server, zk_connect)
+    fresh = connect()
+    with pytest.raises(VersionNotFound, match=rf"did not release them.*`tidemark release {sink}`"):
+        Resolver(catalog, catalog_settings, fresh).resolve([source, sink])
+    for name, value in catalog_settings.environment().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    zk = ["--zk", zk_connect]
+    code, out, err = run_cli(capsys, *zk, "release", sink, "--dry-run")
+    assert code == 0 and out.startswith(f"release {sink}: readers with ZooKeeper") and "nothing changed" in out, err
+    assert_one_line_error(*run_cli(capsys, *zk, "release", sink)[::2], "pass --yes")
+    assert not is_released(catalog.load_table(sink).properties)
+    code, out, err = run_cli(capsys, *zk, "release", sink, "--yes")
+    assert code == 0 and f"table {sink} released" in out, err
+    assert is_released(catalog.load_table(sink).properties)
+    assert Resolver(catalog, catalog_settings, fresh).resolve([source, sink]).epoch == first
+    assert_one_line_error(*run_cli(capsys, *zk, "release", source, "--yes")[::2],
+                          f"no Tidemark job ever claimed tables ['{source}']")
+
+    again = EpochWriter(connect(), "copier", sources=[source], sinks=[sink], catalog=catalog_settings,
+                        interval_ms=1000, grace_ms=0)
+    again.open(leader_timeout=30)
+    try:
+        assert not is_released(catalog.load_table(sink).properties), "the new leader's claim undoes the release"
+        assert_one_line_error(*run_cli(capsys, *zk, "release", sink, "--yes")[::2],
+                              f"tables ['{sink}'] are written by registered jobs ['copier']", "tidemark unregister")
+    finally:
+        again.close()
 
 
 def test_unregister_deletes_nothing_when_a_leader_is_elected_meanwhile(tm, connect, catalog, catalog_settings,

@@ -57,7 +57,8 @@ class Driver:
         self.stderr = open(log_path, "w")  # noqa: SIM115 - the driver's stderr, closed when the driver stops
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.python_driver", json.dumps(config)],
                                      cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     text=True, bufsize=1, env=crash_env(config.get("crash_at", "none")))
+                                     text=True, bufsize=1,
+                                     env=crash_env(config.get("crash_at", "none"), config.get("crash_nth", 2)))
         self.stdin, self.stdout = present(self.proc.stdin), present(self.proc.stdout)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
