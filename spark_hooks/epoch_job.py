@@ -224,8 +224,9 @@ class EpochJob:
             exit_on_rebuilt: bool = True) -> list[int]:
         """Process epochs until ``max_epochs`` epochs, barrier ``until``, or ``stop()``; ``once``: one epoch
         covering every root commit made before the call (``EpochWriter.run``). A ZooKeeper server found behind
-        the session (rebuilt or restored) ends the driver with one line and status 75 for its supervisor to
-        restart it (``exit_on_rebuilt=False``: ``ZooKeeperRebuilt`` is raised instead).
+        the session (rebuilt or restored) makes the driver start over on a new session, in this process; where it
+        cannot, it ends with one line and status 75 for its supervisor to restart it (``exit_on_rebuilt=False``:
+        ``ZooKeeperRebuilt`` is raised instead).
 
         Returns the epochs this call committed. Every one of them is committed before it returns.
 

@@ -3,10 +3,11 @@ the same port (issue 20). Real servers and processes: an ``EmbeddedZooKeeper`` o
 must not lose its data), a PostgreSQL catalog and ``tests/helpers/python_driver.py`` drivers.
 
 The server refuses the old sessions for good (they have seen newer transactions than its own), and kazoo alone
-would retry forever. A session must say so (``ZooKeeperRebuilt``) within about its timeout, a driver must exit
-with one line and status ``EXIT_ZOOKEEPER_REBUILT`` (its supervisor restarts it, and the restarted driver
-resumes from Iceberg with nothing lost or duplicated), the exporter must connect anew, and SIGTERM during a
-ZooKeeper outage must end a driver at once, without a traceback. Every wait has a deadline.
+would retry forever. A session must say so (``ZooKeeperRebuilt``) within about its timeout, a driver must say so
+in one line and start over in its process on a new session (registering its job again and resuming from Iceberg
+with nothing lost or duplicated; where it cannot, it exits with ``EXIT_ZOOKEEPER_REBUILT`` for its supervisor to
+restart it), the exporter must connect anew, and SIGTERM during a ZooKeeper outage must end a driver at once,
+without a traceback. Every wait has a deadline.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from collections import Counter
 import pytest
 
 from coordinator import EmbeddedZooKeeper, GcSchedule, Tidemark, ZooKeeperRebuilt, ZooKeeperUnavailable
-from coordinator.job.supervisor import EXIT_ZOOKEEPER_REBUILT
+from coordinator.job.supervisor import EXIT_ZOOKEEPER_REBUILT, Supervisor
 from coordinator.operations.exporter import Exporter
 from coordinator.operations.zookeeper_server import free_port
 from coordinator.zookeeper import watchdog as watchdog_module
@@ -84,8 +85,11 @@ def test_exporter_drops_the_session_and_connects_anew(server):
         exporter.close()
 
 
-def test_driver_exits_with_one_line_and_its_restart_resumes_from_iceberg(server, pg_catalog_settings, namespace,
-                                                                         drivers):  # noqa: F811 - the fixture
+def test_drivers_start_over_in_their_process_and_resume_from_iceberg(server, pg_catalog_settings, namespace,
+                                                                      drivers):  # noqa: F811 - the fixture
+    """Both replicas find the server behind their sessions, say so in one line, and start over in the same process
+    on a new session: the job registers again on the empty server and resumes after its last epoch, no epoch twice,
+    and a zombie of the old registration (the replica that led before) commits nothing of its old term."""
     catalog = pg_catalog_settings.load()
     sink = f"pg.{namespace}.epochs"
     table = create_table(catalog, f"{namespace}.epochs", EPOCH_SCHEMA)
@@ -93,31 +97,37 @@ def test_driver_exits_with_one_line_and_its_restart_resumes_from_iceberg(server,
     config = {"mode": "serve", "connect": connect, "session_timeout": SESSION, "job": "served",
               "catalog": catalog_config(pg_catalog_settings), "log": sink}
     leader, standby = drivers(config), drivers(config)
-    leader.line("READY")
-    standby.line("READY")
+    members = {leader.line("READY").split()[1], standby.line("READY").split()[1]}
+
+    def rows() -> list[tuple[int, int, str]]:
+        frame = table.refresh().scan().to_arrow()
+        return list(zip(*(frame.column(c).to_pylist() for c in ("epoch", "term", "member"))))
 
     def newest(at_least: int = 1) -> int:
         """The newest epoch in the sink, once it holds ``at_least`` epochs (else 0)."""
-        rows = table.refresh().scan().to_arrow().column("epoch").to_pylist()
-        return max(rows) if len(rows) >= at_least else 0
+        found = [e for e, _, _ in rows()]
+        return max(found) if len(found) >= at_least else 0
     before = wait_for(lambda: newest(3), "three epochs committed before the rebuild", 120)
+    old_terms = {t for _, t, _ in rows()}
 
     rebuild_server(server)
     rebuilt_at = time.monotonic()
+    started_over = "started over in this process on a new session"
     for driver in (leader, standby):
-        assert driver.wait(EXIT_DEADLINE) == EXIT_ZOOKEEPER_REBUILT, driver.log()
-        log = driver.log()
-        assert "Traceback" not in log, log
-        exits = [line for line in log.splitlines() if line.startswith("job served: stopping:")]
-        assert len(exits) == 1 and "behind this process's session" in exits[0] and "restart" in exits[0], log
-        assert "check that the ensemble is up" not in log, log
+        wait_for(lambda: started_over in driver.log(), "each replica to start over", EXIT_DEADLINE)
     assert time.monotonic() - rebuilt_at < EXIT_DEADLINE
-
-    # The supervisor's restart: the job registers again on the empty server and resumes after its last epoch.
-    restarted = drivers(config)
-    restarted.line("READY")
-    wait_for(lambda: newest() > before, "the restarted driver to commit", 120)
-    epochs = table.refresh().scan().to_arrow().column("epoch").to_pylist()
+    wait_for(lambda: newest() > before, "the job to commit again in the same processes", 120)
+    for driver in (leader, standby):
+        log = driver.log()
+        assert driver.proc.poll() is None, f"a driver exited: {log}"
+        assert "Traceback" not in log, log
+        lines = [line for line in log.splitlines() if started_over in line]
+        assert len(lines) == 1 and "behind this process's session" in lines[0], log
+        assert "check that the ensemble is up" not in log, log
+    after = [(e, t, m) for e, t, m in rows() if e > before]
+    assert {m for _, _, m in after} <= members, "an epoch after the rebuild was written by another process"
+    assert min(t for _, t, _ in after) > max(old_terms), "the new registration's terms are above the old ones"
+    epochs = [e for e, _, _ in rows()]
     assert [e for e, n in Counter(epochs).items() if n > 1] == [], "an epoch was written twice"
 
 
@@ -242,3 +252,29 @@ def test_one_server_of_an_ensemble_answering_from_the_past_ends_no_session(monke
         assert isinstance(session.ended_error(), ZooKeeperRebuilt) and firsts[-3:] == [0, 1, 2], firsts
     finally:
         session.close()
+
+
+def test_the_supervisor_starts_over_where_it_can_and_exits_75_where_it_cannot():
+    """The supervisor's decision alone (pure logic, its callbacks stand-ins): on ``ZooKeeperRebuilt`` it steps down
+    and, when ``start_over`` succeeds, contends again; when it fails, the process exits with status 75."""
+    calls: list[str] = []
+
+    def take_over() -> None:
+        calls.append("take over")
+        if calls.count("take over") == 1:
+            raise ZooKeeperRebuilt("the server is behind this process's session")
+
+    def start_over(succeeds: bool) -> bool:
+        calls.append("start over")
+        return succeeds
+
+    def supervisor(succeeds: bool) -> Supervisor:
+        return Supervisor("job", threading.Event(), take_over=take_over, step_down=lambda: calls.append("down"),
+                          still_leading=lambda: True, start_over=lambda: start_over(succeeds))
+    supervisor(succeeds=True).run(lambda: calls.append("lead"), exit_on_rebuilt=True)
+    assert calls == ["take over", "down", "start over", "take over", "lead", "down"]
+
+    calls.clear()
+    with pytest.raises(SystemExit) as exited:
+        supervisor(succeeds=False).run(lambda: calls.append("lead"), exit_on_rebuilt=True)
+    assert exited.value.code == EXIT_ZOOKEEPER_REBUILT and calls == ["take over", "down", "start over"]

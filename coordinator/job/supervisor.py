@@ -19,9 +19,11 @@ Failure behaviour, by what ends a term:
   ``CATALOG_RETRY_S``, contend again; once it has been unreachable for ``CATALOG_OUTAGE_TIMEOUT_S`` the
   error is raised;
 - a rebuilt ZooKeeper (``ZooKeeperRebuilt``: its data deleted or restored while this process was
-  connected): one error line, then ``SystemExit(EXIT_ZOOKEEPER_REBUILT)`` with ``exit_on_rebuilt``, for
-  the process's supervisor (Kubernetes) to restart it, else raised (``coordinator.job.writer`` says why
-  not in-process);
+  connected): step down, then ``start_over()`` (a new session, as a restarted process would open) and
+  contend again: the next take-over registers the job anew and resumes from Iceberg. Where it cannot
+  (``start_over`` returns False, or none is given): one error line, then
+  ``SystemExit(EXIT_ZOOKEEPER_REBUILT)`` with ``exit_on_rebuilt``, for the process's supervisor
+  (Kubernetes) to restart it, else raised;
 - stopping (SIGTERM) while ZooKeeper is unreachable: one line, and ``run`` returns at once;
 - not elected within the caller's leader timeout (``NotLeader`` from ``take_over``), or any other error
   while this replica still leads: raised.
@@ -52,29 +54,39 @@ class Supervisor:
     """Contend, lead, step down, again, for job ``job`` until ``stopping`` is set (module docstring)."""
 
     def __init__(self, job: str, stopping: threading.Event, *, take_over: Callable[[], None],
-                 step_down: Callable[[], None], still_leading: Callable[[], bool]) -> None:
+                 step_down: Callable[[], None], still_leading: Callable[[], bool],
+                 start_over: Optional[Callable[[], bool]] = None) -> None:
         self.job, self.stopping = job, stopping
         self.take_over, self.step_down, self.still_leading = take_over, step_down, still_leading
+        self.start_over = start_over
 
     def run(self, lead: Callable[[], None], exit_on_rebuilt: bool = False) -> None:
         """Take over, ``lead()`` and step down, term after term, until ``lead()`` returns or ``stopping`` is set;
         the module docstring says which errors end a term and which end the run.
 
         :param lead: processes epochs for one term; returning ends the run.
-        :param exit_on_rebuilt: on ``ZooKeeperRebuilt``, exit the process with ``EXIT_ZOOKEEPER_REBUILT`` (a
-            ``SystemExit``) instead of raising.
-        :raises ZooKeeperRebuilt: the ZooKeeper server was rebuilt under the session (without ``exit_on_rebuilt``).
+        :param exit_on_rebuilt: on a ``ZooKeeperRebuilt`` it cannot start over from, exit the process with
+            ``EXIT_ZOOKEEPER_REBUILT`` (a ``SystemExit``) instead of raising.
+        :raises ZooKeeperRebuilt: the ZooKeeper server was rebuilt under the session and this process cannot start
+            over (without ``exit_on_rebuilt``).
         :raises NotLeader: not elected within the caller's leader timeout (``take_over``'s).
         :raises Exception: the catalog stayed unreachable longer than ``CATALOG_OUTAGE_TIMEOUT_S``, or any other
             error of ``take_over``, or of ``lead`` while this replica still leads, as raised.
         """
-        try:
-            self._supervise(lead)
-        except ZooKeeperRebuilt as exc:
-            log.error("job %s: stopping: %s", self.job, exc)
-            if exit_on_rebuilt:
-                raise SystemExit(EXIT_ZOOKEEPER_REBUILT) from None
-            raise
+        while True:
+            try:
+                self._supervise(lead)
+                return
+            except ZooKeeperRebuilt as exc:
+                self.step_down()
+                if not self.stopping.is_set() and self.start_over is not None and self.start_over():
+                    log.warning("job %s: %s; started over in this process on a new session: registering the job "
+                                "again, to resume from its sinks' Iceberg metadata", self.job, exc)
+                    continue
+                log.error("job %s: stopping: %s", self.job, exc)
+                if exit_on_rebuilt:
+                    raise SystemExit(EXIT_ZOOKEEPER_REBUILT) from None
+                raise
 
     def _supervise(self, lead: Callable[[], None]) -> None:
         outage_since: Optional[float] = None

@@ -300,13 +300,14 @@ class EpochWriter:
     opened (one that does not exist names it), ``InvalidName`` for a malformed name.
 
     A rebuilt ZooKeeper (its data deleted or restored while this driver was connected: the session's
-    ``ZooKeeperRebuilt``, see ``coordinator.zookeeper.session``) ends ``run``: it logs one line saying
-    so and, by default, exits the process with ``EXIT_ZOOKEEPER_REBUILT`` (75, EX_TEMPFAIL) for its
-    supervisor (Kubernetes) to restart it; the restarted driver registers the job again and resumes
-    from its sinks' Iceberg metadata, as after a ZooKeeper wipe. The driver does not start a new session
-    in-process: the session's every recipe (leadership, watches, the tidemark cache, GC's lock,
-    readers' pins) would have to be rebuilt on a new one, and a restart does exactly that, with the
-    code the wipe path already proves. SIGTERM while ZooKeeper is unreachable does not wait for it:
+    ``ZooKeeperRebuilt``, see ``coordinator.zookeeper.session``) makes the writer start over in this
+    process: it steps down, opens a new session with the old one's settings (``tm.reopen()``: ``writer.tm``
+    is then the new one, and the old one stays ended), and its next take-over registers the job again and
+    resumes from its sinks' Iceberg metadata, as a restarted driver would, with fresh recipes (leadership,
+    the tidemark cache, barriers) on the new session. Where it cannot (a session not opened by
+    ``connect``, no server answering), ``run`` logs one line and by default exits the process with
+    ``EXIT_ZOOKEEPER_REBUILT`` (75, EX_TEMPFAIL) for its supervisor (Kubernetes) to restart it. SIGTERM
+    while ZooKeeper is unreachable does not wait for it:
     the session fails every operation at once (``stop_waiting``), the epoch in flight is left to the
     next leader, and ``run`` returns after one line saying so.
     """
@@ -519,6 +520,18 @@ class EpochWriter:
                          now - doing[1])
                 last = now
 
+    def _start_over(self) -> bool:
+        """After ``ZooKeeperRebuilt``: this writer on a new session with the old one's settings (``reopen``), as a
+        restarted process would be; the next take-over registers the job again and resumes from Iceberg. False when
+        no session can be opened (one not made by ``connect``, no server answering): the process exits instead."""
+        try:
+            tm = self.tm.reopen()
+        except TidemarkError as exc:
+            log.error("job %s: cannot start over in this process (%s)", self.name, str(exc).splitlines()[0])
+            return False
+        self.tm, self.barriers, self.leadership = tm, Barriers(tm), Leadership(tm, self.name)
+        return True
+
     def close(self) -> None:
         """Step down (a standby takes over). Nothing is left half-committed: every epoch finished or recovers."""
         if self._term is not None:
@@ -550,10 +563,10 @@ class EpochWriter:
         session expired) steps down and contends again; ``leader_timeout`` bounds only the
         wait to become leader.
 
-        A ZooKeeper server found behind this session (rebuilt or restored) ends the run with one
-        log line; with ``exit_on_rebuilt`` (on the main thread) the process exits with status
-        ``EXIT_ZOOKEEPER_REBUILT`` for its supervisor to restart it, otherwise ``ZooKeeperRebuilt``
-        is raised.
+        A ZooKeeper server found behind this session (rebuilt or restored) makes the run start over on
+        a new session (class docstring); where it cannot, the run ends with one log line, and with
+        ``exit_on_rebuilt`` (on the main thread) the process exits with status ``EXIT_ZOOKEEPER_REBUILT``
+        for its supervisor to restart it, otherwise ``ZooKeeperRebuilt`` is raised.
 
         :raises NotLeader: not elected within ``leader_timeout``.
         :raises JobRetired: an operator retired the job.
@@ -574,7 +587,8 @@ class EpochWriter:
             if self._loop(function, remaining, until, called_at):
                 JobRun(self.leadership).finished(self.epochs.last_committed)
         supervisor = Supervisor(self.name, self._stop, take_over=lambda: self.open(leader_timeout, while_standby),
-                                step_down=self.close, still_leading=lambda: self.leadership.confirm())
+                                step_down=self.close, still_leading=lambda: self.leadership.confirm(),
+                                start_over=self._start_over)
         watched = threading.Event()
         threading.Thread(target=self._watch_steps, args=(watched,), name=f"tidemark-steps-{self.name}",
                          daemon=True).start()

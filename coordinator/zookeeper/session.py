@@ -16,8 +16,8 @@ connection itself is re-established in the background for as long as the object 
 (ZooKeeper sessions survive short outages that way); state changes are recorded by a
 listener that never blocks, and recipes (leadership) read them. A server found behind this
 session (its data deleted or restored while this process was connected) ends the session:
-kazoo is stopped and every operation raises ``ZooKeeperRebuilt`` at once, saying to restart
-the process (``watchdog.Watchdog`` says how it is found). A process that is
+kazoo is stopped and every operation raises ``ZooKeeperRebuilt`` at once (``watchdog.Watchdog``
+says how it is found); ``reopen`` then gives a new session with the same settings. A process that is
 stopping calls ``stop_waiting()``: while the connection is down, operations then fail at once.
 
 Logging: one line per connection state change (``coordinator.zookeeper.session``: a warning
@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional, TypeVar, Union
 from kazoo.client import KazooClient
 from tenacity import RetryCallState
 
-from coordinator.errors import PermissionDenied, TidemarkError
+from coordinator.errors import ConfigurationError, PermissionDenied, TidemarkError
 from coordinator.records import JsonRecord
 from coordinator.settings import Settings, check_connect_string
 from coordinator.zookeeper.acls import Acls
@@ -73,6 +73,7 @@ class ZooKeeperSession:
     operation_timeout: float
     member: str                  # this process, as election contenders and leader znodes name it
     server_clock: ServerClock    # ZooKeeper's time, from the stamps of this session's writes
+    _reopen: Optional[Callable[[], ZooKeeperSession]]  # ``connect`` with this session's arguments (``reopen``)
     _connection_state: ConnectionState
     _acls: Acls
     _calls: Calls
@@ -91,6 +92,7 @@ class ZooKeeperSession:
         self.operation_timeout = operation_timeout
         self.member = member or f"{socket.gethostname()}-{os.getpid()}"
         self.server_clock = ServerClock()
+        self._reopen = None
         self._connection_state = ConnectionState(client, session_timeout)
         self._acls = Acls(self.credentials, self.paths)
         self._calls = Calls(client, self._connection_state, self._acls, operation_timeout, self.server_clock)
@@ -153,7 +155,24 @@ class ZooKeeperSession:
         except BaseException:
             tm.close()
             raise
+        tm._reopen = lambda: cls.connect(hosts, root=root, session_timeout=session_timeout,
+                                         connect_timeout=connect_timeout, operation_timeout=operation_timeout,
+                                         auth=auth, reader=reader, tls=tls, member=tm.member, read_only=read_only,
+                                         job=job, operator=operator)
         return tm
+
+    def reopen(self: S) -> S:
+        """A new session on the same servers with this one's settings (identity, TLS, timeouts, member name), for a
+        process that starts over after ``ZooKeeperRebuilt``; this one is closed first.
+
+        :raises ConfigurationError: this session was not opened by ``connect``, so its settings are unknown.
+        :raises ZooKeeperUnavailable: no server answers within the connect timeout.
+        """
+        if self._reopen is None:
+            raise ConfigurationError("this ZooKeeper session was not opened by connect(), so it cannot be opened "
+                                     "again: restart the process")
+        self.close()
+        return self._reopen()  # type: ignore[return-value]
 
     # -- lifecycle and connection state (connection.py, watchdog.py) ----------------------
 

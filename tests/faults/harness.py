@@ -438,7 +438,7 @@ class Cascade:
     def rebuild_zookeeper(self) -> None:
         """Stop the ZooKeeper server, delete its data and start it again empty on the same address, as rebuilding
         or restoring an ensemble from nothing does, leaving every driver running: the server refuses their sessions
-        (they saw newer transactions), and each must find out, exit and be restarted by the supervisor, then
+        (they saw newer transactions), and each must find out and start over in its process on a new session, then
         register its job again and resume from Iceberg. No person acts: the harness only reconnects its own
         observer session (refused too) and re-creates nothing else; no consistent read may step back, as after a
         wipe."""
