@@ -6,8 +6,8 @@ At every point a driver of job ``counter`` dies (SIGKILL) in an epoch, the whole
 resumes from Iceberg. Iceberg may then hold less than ZooKeeper had committed: an epoch in which ``counts`` publishes
 nothing is marked there only on a marker round (once an hour here), and the loss falls between the ZooKeeper commit
 and the marks at ``committed`` and ``idle-commit``. Three readers check every version (the counts are the counts of
-the log): one with ZooKeeper from before the loss to the end, one started after the loss (a new process: it must not
-read older than what was read before the loss), and one with Iceberg alone.
+the log): one with ZooKeeper from before the loss to the end, a ``ReaderSession`` on it, one started after the loss
+(a new process: it must not read older than what was read before the loss), and one with Iceberg alone.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import json
 import signal
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Optional
 
 import pyarrow as pa
@@ -23,7 +23,8 @@ import pytest
 
 from coordinator import Tidemark, VersionNotFound
 from coordinator.history.checker import ConsistencyChecker
-from coordinator.history.resolve import Resolver, read_arrow
+from coordinator.history.resolve import ReaderSession, Resolver, read_arrow
+from coordinator.records import ConsistentVersion
 from tests.helpers.lake import create_table
 from tests.helpers.present import present
 from tests.helpers.python_driver import COUNT_SCHEMA, NOISE, SOURCE_SCHEMA
@@ -51,11 +52,16 @@ def counted(frames: Mapping[str, pa.Table], log: str, counts: str) -> Optional[s
 
 
 class Reading:
-    """A reader resolving ``tables`` every 0.1 s in a thread of its own, each new version checked."""
+    """A reader resolving ``tables`` every 0.1 s in a thread of its own (through ``session`` when given), each new
+    version checked, every step back kept."""
 
-    def __init__(self, resolver: Resolver, tables: list[str], log: str, counts: str) -> None:
+    def __init__(self, resolver: Resolver, tables: list[str], log: str, counts: str,
+                 session: Optional[ReaderSession] = None) -> None:
         self.checker = ConsistencyChecker(resolver, tables, lambda frames: counted(frames, log, counts))
+        self.resolve: Callable[[list[str]], ConsistentVersion] = (session or resolver).resolve
+        self.tables = tables
         self.seen: list[int] = []
+        self.stepped_back: list[tuple[int, int]] = []
         self.errors: list[str] = []
         self._lock = threading.Lock()  # a resolver serves one resolution at a time
         self._stop = threading.Event()
@@ -64,11 +70,18 @@ class Reading:
 
     def read(self) -> Optional[int]:
         with self._lock:
-            version = self.checker.observe()
-            if version is not None and version.epoch is not None:
-                self.seen.append(version.epoch)
-                return version.epoch
-            return None
+            try:
+                version = self.resolve(self.tables)
+            except VersionNotFound:
+                return None
+            if version.epoch is None:
+                return None
+            if self.seen and version.epoch < max(self.seen):
+                self.stepped_back.append((max(self.seen), version.epoch))
+            if version.epoch not in self.seen:
+                self.checker.check(version)
+            self.seen.append(version.epoch)
+            return version.epoch
 
     def _run(self) -> None:
         while not self._stop.wait(0.1):
@@ -110,8 +123,10 @@ def test_zookeeper_lost_at_each_crash_point_no_reader_steps_back_and_nothing_is_
             append_batch(noise=after_first == "noise")
 
     before = Tidemark.connect(zk_connect, session_timeout=DRIVER_SESSION)
-    readers = {"with ZooKeeper since before the loss": Reading(Resolver(catalog, settings, before), tables,
-                                                                log_sink, counts_sink),
+    in_session = Resolver(catalog, settings, before)
+    readers = {"with ZooKeeper since before the loss": Reading(Resolver(catalog, settings, before), tables, log_sink,
+                                                                counts_sink),
+               "a ReaderSession": Reading(in_session, tables, log_sink, counts_sink, ReaderSession(in_session, before)),
                "with Iceberg alone": Reading(Resolver(catalog, settings, None), tables, log_sink, counts_sink)}
     after: Optional[Tidemark] = None
     append_batch()
@@ -161,7 +176,7 @@ def test_zookeeper_lost_at_each_crash_point_no_reader_steps_back_and_nothing_is_
 
     for name, reading in readers.items():
         assert reading.checker.failures == [], f"reader {name}: {reading.checker.failures}"
-        assert reading.checker.stepped_back == [], f"reader {name} stepped back: {reading.checker.stepped_back}"
+        assert reading.stepped_back == [], f"reader {name} stepped back: {reading.stepped_back}"
     assert min(started_after.seen) >= newest_before, \
         f"a reader started after the loss read {min(started_after.seen)}, older than {newest_before} read before it"
 

@@ -481,12 +481,18 @@ class ReaderSession:
                 as_of: Optional[int] = None) -> ConsistentVersion:
         """``Resolver.resolve``, except that a ``consistent`` version never goes back: when the resolver answers
         an older epoch than this session gave for the same tables (a fallback to Iceberg metadata that lags
-        ZooKeeper), the earlier version is returned again. Raises what ``Resolver.resolve`` raises."""
+        ZooKeeper), or none (``VersionNotFound``: a job resuming after ZooKeeper lost its state is below its read
+        floor), the earlier version is returned again. Raises what ``Resolver.resolve`` raises."""
         key = tuple(sorted(set(tables)))
-        version = self.resolver.resolve(key, level, as_of)
+        previous = self._last.get(key)
+        try:
+            version = self.resolver.resolve(key, level, as_of)
+        except VersionNotFound:
+            if previous is None or as_of is not None or _level(level) != ConsistencyLevel.CONSISTENT:
+                raise
+            return previous
         if version.level != ConsistencyLevel.CONSISTENT:
             return version
-        previous = self._last.get(key)
         if previous is not None and previous.epoch is not None and (version.epoch is None
                                                                      or version.epoch < previous.epoch):
             return previous  # e.g. a fallback to Iceberg metadata that lags ZooKeeper: never go back
