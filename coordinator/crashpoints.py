@@ -17,7 +17,10 @@ The steps, in the order an epoch reaches them:
 - ``precommitted``: the staged snapshots are recorded, nothing published;
 - ``published-one``: the first sink is published (with several sinks, the others are not yet);
 - ``committed``: the ZooKeeper commit is done, the Iceberg committed-epoch marks are not;
-- ``idle-commit``: an idle epoch's ZooKeeper commit is done, its Iceberg marks are not;
+- ``idle-commit``: an idle epoch's ZooKeeper commit is done, its Iceberg marks are not.
+
+And after them, on a marker round only:
+
 - ``marked``: the committed-epoch marks of a marker round are done (an epoch that marked nothing skips it).
 
 And in a garbage collection:
@@ -41,9 +44,10 @@ from coordinator.errors import ConfigurationError
 from coordinator.settings import Settings
 
 ENV = "TIDEMARK_CRASH_AT"
-EPOCH_STEPS = ("begin", "staged", "precommitted", "published-one", "committed", "idle-commit", "marked")
+EPOCH_STEPS = ("begin", "staged", "precommitted", "published-one", "committed", "idle-commit")
+MARKER_STEPS = ("marked",)  # not every epoch: a marker round's (an epoch whose sinks all published has none)
 GC_STEPS = ("gc-expired",)
-STEPS = EPOCH_STEPS + GC_STEPS
+STEPS = EPOCH_STEPS + MARKER_STEPS + GC_STEPS
 
 _lock = threading.Lock()
 _target: Optional[tuple[str, int]] = None

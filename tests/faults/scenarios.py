@@ -61,16 +61,15 @@ def pause(rng: random.Random, low: float = 0.3, high: float = 1.5) -> None:
 
 def kill_nine(env: Environment, run: int, seed: int, faults: int) -> RunResult:
     """Every replica starts with a crash point (each step in turn, in a seeded order; at its first time, or its
-    second one time in four, ``marked`` always its first): it leads until it kills itself there, the standby takes
-    over, and the supervisor starts a new standby with the next one."""
+    second one time in four): it leads until it kills itself there, the standby takes over, and the supervisor
+    starts a new standby with the next one."""
     rng = random.Random(seed)
     steps = {job: itertools.cycle(rng.sample(EPOCH_STEPS, len(EPOCH_STEPS))) for job in JOBS}
     lock = threading.Lock()
 
     def plan(job: str) -> str:
         with lock:
-            step = next(steps[job])  # a leader's first epoch is a marker round; its second one may be a minute off
-            return f"{step}:{1 if step == 'marked' or rng.random() < 0.75 else 2}"
+            return f"{next(steps[job])}:{1 if rng.random() < 0.75 else 2}"
     with Cascade(env, "kill-9", run, seed, crash_plan=plan) as cascade:
         cascade.start()
         wait_for(lambda: len(cascade.faults) >= faults, f"{faults} crash points to be reached", faults * 20.0,
