@@ -16,7 +16,7 @@ import threading
 from collections import Counter
 from itertools import groupby
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pyarrow as pa
 import pytest
@@ -124,6 +124,20 @@ def drivers(tmp_path):
         driver.kill()
 
 
+def count_pipeline(settings, namespace: str, zk_connect: str, **driver: object) -> tuple[Any, tuple[str, str, str],
+                                                                                   dict]:
+    """The tables of a ``count`` driver (``tests/helpers/python_driver.py``) in ``namespace``: the source table, the
+    names (source, log, counts) and the driver's config (``driver`` adds to it)."""
+    catalog = settings.load()
+    names = tuple(f"pg.{namespace}.{n}" for n in ("src", "log", "counts"))
+    src = create_table(catalog, f"{namespace}.src", SOURCE_SCHEMA, first_snapshot=False)
+    create_table(catalog, f"{namespace}.log", SOURCE_SCHEMA, first_snapshot=False)
+    create_table(catalog, f"{namespace}.counts", COUNT_SCHEMA, first_snapshot=False)
+    config = {"mode": "count", "connect": zk_connect, "session_timeout": DRIVER_SESSION,
+              "catalog": catalog_config(settings), "source": names[0], "log": names[1], "counts": names[2], **driver}
+    return src, (names[0], names[1], names[2]), config
+
+
 def lineage_epochs(table) -> list[tuple[int, set[str]]]:
     """``main``'s epochs, oldest first, one entry per run of consecutive snapshots of the same epoch, with the
     terms that wrote the run (an overwrite is a delete and an append: two snapshots of one write)."""
@@ -177,12 +191,7 @@ def test_pure_python_writer_killed_at_each_step_recovers_every_epoch_exactly_onc
         crash_at, zk_connect, pg_catalog_settings, namespace, drivers):
     settings = pg_catalog_settings
     catalog = settings.load()
-    source, log_sink, counts_sink = (f"pg.{namespace}.{n}" for n in ("src", "log", "counts"))
-    src = create_table(catalog, f"{namespace}.src", SOURCE_SCHEMA, first_snapshot=False)
-    create_table(catalog, f"{namespace}.log", SOURCE_SCHEMA, first_snapshot=False)
-    create_table(catalog, f"{namespace}.counts", COUNT_SCHEMA, first_snapshot=False)
-    config = {"mode": "count", "connect": zk_connect, "session_timeout": DRIVER_SESSION,
-              "catalog": catalog_config(settings), "source": source, "log": log_sink, "counts": counts_sink}
+    src, (source, log_sink, counts_sink), config = count_pipeline(settings, namespace, zk_connect)
 
     produced = [0]
     stop = threading.Event()

@@ -25,12 +25,11 @@ from coordinator import Tidemark, VersionNotFound
 from coordinator.history.checker import ConsistencyChecker
 from coordinator.history.resolve import ReaderSession, Resolver, read_arrow
 from coordinator.records import ConsistentVersion
-from tests.helpers.lake import create_table
 from tests.helpers.present import present
-from tests.helpers.python_driver import COUNT_SCHEMA, NOISE, SOURCE_SCHEMA
+from tests.helpers.python_driver import NOISE, SOURCE_SCHEMA
 from tests.helpers.wait import wait_for
 from tests.helpers.zookeeper_tree import wipe_zookeeper
-from tests.test_writer_faults import DEADLINE, DRIVER_SESSION, catalog_config, drivers  # noqa: F401 - a fixture
+from tests.test_writer_faults import DEADLINE, DRIVER_SESSION, count_pipeline, drivers  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.fault
 
@@ -100,14 +99,9 @@ def test_zookeeper_lost_at_each_crash_point_no_reader_steps_back_and_nothing_is_
         crash_at, zk_server, zk_connect, pg_catalog_settings, namespace, drivers):  # noqa: F811 - the fixture
     settings = pg_catalog_settings
     catalog = settings.load()
-    source, log_sink, counts_sink = (f"pg.{namespace}.{n}" for n in ("src", "log", "counts"))
-    src = create_table(catalog, f"{namespace}.src", SOURCE_SCHEMA, first_snapshot=False)
-    create_table(catalog, f"{namespace}.log", SOURCE_SCHEMA, first_snapshot=False)
-    create_table(catalog, f"{namespace}.counts", COUNT_SCHEMA, first_snapshot=False)
+    src, (source, log_sink, counts_sink), config = count_pipeline(settings, namespace, zk_connect, marker_every="1h")
     tables = [source, log_sink, counts_sink]
     nth, after_first = POINTS[crash_at]
-    config = {"mode": "count", "connect": zk_connect, "session_timeout": DRIVER_SESSION, "marker_every": "1h",
-              "catalog": catalog_config(settings), "source": source, "log": log_sink, "counts": counts_sink}
     produced = [0]
 
     def append_batch(noise: bool = False) -> None:
