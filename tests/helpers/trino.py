@@ -12,7 +12,9 @@ Trino needs Java 24 or later: ``TRINO_JAVA_HOME`` when set, else the Java runtim
 dev dependency), so the tests need no particular JDK on the machine.
 
 ``start()`` returns once a query runs (``/v1/info`` stops saying "starting" a few seconds before the node announces
-itself, and a query in between fails with "No nodes available to run query").
+itself, and a query in between fails with "No nodes available to run query"). The failure detector is off, as in
+Trino's own test servers: on a loaded 2-core machine the node's heartbeats to itself come late, and it would count
+its only node as failed and fail every query for a while with that same message.
 
 Failure behaviour: ``start()`` raises ``RuntimeError`` with the last lines of the server's log when the server exits
 or has not started within ``start_timeout``; ``query`` raises ``TrinoQueryError`` with Trino's message.
@@ -94,6 +96,7 @@ class TrinoServer:
             "coordinator=true", "node-scheduler.include-coordinator=true",
             f"http-server.http.port={self.port}", f"discovery.uri={self.uri}",
             "node.environment=test", "node.id=tidemark-tests", "node.internal-address=127.0.0.1",
+            "failure-detector.enabled=false",
             "query.max-memory=1GB", "query.max-memory-per-node=512MB",
             f"plugin.dir={home / 'plugin'}", f"catalog.config-dir={etc / 'catalog'}", ""]))
         for name, text in self.catalogs.items():
