@@ -16,21 +16,26 @@ import threading
 import time
 from collections import Counter
 
+import pyarrow as pa
 import pytest
 
-from coordinator import EmbeddedZooKeeper, GcSchedule, Tidemark, ZooKeeperRebuilt, ZooKeeperUnavailable
+from coordinator import EmbeddedZooKeeper, GcSchedule, Tidemark, VersionNotFound, ZooKeeperRebuilt, ZooKeeperUnavailable
+from coordinator.history.resolve import Resolver, read_arrow
 from coordinator.job.supervisor import EXIT_ZOOKEEPER_REBUILT, Supervisor
 from coordinator.operations.exporter import Exporter
 from coordinator.operations.zookeeper_server import free_port
+from coordinator.protocol.tidemarks import read_tidemarks
 from coordinator.zookeeper import watchdog as watchdog_module
 from coordinator.zookeeper.session import ZooKeeperSession
-from tests.helpers.python_driver import EPOCH_SCHEMA
+from tests.helpers.python_driver import EPOCH_SCHEMA, SOURCE_SCHEMA
 from tests.helpers.stand_in_client import StandInClient
 from tests.helpers.wait import wait_for
-from tests.helpers.zookeeper_tree import rebuild_server
-from tests.test_writer_faults import catalog_config, create_table, drivers  # noqa: F401 - drivers is a fixture
+from tests.helpers.zookeeper_tree import back_up_server, rebuild_server, restore_server
+from tests.test_writer_faults import catalog_config, count_pipeline, create_table, drivers  # noqa: F401 - a fixture
+from tests.test_zookeeper_loss import counted
 
 SESSION = 2.0
+INTERVAL_MS = 1000  # the count driver's
 # Detection (the session timeout, then a probe) plus a driver's own exit: well within 3 session timeouts + margin.
 EXIT_DEADLINE = 3 * SESSION + 20
 pytestmark = pytest.mark.fault
@@ -129,6 +134,70 @@ def test_drivers_start_over_in_their_process_and_resume_from_iceberg(server, pg_
     assert min(t for _, t, _ in after) > max(old_terms), "the new registration's terms are above the old ones"
     epochs = [e for e, _, _ in rows()]
     assert [e for e, n in Counter(epochs).items() if n > 1] == [], "an epoch was written twice"
+
+
+def test_a_server_restored_from_an_older_copy_makes_the_job_resume_from_iceberg_above_a_read_floor(
+        server, pg_catalog_settings, namespace, drivers, tmp_path):  # noqa: F811 - the fixture
+    """The server's data directory is copied while the ``count`` job commits (a backup), the job commits on, and the
+    server is restored from the copy: the tree holds the job's older history, whose input ranges would read again
+    what the sinks hold. The replica that led (it wrote after the copy) finds the server behind its session and
+    starts over; a standby that saw no newer transaction keeps its session, which the copy holds. The next leader
+    finds the job's history older than its sinks' Iceberg metadata, resumes from Iceberg instead and sets a read
+    floor. Nothing is lost or duplicated, and once the job is back no reader is given a version older than one
+    read before."""
+    settings = pg_catalog_settings
+    catalog = settings.load()
+    connect = server.connect_string + f"/{namespace}"
+    src, tables, config = count_pipeline(settings, namespace, connect, session_timeout=SESSION, max_epochs=None)
+    source, log_sink, counts_sink = tables
+    produced = [0]
+    stop = threading.Event()
+
+    def produce() -> None:
+        while not stop.wait(0.2):
+            n = produced[0]
+            src.append(pa.table({"k": [f"k{(n + i) % 5}" for i in range(3)], "n": list(range(n, n + 3))},
+                                schema=SOURCE_SCHEMA))
+            produced[0] = n + 3
+
+    def newest(tm: Tidemark) -> int:
+        try:
+            return Resolver(catalog, settings, tm).resolve(list(tables)).epoch or 0  # None: not registered yet
+        except VersionNotFound:
+            return 0
+    producer = threading.Thread(target=produce)
+    producer.start()
+    leader, standby = drivers(config), drivers(config)
+    reader = Tidemark.connect(connect, session_timeout=SESSION)
+    try:
+        copied_after = wait_for(lambda: newest(reader), "the job's first epoch", 120)
+        back_up_server(server, tmp_path / "backup")
+        before = wait_for(lambda: (e := newest(reader)) > copied_after + 3 * INTERVAL_MS and e,
+                          "three more epochs after the copy", 120)
+        restore_server(server, tmp_path / "backup")
+        with Tidemark.connect(connect, session_timeout=SESSION) as after:
+            wait_for(lambda: newest(after) > before, "the job to commit past what was read before the restore", 120)
+            floors = {t: m.read_floor for t, m in read_tidemarks(after, [log_sink, counts_sink]).items() if m}
+            stop.set()
+            producer.join()
+            version = wait_for(lambda: (v := Resolver(catalog, settings, after).resolve(list(tables))).epoch and
+                               len(read_arrow(Resolver(catalog, settings), v)[source]) == produced[0] and v,
+                               "a version holding every produced row", 120)
+    finally:
+        stop.set()
+        producer.join()
+        reader.close()
+    data = read_arrow(Resolver(catalog, settings), version)
+    source_rows = sorted(zip(*(data[source].column(c).to_pylist() for c in ("k", "n"))))
+    logged = sorted(zip(*(data[log_sink].column(c).to_pylist() for c in ("k", "n"))))
+    assert logged == source_rows, "rows were lost or duplicated across the restore"
+    assert counted(data, log_sink, counts_sink) is None
+    logs = leader.log() + standby.log()
+    assert "started over in this process on a new session" in logs, logs  # the replica that led, at least
+    assert "restored from an older copy; resuming from Iceberg" in logs, logs
+    assert "Traceback" not in logs, logs
+    assert all(floor is not None and floor >= before for floor in floors.values()) and len(floors) == 2, \
+        f"the resumed sinks' read floors {floors} are not at or above {before}, read before the restore"
 
 
 def test_sigterm_during_a_zookeeper_outage_ends_drivers_at_once(server, pg_catalog_settings, namespace,

@@ -50,6 +50,12 @@ class ResumePoint:
     first_epoch: Optional[int]
 
     @property
+    def newest_epoch(self) -> Optional[int]:
+        """The newest epoch of this job any sink records (``in_flight``'s, else ``committed``'s)."""
+        newest = self.in_flight or self.committed
+        return newest.epoch if newest is not None else None
+
+    @property
     def is_fresh(self) -> bool:
         """True when no sink records anything of this job: it starts like a new job."""
         return self.committed is None and self.in_flight is None

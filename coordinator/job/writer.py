@@ -304,7 +304,9 @@ class EpochWriter:
     process: it steps down, opens a new session with the old one's settings (``tm.reopen()``: ``writer.tm``
     is then the new one, and the old one stays ended), and its next take-over registers the job again and
     resumes from its sinks' Iceberg metadata, as a restarted driver would, with fresh recipes (leadership,
-    the tidemark cache, barriers) on the new session. Where it cannot (a session not opened by
+    the tidemark cache, barriers) on the new session. A tree restored from an older copy holds the job's
+    history: the take-over resumes from Iceberg where that history is older than the sinks record, and gives
+    the sinks' tidemarks a read floor either way. Where it cannot (a session not opened by
     ``connect``, no server answering), ``run`` logs one line and by default exits the process with
     ``EXIT_ZOOKEEPER_REBUILT`` (75, EX_TEMPFAIL) for its supervisor (Kubernetes) to restart it. SIGTERM
     while ZooKeeper is unreachable does not wait for it:
@@ -345,6 +347,9 @@ class EpochWriter:
         # What this replica is busy with while it leads (and since when, monotonic): _watch_steps logs a step
         # that lasts, so a leader that commits nothing always says what it waits for (issue 22).
         self._doing: Optional[tuple[str, float]] = None
+        # Set by a start-over, cleared by the next recovery: ZooKeeper went back, so that recovery gives the sinks'
+        # tidemarks a read floor even where the tree still holds the job's history (restored from an older copy).
+        self._after_loss = False
         # port None: TIDEMARK_METRICS_PORT, unset: not served
         self.metrics = DriverMetrics(_MetricsView(self), port=metrics_port)
 
@@ -433,7 +438,8 @@ class EpochWriter:
             committer = EpochCommitter(epochs, self.table, timed=self._timed, marker_every_ms=self.marker_every_ms)
             refuse_retired(self.tm, self.name)  # once leading: a standby may outlast the retirement of its job
             self._doing = (f"taking over as term {number}: recovering its last epoch", time.monotonic())
-            plan = epochs.recover(lambda: resume_point(self.name, sinks))
+            plan = epochs.recover(lambda: resume_point(self.name, sinks), after_loss=self._after_loss)
+            self._after_loss = False
             if plan.resumed_from is not None:
                 log.info("%s", plan.resumed_from.describe())
             opened_ms = self.tm.server_clock.now_ms() if plan.action == RecoveryAction.START else None
@@ -530,6 +536,7 @@ class EpochWriter:
             log.error("job %s: cannot start over in this process (%s)", self.name, str(exc).splitlines()[0])
             return False
         self.tm, self.barriers, self.leadership = tm, Barriers(tm), Leadership(tm, self.name)
+        self._after_loss = True
         return True
 
     def close(self) -> None:

@@ -15,12 +15,14 @@ epoch may cover several barriers (coalescing), and the epoch's recorded inputs s
 which slice ``(previous epoch, T]`` of each source it covers. ``commit`` advances the tidemark
 of every sink table and marks the epoch COMMITTED in one multi: the epoch becomes visible to
 consistent readers everywhere at once, or not at all. A leader that finds no epoch history in
-ZooKeeper resumes from its sinks' Iceberg metadata (``EpochCoordinator.recover``).
+ZooKeeper, or one older than its sinks' Iceberg metadata records, resumes from that metadata
+(``EpochCoordinator.recover``).
 ``docs/design.md``, "The epoch state machine", says why each step is there.
 """
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
@@ -33,6 +35,8 @@ from coordinator.protocol.leadership import Leadership
 from coordinator.records import EpochInputs, EpochRecord, EpochState, TableTidemark
 from coordinator.zookeeper.ops import Create, Delete, Op, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
+
+log = logging.getLogger(__name__)
 
 
 def newest_epoch(tm: ZooKeeperSession, job: str) -> Optional[int]:
@@ -60,12 +64,13 @@ class RecoveryAction(str, enum.Enum):
 @dataclass(frozen=True)
 class Recovery:
     """What ``EpochCoordinator.recover`` found: the ``action`` to take, the last epoch's record and the last
-    committed epoch, and the Iceberg progress written back when ZooKeeper held no epoch of the job."""
+    committed epoch, and the Iceberg progress written back when ZooKeeper held no epoch of the job, or only older
+    ones."""
 
     action: RecoveryAction
     epoch: Optional[EpochRecord]        # the last epoch's record (None for START)
     last_committed: Optional[int]
-    resumed_from: Optional[ResumePoint] = None   # the Iceberg progress written back (no ZooKeeper history)
+    resumed_from: Optional[ResumePoint] = None   # the Iceberg progress written back (ZooKeeper's was behind)
 
 
 class EpochCoordinator:
@@ -113,30 +118,41 @@ class EpochCoordinator:
 
     # -- recovery -----------------------------------------------------------------------------
 
-    def recover(self, resume: Optional[Callable[[], ResumePoint]] = None) -> Recovery:
+    def recover(self, resume: Optional[Callable[[], ResumePoint]] = None, after_loss: bool = False) -> Recovery:
         """Read the job's epochs and say what the new leader must do; call it once after acquiring leadership.
 
-        With no epoch in ZooKeeper (a new chroot, an unregistered and re-registered job, a rebuilt ensemble),
-        ``resume()`` (the sinks' Iceberg progress) is read and written back first, in one leader multi: its
-        committed epoch as the job's COMMITTED epoch (with its input ranges, and the sinks' tidemarks at it) and
-        an epoch in flight as STARTED with its recorded inputs, so the job carries on exactly where its sinks say
-        it was.
+        ``resume()`` (the sinks' Iceberg progress) is read and written back first, in one leader multi, when
+        ZooKeeper holds no epoch of the job (a new chroot, an unregistered and re-registered job, a rebuilt
+        ensemble) or only epochs older than the newest its sinks record (a tree restored from an older copy: its
+        epochs are deleted in the same multi): its committed epoch as the job's COMMITTED epoch (with its input
+        ranges, and the sinks' tidemarks at it, with a read floor) and an epoch in flight as STARTED with its
+        recorded inputs, so the job carries on exactly where its sinks say it was.
 
-        :param resume: reads the sinks' ``ResumePoint`` (only called when ZooKeeper holds no epoch of the job).
+        :param resume: reads the sinks' ``ResumePoint``.
+        :param after_loss: this process found ZooKeeper behind its session (rebuilt or restored) and started over:
+            the sinks' tidemarks get a read floor even when ZooKeeper's history is not behind Iceberg's, since the
+            epochs committed after the copy was taken, and marked nowhere else, were read.
         :raises CorruptState: an epoch or tidemark znode cannot be decoded.
         :raises Fenced: writing the resumed history back, this replica no longer holds its term.
         """
         p = self.tm.paths
-        self._known = sorted(e for e in map(parse_epoch, self.tm.children(p.epochs(self.job))) if e is not None)
-        seeded = resume() if not self._known and resume is not None else None
-        if seeded is not None and seeded.is_fresh:
-            seeded = None
+        self._known = self._recorded()
+        seeded = resume() if resume is not None else None
+        newest = seeded.newest_epoch if seeded is not None else None
+        if newest is None or (self._known and newest <= self._known[-1]):
+            seeded = None  # nothing of this job in Iceberg, or ZooKeeper's history covers it
         if seeded is not None:
-            self._seed(seeded)
-            self._known = sorted(e for e in map(parse_epoch, self.tm.children(p.epochs(self.job))) if e is not None)
+            if self._known:
+                log.warning("job %s: ZooKeeper's newest epoch of it (%s) is older than its sinks' Iceberg metadata "
+                            "records (%s): the tree was restored from an older copy; resuming from Iceberg",
+                            self.job, self._known[-1], newest)
+            self._seed(seeded, stale=self._known)
+            self._known = self._recorded()
         marks = self.tm.get_many([p.tidemark(t) for t in self.sinks])
         self._marks = {t: TableTidemark.from_json(m[0], p.tidemark(t)) if m else TableTidemark(t)
                        for t, m in zip(self.sinks, marks)}
+        if after_loss and seeded is None:
+            self._raise_floors()
         self.current, self.last_committed = None, None
         for epoch in reversed(self._known):
             found = self.tm.read(p.epoch(self.job, epoch), EpochRecord)
@@ -157,7 +173,16 @@ class EpochCoordinator:
             return Recovery(RecoveryAction.ROLL_FORWARD, last, self.last_committed, seeded)
         return Recovery(RecoveryAction.RECOMPUTE, last, self.last_committed, seeded)
 
-    def _seed(self, resume: ResumePoint) -> None:
+    def _recorded(self) -> list[int]:
+        return sorted(e for e in map(parse_epoch, self.tm.children(self.tm.paths.epochs(self.job))) if e is not None)
+
+    def _raise_floors(self) -> None:
+        """Every sink's tidemark with the read floor ``_seed`` gives (the newest barrier now), in one leader multi."""
+        floor = self._grid().floor(self._now())
+        self._marks = {t: replace(m, read_floor=max(floor, m.read_floor or 0)) for t, m in self._marks.items()}
+        self.leadership.transact([SetData(self.tm.paths.tidemark(t), m.to_json()) for t, m in self._marks.items()])
+
+    def _seed(self, resume: ResumePoint, stale: Iterable[int] = ()) -> None:
         """Write the Iceberg progress back as the job's epoch history (one leader multi).
 
         Iceberg may be behind what ZooKeeper had committed (an idle epoch is marked once per marker period, and
@@ -166,7 +191,7 @@ class EpochCoordinator:
         below it is read until the job has committed past it ("When ZooKeeper loses its state" in
         docs/design.md)."""
         p = self.tm.paths
-        ops: list[Op] = []
+        ops: list[Op] = [Delete(p.epoch(self.job, e)) for e in stale]
         stamp = self._now()
         floor = self._grid().floor(stamp)
         committed, in_flight = resume.committed, resume.in_flight

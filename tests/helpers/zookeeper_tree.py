@@ -1,8 +1,9 @@
-"""Losing ZooKeeper's state in a test: the whole chroot deleted, as an ensemble that lost its data would, or the
-server rebuilt empty on the same address."""
+"""Losing ZooKeeper's state in a test: the whole chroot deleted, as an ensemble that lost its data would, the
+server rebuilt empty on the same address, or restored from a copy of its data directory taken earlier."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, NotEmptyError
@@ -38,4 +39,18 @@ def rebuild_server(zk: EmbeddedZooKeeper) -> None:
     """What rebuilding or restoring an ensemble from nothing does to a server: its data gone, the same address."""
     zk.stop()
     shutil.rmtree(zk.data_dir / "data")
+    zk.start()
+
+
+def back_up_server(zk: EmbeddedZooKeeper, to: Path) -> None:
+    """A copy of the running server's data directory, as a backup of it is taken (its snapshots and transaction
+    logs: the server replays them on a restore)."""
+    shutil.copytree(zk.data_dir / "data", to)
+
+
+def restore_server(zk: EmbeddedZooKeeper, backup: Path) -> None:
+    """The server restored from ``backup`` (``back_up_server``): stopped, its data replaced, started again."""
+    zk.stop()
+    shutil.rmtree(zk.data_dir / "data")
+    shutil.copytree(backup, zk.data_dir / "data")
     zk.start()
