@@ -21,6 +21,7 @@ from coordinator.tidemark import Tidemark
 from tests.helpers.mixed_lake import MixedLake
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.wait import wait_for
+from tests.helpers.zookeeper_tree import wipe_zookeeper
 
 
 def load(server: CatalogServer, table: str, agent: str) -> tuple[int, Any]:
@@ -120,3 +121,34 @@ def test_the_backing_catalog_down_is_a_503_saying_so_and_served_again_once_back(
             server.stop()
             lake.close()
             tm.close()
+
+
+def test_a_tidemark_table_whose_job_is_gone_is_a_503_until_its_writer_released_it(
+        zk_server, zk_connect, catalog, catalog_settings, namespace):
+    """An endpoint started after ZooKeeper lost its state (here: the tree deleted under the test's jobs) knows no job
+    of a Tidemark table, and its catalog's current snapshot may be older than what readers were served: a 503 that
+    says why, until the job registers again. Once the writer released the table (``tidemark release``, as
+    ``tidemark unregister`` does), it is served as its catalog has it, the rule a ``Resolver`` follows too."""
+    tm = Tidemark.connect(zk_connect, session_timeout=30, operation_timeout=30)
+    lake = MixedLake(catalog, catalog_settings, namespace)
+    lake.open(tm)
+    lake.root_epoch(lake.up, 1000)
+    lake.copy_epoch(1000)
+    lake.close()
+    tm.close()
+    wipe_zookeeper(zk_server, zk_connect)
+    with Tidemark.connect(zk_connect, session_timeout=30, operation_timeout=30) as operator:
+        served = ServedVersions(catalog_settings, lambda: Tidemark.connect(zk_connect, read_only=True))
+        server = CatalogServer(served, port=0).start()
+        try:
+            status, error = load(server, lake.down, "after the loss")
+            assert (status, error["type"]) == (503, "ServiceUnavailableException"), error
+            assert "not registered in ZooKeeper now and did not release it" in error["message"], error
+            assert f"tidemark release {lake.down}" in error["message"], error
+
+            operator.release_tables([lake.down], confirm=True, catalog=catalog_settings)
+            status, headers = load(server, lake.down, "after the release")
+            assert status == 200, headers
+            assert "Tidemark-Epoch" not in headers, "a table in no job's group has no served epoch"
+        finally:
+            server.stop()

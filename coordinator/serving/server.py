@@ -70,7 +70,7 @@ from coordinator.errors import (
 )
 from coordinator.iceberg.catalog import is_catalog_outage, load_table
 from coordinator.iceberg.catalog_properties import java_properties
-from coordinator.iceberg.snapshots import WRITER_PROPERTY
+from coordinator.iceberg.snapshots import WRITER_PROPERTY, is_released
 from coordinator.serving.asgi import build_app, run_server
 from coordinator.serving.auth import TOKEN_LIFETIME_S, ServerAuth
 from coordinator.serving.credentials import CredentialVending
@@ -441,10 +441,15 @@ class CatalogServer:
                 raise RestError(404, "NoSuchTableException", f"table {identifier} does not exist in the backing "
                                 f"catalog ({self.served.settings.describe()})") from None
         metadata = table.metadata
-        if choice.passthrough and WRITER_PROPERTY in metadata.properties:
+        # A table of a Tidemark job missing from the graph is served as its catalog has it only once its writer
+        # released it: until the job is back its current snapshot may be behind what was served ("When ZooKeeper
+        # loses its state" in docs/design.md), the rule a Resolver follows too.
+        if choice.passthrough and WRITER_PROPERTY in metadata.properties and not is_released(metadata.properties):
             raise RestError(503, "ServiceUnavailableException", f"table {identifier} is written by Tidemark job "
-                            f"{metadata.properties[WRITER_PROPERTY]!r}, which is not registered in ZooKeeper now (its "
-                            "state lost, or the job unregistered): no consistent version of it can be chosen; retry")
+                            f"{metadata.properties[WRITER_PROPERTY]!r}, which is not registered in ZooKeeper now and "
+                            "did not release it: retry once the job has registered again (ZooKeeper's state lost), "
+                            "or, for a job unregistered by an earlier Tidemark release, "
+                            f"`tidemark release {identifier}`")
         if not choice.passthrough:
             try:
                 metadata = served_metadata(metadata, choice.snapshot_id)
