@@ -74,6 +74,18 @@ def test_every_option_of_every_command_is_explained_in_its_help(capsys):
     assert "--yes" in out and "--dry-run" in out and "--json" in out and "--version" in out
 
 
+def test_every_command_says_what_it_is_for_at_the_top_of_its_help(capsys):
+    """``tidemark status --help`` opens with the line ``tidemark --help`` gives the command, as every command does."""
+    listed = {f"{parent} {choice.dest}": choice.help for parent, command in all_commands(build_parser())
+              for action in command._actions if isinstance(action, argparse._SubParsersAction)
+              for choice in action._choices_actions}
+    assert {"tidemark status", "tidemark versions", "tidemark zk stop"} <= listed.keys()
+    for name in listed:
+        out = run_cli(capsys, *name.split()[1:], "--help")[1]
+        description = " ".join(out.split("\n\n")[1].split())  # the paragraph after the usage, unwrapped
+        assert description == " ".join(listed[name].split()), f"{name}: its help does not open with what it is for"
+
+
 def test_version_names_the_installed_distribution():
     tidemark = shutil.which("tidemark", path=str(Path(sys.executable).parent))
     assert tidemark is not None, "the entry point is installed with the package"

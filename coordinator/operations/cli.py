@@ -764,7 +764,18 @@ def build_parser() -> argparse.ArgumentParser:
     for add_commands in (_add_zk, _add_lakehouse, _add_deployment_commands, _add_job_commands, _add_rest_commands,
                          _add_barriers, _add_exporter, _add_serve, _add_resolve, _add_gc, _add_versions):
         add_commands(sub)
+    _describe_commands(parser)
     return parser
+
+
+def _describe_commands(parser: argparse.ArgumentParser) -> None:
+    """Every command's ``--help`` opens with what its family's ``--help`` says of it: one sentence, written once, in
+    the ``help=`` of its ``add_parser`` (more goes in an ``epilog``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                action.choices[choice.dest].description = choice.help
+                _describe_commands(action.choices[choice.dest])
 
 
 JSON_HELP = "print one JSON document on stdout instead of text"
@@ -796,7 +807,7 @@ def _add_zk(sub: Commands) -> None:
                       "--data-dir: print its connect string)"),
             ("stop", "stop the one recorded in --data-dir"),
             ("status", "say whether it serves (exits 3 when it does not)")):
-        action_parser = zk_actions.add_parser(action, help=helptext, description=helptext)
+        action_parser = zk_actions.add_parser(action, help=helptext)
         action_parser.add_argument("--port", type=_port,
                                    help=f"its client port, 1-65535 (start: default {DEFAULT_PORT}; stop and status: "
                                         "refuse a server recorded with another port)")
@@ -825,7 +836,7 @@ def _add_lakehouse(sub: Commands) -> None:
             ("stop", "stop the one recorded in --data-dir"),
             ("status", "say whether it serves (exits 3 when it does not, or when its disk is too full for it to "
                        "write)")):
-        action_parser = lakehouse_actions.add_parser(action, help=helptext, description=helptext)
+        action_parser = lakehouse_actions.add_parser(action, help=helptext)
         action_parser.add_argument("--data-dir", type=Path, help="its data directory, where its pid and ports are "
                                                                  "recorded (default: $TIDEMARK_HOME/lakehouse)")
         action_parser.set_defaults(func=cmd_lakehouse)
@@ -870,7 +881,7 @@ def _add_job_commands(sub: Commands) -> None:
 
     release = sub.add_parser("release", help="say that the tables of a job no longer registered are final: readers "
                                              "with ZooKeeper read them by their Iceberg records",
-                             description="For tables whose job was unregistered by a Tidemark release that did not "
+                             epilog="For tables whose job was unregistered by a Tidemark release that did not "
                                          "record the release (`unregister` does now): until then a reader with "
                                          "ZooKeeper does not read them, as after a ZooKeeper loss.")
     release.add_argument("tables", nargs="+", metavar="TABLE", help="a table (namespace.table)")
