@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -238,6 +239,17 @@ def test_a_terminal_confirms_through_the_real_entry_point(tm, zk_connect):
     assert tm.barriers.grid().changes == ({"from_epoch": future, "interval_ms": 5000},)
 
 
+def thread_states(pid: int) -> list[str]:
+    """The state letter of each thread of process ``pid`` (none once it is gone): ``Z`` for one that ended."""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            pass  # the thread ended meanwhile
+    return states
+
+
 def test_zk_stop_and_status_honour_the_port_and_start_fails_fast_without_zookeeper_classes(tmp_path):
     port, data = free_port(), tmp_path / "zk"
     started = subprocess.run([*TIDEMARK, "zk", "start", "--port", str(port), "--data-dir", str(data)],
@@ -253,6 +265,7 @@ def test_zk_stop_and_status_honour_the_port_and_start_fails_fast_without_zookeep
                                 capture_output=True, text=True, timeout=120)
         assert status.returncode == 0 and json.loads(status.stdout)["running"] is True
         assert json.loads(status.stdout)["mode"] == "standalone"
+        pid = json.loads(status.stdout)["pid"]
         elsewhere = subprocess.run([*TIDEMARK, "zk", "status", "--port", "1", "--data-dir", str(data)],
                                    capture_output=True, text=True, timeout=120)
         assert elsewhere.returncode == 3 and f"listens on {port}" in elsewhere.stdout
@@ -260,6 +273,8 @@ def test_zk_stop_and_status_honour_the_port_and_start_fails_fast_without_zookeep
                                  capture_output=True, text=True, timeout=120)
         assert stopped.returncode == 0 and stopped.stdout.strip() == "stopped"
         assert four_letter_word("127.0.0.1", port) is None
+        states = thread_states(pid)
+        assert set(states) <= {"Z"}, f"zk stop said 'stopped' while the server's threads still run ({states})"
     finally:
         EmbeddedZooKeeper(port, data).stop()
 

@@ -80,10 +80,11 @@ def test_every_command_says_what_it_is_for_at_the_top_of_its_help(capsys):
               for action in command._actions if isinstance(action, argparse._SubParsersAction)
               for choice in action._choices_actions}
     assert {"tidemark status", "tidemark versions", "tidemark zk stop"} <= listed.keys()
-    for name in listed:
+    for name, helptext in listed.items():
+        assert helptext, f"{name} has no help line"
         out = run_cli(capsys, *name.split()[1:], "--help")[1]
         description = " ".join(out.split("\n\n")[1].split())  # the paragraph after the usage, unwrapped
-        assert description == " ".join(listed[name].split()), f"{name}: its help does not open with what it is for"
+        assert description == " ".join(helptext.split()), f"{name}: its help does not open with what it is for"
 
 
 def test_version_names_the_installed_distribution():

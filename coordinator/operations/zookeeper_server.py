@@ -374,14 +374,30 @@ class EmbeddedZooKeeper:
         self.stop()
 
 
+def _has_live_thread(pid: int) -> bool:
+    """Whether any thread of process ``pid`` still runs. The process's own state is not enough: a JVM's main thread
+    ends first, and the process shows as a zombie for the seconds its shutdown hooks run in other threads."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        if stat.rsplit(")", 1)[1].split()[0] != "Z":  # the state follows the name, which may hold spaces
+            return True
+    return False
+
+
 def _is_our_server(state: ServerState) -> bool:
     """True when ``state.pid`` is still a live ZooKeeper server using ``state.data_dir``'s config."""
     try:
         cmdline = Path(f"/proc/{state.pid}/cmdline").read_bytes().split(b"\0")
-        status = Path(f"/proc/{state.pid}/stat").read_text().split()[2]
     except OSError:
         return False
-    if status == "Z":
+    if not _has_live_thread(state.pid):
         return False
     config = str(Path(state.data_dir) / "zoo.cfg").encode()
     return (MAIN_CLASS.encode() in cmdline or QUORUM_MAIN_CLASS.encode() in cmdline) and config in cmdline
