@@ -21,8 +21,11 @@ from coordinator import (
     SourceRange,
     TidemarkError,
 )
+from coordinator.errors import CorruptState
+from coordinator.iceberg.progress import ResumePoint
+from coordinator.names import parse_epoch
 from coordinator.protocol.leadership import Leadership
-from coordinator.records import RECENT_PER_LEVEL, TableTidemark, keep_recent, now_ms
+from coordinator.records import RECENT_PER_LEVEL, EpochProgress, TableTidemark, keep_recent, now_ms
 from coordinator.zookeeper.session import ZooKeeperSession
 from tests.helpers.present import present
 
@@ -181,6 +184,42 @@ def test_recovery_rolls_forward_a_precommitted_epoch_and_recomputes_a_started_on
     aborted = again.abort(3000, "bad input")
     assert aborted.state == EpochState.ABORTED and aborted.abort_reason == "bad input"
     assert again.begin(3000).term == third.term
+
+
+def iceberg_at(epoch: int) -> ResumePoint:
+    """What the sinks' Iceberg metadata would say of job ``j``: every sink at ``epoch``."""
+    progress = EpochProgress("j", epoch, 1, inputs(epoch))
+    return ResumePoint("j", progress, None, dict.fromkeys(SINKS, progress), dict.fromkeys(SINKS),
+                       {s: () for s in SINKS}, 1, 1000)
+
+
+def test_recovery_resumes_from_iceberg_only_where_zookeeper_is_behind_it(tm, connect, job):
+    """A take-over compares the job's history with its sinks' progress: the history stands where it covers it (or
+    where the progress cannot be read: a release before format 1), and is replaced where Iceberg records a newer
+    epoch (a tree restored from an older copy), under a read floor. After a start-over (``after_loss``) the floor
+    is set either way."""
+    first = tm.leadership(job)
+    first.acquire()
+    epochs = EpochCoordinator(first, SINKS)
+    run_epoch(epochs, 1000)
+    run_epoch(epochs, 2000)
+
+    def unreadable() -> ResumePoint:
+        raise CorruptState("no input ranges")
+    for resume in (unreadable, lambda: iceberg_at(2000), lambda: iceberg_at(1000)):
+        plan = EpochCoordinator(first, SINKS).recover(resume)
+        assert (plan.action, plan.last_committed, plan.resumed_from) == (RecoveryAction.NEXT, 2000, None)
+    assert {m.read_floor for m in tm.tidemarks(SINKS).values() if m} == {None}
+
+    EpochCoordinator(first, SINKS).recover(lambda: iceberg_at(2000), after_loss=True)
+    floors = {m.read_floor for m in tm.tidemarks(SINKS).values() if m}
+    assert len(floors) == 1 and present(floors.pop()) >= 2000
+    assert {present(m).epoch for m in tm.tidemarks(SINKS).values()} == {2000}
+
+    plan = EpochCoordinator(first, SINKS).recover(lambda: iceberg_at(9000))
+    assert (plan.action, plan.last_committed) == (RecoveryAction.NEXT, 9000) and plan.resumed_from is not None
+    assert [parse_epoch(n) for n in tm.children(tm.paths.epochs(job))] == [9000], "the older history is deleted"
+    assert {present(m).epoch for m in tm.tidemarks(SINKS).values()} == {9000}
 
 
 def test_only_one_replica_leads_and_terms_increase(connect, tm, job):

@@ -132,12 +132,18 @@ class EpochCoordinator:
         :param after_loss: this process found ZooKeeper behind its session (rebuilt or restored) and started over:
             the sinks' tidemarks get a read floor even when ZooKeeper's history is not behind Iceberg's, since the
             epochs committed after the copy was taken, and marked nowhere else, were read.
-        :raises CorruptState: an epoch or tidemark znode cannot be decoded.
+        :raises CorruptState: an epoch or tidemark znode cannot be decoded, or ZooKeeper holds no epoch of the job
+            and its sinks' progress cannot be resumed from (``resume_point``).
         :raises Fenced: writing the resumed history back, this replica no longer holds its term.
         """
         p = self.tm.paths
         self._known = self._recorded()
-        seeded = resume() if resume is not None else None
+        try:
+            seeded = resume() if resume is not None else None
+        except CorruptState:
+            if not self._known:
+                raise
+            seeded = None  # progress of a release before format 1: no resuming from it, and ZooKeeper has history
         newest = seeded.newest_epoch if seeded is not None else None
         if newest is None or (self._known and newest <= self._known[-1]):
             seeded = None  # nothing of this job in Iceberg, or ZooKeeper's history covers it
