@@ -31,7 +31,7 @@ from tests.test_lakehouse import lakehouse as lakehouse  # the fixture: this mod
 
 READS = 12  # reads per engine while the pipeline commits
 TOKEN = "t0ken"  # the secured endpoint's (TIDEMARK_SERVE_TOKENS): a client with it is vended the store's credentials
-SESSIONS, SESSION_READS = 4, 6  # concurrent Trino sessions, and the refreshes (a panel, then a join) each runs
+SESSIONS, SESSION_READS = 4, 4  # concurrent Trino sessions, and the refreshes (a panel, then a join) each runs
 QUERY_GAP_S = DEFAULT_QUERY_GAP_MS / 1000  # the endpoint's: a client quiet for longer starts its next query
 MOVE_DEADLINE_S = 60.0  # reads go on until they saw the pipeline move
 PIPELINE_PAUSE_S = 0.4  # between epochs: with an epoch's own commits, one about every 500 ms (the tables stay small)
