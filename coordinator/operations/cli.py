@@ -882,8 +882,8 @@ def _add_job_commands(sub: Commands) -> None:
     release = sub.add_parser("release", help="say that the tables of a job no longer registered are final: readers "
                                              "with ZooKeeper read them by their Iceberg records",
                              epilog="For tables whose job was unregistered by a Tidemark release that did not "
-                                         "record the release (`unregister` does now): until then a reader with "
-                                         "ZooKeeper does not read them, as after a ZooKeeper loss.")
+                                    "record the release (`unregister` does now): until then a reader with "
+                                    "ZooKeeper does not read them, as after a ZooKeeper loss.")
     release.add_argument("tables", nargs="+", metavar="TABLE", help="a table (namespace.table)")
     _confirmation(release)
     release.set_defaults(func=cmd_release)
