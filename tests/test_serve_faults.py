@@ -18,8 +18,10 @@ from coordinator.operations.zookeeper_server import free_port
 from coordinator.serving.served_versions import ServedVersions
 from coordinator.serving.server import CatalogServer
 from coordinator.tidemark import Tidemark
+from coordinator.zookeeper.ops import SetData
 from tests.helpers.mixed_lake import MixedLake
 from tests.helpers.postgres import PostgresServer
+from tests.helpers.present import present
 from tests.helpers.wait import wait_for
 from tests.helpers.zookeeper_tree import wipe_zookeeper
 
@@ -152,3 +154,33 @@ def test_a_tidemark_table_whose_job_is_gone_is_a_503_until_its_writer_released_i
             assert "Tidemark-Epoch" not in headers, "a table in no job's group has no served epoch"
         finally:
             server.stop()
+
+
+def test_a_tidemark_behind_its_tables_iceberg_metadata_is_a_503_not_an_older_version(
+        zk_connect, catalog, catalog_settings, namespace):
+    """A tree restored from an older copy holds older tidemarks: an endpoint started then would serve versions
+    older than readers were served before. A table whose metadata proves a newer epoch of its writer committed (two
+    newer epochs in ``main``, or the committed-epoch marker) is a 503 saying so, until its job has resumed."""
+    tm = Tidemark.connect(zk_connect, session_timeout=30, operation_timeout=30)
+    lake = MixedLake(catalog, catalog_settings, namespace)
+    lake.open(tm)
+    try:
+        lake.root_epoch(lake.up, 1000)
+        lake.copy_epoch(1000)
+        copy = {t: present(tm.get(tm.paths.tidemark(t)))[0] for t in (lake.up, lake.down)}  # the older copy's
+        for epoch in (2000, 3000):
+            lake.root_epoch(lake.up, epoch)
+            lake.copy_epoch(epoch)
+        tm.multi([SetData(tm.paths.tidemark(t), data) for t, data in copy.items()])  # those znodes restored
+        served = ServedVersions(catalog_settings, lambda: Tidemark.connect(zk_connect, read_only=True))
+        server = CatalogServer(served, port=0).start()
+        try:
+            for table in (lake.up, lake.down):
+                status, error = load(server, table, f"after the restore {table}")
+                assert (status, error["type"]) == (503, "ServiceUnavailableException"), (table, error)
+                assert "shows epoch 2000" in error["message"] and "older copy" in error["message"], error
+        finally:
+            server.stop()
+    finally:
+        lake.close()
+        tm.close()

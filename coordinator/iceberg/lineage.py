@@ -14,6 +14,7 @@ table's epochs through it (docs/design.md, "Consistency levels").
     lineage.committed_progress()             # the record at the committed epoch (what recovery resumes from)
     lineage.inputs_at(T)                     # the inputs epoch T records here (its snapshot's, or the marker's)
     lineage.summary()                        # what resolution keeps of it: no snapshot, no metadata
+    proven_committed_epoch(table, job, above=T)  # an epoch above T the metadata proves committed (ZooKeeper behind)
 
 ``EpochLineage`` is the one reader of a table's progress in Iceberg: it applies the rules of ``snapshots.py``
 (how one snapshot or property is read) to a lineage indexed once; ``LineageSummary`` is what a resolver keeps of
@@ -29,6 +30,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from coordinator.iceberg.snapshots import (
+    JOB_KEY,
     ancestors,
     carrying_epoch,
     first_epoch_property,
@@ -265,3 +267,48 @@ class LineageRecords:
 
 
 __all__ = ["EpochLineage", "LineageRecords", "LineageSummary"]
+
+
+PROOF_WALK = 32  # main's newest snapshots read for a proof: two epochs of a writer are a few snapshots apart
+
+
+def proven_committed_epoch(table: Table, job: str, above: Optional[int]) -> Optional[int]:
+    """The newest epoch of ``job`` that ``table``'s metadata proves committed in ZooKeeper, if it is above ``above``
+    (None otherwise). The proofs: the committed-epoch marker (written after the epoch's ZooKeeper commit), and the
+    older of the two newest epochs of ``job`` in ``main`` (a writer begins an epoch only once the one before it is
+    committed; the newest may be in flight). A healthy tree's tidemark of the table is never below it, so a tidemark
+    that is holds the state of an older copy of the tree (restored). Reads the marker and at most ``PROOF_WALK`` of
+    ``main``'s newest snapshots, found from the end of the snapshot list: no index of the whole lineage."""
+    marker = marker_epoch(table)
+    proven = marker if marker is not None and (above is None or marker > above) else None
+    newer: list[int] = []
+    for snapshot in _main_newest_first(table, PROOF_WALK):
+        epoch = snapshot_epoch(snapshot)
+        if epoch is None or (snapshot.summary is not None and snapshot.summary.get(JOB_KEY, job) != job):
+            continue  # not this writer's (a compaction, a foreign write)
+        if above is not None and epoch <= above:
+            break
+        if epoch not in newer:
+            newer.append(epoch)
+        if len(newer) == 2:
+            return max(newer[1], proven or 0)
+    return proven
+
+
+def _main_newest_first(table: Table, most: int) -> Iterator[Snapshot]:
+    """``main``'s snapshots from the head back, at most ``most``; the list is searched from its end (snapshots are
+    appended as they are committed), so the head and its parents are found at once."""
+    pending = reversed(table.metadata.snapshots)
+    seen: dict[int, Snapshot] = {}
+    wanted = table.metadata.current_snapshot_id
+    for _ in range(most):
+        while wanted is not None and wanted not in seen:
+            found = next(pending, None)
+            if found is None:
+                return  # expired
+            seen[found.snapshot_id] = found
+        if wanted is None:
+            return
+        snapshot = seen[wanted]
+        yield snapshot
+        wanted = snapshot.parent_snapshot_id

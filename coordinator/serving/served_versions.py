@@ -40,13 +40,16 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from kazoo.client import KazooState
+from pyiceberg.table import Table
 
 from coordinator.errors import VersionNotFound, ZooKeeperRebuilt, ZooKeeperUnavailable
 from coordinator.history.resolve import Resolver
 from coordinator.history.versions import RetainedVersions
 from coordinator.iceberg.catalog import CatalogSettings
+from coordinator.iceberg.lineage import proven_committed_epoch
+from coordinator.iceberg.snapshots import writer_job
 from coordinator.protocol.held_epochs import common_epochs
-from coordinator.protocol.tidemarks import TidemarkCache
+from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
 from coordinator.protocol.topology import Topology, read_topology
 from coordinator.records import ConsistentVersion, JobRecord
 from coordinator.serving.hold import Hold, HoldRule, cookie_name, table_bit
@@ -275,6 +278,29 @@ class ServedVersions:
                             {name: job for name, (job, _) in self._seen_jobs.items()})
 
     # -- versions -------------------------------------------------------------------------
+
+    def behind_iceberg(self, table: str, loaded: Table) -> Optional[str]:
+        """Why ZooKeeper's tidemark of ``table`` is behind ``loaded``, its metadata from the backing catalog (the
+        tree restored from an older copy: its older versions must not be served), or None. The tidemark is read
+        again from ZooKeeper before saying so, so that a watch not delivered yet is no reason."""
+        job = writer_job(loaded)
+        cache, tm = self._cache, self._tm
+        if job is None or cache is None or tm is None:
+            return None
+        try:
+            mark = cache.get([table])[table]
+            proven = proven_committed_epoch(loaded, job, mark.epoch if mark else None)
+            if proven is None:
+                return None
+            mark = read_tidemarks(tm, [table])[table]
+            proven = proven_committed_epoch(loaded, job, mark.epoch if mark else None)
+        except (ZooKeeperUnavailable, ZooKeeperRebuilt):
+            return None  # served stale from memory meanwhile (module docstring)
+        if proven is None:
+            return None
+        return (f"its Iceberg metadata shows epoch {proven} of job {job!r} committed, and its tidemark in ZooKeeper "
+                f"is at {mark.epoch if mark else None}: ZooKeeper holds an older copy's state (restored?). It is "
+                "served again once the job has resumed from Iceberg; retry")
 
     def choose(self, scope: Scope, table: str, client: str = "", hold: Optional[Hold] = None,
                now_ms: Optional[int] = None, refresh: bool = False,

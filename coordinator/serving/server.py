@@ -451,6 +451,9 @@ class CatalogServer:
                             "or, for a job unregistered by an earlier Tidemark release, "
                             f"`tidemark release {identifier}`")
         if not choice.passthrough:
+            behind = self.served.behind_iceberg(choice.table, table)
+            if behind is not None:
+                raise RestError(503, "ServiceUnavailableException", f"table {identifier}: {behind}")
             try:
                 metadata = served_metadata(metadata, choice.snapshot_id)
             except KeyError:
