@@ -266,9 +266,6 @@ class LineageRecords:
         return self.lineages[table].first_epoch
 
 
-__all__ = ["EpochLineage", "LineageRecords", "LineageSummary"]
-
-
 PROOF_WALK = 32  # main's newest snapshots read for a proof: two epochs of a writer are a few snapshots apart
 
 
@@ -312,3 +309,7 @@ def _main_newest_first(table: Table, most: int) -> Iterator[Snapshot]:
         snapshot = seen[wanted]
         yield snapshot
         wanted = snapshot.parent_snapshot_id
+
+
+__all__ = ["EpochLineage", "LineageRecords", "LineageSummary", "proven_committed_epoch"]
+

@@ -182,9 +182,14 @@ class EpochCoordinator:
     def _recorded(self) -> list[int]:
         return sorted(e for e in map(parse_epoch, self.tm.children(self.tm.paths.epochs(self.job))) if e is not None)
 
+    def _read_floor(self, stamp: int) -> int:
+        """The read floor of a resumption at ``stamp`` (ZooKeeper's clock): the newest barrier then, at or above any
+        epoch committed before ZooKeeper's state was lost."""
+        return self._grid().floor(stamp)
+
     def _raise_floors(self) -> None:
-        """Every sink's tidemark with the read floor ``_seed`` gives (the newest barrier now), in one leader multi."""
-        floor = self._grid().floor(self._now())
+        """Every sink's tidemark with the read floor ``_seed`` gives, in one leader multi."""
+        floor = self._read_floor(self._now())
         self._marks = {t: replace(m, read_floor=max(floor, m.read_floor or 0)) for t, m in self._marks.items()}
         self.leadership.transact([SetData(self.tm.paths.tidemark(t), m.to_json()) for t, m in self._marks.items()])
 
@@ -199,7 +204,7 @@ class EpochCoordinator:
         p = self.tm.paths
         ops: list[Op] = [Delete(p.epoch(self.job, e)) for e in stale]
         stamp = self._now()
-        floor = self._grid().floor(stamp)
+        floor = self._read_floor(stamp)
         committed, in_flight = resume.committed, resume.in_flight
         if committed is not None:
             published = {t: resume.snapshots.get(t) for t in self.sinks}

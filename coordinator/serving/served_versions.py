@@ -287,17 +287,15 @@ class ServedVersions:
         cache, tm = self._cache, self._tm
         if job is None or cache is None or tm is None:
             return None
+        proven = mark = None
         try:
-            mark = cache.get([table])[table]
-            proven = proven_committed_epoch(loaded, job, mark.epoch if mark else None)
-            if proven is None:
-                return None
-            mark = read_tidemarks(tm, [table])[table]
-            proven = proven_committed_epoch(loaded, job, mark.epoch if mark else None)
+            for read in (cache.get, lambda tables: read_tidemarks(tm, tables)):  # the cached one, then confirmed
+                mark = read([table])[table]
+                proven = proven_committed_epoch(loaded, job, mark.epoch if mark else None)
+                if proven is None:
+                    return None
         except (ZooKeeperUnavailable, ZooKeeperRebuilt):
             return None  # served stale from memory meanwhile (module docstring)
-        if proven is None:
-            return None
         return (f"its Iceberg metadata shows epoch {proven} of job {job!r} committed, and its tidemark in ZooKeeper "
                 f"is at {mark.epoch if mark else None}: ZooKeeper holds an older copy's state (restored?). It is "
                 "served again once the job has resumed from Iceberg; retry")
