@@ -138,22 +138,20 @@ def resolution(server, settings: CatalogSettings, sizes: list[int], ahead: int) 
             if version.epoch != consistent or Resolver(catalog, settings, None).resolve(names) != version:
                 raise RuntimeError(f"{count} tables resolved to {version.epoch}, not {consistent} (or Iceberg "
                                    "alone resolved another version)")
+            loads = _LoadCount(catalog)
             warm = timed(lambda: warm_resolver.resolve(names), 50)
-            cold_resolvers: list[Resolver] = []
-
-            def cold() -> None:
-                cold_resolvers.append(Resolver(catalog, settings, tm))
-                cold_resolvers[-1].resolve(names)
-            cold_samples = timed(cold, 10)
-            opened = sum(len(r._summaries) for r in cold_resolvers) + len(warm_resolver._summaries)
+            warm_loads = loads.pop()
+            cold_samples = timed(lambda: Resolver(catalog, settings, tm).resolve(names), 10)
+            cold_loads = loads.pop() / len(cold_samples)
             repeat = 3 if count >= 1000 else 5
             iceberg_only = timed(lambda: Resolver(catalog, settings, None).resolve(names), repeat)
             baseline = timed(lambda: load_metadata(catalog, names), repeat)
             cache.close()
             warm_goal, cold_goal = GOALS_MS.get(count, (None, None))
             ratio = statistics.median(iceberg_only) / statistics.median(baseline)
-            print(f"{count:>6} tables (lake built in {built:.0f} s; consistent epoch {version.epoch}, "
-                  f"Iceberg metadata opened with ZooKeeper: {opened} tables)")
+            print(f"{count:>6} tables in {count // TABLES_PER_JOB} jobs (lake built in {built:.0f} s; consistent epoch "
+                  f"{version.epoch}; tables' metadata loaded per resolution with ZooKeeper: watch cache "
+                  f"{warm_loads / len(warm):g}, cold {cold_loads:g}, to check each job's tidemarks)")
             print(f"  watch cache   {ms(warm)}   {_goal(warm, warm_goal)}")
             print(f"  cold          {ms(cold_samples)}   {_goal(cold_samples, cold_goal)}")
             print(f"  Iceberg-only  {ms(iceberg_only)}")
@@ -161,6 +159,22 @@ def resolution(server, settings: CatalogSettings, sizes: list[int], ahead: int) 
                   f"(goal <= {ICEBERG_RATIO_GOAL}): {verdict(ratio <= ICEBERG_RATIO_GOAL)}", flush=True)
     finally:
         tm.close()
+
+
+class _LoadCount:
+    """Counts the tables a catalog loads, from one ``pop`` to the next."""
+
+    def __init__(self, catalog) -> None:
+        self.count, self._load = 0, catalog.load_table
+        catalog.load_table = self._counted
+
+    def _counted(self, identifier):
+        self.count += 1
+        return self._load(identifier)
+
+    def pop(self) -> int:
+        count, self.count = self.count, 0
+        return count
 
 
 def _goal(samples: list[float], goal_ms: Optional[float]) -> str:

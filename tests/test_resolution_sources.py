@@ -18,8 +18,9 @@ import pytest
 
 from coordinator.errors import VersionNotFound
 from coordinator.history.gc import GarbageCollector
-from coordinator.history.resolve import Resolver
+from coordinator.history.resolve import ReaderSession, Resolver
 from coordinator.history.retention import RetentionPolicy
+from coordinator.zookeeper.ops import SetData
 from tests.helpers.mixed_lake import MixedLake
 from tests.helpers.present import present
 from tests.helpers.zookeeper_tree import wipe_zookeeper
@@ -28,7 +29,8 @@ from tests.helpers.zookeeper_tree import wipe_zookeeper
 def assert_same_everywhere(catalog, settings, lake: MixedLake, warm: Resolver, loaded: list[str],
                            zookeeper_names: bool) -> None:
     """Cold, watch-cache and Iceberg-only resolution of every set give the truth; with ``zookeeper_names``,
-    the two ZooKeeper paths take every snapshot from ZooKeeper's records (no table metadata loaded), and the
+    the two ZooKeeper paths take every snapshot from ZooKeeper's records (the watch cache's loads no table metadata;
+    a new resolver one table per job once, to check its tidemarks), and the
     watch cache is first waited on until it saw every table's newest epoch (its watches are asynchronous)."""
     assert warm.tm is not None and warm.cache is not None
     if zookeeper_names:
@@ -40,6 +42,10 @@ def assert_same_everywhere(catalog, settings, lake: MixedLake, warm: Resolver, l
             f"{tables}: no table is ahead"
         loaded.clear()
         cold = Resolver(catalog, settings, warm.tm).resolve(tables)
+        if zookeeper_names:
+            assert sorted(loaded) == sorted(tables), \
+                f"{tables}: a new resolver loads one table of each job, to check its tidemark (an older copy's?)"
+        loaded.clear()
         cached = warm.resolve(tables)
         again = warm.resolve(tables)
         if zookeeper_names:
@@ -106,6 +112,47 @@ def test_zookeeper_and_iceberg_resolve_the_same_versions_at_mixed_epochs_after_g
             lake.root_epoch(other, epoch, rows=1)     # other skips the floor and floor + 3000
         assert [lake.truth(s).epoch - floor for s in lake.sets()] == [1000, 2000, 1000, 1000]
         assert_same_everywhere(catalog, catalog_settings, lake, warm, loaded, zookeeper_names=True)
+    finally:
+        cache.close()
+        lake.close()
+
+
+def test_tidemarks_restored_from_an_older_copy_are_not_resolved_and_no_reader_goes_back(
+        tm, catalog, catalog_settings, namespace):
+    """A tree restored from an older copy holds older tidemarks, until the job's next take-over resumes it from
+    Iceberg. A new resolver there (a new ``tidemark resolve``), one on the watch cache and one that resolved before
+    the restore all refuse them (``consistent`` and ``committed``), where the old code gave the copy's older epoch;
+    a ``ReaderSession`` gives its newest version again; with the tidemarks current again, resolution goes on."""
+    lake = MixedLake(catalog, catalog_settings, namespace)
+    pair = (lake.up, lake.down)
+    lake.open(tm)
+    cache = tm.tidemark_cache()
+    before = Resolver(catalog, catalog_settings, tm)
+    session = ReaderSession(Resolver(catalog, catalog_settings, tm))
+    try:
+        lake.root_epoch(lake.up, 1000)
+        lake.copy_epoch(1000)
+        copy = {t: present(tm.get(tm.paths.tidemark(t)))[0] for t in pair}  # the older copy's
+        for epoch in (2000, 3000):
+            lake.root_epoch(lake.up, epoch)
+            lake.copy_epoch(epoch)
+        assert before.resolve(pair).epoch == session.resolve(pair).epoch == 3000
+        current = {t: present(tm.get(tm.paths.tidemark(t)))[0] for t in pair}
+        tm.multi([SetData(tm.paths.tidemark(t), data) for t, data in copy.items()])  # those znodes restored
+        for resolver in (Resolver(catalog, catalog_settings, tm), Resolver(catalog, catalog_settings, tm, cache),
+                         before):
+            for level in ("consistent", "committed"):
+                with pytest.raises(VersionNotFound, match=r"shows epoch 2000 .* committed, and its tidemark in "
+                                                          r"ZooKeeper is at 1000: ZooKeeper holds an older copy"):
+                    resolver.resolve(pair, level)
+        assert session.resolve(pair).epoch == 3000, "a reader session never goes back"
+        assert Resolver(catalog, catalog_settings, tm).resolve(pair, as_of=1000).epoch == 1000, "as_of still reads"
+
+        tm.multi([SetData(tm.paths.tidemark(t), data) for t, data in current.items()])  # the job resumed
+        assert before.resolve(pair).epoch == 3000
+        lake.root_epoch(lake.up, 4000)
+        lake.copy_epoch(4000)
+        assert session.resolve(pair).epoch == Resolver(catalog, catalog_settings, tm).resolve(pair).epoch == 4000
     finally:
         cache.close()
         lake.close()

@@ -14,7 +14,8 @@ Levels (docs/design.md, "Consistency levels", has the rules and why they are con
   there still exists.
 
 Which epochs a table holds: with ZooKeeper, those its tidemark lists (``TableTidemark.recent``), so
-``consistent`` loads no metadata of a managed table while the lists share an epoch; for an older epoch, a table
+``consistent`` loads no metadata of a managed table while the lists share an epoch (beyond one sink per job the
+first time a resolver meets its tidemarks: ``tidemarks.older_copy`` refuses a tree restored from an older copy); for an older epoch, a table
 with no tidemark (writer unregistered, ZooKeeper lost) or no ZooKeeper at all, those its Iceberg metadata records
 (``EpochLineage.recorded_epochs``). A root table (no Tidemark writer) takes no part in choosing ``T``: it is read
 as the set's jobs that read it recorded for ``T``, else at its newest snapshot committed at or before ``T``
@@ -48,7 +49,8 @@ from coordinator.iceberg.lineage import EpochLineage, LineageSummary
 from coordinator.names import validate_epoch, validate_name
 from coordinator.protocol.held_epochs import held_epochs
 from coordinator.protocol.registry import check_table_identities
-from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
+from coordinator.protocol.tidemarks import TidemarkCache, older_copy, read_tidemarks
+from coordinator.protocol.topology import read_topology
 from coordinator.records import (
     RECENT_PER_LEVEL,
     ConsistencyLevel,
@@ -88,7 +90,10 @@ class Resolver:
     table has no exact state before it), naming the table and its first epoch. First epochs come from the
     tidemarks' ``first_epoch``, else from ``tidemark.first-epoch`` (or the oldest epoch in ``main``). A table
     loaded for the first time is checked to be the Iceberg table its writer registered (``ConfigurationError``
-    otherwise); with ZooKeeper gone meanwhile it is read unchecked.
+    otherwise); with ZooKeeper gone meanwhile it is read unchecked. A tidemark met for the first time (or below
+    the one met before) is checked against its table's metadata: one behind the epoch that metadata proves
+    committed comes from a tree restored from an older copy, and ``consistent`` and ``committed`` raise
+    ``VersionNotFound`` (retry) until the job has resumed from Iceberg, instead of going back in time.
     """
 
     def __init__(self, catalog: Catalog, settings: CatalogSettings, tm: Optional[ZooKeeperSession] = None,
@@ -97,6 +102,7 @@ class Resolver:
         self._tables: dict[str, Table] = {}  # handed out by ``table``: what readers scan
         self._summaries: dict[str, LineageSummary] = {}  # per table, for the metadata location it was indexed from
         self._identified: dict[str, str] = {}  # each table's Iceberg uuid, once checked against its writer's record
+        self._confirmed: dict[str, int] = {}  # per table, the tidemark epoch found not behind its Iceberg metadata
 
     def table(self, name: str, refresh: bool = True) -> Table:
         """The table for reads of it (scans, schema, refs): loaded once and kept, reloaded when ``refresh``."""
@@ -196,6 +202,8 @@ class Resolver:
         if level == ConsistencyLevel.LATEST:
             return ConsistentVersion(None, self._current(names), level)
         marks = self._tidemarks(names)
+        if as_of is None:
+            self._refuse_older_copy(names, marks)
         epochs = self.committed_epochs(names, marks)
         if level == ConsistencyLevel.COMMITTED:
             return ConsistentVersion(None, {n: self._snapshot_at(n, epochs[n]) for n in names}, level)
@@ -280,6 +288,26 @@ class Resolver:
             f"epoch {epoch} is not a version of {names}: table {name} does not hold it ({why}); the nearest "
             f"epochs {name} holds are {holds}" + (f"; {retained}" if retained else "") +
             " (`--as-of` takes a tag or an epoch)")
+
+    def _refuse_older_copy(self, names: list[str], marks: Mapping[str, Optional[TableTidemark]]) -> None:
+        """``VersionNotFound`` when a tidemark is behind what its table's Iceberg metadata proves committed: the tree
+        was restored from an older copy, and its versions are older than readers were given. Checked the first
+        time this resolver meets a table's tidemark, and again whenever it is below the one checked: a tidemark
+        that only moves forward from one found sound stays sound. A restore brings back all of a job's tidemarks
+        at once, so one sink per job is checked (one metadata load), and it answers for the job's others."""
+        unchecked = {n: m.epoch for n in names if (m := marks[n]) is not None and m.epoch is not None
+                     and self._confirmed.get(n, m.epoch + 1) > m.epoch}
+        if not unchecked or self.tm is None:
+            return
+        writers = read_topology(self.tm).writers
+        by_job: dict[str, list[str]] = {}
+        for name in sorted(unchecked):
+            by_job.setdefault(writers.get(name, name), []).append(name)
+        for sinks in by_job.values():
+            reason = older_copy(self.tm, sinks[0], self._load(sinks[0]), self.cache)
+            if reason is not None:
+                raise VersionNotFound(f"table {sinks[0]}: {reason}")
+            self._confirmed.update({n: unchecked[n] for n in sinks})
 
     def _refuse_unreleased(self, managed: list[str], marks: Mapping[str, Optional[TableTidemark]]) -> None:
         """With ZooKeeper, a Tidemark table with no tidemark is read by its Iceberg records only when its writer

@@ -6,6 +6,7 @@
     cache.cached(tables)                          # memory only, never a ZooKeeper read (for metrics scrapes)
     cache.wait_for(tables, epoch=T, timeout=60)   # block until every table reached T
     cache.wait_changed(cache.generation, 1.0)     # block until any watched tidemark moves
+    older_copy(tm, "lake.db.a", loaded_table, cache)  # why the tidemark is behind what Iceberg proves, or None
 
 The cache sets one data watch per table; a watch callback only re-arms the watch with an
 asynchronous read (it never blocks). kazoo drops every watch when the connection drops (SUSPENDED),
@@ -22,8 +23,11 @@ from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss, NoNodeError
 from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import WatchedEvent
+from pyiceberg.table import Table
 
 from coordinator.errors import CorruptState, TidemarkError
+from coordinator.iceberg.lineage import proven_committed_epoch
+from coordinator.iceberg.snapshots import writer_job
 from coordinator.names import validate_names
 from coordinator.records import TableTidemark
 from coordinator.zookeeper.multiread import read_many
@@ -36,6 +40,34 @@ def read_tidemarks(tm: ZooKeeperSession, tables: Iterable[str]) -> dict[str, Opt
     results = read_many(tm, [tm.paths.tidemark(t) for t in names])
     return {t: (None if r is None else TableTidemark.from_json(r[0], tm.paths.tidemark(t)))
             for t, r in zip(names, results)}
+
+
+def older_copy(tm: ZooKeeperSession, table: str, loaded: Table, cache: Optional[TidemarkCache] = None,
+               ) -> Optional[str]:
+    """Why ``table``'s tidemark in ZooKeeper is behind ``loaded``, its metadata from the catalog, or None. A healthy
+    tree's tidemark is never below the epoch its table's metadata proves committed (``proven_committed_epoch``), so
+    one that is holds the state of an older copy of the tree (restored from a backup): its versions are older than
+    readers were given before, and must not be read until the job has resumed from Iceberg. The cached tidemark is
+    read again from ZooKeeper before saying so, so that a watch not delivered yet is no reason.
+
+    :param cache: the watch cache the caller resolved from, looked at first; None reads ZooKeeper once.
+    :raises ZooKeeperUnavailable: the tidemark cannot be read before the session's deadline.
+    """
+    job = writer_job(loaded)
+    if job is None:
+        return None
+    reads = [lambda: read_tidemarks(tm, [table])]
+    if cache is not None:
+        reads.insert(0, lambda: cache.get([table]))
+    proven = mark = None
+    for read in reads:
+        mark = read()[table]
+        proven = proven_committed_epoch(loaded, job, mark.epoch if mark else None)
+        if proven is None:
+            return None
+    return (f"its Iceberg metadata shows epoch {proven} of job {job!r} committed, and its tidemark in ZooKeeper is at "
+            f"{mark.epoch if mark else None}: ZooKeeper holds an older copy's state (restored?). It is read again "
+            "once the job has resumed from Iceberg; retry")
 
 
 class TidemarkCache:

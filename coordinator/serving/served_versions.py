@@ -46,10 +46,8 @@ from coordinator.errors import VersionNotFound, ZooKeeperRebuilt, ZooKeeperUnava
 from coordinator.history.resolve import Resolver
 from coordinator.history.versions import RetainedVersions
 from coordinator.iceberg.catalog import CatalogSettings
-from coordinator.iceberg.lineage import proven_committed_epoch
-from coordinator.iceberg.snapshots import writer_job
 from coordinator.protocol.held_epochs import common_epochs
-from coordinator.protocol.tidemarks import TidemarkCache, read_tidemarks
+from coordinator.protocol.tidemarks import TidemarkCache, older_copy
 from coordinator.protocol.topology import Topology, read_topology
 from coordinator.records import ConsistentVersion, JobRecord
 from coordinator.serving.hold import Hold, HoldRule, cookie_name, table_bit
@@ -281,24 +279,14 @@ class ServedVersions:
 
     def behind_iceberg(self, table: str, loaded: Table) -> Optional[str]:
         """Why ZooKeeper's tidemark of ``table`` is behind ``loaded``, its metadata from the backing catalog (the
-        tree restored from an older copy: its older versions must not be served), or None. The tidemark is read
-        again from ZooKeeper before saying so, so that a watch not delivered yet is no reason."""
-        job = writer_job(loaded)
+        tree restored from an older copy, ``older_copy``: its older versions must not be served), or None."""
         cache, tm = self._cache, self._tm
-        if job is None or cache is None or tm is None:
+        if cache is None or tm is None:
             return None
-        proven = mark = None
         try:
-            for read in (cache.get, lambda tables: read_tidemarks(tm, tables)):  # the cached one, then confirmed
-                mark = read([table])[table]
-                proven = proven_committed_epoch(loaded, job, mark.epoch if mark else None)
-                if proven is None:
-                    return None
+            return older_copy(tm, table, loaded, cache)
         except (ZooKeeperUnavailable, ZooKeeperRebuilt):
             return None  # served stale from memory meanwhile (module docstring)
-        return (f"its Iceberg metadata shows epoch {proven} of job {job!r} committed, and its tidemark in ZooKeeper "
-                f"is at {mark.epoch if mark else None}: ZooKeeper holds an older copy's state (restored?). It is "
-                "served again once the job has resumed from Iceberg; retry")
 
     def choose(self, scope: Scope, table: str, client: str = "", hold: Optional[Hold] = None,
                now_ms: Optional[int] = None, refresh: bool = False,

@@ -360,8 +360,9 @@ class CatalogServer:
         the backing catalog may change beside them (properties, schema, tags) is up to twice that late."""
         scope = _scope_from_prefix(prefix)
         identifier = f"{_dotted(namespace)}.{name}"
-        choice = self._unavailable_as_503(lambda: self._choose(scope, identifier, client, arrived_ms, refresh, cookies,
-                                                               wait))
+        # a first resolution loads a table per job (``Resolver``: its tidemarks checked against an older copy's)
+        choice = self._unavailable_as_503(lambda: self._backing(lambda: self._choose(
+            scope, identifier, client, arrived_ms, refresh, cookies, wait)))
         headers: dict[str, str] = {}
         version = choice.version
         if not choice.passthrough and version is not None and version.epoch is not None:
