@@ -15,11 +15,11 @@ Levels (docs/design.md, "Consistency levels", has the rules and why they are con
 
 Which epochs a table holds: with ZooKeeper, those its tidemark lists (``TableTidemark.recent``), so
 ``consistent`` loads no metadata of a managed table while the lists share an epoch (beyond one sink per job the
-first time a resolver meets its tidemarks: ``tidemarks.older_copy`` refuses a tree restored from an older copy); for an older epoch, a table
-with no tidemark (writer unregistered, ZooKeeper lost) or no ZooKeeper at all, those its Iceberg metadata records
-(``EpochLineage.recorded_epochs``). A root table (no Tidemark writer) takes no part in choosing ``T``: it is read
-as the set's jobs that read it recorded for ``T``, else at its newest snapshot committed at or before ``T``
-(``held_epochs``, "Root tables").
+first time a resolver meets its tidemarks: ``tidemarks.older_copy`` refuses a tree restored from an older copy);
+for an older epoch, a table with no tidemark (writer unregistered, ZooKeeper lost) or no ZooKeeper at all, those
+its Iceberg metadata records (``EpochLineage.recorded_epochs``). A root table (no Tidemark writer) takes no part
+in choosing ``T``: it is read as the set's jobs that read it recorded for ``T``, else at its newest snapshot
+committed at or before ``T`` (``held_epochs``, "Root tables").
 
 The parts: ``Resolver`` (its docstring says when there is no version), ``ReaderSession`` (a reader that never
 steps back, and its pins), ``pinned_versions`` (what GC keeps for readers), and ``scan_at``, ``scans`` and
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Optional, Union
 from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import ALWAYS_TRUE, DataScan, Snapshot, Table
+from pyiceberg.utils.concurrent import ExecutorFactory
 
 from coordinator.errors import (
     ConfigurationError,
@@ -122,18 +123,25 @@ class Resolver:
         return self._identified_table(name)
 
     def _identified_table(self, name: str) -> Table:
-        """The table, loaded; the first time (and when it is another Iceberg table than before), checked to be the
-        one its writer job writes (``check_table_identities``: a tree used with another catalog is refused). With
-        ZooKeeper gone meanwhile (a version resolved, then read after the session closed) it is read unchecked."""
-        table = load_table(self.catalog, self.settings, name)
-        identity = str(table.metadata.table_uuid)
-        if self.tm is not None and self._identified.get(name) != identity:
+        return self._identified_tables([name])[name]
+
+    def _identified_tables(self, names: list[str]) -> dict[str, Table]:
+        """The tables, loaded side by side on pyiceberg's executor (they wait on the catalog); the first time (and
+        when one is another Iceberg table than before), checked in one read to be the ones their writer jobs write
+        (``check_table_identities``: a tree used with another catalog is refused). With ZooKeeper gone meanwhile (a
+        version resolved, then read after the session closed) they are read unchecked."""
+        pool_map = ExecutorFactory.get_or_create().map if len(names) > 1 else map
+        loads = pool_map(lambda n: load_table(self.catalog, self.settings, n), names)
+        tables = dict(zip(names, loads))
+        unchecked = {n: identity for n, t in tables.items()
+                     if self._identified.get(n) != (identity := str(t.metadata.table_uuid))}
+        if self.tm is not None and unchecked:
             try:
-                check_table_identities(self.tm, {name: identity}, self.settings.describe())
+                check_table_identities(self.tm, unchecked, self.settings.describe())
             except (ZooKeeperUnavailable, ZooKeeperRebuilt):  # a version resolved, then ZooKeeper gone: still read
-                return table
-            self._identified[name] = identity
-        return table
+                return tables
+            self._identified.update(unchecked)
+        return tables
 
     def _tidemarks(self, tables: list[str]) -> dict[str, Optional[TableTidemark]]:
         if self.tm is None:
@@ -294,7 +302,8 @@ class Resolver:
         was restored from an older copy, and its versions are older than readers were given. Checked the first
         time this resolver meets a table's tidemark, and again whenever it is below the one checked: a tidemark
         that only moves forward from one found sound stays sound. A restore brings back all of a job's tidemarks
-        at once, so one sink per job is checked (one metadata load), and it answers for the job's others."""
+        at once, so one sink per job is checked (one metadata load, side by side), and it answers for the job's
+        others."""
         unchecked = {n: m.epoch for n in names if (m := marks[n]) is not None and m.epoch is not None
                      and self._confirmed.get(n, m.epoch + 1) > m.epoch}
         if not unchecked or self.tm is None:
@@ -303,8 +312,11 @@ class Resolver:
         by_job: dict[str, list[str]] = {}
         for name in sorted(unchecked):
             by_job.setdefault(writers.get(name, name), []).append(name)
+        checked = [sinks[0] for sinks in by_job.values()]
+        loaded = {n: self.table(n) for n in checked if n in self._tables}
+        loaded.update(self._identified_tables([n for n in checked if n not in loaded]))
         for sinks in by_job.values():
-            reason = older_copy(self.tm, sinks[0], self._load(sinks[0]), self.cache)
+            reason = older_copy(self.tm, sinks[0], loaded[sinks[0]], marks[sinks[0]])
             if reason is not None:
                 raise VersionNotFound(f"table {sinks[0]}: {reason}")
             self._confirmed.update({n: unchecked[n] for n in sinks})

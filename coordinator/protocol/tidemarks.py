@@ -6,7 +6,7 @@
     cache.cached(tables)                          # memory only, never a ZooKeeper read (for metrics scrapes)
     cache.wait_for(tables, epoch=T, timeout=60)   # block until every table reached T
     cache.wait_changed(cache.generation, 1.0)     # block until any watched tidemark moves
-    older_copy(tm, "lake.db.a", loaded_table, cache)  # why the tidemark is behind what Iceberg proves, or None
+    older_copy(tm, "lake.db.a", loaded_table, mark)  # why the tidemark is behind what Iceberg proves, or None
 
 The cache sets one data watch per table; a watch callback only re-arms the watch with an
 asynchronous read (it never blocks). kazoo drops every watch when the connection drops (SUSPENDED),
@@ -42,29 +42,26 @@ def read_tidemarks(tm: ZooKeeperSession, tables: Iterable[str]) -> dict[str, Opt
             for t, r in zip(names, results)}
 
 
-def older_copy(tm: ZooKeeperSession, table: str, loaded: Table, cache: Optional[TidemarkCache] = None,
-               ) -> Optional[str]:
+def older_copy(tm: ZooKeeperSession, table: str, loaded: Table, mark: Optional[TableTidemark]) -> Optional[str]:
     """Why ``table``'s tidemark in ZooKeeper is behind ``loaded``, its metadata from the catalog, or None. A healthy
     tree's tidemark is never below the epoch its table's metadata proves committed (``proven_committed_epoch``), so
     one that is holds the state of an older copy of the tree (restored from a backup): its versions are older than
-    readers were given before, and must not be read until the job has resumed from Iceberg. The cached tidemark is
-    read again from ZooKeeper before saying so, so that a watch not delivered yet is no reason.
+    readers were given before, and must not be read until the job has resumed from Iceberg. A ``mark`` found behind
+    is read again from ZooKeeper before saying so, so that a watch not delivered yet, or a commit since it was read,
+    is no reason.
 
-    :param cache: the watch cache the caller resolved from, looked at first; None reads ZooKeeper once.
-    :raises ZooKeeperUnavailable: the tidemark cannot be read before the session's deadline.
+    :param mark: the tidemark the caller read (from its watch cache, or ZooKeeper), None if it found none.
+    :raises ZooKeeperUnavailable: the tidemark cannot be read again before the session's deadline.
     """
     job = writer_job(loaded)
     if job is None:
         return None
-    reads = [lambda: read_tidemarks(tm, [table])]
-    if cache is not None:
-        reads.insert(0, lambda: cache.get([table]))
-    proven = mark = None
-    for read in reads:
-        mark = read()[table]
+    proven = proven_committed_epoch(loaded, job, mark.epoch if mark else None)
+    if proven is not None:
+        mark = read_tidemarks(tm, [table])[table]
         proven = proven_committed_epoch(loaded, job, mark.epoch if mark else None)
-        if proven is None:
-            return None
+    if proven is None:
+        return None
     return (f"its Iceberg metadata shows epoch {proven} of job {job!r} committed, and its tidemark in ZooKeeper is at "
             f"{mark.epoch if mark else None}: ZooKeeper holds an older copy's state (restored?). It is read again "
             "once the job has resumed from Iceberg; retry")

@@ -284,7 +284,7 @@ class ServedVersions:
         if cache is None or tm is None:
             return None
         try:
-            return older_copy(tm, table, loaded, cache)
+            return older_copy(tm, table, loaded, cache.get([table])[table])
         except (ZooKeeperUnavailable, ZooKeeperRebuilt):
             return None  # served stale from memory meanwhile (module docstring)
 
