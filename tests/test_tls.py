@@ -1,8 +1,11 @@
-"""TLS on a real ZooKeeper secure client port: it works, and each mismatch is a specific error within seconds."""
+"""TLS on a real ZooKeeper secure client port: it works, and each mismatch is a specific error within seconds; so
+is an address where an HTTP server answers instead of ZooKeeper."""
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -96,3 +99,21 @@ def test_missing_tls_files_fail_before_connecting(certs, tmp_path):
         TlsSettings(ca=str(tmp_path / "nope.pem"))
     with pytest.raises(ConfigurationError, match="both --tls-cert and --tls-key"):
         TlsSettings(ca=str(certs.ca), certfile=str(certs.client_cert))
+
+
+def test_an_http_server_at_the_address_is_named_by_what_it_answered(capsys):
+    """An address that answers as an HTTP server (a proxy in front of nothing) is said to be one, quoting its status
+    line, rather than called a TLS port or waited on until the timeout."""
+    class Quiet(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # the server's access log would go to the CLI's stderr
+            pass
+    with ThreadingHTTPServer(("127.0.0.1", 0), Quiet) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        started = time.monotonic()
+        code = main(["--zk", f"127.0.0.1:{server.server_port}", "--timeout", str(CONNECT_TIMEOUT), "status"])
+        server.shutdown()
+    _, err = capsys.readouterr()
+    assert time.monotonic() - started < QUICK
+    assert code == 1 and err.count("\n") == 1 and err.startswith(
+        f"tidemark: error: 127.0.0.1:{server.server_port} is not ZooKeeper: it answered \"HTTP/1.0 501 "), err
+    assert "Point --zk (TIDEMARK_ZK)" in err and "TLS" not in err, err

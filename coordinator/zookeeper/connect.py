@@ -7,6 +7,7 @@ or servers that all refuse connections within seconds instead of at the connect 
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, Optional, Union
@@ -76,20 +77,28 @@ def new_client(hosts: str, credentials: Credentials, tls: Optional[TlsSettings],
     return client, chroot
 
 
+def _stop_and_close(client: KazooClient) -> None:
+    client.stop()
+    client.close()
+
+
 def start(client: KazooClient, hosts: str, tls: Optional[TlsSettings], connect_timeout: float) -> None:
     """Start the session; a TLS mismatch is reported within about a second, servers that all refuse connections
     within about ``TLS_DIAGNOSIS_AFTER_S + REFUSED_FOR_S``, silence after ``connect_timeout``. On failure the
     client is stopped and closed.
 
     :raises TlsError: a certificate or protocol mismatch.
+    :raises ConfigurationError: the address answers as an HTTP server, not ZooKeeper.
     :raises ZooKeeperUnavailable: no server runs at ``hosts``, or none answered within ``connect_timeout``.
     """
     started = client.start_async()
     if not started.wait(min(TLS_DIAGNOSIS_AFTER_S, connect_timeout)):
         mismatch = diagnose_tls(client.hosts, tls)
         if mismatch is not None:
-            client.stop()
-            client.close()
+            # kazoo's stop waits out its connect attempt, which a server that is not ZooKeeper may leave unanswered
+            # (an HTTP server waits for the end of a request line): the caller is told at once, the client stops
+            # behind it
+            threading.Thread(target=_stop_and_close, args=(client,), name="tidemark-zk-stop", daemon=True).start()
             raise mismatch
         deadline, refused_since = time.monotonic() + connect_timeout - TLS_DIAGNOSIS_AFTER_S, time.monotonic()
         while not client.connected and time.monotonic() < deadline:

@@ -22,7 +22,8 @@ What the shared secret protects, and what not: see "Security" in the README.
 **TLS.** ``TlsSettings`` are kazoo's ``use_ssl``/``ca``/``certfile``/``keyfile``/
 ``verify_certs``/``check_hostname``. When a session does not come up within a second,
 ``diagnose_tls`` handshakes with each server itself and turns a certificate or protocol
-mismatch into ``TlsError`` naming the likely cause, instead of waiting out the timeout.
+mismatch into ``TlsError`` naming the likely cause (an HTTP server at the address into a
+``ConfigurationError`` quoting its answer), instead of waiting out the timeout.
 """
 from __future__ import annotations
 
@@ -265,9 +266,13 @@ class TlsSettings:
 
 
 def diagnose_tls(hosts: Sequence[tuple[str, int]], tls: Optional[TlsSettings],
-                 timeout: float = 2.0) -> Optional[TlsError]:
-    """Handshake with each server as the session would; a ``TlsError`` for the first mismatch found, else None."""
+                 timeout: float = 2.0) -> Optional[ConfigurationError]:
+    """Handshake with each server as the session would; a ``TlsError`` for the first mismatch found (or, without
+    TLS, a ``ConfigurationError`` for an address that answers as an HTTP server), else None."""
     for host, port in hosts:
+        problem = None if tls else _not_zookeeper(host, port, timeout)
+        if problem is not None:
+            return problem
         try:
             raw = socket.create_connection((host, port), timeout=timeout)
         except OSError:
@@ -277,6 +282,22 @@ def diagnose_tls(hosts: Sequence[tuple[str, int]], tls: Optional[TlsSettings],
         if problem is not None:
             return problem
     return None
+
+
+def _not_zookeeper(host: str, port: int, timeout: float) -> Optional[ConfigurationError]:
+    """An address that answers an HTTP request with a status line is an HTTP server or proxy, not ZooKeeper. To
+    ZooKeeper the request's first 4 bytes are a length beyond any it takes: it hangs up, and no session is made."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as raw:
+            raw.sendall(f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            answer = raw.recv(256)
+    except OSError:
+        return None
+    if not answer.startswith(b"HTTP/"):
+        return None
+    status = answer.split(b"\r\n", 1)[0].decode("ascii", "replace")
+    return ConfigurationError(f"{host}:{port} is not ZooKeeper: it answered {status!r}, as an HTTP server or proxy "
+                              "does. Point --zk (TIDEMARK_ZK) at your ZooKeeper servers' client port")
 
 
 def _check_tls(raw: socket.socket, host: str, port: int, tls: TlsSettings) -> Optional[TlsError]:
