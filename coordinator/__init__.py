@@ -51,7 +51,13 @@ from coordinator.errors import (
 if TYPE_CHECKING:  # what mypy and editors see; at run time each name is imported when first used
     from coordinator.history.gc import GarbageCollector
     from coordinator.history.gc_schedule import GcSchedule
-    from coordinator.history.readers import VersionReader, duckdb_iceberg_connection, duckdb_iceberg_sql, version_sql
+    from coordinator.history.readers import (
+        VersionReader,
+        duckdb_extensions,
+        duckdb_iceberg_connection,
+        duckdb_iceberg_sql,
+        version_sql,
+    )
     from coordinator.history.resolve import ReaderSession, Resolver, read_arrow
     from coordinator.history.retention import RetentionPolicy
     from coordinator.iceberg.catalog import CatalogSettings
@@ -81,7 +87,7 @@ _LAZY: dict[str, str] = {name: module for module, names in (
     ("coordinator.history.gc", ("GarbageCollector",)),
     ("coordinator.history.gc_schedule", ("GcSchedule",)),
     ("coordinator.history.readers", (
-        "VersionReader", "duckdb_iceberg_connection", "duckdb_iceberg_sql", "version_sql")),
+        "VersionReader", "duckdb_extensions", "duckdb_iceberg_connection", "duckdb_iceberg_sql", "version_sql")),
     ("coordinator.history.resolve", ("ReaderSession", "Resolver", "read_arrow")),
     ("coordinator.history.retention", ("RetentionPolicy",)),
     ("coordinator.iceberg.catalog", ("CatalogSettings",)),
@@ -121,6 +127,6 @@ __all__ = [
     "ReaderSession", "Recovery", "RecoveryAction", "RegistrationError", "Resolver", "RetentionPolicy",
     "SinksNotFenced", "SourceRange", "StorageError", "TableNotFound", "TableTidemark", "Tidemark", "TidemarkError",
     "TlsError", "TlsSettings", "Topology", "UnregisterNotConfirmed", "VersionNotFound", "VersionReader", "Waiting",
-    "WriterConflict", "ZooKeeperRebuilt", "ZooKeeperUnavailable", "duckdb_iceberg_connection", "duckdb_iceberg_sql",
-    "read_arrow", "version_sql",
+    "WriterConflict", "ZooKeeperRebuilt", "ZooKeeperUnavailable", "duckdb_extensions", "duckdb_iceberg_connection",
+    "duckdb_iceberg_sql", "read_arrow", "version_sql",
 ]

@@ -237,7 +237,8 @@ def test_the_docs_run_as_written(tmp_path, run):
         assert re.search(r"^\s*id\n0\s+3$", output, re.M), output
         assert "[(2, 4000)]" in output, output
         assert re.search(r"^stopped$", output, re.M), output
-    if run == "quickstart":
+    if run == "quickstart":  # the pure-Python page's job says what it committed
+        assert re.search(r"^committed epochs \[\d+, \d+, \d+\]$", output, re.M), output
         statements = re.findall(r"^SELECT \* FROM lake\.db\.(\w+) FOR VERSION AS OF (\S+);$", output, re.M)
         assert sorted(t for t, _ in statements) == ["big_orders", "orders"], output
     elif run == "lakehouse":  # the tables went to the lakehouse, not to an embedded catalog made on the side
@@ -248,6 +249,7 @@ def test_the_docs_run_as_written(tmp_path, run):
     else:  # the job's counts, read at one consistent version by the script, on the stack the run chose
         assert re.search(r"^\|mark\|\s+1\|$", output, re.M), output
         assert re.search(r"^\|tide\|\s+2\|$", output, re.M), output
+        assert re.search(r"^epoch \d+ of \['lake\.db\.word_counts', 'lake\.db\.words'\]$", output, re.M), output
         assert (home / "catalog.db").exists() != SPARK_ON_THE_LAKEHOUSE, output
         assert (home / "lakehouse" / "weed.log").is_file() == SPARK_ON_THE_LAKEHOUSE, output
 

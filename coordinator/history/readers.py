@@ -6,11 +6,13 @@
     con.sql("SELECT count(*) FROM orders JOIN big_orders USING (id)")
     version_sql(reader.resolver, reader.version)   # Spark SQL / Trino: {table: "SELECT ... FOR VERSION AS OF ..."}
     con = duckdb_iceberg_connection(reader.resolver)   # DuckDB's own Iceberg extension, from its PyPI package
+    con = duckdb_extensions()                 # the same extensions alone: ATTACH tidemark serve, offline
     con.sql(duckdb_iceberg_sql(reader.resolver, reader.version)["lake.db.orders"])   # iceberg_scan by snapshot id
 
 The parts: ``VersionReader`` (pyiceberg scans at the version's snapshot ids, as Arrow, pandas, polars or DuckDB
 views), ``version_sql`` (Spark SQL and Trino read Iceberg by ref: a tag or a snapshot id), and
-``duckdb_iceberg_sql`` with ``duckdb_iceberg_connection`` (DuckDB's own Iceberg extension, by snapshot id).
+``duckdb_iceberg_sql`` with ``duckdb_iceberg_connection`` (DuckDB's own Iceberg extension, by snapshot id), and
+``duckdb_extensions`` (those extensions from their PyPI packages, for an ``ATTACH`` of ``tidemark serve``).
 
 pandas, polars and duckdb are the ``readers`` extra (``pip install '.[readers]'`` in a clone):
 each is imported when first used, and a missing one is a ``ConfigurationError`` naming the extra.
@@ -189,14 +191,17 @@ def duckdb_iceberg_sql(resolver: Resolver, version: ConsistentVersion) -> dict[s
     return statements
 
 
-def duckdb_iceberg_connection(resolver: Resolver, connection: Optional[duckdb.DuckDBPyConnection] = None
-                              ) -> duckdb.DuckDBPyConnection:
+def duckdb_extensions(connection: Optional[duckdb.DuckDBPyConnection] = None) -> duckdb.DuckDBPyConnection:
     """``connection`` (a new in-memory one by default, set never to install an extension by itself) with DuckDB's
-    Avro, httpfs and Iceberg extensions loaded from their PyPI packages' files, and, when the catalog's pyiceberg
-    properties name S3 settings, the S3 secret ``tidemark_<catalog name>`` made of them (replaced on each call):
-    what ``duckdb_iceberg_sql``'s queries need. The extensions are the release of the installed duckdb, from
-    ``pip install duckdb-extension-iceberg duckdb-extension-httpfs duckdb-extension-avro``: DuckDB downloads
-    nothing. A missing extension package is a ``ConfigurationError`` naming the pip line."""
+    Avro, httpfs and Iceberg extensions loaded from their PyPI packages' files: what ``iceberg_scan`` and an
+    ``ATTACH ... (TYPE iceberg, ENDPOINT ...)`` of ``tidemark serve`` need, with DuckDB downloading nothing (offline
+    too). The extensions are the release of the installed duckdb, from ``pip install duckdb-extension-iceberg
+    duckdb-extension-httpfs duckdb-extension-avro``.
+
+    :param connection: the DuckDB connection to load them into; None makes a new in-memory one.
+    :raises ConfigurationError: an extension package is missing (the message names the pip line), or DuckDB cannot
+        load its file.
+    """
     duckdb_module = _optional("duckdb")
     con: duckdb.DuckDBPyConnection = (connection if connection is not None else
                                       duckdb_module.connect(config={"autoinstall_known_extensions": False}))
@@ -207,6 +212,17 @@ def duckdb_iceberg_connection(resolver: Resolver, connection: Optional[duckdb.Du
         except duckdb_module.Error as exc:
             raise ConfigurationError(f"DuckDB {duckdb_module.__version__} cannot load its {name} extension from "
                                      f"{path}: {_first_line(exc)}") from None
+    return con
+
+
+def duckdb_iceberg_connection(resolver: Resolver, connection: Optional[duckdb.DuckDBPyConnection] = None
+                              ) -> duckdb.DuckDBPyConnection:
+    """``connection`` with DuckDB's extensions loaded from their PyPI packages (``duckdb_extensions``) and, when
+    the catalog's pyiceberg properties name S3 settings, the S3 secret ``tidemark_<catalog name>`` made of them
+    (replaced on each call): what ``duckdb_iceberg_sql``'s queries need.
+
+    :raises ConfigurationError: an extension package is missing, or DuckDB cannot load it."""
+    con = duckdb_extensions(connection)
     secret = _s3_secret(resolver.settings.name, resolver.catalog.properties)
     if secret is not None:
         con.execute(secret)

@@ -211,12 +211,8 @@ def duckdb_read(url: str, warehouse: str, secret: str, sql: str,
     endpoint with ``attach_options`` (by default: anonymous, with its own S3 secret, for the endpoint vends no
     credentials to anonymous clients). DuckDB keeps the tables an attachment loaded for the attachment's life, so a
     session is one notebook cell or one job."""
-    import duckdb
-
-    from coordinator.history.readers import DUCKDB_EXTENSIONS, _extension_file
-    with duckdb.connect(config={"autoinstall_known_extensions": False}) as con:
-        for name in DUCKDB_EXTENSIONS:
-            con.execute(f"LOAD '{_extension_file(name, duckdb.__version__)}'")
+    from coordinator import duckdb_extensions
+    with duckdb_extensions() as con:  # offline: the extensions from their pip packages
         con.execute(secret)
         con.execute(f"ATTACH '{warehouse}' AS served (TYPE iceberg, ENDPOINT '{url}', {attach_options})")
         row = con.sql(sql).fetchone()
