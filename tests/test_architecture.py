@@ -19,7 +19,7 @@ PACKAGE = ROOT / "coordinator"
 # Each layer may import the layers before it (and itself); "coordinator" is the package's public re-exports.
 LAYERS = ["foundation", "zookeeper", "iceberg", "protocol", "history", "serving", "job", "tidemark", "operations"]
 FOUNDATION = {"coordinator.crashpoints", "coordinator.errors", "coordinator.formatting", "coordinator.names",
-              "coordinator.records", "coordinator.settings"}
+              "coordinator.records", "coordinator.settings", "coordinator.uncaught"}
 MAY_IMPORT = {
     "foundation": {"foundation"},
     "zookeeper": {"foundation", "zookeeper"},

@@ -5,6 +5,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 
 import pytest
 
@@ -163,3 +164,32 @@ def test_as_of_is_asked_for_with_an_epoch_not_by_its_level_name(tmp_path):
     settings = CatalogSettings.embedded(tmp_path)
     with pytest.raises(ConfigurationError, match="pass as_of=T"):
         Resolver(settings.load(), settings).resolve(["db.a"], level="as_of")
+
+
+GRID_SCRIPT = """
+import sys
+from coordinator import CatalogSettings, EpochWriter, Tidemark
+writer = EpochWriter(Tidemark.connect(sys.argv[1]), "slow", sources=[], sinks=[sys.argv[2]],
+                     catalog=CatalogSettings.embedded(sys.argv[3]), interval_ms=5000)
+writer.run(lambda ctx: None, max_epochs=1)
+"""
+
+
+def test_a_scripts_uncaught_error_is_one_line_and_its_traceback_is_behind_tidemark_debug(
+        tm, zk_connect, catalog, catalog_settings, lake_home, namespace):
+    """A newcomer's job on a 5,000 ms grid where the quickstart made a 1,000 ms one: the script's uncaught
+    ``ConfigurationError`` is one ``tidemark: error:`` line saying what to do (status 1), as the CLI's; with
+    ``TIDEMARK_DEBUG=1`` Python's traceback is printed too."""
+    fast, slow = f"{namespace}.fast", f"{namespace}.slow"
+    for table in (fast, slow):
+        create_table(catalog, table)
+    lead_job(tm, catalog_settings, "fast", [fast]).close()
+    command = [sys.executable, "-c", GRID_SCRIPT, zk_connect, slow, str(lake_home)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("tidemark: error: the shared barrier grid is every 1000 ms"), done.stderr
+    assert "tidemark barriers --set-interval" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    debug = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "TIDEMARK_DEBUG": "1"})
+    assert debug.returncode == 1 and debug.stderr.startswith("Traceback"), debug.stderr
+    assert "ConfigurationError: the shared barrier grid is every 1000 ms" in debug.stderr, debug.stderr

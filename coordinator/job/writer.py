@@ -81,6 +81,7 @@ from coordinator.records import (
     TableTidemark,
     now_ms,
 )
+from coordinator.uncaught import report_uncaught_errors
 from coordinator.zookeeper.session import ZooKeeperSession
 
 if TYPE_CHECKING:
@@ -320,6 +321,7 @@ class EpochWriter:
                  history: int = 100, marker_every: Union[str, int, None] = DEFAULT_MARKER_EVERY, log_every: float = 5.0,
                  context: Callable[[EpochWriter, EpochRecord], Any] = EpochContext,
                  metrics_port: Optional[int] = None) -> None:
+        report_uncaught_errors()  # this script's uncaught TidemarkError: one line, as the CLI's
         if grace_ms < 0:
             raise ConfigurationError(f"grace_ms must not be negative, got {grace_ms}")
         if interval_ms <= 0:

@@ -52,6 +52,7 @@ from coordinator.serving.credentials import DEFAULT_DURATION_S as DEFAULT_STS_DU
 from coordinator.serving.credentials import Vending
 from coordinator.serving.hold import DEFAULT_MAX_HOLD_MS, DEFAULT_QUERY_GAP_MS
 from coordinator.serving.limits import DEFAULT_MAX_CONNECTIONS
+from coordinator.uncaught import error_line
 
 if TYPE_CHECKING:  # imported by the commands that use them: `tidemark --help` stays quick
     from pyiceberg.catalog import Catalog
@@ -638,7 +639,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a malformed command line in one line (usage stays in ``--help``)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"tidemark: error: {_one_line(message)} (see `{self.prog} --help`)\n")
+        self.exit(EXIT_USAGE, error_line(f"{message} (see `{self.prog} --help`)") + "\n")
 
 
 def _seconds(text: str) -> float:
@@ -1069,12 +1070,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _fail(message: str) -> int:
-    print(f"tidemark: error: {_one_line(message)}", file=sys.stderr)
+    print(error_line(message), file=sys.stderr)
     return EXIT_ERROR
-
-
-def _one_line(message: str) -> str:
-    return " ".join(message.split())  # every line break Python knows is whitespace to split()
 
 
 if __name__ == "__main__":
