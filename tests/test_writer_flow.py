@@ -759,3 +759,29 @@ def test_a_writer_holds_a_whole_term_or_none_and_a_context_stages_only_in_its_ow
         ctx.append(sink, rows(epoch, [0]))
     assert ctx.staged == {} and catalog.load_table(sink).snapshots() == []
     writer.close()
+
+
+def test_a_job_asking_another_interval_than_a_changed_grid_runs_on_the_grid_and_says_so(
+        tm, catalog, catalog_settings, namespace, caplog):
+    """Before any change a job asking another interval than the grid's is refused (``ensure_grid``); once an
+    operator changed the grid, which every job follows, it runs on the grid, and its log says so in one line."""
+    first, second = f"{namespace}.first", f"{namespace}.second"
+    for table in (first, second):
+        create_table(catalog, table)
+    made_the_grid = EpochWriter(tm, "first", sources=[], sinks=[first], catalog=catalog_settings, interval_ms=1000)
+    made_the_grid.open(leader_timeout=30)
+    made_the_grid.close()
+    change_at = (tm.server_clock.now_ms() // 5000 + 3) * 5000  # 10 to 15 s ahead, on both grids
+    tm.barriers.change_interval(5000, effective_from=change_at)
+    caplog.set_level(logging.WARNING, logger="coordinator.job.writer")
+    writer = EpochWriter(tm, "second", sources=[], sinks=[second], catalog=catalog_settings, interval_ms=2000,
+                         grace_ms=0)
+    writer.open(leader_timeout=30)
+    try:
+        said = [r.getMessage() for r in caplog.records if "job second asked for barriers" in r.getMessage()]
+        assert said == ["job second asked for barriers every 2000 ms, and the shared grid is every 1000 ms now "
+                        "(changed with `tidemark barriers --set-interval`, which every job follows): it runs on the "
+                        "grid; give it `every` for a slower cadence of it"], said
+        assert writer.grid().interval_at(change_at - 1) == 1000 and writer.grid().interval_at(change_at) == 5000
+    finally:
+        writer.close()
