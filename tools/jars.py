@@ -17,6 +17,7 @@ import os
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.error
 import urllib.request
 import zipfile
@@ -31,6 +32,7 @@ from spark_hooks.classpath import JDBC_DRIVERS, MAVEN_CENTRAL, IcebergRuntime, M
 
 REQUEST_TIMEOUT_S = 60
 DOWNLOAD_DEADLINE_S = 300  # per jar, all attempts included
+PROGRESS_EVERY_S = 5.0  # a download's progress line, when stdout is not a terminal
 
 # The servers of the tests that read and write the lakehouse as software that knows nothing of Tidemark:
 # Iceberg's own REST catalog server (the second REST implementation, backed by PostgreSQL) and Trino, its core
@@ -95,6 +97,38 @@ def fetch(artifacts: tuple[MavenArtifact, ...], settings: Optional[Settings] = N
     return paths
 
 
+class Progress:
+    """A download's size and progress on stdout: on a terminal one line rewritten as it goes, otherwise (a CI log)
+    a line every ``PROGRESS_EVERY_S`` seconds."""
+
+    def __init__(self, what: str, size: int) -> None:
+        self.what, self.size, self.done = what, size, 0
+        self.terminal = sys.stdout.isatty()
+        self.said = time.monotonic()
+        print(f"jars: downloading {what} ({_megabytes(size) if size else 'size unknown'})", flush=True)
+
+    def advance(self, length: int) -> None:
+        self.done += length
+        if self.terminal:
+            print(f"\r  {self._so_far()}", end="", flush=True)
+        elif time.monotonic() - self.said >= PROGRESS_EVERY_S:
+            self.said = time.monotonic()
+            print(f"jars: {self.what}: {self._so_far()}", flush=True)
+
+    def finish(self) -> None:
+        if self.terminal:
+            print(flush=True)
+
+    def _so_far(self) -> str:
+        if not self.size:
+            return f"{_megabytes(self.done)} so far"
+        return f"{_megabytes(self.done)} of {_megabytes(self.size)} ({100 * self.done // self.size}%)"
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
+
+
 def _transient(exc: BaseException) -> bool:
     """A network failure or a server error is worth another try; a 404 or 403 is not."""
     if isinstance(exc, urllib.error.HTTPError):
@@ -105,7 +139,6 @@ def _transient(exc: BaseException) -> bool:
 @retry(retry=retry_if_exception(_transient),
        stop=stop_after_delay(DOWNLOAD_DEADLINE_S), wait=wait_exponential(multiplier=1, max=20), reraise=True)
 def _download(artifact: MavenArtifact, url: str, target: Path) -> None:
-    print(f"jars: downloading {artifact.coordinate}", flush=True)
     with urllib.request.urlopen(f"{url}.sha1", timeout=REQUEST_TIMEOUT_S) as response:
         published = response.read().decode(errors="replace").split()
     if not published:
@@ -118,9 +151,12 @@ def _download(artifact: MavenArtifact, url: str, target: Path) -> None:
         digest = hashlib.sha1(usedforsecurity=False)
         try:
             with urllib.request.urlopen(url, timeout=REQUEST_TIMEOUT_S) as response:
+                progress = Progress(artifact.coordinate, int(response.headers.get("Content-Length") or 0))
                 while chunk := response.read(1 << 20):
                     digest.update(chunk)
                     out.write(chunk)
+                    progress.advance(len(chunk))
+                progress.finish()
         except BaseException:
             partial.unlink()  # a download cut short is never left behind, whether it is tried again or not
             raise
