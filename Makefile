@@ -3,6 +3,7 @@ PY := .venv/bin/python
 SPARK4_VENV := .venv-spark4
 SPARK4_PY := $(SPARK4_VENV)/bin/python
 SPARK4 := 4.1.*
+DOCS_PY := .venv-docs/bin/python
 # pytest exits 5 when it collected no tests: that is a failure here, never a green run. A failed run ends with
 # the free space where tests keep their servers' data: SeaweedFS writes nothing on a disk under 1% free.
 # $(2): another venv's python (default: .venv's).
@@ -44,14 +45,17 @@ test-faults: setup
 bench: setup
 	$(PY) -m bench
 
-# The documentation site into site/ (strict: a broken link, a missing page or a stale reference page fails), and
-# the same served on http://127.0.0.1:8000 while you edit.
-docs: setup
-	$(PY) -m tools.docs_reference --check
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+# The documentation site into site/ (strict: a broken link or a missing page fails), and the same served on
+# http://127.0.0.1:8000 while you edit: MkDocs alone, in .venv-docs (never .venv, the jars or Trino). That the
+# reference pages are what the code says is make test's (tests/test_docs.py; `python -m tools.docs_reference`
+# writes them).
+docs:
+	@bash scripts/docs-setup.sh
+	NO_MKDOCS_2_WARNING=1 $(DOCS_PY) -m mkdocs build --strict
 
-docs-serve: setup
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
+docs-serve:
+	@bash scripts/docs-setup.sh
+	NO_MKDOCS_2_WARNING=1 $(DOCS_PY) -m mkdocs serve
 
 clean:
-	rm -rf .venv $(SPARK4_VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache site
+	rm -rf .venv $(SPARK4_VENV) .venv-docs .pytest_cache .hypothesis .mypy_cache .ruff_cache site
