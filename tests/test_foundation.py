@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from coordinator import CatalogSettings, ConfigurationError, EmbeddedZooKeeper
-from coordinator.operations.zookeeper_server import four_letter_word, free_port
+from coordinator.operations import zookeeper_server
+from coordinator.operations.zookeeper_server import ZooKeeperEnsemble, four_letter_word, free_port
 from tests.helpers.cli import tidemark
 from tests.helpers.present import present
 
@@ -108,3 +109,26 @@ def test_postgresql_catalog_works_from_spark_and_python(spark, pg_catalog_settin
     assert sorted(table.scan().to_arrow()["id"].to_pylist()) == [1, 2]
     table.append(pa.table({"id": pa.array([3], pa.int64())}))
     assert sorted(r.id for r in spark.table(f"pg.{namespace}.t").collect()) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("taken", ["a client port, before the start", "an election port, as its peer binds it"])
+def test_an_ensemble_whose_port_another_process_took_starts_on_new_ports(tmp_path, taken, monkeypatch):
+    """Its ports are free when chosen; another process binding one before its server does (a busy machine) makes
+    the first start choose new ports and serve: found before the start, or from the peer's ``BindException``
+    (the port taken after the ensemble looked: its look is made to miss it)."""
+    ensemble = ZooKeeperEnsemble(tmp_path / "ensemble")
+    second = ensemble.members[1]
+    if taken.startswith("a client"):
+        port = second.port
+    else:
+        port = second.quorum[1].election_port
+        monkeypatch.setattr(zookeeper_server, "_port_in_use", lambda port: False)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        with ensemble:
+            assert port not in [p for peer in ensemble.members[0].quorum
+                                for p in (peer.client_port, peer.quorum_port, peer.election_port)]
+            assert sorted(m.mode() for m in ensemble.members) == ["follower", "follower", "leader"]
+        if not taken.startswith("a client"):
+            assert "java.net.BindException" in (tmp_path / "ensemble" / "server-2" / "zookeeper.log").read_text()

@@ -60,9 +60,11 @@ LOG_SETTINGS = ("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
                 "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd HH:mm:ss,SSS")
 # Lines of the server's log that mean it will never serve, though the JVM may linger (a non-daemon thread
 # outliving a main thread that died): waiting for the start timeout then helps nobody.
+# A port another process bound first: a quorum peer that cannot bind its election port never serves.
+BIND_FAILED = "java.net.BindException"
 FATAL_LOG_LINES = ("Error: Could not find or load main class", "Exception in thread \"main\"",
                    "Error: Unable to access jarfile", "Unable to start ZooKeeper server", "Invalid config, exiting",
-                   "Error: Could not create the Java Virtual Machine")
+                   "Error: Could not create the Java Virtual Machine", BIND_FAILED)
 # zoo.cfg lines of a server that closes the session of a client that has not authenticated by digest.
 AUTH_REQUIRED_LINES = ("enforce.auth.enabled=true", "enforce.auth.schemes=digest",
                        "authProvider.1=org.apache.zookeeper.server.auth.DigestAuthenticationProvider")
@@ -309,15 +311,21 @@ class EmbeddedZooKeeper:
             raise ZooKeeperUnavailable(f"ZooKeeper on port {self.port} did not start: {why}; see {self.log_path} "
                                        "(a wrong TIDEMARK_ZK_CLASSPATH or Java version shows there)")
 
-    def _fatal_log_line(self) -> Optional[str]:
-        """The first line of this start's log saying the server will never serve (``FATAL_LOG_LINES``)."""
+    def bind_failed(self) -> bool:
+        """Whether this start's log says a port could not be bound (another process took it)."""
+        return BIND_FAILED in self._log_since_start()
+
+    def _log_since_start(self) -> str:
         try:
             with open(self.log_path, "rb") as log:
                 log.seek(self._log_offset)
-                text = log.read(1 << 20).decode(errors="replace")
+                return log.read(1 << 20).decode(errors="replace")
         except OSError:
-            return None
-        lines = text.splitlines()
+            return ""
+
+    def _fatal_log_line(self) -> Optional[str]:
+        """The first line of this start's log saying the server will never serve (``FATAL_LOG_LINES``)."""
+        lines = self._log_since_start().splitlines()
         for at, line in enumerate(lines):
             if any(marker in line for marker in FATAL_LOG_LINES):
                 cause = next((c.strip() for c in lines[at + 1:at + 4] if c.strip().startswith("Caused by")), "")
@@ -411,7 +419,14 @@ class ZooKeeperEnsemble:
     quorum has elected a leader); ``leader()`` and ``followers()`` ask each peer its mode, so a
     fault test can stop exactly the member it means to. A stopped member is restarted with its
     own ``start()``; it rejoins the quorum from its data directory.
+
+    The ports are free when chosen, and another process may bind one before its server does (a busy machine): a
+    first ``start()`` that finds a port taken, or a peer that could not bind one (``BindException``), starts the
+    ensemble again on new ports, up to ``PORT_ATTEMPTS`` times. Once it served, its ports are its own.
     """
+
+    PORT_ATTEMPTS = 3
+    members: list[EmbeddedZooKeeper]
 
     def __init__(self, base_dir: os.PathLike, size: int = 3, start_timeout: float = 60.0,
                  placement: Sequence[tuple[str, Sequence[str]]] = ()) -> None:
@@ -419,11 +434,19 @@ class ZooKeeperEnsemble:
             raise ConfigurationError(f"an ensemble needs an odd number of servers, at least 3; got {size}")
         if placement and len(placement) != size:
             raise ConfigurationError(f"placement gives {len(placement)} places for {size} servers")
-        places = list(placement) or [("127.0.0.1", ())] * size
-        peers = [QuorumPeer(i, free_port(), free_port(), free_port(), host) for i, (host, _) in enumerate(places, 1)]
-        self.members = [EmbeddedZooKeeper(p.client_port, Path(base_dir) / f"server-{p.server_id}", start_timeout,
-                                          quorum=peers, server_id=p.server_id, host=p.host, launcher=launcher)
-                        for p, (_, launcher) in zip(peers, places)]
+        self._base_dir, self._start_timeout = Path(base_dir), start_timeout
+        self._places = list(placement) or [("127.0.0.1", ())] * size
+        self._served = False
+        self._choose_ports()
+
+    def _choose_ports(self) -> None:
+        peers = [QuorumPeer(i, free_port(), free_port(), free_port(), host)
+                 for i, (host, _) in enumerate(self._places, 1)]
+        self.members = [EmbeddedZooKeeper(p.client_port, self._base_dir / f"server-{p.server_id}",
+                                          self._start_timeout, quorum=peers, server_id=p.server_id, host=p.host,
+                                          launcher=launcher)
+                        for p, (_, launcher) in zip(peers, self._places)]
+        self._ports = [port for p in peers for port in (p.client_port, p.quorum_port, p.election_port)]
 
     @property
     def connect_string(self) -> str:
@@ -434,17 +457,33 @@ class ZooKeeperEnsemble:
         """Start every peer, then wait until each serves; if one fails, stop them all.
 
         :raises ConfigurationError: as ``EmbeddedZooKeeper.start``.
-        :raises ZooKeeperUnavailable: a peer failed or did not serve within ``start_timeout``.
+        :raises ZooKeeperUnavailable: a peer failed or did not serve within ``start_timeout`` (a lost port:
+            ``PORT_ATTEMPTS`` times).
         """
-        try:
-            for member in self.members:
-                member.start(wait=False)
-            for member in self.members:
-                member.wait_until_serving()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        for attempt in range(1, self.PORT_ATTEMPTS + 1):
+            if not self._served and any(_port_in_use(port) for port in self._ports):
+                self._choose_ports()
+                continue
+            try:
+                for member in self.members:
+                    member.start(wait=False)
+                for member in self.members:
+                    member.wait_until_serving()
+            except ZooKeeperUnavailable:
+                self.stop()
+                if self._served or attempt == self.PORT_ATTEMPTS or not any(m.bind_failed() for m in self.members):
+                    raise
+                for member in self.members:  # a quorum that never formed: start the next one from nothing
+                    shutil.rmtree(member.data_dir / "data", ignore_errors=True)
+                self._choose_ports()
+                continue
+            except BaseException:
+                self.stop()
+                raise
+            self._served = True
+            return self
+        raise ZooKeeperUnavailable(f"the ensemble's ports were taken by other processes {self.PORT_ATTEMPTS} times "
+                                   "before its servers bound them: a machine short of free ports")
 
     def stop(self) -> None:
         """Stop every member (SIGTERM, then SIGKILL); their data directories stay."""
