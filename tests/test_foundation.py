@@ -129,6 +129,6 @@ def test_an_ensemble_whose_port_another_process_took_starts_on_new_ports(tmp_pat
         with ensemble:
             assert port not in [p for peer in ensemble.members[0].quorum
                                 for p in (peer.client_port, peer.quorum_port, peer.election_port)]
-            assert sorted(m.mode() for m in ensemble.members) == ["follower", "follower", "leader"]
+            assert sorted(str(m.mode()) for m in ensemble.members) == ["follower", "follower", "leader"]
         if not taken.startswith("a client"):
             assert "java.net.BindException" in (tmp_path / "ensemble" / "server-2" / "zookeeper.log").read_text()

@@ -322,11 +322,14 @@ def _check_tls(raw: socket.socket, host: str, port: int, tls: TlsSettings) -> Op
     except ssl.SSLError as exc:
         if _server_alert(exc):
             return _client_certificate_refused(where, exc.reason or str(exc))
-        return _not_tls(where, exc.reason or str(exc))
+        return TlsError(f"ZooKeeper at {where} answered the TLS handshake with bytes that are not TLS "
+                        f"({exc.reason or exc}), as a plaintext clientPort does: connect to its secureClientPort, or "
+                        "drop the TLS options")
     except TimeoutError:  # a slow server (a loaded machine) is no sign of a plaintext port, which hangs up at once
         return None
     except OSError as exc:  # reset mid-handshake
-        return _not_tls(where, type(exc).__name__)
+        return TlsError(f"ZooKeeper at {where} hung up in the middle of the TLS handshake ({type(exc).__name__}), as "
+                        "a plaintext clientPort does: connect to its secureClientPort, or drop the TLS options")
     return None
 
 
@@ -338,11 +341,6 @@ def _server_alert(exc: ssl.SSLError) -> bool:
 def _client_certificate_refused(where: str, reason: str) -> TlsError:
     return TlsError(f"ZooKeeper at {where} requires a client certificate it accepts ({reason}): pass --tls-cert "
                     "and --tls-key (TIDEMARK_ZK_TLS_CERT, TIDEMARK_ZK_TLS_KEY) signed by a CA the server trusts")
-
-
-def _not_tls(where: str, reason: str) -> TlsError:
-    return TlsError(f"ZooKeeper at {where} did not complete a TLS handshake ({reason}): it is probably a plaintext "
-                    "clientPort; connect to its secureClientPort, or drop the TLS options")
 
 
 def _check_plaintext(raw: socket.socket, host: str, port: int) -> Optional[TlsError]:
