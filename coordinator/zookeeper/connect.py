@@ -85,7 +85,7 @@ def _stop_and_close(client: KazooClient) -> None:
 def start(client: KazooClient, hosts: str, tls: Optional[TlsSettings], connect_timeout: float) -> None:
     """Start the session; a TLS mismatch is reported within about a second, servers that all refuse connections
     within about ``TLS_DIAGNOSIS_AFTER_S + REFUSED_FOR_S``, silence after ``connect_timeout``. On failure the
-    client is stopped and closed.
+    client is stopped and closed (after a mismatch, on a thread of its own, as the error is raised).
 
     :raises TlsError: a certificate or protocol mismatch.
     :raises ConfigurationError: the address answers as an HTTP server, not ZooKeeper.
