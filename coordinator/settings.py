@@ -66,6 +66,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "TIDEMARK_METRICS_PORT": ("unset: no endpoint", "port of a driver's `/metrics` and `/healthz`"),
     "TIDEMARK_METRICS_ADDRESS": (f"`{DEFAULT_METRICS_ADDRESS}`", "address that endpoint listens on"),
     "TIDEMARK_CRASH_AT": ("unset", "fault tests only: `<step>[:<nth>]` makes the driver SIGKILL itself there"),
+    "TIDEMARK_DEBUG": ("`0`", "`1`: a script's uncaught Tidemark error prints its traceback, not one line"),
 }
 
 
@@ -100,6 +101,7 @@ class Settings:
     metrics_port: Optional[int] = None
     metrics_address: str = DEFAULT_METRICS_ADDRESS
     crash_at: Optional[str] = None
+    debug: bool = False
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> Settings:
@@ -142,6 +144,7 @@ class Settings:
             metrics_port=_port(env, "TIDEMARK_METRICS_PORT"),
             metrics_address=text("TIDEMARK_METRICS_ADDRESS") or DEFAULT_METRICS_ADDRESS,
             crash_at=text("TIDEMARK_CRASH_AT"),
+            debug=_flag(env, "TIDEMARK_DEBUG") is True,
         )
 
     @property

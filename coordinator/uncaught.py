@@ -7,18 +7,18 @@ status stays 1, as for any uncaught exception) instead of a traceback through Ti
 says what is wrong and what to do. With ``TIDEMARK_DEBUG=1``, or the ``coordinator`` logger at DEBUG, the
 traceback is printed as Python prints it. Any other exception goes to the hook that was there before.
 
-Part of the foundation layer: imports nothing of the package but its errors.
+Part of the foundation layer: imports nothing of the package but its errors and settings.
 """
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Optional
 
 from coordinator.errors import TidemarkError
+from coordinator.settings import Settings
 
 
 def error_line(message: str) -> str:
@@ -28,8 +28,11 @@ def error_line(message: str) -> str:
 
 def debugging() -> bool:
     """True when the traceback was asked for: ``TIDEMARK_DEBUG`` set (not ``0``), or Tidemark's logger at DEBUG."""
-    return os.environ.get("TIDEMARK_DEBUG", "0") not in ("", "0") or \
-        logging.getLogger("coordinator").isEnabledFor(logging.DEBUG)
+    try:
+        asked = Settings.from_env().debug
+    except TidemarkError:  # another variable is unusable: its own error says so, this one is not asked for
+        asked = False
+    return asked or logging.getLogger("coordinator").isEnabledFor(logging.DEBUG)
 
 
 class _OneLineHook:
