@@ -425,10 +425,11 @@ class EpochWriter:
         check_table_identities(self.tm, {sink: str(table.metadata.table_uuid) for sink, table in sinks.items()},
                                self.catalog_settings.describe(), record=True)
         grid, now = self.barriers.ensure_grid(self.interval_ms), self.tm.server_clock.now_ms()
-        if grid.interval_at(now) != self.interval_ms:  # accepted: an operator changed the grid for every job
+        in_force = grid.interval_at(now)
+        if in_force != self.interval_ms:  # accepted: an operator changed the grid for every job
             log.warning("job %s asked for barriers every %s ms, and the shared grid is every %s ms now (changed with "
                         "`tidemark barriers --set-interval`, which every job follows): it runs on the grid; give it "
-                        "`every` for a slower cadence of it", self.name, self.interval_ms, grid.interval_at(now))
+                        "`every` for a slower cadence of it", self.name, self.interval_ms, in_force)
         self.pacing.check(grid, now)
         for table in sinks.values():
             table.refresh()

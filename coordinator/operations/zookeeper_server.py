@@ -446,7 +446,6 @@ class ZooKeeperEnsemble:
                                           self._start_timeout, quorum=peers, server_id=p.server_id, host=p.host,
                                           launcher=launcher)
                         for p, (_, launcher) in zip(peers, self._places)]
-        self._ports = [port for p in peers for port in (p.client_port, p.quorum_port, p.election_port)]
 
     @property
     def connect_string(self) -> str:
@@ -461,7 +460,8 @@ class ZooKeeperEnsemble:
             ``PORT_ATTEMPTS`` times).
         """
         for attempt in range(1, self.PORT_ATTEMPTS + 1):
-            if not self._served and any(_port_in_use(port) for port in self._ports):
+            ports = (port for p in self.members[0].quorum for port in (p.client_port, p.quorum_port, p.election_port))
+            if not self._served and any(_port_in_use(port) for port in ports):
                 self._choose_ports()
                 continue
             try:
