@@ -34,6 +34,7 @@ from coordinator.errors import (
     MultiFailed,
     NotLeader,
     PermissionDenied,
+    PipelineNotFound,
     PublishConflict,
     RegistrationError,
     SinksNotFenced,
@@ -66,6 +67,7 @@ if TYPE_CHECKING:  # what mypy and editors see; at run time each name is importe
     from coordinator.protocol.barriers import BarrierGrid, Barriers
     from coordinator.protocol.epochs import EpochCoordinator, Recovery, RecoveryAction
     from coordinator.protocol.leadership import Leadership, LeaderState
+    from coordinator.protocol.pipelines import Pipeline, Pipelines
     from coordinator.protocol.topology import Topology
     from coordinator.records import (
         BarrierMode,
@@ -96,6 +98,7 @@ _LAZY: dict[str, str] = {name: module for module, names in (
     ("coordinator.protocol.barriers", ("BarrierGrid", "Barriers")),
     ("coordinator.protocol.epochs", ("EpochCoordinator", "Recovery", "RecoveryAction")),
     ("coordinator.protocol.leadership", ("Leadership", "LeaderState")),
+    ("coordinator.protocol.pipelines", ("Pipeline", "Pipelines")),
     ("coordinator.protocol.topology", ("Topology",)),
     ("coordinator.records", (
         "BarrierMode", "ConsistencyLevel", "ConsistentVersion", "EpochInputs", "EpochRecord", "EpochState",
@@ -123,7 +126,8 @@ __all__ = [
     "ConsistentVersion", "CorruptState", "CycleError", "EmbeddedZooKeeper", "EpochContext", "EpochCoordinator",
     "EpochInputs", "EpochOrderError", "EpochRecord", "EpochState", "EpochWriter", "Fenced", "GarbageCollector",
     "GcRunning", "GcSchedule", "InputsExpired", "InvalidArgument", "InvalidName", "JobNotFound", "JobRecord",
-    "JobRetired", "LeaderState", "Leadership", "MultiFailed", "NotLeader", "PermissionDenied", "PublishConflict",
+    "JobRetired", "LeaderState", "Leadership", "MultiFailed", "NotLeader", "PermissionDenied", "Pipeline",
+    "PipelineNotFound", "Pipelines", "PublishConflict",
     "ReaderSession", "Recovery", "RecoveryAction", "RegistrationError", "Resolver", "RetentionPolicy",
     "SinksNotFenced", "SourceRange", "StorageError", "TableNotFound", "TableTidemark", "Tidemark", "TidemarkError",
     "TlsError", "TlsSettings", "Topology", "UnregisterNotConfirmed", "VersionNotFound", "VersionReader", "Waiting",

@@ -100,6 +100,10 @@ class JobNotFound(TidemarkError):
     """The named job is not registered."""
 
 
+class PipelineNotFound(TidemarkError):
+    """No pipeline of the job graph has the given name (a pipeline is named after its first job by name)."""
+
+
 class JobRetired(TidemarkError):
     """An operator retired the job (``tidemark retire``): no driver may lead it until ``tidemark resume``."""
 

@@ -185,8 +185,10 @@ def test_a_driver_serves_every_series_with_sensible_values_during_its_epoch_loop
     epoch = value(body, "tidemark_driver_committed_epoch_timestamp_seconds", **job)
     lag = value(body, "tidemark_driver_lag_seconds", **job)
     assert abs(lag - (at - epoch)) < 5 and 0 <= lag < 20 * INTERVAL / 1000, lag  # a few intervals, not ms
-    consistent = value(body, "tidemark_driver_consistent_epoch_timestamp_seconds", **job)
-    assert consistent <= epoch and 0 <= value(body, "tidemark_driver_consistent_lag_seconds", **job) < 30
+    # up and down are one pipeline (down reads up's table), named after its first job by name.
+    pipeline = {**job, "tidemark_pipeline": "down"}
+    consistent = value(body, "tidemark_driver_consistent_epoch_timestamp_seconds", **pipeline)
+    assert consistent <= epoch and 0 <= value(body, "tidemark_driver_consistent_lag_seconds", **pipeline) < 30
     # Two writers in one process: their own registries, one server on the port they were given, and
     # /healthz is 200 while either loop runs.
     assert value(body, "tidemark_driver_leader", tidemark_job="down") == 1
@@ -210,8 +212,11 @@ def test_the_exporter_serves_the_topology_view_per_job_and_table(scraped):
               if k[0] == "tidemark_table_committed_epoch_timestamp_seconds"}
     assert sorted(t.rsplit(".", 1)[1] for t in tables) == ["down", "up"]
     # The newest epoch both tables hold: down's epochs are epochs up holds, so at most down's newest.
-    consistent = value(body, "tidemark_consistent_epoch_timestamp_seconds")
-    assert consistent <= min(tables.values()) and 0 <= value(body, "tidemark_consistent_lag_seconds") < 30
+    assert value(body, "tidemark_job_pipeline", tidemark_job="up", tidemark_pipeline="down") == 1
+    assert value(body, "tidemark_job_pipeline", tidemark_job="down", tidemark_pipeline="down") == 1
+    consistent = value(body, "tidemark_consistent_epoch_timestamp_seconds", tidemark_pipeline="down")
+    assert consistent <= min(tables.values())
+    assert 0 <= value(body, "tidemark_consistent_lag_seconds", tidemark_pipeline="down") < 30
     assert value(body, "tidemark_job_consistent_epoch_timestamp_seconds", tidemark_job="down") == consistent
     bounding = [j for j in ("up", "down") if value(body, "tidemark_job_bounds_consistent_epoch", tidemark_job=j) == 1]
     assert bounding and all(value(body, "tidemark_job_committed_epoch_timestamp_seconds", tidemark_job=j)
@@ -375,14 +380,22 @@ def test_the_lag_alerts_scale_with_each_jobs_effective_cadence():
     assert "tidemark_job_effective_cadence_seconds" in promql_selectors(lag_high["expr"])
     assert firing(lag_high, series) == ["fast", "hourly_stuck"]
 
+    # Per pipeline: the fast one's threshold is its own jobs' (a job of it at rest widens nothing), the hourly one's
+    # its hourly job's; neither pipeline's widens the other's.
     consistent = rules["TidemarkConsistentLagHigh"]
-    with_hourly = {**series, "tidemark_consistent_lag_seconds": [(target, 1800.0)]}
-    assert firing(consistent, with_hourly) == []  # an hourly job bounds it: 30 minutes is on time
-    fast_only = {"tidemark_job_effective_cadence_seconds": per_job({"a": 5, "b": 5, "hourly_at_rest": 3600}),
-                 "tidemark_job_live": per_job({"a": 1, "b": 1, "hourly_at_rest": 0}),
-                 "tidemark_consistent_lag_seconds": [(target, 1800.0)]}
-    assert firing(consistent, fast_only) == ["*"]  # a job at rest does not widen the threshold
-    assert firing(consistent, {**fast_only, "tidemark_consistent_lag_seconds": [(target, 300.0)]}) == []
+    pipeline_of = {"a": "fast", "b": "fast", "hourly_at_rest": "fast", "hourly": "slow", "follows_hourly": "slow"}
+    cadences = {"a": 5.0, "b": 5.0, "hourly_at_rest": 3600.0, "hourly": 3600.0, "follows_hourly": 3600.0}
+
+    def two_pipelines(fast_lag: float, slow_lag: float) -> dict[str, list[Sample]]:
+        return {"tidemark_job_effective_cadence_seconds": per_job(cadences),
+                "tidemark_job_live": per_job({j: 0 if j == "hourly_at_rest" else 1 for j in cadences}),
+                "tidemark_job_pipeline": [({**target, "tidemark_job": j, "tidemark_pipeline": p}, 1.0)
+                                          for j, p in pipeline_of.items()],
+                "tidemark_consistent_lag_seconds": [({**target, "tidemark_pipeline": "fast"}, fast_lag),
+                                                    ({**target, "tidemark_pipeline": "slow"}, slow_lag)]}
+    assert firing(consistent, two_pipelines(300, 1800)) == []  # an hourly job bounds slow: 30 minutes is on time
+    assert firing(consistent, two_pipelines(1800, 1800)) == ["fast"]  # the hourly pipeline widens nothing of fast's
+    assert firing(consistent, two_pipelines(300, 9000)) == ["slow"]  # 2.5 hours behind: two cadences + 10 min
     for rule in rules.values():
         assert not {"tidemark_job_pending_barriers", "tidemark_newest_barrier_timestamp_seconds"} & \
             promql_selectors(rule["expr"]), rule["alert"]
@@ -552,11 +565,11 @@ def test_a_bounded_run_then_idle_time_raises_no_alert_with_the_shipped_rules(zk_
 
         control = idle(60)
         assert set(control.fired) == {("TidemarkJobStale", "quit"), ("TidemarkJobLagHigh", "quit"),
-                                      ("TidemarkConsistentLagHigh", "*")}, control.fired
+                                      ("TidemarkConsistentLagHigh", "batch")}, control.fired
         assert control.fired[("TidemarkJobStale", "quit")] == 180  # stale from the start, `for: 3m`
         # Lag over 2 x 0.5 s + 300 s for 5 minutes; consistent lag over 2 x 0.5 s + 600 s for 5 minutes.
         assert 600 <= control.fired[("TidemarkJobLagHigh", "quit")] <= 600 + 2 * IDLE_STEP_S
-        assert 900 <= control.fired[("TidemarkConsistentLagHigh", "*")] <= 900 + 2 * IDLE_STEP_S
+        assert 900 <= control.fired[("TidemarkConsistentLagHigh", "batch")] <= 900 + 2 * IDLE_STEP_S
 
         capsys.readouterr()
         assert cli_main(["--zk", chroot, "pause", "quit", "--yes"]) == 0

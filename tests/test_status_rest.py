@@ -21,8 +21,8 @@ from tests.test_status_waiting import INTERVAL, append_epoch, writer
 from tests.test_status_waiting import lake as lake  # the fixture: tables in this test's namespace
 
 
-def exported(status) -> dict[tuple, float]:
-    return {(s.name, s.labels.get("tidemark_job")): s.value for family in view_families(status, time.time())
+def exported(status, label: str = "tidemark_job") -> dict[tuple, float]:
+    return {(s.name, s.labels.get(label)): s.value for family in view_families(status, time.time())
             for s in family.samples}
 
 
@@ -66,8 +66,13 @@ def test_a_paused_stream_is_not_stale_and_leaves_the_live_consistent_epoch_until
         assert samples[("tidemark_job_paused", "stream")] == 1 and samples[("tidemark_job_live", "stream")] == 0
         assert samples[("tidemark_job_finished", "batch")] == 1 and samples[("tidemark_job_live", "batch")] == 0
         assert samples[("tidemark_job_live", "live")] == 1 and samples[("tidemark_job_stale", "stream")] == 0
-        assert samples[("tidemark_consistent_epoch_timestamp_seconds", None)] == status.live_consistent_epoch / 1000
-        assert samples[("tidemark_consistent_lag_seconds", None)] < 30
+        # Each job is a pipeline of its own: the live one's freshness is reported, the stream's at rest is not.
+        by_pipeline = exported(status, "tidemark_pipeline")
+        assert by_pipeline[("tidemark_consistent_epoch_timestamp_seconds", "live")] == \
+            status.pipeline("live").live_consistent_epoch / 1000 == status.live_consistent_epoch / 1000
+        assert by_pipeline[("tidemark_consistent_lag_seconds", "live")] < 30
+        assert ("tidemark_consistent_epoch_timestamp_seconds", "stream") not in by_pipeline
+        assert status.pipeline("stream").consistent_epoch == stopped_at
         assert samples[("tidemark_job_bounds_consistent_epoch", "stream")] == 0  # at rest: bounds nothing live
 
         report = json.loads(run_cli(capsys, "--zk", zk_connect, "status", "--json")[1])
@@ -76,10 +81,12 @@ def test_a_paused_stream_is_not_stale_and_leaves_the_live_consistent_epoch_until
         assert jobs["stream"]["paused"]["reason"] == "maintenance" and report["stale_jobs"] == []
         assert report["live_jobs"] == ["live"] and report["live_consistent_epoch"] is not None
         text = run_cli(capsys, "--zk", zk_connect, "status")[1]
-        header = text.splitlines()[0]
-        assert header.startswith(f"grid: {INTERVAL} ms   consistent epoch: ")
-        without = "   without the jobs at rest (batch, stream): "  # batch finished its bounded run
-        assert f"{without}1" in header and ", lag " in header.split(without)[1]  # it moves on
+        assert text.splitlines()[0] == f"grid: {INTERVAL} ms   pipelines: 3"
+        headline = {line.split()[1]: line for line in text.splitlines() if line.startswith("pipeline ")}
+        assert headline["stream"].startswith(f"pipeline stream (1 job): consistent epoch {stopped_at} (")
+        assert "without the jobs at rest" not in headline["stream"]  # at rest altogether: its epoch is the truth
+        assert headline["live"].startswith("pipeline live (1 job): consistent epoch 1")
+        assert headline["batch"].startswith(f"pipeline batch (1 job): consistent epoch {batch_epochs[-1]} (")
         line = next(line for line in text.splitlines() if line.startswith("stream:"))
         assert line.startswith(f"stream: term 1, paused by ops (maintenance), committed {stopped_at}")
         assert "STALE" not in line

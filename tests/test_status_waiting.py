@@ -107,14 +107,21 @@ def test_lag_is_wall_clock_seconds_and_a_finished_bounded_run_is_not_stale(tm, c
 
     # No consistent epoch spans both tables; the live job's tables (quit's: done is at rest) have one.
     assert status.live_consistent_epoch == quit_epochs[0]
+    # Each job is a pipeline of its own: each has its own consistent epoch, and the stale one holds back only its own.
+    assert [(p["name"], p["consistent_epoch"], p["stale_jobs"]) for p in report["pipelines"]] == [
+        ("done", epochs[-1], []), ("quit", quit_epochs[0], ["quit"])]
     text = cli_status(zk_connect, capsys)
-    assert text.startswith(f"grid: {INTERVAL} ms   consistent epoch: none (no epoch that every one of their tables "
-                           f"holds)   without the jobs at rest (done): {quit_epochs[0]} (")
+    lines = text.splitlines()
+    assert lines[0] == f"grid: {INTERVAL} ms   pipelines: 2"
+    assert lines[1].startswith(f"pipeline done (1 job): consistent epoch {epochs[-1]} (") and "held" not in lines[1]
+    quit_headline = next(line for line in lines if line.startswith("pipeline quit"))
+    assert quit_headline.startswith(f"pipeline quit (1 job): consistent epoch {quit_epochs[0]} (")
+    assert quit_headline.endswith("   held back by quit")
     done_line = next(line for line in text.splitlines() if line.startswith("done:"))
     assert f"finished at epoch {epochs[-1]}" in done_line and "STALE" not in done_line
     assert " s" in done_line.split("lag ", 1)[1]
     quit_line = next(line for line in text.splitlines() if line.startswith("quit:"))
-    assert "STALE: no live leader" in quit_line and "holds the consistent epoch back" in quit_line
+    assert "STALE: no live leader" in quit_line and "holds its pipeline's consistent epoch back" in quit_line
 
     samples = {(s.name, s.labels.get("tidemark_job")): s.value for family in view_families(tm.status(), time.time())
                for s in family.samples}
@@ -122,8 +129,13 @@ def test_lag_is_wall_clock_seconds_and_a_finished_bounded_run_is_not_stale(tm, c
     assert samples[("tidemark_job_finished", "done")] == 1 and samples[("tidemark_job_finished", "quit")] == 0
     assert samples[("tidemark_job_stale", "done")] == 0 and samples[("tidemark_job_stale", "quit")] == 1
     assert samples[("tidemark_job_lag_seconds", "done")] > threshold_ms / 1000
-    # The exported consistent epoch is the live one: quit's tables (stale, but live: it should run), not done's.
-    assert samples[("tidemark_consistent_epoch_timestamp_seconds", None)] == quit_epochs[0] / 1000
+    # The exported consistent epoch is each pipeline's live one: quit's tables (stale, but live: it should run); done
+    # is at rest, so its pipeline has none.
+    by_pipeline = {(s.name, s.labels.get("tidemark_pipeline")): s.value
+                   for family in view_families(tm.status(), time.time()) for s in family.samples}
+    assert by_pipeline[("tidemark_consistent_epoch_timestamp_seconds", "quit")] == quit_epochs[0] / 1000
+    assert ("tidemark_consistent_epoch_timestamp_seconds", "done") not in by_pipeline
+    assert by_pipeline[("tidemark_job_pipeline", "done")] == by_pipeline[("tidemark_job_pipeline", "quit")] == 1
     assert samples[("tidemark_job_live", "done")] == 0 and samples[("tidemark_job_live", "quit")] == 1
     assert samples[("tidemark_job_consistent_epoch_timestamp_seconds", "done")] == epochs[-1] / 1000
 

@@ -12,7 +12,8 @@ while a writer's loop runs (a standby waiting for leadership included) and 503 o
 returned or its thread died.
 
 Every series carries the label ``tidemark_job`` (not ``job``, which Prometheus gives the
-scrape target). Base units: seconds, and epochs as Unix timestamps in seconds. ``DriverMetrics`` holds the
+scrape target), and the consistent epoch's the job's pipeline, ``tidemark_pipeline``. Base units: seconds, and
+epochs as Unix timestamps in seconds. ``DriverMetrics`` holds the
 histogram of the loop's phases (``PHASES``: disjoint, so they add up to the loop's time) and the counters the
 loop's hooks bump; ``_DriverState`` computes the gauges at scrape time from memory: leadership, term, the
 session's state, retries and clock skew, and while leading the committed and consistent epochs and their lags.
@@ -36,6 +37,8 @@ from prometheus_client.registry import Collector
 from coordinator.job.metrics_server import MetricsServer
 from coordinator.protocol.held_epochs import newest_common_epoch
 from coordinator.protocol.leadership import LeaderState
+from coordinator.protocol.pipelines import Pipelines
+from coordinator.protocol.topology import last_read_topology
 from coordinator.settings import Settings
 
 if TYPE_CHECKING:
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JOB_LABEL = "tidemark_job"
+PIPELINE_LABEL = "tidemark_pipeline"
 PHASES = ("wait", "compute", "stage", "precommit", "publish", "commit")
 # An idle commit takes milliseconds, a Spark epoch can take many minutes: the buckets cover both.
 PHASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
@@ -189,6 +193,13 @@ class DriverMetrics:
         if state in (LeaderState.FENCED, LeaderState.LOST):
             self.fencings.inc()
 
+    def pipeline(self) -> str:
+        """The job's pipeline, by the job graph its session last read (no request; the job's own name until one is
+        read: a pipeline is named after its first job)."""
+        topology = last_read_topology(self.driver.tm)
+        found = Pipelines(topology).of_job(self.job) if topology is not None else None
+        return found.name if found is not None else self.job
+
     def consistent_epoch(self) -> Optional[int]:
         """The newest epoch the job's managed sources and its sinks all hold, from the writer's memory (None
         until every one is known)."""
@@ -243,15 +254,17 @@ class _DriverState(Collector):
                          job, max(0.0, now - committed / 1000))
         consistent = metrics.consistent_epoch()
         if consistent is not None:
+            pipeline = {PIPELINE_LABEL: metrics.pipeline()}
             yield _gauge("tidemark_driver_consistent_epoch_timestamp_seconds",
                          "The job's consistent epoch (the newest its sinks and managed sources all hold), as a Unix "
-                         "timestamp", job, consistent / 1000)
+                         "timestamp", job, consistent / 1000, pipeline)
             yield _gauge("tidemark_driver_consistent_lag_seconds",
                          "The job's consistent lag: ZooKeeper's clock minus its consistent epoch", job,
-                         max(0.0, now - consistent / 1000))
+                         max(0.0, now - consistent / 1000), pipeline)
 
 
-def _gauge(name: str, documentation: str, job: str, value: float) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, documentation, labels=[JOB_LABEL])
-    family.add_metric([job], value)
+def _gauge(name: str, documentation: str, job: str, value: float,
+           extra: Optional[dict[str, str]] = None) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=[JOB_LABEL, *(extra or {})])
+    family.add_metric([job, *(extra or {}).values()], value)
     return family

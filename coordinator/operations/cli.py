@@ -59,7 +59,7 @@ if TYPE_CHECKING:  # imported by the commands that use them: `tidemark --help` s
 
     from coordinator.history.gc import GcPlan
     from coordinator.iceberg.catalog import CatalogSettings
-    from coordinator.protocol.status import JobStatus, Status
+    from coordinator.protocol.status import JobStatus, PipelineStatus, Status
     from coordinator.tidemark import Tidemark
     from coordinator.zookeeper.security import TlsSettings
 
@@ -255,27 +255,37 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status.to_dict(), indent=2))
         return 0
-    def consistent(epoch: Optional[int], lag_ms: Optional[int]) -> str:
-        return ("none (no epoch that every one of their tables holds)" if epoch is None
-                else f"{fmt_epoch(epoch)}, lag {fmt_seconds(lag_ms)}")
-    header = (f"grid: {status.interval_ms or '-'} ms   consistent epoch: "
-              f"{consistent(status.consistent_epoch, status.consistent_lag_ms)}")
-    at_rest = [job.name for job in status.jobs if job.at_rest]
-    if at_rest:  # then the tables of the jobs that run may be fresher
-        header += (f"   without the jobs at rest ({', '.join(at_rest)}): "
-                   f"{consistent(status.live_consistent_epoch, status.live_consistent_lag_ms)}")
-    print(header)
+    print(f"grid: {status.interval_ms or '-'} ms   pipelines: {len(status.pipelines)}")
     if not status.jobs:
         print(f"no jobs registered (looked in {_where(args)})")
-    for job in status.jobs:
-        print(_job_line(job))
-        for table, epoch in sorted(job.tidemarks.items()):
-            print(f"    {table}: {fmt_epoch(epoch)}")
-        if job.consistent_epoch != job.committed_epoch and job.committed_epoch is not None:
-            print(f"    consistent with its sources at {fmt_epoch(job.consistent_epoch)}")
-        for reason in job.reasons():
-            print(f"    {reason}")
+    jobs = {job.name: job for job in status.jobs}
+    for pipeline in status.pipelines:
+        print(_pipeline_line(pipeline, [jobs[name] for name in pipeline.jobs]))
+        for job in (jobs[name] for name in pipeline.jobs):
+            print(_job_line(job))
+            for table, epoch in sorted(job.tidemarks.items()):
+                print(f"    {table}: {fmt_epoch(epoch)}")
+            if job.consistent_epoch != job.committed_epoch and job.committed_epoch is not None:
+                print(f"    consistent with its sources at {fmt_epoch(job.consistent_epoch)}")
+            for reason in job.reasons():
+                print(f"    {reason}")
     return 0
+
+
+def _pipeline_line(pipeline: PipelineStatus, jobs: list[JobStatus]) -> str:
+    """A pipeline's headline: its consistent epoch, and without its jobs at rest, or which of its jobs hold it back."""
+    def consistent(epoch: Optional[int], lag_ms: Optional[int]) -> str:
+        return ("none (no epoch that every one of its tables holds)" if epoch is None
+                else f"{fmt_epoch(epoch)}, lag {fmt_seconds(lag_ms)}")
+    line = (f"pipeline {pipeline.name} ({len(pipeline.jobs)} {'job' if len(pipeline.jobs) == 1 else 'jobs'}): "
+            f"consistent epoch {consistent(pipeline.consistent_epoch, pipeline.consistent_lag_ms)}")
+    at_rest = [job.name for job in jobs if job.at_rest]
+    if at_rest and len(at_rest) < len(jobs):  # then the tables of the jobs that run may be fresher
+        line += (f"   without the jobs at rest ({', '.join(at_rest)}): "
+                 f"{consistent(pipeline.live_consistent_epoch, pipeline.live_consistent_lag_ms)}")
+    if pipeline.stale_jobs:
+        line += f"   held back by {', '.join(pipeline.stale_jobs)}"
+    return line
 
 
 def _job_line(job: JobStatus) -> str:
@@ -294,7 +304,7 @@ def _job_line(job: JobStatus) -> str:
     if job.stale:
         line += f"  STALE: {job.stale_reason}"
         if job.holds_back_ms is not None:
-            line += f"; holds the consistent epoch back {fmt_seconds(job.holds_back_ms)}"
+            line += f"; holds its pipeline's consistent epoch back {fmt_seconds(job.holds_back_ms)}"
         elif job.committed_epoch is None:
             line += "; no consistent epoch until it commits"
     return line

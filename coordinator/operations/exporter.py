@@ -34,7 +34,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from coordinator.errors import TidemarkError, ZooKeeperRebuilt
-from coordinator.job.driver_metrics import JOB_LABEL
+from coordinator.job.driver_metrics import JOB_LABEL, PIPELINE_LABEL
 from coordinator.protocol.status import FINISHED, LEADING, PAUSED, RETIRED, Status, read_status
 from coordinator.tidemark import Tidemark
 
@@ -228,23 +228,27 @@ def _state_families(view: Status) -> Iterator[GaugeMetricFamily]:
 
 def _holding_back_families(view: Status) -> Iterator[GaugeMetricFamily]:
     """Per job: whether and how far it holds the consistent epoch back, and the sources it waits for."""
-    stale = _job_gauge("tidemark_job_stale", "1 when the job holds back consistent reads")
+    stale = _job_gauge("tidemark_job_stale", "1 when the job holds back its pipeline's consistent reads")
     holds_back = _job_gauge("tidemark_job_holds_back_seconds",
-                            "For a stale job: how far it holds the consistent epoch back")
+                            "For a stale job: how far it holds its pipeline's consistent epoch back")
     bounds = _job_gauge("tidemark_job_bounds_consistent_epoch",
-                        "1 when the job is live and has the oldest committed epoch of the live jobs: the consistent "
-                        "epoch cannot pass it until the job commits")
+                        "1 when the job is live and has the oldest committed epoch of its pipeline's live jobs: the "
+                        "pipeline's consistent epoch cannot pass it until the job commits")
     blocked = _job_gauge("tidemark_job_blocked_by",
                          "1 per managed source that holds no epoch after the job's committed epoch",
                          "source", "source_job")
-    oldest = min((e for j in view.jobs if not j.at_rest and (e := j.committed_epoch) is not None), default=None)
+    jobs = {job.name: job for job in view.jobs}
+    oldest: dict[str, Optional[int]] = {}  # per job: the oldest committed epoch of its pipeline's live jobs
+    for pipeline in view.pipelines:
+        live = [e for n in pipeline.jobs if not jobs[n].at_rest and (e := jobs[n].committed_epoch) is not None]
+        oldest.update(dict.fromkeys(pipeline.jobs, min(live, default=None)))
     for job in view.jobs:
         name = [job.name]
         stale.add_metric(name, 1 if job.stale else 0)
         if job.holds_back_ms is not None:
             holds_back.add_metric(name, job.holds_back_ms / 1000)
         if (epoch := job.committed_epoch) is not None:
-            bounds.add_metric(name, 1 if epoch == oldest and not job.at_rest else 0)
+            bounds.add_metric(name, 1 if epoch == oldest.get(job.name) and not job.at_rest else 0)
         for blocker in job.waiting_for:
             blocked.add_metric([job.name, blocker.table, blocker.writer], 1)
     yield from (stale, holds_back, bounds, blocked)
@@ -266,17 +270,26 @@ def _table_families(view: Status, now: float) -> Iterator[GaugeMetricFamily]:
 
 
 def _deployment_families(view: Status, now: float) -> Iterator[GaugeMetricFamily]:
-    """Overall: the number of jobs, the live consistent epoch and its lag, and the grid's interval in force."""
+    """Overall: the number of jobs, each job's pipeline, each pipeline's live consistent epoch and its lag, and the
+    grid's interval in force."""
     yield _plain("tidemark_jobs", "Registered jobs", len(view.jobs))
+    member = GaugeMetricFamily("tidemark_job_pipeline", "1 for the pipeline of each job (join on tidemark_job)",
+                               labels=[JOB_LABEL, PIPELINE_LABEL])
     # The live consistent epoch: jobs at rest keep their tables readable at their last epoch, and must not
-    # make the deployment look ever staler (their tables' own lag is above).
-    consistent = view.live_consistent_epoch
-    if consistent is not None:
-        yield _plain("tidemark_consistent_epoch_timestamp_seconds",
-                     "Live consistent epoch (the newest epoch every table of a live job holds), as a Unix timestamp",
-                     consistent / 1000)
-        yield _plain("tidemark_consistent_lag_seconds", "Wall clock minus the live consistent epoch",
-                     max(0.0, now - consistent / 1000))
+    # make their pipeline look ever staler (their tables' own lag is above).
+    consistent = GaugeMetricFamily("tidemark_consistent_epoch_timestamp_seconds",
+                                   "The pipeline's live consistent epoch (the newest epoch every table of its live "
+                                   "jobs holds), as a Unix timestamp", labels=[PIPELINE_LABEL])
+    lag = GaugeMetricFamily("tidemark_consistent_lag_seconds",
+                            "Wall clock minus the pipeline's live consistent epoch: its freshness",
+                            labels=[PIPELINE_LABEL])
+    for pipeline in view.pipelines:
+        for job in pipeline.jobs:
+            member.add_metric([job, pipeline.name], 1)
+        if (epoch := pipeline.live_consistent_epoch) is not None:
+            consistent.add_metric([pipeline.name], epoch / 1000)
+            lag.add_metric([pipeline.name], max(0.0, now - epoch / 1000))
+    yield from (member, consistent, lag)
     if view.interval_ms is not None:
         yield _plain("tidemark_barrier_interval_seconds", "Interval of the barrier grid in force",
                      view.interval_ms / 1000)

@@ -1,7 +1,8 @@
 """A cluster-wide status report: per job its leader, committed epoch, lag, cadence and what it waits for.
 
     status = tm.status()
-    status.consistent_epoch  # the newest epoch every managed table holds (None: they share none)
+    status.pipeline("orders").consistent_epoch  # the newest epoch the pipeline's tables all hold (None: none yet)
+    status.consistent_epoch  # the same across every pipeline's tables (the ``all`` scope)
     job = status.job("word_counts")
     job.lag_seconds          # now (wall clock) minus the job's committed epoch
     job.cadence_ms           # its own cadence (``every``; the grid interval when it has none)
@@ -16,9 +17,10 @@ A job's **state** is ``leading`` or, with no live leader, ``retired``, ``paused`
 leader's term is older than the job's) or ``no leader``. Finished, paused and retired jobs are **at rest**:
 nobody runs them now, on purpose; every other job is **live**. A job **waits for** the managed sources that
 hold no epoch after its committed epoch (``Choice.behind``), and is **stale** when it, rather than something
-upstream of it, holds the consistent epoch back. The **consistent epoch** is the newest epoch every managed
-table holds; the **live consistent epoch**, the same over the tables live jobs read and write, is the
-deployment's freshness (``Status``). ``docs/design.md``, "Observability", says why.
+upstream of it, holds its pipeline's consistent epoch back. A **pipeline's consistent epoch** is the newest epoch
+every table its jobs write holds (``PipelineStatus``; ``coordinator.protocol.pipelines`` says what a pipeline is);
+its **live consistent epoch**, the same over the tables its live jobs read and write, is its freshness. A stale
+job holds back its own pipeline only. ``docs/design.md``, "Observability", says why.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from coordinator.formatting import fmt_cadence, fmt_epoch, fmt_seconds, fmt_time
 from coordinator.protocol.barriers import BarrierGrid
 from coordinator.protocol.held_epochs import held_epochs, newest_common_epoch
 from coordinator.protocol.pacing import Pacing, effective_cadences
+from coordinator.protocol.pipelines import Pipeline, Pipelines
 from coordinator.protocol.topology import Topology, read_topology
 from coordinator.records import (
     FinishedRecord,
@@ -194,14 +197,50 @@ class JobStatus:
 
 
 @dataclass(frozen=True)
-class Status:
-    """One read of the whole deployment (``read_status``): the topology, every job's ``JobStatus``, the grid, the
-    consistent epochs, and the wall clock ``read_ms`` the lags are measured against.
+class PipelineStatus:
+    """One pipeline as ``read_status`` found it: its name, jobs and tables, its consistent epoch (the newest epoch
+    every table its jobs write holds, by the rule readers resolve by: what ``tidemark serve`` and ``tidemark
+    resolve`` give its tables) and its live consistent epoch (over the tables of its live jobs; None when none is
+    live), the jobs holding them back (stale), and the wall clock ``read_ms`` of the read."""
 
-    ``consistent_epoch`` is the newest epoch every managed table holds, by the rule readers resolve by
-    (``coordinator.protocol.held_epochs``): what a reader of every table gets, the epoch ``tidemark resolve``
-    names for them; None when they share none, or a table has committed nothing. ``live_consistent_epoch`` is the
-    same over the tables live jobs read and write (their sinks and managed sources), None when no job is live.
+    name: str
+    jobs: tuple[str, ...]
+    tables: tuple[str, ...]
+    consistent_epoch: Optional[int]
+    live_consistent_epoch: Optional[int]
+    stale_jobs: tuple[str, ...]
+    read_ms: int
+
+    @property
+    def consistent_lag_ms(self) -> Optional[int]:
+        """Wall clock at the read minus the consistent epoch (None: there is none)."""
+        return None if self.consistent_epoch is None else max(0, self.read_ms - self.consistent_epoch)
+
+    @property
+    def live_consistent_lag_ms(self) -> Optional[int]:
+        """The pipeline's freshness: wall clock minus its live consistent epoch."""
+        return None if self.live_consistent_epoch is None else max(0, self.read_ms - self.live_consistent_epoch)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The pipeline's status as JSON values."""
+        return {
+            "name": self.name, "jobs": list(self.jobs), "tables": list(self.tables),
+            "consistent_epoch": self.consistent_epoch, "consistent_lag_seconds": _seconds(self.consistent_lag_ms),
+            "live_consistent_epoch": self.live_consistent_epoch,
+            "live_consistent_lag_seconds": _seconds(self.live_consistent_lag_ms), "stale_jobs": list(self.stale_jobs),
+        }
+
+
+@dataclass(frozen=True)
+class Status:
+    """One read of the whole deployment (``read_status``): the topology, every job's ``JobStatus``, every
+    pipeline's ``PipelineStatus``, the grid, and the wall clock ``read_ms`` the lags are measured against.
+
+    ``consistent_epoch`` is the newest epoch every managed table of every pipeline holds, by the rule readers
+    resolve by (``coordinator.protocol.held_epochs``): what a reader of the ``all`` scope gets; None when they
+    share none (pipelines on different cadences may never), or a table has committed nothing.
+    ``live_consistent_epoch`` is the same over the tables live jobs read and write, None when no job is live.
+    Each pipeline's own are in ``pipelines``: nothing outside a pipeline holds them back.
     """
 
     topology: Topology
@@ -211,6 +250,7 @@ class Status:
     consistent_epoch: Optional[int] = None         # the newest epoch every managed table holds
     read_ms: int = field(default_factory=now_ms)   # the wall clock the lags are measured against
     live_consistent_epoch: Optional[int] = None    # the same over the tables of live jobs (None: no job is live)
+    pipelines: tuple[PipelineStatus, ...] = ()     # each pipeline, by name
 
     def job(self, name: str) -> JobStatus:
         """The status of job ``name``.
@@ -221,6 +261,14 @@ class Status:
             if job.name == name:
                 return job
         raise JobNotFound(f"job {name!r} is not registered (see `tidemark status`)")
+
+    def pipeline(self, name: str) -> PipelineStatus:
+        """The status of pipeline ``name``.
+
+        :raises PipelineNotFound: no pipeline of that name at the read (the message lists those there are).
+        """
+        named = Pipelines(self.topology).named(name)  # its error lists the pipelines there are
+        return next(p for p in self.pipelines if p.name == named.name)
 
     @property
     def consistent_lag_ms(self) -> Optional[int]:
@@ -247,6 +295,7 @@ class Status:
             "live_consistent_lag_seconds": _seconds(self.live_consistent_lag_ms),
             "live_jobs": [j.name for j in self.jobs if not j.at_rest],
             "stale_jobs": [j.name for j in self.jobs if j.stale],
+            "pipelines": [p.to_dict() for p in self.pipelines],
             "jobs": [j.to_dict() for j in self.jobs],
         }
 
@@ -288,10 +337,24 @@ def read_status(tm: ZooKeeperSession, stale_intervals: int = STALE_INTERVALS,
     live_tables = {t for job in judged.values() if not job.at_rest for t in _own_tables(job, writers)}
     consistent = _consistent_epoch(marks, sorted(writers), tm, writers)
     live_consistent = _consistent_epoch(marks, live_tables, tm, writers)
-    reference = _holds_back_reference(judged, deployment)
-    jobs = tuple(replace(job, holds_back_ms=max(0, reference - c))
-                 if job.stale and (c := job.committed_epoch) is not None else job for job in judged.values())
-    return Status(topo, jobs, deployment.grid, interval, consistent, read_ms, live_consistent)
+    pipelines = Pipelines(topo).all
+    jobs: dict[str, JobStatus] = {}
+    for pipeline in pipelines:  # a stale job holds back its own pipeline, nothing else
+        own = {name: judged[name] for name in pipeline.jobs}
+        reference = _holds_back_reference(own, deployment)
+        jobs.update({name: replace(job, holds_back_ms=max(0, reference - c))
+                     if job.stale and (c := job.committed_epoch) is not None else job for name, job in own.items()})
+    return Status(topo, tuple(jobs[name] for name in names), deployment.grid, interval, consistent, read_ms,
+                  live_consistent, tuple(_pipeline_status(p, jobs, marks, tm, writers, read_ms) for p in pipelines))
+
+
+def _pipeline_status(pipeline: Pipeline, jobs: Mapping[str, JobStatus], marks: Mapping[str, Optional[TableTidemark]],
+                     tm: ZooKeeperSession, writers: Mapping[str, str], read_ms: int) -> PipelineStatus:
+    own = [jobs[name] for name in pipeline.jobs]
+    written = sorted(t for t in pipeline.tables if t in writers)
+    live = {t for job in own if not job.at_rest for t in _own_tables(job, writers)}
+    return PipelineStatus(pipeline.name, pipeline.jobs, pipeline.tables, _consistent_epoch(marks, written, tm, writers),
+                          _consistent_epoch(marks, live, tm, writers), tuple(j.name for j in own if j.stale), read_ms)
 
 
 @dataclass(frozen=True)
@@ -409,9 +472,9 @@ def _own_tables(job: JobStatus, writers: Mapping[str, str]) -> list[str]:
 
 
 def _holds_back_reference(judged: Mapping[str, JobStatus], deployment: _Deployment) -> int:
-    """What a stale job holds the consistent epoch back from: the consistent epoch of the tables of the healthy
-    jobs (live, neither stale nor waiting on something), or the wall clock when there are none. A job at rest is no
-    reference: its tables stay where it stopped."""
+    """What a stale job of a pipeline (whose jobs are ``judged``) holds its consistent epoch back from: the
+    consistent epoch of the tables of its healthy jobs (live, neither stale nor waiting on something), or the wall
+    clock when there are none. A job at rest is no reference: its tables stay where it stopped."""
     healthy = [job for job in judged.values() if not job.stale and not job.waiting_for and job.waiting is None
                and job.committed_epoch is not None and not job.at_rest]
     reference = newest_common_epoch(deployment.marks.get(t) for job in healthy for t in job.sinks) if healthy else None
@@ -480,4 +543,5 @@ def _epoch_of(marks: Mapping[str, Optional[TableTidemark]], table: str) -> Optio
     return mark.epoch if mark else None
 
 
-__all__ = ["AT_REST", "STALE_INTERVALS", "STALE_SLACK_MS", "Blocker", "JobStatus", "Status", "read_status"]
+__all__ = ["AT_REST", "STALE_INTERVALS", "STALE_SLACK_MS", "Blocker", "JobStatus", "PipelineStatus", "Status",
+           "read_status"]

@@ -211,6 +211,11 @@ def remember_topology(tm: ZooKeeperSession, topo: Topology) -> None:
     _LAST_READ[tm] = topo
 
 
+def last_read_topology(tm: ZooKeeperSession) -> Optional[Topology]:
+    """The job graph ``tm`` last read or wrote (None: none yet), without a request: what a scrape may use."""
+    return _LAST_READ.get(tm)
+
+
 def read_topology(tm: ZooKeeperSession) -> Topology:
     """Read ``/topology`` and every job (pipelined), consistent with the version returned.
 

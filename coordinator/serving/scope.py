@@ -7,9 +7,9 @@
 Grammar of ``warehouse`` (every engine can set it; an engine that cannot sends nothing, and a client may put it in
 the URI's path instead, ``http://host:port/w/<warehouse>``): ``[GROUP][@PIN]``
 
-- GROUP: ``pipeline`` (the default): each table at the newest version consistent across its pipeline, the tables
-  its jobs connect (the job graph's connected component, root tables included); ``all``: one version across every
-  table Tidemark's jobs write or read; ``namespace:<ns>``: one version across those of namespace ``<ns>``.
+- GROUP: a scope's group (``coordinator.protocol.pipelines``): ``pipeline`` (the default): each table at the newest
+  version consistent across its pipeline; ``all``: one version across every table Tidemark's jobs write or read;
+  ``namespace:<ns>``: one version across those of namespace ``<ns>``.
 - PIN: none (the newest version on every load); ``pinned`` (the version newest when ``/v1/config`` was asked, for
   as long as the client keeps its configuration: a session); an epoch or a retained version's tag
   (``1795834273000``, ``tidemark-1795834273000``: exactly that version); an ISO-8601 time
@@ -27,19 +27,12 @@ from datetime import datetime, timezone
 from typing import Optional
 
 from coordinator.errors import InvalidArgument, InvalidName
-from coordinator.names import validate_epoch, validate_name
+from coordinator.names import validate_epoch
+from coordinator.protocol.pipelines import Group, parse_group
 
 TAG_PREFIX = "tidemark-"
 PINNED = "pinned"
 _PREFIX = re.compile(r"^(pipeline|all|ns\.(?P<ns>[A-Za-z0-9_][A-Za-z0-9_.\-]*))(?:~(?P<pin>at|le)-(?P<t>\d+))?$")
-
-
-class Group(str, enum.Enum):
-    """Which tables one version is consistent across."""
-
-    PIPELINE = "pipeline"
-    ALL = "all"
-    NAMESPACE = "namespace"
 
 
 class PinKind(str, enum.Enum):
@@ -122,17 +115,10 @@ WAREHOUSE_HELP = ("warehouse is [pipeline|all|namespace:<ns>][@pinned|@<epoch>|@
 
 
 def _group(text: str) -> tuple[Group, Optional[str]]:
-    if text in ("", Group.PIPELINE.value):
-        return Group.PIPELINE, None
-    if text == Group.ALL.value:
-        return Group.ALL, None
-    kind, colon, namespace = text.partition(":")
-    if kind == Group.NAMESPACE.value and colon:
-        try:
-            return Group.NAMESPACE, validate_name(namespace, "namespace")
-        except InvalidName as exc:
-            raise InvalidArgument(f"warehouse {text!r}: {exc}") from None
-    raise InvalidArgument(f"warehouse {text!r} names no group: {WAREHOUSE_HELP}")
+    try:
+        return parse_group(text)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"warehouse {text!r}: {exc}; {WAREHOUSE_HELP}") from None
 
 
 def _pin(text: str) -> Pin:

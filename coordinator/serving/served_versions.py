@@ -47,11 +47,12 @@ from coordinator.history.resolve import Resolver
 from coordinator.history.versions import RetainedVersions
 from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.protocol.held_epochs import common_epochs
+from coordinator.protocol.pipelines import Group, Pipelines
 from coordinator.protocol.tidemarks import TidemarkCache, older_copy
 from coordinator.protocol.topology import Topology, read_topology
 from coordinator.records import ConsistentVersion, JobRecord
 from coordinator.serving.hold import Hold, HoldRule, cookie_name, table_bit
-from coordinator.serving.scope import Group, Pin, PinKind, Scope
+from coordinator.serving.scope import Pin, PinKind, Scope
 from coordinator.zookeeper.session import ZooKeeperSession
 
 TOPOLOGY_TTL_S = 1.0  # the job graph is read again at most this often (it changes on registrations only)
@@ -138,7 +139,7 @@ class ServedVersions:
         self._held: OrderedDict[tuple, Hold] = OrderedDict()  # (client, prefix, group) -> hold, for cookieless clients
         self._exact: dict[tuple[frozenset[str], int], ConsistentVersion] = {}  # (group, epoch) -> the version
         self._seen_jobs: dict[str, tuple[JobRecord, float]] = {}  # job -> (record, when last in the graph)
-        self._index = _GraphIndex(None, {})
+        self._index: Optional[_GraphIndex] = None  # the job graph last read, indexed
         self._reconnecting = threading.Lock()  # held by the one background reconnection under way
         self._closed = False
         self._open_session()
@@ -239,26 +240,30 @@ class ServedVersions:
     def group_of(self, scope: Scope, table: str, wait: bool = True) -> tuple[Optional[str], Optional[frozenset[str]]]:
         """``table`` (an identifier ``ns.t``) as the job graph names it, and its group in ``scope``; (None, None) for a
         table no Tidemark job writes or reads. Without ``wait``, ``WouldWait`` when the graph is to be read again."""
-        graph = self._graph(wait)
-        index = self._index
-        if index.graph is not graph:  # a job graph read again: its names and groups are worked out again
-            index = self._index = _GraphIndex(graph, {self.settings.identifier(t): t for t in _tables(graph)})
+        index = self._graph_index(wait)
         name = index.names.get(table)
         if name is None:
             return None, None
         key = (scope.group, scope.namespace, name)
         if key not in index.groups:
-            index.groups[key] = self._group(scope, graph, name)
+            index.groups[key] = self._group(scope, index.pipelines, name)
         return name, index.groups[key]
 
-    def _group(self, scope: Scope, graph: Topology, name: str) -> frozenset[str]:
+    def _graph_index(self, wait: bool = True) -> _GraphIndex:
+        graph = self._graph(wait)
+        index = self._index
+        if index is None or index.pipelines.topology is not graph:  # a job graph read again: worked out again
+            pipelines = Pipelines(graph)
+            index = self._index = _GraphIndex(pipelines, {self.settings.identifier(t): t for t in pipelines.tables})
+        return index
+
+    def _group(self, scope: Scope, pipelines: Pipelines, name: str) -> frozenset[str]:
         """The tables one version of ``scope`` covers with table ``name`` (as the job graph names it)."""
-        if scope.group == Group.ALL:
-            return frozenset(_tables(graph))
-        if scope.group == Group.NAMESPACE:
-            return frozenset(t for t in _tables(graph)
-                             if self.settings.identifier(t).rpartition(".")[0] == scope.namespace)
-        return _component(graph, name)
+        if scope.group == Group.PIPELINE:
+            pipeline = pipelines.of_table(name)
+            return frozenset(pipeline.tables if pipeline is not None else (name,))
+        groups = pipelines.groups(scope.group, scope.namespace, self.settings.identifier)
+        return frozenset(next(iter(groups.values()), ()))
 
     def _graph(self, wait: bool = True) -> Topology:
         """The job graph with every job seen in it during the last ``FORGET_JOBS_S``: while ZooKeeper's state is lost
@@ -372,8 +377,9 @@ class ServedVersions:
     def pin_now(self, scope: Scope) -> Pin:
         """A ``@pinned`` scope's pin: the newest epoch served now (its group's, for one group; the newest of the
         groups', for the pipeline group, so that no pipeline goes back)."""
-        graph = self._graph()
-        groups = {self._group(scope, graph, t) for t in _tables(graph)}
+        pipelines = self._graph_index().pipelines
+        groups = {frozenset(tables) for tables in pipelines.groups(scope.group, scope.namespace,
+                                                                   self.settings.identifier).values()}
         epochs = []
         for group in groups:
             if not group:
@@ -488,32 +494,12 @@ class ServedVersions:
 
 @dataclass
 class _GraphIndex:
-    """One job graph's tables by identifier, and their groups as asked for (by group kind, namespace and table)."""
+    """One job graph's pipelines, its tables by identifier, and their groups as asked for (by group kind, namespace
+    and table)."""
 
-    graph: Optional[Topology]
+    pipelines: Pipelines
     names: dict[str, str]
     groups: dict[tuple[Group, Optional[str], str], frozenset[str]] = field(default_factory=dict)
-
-
-def _tables(topology: Topology) -> set[str]:
-    return {t for job in topology.jobs.values() for t in (*job.sources, *job.sinks)}
-
-
-def _component(topology: Topology, table: str) -> frozenset[str]:
-    """The tables connected to ``table`` through the jobs that read or write them (root tables included)."""
-    by_table: dict[str, list[str]] = {}
-    for name, job in topology.jobs.items():
-        for t in (*job.sources, *job.sinks):
-            by_table.setdefault(t, []).append(name)
-    seen, stack = {table}, [table]
-    while stack:
-        for job_name in by_table.get(stack.pop(), ()):
-            record = topology.jobs[job_name]
-            for t in (*record.sources, *record.sinks):
-                if t not in seen:
-                    seen.add(t)
-                    stack.append(t)
-    return frozenset(seen)
 
 
 def _at_or_before(resolver: Resolver, tables: list[str], cap: int, marks: Mapping) -> ConsistentVersion:

@@ -10,7 +10,7 @@ using more cannot be evaluated wrongly by accident.
     rules = RuleEvaluator(yaml.safe_load(RULES.read_text()))
     for t in range(0, 3600, 30):
         rules.evaluate(t, scraped_series(body, target))   # each scrape, at Prometheus' evaluation times
-    rules.fired   # {(alert, tidemark_job or "*"), ...}: alerts active for at least their `for`
+    rules.fired   # {(alert, tidemark_job, tidemark_pipeline or "*"), ...}: alerts active for at least their `for`
 """
 from __future__ import annotations
 
@@ -167,10 +167,11 @@ def evaluate(expr: str, series: Series, history: Optional[History] = None, now: 
 
 
 def returned(rule: dict, series: Series, history: Optional[History] = None, now: float = 0.0) -> list[str]:
-    """The ``tidemark_job`` (or ``*``) of every sample the rule's expression returns at ``now`` (``for`` ignored)."""
+    """The ``tidemark_job`` (else the ``tidemark_pipeline``, else ``*``) of every sample the rule's expression
+    returns at ``now`` (``for`` ignored)."""
     result = evaluate(rule["expr"], series, history, now)
     assert isinstance(result, list), f"{rule['alert']}: a rule must return a vector"
-    return sorted(labels.get("tidemark_job", "*") for labels, _ in result)
+    return sorted(labels.get("tidemark_job") or labels.get("tidemark_pipeline", "*") for labels, _ in result)
 
 
 class RuleEvaluator:
