@@ -93,18 +93,25 @@ def test_tables_at_mixed_epochs_resolve_to_the_newest_epoch_they_all_hold(tm, co
         before_gc = resolve_all(with_zk, lake)
         assert {tables: v.epoch for tables, v in before_gc.items()} == expected
 
-        # GC keeps the versions every table holds; every table keeps what the consistent reads above need.
+        # GC keeps each pipeline's versions: up and down are one pipeline (named after down, its first job by
+        # name), other another, and neither holds the other's back; every table keeps what the reads above need.
         report = GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1d"),
                                   clock=lambda: 61_000).run()
-        assert report.plan.consistent_epoch == 2000, "the newest epoch up, down and other all hold"
-        assert RetainedVersions(tm).epochs() == [2000] and report.expired_snapshots > 0
-        record = present(RetainedVersions(tm).get(2000))
-        for name in lake.tables:
-            assert catalog.load_table(name).metadata.refs[tag_name(2000)].snapshot_id == record.snapshots[name]
+        assert report.plan.consistent_epochs == {"down": 5000, "other": 6000}, "each pipeline's newest epoch"
+        assert RetainedVersions(tm).keys() == [(2000, "down"), (2000, "other"), (4000, "other"), (5000, "down"),
+                                               (6000, "other")]
+        assert report.expired_snapshots > 0
+        for record in RetainedVersions(tm).all():
+            for name in record.covered if record.tag else ():
+                assert catalog.load_table(name).metadata.refs[record.tag].snapshot_id == record.snapshots[name]
+        assert all(tag_name(5000, "down") in catalog.load_table(name).metadata.refs for name in (up, down))
         assert resolve_all(with_zk, lake) == before_gc
         assert resolve_all(iceberg_only, lake) == before_gc
-        with pytest.raises(VersionNotFound, match=rf"snapshot at it .* was expired: the nearest retained versions "
-                                                  rf"are {tag_name(2000)}"):
+        for resolver in (with_zk, iceberg_only):  # two pipelines' versions at one epoch: one version of both
+            together = resolver.resolve([up, down, other], as_of=2000)
+            assert (together.epoch, together.snapshots) == (2000, before_gc[(up, down, other)].snapshots)
+        with pytest.raises(VersionNotFound, match=r"snapshot at it .* was expired: the nearest retained versions "
+                                                  r"are at epochs 2000"):
             with_zk.resolve([up], as_of=1000)
     finally:
         lake.close()
@@ -122,7 +129,9 @@ def test_tables_at_mixed_epochs_resolve_to_the_newest_epoch_they_all_hold(tm, co
     try:
         marks = fresh.tidemarks(lake.tables)
         assert present(marks[down]).epochs == (2000, 5000)
-        assert {2000, 3000, 4000, 5000, 6000, 60_000} <= set(present(marks[up]).epochs)
+        # GC kept up's main from its pipeline's consistent epoch 5000 (other, another pipeline, holds nothing back):
+        # its 3000 and 4000 went, so its lineage starts at 5000.
+        assert {5000, 6000, 60_000} <= set(present(marks[up]).epochs) and 4000 not in present(marks[up]).epochs
         floor = max(present(present(m).read_floor) for m in marks.values())
         assert floor >= fresh.server_clock.now_ms() - 60_000, "the read floor is not the barrier of the resumption"
         for resolver in (Resolver(catalog, catalog_settings, fresh), Resolver(catalog, catalog_settings, fresh,

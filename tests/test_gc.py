@@ -94,8 +94,11 @@ def assert_listing_true(zk_connect: str, catalog, capsys) -> list[dict]:
     assert cli(["--zk", zk_connect, "versions", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert cli(["--zk", zk_connect, "versions"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == len(listed) or (not listed and lines[0].startswith("no retained versions"))
+    out = capsys.readouterr().out.splitlines()
+    headings = [line for line in out if line.startswith("pipeline ")]
+    assert headings == sorted({f"pipeline {v['pipeline']}:" for v in listed}), "one heading per pipeline"
+    lines = [line.strip() for line in out if line.startswith("  ")]
+    assert len(lines) == len(listed) or (not listed and out[0].startswith("no retained versions"))
     tables: dict = {}
     for version, line in zip(listed, lines):
         covered = sorted(name for name, snapshot in version["snapshots"].items() if snapshot is not None)
@@ -103,7 +106,7 @@ def assert_listing_true(zk_connect: str, catalog, capsys) -> list[dict]:
             table = tables.get(name) or tables.setdefault(name, catalog.load_table(name))
             assert table.snapshot_by_id(version["snapshots"][name]) is not None, (version, name)
             if version["tag"] is not None:
-                assert version["tag"] == tag_name(version["epoch"])
+                assert version["tag"] == tag_name(version["epoch"], version["pipeline"])
                 ref = table.metadata.refs.get(version["tag"])
                 assert ref is not None and ref.snapshot_id == version["snapshots"][name], (version, name)
         if version["tag"] is not None:
@@ -145,7 +148,7 @@ def test_a_simulated_year_keeps_exactly_the_policy_and_every_kept_version_reads_
         assert len(table.snapshots()) <= len(retained) + 2, name
     dropped = next(e for e in pipeline.committed if e not in retained)
     for resolver in (with_zk, iceberg_only):
-        with pytest.raises(VersionNotFound, match="nearest retained versions are tidemark-"):
+        with pytest.raises(VersionNotFound, match="nearest retained versions are at epochs "):
             resolver.resolve(pipeline.tables, as_of=dropped)
 
 
@@ -182,13 +185,14 @@ def test_a_pinned_version_and_a_lagging_jobs_next_inputs_survive_gc(tm, connect,
     head = events.current_snapshot()
     assert kept_why[head.snapshot_id] == "head of main"
     assert kept_why[present(head.parent_snapshot_id)] == f"main since epoch {epochs[4]}, the newest consistent version"
-    assert decisions[epochs[4]] == ("keep", "newest consistent version") and plan.consistent_epoch == epochs[4], \
+    assert decisions[epochs[4]] == ("keep", "newest consistent version")
+    assert [*plan.consistent_epochs.values()] == [epochs[4]], \
         "rollup holds none of ingest's newer epochs: epochs[4] is the newest one both tables hold"
 
     report = collector.run()
     assert report.expired_snapshots >= 4 and report.deleted_files > 0
     tagged = {t: s for t, s in pinned.snapshots.items() if s is not None}
-    assert tagged and all(pipeline.catalog.load_table(t).refs()[tag_name(epochs[1])].snapshot_id == s
+    assert tagged and all(pipeline.catalog.load_table(t).refs()[tag_name(epochs[1], pipeline.name)].snapshot_id == s
                           for t, s in tagged.items()), "tagged while pinned: another engine's expiry keeps it too"
     events.refresh()
     assert events.snapshot_by_id(aborted) is None
@@ -209,15 +213,14 @@ def test_a_pinned_version_and_a_lagging_jobs_next_inputs_survive_gc(tm, connect,
     with pytest.raises(VersionNotFound, match=rf"table {pipeline.totals} does not hold it .*the nearest epochs "
                                               rf"{pipeline.totals} holds are {epochs[4]} and {epochs[-1]}"):
         resolver.resolve(pipeline.tables, as_of=epochs[7])  # rollup coalesced over it
-    with pytest.raises(VersionNotFound, match=f"nearest retained versions are {tag_name(epochs[1])} and "
-                                              f"{tag_name(epochs[4])}"):
+    with pytest.raises(VersionNotFound, match=f"nearest retained versions are at epochs {epochs[1]} and {epochs[4]}"):
         resolver.resolve(pipeline.tables, as_of=epochs[2])
 
     session.close()
     reader_tm.close()
     collector.run()  # unpinned: the pinned version falls out of the policy now
     assert RetainedVersions(tm).epochs() == [epochs[-1]]
-    assert all(tag_name(epochs[1]) not in pipeline.catalog.load_table(t).refs() for t in tagged)
+    assert all(tag_name(epochs[1], pipeline.name) not in pipeline.catalog.load_table(t).refs() for t in tagged)
 
 
 def test_the_cli_lists_versions_dry_runs_gc_and_resolves_a_tag(tm, zk_connect, pipeline, catalog_settings,
@@ -235,17 +238,20 @@ def test_the_cli_lists_versions_dry_runs_gc_and_resolves_a_tag(tm, zk_connect, p
 
     assert cli([*args, "gc", "--yes", "--policy", "all:1d"]) == 0
     out = capsys.readouterr().out
-    assert f"version {epochs[0]}: create (all, untagged)" in out and "expired" in out
-    assert f"version {epochs[2]}: create (all, tagged)" in out, "the newest version is tagged"
+    assert f"pipeline {pipeline.name}: newest consistent epoch {epochs[2]}" in out
+    assert f"version {epochs[0]}, pipeline {pipeline.name}'s: create (all, untagged)" in out and "expired" in out
+    assert f"version {epochs[2]}, pipeline {pipeline.name}'s: create (all, tagged)" in out, "the newest is tagged"
     assert cli([*args, "versions", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert [(v["tag"], v["tier"]) for v in listed] == [(None, "all"), (None, "all"), (tag_name(epochs[2]), "all")]
+    assert [(v["tag"], v["tier"]) for v in listed] == [(None, "all"), (None, "all"),
+                                                      (tag_name(epochs[2], pipeline.name), "all")]
     assert cli([*args, "versions"]) == 0
     out = capsys.readouterr().out
     assert f"{epochs[0]}  " in out and f"untagged: read by snapshot id (--as-of {epochs[0]})" in out
-    assert f"{tag_name(epochs[2])}  " in out and "tagged in 2 tables" in out
+    assert out.startswith(f"pipeline {pipeline.name}:\n")
+    assert f"  {tag_name(epochs[2], pipeline.name)}  " in out and "tagged in 2 tables" in out
 
-    assert cli([*args, "resolve", *pipeline.tables, "--as-of", tag_name(epochs[1]), "--json"]) == 0
+    assert cli([*args, "resolve", *pipeline.tables, "--as-of", tag_name(epochs[1], pipeline.name), "--json"]) == 0
     resolved = json.loads(capsys.readouterr().out)
     assert resolved["epoch"] == epochs[1] and resolved["level"] == "as_of"
     assert cli([*args, "resolve", *pipeline.tables, "--as-of", "yesterday"]) == 2

@@ -190,7 +190,8 @@ def test_an_idle_epoch_of_a_fast_table_is_placed_by_the_slower_job_that_read_it_
     frames = read_arrow(resolvers["zookeeper"], versions["zookeeper"])
     assert epoch_counts(frames[fast]) == epoch_counts(frames[slow]) == {base: 1, base + 1000: 2}
 
-    assert GarbageCollector(tm, catalog_settings).plan().consistent_epoch == idle, "GC tags what readers resolve"
+    plan = GarbageCollector(tm, catalog_settings).plan()
+    assert [*plan.consistent_epochs.values()] == [idle], "GC tags what readers resolve"
     status = cli(zk_connect, "status", "--json", catalog=catalog_settings)
     resolved = cli(zk_connect, "resolve", fast, slow, "--json", catalog=catalog_settings)
     assert status.returncode == 0 and resolved.returncode == 0, (status.stderr, resolved.stderr)
@@ -322,7 +323,7 @@ def test_a_root_commit_visible_only_after_a_job_read_its_barrier_is_read_as_that
         assert in_root == in_copy == [(1, 0), (1, 1)], how
     plan = GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1h,tags:all")).plan()
     tagged = next(t for t in plan.tables if t.table == root).tags_to_create
-    assert tagged[tag_name(barrier)] == resolvers["zookeeper"].resolve([root, copy]).snapshots[root]
+    assert tagged[tag_name(barrier, "copy")] == resolvers["zookeeper"].resolve([root, copy]).snapshots[root]
 
     following = barrier + 1000
     wait_for(lambda: now_ms() > following, "the clock to pass the next barrier", timeout=5)

@@ -305,7 +305,7 @@ def test_a_spark_epoch_job_on_the_rest_catalog_and_s3_merges_exactly_once_and_sp
     through_python = read_arrow(resolver, version)[dst]
     assert dict(zip(through_python.column("word").to_pylist(), through_python.column("n").to_pylist())) == expected
     by_tag = version_sql(resolver, version)
-    assert f"'{tag_name(present(version.epoch))}'" in by_tag[dst], by_tag
+    assert f"'{tag_name(present(version.epoch), 'spark-rest')}'" in by_tag[dst], by_tag  # its pipeline's tag
     by_id = version_sql(resolver, version, by_tag=False)
     assert f"FOR VERSION AS OF {version.snapshots[dst]}" in by_id[dst], by_id
     for query in (by_tag[dst], by_id[dst]):

@@ -78,11 +78,12 @@ def test_zookeeper_and_iceberg_resolve_the_same_versions_at_mixed_epochs_after_g
         assert lake.truth((up, down)).snapshots[up] != catalog.load_table(up).current_snapshot().snapshot_id
         assert_same_everywhere(catalog, catalog_settings, lake, warm, loaded, zookeeper_names=True)
 
-        # GC expires the snapshots below the newest consistent epoch (4000) that no retained version keeps,
-        # so Iceberg's lineages no longer reach the oldest epochs ZooKeeper's lists still name.
+        # GC expires the snapshots below each pipeline's newest consistent epoch (up and down's 4000, other's 5000)
+        # that no retained version keeps, so Iceberg's lineages no longer reach the oldest epochs ZooKeeper's lists
+        # still name.
         report = GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1d"),
                                   clock=lambda: 7000).run()
-        assert report.plan.consistent_epoch == 4000 and report.expired_snapshots > 0
+        assert report.plan.consistent_epochs == {"down": 4000, "other": 5000} and report.expired_snapshots > 0
         assert catalog.load_table(up).snapshot_by_id(lake.published[up][3000]) is None, "up's 3000 expired"
         assert_same_everywhere(catalog, catalog_settings, lake, warm, loaded, zookeeper_names=True)
     finally:

@@ -33,7 +33,7 @@ def test_kept_versions_read_back_in_spark_sql_version_as_of_their_tag(spark, tm,
         assert {r.tagged for r in records} == {True, False}, "the 15m tier and the newest tagged, the all tier not"
         resolver = Resolver(pipeline.catalog, catalog_settings, tm)
         for record in records:
-            epoch, tag = record.epoch, tag_name(record.epoch)
+            epoch, tag = record.epoch, tag_name(record.epoch, pipeline.name)
             if record.tagged:
                 events = spark.sql(f"SELECT count(*) AS n FROM {pipeline.events} VERSION AS OF '{tag}'").first()["n"]
                 total = spark.sql(f"SELECT sum(rows) AS n FROM {pipeline.totals} VERSION AS OF '{tag}'").first()["n"]

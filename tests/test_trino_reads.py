@@ -68,7 +68,7 @@ def test_trino_joins_two_tables_at_a_consistent_version_by_tag_and_by_snapshot_i
     assert resolved.returncode == 0, resolved.stderr
     by_tag = {table: next(line.rstrip(";") for line in resolved.stdout.splitlines() if f"lake.{table} " in line)
               for table in reader.tables}
-    assert f"'{tag_name(present(reader.version.epoch))}'" in by_tag[pipeline.sink], resolved.stdout
+    assert f"'{tag_name(present(reader.version.epoch), 'copy')}'" in by_tag[pipeline.sink], resolved.stdout
     by_id = version_sql(reader.resolver, reader.version, by_tag=False)
     assert all(f"FOR VERSION AS OF {reader.version.snapshots[t]}" in by_id[t] for t in reader.tables), by_id
 

@@ -66,6 +66,7 @@ from coordinator.iceberg.orphans import OrphanFiles, delete_orphan_files, find_o
 from coordinator.iceberg.reachability import FileIndex
 from coordinator.iceberg.snapshots import snapshot_epoch
 from coordinator.protocol.held_epochs import Evidence, held_epochs
+from coordinator.protocol.pipelines import Pipelines
 from coordinator.protocol.tidemarks import read_tidemarks
 from coordinator.protocol.topology import read_topology
 from coordinator.records import JsonOutput, TableTidemark, job_committed_epoch, now_ms
@@ -81,12 +82,13 @@ NO_WAIT_S = 0.1  # how long exclusive(wait_s=0) gives ZooKeeper to answer
 
 @dataclass(frozen=True)
 class VersionDecision(JsonOutput):
-    """One candidate version: ``create`` (newly retained), ``keep`` or ``drop``, and why."""
+    """One candidate version of a pipeline: ``create`` (newly retained), ``keep`` or ``drop``, and why."""
 
     epoch: int
     action: str
     reason: str
-    tagged: bool = False  # the version carries (or after the run will carry) the tag tidemark-<T>
+    tagged: bool = False  # the version carries (or after the run will carry) its tag tidemark-<pipeline>-<T>
+    pipeline: Optional[str] = None  # None: an earlier release's version, across every pipeline
 
 
 @dataclass(frozen=True)
@@ -118,13 +120,13 @@ class TablePlan(JsonOutput):
 
 @dataclass(frozen=True)
 class GcPlan(JsonOutput):
-    """What a GC run would do (``plan``) or did (``run``): when, under which policy, the newest consistent epoch
-    ``C`` (None: the tables share none), a decision per candidate version, a plan per table, and notes on what it
-    could not do."""
+    """What a GC run would do (``plan``) or did (``run``): when, under which policy, each pipeline's newest
+    consistent epoch ``C`` (None: its tables share none), a decision per candidate version, a plan per table, and
+    notes on what it could not do."""
 
     now_ms: int
     policy: str
-    consistent_epoch: Optional[int]
+    consistent_epochs: Mapping[str, Optional[int]]
     versions: tuple[VersionDecision, ...]
     tables: tuple[TablePlan, ...]
     notes: tuple[str, ...] = ()
@@ -141,6 +143,24 @@ class GcReport(JsonOutput):
     deleted_files: int = 0
 
 
+Key = tuple[Optional[str], int]  # a retained version: (its pipeline, None for an earlier release's; its epoch)
+
+
+@dataclass
+class _PipelineState:
+    """One pipeline's part of a run (or an earlier release's versions, or a renamed pipeline's: ``current``
+    False, no tables): its tables, the epochs they hold as readers find them, and its retained versions."""
+
+    name: Optional[str]
+    current: bool
+    roots: list[str] = field(default_factory=list)   # its root tables in the catalog
+    retained: dict[int, VersionRecord] = field(default_factory=dict)
+    held: dict[str, dict[int, Optional[int]]] = field(default_factory=dict)  # table -> its epochs -> snapshot
+    common: list[int] = field(default_factory=list)  # epochs every table of ``held`` holds, oldest first
+    consistent: Optional[int] = None  # ``C``: the newest epoch its managed tables all hold (None: they share none)
+    evidence: Evidence = field(default_factory=Evidence)  # where the readers' records are (root tables' reads)
+
+
 @dataclass
 class _State:
     """Everything one run decides on, read once: ZooKeeper first, then the tables."""
@@ -150,15 +170,13 @@ class _State:
     managed: dict[str, TableTidemark]            # managed table -> its tidemark (with a committed epoch)
     roots: list[str]                             # tables read by registered jobs that no registered job writes
     readers: dict[str, list[tuple[str, int]]]    # table -> (job, last committed epoch) of jobs reading it
-    retained: dict[int, VersionRecord]
+    retained: dict[Key, VersionRecord]
     pinned: Mapping[int, Mapping[str, Optional[int]]]
     tables: dict[str, Table]
     lineages: dict[str, EpochLineage]
     notes: list[str]
-    held: dict[str, dict[int, Optional[int]]] = field(default_factory=dict)  # table -> its epochs -> snapshot
-    common: list[int] = field(default_factory=list)  # epochs every table of ``held`` holds, oldest first
-    consistent: Optional[int] = None  # ``C``: the newest epoch every managed table holds (None: they share none)
-    evidence: Evidence = field(default_factory=Evidence)  # where the readers' records are (root tables' reads)
+    pipelines: list[_PipelineState] = field(default_factory=list)  # current ones by name, then the others
+    pipeline_of: dict[str, _PipelineState] = field(default_factory=dict)  # table -> its current pipeline
 
 
 class GarbageCollector:
@@ -171,17 +189,20 @@ class GarbageCollector:
 
     What one run does (docs/design.md, "Retention and garbage collection", says why each rule is safe):
 
-    1. **Versions.** The candidates are the retained versions plus every epoch every managed table holds (a table
-       whose writer committed nothing yet is left out) after the newest retained version, up to the newest
-       consistent epoch ``C``, found as readers find it. The policy keeps some; ``C`` and every version a live
-       reader pinned are always kept. A kept version gets ``/versions/<T>``, and the tag ``tidemark-<T>`` on every
-       table it covers when a tagged tier keeps it, it is ``C`` or it is pinned (a pinned version with no record,
-       older than the candidates, gets the tag alone); a dropped one loses both, and one that stops being tagged
+    1. **Versions**, per pipeline (``coordinator.protocol.pipelines``; one pipeline's tables never hold back
+       another's versions). The candidates are its retained versions plus every epoch every managed table of it
+       holds (a table whose writer committed nothing yet is left out) after its newest retained version, up to its
+       newest consistent epoch ``C``, found as readers find it. The policy keeps some of them; ``C`` and every
+       version a live reader pinned are always kept. A kept version gets ``/versions/<T>-<pipeline>``, and the tag
+       ``tidemark-<pipeline>-<T>`` on every table it covers when a tagged tier keeps it, it is ``C`` or it is pinned
+       (a pinned version with no record, older than the candidates, gets the tag ``tidemark-<T>`` alone); an
+       earlier release's versions (``/versions/<T>``, across pipelines) are decided among themselves and no new
+       one is made; a dropped one loses both, and one that stops being tagged
        keeps its record, set untagged. A version's snapshots are those the tidemarks list for ``T`` (no lineage
        walk). No version is made where every table was empty (no tag could name it), and a retained version
        whose snapshot in some table is gone (a root table's owner expired it) is dropped.
     2. **Snapshots** of each managed table are expired unless they are a ref's head (any tag not named
-       ``tidemark-<T>``, and every branch with its ancestors), in a retained version (tagged or not), pinned by a
+       ``tidemark-...-<T>``, and every branch with its ancestors), in a retained version (tagged or not), pinned by a
        live reader (``/readers``), in ``main`` from the snapshot at ``F`` (the lower of ``C`` and the last
        committed epoch of every registered job reading the table) up to the head, or the staged write of an epoch
        not committed yet. With no consistent epoch all of ``main`` stays. A staged write of an epoch at or below
@@ -317,11 +338,10 @@ class GarbageCollector:
             for source in job.sources:
                 if name in job_epochs:
                     readers.setdefault(source, []).append((name, job_epochs[name]))
-        versions = RetainedVersions(self.tm)
         state = _State(now=self.clock(), policy=self.policy or read_policy(self.tm), managed=managed,
                        roots=sorted(topo.root_tables), readers=readers,
-                       retained={r.epoch: r for r in versions.all()}, pinned=pinned_versions(self.tm), tables={},
-                       lineages={}, notes=[])
+                       retained={(r.pipeline, r.epoch): r for r in RetainedVersions(self.tm).all()},
+                       pinned=pinned_versions(self.tm), tables={}, lineages={}, notes=[])
         for name in [*sorted(managed), *state.roots]:  # after ZooKeeper: see the class docstring
             try:
                 state.tables[name] = self._table(name)
@@ -329,19 +349,31 @@ class GarbageCollector:
                 state.notes.append(f"table {name} is registered but not in the catalog: skipped")
                 continue
             state.lineages[name] = EpochLineage(state.tables[name])
-        # ZooKeeper lists the newest epochs; the tables' own records reach back (a first run keeps an hour's oldest
-        # version, as its tier says). A root table with Tidemark metadata (its writer is not registered) counts
-        # with what it records.
-        counted: dict[str, Optional[TableTidemark]] = {n: m for n, m in managed.items() if n in state.tables}
-        counted.update({n: None for n in state.roots if n in state.lineages and state.lineages[n].recorded_epochs()})
-        holdings = held_epochs(counted, LineageRecords(state.lineages), self.tm, writers, reach_back=True)
-        state.consistent = holdings.consistent_epoch()  # what readers resolve, the laggard's epoch reached as they do
-        state.held, state.evidence = holdings.held, holdings.evidence
-        state.common = sorted(holdings.common())
-        if state.held and not state.common:
-            newest = ", ".join(f"{t} at {max(h)}" for t, h in sorted(state.held.items()))
-            state.notes.append(f"the tables share no epoch ({newest}): no version is created and every managed "
-                               "table keeps all of main")
+        records = LineageRecords(state.lineages)
+        for pipeline in Pipelines(topo).all:  # one pipeline's tables never hold another's versions back
+            part = _PipelineState(pipeline.name, True, [t for t in pipeline.tables if t in state.roots])
+            # ZooKeeper lists the newest epochs; the tables' own records reach back (a first run keeps an hour's
+            # oldest version, as its tier says). A root table with Tidemark metadata (its writer is not registered)
+            # counts with what it records.
+            counted: dict[str, Optional[TableTidemark]] = {
+                n: managed[n] for n in pipeline.tables if n in managed and n in state.tables}
+            counted.update({n: None for n in part.roots if n in state.lineages and state.lineages[n].recorded_epochs()})
+            if counted:
+                holdings = held_epochs(counted, records, self.tm, writers, reach_back=True)
+                part.consistent = holdings.consistent_epoch()  # as readers resolve it, a laggard's reached as they do
+                part.held, part.evidence, part.common = holdings.held, holdings.evidence, sorted(holdings.common())
+            if part.held and not part.common:
+                newest = ", ".join(f"{t} at {max(h)}" for t, h in sorted(part.held.items()))
+                state.notes.append(f"pipeline {pipeline.name}: its tables share no epoch ({newest}): no version of it "
+                                   "is created and each of its managed tables keeps all of main")
+            state.pipelines.append(part)
+            state.pipeline_of.update(dict.fromkeys(pipeline.tables, part))
+        current: dict[Optional[str], _PipelineState] = {part.name: part for part in state.pipelines}
+        for (owner, epoch), record in sorted(state.retained.items(), key=lambda item: (item[0][0] or "", item[0][1])):
+            if owner not in current:  # an earlier release's versions, or a pipeline's under a name it no longer has
+                current[owner] = _PipelineState(owner, False)
+                state.pipelines.append(current[owner])
+            current[owner].retained[epoch] = record
         return state
 
     # -- deciding --------------------------------------------------------------------------------
@@ -350,29 +382,37 @@ class GarbageCollector:
         """What a run would do now, with the reason for every version and snapshot kept or dropped."""
         return self._plan(self._read_state())[0]
 
-    def _plan(self, state: _State) -> tuple[GcPlan, dict[int, VersionRecord]]:
-        decisions, kept = self._decide_versions(state)
+    def _plan(self, state: _State) -> tuple[GcPlan, dict[Key, VersionRecord]]:
+        decisions: list[VersionDecision] = []
+        kept: dict[Key, VersionRecord] = {}
+        for part in state.pipelines:
+            decided, kept_here = self._decide_versions(state, part)
+            decisions += decided
+            kept.update({(part.name, epoch): record for epoch, record in kept_here.items()})
         tables = tuple(self._plan_table(state, name, kept) for name in state.tables)
-        plan = GcPlan(state.now, state.policy.to_text(), state.consistent, tuple(decisions), tables,
-                      tuple(state.notes))
+        consistent = {part.name: part.consistent for part in state.pipelines if part.current and part.name}
+        plan = GcPlan(state.now, state.policy.to_text(), consistent, tuple(decisions), tables, tuple(state.notes))
         return plan, kept
 
-    def _decide_versions(self, state: _State) -> tuple[list[VersionDecision], dict[int, VersionRecord]]:
-        """Which versions are kept (with their records: existing, or computed for new ones)."""
-        retained = state.retained
+    def _decide_versions(self, state: _State, part: _PipelineState) -> tuple[list[VersionDecision],
+                                                                             dict[int, VersionRecord]]:
+        """Which of a pipeline's versions are kept (with their records: existing, or computed for new ones), by the
+        policy among its own versions."""
+        retained = part.retained
         newest = max(retained, default=None)
-        fresh = [e for e in state.common if newest is None or e > newest]  # all at or below C
+        fresh = [e for e in part.common if newest is None or e > newest]  # all at or below C
         reasons = dict(state.policy.keep([*retained, *fresh], state.now))
         tagged = state.policy.tagged([*retained, *fresh], state.now)
-        consistent = state.consistent
+        consistent = part.consistent
         if consistent is not None and (consistent in retained or consistent in fresh):
             reasons.setdefault(consistent, "newest consistent version")
             tagged.add(consistent)  # readers by tag find a recent version too (one more tag per table)
         elif consistent is not None:
-            state.notes.append(f"the newest consistent epoch {consistent} is below the newest retained version "
-                               f"{newest}: no version is created this run")
-        for epoch in state.pinned:  # tagged, so that any engine's snapshot expiry keeps it too
-            if epoch in retained or epoch in fresh:
+            state.notes.append(f"pipeline {part.name}: its newest consistent epoch {consistent} is below its newest "
+                               f"retained version {newest}: no version of it is created this run")
+        for epoch, pinned in state.pinned.items():  # tagged, so that any engine's snapshot expiry keeps it too
+            if (epoch in retained and set(pinned) & set(retained[epoch].snapshots)) or (
+                    epoch in fresh and set(pinned) & set(part.held)):
                 reasons.setdefault(epoch, "pinned by a live reader")
                 tagged.add(epoch)
         decisions, kept = [], {}
@@ -380,19 +420,19 @@ class GarbageCollector:
             if epoch in retained:
                 gone = self._expired_elsewhere(state, retained[epoch])
                 if gone is not None:
-                    decisions.append(VersionDecision(epoch, "drop", gone))
+                    decisions.append(VersionDecision(epoch, "drop", gone, pipeline=part.name))
                 elif epoch in reasons:
                     kept[epoch] = replace(retained[epoch], tagged=epoch in tagged)
-                    decisions.append(VersionDecision(epoch, "keep", reasons[epoch], epoch in tagged))
+                    decisions.append(VersionDecision(epoch, "keep", reasons[epoch], epoch in tagged, part.name))
                 else:
-                    decisions.append(VersionDecision(epoch, "drop", "out of policy"))
+                    decisions.append(VersionDecision(epoch, "drop", "out of policy", pipeline=part.name))
                 continue
             if epoch not in reasons:
                 continue  # an epoch the policy does not keep: it never becomes a version
-            record = self._new_version(state, epoch, epoch in tagged)
+            record = self._new_version(state, part, epoch, epoch in tagged)
             if record is not None:
                 kept[epoch] = record
-                decisions.append(VersionDecision(epoch, "create", reasons[epoch], epoch in tagged))
+                decisions.append(VersionDecision(epoch, "create", reasons[epoch], epoch in tagged, part.name))
         return decisions, kept
 
     @staticmethod
@@ -406,20 +446,20 @@ class GarbageCollector:
                 return f"table {name}'s snapshot {record.snapshots[name]} was expired outside Tidemark"
         return None
 
-    def _new_version(self, state: _State, epoch: int, tagged: bool) -> Optional[VersionRecord]:
-        """Every table's snapshot at ``epoch``, an epoch every managed table holds; None when its snapshot is
-        gone from a table, or every table was empty then (no tag could name the version)."""
+    def _new_version(self, state: _State, part: _PipelineState, epoch: int, tagged: bool) -> Optional[VersionRecord]:
+        """Every table of the pipeline at ``epoch``, an epoch every managed table of it holds; None when its snapshot
+        is gone from a table, or every table was empty then (no tag could name the version)."""
         snapshots: dict[str, Optional[int]] = {}
-        for name, held in state.held.items():
+        for name, held in part.held.items():
             snapshot_id = held[epoch]
             if snapshot_id is not None and snapshot_id not in state.lineages[name].by_id:
                 state.notes.append(f"epoch {epoch} cannot become a version: table {name}'s snapshot there expired")
                 return None
             snapshots[name] = snapshot_id
-        read = state.evidence.root_reads(state.held, state.roots, epoch)
-        for name in state.roots:
+        read = part.evidence.root_reads(part.held, part.roots, epoch)
+        for name in part.roots:
             lineage = state.lineages.get(name)
-            if lineage is not None and name not in state.held:
+            if lineage is not None and name not in part.held:
                 if name in read and read[name] is None:
                     state.notes.append(f"epoch {epoch} cannot become a version: the jobs reading root table {name} "
                                        "read it at different snapshots then (a commit landed between their reads)")
@@ -434,14 +474,16 @@ class GarbageCollector:
             state.notes.append(f"epoch {epoch} is not made a version: every table was empty then, so no tag could "
                                "name it")
             return None
-        return VersionRecord(epoch, snapshots, state.now, tagged)
+        return VersionRecord(epoch, snapshots, state.now, tagged, part.name)
 
-    def _plan_table(self, state: _State, name: str, kept: Mapping[int, VersionRecord]) -> TablePlan:
+    def _plan_table(self, state: _State, name: str, kept: Mapping[Key, VersionRecord]) -> TablePlan:
         table, lineage = state.tables[name], state.lineages[name]
         managed = name in state.managed
-        wanted = {tag_name(e): s for e, r in kept.items() if r.tagged and (s := r.snapshots.get(name)) is not None}
+        wanted = {r.tag: s for r in kept.values() if r.tag and (s := r.snapshots.get(name)) is not None}
+        at_epoch = {(tag_epoch(tag), snapshot) for tag, snapshot in wanted.items()}
         for at, pinned in sorted(state.pinned.items()):  # a pinned version that is no retained one: tagged too
-            if (pinned_id := pinned.get(name)) is not None and pinned_id in lineage.by_id:
+            if (pinned_id := pinned.get(name)) is not None and pinned_id in lineage.by_id and \
+                    (at, pinned_id) not in at_epoch:
                 wanted.setdefault(tag_name(at), pinned_id)
         present = {ref: r.snapshot_id for ref, r in table.metadata.refs.items()
                    if r.snapshot_ref_type == SnapshotRefType.TAG and tag_epoch(ref) is not None}
@@ -469,7 +511,7 @@ class GarbageCollector:
                          tuple(sorted(expire, key=lambda d: d.snapshot_id)), properties)
 
     def _protected(self, state: _State, name: str, table: Table, lineage: EpochLineage,
-                   kept: Mapping[int, VersionRecord]) -> dict[int, str]:
+                   kept: Mapping[Key, VersionRecord]) -> dict[int, str]:
         """Snapshot id -> why it must stay."""
         keep: dict[int, str] = {}
 
@@ -477,7 +519,7 @@ class GarbageCollector:
             if snapshot_id is not None and snapshot_id in lineage.by_id:
                 keep.setdefault(snapshot_id, why)
 
-        for at, record in sorted(kept.items()):  # untagged ones too: their records name the snapshots
+        for (_, at), record in sorted(kept.items(), key=lambda item: item[0][1]):  # untagged too: records name them
             protect(record.snapshots.get(name), f"retained version {record.tag or f'{at} (untagged)'}")
         for ref_name, ref in table.metadata.refs.items():
             if ref_name == MAIN_BRANCH:
@@ -489,10 +531,11 @@ class GarbageCollector:
                 protect(ref.snapshot_id, f"tag {ref_name}")
         for pinned, snapshots in state.pinned.items():
             protect(snapshots.get(name), f"pinned by a live reader (version {pinned})")
-        if state.consistent is None:
+        consistent = state.pipeline_of[name].consistent
+        if consistent is None:
             for snapshot in lineage.main:
-                protect(snapshot.snapshot_id, "main, whole: the tables share no epoch")
-        floors = [(state.consistent, "the newest consistent version")] if state.consistent is not None else []
+                protect(snapshot.snapshot_id, "main, whole: the pipeline's tables share no epoch")
+        floors = [(consistent, "the newest consistent version")] if consistent is not None else []
         floors += [(e, f"the next inputs of job {job}") for job, e in state.readers.get(name, [])]
         for floor, why in sorted(floors, key=lambda f: f[0], reverse=True):
             for snapshot in lineage.main_since(floor):  # no snapshot that old: all of main
@@ -523,10 +566,10 @@ class GarbageCollector:
     def _apply(self, state: _State) -> GcReport:
         plan, kept = self._plan(state)
         p = self.tm.paths
-        dropped = [v.epoch for v in plan.versions if v.action == "drop"]
-        untagged = [e for e, r in kept.items() if e in state.retained and state.retained[e].tagged and not r.tagged]
-        self._zk_batches([*(Delete(p.version(e)) for e in dropped),
-                          *(SetData(p.version(e), kept[e].to_json()) for e in untagged)])
+        dropped = [(v.pipeline, v.epoch) for v in plan.versions if v.action == "drop"]
+        untagged = [k for k, r in kept.items() if k in state.retained and state.retained[k].tagged and not r.tagged]
+        self._zk_batches([*(Delete(p.version(e, name)) for name, e in dropped),
+                          *(SetData(p.version(e, name), kept[(name, e)].to_json()) for name, e in untagged)])
         expired = deleted = 0
         final_tables = []
         for table_plan in plan.tables:
@@ -534,11 +577,11 @@ class GarbageCollector:
             final_tables.append(table_plan)
             expired += done
             deleted += files
-        created = [v.epoch for v in plan.versions if v.action == "create"]
-        tagged = [e for e, r in kept.items() if e in state.retained and not state.retained[e].tagged and r.tagged]
-        self._zk_batches([*(Create(p.version(e), kept[e].to_json()) for e in created),
-                          *(SetData(p.version(e), kept[e].to_json()) for e in tagged)])
-        final = GcPlan(plan.now_ms, plan.policy, plan.consistent_epoch, plan.versions, tuple(final_tables),
+        created = [(v.pipeline, v.epoch) for v in plan.versions if v.action == "create"]
+        tagged = [k for k, r in kept.items() if k in state.retained and not state.retained[k].tagged and r.tagged]
+        self._zk_batches([*(Create(p.version(e, name), kept[(name, e)].to_json()) for name, e in created),
+                          *(SetData(p.version(e, name), kept[(name, e)].to_json()) for name, e in tagged)])
+        final = GcPlan(plan.now_ms, plan.policy, plan.consistent_epochs, plan.versions, tuple(final_tables),
                        plan.notes)
         log.info("gc: %d versions created, %d dropped; %d snapshots expired, %d files deleted",
                  len(created), len(dropped), expired, deleted)
@@ -549,7 +592,7 @@ class GarbageCollector:
             self.tm.multi(ops[start:start + ZK_BATCH])
 
     def _apply_table(self, state: _State, table_plan: TablePlan,
-                     kept: Mapping[int, VersionRecord]) -> tuple[int, TablePlan, int]:
+                     kept: Mapping[Key, VersionRecord]) -> tuple[int, TablePlan, int]:
         """One commit for the table (planned again after losing a race with a writer), then its files."""
         name = table_plan.table
         table = state.tables[name]
@@ -678,10 +721,13 @@ class GarbageCollector:
 
 def summarize(plan: GcPlan) -> list[str]:
     """Human-readable lines for ``tidemark gc``: versions kept and dropped, and per table what goes and why."""
-    lines = [f"policy {plan.policy}; newest consistent epoch {plan.consistent_epoch}"]
+    lines = [f"policy {plan.policy}"]
+    lines += [f"  pipeline {name}: newest consistent epoch {epoch}"
+              for name, epoch in sorted(plan.consistent_epochs.items())]
     for v in plan.versions:
         tag = ", tagged" if v.tagged else (", untagged" if v.action != "drop" else "")
-        lines.append(f"  version {v.epoch}: {v.action} ({v.reason}{tag})")
+        of = f"pipeline {v.pipeline}'s" if v.pipeline else "an earlier release's"
+        lines.append(f"  version {v.epoch}, {of}: {v.action} ({v.reason}{tag})")
     for t in plan.tables:
         head = f"  table {t.table}" + ("" if t.managed else " (root table: tagged, never expired)")
         parts = []

@@ -35,7 +35,7 @@ from pyparsing import ParseException
 
 from coordinator.errors import ConfigurationError, InvalidArgument
 from coordinator.history.resolve import Resolver, scan_at, table_at
-from coordinator.history.versions import tag_name
+from coordinator.history.versions import tag_at
 from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.iceberg.catalog_properties import path_style_addressing, s3_setting
 from coordinator.records import ConsistencyLevel, ConsistentVersion
@@ -152,20 +152,21 @@ class VersionReader:
 
 def version_sql(resolver: Resolver, version: ConsistentVersion, by_tag: bool = True) -> dict[str, str]:
     """``{table: "SELECT * FROM <table> FOR VERSION AS OF <ref>"}`` for Spark SQL (3.3+) and Trino, the one place
-    a version becomes SQL: the ref is the tag ``'tidemark-<T>'`` when the table carries it at its snapshot of the
-    version (and ``by_tag``), else the snapshot id; a table empty at the version selects nothing. Table names start
+    a version becomes SQL: the ref is a Tidemark tag at ``T`` (``'tidemark-<pipeline>-<T>'``) when the table carries
+    one at its snapshot of the version (and ``by_tag``), else the snapshot id; a table empty at the version selects
+    nothing. Table names start
     with the catalog's name as Spark knows it (``CatalogSettings.name``, ``lake``). A snapshot that is not a
     retained version may be expired by GC once newer versions exist: pin it (``ReaderSession.pin``) for long
     reads."""
-    tag = None if version.epoch is None or not by_tag else tag_name(version.epoch)
     statements = {}
     for table, snapshot_id in sorted(version.snapshots.items()):
         quoted = _quoted(f"{resolver.settings.name}.{resolver.settings.identifier(table)}")
         if snapshot_id is None:
             statements[table] = f"SELECT * FROM {quoted} WHERE false"
             continue
-        ref = resolver.table(table, refresh=False).metadata.refs.get(tag) if tag is not None else None
-        by = f"'{tag}'" if ref is not None and ref.snapshot_id == snapshot_id else str(snapshot_id)
+        tag = None if version.epoch is None or not by_tag else \
+            tag_at(resolver.table(table, refresh=False).metadata.refs, version.epoch, snapshot_id)
+        by = f"'{tag}'" if tag is not None else str(snapshot_id)
         statements[table] = f"SELECT * FROM {quoted} FOR VERSION AS OF {by}"
     return statements
 

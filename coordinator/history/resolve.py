@@ -9,9 +9,9 @@ Levels (docs/design.md, "Consistency levels", has the rules and why they are con
 - ``committed``: each table at its own committed epoch;
 - ``consistent``: the newest epoch ``T`` that every managed table of the set holds (committed), each table at
   its snapshot of ``T``; a table that coalesced over a barrier is never read "at its newest snapshot before" it;
-- ``as_of=T``: a retained version (``/versions/<T>``, or without ZooKeeper the tag ``tidemark-<T>`` on every
-  table) is read from its record; any other epoch only when every managed table holds ``T`` and its snapshot
-  there still exists.
+- ``as_of=T``: the retained versions at ``T``, whichever pipelines' (``/versions/<T>-<pipeline>``, or without
+  ZooKeeper a Tidemark tag at ``T`` on every table), are read from their records; any other epoch only when every
+  managed table holds ``T`` and its snapshot there still exists.
 
 Which epochs a table holds: with ZooKeeper, those its tidemark lists (``TableTidemark.recent``), so
 ``consistent`` loads no metadata of a managed table while the lists share an epoch (beyond one sink per job the
@@ -44,7 +44,7 @@ from coordinator.errors import (
     ZooKeeperRebuilt,
     ZooKeeperUnavailable,
 )
-from coordinator.history.versions import RetainedVersions, nearest, tag_epoch, tag_name
+from coordinator.history.versions import RetainedVersions, nearest, tag_at, tag_epoch
 from coordinator.iceberg.catalog import CatalogSettings, load_table
 from coordinator.iceberg.lineage import EpochLineage, LineageSummary
 from coordinator.names import validate_epoch, validate_name
@@ -363,15 +363,18 @@ class Resolver:
 
     def _retained(self, names: list[str], epoch: int) -> Optional[ConsistentVersion]:
         """The retained version at ``epoch`` when it covers every table of ``names`` (None otherwise)."""
+        covered: dict[str, Optional[int]] = {}  # the pipelines' versions at one epoch: together consistent there
         if self.tm is not None:
-            record = RetainedVersions(self.tm).get(epoch)
-            if record is None or not set(names) <= set(record.snapshots):
-                return None
-            return ConsistentVersion(epoch, {n: record.snapshots[n] for n in names}, ConsistencyLevel.AS_OF)
-        tags = {n: ref for n in names if (ref := self._load(n).metadata.refs.get(tag_name(epoch))) is not None}
-        if len(tags) < len(set(names)):
+            for record in RetainedVersions(self.tm).at(epoch):
+                covered.update(record.snapshots)
+        else:
+            for name in names:
+                refs = self._load(name).metadata.refs
+                if (tag := tag_at(refs, epoch)) is not None:
+                    covered[name] = refs[tag].snapshot_id
+        if not set(names) <= set(covered):
             return None
-        return ConsistentVersion(epoch, {n: ref.snapshot_id for n, ref in tags.items()}, ConsistencyLevel.AS_OF)
+        return ConsistentVersion(epoch, {n: covered[n] for n in names}, ConsistencyLevel.AS_OF)
 
     def recorded_epochs(self, names: Iterable[str]) -> list[int]:
         """The epochs every Tidemark table of ``names`` records in its Iceberg snapshots, oldest first (root tables
@@ -381,7 +384,8 @@ class Resolver:
         return sorted(set.intersection(*recorded)) if recorded else []
 
     def retained_epochs(self, names: Iterable[str]) -> list[int]:
-        """The retained versions (from ZooKeeper, or the ``tidemark-<T>`` tags every table of ``names`` has)."""
+        """The epochs of the retained versions (from ZooKeeper, or the Tidemark tags every table of ``names``
+        has)."""
         if self.tm is not None:
             return RetainedVersions(self.tm).epochs()
         tagged = [{e for e in map(tag_epoch, self._load(n, refresh=False).metadata.refs) if e is not None}
@@ -390,8 +394,8 @@ class Resolver:
 
     def _retained_hint(self, names: Iterable[str], epoch: int) -> str:
         below, above = nearest(self.retained_epochs(names), epoch)
-        near = " and ".join(f"{tag_name(e)}" for e in (below, above) if e is not None)
-        return f"the nearest retained versions are {near}" if near else ""
+        near = " and ".join(f"{e}" for e in (below, above) if e is not None)
+        return f"the nearest retained versions are at epochs {near}" if near else ""
 
     def _expired(self, what: str, names: Iterable[str], epoch: int) -> VersionNotFound:
         hint = self._retained_hint(names, epoch) or "no version is retained"
@@ -431,9 +435,9 @@ class Resolver:
         lineage = self._lineage(name)
         cut = lineage.root_at(wall_ms, read.get(name))
         if cut is None:
-            tag = lineage.table.metadata.refs.get(tag_name(wall_ms))
-            if tag is not None:
-                return tag.snapshot_id
+            refs = lineage.table.metadata.refs
+            if (tag := tag_at(refs, wall_ms)) is not None:
+                return refs[tag].snapshot_id
             raise self._expired(f"root table {name}'s history at {wall_ms} was expired", [name], wall_ms)
         return cut.snapshot_id
 

@@ -13,11 +13,12 @@ version), ``minutely``, ``hourly``, ``daily``, ``weekly`` (weeks start on Monday
 or any fixed length such as ``15m`` or ``6h``. ``<for>`` is a length: ``30s``, ``90m``, ``48h``,
 ``30d``, ``52w`` or ``24mo`` (a month is 30 days here, a year ``1y`` 365 days).
 
-``tags:<every>`` (default ``tags:hourly``) says which kept versions also get the Iceberg tag ``tidemark-<T>``
-on every table: those kept by a tier whose buckets are ``<every>`` or coarser (``tags:all``: every tier;
-``tags:none``: none), plus the newest consistent version (GC adds it). A tag is a ref in the table's
-metadata, which every commit rewrites, so by default only the coarse tiers are tagged: a table then carries at
-most ``max_tags()`` = 160 tags plus the newest, however fine its cadence.
+The policy applies to each pipeline's versions on their own. ``tags:<every>`` (default ``tags:hourly``) says
+which kept versions also get the Iceberg tag ``tidemark-<pipeline>-<T>`` on every table they cover: those kept
+by a tier whose buckets are ``<every>`` or coarser (``tags:all``: every tier; ``tags:none``: none), plus the
+newest consistent version (GC adds it). A tag is a ref in the table's metadata, which every commit rewrites, so
+by default only the coarse tiers are tagged: a table then carries at most ``max_tags()`` = 160 tags plus the
+newest, however fine its cadence.
 """
 from __future__ import annotations
 
@@ -206,7 +207,7 @@ class RetentionPolicy:
         return kept
 
     def tagged(self, epochs: Iterable[int], now_ms: int) -> set[int]:
-        """The versions kept by a tagged tier: those that carry ``tidemark-<T>`` (GC adds the newest consistent
+        """The versions kept by a tagged tier: those that carry their tag (GC adds the newest consistent
         version, which it always keeps)."""
         ordered = sorted(set(epochs))
         return {epoch for tier in self.tagged_tiers for epoch in tier.keep(ordered, now_ms)}

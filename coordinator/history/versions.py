@@ -1,24 +1,34 @@
-"""Retained consistent versions: ``/versions/<T>`` in ZooKeeper plus the Iceberg tag ``tidemark-<T>`` on every table.
+"""Retained consistent versions, one pipeline's each: ``/versions/<T>-<pipeline>`` in ZooKeeper plus the Iceberg tag
+``tidemark-<pipeline>-<T>`` on every table of the pipeline.
 
     versions = RetainedVersions(tm)
-    versions.epochs()                      # retained epochs, oldest first
-    versions.get(T)                        # VersionRecord: every covered table's snapshot at T, or None
-    versions.get(T).tagged                 # whether its tables carry the tag (the policy's tagged tiers)
-    parse_version_ref("tidemark-1700000000000")  # -> 1700000000000; a bare epoch is accepted too
+    versions.all()                         # every VersionRecord, by epoch then pipeline
+    versions.epochs()                      # the epochs any pipeline retains, oldest first
+    versions.at(T)                         # the records at T (a pipeline's each): every covered table's snapshot
+    versions.get(T, "orders").tagged       # whether its tables carry the tag (the policy's tagged tiers)
+    parse_version_ref("tidemark-orders-1700000000000")  # -> 1700000000000; tidemark-<T> and a bare epoch too
 
-A version exists only at an epoch ``T`` every managed table (a table some registered job writes,
+A version belongs to one pipeline (``coordinator.protocol.pipelines``): nothing outside a pipeline
+holds its versions back, so two pipelines on cadences that never meet each keep their own. It
+exists only at an epoch ``T`` every managed table of the pipeline (a table one of its jobs writes,
 and that committed something) holds, since a table whose job coalesced over ``T`` has no exact
 state there; it records each of them at its snapshot of ``T`` as its tidemark lists it, plus the
 root tables those jobs read (each at its newest snapshot committed at or before ``T``). A table
 that was empty at ``T`` is recorded with ``None`` and carries no tag (a tag needs a snapshot), so
 a version *covers* the tables it names a snapshot of; GC creates no version at which every table
 was empty. A *tagged* version (``tagged``: kept by a tier the policy tags, ``tags:hourly`` by
-default, or the newest consistent version) has its tag on each table it covers, and any engine
-reads it by name: Spark SQL ``SELECT * FROM t VERSION AS OF 'tidemark-<T>'``, Trino ``FOR VERSION
-AS OF``, pyiceberg ``table.scan(snapshot_id=table.refs()['tidemark-<T>'].snapshot_id)``. An
-untagged version (the ``all`` tier by default: a tag per epoch would bloat every table's
+default, or the pipeline's newest consistent version) has its tag on each table it covers, and any
+engine reads it by name: Spark SQL ``SELECT * FROM t VERSION AS OF 'tidemark-orders-<T>'``, Trino
+``FOR VERSION AS OF``, pyiceberg ``table.scan(snapshot_id=table.refs()['tidemark-orders-<T>'].snapshot_id)``.
+An untagged version (the ``all`` tier by default: a tag per epoch would bloat every table's
 metadata) is read by its snapshot ids, from its record (``tidemark resolve --as-of T``,
-``Resolver.resolve(as_of=T)``); GC protects its snapshots all the same.
+``Resolver.resolve(as_of=T)``); GC protects its snapshots all the same. Versions at one epoch of
+several pipelines together are a consistent version of all their tables (each table holds ``T``).
+
+Records an earlier release wrote, ``/versions/<T>`` across every pipeline with the tag
+``tidemark-<T>`` (``pipeline`` None), stay readable the same way; GC decides them by the policy
+among themselves, so they age out as before, and makes no new ones. A pipeline keeps the name its
+versions were made under (``pipeline``) even once a job joins it under a name that sorts first.
 
 Only ``coordinator.history.gc`` creates and drops versions (``tidemark gc``). A record that says
 ``tagged`` is written after every tag exists, and it is deleted or set untagged before any tag
@@ -33,46 +43,62 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
+from pyiceberg.table.refs import SnapshotRef, SnapshotRefType
+
 from coordinator.errors import ConfigurationError, InvalidArgument
 from coordinator.history.retention import read_policy
+from coordinator.names import validate_name
 from coordinator.records import JsonOutput, JsonRecord, int_field, now_ms, opt_int_map_field
 from coordinator.zookeeper.session import ZooKeeperSession
 
 TAG_PREFIX = "tidemark-"
+# tidemark-<pipeline>-<T>, or an earlier release's tidemark-<T>: the epoch is the digits after the last '-'.
+_TAG = re.compile(re.escape(TAG_PREFIX) + r"(?:(?P<pipeline>[A-Za-z0-9_][A-Za-z0-9_.\-]*)-)?(?P<epoch>\d{1,15})")
+_RECORD = re.compile(r"(?P<epoch>\d{1,15})(?:-(?P<pipeline>[A-Za-z0-9_][A-Za-z0-9_.\-]*))?")
 
 
-def tag_name(epoch: int) -> str:
-    """The Iceberg tag of the retained version at ``epoch``."""
-    return f"{TAG_PREFIX}{epoch}"
+def tag_name(epoch: int, pipeline: Optional[str] = None) -> str:
+    """The Iceberg tag of pipeline ``pipeline``'s retained version at ``epoch`` (``tidemark-<pipeline>-<T>``; with
+    no pipeline, ``tidemark-<T>``: an earlier release's versions, and a live reader's pin)."""
+    return f"{TAG_PREFIX}{epoch}" if pipeline is None else f"{TAG_PREFIX}{pipeline}-{epoch}"
 
 
 def tag_epoch(name: str) -> Optional[int]:
-    """The epoch a Tidemark tag names (None for any other ref)."""
-    match = re.fullmatch(re.escape(TAG_PREFIX) + r"(\d+)", name)
-    return int(match.group(1)) if match else None
+    """The epoch a Tidemark tag names, whichever pipeline's (None for any other ref)."""
+    match = _TAG.fullmatch(name)
+    return int(match.group("epoch")) if match else None
+
+
+def tag_at(refs: Mapping[str, SnapshotRef], epoch: int, snapshot_id: Optional[int] = None) -> Optional[str]:
+    """The name of a Tidemark tag in ``refs`` (a table's ``metadata.refs``) at ``epoch``, on ``snapshot_id`` when it is
+    given: a pipeline's retained version, an earlier release's, or a pin (None: there is none)."""
+    return next((name for name, ref in sorted(refs.items()) if ref.snapshot_ref_type == SnapshotRefType.TAG
+                 and tag_epoch(name) == epoch and snapshot_id in (None, ref.snapshot_id)), None)
 
 
 def parse_version_ref(text: str) -> int:
-    """An epoch from ``"tidemark-<T>"`` or ``"<T>"`` (what ``--as-of`` accepts)."""
+    """An epoch from ``"tidemark-<pipeline>-<T>"``, ``"tidemark-<T>"`` or ``"<T>"`` (what ``--as-of`` accepts)."""
     epoch = tag_epoch(text.strip())
     if epoch is None and text.strip().isdigit():
         epoch = int(text.strip())
     if epoch is None:
         raise ConfigurationError(f"{text!r} names no version: give an epoch (milliseconds) or a tag "
-                                 f"{TAG_PREFIX}<epoch>; `tidemark versions` lists the retained ones")
+                                 f"{TAG_PREFIX}<pipeline>-<epoch>; `tidemark versions` lists the retained ones")
     return epoch
 
 
 @dataclass(frozen=True)
 class VersionRecord(JsonRecord):
-    """``/versions/<T>``: each covered table's snapshot at epoch ``T`` (None: the table was empty then), and
-    whether the covered tables carry the tag ``tidemark-<T>`` (records written before untagged versions
-    existed were all tagged)."""
+    """``/versions/<T>-<pipeline>``: pipeline ``pipeline``'s version at epoch ``T``, each covered table's snapshot
+    then (None: the table was empty), and whether the covered tables carry its tag ``tidemark-<pipeline>-<T>``
+    (records written before untagged versions existed were all tagged). ``pipeline`` None: an earlier release's
+    record, ``/versions/<T>`` with the tag ``tidemark-<T>``."""
 
     epoch: int
     snapshots: Mapping[str, Optional[int]]
     created_ms: int = field(default_factory=now_ms)
     tagged: bool = True
+    pipeline: Optional[str] = None
 
     def __post_init__(self) -> None:
         int_field(self.epoch, "epoch")
@@ -80,6 +106,8 @@ class VersionRecord(JsonRecord):
         object.__setattr__(self, "snapshots", opt_int_map_field(self.snapshots, "snapshots"))
         if not isinstance(self.tagged, bool):
             raise InvalidArgument(f"tagged must be true or false, got {str(self.tagged)[:40]}")
+        if self.pipeline is not None:
+            validate_name(self.pipeline, "pipeline")
 
     @property
     def covered(self) -> list[str]:
@@ -88,8 +116,9 @@ class VersionRecord(JsonRecord):
 
     @property
     def tag(self) -> Optional[str]:
-        """``tidemark-<T>`` when the covered tables carry it (None: read the version by its snapshot ids)."""
-        return tag_name(self.epoch) if self.tagged else None
+        """``tidemark-<pipeline>-<T>`` when the covered tables carry it (None: read the version by its snapshot
+        ids)."""
+        return tag_name(self.epoch, self.pipeline) if self.tagged else None
 
     @property
     def empty(self) -> list[str]:
@@ -98,39 +127,60 @@ class VersionRecord(JsonRecord):
 
 
 class RetainedVersions:
-    """Read access to ``/versions`` (``coordinator.history.gc`` writes it)."""
+    """Read access to ``/versions`` (``coordinator.history.gc`` writes it): every pipeline's retained versions, and
+    an earlier release's records across pipelines (module docstring)."""
+
+    tm: ZooKeeperSession
 
     def __init__(self, tm: ZooKeeperSession) -> None:
         self.tm = tm
 
+    def keys(self) -> list[tuple[int, Optional[str]]]:
+        """The retained versions as (epoch, pipeline), oldest first (the children of ``/versions``; [] without it).
+
+        :raises ZooKeeperUnavailable: ZooKeeper cannot be reached before the session's deadline.
+        """
+        found = (_RECORD.fullmatch(c) for c in self.tm.children(self.tm.paths.versions))
+        return sorted(((int(m.group("epoch")), m.group("pipeline")) for m in found if m),
+                      key=lambda key: (key[0], key[1] or ""))
+
     def epochs(self) -> list[int]:
-        """The epochs of the retained versions, oldest first (the children of ``/versions``; [] without it).
+        """The epochs some pipeline retains a version at, oldest first.
 
         :raises ZooKeeperUnavailable: ZooKeeper cannot be reached before the session's deadline.
         """
-        return sorted(int(c) for c in self.tm.children(self.tm.paths.versions) if c.isdigit())
+        return sorted({epoch for epoch, _ in self.keys()})
 
-    def get(self, epoch: int) -> Optional[VersionRecord]:
-        """The retained version at ``epoch``, or None when there is none.
+    def get(self, epoch: int, pipeline: Optional[str] = None) -> Optional[VersionRecord]:
+        """Pipeline ``pipeline``'s retained version at ``epoch`` (None: an earlier release's), or None when there is
+        none.
 
-        :raises CorruptState: ``/versions/<epoch>`` does not hold a version record.
+        :raises CorruptState: the znode does not hold a version record.
         :raises ZooKeeperUnavailable: ZooKeeper cannot be reached before the session's deadline.
         """
-        found = self.tm.read(self.tm.paths.version(epoch), VersionRecord)
+        found = self.tm.read(self.tm.paths.version(epoch, pipeline), VersionRecord)
         return None if found is None else found[0]
 
+    def at(self, epoch: int) -> list[VersionRecord]:
+        """Every retained version at ``epoch``, whichever pipeline's (one pipelined read)."""
+        return self._read([key for key in self.keys() if key[0] == epoch])
+
     def all(self) -> list[VersionRecord]:
-        """Every retained version, oldest first (one pipelined read)."""
-        epochs = self.epochs()
-        raw = self.tm.get_many([self.tm.paths.version(e) for e in epochs])
-        return [VersionRecord.from_json(r[0], self.tm.paths.version(e)) for e, r in zip(epochs, raw) if r is not None]
+        """Every retained version, by epoch then pipeline (one pipelined read)."""
+        return self._read(self.keys())
+
+    def _read(self, keys: list[tuple[int, Optional[str]]]) -> list[VersionRecord]:
+        paths = [self.tm.paths.version(epoch, pipeline) for epoch, pipeline in keys]
+        raw = self.tm.get_many(paths)
+        return [VersionRecord.from_json(r[0], path) for path, r in zip(paths, raw) if r is not None]
 
 
 @dataclass(frozen=True)
 class VersionListing(JsonOutput):
-    """One line of ``tidemark versions``: a retained version, the tier keeping it and its age."""
+    """One line of ``tidemark versions``: a retained version, its pipeline, the tier keeping it and its age."""
 
     epoch: int
+    pipeline: Optional[str]         # None: an earlier release's version, across every pipeline
     tag: Optional[str]              # None: an untagged version, read by its snapshot ids (``--as-of <epoch>``)
     tier: str
     age_ms: int
@@ -140,15 +190,28 @@ class VersionListing(JsonOutput):
 
 
 def tier_listing(tm: ZooKeeperSession, records: list[VersionRecord], now: Optional[int] = None) -> list[VersionListing]:
-    """``records`` with the tier of the deployment's policy that keeps each (the newest is always kept; a
-    version no tier keeps any more goes at the next ``tidemark gc``, unless a live reader pinned it)."""
+    """``records`` with the tier of the deployment's policy that keeps each, among its pipeline's versions (each
+    pipeline's newest is always kept; a version no tier keeps any more goes at the next ``tidemark gc``, unless a
+    live reader pinned it), by pipeline then epoch."""
     now = now_ms() if now is None else now
-    tiers = read_policy(tm).keep([r.epoch for r in records], now)
-    newest = max((r.epoch for r in records), default=None)
-    fallback = {newest: "newest consistent version"}
+    policy = read_policy(tm)
     unlisted = "out of policy (kept while a reader pins it)"
-    return [VersionListing(r.epoch, r.tag, tiers.get(r.epoch) or fallback.get(r.epoch, unlisted), now - r.epoch,
-                           dict(r.snapshots), tuple(r.covered) if r.tagged else (), tuple(r.empty)) for r in records]
+    listing = []
+    for pipeline, own in _by_pipeline(records).items():
+        tiers = policy.keep([r.epoch for r in own], now)
+        newest = max(r.epoch for r in own)
+        listing += [VersionListing(r.epoch, pipeline, r.tag, tiers.get(r.epoch) or (
+            "newest consistent version" if r.epoch == newest else unlisted), now - r.epoch, dict(r.snapshots),
+            tuple(r.covered) if r.tagged else (), tuple(r.empty)) for r in own]
+    return listing
+
+
+def _by_pipeline(records: list[VersionRecord]) -> dict[Optional[str], list[VersionRecord]]:
+    """``records`` by pipeline (an earlier release's, None, first), each oldest first."""
+    grouped: dict[Optional[str], list[VersionRecord]] = {}
+    for record in sorted(records, key=lambda r: (r.pipeline is not None, r.pipeline or "", r.epoch)):
+        grouped.setdefault(record.pipeline, []).append(record)
+    return grouped
 
 
 def nearest(epochs: list[int], epoch: int) -> tuple[Optional[int], Optional[int]]:
@@ -167,6 +230,7 @@ __all__ = [
     "VersionRecord",
     "nearest",
     "parse_version_ref",
+    "tag_at",
     "tag_epoch",
     "tag_name",
     "tier_listing",

@@ -10,7 +10,7 @@
     tidemark pause JOB [--for 2h] [--reason R] | retire JOB [--reason R] | resume JOB   [--yes] [--dry-run]
     tidemark barriers [--json] [--set-interval MS --from T | --revert [--from T]] [--yes] [--dry-run]
                                                     the grid; per job its cadence and last epoch
-    tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-T] [--no-zk] [--json | --format sql]
+    tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-P-T] [--no-zk] [--json | --format sql]
     tidemark gc [--yes] [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file clean-up
                 [--wait S] [--skip-if-running]      ... one run at a time: waits for another one (default 300 s)
                 [--orphans [--older-than 3d]]       ... and files no metadata references (listed; daily is enough)
@@ -571,12 +571,17 @@ def cmd_versions(args: argparse.Namespace) -> int:
         return 0
     if not listing:
         print(f"no retained versions (looked in {_where(args)}; run `tidemark gc`)")
+    heading: object = ()  # no pipeline yet (None is an earlier release's versions)
     for entry in listing:
+        if entry.pipeline != heading:
+            heading = entry.pipeline
+            print(f"pipeline {entry.pipeline}:" if entry.pipeline
+                  else "an earlier release's versions, across pipelines:")
         empty = f" ({len(entry.empty)} more empty then, untagged)" if entry.empty else ""
         covered = len(entry.snapshots) - len(entry.empty)
         where = (f"tagged in {len(entry.tagged)} tables{empty}" if entry.tag is not None else
                  f"untagged: read by snapshot id (--as-of {entry.epoch}), {covered} tables{empty}")
-        print(f"{entry.tag or entry.epoch}  {fmt_epoch(entry.epoch)}  age {fmt_age(entry.age_ms)}  {entry.tier}  "
+        print(f"  {entry.tag or entry.epoch}  {fmt_epoch(entry.epoch)}  age {fmt_age(entry.age_ms)}  {entry.tier}  "
               f"{where}")
     return 0
 
@@ -755,13 +760,14 @@ def _epoch(text: str) -> int:
 
 
 def _version(text: str) -> int:
-    """``--as-of``: an epoch, or the tag ``tidemark-<epoch>`` of a retained version."""
+    """``--as-of``: an epoch, or the tag ``tidemark-<pipeline>-<epoch>`` of a retained version."""
     from coordinator.history.versions import parse_version_ref
     try:
         return _epoch(str(parse_version_ref(text)))
     except (TidemarkError, argparse.ArgumentTypeError):
         raise argparse.ArgumentTypeError(f"{text!r} is neither an epoch (milliseconds since 1970) nor a tag "
-                                         "tidemark-<epoch>; `tidemark versions` lists the retained ones") from None
+                                         "tidemark-<pipeline>-<epoch>; `tidemark versions` lists the retained ones") \
+            from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1000,11 +1006,11 @@ def _add_resolve(sub: Commands) -> None:
                          help="consistent (default): the newest epoch every table holds; committed: each table at its "
                               "own committed epoch; latest: each table's current snapshot")
     resolve.add_argument("--as-of", type=_version, metavar="T", help="a retained version, by its epoch or its tag "
-                         "tidemark-<T> (`tidemark versions` lists them), or any epoch every table holds")
+                         "tidemark-<pipeline>-<T> (`tidemark versions` lists them), or any epoch every table holds")
     resolve.add_argument("--no-zk", action="store_true", help="resolve from Iceberg metadata alone")
     resolve.add_argument("--format", choices=["text", "sql"], default="text",
                          help="sql: a Spark SQL / Trino statement per table reading it at the version, by its tag "
-                         "(tidemark-T, on a retained version) or its snapshot id")
+                         "(tidemark-<pipeline>-<T>, on a retained version) or its snapshot id")
     resolve.add_argument("--json", action="store_true", help=JSON_HELP)
     resolve.set_defaults(func=cmd_resolve)
 

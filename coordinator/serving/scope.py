@@ -12,7 +12,7 @@ the URI's path instead, ``http://host:port/w/<warehouse>``): ``[GROUP][@PIN]``
   ``namespace:<ns>``: one version across those of namespace ``<ns>``.
 - PIN: none (the newest version on every load); ``pinned`` (the version newest when ``/v1/config`` was asked, for
   as long as the client keeps its configuration: a session); an epoch or a retained version's tag
-  (``1795834273000``, ``tidemark-1795834273000``: exactly that version); an ISO-8601 time
+  (``1795834273000``, ``tidemark-orders-1795834273000``: exactly that version); an ISO-8601 time
   (``2026-11-28T10:00:00Z``: the newest version at or before it).
 
 A pin travels as ``~at-<T>`` (exactly ``T``) or ``~le-<T>`` (the newest at or before ``T``) in the prefix, so
@@ -27,10 +27,10 @@ from datetime import datetime, timezone
 from typing import Optional
 
 from coordinator.errors import InvalidArgument, InvalidName
+from coordinator.history.versions import tag_epoch
 from coordinator.names import validate_epoch
 from coordinator.protocol.pipelines import Group, parse_group
 
-TAG_PREFIX = "tidemark-"
 PINNED = "pinned"
 _PREFIX = re.compile(r"^(pipeline|all|ns\.(?P<ns>[A-Za-z0-9_][A-Za-z0-9_.\-]*))(?:~(?P<pin>at|le)-(?P<t>\d+))?$")
 
@@ -110,8 +110,8 @@ class Scope:
         return f"{group}, {how} {self.pin.epoch}"
 
 
-WAREHOUSE_HELP = ("warehouse is [pipeline|all|namespace:<ns>][@pinned|@<epoch>|@tidemark-<epoch>|@<ISO-8601 time>], "
-                  "for example 'namespace:sales@pinned'")
+WAREHOUSE_HELP = ("warehouse is [pipeline|all|namespace:<ns>][@pinned|@<epoch>|@tidemark-<pipeline>-<epoch>|"
+                  "@<ISO-8601 time>], for example 'namespace:sales@pinned'")
 
 
 def _group(text: str) -> tuple[Group, Optional[str]]:
@@ -122,10 +122,10 @@ def _group(text: str) -> tuple[Group, Optional[str]]:
 
 
 def _pin(text: str) -> Pin:
-    epoch_text = text[len(TAG_PREFIX):] if text.startswith(TAG_PREFIX) else text
-    if epoch_text.isdigit():
+    tagged = tag_epoch(text)  # a retained version's tag, whichever pipeline's
+    if tagged is not None or text.isdigit():
         try:
-            return Pin(PinKind.EXACT, validate_epoch(int(epoch_text), "the pinned epoch"))
+            return Pin(PinKind.EXACT, validate_epoch(int(text) if tagged is None else tagged, "the pinned epoch"))
         except InvalidName as exc:
             raise InvalidArgument(str(exc)) from None
     try:

@@ -5,6 +5,7 @@ Paths are relative to the client's chroot-free root (``root``, default ``/tidema
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from coordinator.errors import InvalidName
 from coordinator.names import validate_epoch, validate_name
@@ -116,9 +117,12 @@ class Paths:
         """``/versions``: the retention policy; its children are the retained versions."""
         return self._join("versions")
 
-    def version(self, epoch: int) -> str:
-        """``/versions/<T>``: the consistent version retained at epoch ``T``."""
-        return f"{self.versions}/{_epoch_segment(epoch)}"
+    def version(self, epoch: int, pipeline: Optional[str] = None) -> str:
+        """``/versions/<T>-<pipeline>``: the consistent version pipeline ``pipeline`` retained at epoch ``T``
+        (``/versions/<T>`` with no pipeline: an earlier release's, across every pipeline)."""
+        segment = _epoch_segment(epoch)
+        return f"{self.versions}/{segment}" if pipeline is None else \
+            f"{self.versions}/{segment}-{validate_name(pipeline, 'pipeline')}"
 
     @property
     def gc(self) -> str:

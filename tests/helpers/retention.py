@@ -32,6 +32,8 @@ INTERVAL_MS = 5 * 60 * 1000
 
 
 class Pipeline:
+    name = "ingest"  # the pipeline of ingest and rollup is named after its first job by name
+
     def __init__(self, tm, settings: CatalogSettings, namespace: str, spark_names: bool = False,
                  interval_ms: int = INTERVAL_MS) -> None:
         """``spark_names``: name the tables ``<catalog>.<namespace>.<table>``, as Spark must; ``interval_ms``: the
