@@ -143,6 +143,16 @@ def catalog_settings(lake_home) -> CatalogSettings:
     return CatalogSettings.embedded(lake_home)
 
 
+@pytest.fixture
+def catalog_env(catalog_settings, monkeypatch) -> dict[str, str]:
+    """The catalog for ``tidemark`` commands, in-process (set here) and in subprocesses (the returned variables)."""
+    env = {"TIDEMARK_CATALOG_URI": catalog_settings.uri, "TIDEMARK_WAREHOUSE": catalog_settings.warehouse,
+           "TIDEMARK_CATALOG_NAME": catalog_settings.name}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
 @pytest.fixture(scope="session")
 def pg_catalog_settings(postgres_uri, lake_home) -> CatalogSettings:
     return CatalogSettings(name="pg", uri=postgres_uri, warehouse=f"file://{lake_home / 'pg-warehouse'}")

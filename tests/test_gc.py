@@ -54,16 +54,6 @@ def pipeline(tm, catalog_settings, namespace):
     built.close()
 
 
-@pytest.fixture
-def catalog_env(catalog_settings, monkeypatch) -> dict[str, str]:
-    """The catalog for ``tidemark`` commands, in-process (set here) and in subprocesses (the returned variables)."""
-    env = {"TIDEMARK_CATALOG_URI": catalog_settings.uri, "TIDEMARK_WAREHOUSE": catalog_settings.warehouse,
-           "TIDEMARK_CATALOG_NAME": catalog_settings.name}
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    return env
-
-
 def local_path(location: str) -> str:
     return location[len("file://"):] if location.startswith("file://") else location
 
