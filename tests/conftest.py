@@ -18,7 +18,6 @@ import pytest
 
 from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark
 from coordinator.history import resolve as resolve_module
-from coordinator.operations.zookeeper_server import free_port
 from coordinator.settings import Settings
 from tests.helpers.home import changes, snapshot
 from tests.helpers.postgres import PostgresServer
@@ -87,7 +86,7 @@ def _real_home_untouched():
 
 @pytest.fixture(scope="session")
 def zk_server(tmp_path_factory):
-    server = EmbeddedZooKeeper(port=free_port(), data_dir=tmp_path_factory.mktemp("zookeeper")).start()
+    server = EmbeddedZooKeeper.on_free_port(tmp_path_factory.mktemp("zookeeper"))
     yield server
     server.stop()
 

@@ -132,3 +132,22 @@ def test_an_ensemble_whose_port_another_process_took_starts_on_new_ports(tmp_pat
             assert sorted(str(m.mode()) for m in ensemble.members) == ["follower", "follower", "leader"]
         if not taken.startswith("a client"):
             assert "java.net.BindException" in (tmp_path / "ensemble" / "server-2" / "zookeeper.log").read_text()
+
+
+def test_a_server_whose_free_port_another_process_took_starts_on_a_new_one(tmp_path, monkeypatch):
+    """The port is free when chosen; another process binding it before the server does (a busy machine) makes the
+    start choose a new port and serve: the look before the start is made to miss the squatter, so the server's
+    JVM meets it (``BindException``)."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        chosen = iter([taken])
+        monkeypatch.setattr(zookeeper_server, "free_port", lambda: next(chosen, None) or free_port())
+        monkeypatch.setattr(zookeeper_server, "_port_in_use", lambda port: False)
+        server = EmbeddedZooKeeper.on_free_port(tmp_path / "zookeeper")
+        try:
+            assert server.port != taken and server.mode() == "standalone"
+            assert "java.net.BindException" in server.log_path.read_text()
+        finally:
+            server.stop()

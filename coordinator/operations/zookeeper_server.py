@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
@@ -62,6 +62,8 @@ LOG_SETTINGS = ("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
 # outliving a main thread that died): waiting for the start timeout then helps nobody.
 # A port another process bound first: a quorum peer that cannot bind its election port never serves.
 BIND_FAILED = "java.net.BindException"
+# How often a first start on ports chosen free is tried again on new ones, when another process took one first.
+PORT_ATTEMPTS = 3
 FATAL_LOG_LINES = ("Error: Could not find or load main class", "Exception in thread \"main\"",
                    "Error: Unable to access jarfile", "Unable to start ZooKeeper server", "Invalid config, exiting",
                    "Error: Could not create the Java Virtual Machine", BIND_FAILED)
@@ -218,6 +220,24 @@ class EmbeddedZooKeeper:
     def log_path(self) -> Path:
         """``<data_dir>/zookeeper.log``, which every start appends to."""
         return self.data_dir / "zookeeper.log"
+
+    @classmethod
+    def on_free_port(cls, data_dir: os.PathLike, **options: Any) -> EmbeddedZooKeeper:
+        """A started server on a loopback port chosen free (``options`` as the constructor's). Another process may
+        bind the port before the server does (a busy machine): the start is then tried again on a new port, up to
+        ``PORT_ATTEMPTS`` times, as ``ZooKeeperEnsemble`` does.
+
+        :raises ConfigurationError: as ``start``, for anything but a port taken.
+        :raises ZooKeeperUnavailable: as ``start``; or the port was taken ``PORT_ATTEMPTS`` times.
+        """
+        for _ in range(PORT_ATTEMPTS - 1):
+            server = cls(port=free_port(), data_dir=data_dir, **options)
+            try:
+                return server.start()
+            except (ConfigurationError, ZooKeeperUnavailable):
+                if not (server.bind_failed() or _port_in_use(server.port)):
+                    raise
+        return cls(port=free_port(), data_dir=data_dir, **options).start()
 
     def start(self, wait: bool = True) -> EmbeddedZooKeeper:
         """Write ``zoo.cfg`` and start the server's JVM in the background, in a session of its own.
@@ -425,7 +445,6 @@ class ZooKeeperEnsemble:
     ensemble again on new ports, up to ``PORT_ATTEMPTS`` times. Once it served, its ports are its own.
     """
 
-    PORT_ATTEMPTS = 3
     members: list[EmbeddedZooKeeper]
 
     def __init__(self, base_dir: os.PathLike, size: int = 3, start_timeout: float = 60.0,
@@ -459,7 +478,7 @@ class ZooKeeperEnsemble:
         :raises ZooKeeperUnavailable: a peer failed or did not serve within ``start_timeout`` (a lost port:
             ``PORT_ATTEMPTS`` times).
         """
-        for attempt in range(1, self.PORT_ATTEMPTS + 1):
+        for attempt in range(1, PORT_ATTEMPTS + 1):
             ports = (port for p in self.members[0].quorum for port in (p.client_port, p.quorum_port, p.election_port))
             if not self._served and any(_port_in_use(port) for port in ports):
                 self._choose_ports()
@@ -471,7 +490,7 @@ class ZooKeeperEnsemble:
                     member.wait_until_serving()
             except ZooKeeperUnavailable:
                 self.stop()
-                if self._served or attempt == self.PORT_ATTEMPTS or not any(m.bind_failed() for m in self.members):
+                if self._served or attempt == PORT_ATTEMPTS or not any(m.bind_failed() for m in self.members):
                     raise
                 for member in self.members:  # a quorum that never formed: start the next one from nothing
                     shutil.rmtree(member.data_dir / "data", ignore_errors=True)
@@ -482,7 +501,7 @@ class ZooKeeperEnsemble:
                 raise
             self._served = True
             return self
-        raise ZooKeeperUnavailable(f"the ensemble's ports were taken by other processes {self.PORT_ATTEMPTS} times "
+        raise ZooKeeperUnavailable(f"the ensemble's ports were taken by other processes {PORT_ATTEMPTS} times "
                                    "before its servers bound them: a machine short of free ports")
 
     def stop(self) -> None:
