@@ -14,6 +14,7 @@ from typing import Optional, Union
 from coordinator.history.readers import version_sql
 from coordinator.history.resolve import Resolver
 from coordinator.iceberg.catalog import CatalogSettings
+from coordinator.protocol.pipelines import Group
 from coordinator.records import ConsistencyLevel, ConsistentVersion
 
 
@@ -40,15 +41,16 @@ def frames_at(spark, version: ConsistentVersion) -> dict:
 
 def read_consistent(spark, tm, tables: Iterable[str], level: Union[str, ConsistencyLevel] = "consistent",
                     as_of: Optional[int] = None, catalog: Optional[CatalogSettings] = None,
-                    register_views: bool = False) -> ConsistentFrames:
-    """Resolve ``tables`` at ``level`` (ZooKeeper when ``tm`` is given, else Iceberg metadata) and read them.
+                    register_views: bool = False, scope: str = Group.PIPELINE.value) -> ConsistentFrames:
+    """Resolve ``tables`` at ``level`` across ``scope`` (``Resolver.resolve``: their pipelines by default; ZooKeeper
+    when ``tm`` is given, else Iceberg metadata) and read them.
 
     With ``register_views``, each table is also a temporary view named after its last
     identifier part (``lake.db.word_counts`` -> ``word_counts``) for SQL at that version.
     """
     settings = catalog or CatalogSettings.from_env()
     resolver = Resolver(settings.load(), settings, tm)
-    version = resolver.resolve(list(tables), level, as_of)
+    version = resolver.resolve(list(tables), level, as_of, scope=scope)
     result = ConsistentFrames(frames_at(spark, version))
     result.version, result.sql = version, version_sql(resolver, version)
     if register_views:

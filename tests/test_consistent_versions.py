@@ -20,7 +20,7 @@ from typing import Optional
 import pyarrow as pa
 import pytest
 
-from coordinator import VersionNotFound
+from coordinator import InvalidArgument, VersionNotFound
 from coordinator.history import resolve as resolve_module
 from coordinator.history.checker import ConsistencyChecker
 from coordinator.history.gc import GarbageCollector
@@ -41,7 +41,7 @@ def resolve_all(resolver: Resolver, lake: MixedLake) -> dict[tuple[str, ...], Co
     sets = [(lake.up, lake.down), (lake.up, lake.down, lake.other), (lake.up, lake.other), (lake.down, lake.other)]
     found = {}
     for tables in sets:
-        version = found[tables] = resolver.resolve(tables)
+        version = found[tables] = resolver.resolve(tables, scope="set")
         lake.check(resolver, version)
     return found
 
@@ -65,6 +65,15 @@ def test_tables_at_mixed_epochs_resolve_to_the_newest_epoch_they_all_hold(tm, co
         from_zk = resolve_all(with_zk, lake)
         assert {tables: v.epoch for tables, v in from_zk.items()} == expected
         assert resolve_all(iceberg_only, lake) == from_zk, "every epoch published a snapshot: Iceberg records them all"
+        # The default scope is the tables' pipelines (up and down are one, other another), as tidemark serve reads
+        # them; the set scope is the tables named alone, and without ZooKeeper (no job graph) it is the only one.
+        assert with_zk.resolve([up]) == ConsistentVersion(5000, {up: from_zk[(up, down)].snapshots[up]})
+        assert with_zk.resolve([up, other]).epoch == 2000 == from_zk[(up, down, other)].epoch  # both pipelines
+        assert with_zk.resolve([up, other], scope="set").epoch == 6000 == iceberg_only.resolve([up, other]).epoch
+        assert with_zk.resolve([up, other], scope="namespace:elsewhere").epoch == 6000  # no table of it there
+        assert with_zk.resolve([other], scope="all").epoch == 2000
+        with pytest.raises(InvalidArgument, match=r"scope 'everything' names no group.*resolve also takes set"):
+            with_zk.resolve([up], scope="everything")
 
         # What reading down "at its newest snapshot at or before 4000" would give is not a state of the data:
         # down holds up's rows up to 2000 there, up holds them up to 4000.
@@ -83,11 +92,11 @@ def test_tables_at_mixed_epochs_resolve_to_the_newest_epoch_they_all_hold(tm, co
         # An idle epoch reaches Iceberg only at the next marker round (once a minute): until then a reader with
         # no ZooKeeper reads the version before it, which is as consistent; after it, the same version.
         lake.writers[up].commit_idle(59_000)
-        assert with_zk.resolve([up]).epoch == 59_000 and iceberg_only.resolve([up]).epoch == 6000
+        assert with_zk.resolve([up], scope="set").epoch == 59_000 and iceberg_only.resolve([up]).epoch == 6000
         lake.writers[up].commit_idle(60_000)            # the first epoch of a new minute: a marker round
         assert catalog.load_table(up).properties.get(COMMITTED_EPOCH_PROPERTY) == "60000"
-        assert with_zk.resolve([up]) == iceberg_only.resolve([up])
-        assert with_zk.resolve([up]).epoch == 60_000
+        assert with_zk.resolve([up], scope="set") == iceberg_only.resolve([up])
+        assert with_zk.resolve([up], scope="set").epoch == 60_000
         lake.check(iceberg_only, iceberg_only.resolve([up]))
         expected[(up, other)] = 6000
         before_gc = resolve_all(with_zk, lake)
@@ -288,7 +297,7 @@ def test_zookeeper_resolves_tables_at_mixed_epochs_without_loading_iceberg_metad
         warm = Resolver(catalog, catalog_settings, tm, cache)
         assert warm.resolve(lake.tables) == cold
         loaded.clear()
-        assert warm.resolve(lake.tables) == cold and warm.resolve([lake.up, lake.other]).epoch == 3000
+        assert warm.resolve(lake.tables) == cold and warm.resolve([lake.up, lake.other], scope="set").epoch == 3000
         assert loaded == [], "ZooKeeper names every table's snapshot at the consistent epoch"
         assert Resolver(catalog, catalog_settings, None).resolve(lake.tables) == cold
         assert sorted(loaded) == sorted(lake.tables), "Iceberg alone loads each table's metadata once"

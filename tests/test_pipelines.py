@@ -64,3 +64,14 @@ def test_a_scope_is_parsed_one_way(text, expected):
 def test_a_scope_that_names_no_group_says_what_one_is(text):
     with pytest.raises(InvalidArgument, match="scope"):
         parse_group(text)
+
+
+def test_around_is_what_one_version_of_some_tables_is_consistent_across():
+    pipelines = Pipelines(_graph())
+    assert pipelines.around(["db.big_orders"], Group.PIPELINE) == pipelines.named("audit").tables
+    assert pipelines.around(["lake.db.histogram", "sales.audit"], Group.PIPELINE) == pipelines.tables  # both
+    assert pipelines.around(["db.orders"], Group.NAMESPACE, "lake.db") == ("lake.db.histogram", "lake.db.word_counts")
+    assert pipelines.around(["db.orders"], Group.ALL) == pipelines.tables
+    assert pipelines.around(["db.elsewhere"], Group.PIPELINE) == ()  # no job writes or reads it
+    by_identifier = pipelines.around(["orders"], Group.PIPELINE, identifier=lambda t: t.rpartition(".")[2])
+    assert by_identifier == pipelines.named("audit").tables, "matched by the identifier, as the catalog names them"

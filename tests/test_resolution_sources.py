@@ -41,13 +41,13 @@ def assert_same_everywhere(catalog, settings, lake: MixedLake, warm: Resolver, l
         assert truth.epoch is not None and any(max(lake.published[t]) > truth.epoch for t in tables), \
             f"{tables}: no table is ahead"
         loaded.clear()
-        cold = Resolver(catalog, settings, warm.tm).resolve(tables)
+        cold = Resolver(catalog, settings, warm.tm).resolve(tables, scope="set")
         if zookeeper_names:
             assert sorted(loaded) == sorted(tables), \
                 f"{tables}: a new resolver loads one table of each job, to check its tidemark (an older copy's?)"
         loaded.clear()
-        cached = warm.resolve(tables)
-        again = warm.resolve(tables)
+        cached = warm.resolve(tables, scope="set")
+        again = warm.resolve(tables, scope="set")
         if zookeeper_names:
             assert loaded == [], f"{tables}: ZooKeeper's records name every snapshot, no metadata is loaded"
         iceberg = Resolver(catalog, settings, None).resolve(tables)

@@ -64,8 +64,10 @@ def test_a_stopped_pipeline_holds_back_nothing_of_another_in_status_metrics_vers
         assert behind.consistent_epoch == stopped_at and behind.stale_jobs == ("slow",)
         assert status.job("slow").stale and not status.job("fast").stale
         assert status.consistent_epoch is None or status.consistent_epoch <= stopped_at  # the `all` scope waits
-        named = Resolver(catalog_settings.load(), catalog_settings, tm).resolve([fast_table])
-        assert present(named.epoch) > stopped_at + 2 * SLOW_EVERY
+        resolver = Resolver(catalog_settings.load(), catalog_settings, tm)
+        assert present(resolver.resolve([fast_table]).epoch) > stopped_at + 2 * SLOW_EVERY  # its pipeline's
+        assert present(resolver.resolve([fast_table], scope="all").epoch) <= stopped_at  # every table's: held back
+        assert resolver.resolve([slow_table]).epoch == stopped_at
 
         # The CLI: a headline per pipeline, and only the slow one is held back.
         text = run_cli(capsys, "--zk", zk_connect, "status")[1]
@@ -77,6 +79,11 @@ def test_a_stopped_pipeline_holds_back_nothing_of_another_in_status_metrics_vers
         assert headline["slow"].endswith("held back by slow")
         report = json.loads(run_cli(capsys, "--zk", zk_connect, "status", "--json")[1])
         assert {p["name"]: p["stale_jobs"] for p in report["pipelines"]} == {"fast": [], "slow": ["slow"]}
+        resolved = json.loads(run_cli(capsys, "--zk", zk_connect, "resolve", fast_table, "--json")[1])
+        assert resolved["epoch"] > stopped_at + 2 * SLOW_EVERY
+        code, _, err = run_cli(capsys, "--zk", zk_connect, "resolve", fast_table, "--scope", "everything")
+        assert code == 1 and err.startswith("tidemark: error: scope 'everything' names no group") and \
+            err.count("\n") == 1
 
         # The metrics: each pipeline's freshness is its own.
         by_pipeline = exported(status, "tidemark_pipeline")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from coordinator.errors import VersionNotFound
 from coordinator.history.resolve import Resolver, read_arrow
+from coordinator.protocol.pipelines import SET
 from coordinator.records import ConsistentVersion
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ class ConsistencyChecker:
     def observe(self) -> Optional[ConsistentVersion]:
         """Resolve the consistent version and check it when its epoch was not checked yet; None while none exists."""
         try:
-            version = self.resolver.resolve(self.tables)
+            version = self.resolver.resolve(self.tables, scope=SET)  # its tables' rule, however wide their pipeline
         except VersionNotFound:
             return None
         if version.epoch is None:

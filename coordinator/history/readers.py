@@ -38,6 +38,7 @@ from coordinator.history.resolve import Resolver, scan_at, table_at
 from coordinator.history.versions import tag_at
 from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.iceberg.catalog_properties import path_style_addressing, s3_setting
+from coordinator.protocol.pipelines import Group
 from coordinator.records import ConsistencyLevel, ConsistentVersion
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -74,12 +75,13 @@ class VersionReader:
     def resolve(cls, tables: Iterable[str], tm: Optional[ZooKeeperSession] = None, *,
                 settings: Optional[CatalogSettings] = None,
                 level: Union[str, ConsistencyLevel] = ConsistencyLevel.CONSISTENT,
-                as_of: Optional[int] = None) -> VersionReader:
-        """Resolve ``tables`` at ``level`` (or ``as_of`` an epoch): with ZooKeeper when ``tm`` is given, else from
-        Iceberg metadata alone; the catalog is ``settings`` or the environment's (``CatalogSettings.from_env``)."""
+                as_of: Optional[int] = None, scope: str = Group.PIPELINE.value) -> VersionReader:
+        """Resolve ``tables`` at ``level`` (or ``as_of`` an epoch) across ``scope`` (``Resolver.resolve``: their
+        pipelines by default): with ZooKeeper when ``tm`` is given, else from Iceberg metadata alone; the catalog
+        is ``settings`` or the environment's (``CatalogSettings.from_env``)."""
         settings = settings or CatalogSettings.from_env()
         resolver = Resolver(settings.load(), settings, tm)
-        return cls(resolver, resolver.resolve(tables, level, as_of))
+        return cls(resolver, resolver.resolve(tables, level, as_of, scope=scope))
 
     @property
     def tables(self) -> list[str]:

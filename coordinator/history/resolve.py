@@ -39,6 +39,7 @@ from pyiceberg.utils.concurrent import ExecutorFactory
 from coordinator.errors import (
     ConfigurationError,
     EpochOrderError,
+    InvalidArgument,
     InvalidName,
     VersionNotFound,
     ZooKeeperRebuilt,
@@ -49,6 +50,7 @@ from coordinator.iceberg.catalog import CatalogSettings, load_table
 from coordinator.iceberg.lineage import EpochLineage, LineageSummary
 from coordinator.names import validate_epoch, validate_name
 from coordinator.protocol.held_epochs import held_epochs
+from coordinator.protocol.pipelines import SET, Group, Pipelines, parse_group
 from coordinator.protocol.registry import check_table_identities
 from coordinator.protocol.tidemarks import TidemarkCache, older_copy, read_tidemarks
 from coordinator.protocol.topology import read_topology
@@ -181,7 +183,7 @@ class Resolver:
         return EpochLineage(self._load(name))
 
     def resolve(self, tables: Iterable[str], level: Union[str, ConsistencyLevel] = ConsistencyLevel.CONSISTENT,
-                as_of: Optional[int] = None) -> ConsistentVersion:
+                as_of: Optional[int] = None, *, scope: str = Group.PIPELINE.value) -> ConsistentVersion:
         """Resolve ``tables`` at ``level``, or at epoch ``as_of`` (module docstring). A set of root tables only has
         no epoch to align on: their current snapshots, or with ``as_of`` each at its newest snapshot committed at
         or before it.
@@ -189,8 +191,13 @@ class Resolver:
         :param tables: the table names (``namespace.table``), a list and not one string.
         :param level: ``latest``, ``committed`` or ``consistent``; ignored when ``as_of`` is given.
         :param as_of: the epoch to read the tables at (a barrier, in ms since 1970).
+        :param scope: what a ``consistent`` version is consistent across (``coordinator.protocol.pipelines``):
+            ``pipeline`` (the default: every table of the tables' pipelines, as ``tidemark serve`` serves them),
+            ``namespace:<ns>``, ``all``, or ``set`` (exactly ``tables``: the newest epoch they hold, which another
+            table of their pipeline may not). Without ZooKeeper the job graph is unknown: ``set``.
         :raises VersionNotFound: no such version exists (the class docstring lists each case).
         :raises InvalidName: ``tables`` is one string or empty, or a table name or ``as_of`` is malformed.
+        :raises InvalidArgument: ``scope`` names no scope.
         :raises ConfigurationError: ``level`` is not a level, or a table is not the Iceberg table its writer
             registered.
         :raises TableNotFound: a table that must be loaded is not in the catalog.
@@ -203,6 +210,12 @@ class Resolver:
         level = ConsistencyLevel.AS_OF if as_of is not None else _level(level)
         if isinstance(as_of, int):
             validate_epoch(as_of, "as_of")
+        group = None if scope == SET else _scope(scope)
+        if group is not None and level == ConsistencyLevel.CONSISTENT and self.tm is not None:
+            wider = self._around(names, *group)
+            if wider:  # one version across them all, of which the tables asked for
+                version = self.resolve([*names, *wider], level, scope=SET)
+                return ConsistentVersion(version.epoch, {n: version.snapshots[n] for n in names}, version.level)
         if as_of is not None:
             retained = self._retained(names, as_of)
             if retained is not None:
@@ -258,6 +271,15 @@ class Resolver:
         for name in roots:
             snapshots[name] = self._root_snapshot(name, target, read)
         return ConsistentVersion(target, snapshots, level)
+
+    def _around(self, names: list[str], group: Group, namespace: Optional[str]) -> list[str]:
+        """The managed tables (the job graph's names) besides ``names`` that the scope makes a version of ``names``
+        consistent across; root tables choose no epoch, so none is added."""
+        topology = read_topology(self.tm)  # type: ignore[arg-type]  # only called with ZooKeeper
+        identifier = self.settings.identifier
+        named = {identifier(n) for n in names}
+        return [t for t in Pipelines(topology).around(names, group, namespace, identifier)
+                if t in topology.writers and identifier(t) not in named]
 
     def _retained_snapshot(self, name: str, mark: Optional[TableTidemark], snapshot_id: Optional[int], epoch: int,
                            names: list[str], records: _SummaryRecords) -> Optional[int]:
@@ -500,6 +522,13 @@ def _level(level: Union[str, ConsistencyLevel]) -> ConsistencyLevel:
     return found
 
 
+def _scope(text: str) -> tuple[Group, Optional[str]]:
+    try:
+        return parse_group(text)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{exc}; resolve also takes set (exactly the tables named)") from None
+
+
 def _id(snapshot: Optional[Snapshot]) -> Optional[int]:
     return None if snapshot is None else snapshot.snapshot_id
 
@@ -518,19 +547,21 @@ class ReaderSession:
                  reader_id: Optional[str] = None) -> None:
         self.resolver, self.tm = resolver, tm
         self.reader_id = validate_name(reader_id or f"reader-{uuid.uuid4().hex[:12]}", "reader id")
-        self._last: dict[tuple[str, ...], ConsistentVersion] = {}
+        self._last: dict[tuple[str, ...], ConsistentVersion] = {}  # (scope, *tables) -> the newest version given
         self._pinned: dict[int, Mapping[str, Optional[int]]] = {}
 
     def resolve(self, tables: Iterable[str], level: Union[str, ConsistencyLevel] = ConsistencyLevel.CONSISTENT,
-                as_of: Optional[int] = None) -> ConsistentVersion:
-        """``Resolver.resolve``, except that a ``consistent`` version never goes back: when the resolver answers
-        an older epoch than this session gave for the same tables (a fallback to Iceberg metadata that lags
-        ZooKeeper), or none (``VersionNotFound``: a job resuming after ZooKeeper lost its state is below its read
-        floor), the earlier version is returned again. Raises what ``Resolver.resolve`` raises."""
-        key = tuple(sorted(set(tables)))
+                as_of: Optional[int] = None, *, scope: str = Group.PIPELINE.value) -> ConsistentVersion:
+        """``Resolver.resolve`` (``scope`` as there), except that a ``consistent`` version never goes back: when the
+        resolver answers an older epoch than this session gave for the same tables and scope (a fallback to Iceberg
+        metadata that lags ZooKeeper), or none (``VersionNotFound``: a job resuming after ZooKeeper lost its state
+        is below its read floor), the earlier version is returned again. Raises what ``Resolver.resolve``
+        raises."""
+        names = tuple(sorted(set(tables)))
+        key = (scope, *names)
         previous = self._last.get(key)
         try:
-            version = self.resolver.resolve(key, level, as_of)
+            version = self.resolver.resolve(names, level, as_of, scope=scope)
         except VersionNotFound:
             if previous is None or as_of is not None or _level(level) != ConsistencyLevel.CONSISTENT:
                 raise

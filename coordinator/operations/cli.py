@@ -10,7 +10,7 @@
     tidemark pause JOB [--for 2h] [--reason R] | retire JOB [--reason R] | resume JOB   [--yes] [--dry-run]
     tidemark barriers [--json] [--set-interval MS --from T | --revert [--from T]] [--yes] [--dry-run]
                                                     the grid; per job its cadence and last epoch
-    tidemark resolve TABLE... [--level ...] [--as-of T|tidemark-P-T] [--no-zk] [--json | --format sql]
+    tidemark resolve TABLE... [--level ...] [--scope S] [--as-of T|tidemark-P-T] [--no-zk] [--json | --format sql]
     tidemark gc [--yes] [--dry-run] [--json] [--policy SPEC]  retained versions, snapshot expiry, file clean-up
                 [--wait S] [--skip-if-running]      ... one run at a time: waits for another one (default 300 s)
                 [--orphans [--older-than 3d]]       ... and files no metadata references (listed; daily is enough)
@@ -486,7 +486,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         if tm is not None:  # without ZooKeeper the resolver loads every table anyway
             _require_in_catalog(settings, args.tables, tm, catalog)
         resolver = Resolver(catalog, settings, tm)
-        version = resolver.resolve(args.tables, level=args.level, as_of=args.as_of)
+        version = resolver.resolve(args.tables, level=args.level, as_of=args.as_of, scope=args.scope)
     finally:
         if tm is not None:
             tm.close()
@@ -1007,6 +1007,10 @@ def _add_resolve(sub: Commands) -> None:
                               "own committed epoch; latest: each table's current snapshot")
     resolve.add_argument("--as-of", type=_version, metavar="T", help="a retained version, by its epoch or its tag "
                          "tidemark-<pipeline>-<T> (`tidemark versions` lists them), or any epoch every table holds")
+    resolve.add_argument("--scope", default="pipeline", metavar="SCOPE",
+                         help="what a consistent version is consistent across: pipeline (the default: every table of "
+                              "the tables' pipelines, as tidemark serve serves them), namespace:<ns>, all, or set "
+                              "(exactly these tables; with --no-zk always)")
     resolve.add_argument("--no-zk", action="store_true", help="resolve from Iceberg metadata alone")
     resolve.add_argument("--format", choices=["text", "sql"], default="text",
                          help="sql: a Spark SQL / Trino statement per table reading it at the version, by its tag "

@@ -5,6 +5,7 @@
     found.of_table("db.big_orders")         # the Pipeline holding it (None: no job writes or reads it)
     found.named("orders")                   # PipelineNotFound, listing the pipelines, for another name
     found.groups(Group.NAMESPACE, "sales", identifier)   # {"namespace:sales": tables}: one scope's groups
+    found.around(["db.orders"], Group.PIPELINE)          # what one version of db.orders is consistent across
     parse_group("namespace:sales")          # (Group.NAMESPACE, "sales"); "" and "pipeline" are the default
 
 A *pipeline* is a connected part of the job graph: its jobs, the tables they write and the tables they read (root
@@ -14,12 +15,13 @@ Jobs of one pipeline share epochs; nothing outside a pipeline holds its versions
 
 A *scope* groups the tables one version is consistent across: ``pipeline`` (the default: each table with its
 pipeline), ``all`` (every table the jobs write or read: one version) or ``namespace:<ns>`` (those of one
-namespace). ``tidemark serve``, ``resolve``, ``status``, ``gc`` and the metrics all take their groups from here.
+namespace); ``resolve`` also takes ``set`` (``SET``: exactly the tables named). ``tidemark serve``, ``resolve``,
+``status``, ``gc`` and the metrics all take their groups from here.
 """
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Optional
@@ -29,6 +31,7 @@ from coordinator.names import validate_name
 from coordinator.protocol.topology import Topology
 
 GROUP_HELP = "a scope is pipeline (each table with its pipeline, the default), all, or namespace:<ns>"
+SET = "set"  # resolve's scope of exactly the tables it is given, no wider
 
 
 class Group(str, enum.Enum):
@@ -132,6 +135,17 @@ class Pipelines:
         chosen = tuple(t for t in self.tables if (identifier(t) if identifier else t).rpartition(".")[0] == namespace)
         return {f"{Group.NAMESPACE.value}:{namespace}": chosen} if chosen else {}
 
+    def around(self, tables: Iterable[str], group: Group, namespace: Optional[str] = None,
+               identifier: Optional[Callable[[str], str]] = None) -> tuple[str, ...]:
+        """The tables (the graph's names) one version of ``tables`` is consistent across in a scope: those of every
+        pipeline holding one of them for ``pipeline``, of namespace ``namespace`` for ``namespace``, every table for
+        ``all``. Tables are matched by ``identifier`` (as ``groups``), so ``lake.db.t`` and ``db.t`` are one."""
+        key = identifier or (lambda table: table)
+        wanted = {key(t) for t in tables}
+        groups = [g for g in self.groups(group, namespace, identifier).values()
+                  if group != Group.PIPELINE or any(key(t) in wanted for t in g)]
+        return tuple(sorted({t for g in groups for t in g}))
+
 
 def parse_group(text: Optional[str]) -> tuple[Group, Optional[str]]:
     """The group a scope's text names (``pipeline``, ``all``, ``namespace:<ns>``; None or "" for ``pipeline``) and
@@ -153,4 +167,4 @@ def parse_group(text: Optional[str]) -> tuple[Group, Optional[str]]:
     raise InvalidArgument(f"scope {text!r} names no group: {GROUP_HELP}")
 
 
-__all__ = ["GROUP_HELP", "Group", "Pipeline", "Pipelines", "parse_group"]
+__all__ = ["GROUP_HELP", "SET", "Group", "Pipeline", "Pipelines", "parse_group"]

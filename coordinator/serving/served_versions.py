@@ -47,7 +47,7 @@ from coordinator.history.resolve import Resolver
 from coordinator.history.versions import RetainedVersions
 from coordinator.iceberg.catalog import CatalogSettings
 from coordinator.protocol.held_epochs import common_epochs
-from coordinator.protocol.pipelines import Group, Pipelines
+from coordinator.protocol.pipelines import SET, Group, Pipelines
 from coordinator.protocol.tidemarks import TidemarkCache, older_copy
 from coordinator.protocol.topology import Topology, read_topology
 from coordinator.records import ConsistentVersion, JobRecord
@@ -403,7 +403,7 @@ class ServedVersions:
                     return previous, True
                 if not wait:
                     raise WouldWait from None
-                version, stale = self._iceberg.resolve(sorted(group)), True
+                version, stale = self._iceberg.resolve(sorted(group), scope=SET), True
             except VersionNotFound:
                 if previous is None:
                     raise
@@ -433,7 +433,7 @@ class ServedVersions:
                 version, stale = self._resolve(group, Pin(PinKind.EXACT, epoch)), False
             except (ZooKeeperUnavailable, ZooKeeperRebuilt):
                 try:
-                    version, stale = self._iceberg.resolve(tables, as_of=epoch), True
+                    version, stale = self._iceberg.resolve(tables, as_of=epoch, scope=SET), True
                 except VersionNotFound:
                     return None, False
             except VersionNotFound:
@@ -442,7 +442,7 @@ class ServedVersions:
                     return None, False
                 uncached = Resolver(self._catalog, self.settings, self._tm)
                 try:
-                    version, stale = uncached.resolve(tables, as_of=epoch), False
+                    version, stale = uncached.resolve(tables, as_of=epoch, scope=SET), False
                 except (VersionNotFound, ZooKeeperUnavailable, ZooKeeperRebuilt):
                     return None, False
             self._keep_exact(group, version)
@@ -464,7 +464,7 @@ class ServedVersions:
                     raise WouldWait from None
                 tables = sorted(group)
                 if pin.kind == PinKind.EXACT:
-                    return self._iceberg.resolve(tables, as_of=pin.epoch), True
+                    return self._iceberg.resolve(tables, as_of=pin.epoch, scope=SET), True
                 return _at_or_before(self._iceberg, tables, pin.epoch, {}), True
 
     def _resolve(self, group: frozenset[str], pin: Optional[Pin], wait: bool = True) -> ConsistentVersion:
@@ -481,9 +481,9 @@ class ServedVersions:
             raise WouldWait
         tables = sorted(group)
         if pin is None:
-            version = resolver.resolve(tables)
+            version = resolver.resolve(tables, scope=SET)
         elif pin.kind == PinKind.EXACT:
-            version = resolver.resolve(tables, as_of=pin.epoch)
+            version = resolver.resolve(tables, as_of=pin.epoch, scope=SET)
         else:
             version = _at_or_before(resolver, tables, pin.epoch, cache.get(tables))
         if len(self._resolved) > RESOLVED_KEPT:
@@ -506,7 +506,7 @@ def _at_or_before(resolver: Resolver, tables: list[str], cap: int, marks: Mappin
     """The newest consistent version of ``tables`` whose epoch is at or before ``cap``: the newest, if it is; else the
     newest epoch every table's recent list or every table's Iceberg records hold (those reach back once ZooKeeper's
     lists moved past: a session pinned longer keeps its version), else a retained version."""
-    newest = resolver.resolve(tables)
+    newest = resolver.resolve(tables, scope=SET)
     if newest.epoch is None or newest.epoch <= cap:
         return newest
     lists = [m.epochs for m in marks.values() if m is not None] if marks else []
@@ -520,7 +520,7 @@ def _at_or_before(resolver: Resolver, tables: list[str], cap: int, marks: Mappin
         candidates += sorted((e for e in resolver.retained_epochs(tables) if e <= cap), reverse=True)
     for epoch in list(dict.fromkeys(candidates))[:CAP_TRIES]:
         try:
-            return resolver.resolve(tables, as_of=epoch)
+            return resolver.resolve(tables, as_of=epoch, scope=SET)
         except VersionNotFound:
             continue
     raise VersionNotFound(f"no version of {tables} at or before {cap} is still known: ZooKeeper's recent epochs, the "
