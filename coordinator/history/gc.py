@@ -202,11 +202,11 @@ class GarbageCollector:
        walk). No version is made where every table was empty (no tag could name it), and a retained version
        whose snapshot in some table is gone (a root table's owner expired it) is dropped.
     2. **Snapshots** of each managed table are expired unless they are a ref's head (any tag not named
-       ``tidemark-...-<T>``, and every branch with its ancestors), in a retained version (tagged or not), pinned by a
-       live reader (``/readers``), in ``main`` from the snapshot at ``F`` (the lower of ``C`` and the last
-       committed epoch of every registered job reading the table) up to the head, or the staged write of an epoch
-       not committed yet. With no consistent epoch all of ``main`` stays. A staged write of an epoch at or below
-       the table's tidemark was aborted and goes. Tables with no tidemark (root tables written outside Tidemark,
+       ``tidemark-...-<T>``, and every branch with its ancestors), in a retained version (tagged or not), pinned by
+       a live reader (``/readers``), in ``main`` from the snapshot at ``F`` (the lower of its pipeline's ``C`` and
+       the last committed epoch of every registered job reading the table) up to the head, or the staged write of
+       an epoch not committed yet. With no consistent epoch all of ``main`` stays. A staged write of an epoch at or
+       below the table's tidemark was aborted and goes. Tables with no tidemark (root tables written outside Tidemark,
        or a table whose writer is not registered) are only tagged, never expired: their owner expires them, and
        the tags protect the retained versions from that.
     3. **Files.** pyiceberg's expiry removes metadata only: the manifest lists, manifests, data and delete files
