@@ -10,6 +10,9 @@ A block says which run runs it (``<!-- run: spark -->`` on the line before it, `
   with README's script, read by Trino through ``tidemark serve`` (Trino's archives come from the suite's cache, a
   copy of Maven Central's: the run reads ``https://repo1.maven.org/maven2/`` as that cache, 540 MB each run
   spared), then the components page's lakehouse commands.
+- ``newcomer``: the pages in the order the site lists them, in one home, as a person follows them: README's
+  quickstart, the lakehouse quickstart, the Spark page, the pure-Python jobs, reading and history, every block the
+  runs above run (the embedded stack for the Spark page); what one page leaves, the next meets.
 - ``spark``: the Spark page's script with ``spark-submit`` (the Spark of this suite, on the embedded stack with
   Spark 3 and on the lakehouse with Spark 4: the run's pip constraint pins
   pyspark to it, and Iceberg's jars come from the suite's cache, as ``TIDEMARK_SPARK_JARS`` would give them to a
@@ -58,15 +61,29 @@ INSTALL_DEADLINE_S = 900  # a fresh venv: pyiceberg, pyarrow, pandas, polars, Du
 PORT_DEADLINE_S = 120  # a server a page starts in the background answers within this
 WHEEL = re.compile(r"'(dist/[^\[']+)")
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2/"
+# What the pages print, as the runs check it. README's script: pandas, the big order above 2000; DuckDB, both big
+# orders joined; `tidemark zk stop`.
+README_PRINTS = (r"^\s*id\n0\s+3$", re.escape("[(2, 4000)]"), r"^stopped$")
+TRINO_PRINTS = (r"^export PYICEBERG_CATALOG__LAKE__URI=", re.escape("[[2, 4000]]"))  # Trino's join through serve
+# The Spark job's counts, read at one consistent version by its script.
+SPARK_PRINTS = (r"^\|mark\|\s+1\|$", r"^\|tide\|\s+2\|$",
+                r"^epoch \d+ of \['lake\.db\.word_counts', 'lake\.db\.words'\]$")
+PYTHON_JOBS_PRINTS = (r"^committed epochs \[\d+, \d+, \d+\]$",)  # the pure-Python page's job
+# `tidemark versions` after the history page's GC: a retained version of each pipeline in the tree, README's and
+# the Spark page's, each tagged by its name.
+HISTORY_PRINTS = (r"^pipeline big_orders:\n(  .*\n)+pipeline word_counts:\n  tidemark-word_counts-",)
 
 
 @dataclass(frozen=True)
 class Run:
-    """The pages a run reads, in order; what a page assumes done before it (its text says so), and installed."""
+    """The pages a run reads, in order; what a page assumes done before it (its text says so), and installed; the
+    runs whose blocks it runs (``of``; its own by default)."""
 
     pages: tuple[str, ...]
     before: dict[str, str] = field(default_factory=dict)
     installs: tuple[str, ...] = ()
+    of: tuple[str, ...] = ()
+    deadline_s: int = DEADLINE_S
 
 
 # CI runs the spark run twice, on Spark 3.5 (make test) and 4.1 (make test-spark4): once on each stack, as the Spark
@@ -79,6 +96,9 @@ RUNS = {
                  before={"spark.md": 'tidemark zk start && eval "$(tidemark lakehouse start)"'},
                  installs=("pip install 'dist/tidemark_iceberg-0.1.0-py3-none-any.whl[lakehouse]'",))
     if SPARK_ON_THE_LAKEHOUSE else Run(("spark.md", "reading.md", "history.md")),
+    "newcomer": Run(("README.md", "lakehouse-quickstart.md", "spark.md", "python-jobs.md", "reading.md", "history.md"),
+                    installs=("pip install 'dist/tidemark_iceberg-0.1.0-py3-none-any.whl[lakehouse]'",),
+                    of=("quickstart", "lakehouse", "spark"), deadline_s=2 * DEADLINE_S),
 }
 
 
@@ -87,7 +107,8 @@ def quickstart() -> str:
 
 
 def run_blocks(run: str) -> list[Block]:
-    return [b for name in RUNS[run].pages for b in blocks(name) if run in b.runs]
+    of = set(RUNS[run].of or (run,))
+    return [b for name in RUNS[run].pages for b in blocks(name) if of & set(b.runs)]
 
 
 def install_lines(found: list[Block]) -> list[str]:
@@ -180,7 +201,8 @@ def script(run: str, found: list[Block], work: Path) -> str:
     return "\n".join(lines).replace(MAVEN_CENTRAL, f"file://{Settings.from_env().cache}/maven/") + "\n"
 
 
-@pytest.mark.parametrize("run", [pytest.param(r, marks=pytest.mark.spark) if r == "spark" else r for r in RUNS])
+@pytest.mark.parametrize("run", [pytest.param(r, marks=pytest.mark.spark) if r in ("spark", "newcomer") else r
+                                 for r in RUNS])
 def test_the_docs_run_as_written(tmp_path, run):
     """Each run in a new home: its install lines into a fresh venv, then its blocks as one script."""
     work, home = tmp_path / "work", tmp_path / "home"
@@ -211,6 +233,10 @@ def test_the_docs_run_as_written(tmp_path, run):
            if not k.startswith(("TIDEMARK_", "PYICEBERG_", "SPARK_")) or k == "TIDEMARK_ZK_CLASSPATH"}
     env.update(TIDEMARK_HOME=str(home), HOME=str(tmp_path), PATH=f"{bin_dir}:{env['PATH']}",
                TIDEMARK_CACHE=str(Settings.from_env().cache), SPARK_LOCAL_IP="127.0.0.1")
+    if run == "newcomer":  # a person's own default home, which the lakehouse page's `unset TIDEMARK_HOME` goes back to
+        del env["TIDEMARK_HOME"]
+        env.pop("XDG_DATA_HOME", None)
+        home = tmp_path / ".local" / "share" / "tidemark"
     homes = [home, tmp_path / "tidemark-lakehouse"]  # the lakehouse page's own TIDEMARK_HOME
     prefix = _namespaced()
     if prefix is None and not _port_free(DEFAULT_PORT):
@@ -221,11 +247,11 @@ def test_the_docs_run_as_written(tmp_path, run):
     process = subprocess.Popen([*(prefix or []), *command], cwd=work, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        output, _ = process.communicate(timeout=DEADLINE_S)
+        output, _ = process.communicate(timeout=RUNS[run].deadline_s)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
-        pytest.fail(f"the {run} run did not finish within {DEADLINE_S} s:\n{output}")
+        pytest.fail(f"the {run} run did not finish within {RUNS[run].deadline_s} s:\n{output}")
     finally:
         for each in homes:  # the script's trap failed: the test started them, end them
             server = EmbeddedZooKeeper(data_dir=each / "zookeeper").recorded_state()
@@ -233,25 +259,22 @@ def test_the_docs_run_as_written(tmp_path, run):
                 os.kill(server.pid, signal.SIGKILL)
             EmbeddedLakehouse(each / "lakehouse").stop()
     assert process.returncode == 0, f"the {run} run failed (exit {process.returncode}):\n{output}"
-    if run in ("quickstart", "lakehouse"):  # pandas: the big order above 2000; DuckDB: both big orders joined
-        assert re.search(r"^\s*id\n0\s+3$", output, re.M), output
-        assert "[(2, 4000)]" in output, output
-        assert re.search(r"^stopped$", output, re.M), output
-    if run == "quickstart":  # the pure-Python page's job says what it committed
-        assert re.search(r"^committed epochs \[\d+, \d+, \d+\]$", output, re.M), output
+    printed = {"quickstart": README_PRINTS + PYTHON_JOBS_PRINTS, "lakehouse": README_PRINTS + TRINO_PRINTS,
+               "spark": SPARK_PRINTS,
+               "newcomer": README_PRINTS + TRINO_PRINTS + SPARK_PRINTS + PYTHON_JOBS_PRINTS + HISTORY_PRINTS}[run]
+    for pattern in printed:
+        assert re.search(pattern, output, re.M), f"{pattern!r} not printed:\n{output}"
+    if run == "quickstart":  # README's SQL statements, by tag or snapshot id
         statements = re.findall(r"^SELECT \* FROM lake\.db\.(\w+) FOR VERSION AS OF (\S+);$", output, re.M)
         assert sorted(t for t, _ in statements) == ["big_orders", "orders"], output
     elif run == "lakehouse":  # the tables went to the lakehouse, not to an embedded catalog made on the side
-        assert re.search(r"^export PYICEBERG_CATALOG__LAKE__URI=", output, re.M), output
         assert not (homes[1] / "catalog.db").exists() and not (home / "catalog.db").exists()
+    if run in ("lakehouse", "newcomer"):
         assert (homes[1] / "lakehouse" / "weed.log").is_file()
-        assert "[[2, 4000]]" in output, output  # Trino's join through tidemark serve
-    else:  # the job's counts, read at one consistent version by the script, on the stack the run chose
-        assert re.search(r"^\|mark\|\s+1\|$", output, re.M), output
-        assert re.search(r"^\|tide\|\s+2\|$", output, re.M), output
-        assert re.search(r"^epoch \d+ of \['lake\.db\.word_counts', 'lake\.db\.words'\]$", output, re.M), output
-        assert (home / "catalog.db").exists() != SPARK_ON_THE_LAKEHOUSE, output
-        assert (home / "lakehouse" / "weed.log").is_file() == SPARK_ON_THE_LAKEHOUSE, output
+    if run in ("spark", "newcomer"):  # on the stack the run chose (the newcomer's: the README's, embedded)
+        on_the_lakehouse = SPARK_ON_THE_LAKEHOUSE and run == "spark"
+        assert (home / "catalog.db").exists() != on_the_lakehouse, output
+        assert (home / "lakehouse" / "weed.log").is_file() == on_the_lakehouse, output
 
 
 def _alive(pid: int) -> bool:
