@@ -80,4 +80,6 @@ def test_every_block_a_reader_runs_is_run_by_a_docs_run_or_says_why_not():
     assert unknown == []
     assert untyped == [], "blocks without a language (```text for output and listings)"
     every = {r for name in pages() for block in blocks(name) for r in block.runs}
-    assert every == {*RUNS, "install"}, "a run that runs no block"
+    borrowing = {name for name, run in RUNS.items() if run.of}  # runs the blocks of others (the newcomer's)
+    assert every == {*RUNS, "install"} - borrowing, "a run that runs no block"
+    assert all(set(RUNS[name].of) <= every for name in borrowing), "a run borrowing the blocks of a run with none"
