@@ -32,12 +32,13 @@ from coordinator.history.gc import GarbageCollector
 from coordinator.history.gc_schedule import GcSchedule
 from coordinator.history.resolve import ReaderSession, Resolver
 from coordinator.history.retention import DAY_MS, DEFAULT_POLICY, HOUR_MS, RetentionPolicy
-from coordinator.history.versions import RetainedVersions, tag_epoch, tag_name
+from coordinator.history.versions import RetainedVersions, VersionRecord, tag_epoch, tag_name
 from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.reachability import FileIndex
 from coordinator.iceberg.snapshots import snapshot_epoch
 from coordinator.operations.cli import main as cli
-from tests.helpers.cli import TIDEMARK
+from coordinator.zookeeper.ops import Create
+from tests.helpers.cli import TIDEMARK, run_cli
 from tests.helpers.crash import crash_env
 from tests.helpers.lake import create_table, stage_rows
 from tests.helpers.present import present
@@ -161,7 +162,8 @@ def test_a_pinned_version_and_a_lagging_jobs_next_inputs_survive_gc(tm, connect,
     aborted = stage_rows(events, epochs[6], "ingest", 1, 5)  # a staged write never published
 
     now[0] = epochs[-1] + 30 * DAY_MS  # everything is out of the 1 h policy now
-    collector = GarbageCollector(tm, catalog_settings, policy=RetentionPolicy.parse("all:1h"), clock=lambda: now[0])
+    policy = RetentionPolicy.parse("all:1h,hourly:1d")  # the hour's oldest version kept a day, and tagged
+    collector = GarbageCollector(tm, catalog_settings, policy=policy, clock=lambda: now[0])
     plan = collector.plan()
     decisions = {v.epoch: (v.action, v.reason) for v in plan.versions}
     assert decisions[epochs[1]] == ("keep", "pinned by a live reader")
@@ -560,3 +562,38 @@ def test_a_first_gc_keeps_the_oldest_version_of_the_hour_beyond_zookeepers_recen
                        Resolver(pipeline.catalog, catalog_settings, None).resolve(pipeline.tables, as_of=epochs[0]))
     finally:
         pipeline.close()
+
+
+def test_an_earlier_releases_version_stays_readable_by_its_tag_and_ages_out_by_the_policy(
+        tm, zk_connect, pipeline, catalog_settings, catalog_env, capsys):
+    """A version an earlier release retained (``/versions/<T>`` across every table, tag ``tidemark-<T>``) is read by
+    its tag with and without ZooKeeper and listed on its own, while the policy keeps it; GC makes no new one like
+    it, and drops it (record and tags) once no tier keeps it, as it did before."""
+    epochs = [START + k * INTERVAL_MS for k in range(1, 4)]
+    for epoch in epochs:
+        pipeline.epoch(epoch, rows=2)
+    resolver = Resolver(pipeline.catalog, catalog_settings, tm)
+    legacy = resolver.resolve(pipeline.tables, as_of=epochs[0])
+    for name, snapshot_id in legacy.snapshots.items():
+        table = pipeline.catalog.load_table(name)
+        table.manage_snapshots().create_tag(present(snapshot_id), tag_name(epochs[0])).commit()
+    tm.multi([Create(tm.paths.version(epochs[0]), VersionRecord(epochs[0], legacy.snapshots, START).to_json())])
+
+    now = [epochs[-1] + 60_000]
+    policy = RetentionPolicy.parse("all:1h,hourly:1d")  # the hour's oldest version kept a day, and tagged
+    collector = GarbageCollector(tm, catalog_settings, policy=policy, clock=lambda: now[0])
+    collector.run()
+    assert RetainedVersions(tm).keys() == [(epochs[0], None), *((e, pipeline.name) for e in epochs)]
+    for reader in (resolver, Resolver(pipeline.catalog, catalog_settings, None)):  # its tag, or its record
+        assert reader.resolve(pipeline.tables, as_of=epochs[0]).snapshots == legacy.snapshots
+    for name in pipeline.tables:  # any engine reads it by that name
+        assert pipeline.catalog.load_table(name).refs()[tag_name(epochs[0])].snapshot_id == legacy.snapshots[name]
+    out = run_cli(capsys, "--zk", zk_connect, "versions")[1]
+    assert out.startswith(f"an earlier release's versions, across pipelines:\n  {tag_name(epochs[0])}  ")
+    assert f"\npipeline {pipeline.name}:\n" in out
+    assert run_cli(capsys, "--zk", zk_connect, "resolve", *pipeline.tables, "--as-of", tag_name(epochs[0]))[0] == 0
+
+    now[0] = epochs[-1] + 2 * DAY_MS  # out of every tier: both kinds age out alike
+    collector.run()
+    assert RetainedVersions(tm).keys() == [(epochs[-1], pipeline.name)], "only the pipeline's newest stays"
+    assert not any(tag_name(epochs[0]) in pipeline.catalog.load_table(name).refs() for name in pipeline.tables)

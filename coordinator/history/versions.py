@@ -27,8 +27,9 @@ several pipelines together are a consistent version of all their tables (each ta
 
 Records an earlier release wrote, ``/versions/<T>`` across every pipeline with the tag
 ``tidemark-<T>`` (``pipeline`` None), stay readable the same way; GC decides them by the policy
-among themselves, so they age out as before, and makes no new ones. A pipeline keeps the name its
-versions were made under (``pipeline``) even once a job joins it under a name that sorts first.
+among themselves, so they age out as before, and makes no new ones. A version keeps the pipeline
+name it was made under (``pipeline``); when a job whose name sorts first joins the pipeline (and so
+renames it), GC decides the older name's versions among themselves in the same way.
 
 Only ``coordinator.history.gc`` creates and drops versions (``tidemark gc``). A record that says
 ``tagged`` is written after every tag exists, and it is deleted or set untagged before any tag
