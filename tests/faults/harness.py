@@ -327,7 +327,7 @@ class Cascade:
             thread.start()
             self._threads.append(thread)
         wait_for(lambda: all(self.committed_after(job, 0) for job in JOBS), "every job's first commit",
-                   RECOVERY_DEADLINE, every=0.1)
+                   RECOVERY_DEADLINE, every=0.1, seen=self.progress)
 
     def deploy(self, tm: Tidemark) -> None:
         """Register the pipeline before any driver starts (a job started before its upstream's registration
@@ -501,6 +501,21 @@ class Cascade:
         found = self.tm.get_many([f"{path}/{c}" for c in children])  # type: ignore[union-attr]
         records = [EpochRecord.from_json(raw[0]) for raw in found if raw is not None]
         return sorted(r.epoch for r in records if r.state == EpochState.COMMITTED or not committed_only)
+
+    def progress(self) -> str:
+        """What each job shows now, for a wait that timed out: its tidemark, its leader, each replica's last line."""
+        def shown(read: Callable[[], object]) -> str:
+            try:
+                return str(read())
+            except TidemarkError as exc:
+                return type(exc).__name__
+        tm = self.tm
+        assert tm is not None
+        return "; ".join(
+            f"{job}: tidemark {shown(lambda: tm.tidemarks([self.tables.job(job)[1][0]]))}, leader "
+            f"{shown(lambda: tm.get(tm.paths.leader(job)))}, replicas "
+            + " | ".join(f"{r.member}: {r.last_line()}" for r in self.slots.values() if r.job == job)
+            for job in JOBS)
 
     def committed_after(self, job: str, since_ms: int) -> Optional[int]:
         """The commit time of ``job``'s newest epoch if it is after ``since_ms``."""
