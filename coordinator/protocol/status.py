@@ -214,12 +214,12 @@ class PipelineStatus:
     @property
     def consistent_lag_ms(self) -> Optional[int]:
         """Wall clock at the read minus the consistent epoch (None: there is none)."""
-        return None if self.consistent_epoch is None else max(0, self.read_ms - self.consistent_epoch)
+        return _lag_ms(self.read_ms, self.consistent_epoch)
 
     @property
     def live_consistent_lag_ms(self) -> Optional[int]:
         """The pipeline's freshness: wall clock minus its live consistent epoch."""
-        return None if self.live_consistent_epoch is None else max(0, self.read_ms - self.live_consistent_epoch)
+        return _lag_ms(self.read_ms, self.live_consistent_epoch)
 
     def to_dict(self) -> dict[str, Any]:
         """The pipeline's status as JSON values."""
@@ -273,14 +273,12 @@ class Status:
     @property
     def consistent_lag_ms(self) -> Optional[int]:
         """Wall clock at the read minus the consistent epoch (None: there is none)."""
-        epoch = self.consistent_epoch
-        return None if epoch is None else max(0, self.read_ms - epoch)
+        return _lag_ms(self.read_ms, self.consistent_epoch)
 
     @property
     def live_consistent_lag_ms(self) -> Optional[int]:
         """The deployment's freshness: wall clock minus the live consistent epoch."""
-        epoch = self.live_consistent_epoch
-        return None if epoch is None else max(0, self.read_ms - epoch)
+        return _lag_ms(self.read_ms, self.live_consistent_epoch)
 
     def to_dict(self) -> dict[str, Any]:
         """The whole status as JSON values (``tidemark status --json``)."""
@@ -536,6 +534,11 @@ def _blocker(source: str, deployment: _Deployment) -> Blocker:
     job = deployment.jobs[writer]
     fin = job.finished if job.state == FINISHED else None
     return Blocker(source, _epoch_of(deployment.marks, source), writer, job.state, fin.epoch if fin else None)
+
+
+def _lag_ms(read_ms: int, epoch: Optional[int]) -> Optional[int]:
+    """The wall clock ``read_ms`` minus ``epoch``, never below 0 (None: no epoch)."""
+    return None if epoch is None else max(0, read_ms - epoch)
 
 
 def _epoch_of(marks: Mapping[str, Optional[TableTidemark]], table: str) -> Optional[int]:
