@@ -14,7 +14,8 @@ from coordinator.errors import InvalidName
 MAX_NAME_LENGTH = 200
 # Iceberg identifiers are dotted (catalog.namespace.table); ZooKeeper forbids "/" and
 # reserves "." and ".."; control characters and unicode oddities make unreadable znodes.
-_ALLOWED = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*\Z")  # \Z: "$" would accept a trailing newline
+NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.\-]*"  # a name ``validate_name`` accepts, inside a longer pattern
+_ALLOWED = re.compile(rf"^{NAME_PATTERN}\Z")  # \Z: "$" would accept a trailing newline
 MAX_EPOCH_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 _EPOCH_SEGMENT = re.compile(r"^[0-9]{1,15}\Z")
 # ZooKeeper's own rule for path characters (PathUtils.validatePath, on Java's UTF-16: every character

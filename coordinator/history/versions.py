@@ -48,14 +48,14 @@ from pyiceberg.table.refs import SnapshotRef, SnapshotRefType
 
 from coordinator.errors import ConfigurationError, InvalidArgument
 from coordinator.history.retention import read_policy
-from coordinator.names import validate_name
+from coordinator.names import NAME_PATTERN, validate_name
 from coordinator.records import JsonOutput, JsonRecord, int_field, now_ms, opt_int_map_field
 from coordinator.zookeeper.session import ZooKeeperSession
 
 TAG_PREFIX = "tidemark-"
 # tidemark-<pipeline>-<T>, or an earlier release's tidemark-<T>: the epoch is the digits after the last '-'.
-_TAG = re.compile(re.escape(TAG_PREFIX) + r"(?:(?P<pipeline>[A-Za-z0-9_][A-Za-z0-9_.\-]*)-)?(?P<epoch>\d{1,15})")
-_RECORD = re.compile(r"(?P<epoch>\d{1,15})(?:-(?P<pipeline>[A-Za-z0-9_][A-Za-z0-9_.\-]*))?")
+_TAG = re.compile(re.escape(TAG_PREFIX) + rf"(?:(?P<pipeline>{NAME_PATTERN})-)?(?P<epoch>\d{{1,15}})")
+_RECORD = re.compile(rf"(?P<epoch>\d{{1,15}})(?:-(?P<pipeline>{NAME_PATTERN}))?")
 
 
 def tag_name(epoch: int, pipeline: Optional[str] = None) -> str:

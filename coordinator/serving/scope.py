@@ -28,11 +28,11 @@ from typing import Optional
 
 from coordinator.errors import InvalidArgument, InvalidName
 from coordinator.history.versions import tag_epoch
-from coordinator.names import validate_epoch
+from coordinator.names import NAME_PATTERN, validate_epoch
 from coordinator.protocol.pipelines import Group, parse_group
 
 PINNED = "pinned"
-_PREFIX = re.compile(r"^(pipeline|all|ns\.(?P<ns>[A-Za-z0-9_][A-Za-z0-9_.\-]*))(?:~(?P<pin>at|le)-(?P<t>\d+))?$")
+_PREFIX = re.compile(rf"^(pipeline|all|ns\.(?P<ns>{NAME_PATTERN}))(?:~(?P<pin>at|le)-(?P<t>\d+))?$")
 
 
 class PinKind(str, enum.Enum):
