@@ -13,6 +13,7 @@ no flushed buffers, as a ``kill -9`` or a lost node would.
 The steps, in the order an epoch reaches them:
 
 - ``begin``: the epoch's inputs are recorded (STARTED), before computing;
+- ``staged-one``: the first of several sinks staged (its files written, with no catalog commit), the others not;
 - ``staged``: every sink is staged, nothing precommitted;
 - ``precommitted``: the staged snapshots are recorded, nothing published;
 - ``published-one``: the first sink is published (with several sinks, the others are not yet);
@@ -44,7 +45,7 @@ from coordinator.errors import ConfigurationError
 from coordinator.settings import Settings
 
 ENV = "TIDEMARK_CRASH_AT"
-EPOCH_STEPS = ("begin", "staged", "precommitted", "published-one", "committed", "idle-commit")
+EPOCH_STEPS = ("begin", "staged-one", "staged", "precommitted", "published-one", "committed", "idle-commit")
 MARKER_STEPS = ("marked",)  # not every epoch: a marker round's (an epoch whose sinks all published has none)
 GC_STEPS = ("gc-expired",)
 STEPS = EPOCH_STEPS + MARKER_STEPS + GC_STEPS

@@ -256,15 +256,58 @@ class EpochInputs(JsonRecord):
         return bool(self.sources) and self.batch_id is None and all(r.is_empty for r in self.sources.values())
 
 
+class WriteMode(str, enum.Enum):
+    """What a staged write does to its sink's rows: adds to them, or replaces them all."""
+
+    APPEND = "append"
+    OVERWRITE = "overwrite"
+
+
+@dataclass(frozen=True)
+class StagedWrite(JsonRecord):
+    """A sink's write staged with no catalog commit (``coordinator.iceberg.staging``): its snapshots in the Iceberg
+    REST spec's JSON (oldest first), whose data files, manifests and manifest lists are in the table's storage and
+    in no metadata yet, and the ``main`` snapshot they were built on (None: the table had none). The precommit
+    records it; the publish adds the snapshots and moves ``main`` to the newest in one catalog commit."""
+
+    mode: WriteMode
+    base: Optional[int]
+    snapshots: tuple[Mapping[str, Any], ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", WriteMode(self.mode))
+        opt_int_field(self.base, "base")
+        if isinstance(self.snapshots, (str, Mapping)) or not self.snapshots or \
+                not all(isinstance(s, Mapping) for s in self.snapshots):
+            raise InvalidArgument(f"snapshots must be a non-empty list of objects, got {str(self.snapshots)[:60]}")
+        object.__setattr__(self, "snapshots", tuple(self.snapshots))
+        for snapshot in self.snapshots:
+            int_field(snapshot.get("snapshot-id"), "snapshot-id")
+
+    @property
+    def snapshot_id(self) -> int:
+        """The newest of the write's snapshots: what ``main`` is moved to."""
+        return int(self.snapshots[-1]["snapshot-id"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The write as JSON values."""
+        return {"mode": self.mode.value, "base": self.base, "snapshots": [dict(s) for s in self.snapshots]}
+
+
 @dataclass(frozen=True)
 class EpochRecord(JsonRecord):
-    """``/jobs/<job>/epochs/<T>``: one epoch's inputs, staged snapshots and state."""
+    """``/jobs/<job>/epochs/<T>``: one epoch's inputs, staged snapshots and state.
+
+    ``writes`` holds, while the epoch is PRECOMMITTED, the sinks' writes staged with no catalog commit (their
+    snapshots are in ``staged`` too, by id); a commit drops them, since the published snapshots carry the rest.
+    """
 
     epoch: int
     state: EpochState
     term: int
     inputs: EpochInputs = field(default_factory=EpochInputs)
     staged: Mapping[str, Optional[int]] = field(default_factory=dict)
+    writes: Mapping[str, StagedWrite] = field(default_factory=dict)
     published: Mapping[str, Optional[int]] = field(default_factory=dict)
     updated_ms: int = field(default_factory=now_ms)
     abort_reason: Optional[str] = None
@@ -282,12 +325,21 @@ class EpochRecord(JsonRecord):
                 raise InvalidArgument(str(exc)) from None
         object.__setattr__(self, "staged", opt_int_map_field(self.staged, "staged"))
         object.__setattr__(self, "published", opt_int_map_field(self.published, "published"))
+        if not isinstance(self.writes, Mapping):
+            raise InvalidArgument(f"writes must be an object, got {str(self.writes)[:60]}")
+        try:
+            object.__setattr__(self, "writes", {
+                str(sink): w if isinstance(w, StagedWrite) else StagedWrite.from_dict(w, f"writes[{sink!r}]")
+                for sink, w in self.writes.items()})
+        except CorruptState as exc:
+            raise InvalidArgument(str(exc)) from None
 
     def to_dict(self) -> dict[str, Any]:
-        """The record as JSON values: the state as its value, the inputs as a dict."""
+        """The record as JSON values: the state as its value, the inputs and writes as dicts."""
         # Not ``asdict``, which deep-copies the staged and published maps (an entry per sink) at every epoch step.
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["state"], data["inputs"] = self.state.value, self.inputs.to_dict()
+        data["writes"] = {sink: write.to_dict() for sink, write in self.writes.items()}
         return data
 
 

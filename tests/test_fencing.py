@@ -69,7 +69,7 @@ def test_a_fenced_zombie_changes_nothing_after_unregister_and_reregister(tm, con
     plan = tm.unregister_job("counts", confirm=True, catalog=catalog_settings)
     assert plan.resume.committed.epoch == 1000 and plan.resume.term >= old_term
     with pytest.raises(Fenced):  # fenced in Iceberg as soon as it is unregistered
-        publish_staged(zombie.table(sink), staged_by_zombie, 2000, old_term)
+        publish_staged(zombie.table(sink), staged_by_zombie.snapshot_id, 2000, old_term, staged_by_zombie)
 
     successor = lead_job(connect(), catalog_settings, "counts", [sink])  # registers a new incarnation
     assert successor.term > fence_term > old_term, "a re-registered job must never reuse or go below a term"
@@ -82,14 +82,14 @@ def test_a_fenced_zombie_changes_nothing_after_unregister_and_reregister(tm, con
     # The zombie's session is still alive and it believes it leads: it tries every step, and every one is refused.
     assert zombie.leadership.is_leading
     with pytest.raises(Fenced):
-        zombie.epochs.precommit(2000, {sink: staged_by_zombie})  # refused by ZooKeeper: its incarnation is gone
+        zombie.epochs.precommit(2000, {sink: staged_by_zombie.snapshot_id}, {sink: staged_by_zombie})  # refused by ZooKeeper: its incarnation is gone
     with pytest.raises(Fenced):
         zombie.epochs.begin(2000)
     with pytest.raises(Fenced):
         zombie.epochs.abort(2000)
     zombie_table = zombie.table(sink)
     with pytest.raises(Fenced):
-        publish_staged(zombie_table, staged_by_zombie, 2000, old_term)
+        publish_staged(zombie_table, staged_by_zombie.snapshot_id, 2000, old_term, staged_by_zombie)
     with pytest.raises(Fenced):
         advance_committed_epoch(zombie_table, EpochProgress("counts", 4000, old_term), old_term)
     with pytest.raises(Fenced):
@@ -193,8 +193,8 @@ def test_resume_recomputes_an_epoch_only_some_sinks_published(tm, connect, catal
     record = writer.epochs.begin(second, writer.inputs_for(second))
     ctx = writer.context(writer, record)
     both(ctx)
-    writer.epochs.precommit(second, ctx.staged)
-    publish_staged(writer.table(left), ctx.staged[left], second, writer.term)
+    writer.epochs.precommit(second, ctx.staged, ctx.writes)
+    publish_staged(writer.table(left), ctx.staged[left], second, writer.term, ctx.writes[left])
     writer.tm.close()  # the driver dies here, with its session
     plan = tm.unregister_job("split", confirm=True, catalog=catalog_settings)
     assert plan.resume.committed.epoch == first and plan.resume.in_flight.epoch == second

@@ -1,16 +1,19 @@
-"""Publishing staged snapshots (write-audit-publish) conditionally and idempotently, fenced by term.
+"""Publishing staged writes (write-audit-publish) conditionally and idempotently, fenced by term.
 
     claim_table(table, job, term)                        # a new leader, before anything else: Fenced if outranked
-    result = publish_staged(table, staged_snapshot_id, epoch=T, term=term)
+    result = publish_staged(table, write.snapshot_id, epoch=T, term=term, write=write)   # staging.py's write
+    result = publish_staged(table, staged_snapshot_id, epoch=T, term=term)              # Spark's WAP snapshot
     result.outcome        # PUBLISHED, or ALREADY_PUBLISHED when main's lineage already holds epoch T
     advance_committed_epoch(table, EpochProgress(job, T, term_of_T, inputs), term)   # after the ZooKeeper commit
 
-The ref move is alone in its commit and is conditional twice: we check that ``main`` is the staged write's base
-(``staged_base``), and the commit asserts ``main`` has not moved since we loaded the table. Losing a race is
-therefore never silent: either the winner published this epoch (``ALREADY_PUBLISHED``) or ``PublishConflict`` is
-raised. One move of ``main`` is no conflict: compactions alone (``replace`` commits, another engine's maintenance)
-on top of the base change no row, so the staged write is published over them (``rewrites_only``) instead of
-leaving a precommitted epoch that could never publish.
+A publish is one catalog commit, conditional twice: we check that ``main`` is the staged write's base, and the
+commit asserts ``main`` has not moved since we loaded the table. A write staged with no catalog commit
+(``staging.py``) is published by adding its snapshots and moving ``main`` in that one commit; a snapshot staged in
+the catalog (Spark's WAP) by moving ``main`` alone. Losing a race is therefore never silent: either the winner
+published this epoch (``ALREADY_PUBLISHED``) or ``PublishConflict`` is raised. One move of ``main`` is no conflict:
+compactions alone (``replace`` commits, another engine's maintenance) on top of the base change no row, so the
+staged write is published over them (``rewrites_only``; a write with no catalog commit is built again on top of
+them, ``staging.restage``) instead of leaving a precommitted epoch that could never publish.
 
 **Fencing in Iceberg** (docs/design.md, "Monotonic fencing", says why it holds): a new leader raises
 ``tidemark.term`` to its own term (``claim_table``) before it writes anything, and every commit Tidemark makes to
@@ -41,6 +44,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 from pyiceberg.table.snapshots import Operation, Snapshot
 from pyiceberg.table.update import (
+    AddSnapshotUpdate,
     AssertRefSnapshotId,
     AssertTableUUID,
     SetPropertiesUpdate,
@@ -63,7 +67,8 @@ from coordinator.iceberg.snapshots import (
     snapshot_epoch,
     snapshot_of_epoch,
 )
-from coordinator.records import EpochProgress
+from coordinator.iceberg.staging import applies_to, restage, staged_snapshots
+from coordinator.records import EpochProgress, StagedWrite
 
 T = TypeVar("T")
 
@@ -210,50 +215,89 @@ def _retry_lost_races(attempt: Callable[[], T], what: str) -> T:
         raise PublishConflict(f"kept losing commit races while {what} (last: {exc})") from None
 
 
-def publish_staged(table: Table, snapshot_id: int, epoch: int, term: int) -> PublishResult:
+def publish_staged(table: Table, snapshot_id: int, epoch: int, term: int,
+                   write: Optional[StagedWrite] = None, verify_files: bool = False) -> PublishResult:
     """Move ``main`` to the staged ``snapshot_id`` of epoch ``epoch``, unless that epoch is already there.
+
+    ``write``: the sink's write staged with no catalog commit (``staging.py``), whose snapshot ``snapshot_id`` is
+    in no metadata yet: one commit adds its snapshots and moves ``main``, on the condition that ``main`` is still
+    its base. Without it, ``snapshot_id`` is a snapshot staged in the catalog (Spark's write-audit-publish) and the
+    commit moves ``main`` alone. A compaction on top of the base (``rewrites_only``) is published over: a staged
+    snapshot replaces it, a staged write is built again on top of it (``staging.restage``).
+
+    ``verify_files``: check first that the write's manifest list is still in storage (a roll-forward after a
+    take-over: the write may be older than an orphan-file removal's cutoff); when it is gone the epoch cannot be
+    published, and ``PublishConflict`` says so.
 
     ``Fenced`` when the table is claimed by a term above ``term`` (checked atomically with the ref move).
 
-    The first attempt uses the table's loaded metadata when it already holds the staged snapshot (the
-    writer loaded it after staging): if ``main`` moved since, the commit's ``main``-unchanged
-    requirement fails and the next attempt reloads. One metadata load per epoch saved.
+    An attempt uses the table's loaded metadata when it holds what is published (the writer's table object
+    follows its own commits): if ``main`` moved since, the commit's ``main``-unchanged requirement fails, and the
+    next attempt is on the metadata the failed commit reloaded. No metadata load per epoch.
     """
     name = ".".join(table.name())
-    attempts = 0
+    if write is not None and verify_files:
+        manifest_list = staged_snapshots(write)[-1].manifest_list
+        if not table.io.new_input(manifest_list).exists():
+            raise PublishConflict(f"table {name}: the files staged for epoch {epoch} are gone from storage "
+                                  f"({manifest_list}: removed as orphans by a cutoff shorter than the epoch's age?); "
+                                  "the epoch cannot be published and must be recomputed")
 
     def attempt() -> PublishResult:
-        nonlocal attempts
-        if attempts or table.snapshot_by_id(snapshot_id) is None:
+        # A lost race reloaded the table already (``_commit``); a snapshot staged in the catalog after the load
+        # needs one.
+        if write is None and table.snapshot_by_id(snapshot_id) is None:
             table.refresh()
-        attempts += 1
         if claimed_term(table.properties) > term:
             raise _fenced(table, term)
         present = snapshot_of_epoch(table, epoch)
         if present is not None:
             return PublishResult(name, epoch, present.snapshot_id, PublishOutcome.ALREADY_PUBLISHED)
+        current = table.current_snapshot()
+        current_id = current.snapshot_id if current else None
         staged = table.snapshot_by_id(snapshot_id)
+        if staged is None and write is not None:
+            return _publish_write(table, write, epoch, term, current)
         if staged is None:
             raise PublishConflict(f"table {name}: staged snapshot {snapshot_id} of epoch {epoch} does not exist "
                                   "(expired?); the epoch must be recomputed")
         if snapshot_epoch(staged) != epoch:
             raise PublishConflict(f"table {name}: snapshot {snapshot_id} carries epoch {snapshot_epoch(staged)}, "
                                   f"not {epoch}")
-        current = table.current_snapshot()
-        current_id = current.snapshot_id if current else None
         base = staged_base(table, staged, epoch)
         if base != current_id and not rewrites_only(table, current, base):
-            raise PublishConflict(
-                f"table {name}: main moved to {current_id} since snapshot {snapshot_id} (epoch {epoch}) was staged "
-                f"on {base}; publishing it would drop that snapshot. Recompute the epoch "
-                "(is another writer committing to this table outside Tidemark?)")
-        _commit(table, term, (SetSnapshotRefUpdate(ref_name=MAIN_BRANCH, type=SnapshotRefType.BRANCH,
-                                                   snapshot_id=snapshot_id, max_ref_age_ms=None,
-                                                   max_snapshot_age_ms=None, min_snapshots_to_keep=None),),
-                (AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=current_id),))
+            raise _moved(name, epoch, current_id, base)
+        _commit(table, term, (_main_to(snapshot_id),), (AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=current_id),))
         return PublishResult(name, epoch, snapshot_id, PublishOutcome.PUBLISHED)
 
     return _retry_lost_races(attempt, f"publishing epoch {epoch} of table {name}")
+
+
+def _publish_write(table: Table, write: StagedWrite, epoch: int, term: int,
+                   current: Optional[Snapshot]) -> PublishResult:
+    """One commit: the write's snapshots added and ``main`` moved to the newest, if ``main`` is still what the
+    write (or the write built again on a compaction) was built on."""
+    name = ".".join(table.name())
+    current_id = current.snapshot_id if current else None
+    if not applies_to(table, write):
+        if current_id != write.base and not rewrites_only(table, current, write.base):
+            raise _moved(name, epoch, current_id, write.base)
+        write = restage(table, write)
+    updates: tuple[TableUpdate, ...] = (*(AddSnapshotUpdate(snapshot=s) for s in staged_snapshots(write)),
+                                        _main_to(write.snapshot_id))
+    _commit(table, term, updates, (AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=current_id),))
+    return PublishResult(name, epoch, write.snapshot_id, PublishOutcome.PUBLISHED)
+
+
+def _main_to(snapshot_id: int) -> SetSnapshotRefUpdate:
+    return SetSnapshotRefUpdate(ref_name=MAIN_BRANCH, type=SnapshotRefType.BRANCH, snapshot_id=snapshot_id,
+                                max_ref_age_ms=None, max_snapshot_age_ms=None, min_snapshots_to_keep=None)
+
+
+def _moved(name: str, epoch: int, current_id: Optional[int], base: Optional[int]) -> PublishConflict:
+    return PublishConflict(
+        f"table {name}: main moved to {current_id} since epoch {epoch} was staged on {base}; publishing it would "
+        "drop that snapshot. Recompute the epoch (is another writer committing to this table outside Tidemark?)")
 
 
 def rewrites_only(table: Table, head: Optional[Snapshot], base: Optional[int]) -> bool:

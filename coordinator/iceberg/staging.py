@@ -1,70 +1,61 @@
-"""Staged (unpublished) writes from plain Python with pyiceberg: write-audit-publish without Spark.
+"""Staged (unpublished) writes from plain Python with pyiceberg: written to storage, with no catalog commit.
 
-    snapshot_id = stage_append(table, arrow_table, epoch=T, job="counts", term=3, inputs=ctx.inputs)
-    snapshot_id = stage_overwrite(table, arrow_table, epoch=T, job="counts", term=3, inputs=ctx.inputs)
+    write = stage_append(table, arrow_table, epoch=T, job="counts", term=3, inputs=ctx.inputs)
+    write = stage_overwrite(table, arrow_table, epoch=T, job="counts", term=3, inputs=ctx.inputs)
+    write.snapshot_id      # the staged snapshot: in no metadata yet
+    snapshots = staged_snapshots(write)                  # pyiceberg Snapshot models, oldest first
+    write = restage(table, write)                        # the same rows on main's head, when main moved
 
-The rows are committed to a private branch ``tidemark-stage-<job>-<T>-<term>`` cut from
-``main``'s head, and the branch is dropped again, all in one catalog commit: what lands is
-a snapshot that is in no ref (invisible to readers) whose summary carries the epoch's
-progress record (``snapshots.summary_properties``), until ``publish_staged`` moves
-``main`` to it. pyiceberg cannot branch from a table with no snapshot, so an empty table
-first gets one empty snapshot on ``main`` (it carries no epoch and no rows).
+A staged write is what a pyiceberg commit on ``main`` would add, stopped before the commit: the data files,
+manifests and manifest list are written to the table's storage, and the snapshots that reference them
+(carrying the epoch's progress record, ``snapshots.summary_properties``) are kept as a ``StagedWrite``, built
+on ``main``'s head as the table's loaded metadata has it (the writer's table object follows its own commits,
+and only this writer moves ``main``). The epoch's precommit records the write in ZooKeeper and
+``publish.publish_staged`` adds its snapshots and moves ``main`` to them in one catalog commit: one catalog
+round per sink and epoch, as Flink's Iceberg sink makes (docs/design.md, "Staging without a catalog commit").
 
-The first attempt branches from ``main`` as the table's loaded metadata has it (the writer's table
-object follows its own commits, and only this writer moves ``main``), saving a metadata load per
-sink and epoch; if the table moved since, the commit loses a race and the next attempt reloads.
-A compaction that moved ``main`` meanwhile is published over as ``publish_staged`` says.
+A write built on a head that is no longer ``main``'s (a compaction landed meanwhile, or another snapshot took
+its sequence number) is built again on the new head from the same data files (``restage``): no row is
+recomputed, only manifests and a manifest list are written again.
 
-Failure behaviour: a commit that loses a race with another commit on the table (GC, a
-tag, another writer's snapshot) is retried from a fresh load of the table, up to
-``STAGE_ATTEMPTS`` times within ``STAGE_DEADLINE_S`` seconds; then ``PublishConflict`` is
-raised (the epoch is recomputed). Lost races are what ``publish.lost_race`` recognises:
-``CommitFailedException`` (a requirement failed: the staging branch was created or moved
-concurrently, or the catalog's pointer swap lost), ``CommitStateUnknownException``, and
-pyiceberg's ``ValueError`` for a write that no longer applies to the newer metadata (a
-snapshot added since the load: "Cannot add snapshot with sequence number N older than last
-sequence number M"; the head we branched from expired meanwhile), or a REST catalog's 400 for such a write
-(``publish.stale_update_as_lost_race``). Any other error, a
-``ValueError`` of a write pyiceberg refuses included, propagates at once, unretried. A lost
-attempt's data and manifest files stay behind as orphans (``tidemark gc --orphans``).
+Failure behaviour: an error writing to storage propagates (the epoch is recomputed from its recorded inputs;
+the files written so far stay behind as orphans for ``tidemark gc --orphans``), as does the ``ValueError`` of a
+write pyiceberg refuses (a schema that does not match). Nothing here commits, so nothing here races.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Optional
 
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.manifest import DataFile, ManifestEntryStatus
 from pyiceberg.table import Table, Transaction
-from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.metadata import TableMetadata, TableMetadataV1
 from pyiceberg.table.refs import MAIN_BRANCH
-from pyiceberg.table.update.snapshot import ManageSnapshots
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
+from pyiceberg.table.snapshots import Snapshot
 
-from coordinator.errors import PublishConflict
-from coordinator.iceberg.publish import lost_race, stale_update_as_lost_race
-from coordinator.iceberg.snapshots import summary_properties
-from coordinator.records import EpochInputs
+from coordinator.errors import CorruptState
+from coordinator.iceberg.snapshots import snapshot_progress, summary_properties
+from coordinator.records import EpochInputs, StagedWrite, WriteMode
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-STAGE_ATTEMPTS = 5
-STAGE_DEADLINE_S = 120.0  # each attempt rewrites the data: a long write is not redone STAGE_ATTEMPTS times
 
-
-class _StagingTransaction(Transaction):
-    """The branch, the write and the branch's removal as one commit.
+class _UncommittedTransaction(Transaction):
+    """A transaction that is never committed: its updates are read back as a ``StagedWrite``.
 
     pyiceberg recomputes the transaction's metadata, a deep copy of the whole table history,
     on every read of ``table_metadata`` (dozens per overwrite), which made staging cost grow
     with the table's history. The metadata models are frozen, so it is computed once per
-    set of staged updates. pyiceberg's own retry of a lost commit rebuilds only the snapshot
-    updates and would drop the branch's creation, so it is refused here: ``_stage`` retries
-    the whole write from a fresh load instead.
+    set of staged updates.
     """
 
     _base: Optional[TableMetadata] = None
     _for: tuple = ()
     _metadata: Optional[TableMetadata] = None
+
+    def __init__(self, table: Table) -> None:
+        super().__init__(table, autocommit=False)
 
     @property
     def table_metadata(self) -> TableMetadata:
@@ -73,59 +64,91 @@ class _StagingTransaction(Transaction):
             self._metadata = super().table_metadata
         return self._metadata
 
-    def _rebuild_snapshot_updates(self) -> None:
-        raise CommitFailedException("the staging commit lost a race; the write is retried from a fresh load")
+    def staged(self, mode: WriteMode, base: Optional[int]) -> StagedWrite:
+        """The snapshots this transaction added on ``main``, from its head back to ``base``."""
+        metadata = self.table_metadata
+        head = metadata.refs.get(MAIN_BRANCH)
+        chain: list[Snapshot] = []
+        snapshot_id = head.snapshot_id if head is not None else None
+        while snapshot_id is not None and snapshot_id != base:
+            snapshot = metadata.snapshot_by_id(snapshot_id)
+            if snapshot is None:
+                raise CorruptState(f"table {'.'.join(self._table.name())}: the staged snapshot {snapshot_id} "
+                                   "is not in the write's own metadata")
+            chain.append(snapshot)
+            snapshot_id = snapshot.parent_snapshot_id
+        return StagedWrite(mode=mode, base=base, snapshots=tuple(
+            s.model_dump(mode="json", by_alias=True, exclude_none=True) for s in reversed(chain)))
 
 
-def _stage(table: Table, epoch: int, job: str, term: int, inputs: Optional[EpochInputs],
-           write: Callable[[Transaction, str, dict[str, str]], None]) -> int:
-    attempts = 0
-
-    def attempt() -> int:
-        nonlocal attempts
-        if attempts:
-            table.refresh()
-        attempts += 1
-        if table.current_snapshot() is None:
-            table.append(table.schema().as_arrow().empty_table())
-        branch = f"tidemark-stage-{job}-{epoch}-{term}"
-        transaction = _StagingTransaction(table)
-        refs = ManageSnapshots(transaction)
-        if branch in table.metadata.refs:  # left by a crashed attempt of this very epoch and term (older releases)
-            refs.remove_branch(branch)
-        refs.create_branch(table.metadata.refs[MAIN_BRANCH].snapshot_id, branch).commit()
-        write(transaction, branch, summary_properties(epoch, job, term, inputs))
-        staged = transaction.table_metadata.refs[branch].snapshot_id
-        ManageSnapshots(transaction).remove_branch(branch).commit()
-        with stale_update_as_lost_race(table):
-            transaction.commit_transaction()
-        return staged
-
-    # pyiceberg reports some lost races as a plain ValueError (it re-applies our updates to the metadata
-    # another commit produced and refuses them): those are retried too, recognised by their message
-    # (``lost_race``), so that the ValueError of a real bug fails at once instead of being retried.
-    retrying = Retrying(stop=stop_after_attempt(STAGE_ATTEMPTS) | stop_after_delay(STAGE_DEADLINE_S),
-                        wait=wait_random_exponential(0.01, 0.5), retry=retry_if_exception(lost_race), reraise=True)
-    try:
-        return retrying(attempt)
-    except Exception as exc:
-        if not lost_race(exc):
-            raise
-        attempts = retrying.statistics.get("attempt_number", STAGE_ATTEMPTS)
-        raise PublishConflict(f"table {'.'.join(table.name())}: staging epoch {epoch} lost {attempts} commit races "
-                              f"in a row (last: {type(exc).__name__}: {exc}); is something else committing to it "
-                              "all the time?") from None
+def _head(table: Table) -> Optional[int]:
+    current = table.current_snapshot()
+    return current.snapshot_id if current is not None else None
 
 
 def stage_append(table: Table, rows: pa.Table, epoch: int, job: str, term: int,
-                 inputs: Optional[EpochInputs] = None) -> int:
-    """Stage ``rows`` (a ``pyarrow.Table``) appended to ``table`` as epoch ``epoch``; returns the staged snapshot."""
-    return _stage(table, epoch, job, term, inputs,
-                  lambda tx, branch, props: tx.append(rows, snapshot_properties=props, branch=branch))
+                 inputs: Optional[EpochInputs] = None) -> StagedWrite:
+    """Stage ``rows`` (a ``pyarrow.Table``) appended to ``table`` as epoch ``epoch``, with no catalog commit."""
+    transaction = _UncommittedTransaction(table)
+    transaction.append(rows, snapshot_properties=summary_properties(epoch, job, term, inputs))
+    return transaction.staged(WriteMode.APPEND, _head(table))
 
 
 def stage_overwrite(table: Table, rows: pa.Table, epoch: int, job: str, term: int,
-                    inputs: Optional[EpochInputs] = None) -> int:
-    """Stage ``table`` replaced by ``rows`` as epoch ``epoch``; returns the staged snapshot (the last of the write)."""
-    return _stage(table, epoch, job, term, inputs,
-                  lambda tx, branch, props: tx.overwrite(rows, snapshot_properties=props, branch=branch))
+                    inputs: Optional[EpochInputs] = None) -> StagedWrite:
+    """Stage ``table`` replaced by ``rows`` as epoch ``epoch``, with no catalog commit (a delete, then an append:
+    pyiceberg's overwrite)."""
+    transaction = _UncommittedTransaction(table)
+    transaction.overwrite(rows, snapshot_properties=summary_properties(epoch, job, term, inputs))
+    return transaction.staged(WriteMode.OVERWRITE, _head(table))
+
+
+def staged_snapshots(write: StagedWrite) -> list[Snapshot]:
+    """The write's snapshots as pyiceberg models, oldest first (each one's parent is the one before)."""
+    return [Snapshot.model_validate(snapshot) for snapshot in write.snapshots]
+
+
+def applies_to(table: Table, write: StagedWrite) -> bool:
+    """Whether ``write`` can be added to ``table`` as it is: ``main`` is still at its base and no snapshot took its
+    sequence number (Iceberg refuses a snapshot whose sequence number is not above the table's last)."""
+    first, metadata = staged_snapshots(write)[0], table.metadata
+    if _head(table) != write.base:
+        return False
+    if isinstance(metadata, TableMetadataV1) or first.sequence_number is None:
+        return True
+    if metadata.last_sequence_number >= first.sequence_number:
+        return False
+    next_row_id = getattr(metadata, "next_row_id", None)  # format 3's row lineage: ids must not be handed out twice
+    return first.first_row_id is None or next_row_id is None or next_row_id <= first.first_row_id
+
+
+def _added_files(table: Table, write: StagedWrite) -> list[DataFile]:
+    """The data files the write's snapshots added (read back from the manifests it wrote)."""
+    files = []
+    for snapshot in staged_snapshots(write):
+        for manifest in snapshot.manifests(table.io):
+            if manifest.added_snapshot_id != snapshot.snapshot_id:
+                continue
+            files += [entry.data_file for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+                      if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id]
+    return files
+
+
+def restage(table: Table, write: StagedWrite) -> StagedWrite:
+    """``write`` built again on ``main``'s current head from the data files it wrote: the same rows on top of a
+    compaction (``publish.rewrites_only``), or after another snapshot took its sequence number.
+
+    :raises CorruptState: the write's snapshots carry no Tidemark progress record.
+    """
+    progress = snapshot_progress(staged_snapshots(write)[-1])
+    if progress is None:
+        raise CorruptState(f"table {'.'.join(table.name())}: a staged write carries no Tidemark epoch")
+    properties = summary_properties(progress.epoch, progress.job, progress.term, progress.inputs)
+    files = _added_files(table, write)
+    transaction = _UncommittedTransaction(table)
+    if write.mode == WriteMode.OVERWRITE:
+        transaction.delete(AlwaysTrue(), snapshot_properties=properties)
+    with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
+        for data_file in files:
+            append.append_data_file(data_file)
+    return transaction.staged(write.mode, _head(table))

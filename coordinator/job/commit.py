@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
+from types import MappingProxyType
 from typing import Callable, Optional
 
 from pyiceberg.table import Table
@@ -32,7 +33,7 @@ from coordinator.errors import EpochOrderError
 from coordinator.iceberg.publish import advance_committed_epoch, claim_table, publish_staged
 from coordinator.iceberg.snapshots import snapshot_at_epoch
 from coordinator.protocol.epochs import EpochCoordinator
-from coordinator.records import EpochInputs, EpochProgress, EpochRecord, EpochState
+from coordinator.records import EpochInputs, EpochProgress, EpochRecord, EpochState, StagedWrite
 
 DEFAULT_MARKER_EVERY = "1m"  # at most one committed-epoch marker commit per sink and minute
 
@@ -75,8 +76,10 @@ class EpochCommitter:
         """The leader's term; ``NotLeader`` when its leadership holds none."""
         return self.epochs.leadership.leading_term
 
-    def finish(self, epoch: int, staged: Mapping[str, Optional[int]]) -> EpochRecord:
-        """Precommit ``staged`` (every sink; None for a sink with no new data), publish, commit.
+    def finish(self, epoch: int, staged: Mapping[str, Optional[int]],
+               writes: Mapping[str, StagedWrite] = MappingProxyType({})) -> EpochRecord:
+        """Precommit ``staged`` (every sink; None for a sink with no new data) and ``writes`` (the sinks staged with
+        no catalog commit), publish, commit.
 
         :raises EpochOrderError: ``epoch`` is not the STARTED epoch in flight, or ``staged`` does not name exactly
             the sinks.
@@ -85,8 +88,8 @@ class EpochCommitter:
         """
         crash_point("staged")
         with self.timed("precommit"):
-            record = self.epochs.precommit(epoch, staged)
-        return self.roll_forward(record)
+            record = self.epochs.precommit(epoch, staged, writes)
+        return self._publish_and_commit(record)
 
     def commit_idle(self, epoch: int, inputs: Optional[EpochInputs] = None) -> EpochRecord:
         """Commit an epoch whose sinks do not change: one ZooKeeper multi (and a marker round when one is due).
@@ -101,12 +104,16 @@ class EpochCommitter:
         return committed
 
     def roll_forward(self, record: EpochRecord) -> EpochRecord:
-        """Publish a precommitted epoch's staged snapshots (skipping those already published) and commit it.
+        """Publish a precommitted epoch found at a take-over (skipping the sinks that hold it already) and commit it.
+        Its writes staged with no catalog commit are checked to be in storage still (``publish_staged``).
 
         :raises EpochOrderError: ``record`` is not PRECOMMITTED, or not the epoch in flight.
         :raises NotLeader: this replica no longer leads the job (``Fenced``): checked before every publish.
         :raises PublishConflict: a staged snapshot cannot be published (``publish_staged``).
         """
+        return self._publish_and_commit(record, verify_files=True)
+
+    def _publish_and_commit(self, record: EpochRecord, verify_files: bool = False) -> EpochRecord:
         if record.state != EpochState.PRECOMMITTED:
             raise EpochOrderError(f"only a PRECOMMITTED epoch rolls forward; epoch {record.epoch} is "
                                   f"{record.state.value}")
@@ -116,8 +123,8 @@ class EpochCommitter:
             for name, snapshot_id in sorted(record.staged.items()):
                 self.epochs.leadership.ensure_leading()  # a fenced zombie must not even move refs
                 if snapshot_id is not None:
-                    published[name] = publish_staged(self.table(name), snapshot_id, record.epoch,
-                                                     self.term).snapshot_id
+                    published[name] = publish_staged(self.table(name), snapshot_id, record.epoch, self.term,
+                                                     record.writes.get(name), verify_files).snapshot_id
                     if sum(record.staged.get(n) is not None for n in published) == 1:
                         crash_point("published-one")
                 else:

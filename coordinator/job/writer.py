@@ -78,6 +78,7 @@ from coordinator.records import (
     EpochRecord,
     EpochState,
     SourceRange,
+    StagedWrite,
     TableTidemark,
     now_ms,
 )
@@ -114,6 +115,7 @@ class EpochContext:
         self.epoch: int = record.epoch
         self.inputs: EpochInputs = record.inputs
         self.staged: dict[str, Optional[int]] = {}
+        self.writes: dict[str, StagedWrite] = {}   # the sinks staged with no catalog commit (``append``, ``overwrite``)
         self._term: LeaderTerm = writer._leading()
 
     def range_of(self, source: str) -> SourceRange:
@@ -168,9 +170,13 @@ class EpochContext:
         """Stage ``sink`` replaced by ``rows``; raises as ``append`` does."""
         self._stage_with(sink, stage_overwrite, rows)
 
-    def _stage_with(self, sink: str, stage: Callable[..., int], rows: pa.Table) -> None:
+    def _stage_with(self, sink: str, stage: Callable[..., StagedWrite], rows: pa.Table) -> None:
         with self.staging(sink) as term:
-            self.stage(sink, stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term, self.inputs))
+            write = stage(self.writer.table(sink), rows, self.epoch, self.writer.name, term, self.inputs)
+            self.stage(sink, write.snapshot_id)
+            self.writes[sink] = write
+            if len(self.writes) == 1 and len(self.writer.sinks) > 1:
+                crash_point("staged-one")
 
     @contextmanager
     def staging(self, sink: str) -> Iterator[int]:
@@ -677,7 +683,7 @@ class EpochWriter:
                 except Exception as exc:
                     self._abort(epoch, exc)
                     raise
-            committed = committer.finish(epoch, {sink: ctx.staged.get(sink) for sink in self.sinks})
+            committed = committer.finish(epoch, {sink: ctx.staged.get(sink) for sink in self.sinks}, ctx.writes)
         self.committed.append(committed.epoch)
         self.metrics.epoch_committed(idle=idle, recomputed=redo)
         self.waiting = None

@@ -25,6 +25,7 @@ import enum
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, Callable, Optional
 
 from coordinator.errors import ConfigurationError, CorruptState, EpochOrderError, MultiFailed
@@ -32,7 +33,7 @@ from coordinator.iceberg.progress import ResumePoint
 from coordinator.names import parse_epoch
 from coordinator.protocol.barriers import BarrierGrid, Barriers
 from coordinator.protocol.leadership import Leadership
-from coordinator.records import EpochInputs, EpochRecord, EpochState, TableTidemark
+from coordinator.records import EpochInputs, EpochRecord, EpochState, StagedWrite, TableTidemark
 from coordinator.zookeeper.ops import Create, Delete, Op, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -313,10 +314,12 @@ class EpochCoordinator:
             raise EpochOrderError(f"{epoch} is not a barrier of the grid under {self.tm.paths.barriers}: only "
                                   "barriers are epochs")
 
-    def precommit(self, epoch: int, staged: Mapping[str, Optional[int]]) -> EpochRecord:
+    def precommit(self, epoch: int, staged: Mapping[str, Optional[int]],
+                  writes: Mapping[str, StagedWrite] = MappingProxyType({})) -> EpochRecord:
         """Record the staged snapshot of every sink (None: nothing to publish); from now on the epoch must commit.
 
         :param staged: the staged snapshot id of each of the job's sinks, every sink named.
+        :param writes: the writes of the sinks staged with no catalog commit, which the publish adds to them.
         :raises EpochOrderError: ``epoch`` is not the epoch in flight or not STARTED, or ``staged`` does not name
             exactly the sinks.
         :raises NotLeader: the connection is suspended (``Leadership.transact``).
@@ -325,7 +328,7 @@ class EpochCoordinator:
         current = self._require(epoch, EpochState.STARTED, "precommit")
         self._require_sinks(staged, epoch, "precommit")
         record = replace(current, state=EpochState.PRECOMMITTED, term=self.leadership.leading_term, staged=dict(staged),
-                         updated_ms=self._now())
+                         writes=dict(writes), updated_ms=self._now())
         self._write([SetData(self.tm.paths.epoch(self.job, epoch), record.to_json(), self._version)], record)
         return record
 
@@ -344,7 +347,7 @@ class EpochCoordinator:
         self._require_sinks(published, epoch, "commit")
         stamp = self._now()
         record = replace(current, state=EpochState.COMMITTED, term=self.leadership.leading_term,
-                         published=dict(published), updated_ms=stamp)
+                         published=dict(published), writes={}, updated_ms=stamp)
         marks = self._advanced(epoch, published, stamp)
         ops = self._tidemark_ops(marks)
         ops.append(SetData(self.tm.paths.epoch(self.job, epoch), record.to_json(), self._version))

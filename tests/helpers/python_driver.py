@@ -10,8 +10,9 @@ CONFIG_JSON holds ``mode``, ``connect``, ``session_timeout``, ``catalog`` ({name
   the sink publishes nothing then and its committed epoch is marked in Iceberg instead; at every epoch, or every
   ``marker_every``). Runs ``max_epochs`` epochs and prints ``{"committed": [...]}``. The test's ``crash_at`` (which sets
   ``TIDEMARK_CRASH_AT=<step>:2``) makes it SIGKILL itself during its second computed epoch:
-  ``staged`` (sinks staged, nothing precommitted), ``precommitted`` (before any publish), ``published-one``
-  (one of the two sinks published), ``committed`` (ZooKeeper commit done, Iceberg not marked yet) or ``none``.
+  ``staged-one`` (the first sink staged), ``staged`` (sinks staged, nothing precommitted), ``precommitted`` (before
+  any publish), ``published-one`` (one of the two sinks published), ``committed`` (ZooKeeper commit done, Iceberg not
+  marked yet) or ``none``.
 - ``serve``: job ``job`` with no source appends one row (epoch, term, member) per epoch to ``log``, unbounded
   (until SIGTERM). Prints ``READY <member>`` once connected and ``EXIT ok`` when ``run`` returns.
 - ``copy``: job ``job`` reads ``source`` (a ``serve`` job's sink) and appends each epoch's new rows to ``log``,
