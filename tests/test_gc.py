@@ -36,11 +36,12 @@ from coordinator.history.versions import RetainedVersions, VersionRecord, tag_ep
 from coordinator.iceberg.lineage import EpochLineage
 from coordinator.iceberg.reachability import FileIndex
 from coordinator.iceberg.snapshots import snapshot_epoch
+from coordinator.iceberg.staging import staged_snapshots
 from coordinator.operations.cli import main as cli
 from coordinator.zookeeper.ops import Create
 from tests.helpers.cli import TIDEMARK, run_cli
 from tests.helpers.crash import crash_env
-from tests.helpers.lake import create_table, stage_rows
+from tests.helpers.lake import commit_rows, create_table, lead_job, rows_of, stage_rows
 from tests.helpers.present import present
 from tests.helpers.retention import INTERVAL_MS, Pipeline, naive_keep
 from tests.helpers.wait import wait_for
@@ -423,6 +424,38 @@ def test_a_gc_killed_after_its_expiry_commit_leaves_orphans_that_gc_orphans_dele
         table = pipeline.catalog.load_table(name)
         for snapshot in table.snapshots():  # every file a remaining snapshot needs is still there
             table.scan(snapshot_id=snapshot.snapshot_id).to_arrow()
+
+
+def test_the_files_of_a_precommitted_write_are_no_orphans_however_old(tm, connect, catalog_settings, namespace):
+    """A write staged with no catalog commit is in no metadata until its publish: while its epoch is precommitted (its
+    driver died there, and the job has been down for days), orphan removal keeps its files, and the next leader
+    rolls the epoch forward."""
+    catalog = catalog_settings.load()
+    sink = f"{namespace}.held"
+    table = create_table(catalog, sink, first_snapshot=False)
+    writer = lead_job(connect(), catalog_settings, "held", [sink])
+    commit_rows(writer, START, rows=2)
+    record = writer.epochs.begin(START + INTERVAL_MS)
+    ctx = writer.context(writer, record)
+    ctx.append(sink, rows_of(START + INTERVAL_MS, 3))
+    writer.epochs.precommit(record.epoch, ctx.staged, ctx.writes)
+    writer.tm.close()  # the driver dies here, with its session
+    staged = FileIndex().referenced(table, staged_snapshots(ctx.writes[sink]))
+    leftover = Path(local_path(table.location())) / "data" / "killed-writer-00000.parquet"
+    leftover.write_bytes(b"PAR1")
+    four_days_ago = time.time() - 4 * 24 * 3600
+    for path in Path(local_path(table.location())).rglob("*"):
+        os.utime(path, (four_days_ago, four_days_ago))
+
+    found = GarbageCollector(tm, catalog_settings).remove_orphan_files(3 * DAY_MS)
+
+    assert [set(o.paths) for o in found] == [{str(leftover)}], "only the file nothing references, nor will"
+    assert staged and all(os.path.exists(local_path(p)) for p in staged)
+    successor = lead_job(connect(), catalog_settings, "held", [sink])
+    assert successor.committed == [START + INTERVAL_MS], "rolled forward"
+    assert sorted(catalog.load_table(sink).scan().to_arrow()["epoch"].to_pylist()) == [START] * 2 + \
+        [START + INTERVAL_MS] * 3
+    successor.close()
 
 
 def test_the_default_policy_tags_a_bounded_number_of_versions_at_2s_barriers(tm, zk_connect, catalog_settings,

@@ -65,11 +65,13 @@ from coordinator.iceberg.metadata_files import DELETE_AFTER_COMMIT, PREVIOUS_VER
 from coordinator.iceberg.orphans import OrphanFiles, delete_orphan_files, find_orphan_files, shared_locations
 from coordinator.iceberg.reachability import FileIndex
 from coordinator.iceberg.snapshots import snapshot_epoch
+from coordinator.iceberg.staging import staged_snapshots
+from coordinator.protocol.epochs import newest_epoch
 from coordinator.protocol.held_epochs import Evidence, held_epochs
 from coordinator.protocol.pipelines import Pipelines
 from coordinator.protocol.tidemarks import read_tidemarks
 from coordinator.protocol.topology import read_topology
-from coordinator.records import JsonOutput, TableTidemark, job_committed_epoch, now_ms
+from coordinator.records import EpochRecord, EpochState, JsonOutput, TableTidemark, job_committed_epoch, now_ms
 from coordinator.zookeeper.ops import Create, Delete, SetData
 from coordinator.zookeeper.session import ZooKeeperSession
 
@@ -682,10 +684,21 @@ class GarbageCollector:
         with self.exclusive(wait_s):
             return self._orphans(older_than_ms, dry_run=False)
 
+    def _precommitted_write(self, job: Optional[str], table: str) -> tuple[Snapshot, ...]:
+        """The snapshots of ``table``'s write that ``job``'s precommitted epoch records and has not published yet:
+        in no metadata, and older than any cutoff when the job has been down that long; its files are no orphans.
+        Read before the table's files are listed, which is safe: an epoch is precommitted moments after its files
+        are written, far inside the cutoff, and one published meanwhile is in the metadata read after the listing."""
+        epoch = newest_epoch(self.tm, job) if job is not None else None
+        found = self.tm.read(self.tm.paths.epoch(job, epoch), EpochRecord) if job is not None and epoch else None
+        if found is None or found[0].state != EpochState.PRECOMMITTED or table not in found[0].writes:
+            return ()
+        return tuple(staged_snapshots(found[0].writes[table]))
+
     def _orphans(self, older_than_ms: int, dry_run: bool) -> list[OrphanFiles]:
         cutoff = now_ms() - older_than_ms  # against files' modification times: the wall clock, not self.clock
-        tables = {}
-        for name in sorted(read_topology(self.tm).writers):
+        tables, topology = {}, read_topology(self.tm)
+        for name in sorted(topology.writers):
             try:
                 tables[name] = self._table(name)
             except TableNotFound:
@@ -699,7 +712,8 @@ class GarbageCollector:
         found = []
         for name, table in tables.items():
             try:
-                orphans = find_orphan_files(table, name, cutoff, self._files.setdefault(name, FileIndex()))
+                orphans = find_orphan_files(table, name, cutoff, self._files.setdefault(name, FileIndex()),
+                                            pending=self._precommitted_write(topology.writer_of(name), name))
                 if not dry_run:
                     self._still_exclusive(f"deleting the orphan files of table {name}")
                     delete_orphan_files(table, orphans)

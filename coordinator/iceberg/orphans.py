@@ -11,7 +11,9 @@ are gone from the metadata, so no later expiry can find their files). Iceberg's
 
 A file is referenced when the table's current metadata reaches it: the metadata file and every
 file in its metadata log, each snapshot's manifest list, manifests, data and delete files (of
-every branch and tag), and statistics files. Only files last modified before ``cutoff_ms`` are
+every branch and tag), and statistics files; and the files of a write staged with no catalog commit that its
+job's epoch in flight precommitted (``pending``: published moments later, or rolled forward by the job's next
+leader however long it is down). Only files last modified before ``cutoff_ms`` are
 candidates: a write in progress has written files its commit does not reference yet, so the
 cutoff must be older than any write can take (the CLI refuses less than a day, as Iceberg's
 procedure does). The files are listed *before* the metadata is read, so a commit that lands
@@ -28,7 +30,7 @@ turns them into ``TidemarkError``).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Optional
@@ -36,6 +38,7 @@ from typing import Optional
 from pyarrow.fs import FileSelector, FileType
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
 
 from coordinator.errors import ConfigurationError
 from coordinator.iceberg.reachability import FileIndex
@@ -104,10 +107,13 @@ def _referenced(table: Table, files: FileIndex) -> set[str]:
     return paths
 
 
-def find_orphan_files(table: Table, name: str, cutoff_ms: int, files: Optional[FileIndex] = None) -> OrphanFiles:
+def find_orphan_files(table: Table, name: str, cutoff_ms: int, files: Optional[FileIndex] = None,
+                      pending: Iterable[Snapshot] = ()) -> OrphanFiles:
     """The files under ``table``'s locations that nothing references and nobody modified since ``cutoff_ms``.
 
     ``files`` caches what manifests reference across calls (``GarbageCollector`` keeps one per table).
+    ``pending``: snapshots of a write staged with no catalog commit and precommitted, not published yet
+    (``staging.py``): in no metadata, their files are no orphans either.
     """
     io = _io(table)
     listed: dict[str, tuple[str, int, int]] = {}   # path in the file system -> (location, mtime ms, size)
@@ -118,7 +124,8 @@ def find_orphan_files(table: Table, name: str, cutoff_ms: int, files: Optional[F
             if info.type == FileType.File and info.mtime_ns is not None:
                 listed[info.path] = (_location(scheme, netloc, info.path), info.mtime_ns // 1_000_000, info.size or 0)
     table.refresh()  # after the listing: a commit during it only adds references
-    referenced = {io.parse_location(p)[2] for p in _referenced(table, files or FileIndex())}
+    index = files or FileIndex()
+    referenced = {io.parse_location(p)[2] for p in _referenced(table, index) | index.referenced(table, pending)}
     orphans = sorted((loc, size) for path, (loc, mtime, size) in listed.items()
                      if mtime < cutoff_ms and path not in referenced)
     return OrphanFiles(name, cutoff_ms, tuple(loc for loc, _ in orphans), sum(size for _, size in orphans))
