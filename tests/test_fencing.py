@@ -82,7 +82,8 @@ def test_a_fenced_zombie_changes_nothing_after_unregister_and_reregister(tm, con
     # The zombie's session is still alive and it believes it leads: it tries every step, and every one is refused.
     assert zombie.leadership.is_leading
     with pytest.raises(Fenced):
-        zombie.epochs.precommit(2000, {sink: staged_by_zombie.snapshot_id}, {sink: staged_by_zombie})  # refused by ZooKeeper: its incarnation is gone
+        # refused by ZooKeeper: its incarnation is gone
+        zombie.epochs.precommit(2000, {sink: staged_by_zombie.snapshot_id}, {sink: staged_by_zombie})
     with pytest.raises(Fenced):
         zombie.epochs.begin(2000)
     with pytest.raises(Fenced):

@@ -3,11 +3,12 @@ PostgreSQL), its files on SeaweedFS's S3 gateway (``tests/helpers/iceberg_rest_s
 tuned to one server's quirks.
 
 The tests are those that run on SeaweedFS's catalog (``tests/test_lakehouse.py``) and on the SQL catalog
-(``tests/test_iceberg.py``, ``tests/test_commit_races.py``), taken from their modules as they are and run here on
-this server: this module's ``lakehouse`` fixture is the Iceberg REST server (with the attributes of SeaweedFS's
-``EmbeddedLakehouse`` those tests use), and ``catalog_settings`` / ``catalog`` are its catalog. Here the fault test's
-kill -9 hits the catalog alone: the object store stays up. What the server answers differently from SeaweedFS's is
-listed in the helper's docstring; its answers to conditional commits (409, 400) and its 404s are tested below.
+(``tests/test_iceberg.py``, ``tests/test_commit_races.py``, ``tests/test_staging.py``), taken from their modules as
+they are and run here on this server: this module's ``lakehouse`` fixture is the Iceberg REST server (with the
+attributes of SeaweedFS's ``EmbeddedLakehouse`` those tests use), and ``catalog_settings`` / ``catalog`` are its
+catalog. Here the fault test's kill -9 hits the catalog alone: the object store stays up. What the server answers
+differently from SeaweedFS's is listed in the helper's docstring; its answers to conditional commits (409, 400) and
+its 404s are tested below.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from tests import test_commit_races as races
 from tests import test_iceberg as sql_catalog
 from tests import test_lakehouse as seaweedfs
+from tests import test_staging as staging
 from tests.helpers.iceberg_rest_server import IcebergRestServer
 from tests.helpers.lake import create_table, stage_rows
 from tests.helpers.lakehouse_data import lakehouse_data_dir
@@ -78,17 +80,29 @@ test_racing_publishers_of_one_epoch_make_exactly_one_snapshot_current = (
     sql_catalog.test_racing_publishers_of_one_epoch_make_exactly_one_snapshot_current)
 test_publish_whose_parent_moved_is_refused_and_loses_nothing = (
     sql_catalog.test_publish_whose_parent_moved_is_refused_and_loses_nothing)
-test_staging_does_not_retry_a_value_error_of_its_own = races.test_staging_does_not_retry_a_value_error_of_its_own
+test_staging_does_not_hide_a_value_error_of_its_own = races.test_staging_does_not_hide_a_value_error_of_its_own
 test_publishing_whose_commit_state_is_unknown_finds_it_published = (
     races.test_publishing_whose_commit_state_is_unknown_finds_it_published)
+
+
+# -- staging with no catalog commit (tests/test_staging.py), on this server ------------------------------------------
+
+STAGING_TESTS = ("test_a_staged_write_commits_nothing_and_publishes_in_one_commit",
+                 "test_an_append_to_a_table_with_no_snapshot_publishes_with_no_empty_snapshot",
+                 "test_a_write_built_on_a_head_another_snapshot_outnumbered_is_built_again",
+                 "test_an_overwrite_built_again_replaces_every_row_of_the_new_head",
+                 "test_a_write_whose_main_another_writer_moved_is_refused",
+                 "test_a_roll_forward_whose_staged_files_are_gone_says_so")
+globals().update({name: getattr(staging, name) for name in STAGING_TESTS})
 
 
 # A REST catalog applies a commit's updates itself and answers 400 for an update that no longer applies to the
 # table's newer metadata (a stale sequence number, a ref to a snapshot expired meanwhile), where pyiceberg's own
 # commits to a SQL catalog raise a ValueError: ``publish.stale_update_as_lost_race`` takes it for a lost race.
-test_staging_retries_a_commit_that_landed_after_its_load = (
-    races.test_staging_retries_a_commit_that_landed_after_its_load)
-test_staging_that_keeps_losing_raises_publish_conflict = races.test_staging_that_keeps_losing_raises_publish_conflict
+test_a_publish_that_lost_a_race_is_retried_from_a_fresh_load = (
+    races.test_a_publish_that_lost_a_race_is_retried_from_a_fresh_load)
+test_a_publish_that_keeps_losing_raises_publish_conflict = (
+    races.test_a_publish_that_keeps_losing_raises_publish_conflict)
 test_publishing_a_snapshot_expired_after_the_load_raises_publish_conflict = (
     races.test_publishing_a_snapshot_expired_after_the_load_raises_publish_conflict)
 
