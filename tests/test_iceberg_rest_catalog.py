@@ -13,18 +13,22 @@ its 404s are tested below.
 from __future__ import annotations
 
 import pytest
-from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError
+from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException, NoSuchNamespaceError
 
 from coordinator.errors import ConfigurationError, TableNotFound
+from coordinator.iceberg import publish
 from coordinator.iceberg.catalog import load_table
-from coordinator.iceberg.publish import PublishOutcome, publish_staged
+from coordinator.iceberg.publish import PublishOutcome, publish_staged, publish_together
+from coordinator.iceberg.snapshots import snapshot_epoch
+from coordinator.iceberg.staging import stage_append
+from coordinator.iceberg.transactions import supports_multi_table_commit
 from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from tests import test_commit_races as races
 from tests import test_iceberg as sql_catalog
 from tests import test_lakehouse as seaweedfs
 from tests import test_staging as staging
 from tests.helpers.iceberg_rest_server import IcebergRestServer
-from tests.helpers.lake import create_table, stage_rows
+from tests.helpers.lake import create_table, lead_job, rows_of, stage_rows
 from tests.helpers.lakehouse_data import lakehouse_data_dir
 
 
@@ -129,6 +133,72 @@ def test_a_publish_on_stale_metadata_is_answered_409_and_finds_its_epoch_publish
     assert len(refused) == 1 and "branch main has changed" in refused[0], refused
     assert stale.current_snapshot().snapshot_id == first
     assert sorted(stale.scan().to_arrow().column("row").to_pylist()) == [0, 1]
+
+
+# -- one commit for an epoch's sinks: this server has multi-table commits (SeaweedFS's has not) ----------------------
+
+def _spy_on_transactions(monkeypatch, answer_lost: bool = False) -> list[list[str]]:
+    """Every multi-table commit the publish sends, by the tables it names; ``answer_lost``: each lands, and its
+    answer is a 502 (the outcome unknown)."""
+    sent: list[list[str]] = []
+    commit = publish.commit_tables
+
+    def spy(catalog, changes):
+        sent.append(sorted(".".join(c.table.name()) for c in changes))
+        commit(catalog, changes)
+        if answer_lost:
+            raise CommitStateUnknownException("502 Bad Gateway")
+    monkeypatch.setattr(publish, "commit_tables", spy)
+    return sent
+
+
+@pytest.mark.parametrize("answer_lost", [False, True], ids=["answered", "answer-lost"])
+def test_an_epochs_sinks_are_published_in_one_multi_table_commit(catalog, catalog_settings, connect, namespace,
+                                                                  monkeypatch, answer_lost):
+    assert supports_multi_table_commit(catalog)
+    sinks = [f"{namespace}.left", f"{namespace}.right"]
+    for sink in sinks:
+        create_table(catalog, sink)
+    writer = lead_job(connect(), catalog_settings, "pair", sinks)
+    writer.process(1000, lambda ctx: [ctx.append(sink, rows_of(1000, 1)) for sink in sinks])  # the first epoch is
+    sent = _spy_on_transactions(monkeypatch, answer_lost)  # marked in each sink too (tidemark.first-epoch)
+    one_by_one = []
+    commit_table = writer.catalog.commit_table
+    monkeypatch.setattr(writer.catalog, "commit_table", lambda *a, **k: one_by_one.append(a) or commit_table(*a, **k))
+    before = {sink: len(catalog.load_table(sink).metadata.metadata_log) for sink in sinks}
+
+    writer.process(2000, lambda ctx: [ctx.append(sink, rows_of(2000, 2)) for sink in sinks])
+
+    assert sent == [sinks] and one_by_one == [], "one commit for both sinks, and no other"
+    for sink in sinks:
+        table = catalog.load_table(sink)
+        assert len(table.metadata.metadata_log) == before[sink] + 1
+        assert [snapshot_epoch(s) for s in table.snapshots()].count(2000) == 1, "published once"
+        assert sorted(table.scan().to_arrow()["epoch"].to_pylist()) == [1000, 2000, 2000]
+        assert writer.tm.tidemarks([sink])[sink].epoch == 2000
+    writer.close()
+
+
+def test_a_multi_table_commit_that_lost_a_race_is_retried_and_built_again(catalog, catalog_settings, namespace,
+                                                                          monkeypatch):
+    """One of the tables got a snapshot on another branch after the writer's load: the server refuses the whole
+    commit (nothing lands), and the retry, on the reloaded tables, builds that table's write again."""
+    names = [f"{namespace}.a", f"{namespace}.b"]
+    tables = {name: create_table(catalog, name) for name in names}
+    writes = {name: stage_append(table, rows_of(3000, 2), 3000, "j", 1) for name, table in tables.items()}
+    other = catalog.load_table(names[1])
+    other.manage_snapshots().create_branch(other.current_snapshot().snapshot_id, "side").commit()
+    other.append(rows_of(0, 1), branch="side")
+    sent = _spy_on_transactions(monkeypatch)
+
+    results = publish_together(tables, {n: (w.snapshot_id, w) for n, w in writes.items()}, 3000, term=1)
+
+    assert len(sent) == 2, "the refused commit, then the one that landed"
+    assert results[names[0]].snapshot_id == writes[names[0]].snapshot_id
+    assert results[names[1]].snapshot_id != writes[names[1]].snapshot_id, "built again on the new head"
+    assert all(r.outcome == PublishOutcome.PUBLISHED for r in results.values())
+    for name in names:
+        assert sorted(catalog.load_table(name).scan().to_arrow()["epoch"].to_pylist()) == [3000, 3000]
 
 
 def test_a_table_or_namespace_that_does_not_exist_is_table_not_found(catalog, catalog_settings, namespace):

@@ -32,9 +32,9 @@ from __future__ import annotations
 import contextlib
 import enum
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional, TypeVar
+from typing import Callable, Literal, Optional, TypeVar, Union, cast
 
 from pydantic import Field
 from pyiceberg.catalog.rest import RestCatalog
@@ -68,6 +68,7 @@ from coordinator.iceberg.snapshots import (
     snapshot_of_epoch,
 )
 from coordinator.iceberg.staging import applies_to, restage, staged_snapshots
+from coordinator.iceberg.transactions import TableChange, commit_tables
 from coordinator.records import EpochProgress, StagedWrite
 
 T = TypeVar("T")
@@ -107,24 +108,24 @@ def lost_race(error: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def stale_update_as_lost_race(table: Table) -> Iterator[None]:
-    """A commit of ``table`` inside this block whose updates a REST catalog refused as no longer applying raises
+def stale_update_as_lost_race(*tables: Table) -> Iterator[None]:
+    """A commit of ``tables`` inside this block whose updates a REST catalog refused as no longer applying raises
     ``CommitFailedException``, a lost race (``lost_race``), rather than pyiceberg's ``BadRequestError``.
 
     A REST catalog applies a commit's updates itself and answers 400 for an update that no longer fits the
     table's newer metadata (a stale sequence number, a ref to a snapshot expired meanwhile), in each server's
     own words, where pyiceberg's own catalogs raise the ``ValueError`` ``lost_race`` recognises. So a 400 is a
-    lost race when the table, loaded again, moved since it was loaded; if it did not move, the request itself
-    was bad, and the error propagates.
+    lost race when a table, loaded again, moved since it was loaded; if none did, the request itself was bad,
+    and the error propagates.
     """
-    loaded = table.metadata_location
+    loaded = [table.metadata_location for table in tables]
     try:
         yield
     except BadRequestError as exc:
-        # Looked up on a handle of its own: the caller's retry loads ``table`` again anyway.
-        if table.catalog.load_table(table.name()).metadata_location == loaded:
+        # Looked up on handles of their own: the caller's retry loads the tables again anyway.
+        if all(t.catalog.load_table(t.name()).metadata_location == at for t, at in zip(tables, loaded)):
             raise
-        raise CommitFailedException(f"the catalog refused updates that no longer apply to the table, which "
+        raise CommitFailedException(f"the catalog refused updates that no longer apply to a table, which "
                                     f"moved since it was loaded ({exc})") from exc
 
 
@@ -176,29 +177,41 @@ def _fenced(table: Table, term: int) -> Fenced:
                   f"writer's term {term}: a newer leader took over; this driver is a zombie and changes nothing")
 
 
-def _commit(table: Table, term: int, updates: tuple[TableUpdate, ...], requirements: tuple = ()) -> None:
-    """One catalog commit of ``updates``, refused (``Fenced``) when the table is claimed by a higher term.
-
-    A commit that lost a race (``lost_race``: a failed requirement, an update that no longer applies, an
-    unknown outcome) is told apart after a reload: outranked (``Fenced``) or a lost race (``_Lost``, the
-    caller looks again). Any other error propagates.
-    """
+def _guard(table: Table, term: int, requirements: tuple) -> tuple:
+    """A commit's requirements with Tidemark's: the table's identity, and its term at most ``term`` (checked here,
+    just before the commit, on a REST catalog, which cannot be sent that requirement: ``Fenced``)."""
     guard = (AssertTableUUID(uuid=table.metadata.table_uuid), *requirements)
     if isinstance(table.catalog, RestCatalog):
         if claimed_term(table.properties) > term:
             raise _fenced(table, term)
-    else:
-        guard = (*guard, AssertTermAtMost(term=term))
+        return guard
+    return (*guard, AssertTermAtMost(term=term))
+
+
+@contextlib.contextmanager
+def _lost_races_told_apart(tables: tuple[Table, ...], term: int) -> Iterator[None]:
+    """A commit of ``tables`` inside this block that lost a race (``lost_race``: a failed requirement, an update
+    that no longer applies, an unknown outcome) is told apart after a reload: outranked (``Fenced``) or a lost
+    race (``_Lost``, the caller looks again). Any other error propagates."""
     try:
-        with stale_update_as_lost_race(table):
-            response = table.catalog.commit_table(table, guard, updates)
+        with stale_update_as_lost_race(*tables):
+            yield
     except (CommitFailedException, CommitStateUnknownException, ValueError) as exc:
         if not lost_race(exc):
             raise
-        table.refresh()
-        if claimed_term(table.properties) > term:
-            raise _fenced(table, term) from None
+        for table in tables:
+            table.refresh()
+            if claimed_term(table.properties) > term:
+                raise _fenced(table, term) from None
         raise _Lost(f"{type(exc).__name__}: {exc}") from None
+
+
+def _commit(table: Table, term: int, updates: tuple[TableUpdate, ...], requirements: tuple = ()) -> None:
+    """One catalog commit of ``updates``, refused (``Fenced``) when the table is claimed by a higher term; a lost
+    race is ``_Lost`` (``_lost_races_told_apart``)."""
+    guard = _guard(table, term, requirements)
+    with _lost_races_told_apart((table,), term):
+        response = table.catalog.commit_table(table, guard, updates)
     delete_unlogged_metadata(table, table.metadata, response.metadata)
     table.metadata, table.metadata_location = response.metadata, response.metadata_location
 
@@ -235,58 +248,111 @@ def publish_staged(table: Table, snapshot_id: int, epoch: int, term: int,
     follows its own commits): if ``main`` moved since, the commit's ``main``-unchanged requirement fails, and the
     next attempt is on the metadata the failed commit reloaded. No metadata load per epoch.
     """
-    name = ".".join(table.name())
-    if write is not None and verify_files:
-        manifest_list = staged_snapshots(write)[-1].manifest_list
-        if not table.io.new_input(manifest_list).exists():
-            raise PublishConflict(f"table {name}: the files staged for epoch {epoch} are gone from storage "
-                                  f"({manifest_list}: removed as orphans by a cutoff shorter than the epoch's age?); "
-                                  "the epoch cannot be published and must be recomputed")
+    _verify_files(table, epoch, write, verify_files)
 
     def attempt() -> PublishResult:
-        # A lost race reloaded the table already (``_commit``); a snapshot staged in the catalog after the load
-        # needs one.
-        if write is None and table.snapshot_by_id(snapshot_id) is None:
-            table.refresh()
-        if claimed_term(table.properties) > term:
-            raise _fenced(table, term)
-        present = snapshot_of_epoch(table, epoch)
-        if present is not None:
-            return PublishResult(name, epoch, present.snapshot_id, PublishOutcome.ALREADY_PUBLISHED)
-        current = table.current_snapshot()
-        current_id = current.snapshot_id if current else None
-        staged = table.snapshot_by_id(snapshot_id)
-        if staged is None and write is not None:
-            return _publish_write(table, write, epoch, term, current)
-        if staged is None:
-            raise PublishConflict(f"table {name}: staged snapshot {snapshot_id} of epoch {epoch} does not exist "
-                                  "(expired?); the epoch must be recomputed")
-        if snapshot_epoch(staged) != epoch:
-            raise PublishConflict(f"table {name}: snapshot {snapshot_id} carries epoch {snapshot_epoch(staged)}, "
-                                  f"not {epoch}")
-        base = staged_base(table, staged, epoch)
-        if base != current_id and not rewrites_only(table, current, base):
-            raise _moved(name, epoch, current_id, base)
-        _commit(table, term, (_main_to(snapshot_id),), (AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=current_id),))
-        return PublishResult(name, epoch, snapshot_id, PublishOutcome.PUBLISHED)
+        planned = _plan(table, snapshot_id, epoch, term, write)
+        if isinstance(planned, _Change):
+            _commit(table, term, planned.updates, planned.requirements)
+            return planned.result
+        return planned
 
-    return _retry_lost_races(attempt, f"publishing epoch {epoch} of table {name}")
+    return _retry_lost_races(attempt, f"publishing epoch {epoch} of table {'.'.join(table.name())}")
 
 
-def _publish_write(table: Table, write: StagedWrite, epoch: int, term: int,
-                   current: Optional[Snapshot]) -> PublishResult:
-    """One commit: the write's snapshots added and ``main`` moved to the newest, if ``main`` is still what the
-    write (or the write built again on a compaction) was built on."""
+def publish_together(tables: Mapping[str, Table], staged: Mapping[str, tuple[int, Optional[StagedWrite]]],
+                     epoch: int, term: int, verify_files: bool = False) -> dict[str, PublishResult]:
+    """``publish_staged`` for several tables of one REST catalog that supports multi-table commits
+    (``transactions.supports_multi_table_commit``), in one atomic commit: a reader of the catalog sees them move
+    together. Tables that hold the epoch already are skipped (``ALREADY_PUBLISHED``), as is the commit when all do.
+
+    :param staged: per table, its staged snapshot and its write staged with no catalog commit (or None).
+    :raises Fenced: a table is claimed by a term above ``term``.
+    :raises PublishConflict: as ``publish_staged``, for any of the tables.
+    """
+    for name, table in tables.items():
+        _verify_files(table, epoch, staged[name][1], verify_files)
+
+    def attempt() -> dict[str, PublishResult]:
+        results, changes = {}, {}
+        for name, table in sorted(tables.items()):
+            snapshot_id, write = staged[name]
+            planned = _plan(table, snapshot_id, epoch, term, write)
+            if isinstance(planned, _Change):
+                changes[name] = planned
+            else:
+                results[name] = planned
+        if changes:
+            committed = tuple(tables[name] for name in changes)
+            requests = [TableChange(tables[name], _guard(tables[name], term, c.requirements), c.updates)
+                        for name, c in changes.items()]
+            with _lost_races_told_apart(committed, term):
+                commit_tables(cast(RestCatalog, committed[0].catalog), requests)
+            for table in committed:  # the server answers no metadata
+                previous = table.metadata
+                table.refresh()
+                delete_unlogged_metadata(table, previous, table.metadata)
+            results.update({name: change.result for name, change in changes.items()})
+        return results
+
+    return _retry_lost_races(attempt, f"publishing epoch {epoch} of tables {', '.join(sorted(tables))} together")
+
+
+def _verify_files(table: Table, epoch: int, write: Optional[StagedWrite], verify_files: bool) -> None:
+    if write is None or not verify_files:
+        return
+    manifest_list = staged_snapshots(write)[-1].manifest_list
+    if not table.io.new_input(manifest_list).exists():
+        raise PublishConflict(f"table {'.'.join(table.name())}: the files staged for epoch {epoch} are gone from "
+                              f"storage ({manifest_list}: removed as orphans by a cutoff shorter than the epoch's "
+                              "age?); the epoch cannot be published and must be recomputed")
+
+
+@dataclass(frozen=True)
+class _Change:
+    """What publishing one table's staged write takes: a commit of ``updates`` under ``requirements``."""
+
+    updates: tuple[TableUpdate, ...]
+    requirements: tuple
+    result: PublishResult
+
+
+def _plan(table: Table, snapshot_id: int, epoch: int, term: int,
+          write: Optional[StagedWrite]) -> Union[PublishResult, _Change]:
+    """The epoch already in ``main`` (``ALREADY_PUBLISHED``), or the commit that publishes it."""
     name = ".".join(table.name())
+    # A lost race reloaded the table already (``_lost_races_told_apart``); a snapshot staged in the catalog after
+    # the load needs one.
+    if write is None and table.snapshot_by_id(snapshot_id) is None:
+        table.refresh()
+    if claimed_term(table.properties) > term:
+        raise _fenced(table, term)
+    present = snapshot_of_epoch(table, epoch)
+    if present is not None:
+        return PublishResult(name, epoch, present.snapshot_id, PublishOutcome.ALREADY_PUBLISHED)
+    current = table.current_snapshot()
     current_id = current.snapshot_id if current else None
-    if not applies_to(table, write):
-        if current_id != write.base and not rewrites_only(table, current, write.base):
-            raise _moved(name, epoch, current_id, write.base)
-        write = restage(table, write)
-    updates: tuple[TableUpdate, ...] = (*(AddSnapshotUpdate(snapshot=s) for s in staged_snapshots(write)),
-                                        _main_to(write.snapshot_id))
-    _commit(table, term, updates, (AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=current_id),))
-    return PublishResult(name, epoch, write.snapshot_id, PublishOutcome.PUBLISHED)
+    unmoved = (AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=current_id),)
+    staged = table.snapshot_by_id(snapshot_id)
+    if staged is None and write is not None:
+        if not applies_to(table, write):
+            if current_id != write.base and not rewrites_only(table, current, write.base):
+                raise _moved(name, epoch, current_id, write.base)
+            write = restage(table, write)
+        updates: tuple[TableUpdate, ...] = (*(AddSnapshotUpdate(snapshot=s) for s in staged_snapshots(write)),
+                                            _main_to(write.snapshot_id))
+        return _Change(updates, unmoved, PublishResult(name, epoch, write.snapshot_id, PublishOutcome.PUBLISHED))
+    if staged is None:
+        raise PublishConflict(f"table {name}: staged snapshot {snapshot_id} of epoch {epoch} does not exist "
+                              "(expired?); the epoch must be recomputed")
+    if snapshot_epoch(staged) != epoch:
+        raise PublishConflict(f"table {name}: snapshot {snapshot_id} carries epoch {snapshot_epoch(staged)}, "
+                              f"not {epoch}")
+    base = staged_base(table, staged, epoch)
+    if base != current_id and not rewrites_only(table, current, base):
+        raise _moved(name, epoch, current_id, base)
+    return _Change((_main_to(snapshot_id),), unmoved, PublishResult(name, epoch, snapshot_id,
+                                                                    PublishOutcome.PUBLISHED))
 
 
 def _main_to(snapshot_id: int) -> SetSnapshotRefUpdate:

@@ -7,7 +7,9 @@
     committer.roll_forward(recovery.epoch)                                      # after a failover
 
 Publishing is idempotent (a table whose ``main`` already holds epoch T is skipped), so a
-precommitted epoch is rolled forward by running the same steps again. A sink that
+precommitted epoch is rolled forward by running the same steps again. An epoch's sinks are published
+one catalog commit each, or all in one where their REST catalog has multi-table commits
+(``publish.publish_together``): a reader of the catalog then sees them move together. A sink that
 published a snapshot needs nothing more, because the snapshot carries the epoch, its term
 and its inputs. A sink that published nothing (every sink, in an idle epoch) gets its
 committed-epoch marker advanced after the ZooKeeper commit, but only at the writer's first
@@ -30,8 +32,9 @@ from pyiceberg.table import Table
 
 from coordinator.crashpoints import crash_point
 from coordinator.errors import EpochOrderError
-from coordinator.iceberg.publish import advance_committed_epoch, claim_table, publish_staged
+from coordinator.iceberg.publish import advance_committed_epoch, claim_table, publish_staged, publish_together
 from coordinator.iceberg.snapshots import snapshot_at_epoch
+from coordinator.iceberg.transactions import supports_multi_table_commit
 from coordinator.protocol.epochs import EpochCoordinator
 from coordinator.records import EpochInputs, EpochProgress, EpochRecord, EpochState, StagedWrite
 
@@ -70,6 +73,8 @@ class EpochCommitter:
         self._marked: Optional[int] = None  # the epoch of this leader's last marker round
         for name in epochs.sinks:
             claim_table(table(name), epochs.job, self.term)
+        # An epoch's sinks are published in one commit where their catalog (one per writer) has multi-table commits.
+        self.together = bool(epochs.sinks) and supports_multi_table_commit(table(epochs.sinks[0]).catalog)
 
     @property
     def term(self) -> int:
@@ -119,9 +124,18 @@ class EpochCommitter:
                                   f"{record.state.value}")
         crash_point("precommitted")
         published: dict[str, Optional[int]] = {}
+        changed = {name: (snapshot_id, record.writes.get(name))
+                   for name, snapshot_id in record.staged.items() if snapshot_id is not None}
         with self.timed("publish"):
-            for name, snapshot_id in sorted(record.staged.items()):
+            if len(changed) > 1 and self.together:
                 self.epochs.leadership.ensure_leading()  # a fenced zombie must not even move refs
+                results = publish_together({name: self.table(name) for name in changed}, changed, record.epoch,
+                                           self.term, verify_files)
+                published.update({name: result.snapshot_id for name, result in results.items()})
+            for name, snapshot_id in sorted(record.staged.items()):
+                if name in published:
+                    continue
+                self.epochs.leadership.ensure_leading()
                 if snapshot_id is not None:
                     published[name] = publish_staged(self.table(name), snapshot_id, record.epoch, self.term,
                                                      record.writes.get(name), verify_files).snapshot_id
