@@ -186,9 +186,7 @@ def test_a_multi_table_commit_that_lost_a_race_is_retried_and_built_again(catalo
     names = [f"{namespace}.a", f"{namespace}.b"]
     tables = {name: create_table(catalog, name) for name in names}
     writes = {name: stage_append(table, rows_of(3000, 2), 3000, "j", 1) for name, table in tables.items()}
-    other = catalog.load_table(names[1])
-    other.manage_snapshots().create_branch(other.current_snapshot().snapshot_id, "side").commit()
-    other.append(rows_of(0, 1), branch="side")
+    staging.outnumber(catalog, tables[names[1]])
     sent = _spy_on_transactions(monkeypatch)
 
     results = publish_together(tables, {n: (w.snapshot_id, w) for n, w in writes.items()}, 3000, term=1)

@@ -63,9 +63,7 @@ def test_a_write_built_on_a_head_another_snapshot_outnumbered_is_built_again(cat
     table = create_table(catalog, f"{namespace}.outnumbered")
     table.append(rows_of(500, 4))
     write = stage_append(table, rows_of(3000, 3), 3000, "job", 1)
-    other = catalog.load_table(table.name())
-    other.manage_snapshots().create_branch(other.current_snapshot().snapshot_id, "audit").commit()
-    other.append(rows_of(0, 1), branch="audit")
+    outnumber(catalog, table)
 
     result = _publish(table, write, 3000)
 
@@ -80,6 +78,14 @@ def test_a_write_built_on_a_head_another_snapshot_outnumbered_is_built_again(cat
     assert fresh.scan(snapshot_id=fresh.metadata.refs["audit"].snapshot_id).to_arrow().num_rows == 4 + 1
 
 
+def outnumber(catalog, table) -> None:
+    """Another handle adds a snapshot to a branch of its own, ``audit``: it takes the next sequence number, and
+    ``main`` stays where it is."""
+    other = catalog.load_table(table.name())
+    other.manage_snapshots().create_branch(other.current_snapshot().snapshot_id, "audit").commit()
+    other.append(rows_of(0, 1), branch="audit")
+
+
 def _data_files(table, snapshot_id, snapshot):
     return [entry.data_file for manifest in snapshot.manifests(table.io) if manifest.added_snapshot_id == snapshot_id
             for entry in manifest.fetch_manifest_entry(table.io)]
@@ -90,9 +96,7 @@ def test_an_overwrite_built_again_replaces_every_row_of_the_new_head(catalog_set
     table = create_table(catalog, f"{namespace}.replaced")
     table.append(rows_of(500, 4))
     write = stage_overwrite(table, rows_of(4000, 2), 4000, "job", 1)
-    other = catalog.load_table(table.name())
-    other.manage_snapshots().create_branch(other.current_snapshot().snapshot_id, "audit").commit()
-    other.append(rows_of(0, 1), branch="audit")
+    outnumber(catalog, table)
 
     result = _publish(table, write, 4000)
 
