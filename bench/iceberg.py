@@ -32,8 +32,8 @@ from coordinator.iceberg.snapshots import summary_properties
 from coordinator.records import EpochProgress
 
 from .common import (
-    EPOCH_RATIO_GOALS,
     EPOCH_RATIO_HEADER,
+    PYTHON_EPOCH_RATIO_GOALS,
     STACKS,
     bench_lake,
     epoch_ratio_line,
@@ -256,7 +256,8 @@ def epochs(settings: CatalogSettings, connect: str, sizes: list[int], repeat: in
     print(EPOCH_RATIO_HEADER)
     for rows in sizes:
         r = epoch_overhead(settings, connect, rows, repeat)
-        print(epoch_ratio_line(rows, r["epoch"], r["write"], r["plain"], EPOCH_RATIO_GOALS.get(rows)), flush=True)
+        print(epoch_ratio_line(rows, r["epoch"], r["write"], r["plain"], PYTHON_EPOCH_RATIO_GOALS.get(rows)),
+              flush=True)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -264,7 +265,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--tables", type=int, nargs="+", default=[100, 1000],
                         help="lake sizes to resolve (multiples of 100: pairs of 50-table jobs)")
     parser.add_argument("--ahead", type=int, default=1, help="epochs the upstream half is ahead")
-    parser.add_argument("--rows", type=int, nargs="+", default=list(EPOCH_RATIO_GOALS),
+    parser.add_argument("--rows", type=int, nargs="+", default=list(PYTHON_EPOCH_RATIO_GOALS),
                         help="epoch vs plain append: rows per write")
     parser.add_argument("--repeat", type=int, default=7, help="epochs (and plain appends) measured per size")
     parser.add_argument("--stack", choices=STACKS, default="embedded",
