@@ -19,8 +19,8 @@ A block says which run runs it (``<!-- run: spark -->`` on the line before it, `
   user; downloading them is Spark's own ``--packages``), then the reading page (pandas, polars, DuckDB, ``tidemark
   serve`` and pyiceberg's REST catalog) and the history page (``tidemark gc``) on its tables.
 
-A CI run runs each once: the newcomer's on make test's Spark 3.5 (it runs every block of the other three), the other
-three on make test-spark4's Spark 4, where the Spark page's run is on the lakehouse.
+The two Spark runs run once per CI run each: the newcomer's on make test's Spark 3.5 (it runs the Spark page's blocks,
+on the embedded stack), the Spark page's own on make test-spark4's Spark 4, on the lakehouse.
 
 README's install block runs on its own, in a copy of this checkout: it must build the wheel the runs install.
 
@@ -206,14 +206,15 @@ def script(run: str, found: list[Block], work: Path) -> str:
 
 # The newcomer's run once per CI run, on make test's Spark: on Spark 4 it would add 3.5 minutes and nothing the
 # lakehouse's spark run there does not cover.
-# Each run once per CI run: the newcomer's on make test's Spark 3.5 (it runs every block of the other three, in one
-# home), the other three on Spark 4 (make test-spark4), where the Spark page's run is on the lakehouse.
-ON_SPARK_3 = (pytest.mark.spark, pytest.mark.skipif(SPARK_ON_THE_LAKEHOUSE, reason="make test runs it on Spark 3.5"))
-ON_SPARK_4 = (pytest.mark.spark, pytest.mark.skipif(not SPARK_ON_THE_LAKEHOUSE,
-                                                    reason="the newcomer's run runs its blocks; make test-spark4 it"))
+# The Spark runs once per CI run each: the newcomer's on make test's Spark 3.5 (it runs the Spark page's blocks there,
+# on the embedded stack), the Spark page's own on Spark 4 (make test-spark4), where it is on the lakehouse.
+SPARK_MARKS = {"newcomer": (pytest.mark.spark, pytest.mark.skipif(SPARK_ON_THE_LAKEHOUSE,
+                                                                  reason="make test runs it on Spark 3.5")),
+               "spark": (pytest.mark.spark, pytest.mark.skipif(not SPARK_ON_THE_LAKEHOUSE,
+                                                               reason="on Spark 3.5 the newcomer's run runs it"))}
 
 
-@pytest.mark.parametrize("run", [pytest.param(r, marks=ON_SPARK_3 if r == "newcomer" else ON_SPARK_4) for r in RUNS])
+@pytest.mark.parametrize("run", [pytest.param(r, marks=SPARK_MARKS.get(r, ())) for r in RUNS])
 def test_the_docs_run_as_written(tmp_path, run):
     """Each run in a new home: its install lines into a fresh venv, then its blocks as one script."""
     work, home = tmp_path / "work", tmp_path / "home"
