@@ -30,6 +30,7 @@ from tests import test_staging as staging
 from tests.helpers.iceberg_rest_server import IcebergRestServer
 from tests.helpers.lake import create_table, lead_job, rows_of, stage_rows
 from tests.helpers.lakehouse_data import lakehouse_data_dir
+from tests.helpers.present import present
 
 
 @pytest.fixture(scope="module")
@@ -153,29 +154,37 @@ def _spy_on_transactions(monkeypatch, answer_lost: bool = False) -> list[list[st
 
 
 @pytest.mark.parametrize("answer_lost", [False, True], ids=["answered", "answer-lost"])
-def test_an_epochs_sinks_are_published_in_one_multi_table_commit(catalog, catalog_settings, connect, namespace,
+def test_an_epochs_sinks_are_published_in_one_multi_table_commit(catalog, catalog_settings, connect, tm, namespace,
                                                                   monkeypatch, answer_lost):
     assert supports_multi_table_commit(catalog)
     sinks = [f"{namespace}.left", f"{namespace}.right"]
     for sink in sinks:
         create_table(catalog, sink)
     writer = lead_job(connect(), catalog_settings, "pair", sinks)
-    writer.process(1000, lambda ctx: [ctx.append(sink, rows_of(1000, 1)) for sink in sinks])  # the first epoch is
-    sent = _spy_on_transactions(monkeypatch, answer_lost)  # marked in each sink too (tidemark.first-epoch)
-    one_by_one = []
+
+    def both(ctx) -> None:
+        for sink in sinks:
+            ctx.append(sink, rows_of(ctx.epoch, 2))
+    writer.process(1000, both)  # the first epoch is marked in each sink too (tidemark.first-epoch)
+    sent = _spy_on_transactions(monkeypatch, answer_lost)
+    one_by_one: list[tuple] = []
     commit_table = writer.catalog.commit_table
-    monkeypatch.setattr(writer.catalog, "commit_table", lambda *a, **k: one_by_one.append(a) or commit_table(*a, **k))
+
+    def commit_one(*args, **kwargs):
+        one_by_one.append(args)
+        return commit_table(*args, **kwargs)
+    monkeypatch.setattr(writer.catalog, "commit_table", commit_one)
     before = {sink: len(catalog.load_table(sink).metadata.metadata_log) for sink in sinks}
 
-    writer.process(2000, lambda ctx: [ctx.append(sink, rows_of(2000, 2)) for sink in sinks])
+    writer.process(2000, both)
 
     assert sent == [sinks] and one_by_one == [], "one commit for both sinks, and no other"
     for sink in sinks:
         table = catalog.load_table(sink)
         assert len(table.metadata.metadata_log) == before[sink] + 1
         assert [snapshot_epoch(s) for s in table.snapshots()].count(2000) == 1, "published once"
-        assert sorted(table.scan().to_arrow()["epoch"].to_pylist()) == [1000, 2000, 2000]
-        assert writer.tm.tidemarks([sink])[sink].epoch == 2000
+        assert sorted(table.scan().to_arrow()["epoch"].to_pylist()) == [1000, 1000, 2000, 2000]
+    assert {t: present(m).epoch for t, m in tm.tidemarks(sinks).items()} == dict.fromkeys(sinks, 2000)
     writer.close()
 
 
