@@ -5,7 +5,8 @@
 What Tidemark needs survives it as long as a tag protects it (README, "Maintenance run by your catalog or other
 engines"): GC tags the retained versions of the tagged tiers, the newest consistent version and every pinned one.
 A compaction changes no row: a job reading a compacted source copies nothing twice, and a compaction landing between
-an epoch's staging and its publish is published over. A job whose inputs were expired stops with ``InputsExpired``
+an epoch's staging and its publish is published over (the write is built again on top of it from the same files: the
+compaction stays). A job whose inputs were expired stops with ``InputsExpired``
 instead of reading its source again."""
 from __future__ import annotations
 
@@ -198,6 +199,7 @@ def test_a_pipeline_running_across_compactions_loses_and_duplicates_nothing(lake
     compactions = {t: [i for i, s in enumerate(m) if present(s.summary).operation == Operation.REPLACE]
                    for t, m in main.items()}
     assert all(compactions.values()), compactions
+    assert len(compactions[pipeline.sink]) == 2, "the compaction between a staging and its publish stays in main"
     below = main[pipeline.sink][compactions[pipeline.sink][0] + 1]
     under = present(snapshot_epoch(below))  # the epoch whose snapshot the sink's compaction sits on: d's
     # An epoch whose snapshot a compaction sits on reads the same, with ZooKeeper and from Iceberg alone.
