@@ -188,8 +188,8 @@ def test_spark_sql_reads_one_version_through_the_endpoint(spark, lakehouse, pipe
             spark.sql(f"SELECT count(*) FROM {catalog}.{down}").collect()
             return as_pairs(spark.sql(two_table_sql(catalog, up, down)).collect()[0])
         with pipeline.running():
-            if warehouse == "pipeline":
-                check_reads(read, f"Spark SQL ({catalog})")
+            if warehouse == "pipeline":  # the vended credentials' reads are the same reads, half as many
+                check_reads(read, f"Spark SQL ({catalog})", reads=READS if catalog == "served" else READS // 2)
             else:  # the session's catalog keeps one version for its life
                 assert len({read() for _ in range(3)}) == 1
 
