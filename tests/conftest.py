@@ -18,9 +18,12 @@ import pytest
 
 from coordinator import CatalogSettings, EmbeddedZooKeeper, Tidemark
 from coordinator.history import resolve as resolve_module
+from coordinator.operations.lakehouse_server import EmbeddedLakehouse
 from coordinator.settings import Settings
 from tests.helpers.home import changes, snapshot
+from tests.helpers.lakehouse_data import lakehouse_data_dir
 from tests.helpers.postgres import PostgresServer
+from tests.helpers.trino import NO_RETENTION_FLOOR, TrinoServer, readme_trino_catalog
 
 SESSION_TIMEOUT = 4.0
 REAL_HOME_VARIABLE = "TIDEMARK_TESTS_REAL_HOME"
@@ -168,6 +171,25 @@ def spark(catalog_settings, pg_catalog_settings):
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def trino_lakehouse(tmp_path_factory):
+    """The lakehouse (SeaweedFS's S3 store and REST catalog) that ``trino`` reads."""
+    with lakehouse_data_dir(tmp_path_factory.mktemp("trino-lakehouse")) as data, EmbeddedLakehouse(data) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def trino(trino_lakehouse, tmp_path_factory):
+    """One real Trino for the run (a start is 20 s of the machine's two cores, more on a loaded one): catalog
+    ``lake`` is docs/reading.md's file as written, ``maintained`` the same with Trino's retention floors off, for a
+    catalog's most aggressive maintenance. Under pytest-xdist one worker runs every test that takes it
+    (``pytest_collection_modifyitems``), so that a run starts it once."""
+    catalogs = {"lake": readme_trino_catalog(), "maintained": readme_trino_catalog() + NO_RETENTION_FLOOR}
+    with TrinoServer(tmp_path_factory.mktemp("trino"), catalogs=catalogs,
+                     env=trino_lakehouse.pyiceberg_environment()) as server:
+        yield server
+
+
 @pytest.fixture
 def catalog(catalog_settings):
     """The SQLite catalog, loaded (pyiceberg)."""
@@ -200,7 +222,8 @@ def pytest_collection_modifyitems(config, items):
 
     Under pytest-xdist (``make test`` runs two workers, ``--dist loadgroup``) every Spark test goes to one worker,
     one after another: two Spark JVMs at once would compete for the machine's two cores, and each worker would
-    start a SparkSession of its own. The other worker runs the rest meanwhile."""
+    start a SparkSession of its own. The other worker runs the rest meanwhile. So do the tests that take ``trino``
+    (but for a Spark one), so that one worker starts the run's one Trino."""
     unmarked = [item.nodeid for item in items
                 if "spark" in item.fixturenames and item.get_closest_marker("spark") is None]
     if unmarked:
@@ -209,6 +232,8 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("spark") is not None:
                 item.add_marker(pytest.mark.xdist_group("spark"))
+            elif "trino" in item.fixturenames:
+                item.add_marker(pytest.mark.xdist_group("trino"))
 
 
 @pytest.fixture(scope="session")

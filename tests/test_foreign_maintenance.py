@@ -25,23 +25,19 @@ from tests.helpers.spark_cascade import WORD
 from tests.helpers.trino import TrinoServer
 from tests.helpers.wait import wait_for
 from tests.test_lakehouse import CopyPipeline, create
-from tests.test_trino_reads import lakehouse as lakehouse  # the fixture: this module's own lakehouse
-from tests.test_trino_reads import readme_trino_catalog
 from tests.test_writer_flow import DEADLINE, Fleet, Runner, copy
 
-# Trino refuses a retention below 7 days unless its catalog allows it.
-AGGRESSIVE = "iceberg.expire-snapshots.min-retention=0s\niceberg.remove-orphan-files.min-retention=0s\n"
+MAINTAINED = "maintained"  # the run's Trino's catalog with no retention floor (tests/conftest.py)
 
 
-@pytest.fixture(scope="module")
-def trino(lakehouse, tmp_path_factory):
-    with TrinoServer(tmp_path_factory.mktemp("trino"), catalogs={"lake": readme_trino_catalog() + AGGRESSIVE},
-                     env=lakehouse.pyiceberg_environment()) as server:
-        yield server
+@pytest.fixture
+def lakehouse(trino_lakehouse):
+    """The lakehouse the run's one Trino reads."""
+    return trino_lakehouse
 
 
 def compact(trino: TrinoServer, table: str) -> None:
-    trino.query(f"ALTER TABLE lake.{table} EXECUTE optimize")
+    trino.query(f"ALTER TABLE {MAINTAINED}.{table} EXECUTE optimize")
 
 
 def trino_maintenance(trino: TrinoServer, catalog, tables: list[str]) -> None:
@@ -50,9 +46,9 @@ def trino_maintenance(trino: TrinoServer, catalog, tables: list[str]) -> None:
     for table in tables:
         compact(trino, table)
     for table in tables:
-        trino.query(f"ALTER TABLE lake.{table} EXECUTE expire_snapshots(retention_threshold => '0s')")
+        trino.query(f"ALTER TABLE {MAINTAINED}.{table} EXECUTE expire_snapshots(retention_threshold => '0s')")
     for table in tables:
-        trino.query(f"ALTER TABLE lake.{table} EXECUTE remove_orphan_files(retention_threshold => '0s')")
+        trino.query(f"ALTER TABLE {MAINTAINED}.{table} EXECUTE remove_orphan_files(retention_threshold => '0s')")
 
 
 def pyiceberg_maintenance(trino: TrinoServer, catalog, tables: list[str]) -> None:
@@ -66,7 +62,7 @@ def words(reader: VersionReader) -> dict[str, list[str]]:
 
 
 def trino_words(trino: TrinoServer, table: str, tag: str) -> list[str]:
-    return sorted(row[0] for row in trino.query(f"SELECT word FROM lake.{table} FOR VERSION AS OF '{tag}'"))
+    return sorted(row[0] for row in trino.query(f"SELECT word FROM {MAINTAINED}.{table} FOR VERSION AS OF '{tag}'"))
 
 
 def head_words(catalog, table: str) -> list[str]:

@@ -25,9 +25,8 @@ from coordinator.serving.server import is_credential
 from coordinator.tidemark import Tidemark
 from tests.helpers.mixed_lake import MixedLake, MovingPipeline
 from tests.helpers.served import ServeProcess, as_pairs, duckdb_read, own_storage, pyiceberg_read, two_table_sql
-from tests.helpers.trino import S3_PROPERTIES, TrinoQueryError, TrinoServer, served_catalog
+from tests.helpers.trino import S3_PROPERTIES, TrinoQueryError, served_catalog
 from tests.helpers.wait import wait_for
-from tests.test_lakehouse import lakehouse as lakehouse  # the fixture: this module's own
 
 READS = 12  # reads per engine while the pipeline commits
 TOKEN = "t0ken"  # the secured endpoint's (TIDEMARK_SERVE_TOKENS): a client with it is vended the store's credentials
@@ -35,6 +34,12 @@ SESSIONS, SESSION_READS = 4, 4  # concurrent Trino sessions, and the refreshes (
 QUERY_GAP_S = DEFAULT_QUERY_GAP_MS / 1000  # the endpoint's: a client quiet for longer starts its next query
 MOVE_DEADLINE_S = 60.0  # reads go on until they saw the pipeline move
 PIPELINE_PAUSE_S = 0.4  # between epochs: with an epoch's own commits, one about every 500 ms (the tables stay small)
+
+
+@pytest.fixture(scope="module")
+def lakehouse(trino_lakehouse):
+    """The lakehouse the run's one Trino reads, whose variables its catalog files read."""
+    return trino_lakehouse
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +94,7 @@ def check_reads(read, what: str, reads: int = READS) -> None:
 
 
 def test_concurrent_trino_sessions_join_tables_through_the_endpoint_at_one_version_while_the_pipeline_commits(
-        lakehouse, pipeline, endpoint, secured, tmp_path_factory):
+        pipeline, endpoint, secured, trino):
     """Trino's sessions share one coordinator, so one client to the endpoint: ``SESSIONS`` sessions at once, each
     running a dashboard's two panels in turn (``down`` alone, then the join of ``up`` and ``down``), refreshed
     ``SESSION_READS`` times; between refreshes the client is quiet for more than a query gap while the pipeline
@@ -99,8 +104,7 @@ def test_concurrent_trino_sessions_join_tables_through_the_endpoint_at_one_versi
     join = two_table_sql("served", pipeline.lake.up, pipeline.lake.down)
     panel = f"SELECT count(*) FROM served.{pipeline.lake.down}"
     catalogs = {"served": served_catalog(endpoint.url), "vended": vended_trino_catalog(secured.url)}
-    with TrinoServer(tmp_path_factory.mktemp("trino"), catalogs=catalogs,
-                     env=lakehouse.pyiceberg_environment()) as trino:
+    with trino.added_catalogs(catalogs):
         def quiet_until_the_pipeline_moved() -> None:
             quiet_since, epoch = time.monotonic(), pipeline.epoch
             wait_for(lambda: pipeline.epoch > epoch and time.monotonic() - quiet_since > QUERY_GAP_S,

