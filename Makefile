@@ -25,8 +25,10 @@ lint: setup
 	$(PY) -m ruff check
 	$(PY) -m mypy
 
+# Three workers on two cores: the suite waits (session timeouts, intervals, servers' starts) much of the time; with
+# two, the cores idled about 40% of a run, with three under 10% (docs/contributing/development.md).
 test: setup lint
-	@$(call PYTEST,-n 2 --dist loadgroup --durations=15)
+	@$(call PYTEST,-n 3 --dist loadgroup --durations=15)
 
 test-fast: setup lint
 	@$(call PYTEST,-m "not spark")

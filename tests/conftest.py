@@ -220,10 +220,10 @@ def pytest_collection_modifyitems(config, items):
     """A test that starts Spark says so with ``@pytest.mark.spark`` (``make test-fast`` deselects those);
     one that takes the ``spark`` fixture without the mark would run Spark in the fast suite: refuse it.
 
-    Under pytest-xdist (``make test`` runs two workers, ``--dist loadgroup``) every Spark test goes to one worker,
+    Under pytest-xdist (``make test`` runs three workers, ``--dist loadgroup``) every Spark test goes to one worker,
     one after another: two Spark JVMs at once would compete for the machine's two cores, and each worker would
-    start a SparkSession of its own. The other worker runs the rest meanwhile. So do the tests that take ``trino``
-    (but for a Spark one), so that one worker starts the run's one Trino."""
+    start a SparkSession of its own. The other workers run the rest meanwhile. The tests that take ``trino`` (but
+    for a Spark one) go to one worker too, so that a run starts one Trino."""
     unmarked = [item.nodeid for item in items
                 if "spark" in item.fixturenames and item.get_closest_marker("spark") is None]
     if unmarked:
