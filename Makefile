@@ -25,8 +25,8 @@ lint: setup
 	$(PY) -m ruff check
 	$(PY) -m mypy
 
-# Three workers on two cores: the suite waits (session timeouts, intervals, servers' starts) much of the time; with
-# two, the cores idled about 40% of a run, with three under 10% (docs/contributing/development.md).
+# Three workers on two cores: the suite waits (session timeouts, intervals, servers' starts) much of the time, and
+# two left the cores idle for a good part of a run (docs/contributing/development.md).
 test: setup lint
 	@$(call PYTEST,-n 3 --dist loadgroup --durations=15)
 
